@@ -1,0 +1,42 @@
+# Thin driver over CMake. Every target installs missing Debian packages first
+# (scripts/install-deps.sh is idempotent and quiet when nothing is missing).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+PY ?= /usr/bin/python3
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build demo test bench tsan cuda clean format
+
+all: build
+
+deps:
+	@scripts/install-deps.sh build
+
+$(BUILD)/CMakeCache.txt:
+	@scripts/install-deps.sh build
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(PY) $(CMAKE_FLAGS)
+
+configure: $(BUILD)/CMakeCache.txt
+
+build: deps configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	scripts/demo.sh $(BUILD)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+bench:
+	@scripts/install-deps.sh bench
+	$(MAKE) build
+	scripts/bench.sh $(BUILD)
+
+tsan:
+	@scripts/install-deps.sh build
+	cmake -S . -B build-tsan -G Ninja -DEPD_TSAN=ON -DEPD_WITH_TORCH=OFF -DEPD_WITH_GRPC=OFF -DEPD_WITH_PYTHON=OFF -DEPD_BUILD_BENCH=OFF
+	cmake --build build-tsan -j $(JOBS) --target concurrent_cache_test
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R Concurrent
+
+clean:
+	rm -rf $(BUILD) build-tsan

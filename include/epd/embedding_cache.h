@@ -1,0 +1,320 @@
+// epd/embedding_cache.h: a bytes-bounded LRU cache of vision-tower outputs,
+// keyed by content key.
+//
+// EmbeddingCache<K, V> maps a key to an opaque value and the byte size the
+// caller charges for it. It evicts least-recently-used entries while the
+// charged bytes exceed `capacity_bytes`. Unlike a count-bounded LRU, the bound
+// is in bytes, because embeddings differ in size by orders of magnitude (a
+// 28x28 thumbnail is 1 token, a 1-megapixel photo is ~1300).
+//
+// Behaviour (the same as the engine reference this project follows):
+//   - get(k) counts a hit or a miss; a hit makes k most recently used (MRU).
+//   - put(k, v, nbytes) inserts or replaces k as MRU, then evicts LRU entries
+//     while over capacity, calling on_evict(key, value, nbytes) for each,
+//     oldest first. A replace is in place: it never fires the hook for k.
+//   - An item with nbytes > capacity_bytes is skipped: nothing is evicted and
+//     an existing entry under k is left as it was.
+//   - pop(k) removes k and hands back (value, nbytes); it is structural: no
+//     hit/miss is counted and the hook does not fire.
+//   - capacity 0 is valid; only zero-byte items fit.
+//   - A negative capacity or nbytes throws epd::Error(kInvalidArgument) naming
+//     the argument; nothing is changed.
+//
+// Ownership: the cache owns one copy of each value. get() returns a copy of
+// the value (for EmbeddingPtr, a shared_ptr: the embedding stays alive for the
+// reader after the entry is evicted, replaced or popped). pop() and on_evict
+// move the cache's copy out to the caller.
+//
+// Performance: get, put and pop are O(1) expected (amortised: the recency log
+// is compacted in O(n) once every >= n touches). A hit touches the index slot
+// and the entry, and appends 16 bytes to a sequential log; it never touches
+// neighbouring entries the way a linked-list LRU's unlink does.
+//
+// Per-entry bookkeeping, beyond sizeof(K) + sizeof(V):
+//   entry record        24 bytes  (stored hash, nbytes, last-touch sequence)
+//   index slots      16-32 bytes  (8-byte slots, load factor at most 1/2, doubling)
+//   recency log      16-48 bytes  (16-byte records, compacted at 3 per live entry)
+// i.e. 56-104 bytes, 64 + ~16 typical; `bench/cache_bench` measures it with a
+// counting allocator (docs/BENCHMARKS.md).
+//
+// Thread safety: thread-compatible (no internal locking). Use
+// ConcurrentEmbeddingCache (epd/concurrent_cache.h) to share one across
+// threads. The hook runs synchronously inside put(); it may throw, in which
+// case the exception propagates and the cache is left as after the victim's
+// removal (the remaining overflow is evicted by the next put).
+//
+// Example:
+//   epd::EmbeddingCache<epd::ContentKey, epd::EmbeddingPtr> cache(64 << 20);
+//   cache.put(key, emb, static_cast<int64_t>(emb->nbytes()));
+//   if (auto hit = cache.get(key)) Ship(*hit);  // *hit stays valid after eviction
+//
+// Design: entries live in a slab (vector, stable indices, free list). The
+// index is open addressing with linear probing and backward-shift deletion,
+// holding (hash tag, slab index). Recency is a log of (slab index, sequence)
+// records in touch order; each entry stores the sequence of its latest touch,
+// so a record is current iff its sequence equals the entry's. The first current
+// record in the log is the exact LRU entry: eviction pops stale records until
+// it finds one. Benefits: a hit writes only its own entry. Costs: the log holds
+// stale records until compaction (bounded at 3 records per live entry).
+#pragma once
+
+#include <cassert>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "epd/status.h"
+
+namespace epd {
+
+// What a pop() hands back: the value and the bytes it was charged.
+template <typename V>
+struct PoppedEntry {
+  V value;
+  std::int64_t nbytes;
+};
+
+template <typename K, typename V, typename Hash = std::hash<K>, typename Eq = std::equal_to<K>>
+class EmbeddingCache {
+ public:
+  // Called once per capacity-overflow victim, oldest first, after the victim
+  // has been removed. The value is moved to the hook.
+  using EvictHook = std::function<void(const K& key, V&& value, std::int64_t nbytes)>;
+
+  // Throws epd::Error(kInvalidArgument) when capacity_bytes < 0.
+  explicit EmbeddingCache(std::int64_t capacity_bytes, EvictHook on_evict = nullptr, Hash hash = Hash(),
+                          Eq eq = Eq())
+      : capacity_bytes_(capacity_bytes), on_evict_(std::move(on_evict)), hash_(std::move(hash)), eq_(std::move(eq)) {
+    if (capacity_bytes < 0) {
+      throw Error(StatusCode::kInvalidArgument,
+                  "capacity_bytes must be >= 0, got " + std::to_string(capacity_bytes));
+    }
+    Rehash(16);
+  }
+
+  EmbeddingCache(const EmbeddingCache&) = delete;
+  EmbeddingCache& operator=(const EmbeddingCache&) = delete;
+  EmbeddingCache(EmbeddingCache&&) noexcept = default;
+  EmbeddingCache& operator=(EmbeddingCache&&) noexcept = default;
+
+  // Returns a copy of the value and marks it MRU, or nullopt (a miss).
+  std::optional<V> get(const K& key) {
+    const std::size_t h = hash_(key);
+    const std::uint32_t e = Find(key, h);
+    if (e == kNone) {
+      ++misses_;
+      return std::nullopt;
+    }
+    Touch(e);
+    ++hits_;
+    return slab_[e].value;
+  }
+
+  // Inserts or replaces `key` as MRU, charging `nbytes`, then evicts LRU
+  // entries while over capacity. Throws epd::Error(kInvalidArgument) when
+  // nbytes < 0. Skips (returns) when nbytes > capacity_bytes().
+  void put(const K& key, V value, std::int64_t nbytes) {
+    if (nbytes < 0) {
+      throw Error(StatusCode::kInvalidArgument, "nbytes must be >= 0, got " + std::to_string(nbytes));
+    }
+    if (nbytes > capacity_bytes_) return;
+    const std::size_t h = hash_(key);
+    std::uint32_t e = Find(key, h);
+    if (e != kNone) {
+      Entry& ent = slab_[e];
+      cur_bytes_ += nbytes - ent.nbytes;
+      ent.value = std::move(value);
+      ent.nbytes = nbytes;
+      Touch(e);
+    } else {
+      e = Allocate(key, std::move(value), nbytes, h);
+      InsertIndex(e, h);
+      cur_bytes_ += nbytes;
+      ++size_;
+      Touch(e);
+      if (size_ * 2 > index_.size()) Rehash(index_.size() * 2);
+    }
+    Evict();
+  }
+
+  // Removes `key` and returns its value and charge; nullopt when absent.
+  std::optional<PoppedEntry<V>> pop(const K& key) {
+    const std::size_t h = hash_(key);
+    const std::uint32_t e = Find(key, h);
+    if (e == kNone) return std::nullopt;
+    PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes};
+    Remove(e);
+    return out;
+  }
+
+  bool contains(const K& key) const { return Find(key, hash_(key)) != kNone; }
+  std::size_t size() const { return size_; }
+  std::int64_t current_bytes() const { return cur_bytes_; }
+  std::int64_t capacity_bytes() const { return capacity_bytes_; }
+  std::uint64_t hits() const { return hits_; }
+  std::uint64_t misses() const { return misses_; }
+
+  // Bytes of bookkeeping held now (index, entry records, recency log), not
+  // counting keys and values. For the overhead figure in the header comment.
+  std::size_t bookkeeping_bytes() const {
+    return index_.capacity() * sizeof(Slot) + slab_.capacity() * (sizeof(Entry) - sizeof(K) - sizeof(V)) +
+           log_.capacity() * sizeof(Record) + free_.capacity() * sizeof(std::uint32_t);
+  }
+
+  // Visits entries from LRU to MRU as (key, value, nbytes). O(n) (linear in
+  // the recency log, which holds at most 3n + 64 records).
+  // For tests and debugging; does not count hits.
+  template <typename F>
+  void ForEachLruToMru(F&& f) const {
+    for (std::size_t i = log_head_; i < log_.size(); ++i) {
+      const Record& r = log_[i];
+      const Entry& ent = slab_[r.entry];
+      if (ent.seq == r.seq) f(ent.key, ent.value, ent.nbytes);
+    }
+  }
+
+ private:
+  static constexpr std::uint32_t kNone = 0xffffffffu;
+
+  struct Entry {
+    K key;
+    V value;
+    std::size_t hash = 0;
+    std::int64_t nbytes = 0;
+    std::uint64_t seq = 0;  // sequence of the latest touch; 0 = free slot
+  };
+  struct Slot {
+    std::uint32_t tag = 0;      // high 32 bits of the hash
+    std::uint32_t entry = kNone;
+  };
+  struct Record {
+    std::uint32_t entry;
+    std::uint64_t seq;
+  };
+
+  static std::uint32_t Tag(std::size_t h) { return static_cast<std::uint32_t>(static_cast<std::uint64_t>(h) >> 32); }
+
+  std::uint32_t Find(const K& key, std::size_t h) const {
+    const std::size_t mask = index_.size() - 1;
+    const std::uint32_t tag = Tag(h);
+    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+      const Slot& s = index_[i];
+      if (s.entry == kNone) return kNone;
+      if (s.tag == tag && eq_(slab_[s.entry].key, key)) return s.entry;
+    }
+  }
+
+  void InsertIndex(std::uint32_t e, std::size_t h) {
+    const std::size_t mask = index_.size() - 1;
+    std::size_t i = h & mask;
+    while (index_[i].entry != kNone) i = (i + 1) & mask;
+    index_[i] = Slot{Tag(h), e};
+  }
+
+  // Backward-shift deletion keeps probe sequences gap-free without tombstones.
+  void EraseIndex(std::uint32_t e) {
+    const std::size_t mask = index_.size() - 1;
+    std::size_t i = slab_[e].hash & mask;
+    while (index_[i].entry != e) i = (i + 1) & mask;
+    std::size_t j = i;
+    for (;;) {
+      j = (j + 1) & mask;
+      if (index_[j].entry == kNone) break;
+      const std::size_t home = slab_[index_[j].entry].hash & mask;
+      // Move j into the hole at i unless j's home lies cyclically in (i, j].
+      const bool home_in_range = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+      if (!home_in_range) {
+        index_[i] = index_[j];
+        i = j;
+      }
+    }
+    index_[i] = Slot{};
+  }
+
+  void Rehash(std::size_t slots) {
+    index_.assign(slots, Slot{});
+    for (std::uint32_t e = 0; e < slab_.size(); ++e) {
+      if (slab_[e].seq != 0) InsertIndex(e, slab_[e].hash);
+    }
+  }
+
+  std::uint32_t Allocate(const K& key, V&& value, std::int64_t nbytes, std::size_t h) {
+    if (!free_.empty()) {
+      const std::uint32_t e = free_.back();
+      free_.pop_back();
+      slab_[e] = Entry{key, std::move(value), h, nbytes, 0};
+      return e;
+    }
+    slab_.push_back(Entry{key, std::move(value), h, nbytes, 0});
+    return static_cast<std::uint32_t>(slab_.size() - 1);
+  }
+
+  void Touch(std::uint32_t e) {
+    slab_[e].seq = ++seq_;
+    log_.push_back(Record{e, seq_});
+    if (log_.size() - log_head_ > 3 * size_ + 64) CompactLog();
+  }
+
+  void CompactLog() {
+    std::size_t out = 0;
+    for (std::size_t i = log_head_; i < log_.size(); ++i) {
+      const Record r = log_[i];
+      if (slab_[r.entry].seq == r.seq) log_[out++] = r;
+    }
+    log_.resize(out);
+    log_head_ = 0;
+  }
+
+  // Frees slab slot e (its key and value are reset; value already moved out by
+  // pop/evict where needed).
+  void Remove(std::uint32_t e) {
+    EraseIndex(e);
+    Entry& ent = slab_[e];
+    cur_bytes_ -= ent.nbytes;
+    ent = Entry{};  // releases the key, and the value if still held
+    free_.push_back(e);
+    --size_;
+  }
+
+  // Index of the LRU entry. REQUIRES: size_ > 0.
+  std::uint32_t PopLru() {
+    for (;;) {
+      assert(log_head_ < log_.size());
+      const Record r = log_[log_head_++];
+      if (slab_[r.entry].seq == r.seq) return r.entry;
+    }
+  }
+
+  void Evict() {
+    while (cur_bytes_ > capacity_bytes_ && size_ > 0) {
+      const std::uint32_t e = PopLru();
+      K key = std::move(slab_[e].key);
+      V value = std::move(slab_[e].value);
+      const std::int64_t nbytes = slab_[e].nbytes;
+      // EraseIndex reads only the stored hash, so moving the key out first is safe.
+      Remove(e);
+      if (on_evict_) on_evict_(key, std::move(value), nbytes);
+    }
+    if (log_head_ > 4096 && log_head_ * 2 > log_.size()) CompactLog();
+  }
+
+  std::int64_t capacity_bytes_;
+  EvictHook on_evict_;
+  Hash hash_;
+  Eq eq_;
+  std::vector<Slot> index_;
+  std::vector<Entry> slab_;
+  std::vector<std::uint32_t> free_;
+  std::vector<Record> log_;
+  std::size_t log_head_ = 0;
+  std::size_t size_ = 0;
+  std::int64_t cur_bytes_ = 0;
+  std::uint64_t seq_ = 0;
+  std::uint64_t hits_ = 0;
+  std::uint64_t misses_ = 0;
+};
+
+}  // namespace epd
