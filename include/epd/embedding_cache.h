@@ -156,6 +156,8 @@ class EmbeddingCache {
   std::int64_t capacity_bytes() const { return capacity_bytes_; }
   std::uint64_t hits() const { return hits_; }
   std::uint64_t misses() const { return misses_; }
+  // Capacity-overflow victims removed so far (each one the hook saw, if set).
+  std::uint64_t evictions() const { return evictions_; }
 
   // Bytes of bookkeeping held now (index, entry records, recency log), not
   // counting keys and values. For the overhead figure in the header comment.
@@ -296,6 +298,7 @@ class EmbeddingCache {
       const std::int64_t nbytes = slab_[e].nbytes;
       // EraseIndex reads only the stored hash, so moving the key out first is safe.
       Remove(e);
+      ++evictions_;
       if (on_evict_) on_evict_(key, std::move(value), nbytes);
     }
     if (log_head_ > 4096 && log_head_ * 2 > log_.size()) CompactLog();
@@ -315,6 +318,7 @@ class EmbeddingCache {
   std::uint64_t seq_ = 0;
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
+  std::uint64_t evictions_ = 0;
 };
 
 }  // namespace epd
