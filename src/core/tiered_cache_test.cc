@@ -1,0 +1,176 @@
+// TieredEmbeddingCache against the reference's tiering behaviour, with a fake
+// device whose copies are recorded, so each promotion and demotion is visible.
+#include "epd/tiered_cache.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace epd {
+namespace {
+
+using ::testing::ElementsAre;
+
+// A value tagged with where it lives; the fake copies flip the tag.
+struct Tagged {
+  std::string payload;
+  bool on_device = true;
+  friend bool operator==(const Tagged&, const Tagged&) = default;
+};
+
+class TieredTest : public ::testing::Test {
+ protected:
+  std::vector<std::string> to_host_calls_, to_device_calls_;
+  TieredEmbeddingCache<std::string, Tagged> Make(std::int64_t l1, std::int64_t l2) {
+    return TieredEmbeddingCache<std::string, Tagged>(
+        l1, l2,
+        [this](const Tagged& v) {
+          to_host_calls_.push_back(v.payload);
+          return Tagged{v.payload, false};
+        },
+        [this](const Tagged& v) {
+          to_device_calls_.push_back(v.payload);
+          return Tagged{v.payload, true};
+        });
+  }
+  static std::set<std::string> Keys(const EmbeddingCache<std::string, Tagged>& c) {
+    std::set<std::string> out;
+    c.ForEachLruToMru([&](const std::string& k, const Tagged&, std::int64_t) { out.insert(k); });
+    return out;
+  }
+  static void ExpectExclusive(TieredEmbeddingCache<std::string, Tagged>& t) {
+    for (const auto& k : Keys(t.l1())) EXPECT_FALSE(t.l2().contains(k)) << k << " is in both tiers";
+  }
+};
+
+// Regression case from the issue, with the counters checked at each step.
+TEST_F(TieredTest, DemotesL1VictimAndPromotesOnL2Hit) {
+  auto t = Make(200, 200);
+  t.put("a", {"a"}, 100);
+  t.put("b", {"b"}, 100);
+  t.put("c", {"c"}, 100);
+  EXPECT_EQ(Keys(t.l1()), (std::set<std::string>{"b", "c"}));
+  EXPECT_EQ(Keys(t.l2()), (std::set<std::string>{"a"}));
+  EXPECT_EQ(t.demotions(), 1u);
+  EXPECT_THAT(to_host_calls_, ElementsAre("a"));
+  t.l2().ForEachLruToMru([](const std::string&, const Tagged& v, std::int64_t) {
+    EXPECT_FALSE(v.on_device) << "L2 must hold the host copy";
+  });
+  ExpectExclusive(t);
+
+  auto got = t.get("a");
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(got->on_device);
+  EXPECT_EQ(Keys(t.l1()), (std::set<std::string>{"c", "a"}));
+  EXPECT_EQ(Keys(t.l2()), (std::set<std::string>{"b"}));
+  EXPECT_EQ(t.l1_hits(), 0u);
+  EXPECT_EQ(t.l2_hits(), 1u);
+  EXPECT_EQ(t.hits(), 1u);
+  EXPECT_EQ(t.misses(), 0u);
+  EXPECT_EQ(t.promotions(), 1u);
+  EXPECT_EQ(t.demotions(), 2u);
+  EXPECT_THAT(to_device_calls_, ElementsAre("a"));
+  EXPECT_THAT(to_host_calls_, ElementsAre("a", "b"));
+  ExpectExclusive(t);
+  EXPECT_EQ(t.size(), 3u);
+  EXPECT_TRUE(t.contains("b"));
+}
+
+TEST_F(TieredTest, L1HitCountsOnlyL1) {
+  auto t = Make(200, 200);
+  t.put("a", {"a"}, 100);
+  EXPECT_EQ(t.get("a")->payload, "a");
+  EXPECT_EQ(t.l1_hits(), 1u);
+  EXPECT_EQ(t.l2_hits(), 0u);
+  EXPECT_TRUE(to_device_calls_.empty());
+}
+
+TEST_F(TieredTest, MissInBothTiersCountsOneMiss) {
+  auto t = Make(200, 200);
+  EXPECT_EQ(t.get("x"), std::nullopt);
+  EXPECT_EQ(t.misses(), 1u);
+  EXPECT_EQ(t.l1().misses(), 1u);
+  EXPECT_EQ(t.l2().misses(), 0u) << "L2 is probed with pop, which is structural";
+}
+
+TEST_F(TieredTest, PromotedKeyIsNeverItsOwnVictim) {
+  auto t = Make(100, 300);
+  t.put("a", {"a"}, 100);
+  t.put("b", {"b"}, 100);  // a -> L2
+  auto got = t.get("a");    // a promoted; b demoted
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(t.l1().contains("a"));
+  EXPECT_TRUE(t.l2().contains("b"));
+  EXPECT_FALSE(t.l2().contains("a"));
+}
+
+TEST_F(TieredTest, PutDropsStaleL2Copy) {
+  auto t = Make(100, 300);
+  t.put("a", {"old"}, 100);
+  t.put("b", {"b"}, 100);  // a demoted
+  ASSERT_TRUE(t.l2().contains("a"));
+  t.put("a", {"new"}, 100);  // lands in L1, b demoted, stale a dropped from L2
+  EXPECT_FALSE(t.l2().contains("a"));
+  EXPECT_EQ(t.get("a")->payload, "new");
+  ExpectExclusive(t);
+}
+
+TEST_F(TieredTest, VictimLargerThanL2IsDroppedWithoutCopy) {
+  auto t = Make(300, 100);
+  t.put("big", {"big"}, 200);
+  t.put("x", {"x"}, 200);  // big evicted from L1, too large for L2
+  EXPECT_FALSE(t.contains("big"));
+  EXPECT_TRUE(to_host_calls_.empty());
+  EXPECT_EQ(t.demotions(), 0u);
+}
+
+TEST_F(TieredTest, L2EvictionsAreDrops) {
+  auto t = Make(100, 100);
+  t.put("a", {"a"}, 100);
+  t.put("b", {"b"}, 100);  // a -> L2
+  t.put("c", {"c"}, 100);  // b -> L2, a dropped
+  EXPECT_FALSE(t.contains("a"));
+  EXPECT_EQ(t.size(), 2u);
+  EXPECT_EQ(t.l2().evictions(), 1u);
+}
+
+TEST_F(TieredTest, ThrowingToDeviceLosesTheEntryAsTheReferenceDoes) {
+  TieredEmbeddingCache<std::string, Tagged> t(
+      100, 100, [](const Tagged& v) { return Tagged{v.payload, false}; },
+      [](const Tagged&) -> Tagged { throw std::runtime_error("device copy failed"); });
+  t.put("a", {"a"}, 100);
+  t.put("b", {"b"}, 100);
+  EXPECT_THROW(t.get("a"), std::runtime_error);
+  EXPECT_FALSE(t.contains("a"));
+  EXPECT_EQ(t.l2_hits(), 0u);
+  EXPECT_EQ(t.promotions(), 0u);
+  EXPECT_TRUE(t.contains("b"));
+}
+
+TEST(TieredNullValueTest, NullL1ValueFallsThroughLikeTheReference) {
+  TieredEmbeddingCache<int, std::shared_ptr<int>> t(100, 100);
+  t.put(1, nullptr, 10);
+  EXPECT_EQ(t.get(1), std::nullopt);
+  EXPECT_EQ(t.l1().hits(), 1u);
+  EXPECT_EQ(t.l1_hits(), 0u);
+  EXPECT_EQ(t.misses(), 1u);
+}
+
+TEST(TieredTierReportTest, GetReportsTheTier) {
+  TieredEmbeddingCache<int, int> t(100, 100);
+  t.put(1, 10, 100);
+  t.put(2, 20, 100);
+  CacheTier tier;
+  t.get(2, &tier);
+  EXPECT_EQ(tier, CacheTier::kL1);
+  t.get(1, &tier);
+  EXPECT_EQ(tier, CacheTier::kL2);
+  t.get(3, &tier);
+  EXPECT_EQ(tier, CacheTier::kMiss);
+}
+
+}  // namespace
+}  // namespace epd
