@@ -9,7 +9,40 @@
 // would make a collision (one image served another's embedding) likely at
 // about 2^32 images (birthday bound), which a fleet reaches.
 //
+// Three namespaces, each with its own domain tag, so a key of one kind can
+// never equal a key of another (short of a SHA-256 collision):
+//   ComputeContentKey   encoded media bytes (JPEG/PNG as sent);
+//   ComputeRawPixelKey  raw pixels, with width/height/channels in the key so
+//                       30x150 and 150x30 with the same bytes differ;
+//   CallerContentKey    a key the caller already has (e.g. a gateway's hash).
+// Every field is written as tag (1 byte) || length (8 bytes LE) || value, so
+// field boundaries are unambiguous: (model "AB", media "C") and (model "A",
+// media "BC") hash different byte strings. The exact encoding and its version
+// are in docs/KEYS_AND_PREPROCESSING.md; any change to it bumps
+// kContentKeyVersion, which invalidates (misses) every old key rather than
+// aliasing it.
+//
+// KeyMode::kXxh3Fast replaces SHA-256 by XXH3-128 (libxxhash) over the same
+// encoding: several times faster, but XXH3 is NOT collision resistant against
+// an adversary, who can craft two images with one key and so serve one
+// tenant's embedding for another's image. Use it only for trusted,
+// single-tenant deployments. A fast key holds the 16-byte XXH3 digest in
+// bytes[0..16) and the fixed marker kFastKeyMarker in bytes[16..32), so
+// IsFastContentKey() can tell them apart; a SHA-256 key has that suffix with
+// probability 2^-128.
+//
+// Cost: one pass over the media bytes (SHA-256 via OpenSSL EVP, about
+// 1-2 GB/s with SHA-NI), no allocation beyond the digest context.
+//
 // Thread safety: value type; the functions are thread-safe.
+//
+// Example:
+//   epd::PreprocessConfig cfg;
+//   epd::ContentKey k = epd::ComputeContentKey("qwen2-vl-7b", cfg, jpeg_bytes);
+//   if (auto hit = cache.Get(k)) return hit;
+//   std::string name = k.Hex();     // 64 lower-case hex digits
+//
+// ComputeContentKey and Hex are defined in the epd::media library.
 #pragma once
 
 #include <array>
@@ -17,8 +50,11 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
+
+#include "epd/status.h"
 
 namespace epd {
 
@@ -41,6 +77,50 @@ struct ContentKeyHash {
     return static_cast<std::size_t>(h);
   }
 };
+
+struct PreprocessConfig;  // epd/preprocess.h
+
+// Version of the byte encoding hashed into every key. Bump on any change.
+inline constexpr std::uint32_t kContentKeyVersion = 1;
+
+enum class KeyMode : std::uint8_t {
+  kSha256 = 0,    // default; collision resistant
+  kXxh3Fast = 1,  // XXH3-128; trusted single-tenant use only (see above)
+};
+
+// bytes[16..32) of every KeyMode::kXxh3Fast key: "epd:xxh3-128:v1" and a NUL.
+inline constexpr std::array<std::uint8_t, 16> kFastKeyMarker = {'e', 'p', 'd', ':', 'x', 'x', 'h', '3',
+                                                                '-', '1', '2', '8', ':', 'v', '1', 0};
+
+// Key of encoded media (the bytes as received, before decoding) for
+// `model_id` preprocessed with `cfg` (every field of cfg is hashed; cfg need
+// not be valid). Any byte string, including an empty one, has a key.
+// Throws epd::Error(kInternal) only if libcrypto itself fails (out of memory).
+ContentKey ComputeContentKey(std::string_view model_id, const PreprocessConfig& cfg,
+                             std::span<const std::uint8_t> media, KeyMode mode = KeyMode::kSha256);
+
+// Key of raw interleaved pixels, `channels` uint8 per pixel, row-major.
+// Errors (kInvalidArgument): width, height or channels < 1, channels > 4, or
+// pixels.size() != width * height * channels.
+StatusOr<ContentKey> ComputeRawPixelKey(std::string_view model_id, const PreprocessConfig& cfg, std::int64_t width,
+                                        std::int64_t height, int channels, std::span<const std::uint8_t> pixels,
+                                        KeyMode mode = KeyMode::kSha256);
+
+// Key for a caller-supplied content identifier (opaque bytes, e.g. a
+// gateway's hash of the media), hashed in its own namespace with the model id
+// and cfg, so it never equals a computed key and a config change still misses.
+// Always SHA-256. The caller vouches that equal caller keys mean equal media.
+// Errors (kInvalidArgument): caller_key empty (every request without a key
+// would otherwise share one cache entry).
+StatusOr<ContentKey> CallerContentKey(std::string_view model_id, const PreprocessConfig& cfg,
+                                      std::string_view caller_key);
+
+// Parses the 64-hex-digit form Hex() writes (either case accepted).
+// Errors (kInvalidArgument): wrong length or a non-hex character.
+StatusOr<ContentKey> ParseContentKeyHex(std::string_view hex);
+
+// True when `key` carries kFastKeyMarker, i.e. came from KeyMode::kXxh3Fast.
+bool IsFastContentKey(const ContentKey& key);
 
 }  // namespace epd
 

@@ -1,0 +1,201 @@
+// Content keys: a digest over a tagged, length-prefixed encoding.
+//
+// Encoding (version 1), every field written as
+//   tag (1 byte) || length (uint64 little-endian) || value (length bytes)
+// in this fixed order:
+//   0x00 domain   ASCII: "epd/key/encoded" | "epd/key/raw-pixels" | "epd/key/caller"
+//   0x01 version  uint32 LE, kContentKeyVersion
+//   0x02 model id raw bytes
+//   0x10..0x14    patch_size, merge_size, temporal_patch_size, min_pixels,
+//                 max_pixels: int64 LE each
+//   0x15, 0x16    mean, std: 3 x uint32 LE, the IEEE-754 bit patterns
+//   0x17          resample: int64 LE of the enum value
+//   raw pixels only: 0x20 width, 0x21 height, 0x22 channels (int64 LE)
+//   payload: 0x30 encoded media | 0x31 raw pixels | 0x32 caller key
+// Because every value carries its length, the encoding is injective: two
+// different (domain, fields...) tuples never produce the same byte string, so
+// distinct inputs can collide only through the hash itself. Floats are hashed
+// by bit pattern rather than by a decimal rendering, which could round two
+// different configs to one string.
+#include "epd/content_key.h"
+
+#include <bit>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "digest.h"
+#include "epd/preprocess.h"
+
+namespace epd {
+namespace {
+
+enum Tag : std::uint8_t {
+  kTagDomain = 0x00,
+  kTagVersion = 0x01,
+  kTagModel = 0x02,
+  kTagPatch = 0x10,
+  kTagMerge = 0x11,
+  kTagTemporal = 0x12,
+  kTagMinPixels = 0x13,
+  kTagMaxPixels = 0x14,
+  kTagMean = 0x15,
+  kTagStd = 0x16,
+  kTagResample = 0x17,
+  kTagWidth = 0x20,
+  kTagHeight = 0x21,
+  kTagChannels = 0x22,
+  kTagEncodedMedia = 0x30,
+  kTagRawPixels = 0x31,
+  kTagCallerKey = 0x32,
+};
+
+constexpr std::string_view kDomainEncoded = "epd/key/encoded";
+constexpr std::string_view kDomainRawPixels = "epd/key/raw-pixels";
+constexpr std::string_view kDomainCaller = "epd/key/caller";
+
+void PutLe(std::uint64_t v, int n, std::uint8_t* out) {
+  for (int i = 0; i < n; ++i) out[i] = static_cast<std::uint8_t>(v >> (8 * i));
+}
+
+class KeyEncoder {
+ public:
+  explicit KeyEncoder(std::unique_ptr<internal::Digest> digest) : digest_(std::move(digest)) {}
+
+  void Bytes(Tag tag, std::span<const std::uint8_t> value) {
+    std::uint8_t head[9];
+    head[0] = tag;
+    PutLe(value.size(), 8, head + 1);
+    digest_->Update(head);
+    digest_->Update(value);
+  }
+  void Text(Tag tag, std::string_view s) { Bytes(tag, {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()}); }
+  void Int(Tag tag, std::int64_t v) {
+    std::uint8_t buf[8];
+    PutLe(static_cast<std::uint64_t>(v), 8, buf);
+    Bytes(tag, buf);
+  }
+  void Floats(Tag tag, const std::array<float, 3>& v) {
+    std::uint8_t buf[12];
+    for (int i = 0; i < 3; ++i) PutLe(std::bit_cast<std::uint32_t>(v[i]), 4, buf + 4 * i);
+    Bytes(tag, buf);
+  }
+
+  // The fields every kind of key starts with.
+  void Header(std::string_view domain, std::string_view model_id, const PreprocessConfig& cfg) {
+    Text(kTagDomain, domain);
+    std::uint8_t version[4];
+    PutLe(kContentKeyVersion, 4, version);
+    Bytes(kTagVersion, version);
+    Text(kTagModel, model_id);
+    Int(kTagPatch, cfg.patch_size);
+    Int(kTagMerge, cfg.merge_size);
+    Int(kTagTemporal, cfg.temporal_patch_size);
+    Int(kTagMinPixels, cfg.min_pixels);
+    Int(kTagMaxPixels, cfg.max_pixels);
+    Floats(kTagMean, cfg.mean);
+    Floats(kTagStd, cfg.std);
+    Int(kTagResample, static_cast<std::int64_t>(cfg.resample));
+  }
+
+  ContentKey Finish(KeyMode mode) {
+    ContentKey key;
+    key.bytes = digest_->Final();
+    if (mode == KeyMode::kXxh3Fast) {
+      std::memcpy(key.bytes.data() + 16, kFastKeyMarker.data(), kFastKeyMarker.size());
+    }
+    return key;
+  }
+
+ private:
+  std::unique_ptr<internal::Digest> digest_;
+};
+
+std::unique_ptr<internal::Digest> NewDigest(KeyMode mode) {
+  return mode == KeyMode::kXxh3Fast ? internal::NewXxh3_128() : internal::NewSha256();
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+std::string ContentKey::Hex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(bytes.size() * 2, '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    out[2 * i] = kDigits[bytes[i] >> 4];
+    out[2 * i + 1] = kDigits[bytes[i] & 0xf];
+  }
+  return out;
+}
+
+ContentKey ComputeContentKey(std::string_view model_id, const PreprocessConfig& cfg,
+                             std::span<const std::uint8_t> media, KeyMode mode) {
+  KeyEncoder enc(NewDigest(mode));
+  enc.Header(kDomainEncoded, model_id, cfg);
+  enc.Bytes(kTagEncodedMedia, media);
+  return enc.Finish(mode);
+}
+
+StatusOr<ContentKey> ComputeRawPixelKey(std::string_view model_id, const PreprocessConfig& cfg, std::int64_t width,
+                                        std::int64_t height, int channels, std::span<const std::uint8_t> pixels,
+                                        KeyMode mode) {
+  if (width < 1 || height < 1) {
+    return InvalidArgument("raw pixel key: image size " + std::to_string(width) + "x" + std::to_string(height) +
+                           " is not positive");
+  }
+  if (channels < 1 || channels > 4) {
+    return InvalidArgument("raw pixel key: channels is " + std::to_string(channels) + ", expected 1 to 4");
+  }
+  // width, height >= 1 and channels <= 4: the division cannot overflow and
+  // compares without forming a possibly-overflowing product.
+  const std::uint64_t row = static_cast<std::uint64_t>(width) * static_cast<std::uint64_t>(channels);
+  if (pixels.size() % row != 0 || pixels.size() / row != static_cast<std::uint64_t>(height)) {
+    return InvalidArgument("raw pixel key: " + std::to_string(pixels.size()) + " pixel bytes do not match " +
+                           std::to_string(width) + "x" + std::to_string(height) + "x" + std::to_string(channels));
+  }
+  KeyEncoder enc(NewDigest(mode));
+  enc.Header(kDomainRawPixels, model_id, cfg);
+  enc.Int(kTagWidth, width);
+  enc.Int(kTagHeight, height);
+  enc.Int(kTagChannels, channels);
+  enc.Bytes(kTagRawPixels, pixels);
+  return enc.Finish(mode);
+}
+
+StatusOr<ContentKey> CallerContentKey(std::string_view model_id, const PreprocessConfig& cfg,
+                                      std::string_view caller_key) {
+  if (caller_key.empty()) return InvalidArgument("caller content key is empty");
+  KeyEncoder enc(NewDigest(KeyMode::kSha256));
+  enc.Header(kDomainCaller, model_id, cfg);
+  enc.Text(kTagCallerKey, caller_key);
+  return enc.Finish(KeyMode::kSha256);
+}
+
+StatusOr<ContentKey> ParseContentKeyHex(std::string_view hex) {
+  ContentKey key;
+  if (hex.size() != key.bytes.size() * 2) {
+    return InvalidArgument("content key hex has " + std::to_string(hex.size()) + " characters, expected 64");
+  }
+  for (std::size_t i = 0; i < key.bytes.size(); ++i) {
+    const int hi = HexValue(hex[2 * i]);
+    const int lo = HexValue(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) {
+      const std::size_t at = hi < 0 ? 2 * i : 2 * i + 1;
+      return InvalidArgument("content key hex has a non-hex character at position " + std::to_string(at));
+    }
+    key.bytes[i] = static_cast<std::uint8_t>(hi << 4 | lo);
+  }
+  return key;
+}
+
+bool IsFastContentKey(const ContentKey& key) {
+  return std::memcmp(key.bytes.data() + 16, kFastKeyMarker.data(), kFastKeyMarker.size()) == 0;
+}
+
+}  // namespace epd

@@ -1,0 +1,236 @@
+#include "epd/content_key.h"
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "digest.h"
+#include "epd/preprocess.h"
+
+namespace epd {
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+
+Bytes B(std::string_view s) { return Bytes(s.begin(), s.end()); }
+
+std::string HexOf(const std::array<std::uint8_t, 32>& d) {
+  ContentKey k;
+  k.bytes = d;
+  return k.Hex();
+}
+
+// FIPS 180-2 appendix B.1 and the well-known empty-string digest.
+TEST(Sha256Test, MatchesPublishedTestVectors) {
+  auto abc = internal::NewSha256();
+  abc->Update(B("abc"));
+  EXPECT_EQ(HexOf(abc->Final()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+
+  auto empty = internal::NewSha256();
+  EXPECT_EQ(HexOf(empty->Final()), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+
+  // FIPS 180-2 B.2, fed in two pieces to exercise streaming.
+  auto two = internal::NewSha256();
+  two->Update(B("abcdbcdecdefdefgefghfghighijhijk"));
+  two->Update(B("ijkljklmklmnlmnomnopnopq"));
+  EXPECT_EQ(HexOf(two->Final()), "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+}
+
+TEST(ContentKeyTest, SameBytesAndConfigGiveSameKey) {
+  PreprocessConfig cfg;
+  const Bytes media = B("pretend these are jpeg bytes");
+  EXPECT_EQ(ComputeContentKey("qwen2-vl", cfg, media), ComputeContentKey("qwen2-vl", cfg, Bytes(media)));
+}
+
+TEST(ContentKeyTest, DifferentMediaGiveDifferentKeys) {
+  PreprocessConfig cfg;
+  EXPECT_NE(ComputeContentKey("m", cfg, B("image-1")), ComputeContentKey("m", cfg, B("image-2")));
+}
+
+TEST(ContentKeyTest, EveryPreprocessingFieldAndTheModelIdChangeTheKey) {
+  const PreprocessConfig base;
+  const Bytes media = B("media");
+  std::vector<PreprocessConfig> variants(10, base);
+  variants[0].patch_size = 16;
+  variants[1].merge_size = 3;
+  variants[2].temporal_patch_size = 1;
+  variants[3].min_pixels += 1;
+  variants[4].max_pixels -= 1;
+  variants[5].mean[1] = std::nextafter(base.mean[1], 1.0f);  // one ulp
+  variants[6].std[2] = std::nextafter(base.std[2], 1.0f);
+  variants[7].resample = Resample::kBilinear;
+  variants[8].mean[0] = base.mean[1];  // values permuted across channels
+  variants[8].mean[1] = base.mean[0];
+  variants[9].std[0] = -0.0f;  // bit pattern, not value: -0 differs from any positive std
+
+  std::set<ContentKey> keys = {ComputeContentKey("qwen2-vl-7b", base, media),
+                               ComputeContentKey("qwen2-vl-2b", base, media)};
+  for (const auto& v : variants) keys.insert(ComputeContentKey("qwen2-vl-7b", v, media));
+  EXPECT_EQ(keys.size(), 2 + variants.size());
+}
+
+TEST(ContentKeyTest, FieldBoundariesCannotCollide) {
+  PreprocessConfig cfg;
+  // ([AB], [C]) vs ([A], [BC]): the same concatenation, different split.
+  EXPECT_NE(ComputeContentKey("AB", cfg, B("C")), ComputeContentKey("A", cfg, B("BC")));
+  EXPECT_NE(ComputeContentKey("", cfg, B("x")), ComputeContentKey("x", cfg, B("")));
+  auto c1 = CallerContentKey("AB", cfg, "C");
+  auto c2 = CallerContentKey("A", cfg, "BC");
+  ASSERT_TRUE(c1.ok() && c2.ok());
+  EXPECT_NE(*c1, *c2);
+}
+
+TEST(ContentKeyTest, RawPixelKeyIncludesDimensions) {
+  PreprocessConfig cfg;
+  const Bytes pixels(30 * 150 * 3, 0x5a);
+  auto wide = ComputeRawPixelKey("m", cfg, 150, 30, 3, pixels);
+  auto tall = ComputeRawPixelKey("m", cfg, 30, 150, 3, pixels);
+  ASSERT_TRUE(wide.ok() && tall.ok());
+  EXPECT_NE(*wide, *tall);
+  // Same bytes seen as 4-channel pixels: another shape, another key.
+  auto rgba = ComputeRawPixelKey("m", cfg, 75, 45, 4, pixels);
+  ASSERT_TRUE(rgba.ok());
+  EXPECT_NE(*rgba, *wide);
+}
+
+TEST(ContentKeyTest, RawPixelKeyDiffersFromEncodedKeyOfSameBytes) {
+  PreprocessConfig cfg;
+  const Bytes pixels(4 * 3, 7);
+  auto raw = ComputeRawPixelKey("m", cfg, 2, 2, 3, pixels);
+  ASSERT_TRUE(raw.ok());
+  EXPECT_NE(*raw, ComputeContentKey("m", cfg, pixels));
+}
+
+TEST(ContentKeyTest, RawPixelKeyRejectsSizeMismatch) {
+  PreprocessConfig cfg;
+  const Bytes pixels(10, 0);
+  auto k = ComputeRawPixelKey("m", cfg, 2, 2, 3, pixels);
+  ASSERT_FALSE(k.ok());
+  EXPECT_EQ(k.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(k.status().message().find("do not match"), std::string::npos) << k.status().message();
+  EXPECT_FALSE(ComputeRawPixelKey("m", cfg, 0, 2, 3, {}).ok());
+  EXPECT_FALSE(ComputeRawPixelKey("m", cfg, 2, 2, 5, Bytes(20)).ok());
+}
+
+TEST(ContentKeyTest, CallerKeysNeverEqualComputedKeysOfTheSameBytes) {
+  PreprocessConfig cfg;
+  const std::string id = "sha256:0123abcd";
+  auto caller = CallerContentKey("m", cfg, id);
+  ASSERT_TRUE(caller.ok());
+  EXPECT_NE(*caller, ComputeContentKey("m", cfg, B(id)));
+  auto raw = ComputeRawPixelKey("m", cfg, static_cast<std::int64_t>(id.size()), 1, 1, B(id));
+  ASSERT_TRUE(raw.ok());
+  EXPECT_NE(*caller, *raw);
+}
+
+TEST(ContentKeyTest, CallerKeyDependsOnModelAndConfig) {
+  PreprocessConfig cfg, other;
+  other.max_pixels = 12845056;
+  EXPECT_NE(*CallerContentKey("m", cfg, "k"), *CallerContentKey("n", cfg, "k"));
+  EXPECT_NE(*CallerContentKey("m", cfg, "k"), *CallerContentKey("m", other, "k"));
+  EXPECT_EQ(*CallerContentKey("m", cfg, "k"), *CallerContentKey("m", cfg, "k"));
+}
+
+TEST(ContentKeyTest, EmptyCallerKeyIsRejected) {
+  auto k = CallerContentKey("m", PreprocessConfig{}, "");
+  ASSERT_FALSE(k.ok());
+  EXPECT_EQ(k.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(k.status().message().find("empty"), std::string::npos);
+}
+
+TEST(ContentKeyTest, FastModeIsDeterministicMarkedAndDistinctFromSha256) {
+  PreprocessConfig cfg;
+  const Bytes media = B("some media");
+  const ContentKey fast = ComputeContentKey("m", cfg, media, KeyMode::kXxh3Fast);
+  const ContentKey slow = ComputeContentKey("m", cfg, media);
+  EXPECT_EQ(fast, ComputeContentKey("m", cfg, media, KeyMode::kXxh3Fast));
+  EXPECT_NE(fast, slow);
+  EXPECT_TRUE(IsFastContentKey(fast));
+  EXPECT_FALSE(IsFastContentKey(slow));
+  // The marker is exactly "epd:xxh3-128:v1\0" in the second half.
+  EXPECT_EQ(fast.Hex().substr(32), "6570643a787868332d3132383a763100");
+  EXPECT_NE(fast, ComputeContentKey("m", cfg, B("other media"), KeyMode::kXxh3Fast));
+  PreprocessConfig c2 = cfg;
+  c2.patch_size = 16;
+  EXPECT_NE(fast, ComputeContentKey("m", c2, media, KeyMode::kXxh3Fast));
+}
+
+TEST(ContentKeyTest, HexIsSixtyFourLowerCaseDigitsAndRoundTrips) {
+  ContentKey k;
+  for (std::size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<std::uint8_t>(i * 17 + 3);
+  const std::string hex = k.Hex();
+  EXPECT_EQ(hex.substr(0, 8), "03142536");  // 3, 20, 37, 54
+  EXPECT_EQ(hex.size(), 64u);
+  auto back = ParseContentKeyHex(hex);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, k);
+  std::string upper = hex;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_EQ(*ParseContentKeyHex(upper), k);
+}
+
+TEST(ContentKeyTest, ParseHexRejectsBadInput) {
+  auto short_hex = ParseContentKeyHex("abc");
+  ASSERT_FALSE(short_hex.ok());
+  EXPECT_EQ(short_hex.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(short_hex.status().message().find("64"), std::string::npos);
+  std::string bad(64, '0');
+  bad[10] = 'g';
+  auto nonhex = ParseContentKeyHex(bad);
+  ASSERT_FALSE(nonhex.ok());
+  EXPECT_NE(nonhex.status().message().find("position 10"), std::string::npos) << nonhex.status().message();
+}
+
+// The key must not silently change between releases: a change would make
+// every persisted cache entry miss. If this fails on purpose, bump
+// kContentKeyVersion and update the expected value.
+TEST(ContentKeyTest, EncodingIsStableForVersion1) {
+  // Independent re-encoding of the documented layout for a tiny input.
+  auto field = [](Bytes& out, std::uint8_t tag, const Bytes& v) {
+    out.push_back(tag);
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(std::uint64_t{v.size()} >> (8 * i)));
+    out.insert(out.end(), v.begin(), v.end());
+  };
+  auto le = [](std::uint64_t v, int n) {
+    Bytes b;
+    for (int i = 0; i < n; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+    return b;
+  };
+  auto floats = [&](const std::array<float, 3>& f) {
+    Bytes b;
+    for (float x : f) {
+      std::uint32_t u;
+      std::memcpy(&u, &x, 4);
+      Bytes p = le(u, 4);
+      b.insert(b.end(), p.begin(), p.end());
+    }
+    return b;
+  };
+  PreprocessConfig cfg;
+  Bytes msg;
+  field(msg, 0x00, B("epd/key/encoded"));
+  field(msg, 0x01, le(1, 4));
+  field(msg, 0x02, B("m"));
+  field(msg, 0x10, le(14, 8));
+  field(msg, 0x11, le(2, 8));
+  field(msg, 0x12, le(2, 8));
+  field(msg, 0x13, le(3136, 8));
+  field(msg, 0x14, le(1003520, 8));
+  field(msg, 0x15, floats(cfg.mean));
+  field(msg, 0x16, floats(cfg.std));
+  field(msg, 0x17, le(0, 8));
+  field(msg, 0x30, B("xyz"));
+  auto sha = internal::NewSha256();
+  sha->Update(msg);
+  ContentKey expected;
+  expected.bytes = sha->Final();
+  EXPECT_EQ(ComputeContentKey("m", cfg, B("xyz")), expected);
+}
+
+}  // namespace
+}  // namespace epd
