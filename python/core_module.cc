@@ -31,6 +31,7 @@ namespace epd {
 template <>
 struct ValueTraits<py::object> {
   static bool IsNone(const py::object& v) { return v.is_none(); }
+  static constexpr bool kNullCopyDrops = false;  // the reference stores what to_host returns
 };
 
 namespace {

@@ -19,7 +19,12 @@
 //
 // Copies: `to_host` and `to_device` are injected callables, V -> V, so the
 // tiering logic is testable without a device (a fake records each copy) and
-// the CUDA tier (src/gpu) supplies async copies. They run synchronously on the
+// the CUDA tier (src/gpu) supplies async copies. Where
+// ValueTraits<V>::kNullCopyDrops holds (shared_ptr values), a `to_host` that
+// returns null for a non-null victim drops it, exactly as when the victim is
+// larger than L2 (no demotion is counted): the GPU tier does so when its
+// pinned pool has no free block. For Python values it does not hold: a
+// to_host returning None stores None, as the reference does. They run synchronously on the
 // calling thread, inside get()/put(); they may throw, and the exception
 // propagates with the state the reference would leave (for a failed promote:
 // the entry has already left L2 and is lost; for a failed demote: the victim
@@ -49,10 +54,12 @@ namespace epd {
 template <typename V>
 struct ValueTraits {
   static bool IsNone(const V&) { return false; }
+  static constexpr bool kNullCopyDrops = false;
 };
 template <typename T>
 struct ValueTraits<std::shared_ptr<T>> {
   static bool IsNone(const std::shared_ptr<T>& v) { return v == nullptr; }
+  static constexpr bool kNullCopyDrops = true;
 };
 
 // Where a tiered get found its value.
@@ -126,7 +133,13 @@ class TieredEmbeddingCache {
   void Demote(const K& key, V&& value, std::int64_t nbytes) {
     // Skip the device->host copy for a victim L2 would drop anyway.
     if (nbytes > l2_.capacity_bytes()) return;
+    const bool was_none = Traits::IsNone(value);
     V host_value = to_host_ ? to_host_(value) : std::move(value);
+    // A copy that yields no value (the pinned pool is full) drops the victim,
+    // as an L2 too small would.
+    if constexpr (Traits::kNullCopyDrops) {
+      if (Traits::IsNone(host_value) && !was_none) return;
+    }
     l2_.put(key, std::move(host_value), nbytes);
     if (l2_.contains(key)) ++demotions_;
   }

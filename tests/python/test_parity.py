@@ -205,3 +205,14 @@ def test_default_copies_match_reference(reference):
     assert results[1][1] == FakeTensor("cuda:1", 1)
     assert results[1][2] == (FakeTensor("cuda:1", 2), None)
     assert results[1][0][1][0] == (FakeTensor("cpu", 2), None)
+
+
+def test_to_host_returning_none_is_stored_like_the_reference(reference):
+    """The reference stores whatever to_host returns, None included."""
+    states = []
+    for module in (reference.cache, epd):
+        t = module.TieredEmbeddingCache(100, 100, to_host=lambda v: None, to_device=lambda v: v)
+        t.put("a", 1, 100)
+        t.put("b", 2, 100)
+        states.append(("a" in t.l2, t.demotions, t.get("a"), t.misses, t.l2_hits, len(t)))
+    assert states[0] == states[1]
