@@ -12,11 +12,14 @@
 //   1. SmartResize(h, w) -> (H, W), both multiples of 28.
 //   2. Resize RGB8 to W x H with an antialiased Catmull-Rom bicubic (a = -0.5,
 //      support widened by the scale when downscaling), in the stored (sRGB)
-//      values without gamma linearisation: PIL's Image.resize(BICUBIC), which
-//      the Hugging Face processor uses. Implemented with stb_image_resize;
-//      it replicates edge pixels where PIL renormalises the truncated kernel,
-//      so pixels within 2 * scale of a border may differ from PIL by a few
-//      levels. An image already W x H is not resampled (PIL also copies).
+//      values without gamma linearisation, horizontal pass rounded to uint8
+//      before the vertical pass: PIL's Image.resize(BICUBIC), which the
+//      Hugging Face processor uses. Implemented with stb_image_resize. Away
+//      from the borders it agrees with PIL to within 1 level; stb replicates
+//      edge pixels where PIL renormalises the truncated kernel, so pixels
+//      within about 2 * scale of a border may differ by a few levels (up to 7
+//      seen at 3000x4000 -> 840x1148). An image already W x H is not
+//      resampled (PIL also copies).
 //   3. x / 255, then (x - mean[c]) / std[c], float32.
 //   4. The still image is repeated to temporal_patch_size frames and
 //      patchified (see Preprocess below for the exact row layout).

@@ -149,8 +149,9 @@ TEST(ResizeTest, HorizontalGradientStaysMonotone) {
 }
 
 // PIL's resampling (Pillow libImaging/Resample.c), written out independently
-// in double precision: separable, kernel centred at (i + 0.5) / scale, support
-// widened by 1/scale when downscaling, weights normalised.
+// in double precision: separable, kernel centred at (i + 0.5) * scale, support
+// widened by the scale when downscaling, weights normalised; the horizontal
+// pass is rounded to uint8 before the vertical one, as PIL does.
 std::vector<double> PilResample1d(const std::vector<double>& in, int out_n) {
   const int in_n = static_cast<int>(in.size());
   const double scale = static_cast<double>(in_n) / out_n;  // input pixels per output pixel
@@ -179,7 +180,7 @@ std::vector<double> PilResample1d(const std::vector<double>& in, int out_n) {
   return out;
 }
 
-TEST(ResizeTest, BicubicMatchesAnAntialiasedCatmullRomReference) {
+TEST(ResizeTest, BicubicMatchesPilStyleTwoPassReference) {
   const RgbImage src = testing::PatternImage(90, 70);
   for (auto [w, h] : {std::pair{45, 35}, std::pair{31, 50}, std::pair{150, 112}}) {
     auto out = ResizeRgb(src, w, h, Resample::kBicubic);
@@ -191,19 +192,27 @@ TEST(ResizeTest, BicubicMatchesAnAntialiasedCatmullRomReference) {
         std::vector<double> row(src.width);
         for (int x = 0; x < src.width; ++x) row[x] = src.pixels[(y * src.width + x) * 3 + c];
         tmp[y] = PilResample1d(row, w);
+        // PIL stores the horizontal pass as uint8: round and clamp.
+        for (double& v : tmp[y]) v = std::clamp(std::round(v), 0.0, 255.0);
       }
-      int worst = 0;
+      int worst = 0, off_by_more_than_one = 0;
       for (int x = 0; x < w; ++x) {
         std::vector<double> col(src.height);
         for (int y = 0; y < src.height; ++y) col[y] = tmp[y][x];
         const std::vector<double> ref = PilResample1d(col, h);
         for (int y = 0; y < h; ++y) {
           const int want = static_cast<int>(std::clamp(std::round(ref[y]), 0.0, 255.0));
-          worst = std::max(worst, std::abs(want - int{out->pixels[(y * w + x) * 3 + c]}));
+          const int err = std::abs(want - int{out->pixels[(y * w + x) * 3 + c]});
+          worst = std::max(worst, err);
+          off_by_more_than_one += err > 1;
         }
       }
-      // Rounding of float intermediates only.
-      EXPECT_LE(worst, 1) << w << "x" << h << " channel " << c;
+      // float (stb) vs double rounding: an intermediate value may round the
+      // other way (1 level, weight <= 1) and the final value too, so 2 at
+      // worst, and rarely. PatternImage wraps 255 -> 0, so the intermediate
+      // clamping is exercised.
+      EXPECT_LE(worst, 2) << w << "x" << h << " channel " << c;
+      EXPECT_LE(off_by_more_than_one, w * h / 100) << w << "x" << h << " channel " << c;
     }
   }
 }
