@@ -35,6 +35,11 @@ namespace epd {
 struct TowerItem {
   const float* patches = nullptr;  // [grid.patches(), patch_dim] float32
   GridTHW grid;
+  // Floats per row of `patches` as the producer laid them out (e.g.
+  // PreprocessedImage::patch_dim). A backend rejects a value other than its
+  // own patch_dim() with kInvalidArgument; 0 means "the tower's own" and is
+  // not checked.
+  std::int64_t patch_dim = 0;
 };
 
 // The batch output. Owns its bytes.

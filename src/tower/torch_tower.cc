@@ -1,0 +1,351 @@
+// TorchScript vision tower: the only translation unit of the library that
+// includes libtorch (each such unit costs ~13 s and ~760 MB to compile).
+//
+// Design notes.
+// * Errors are translated once, here. Every libtorch call that can throw sits
+//   inside a try block that turns c10::Error (and any std::exception) into a
+//   Status, using what_without_backtrace() so messages stay one paragraph.
+// * The contract is checked at both ends of the module. At load: the four int
+//   attributes and a forward taking (pixel_values, grid_thw). After each
+//   forward: a 2-tuple of floating tensors with exactly the shapes implied by
+//   the grids. A tower that returns one row too many would otherwise shift
+//   every later item's embedding in the batch by a row, silently.
+// * The packed input is built with one memcpy per item into a tensor libtorch
+//   owns; the items' buffers are only borrowed for the duration of Encode.
+// * Outputs are converted to the requested dtype by libtorch (bfloat16 and
+//   float16 round to nearest even) and then made contiguous on the host, so
+//   TowerOutput's bytes are plain row-major arrays.
+// * OpenMP keeps the thread count per calling thread, and the worker calls
+//   Encode from its own thread, so Encode re-applies num_threads when the
+//   calling thread's count differs (a cheap query).
+#include "epd/torch_tower.h"
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace epd {
+namespace {
+
+// Guards the int64 arithmetic of the packed size: no real grid comes close.
+constexpr std::int64_t kMaxGridSide = std::int64_t{1} << 20;
+constexpr std::int64_t kMaxTotalPatches = std::int64_t{1} << 32;
+
+std::string TorchMessage(const std::exception& e) {
+  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
+  return e.what();
+}
+
+std::string ShapeString(const at::Tensor& t) {
+  std::string s = "[";
+  for (std::int64_t d = 0; d < t.dim(); ++d) {
+    if (d > 0) s += ", ";
+    s += std::to_string(t.size(d));
+  }
+  return s + "]";
+}
+
+at::ScalarType ToScalarType(DType d) {
+  switch (d) {
+    case DType::kFloat32: return at::kFloat;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kFloat16: return at::kHalf;
+  }
+  return at::kFloat;
+}
+
+std::vector<std::byte> HostBytes(const at::Tensor& t, at::ScalarType dtype) {
+  at::Tensor host = t.to(at::kCPU, dtype).contiguous();
+  std::vector<std::byte> bytes(host.numel() * host.element_size());
+  if (!bytes.empty()) std::memcpy(bytes.data(), host.data_ptr(), bytes.size());
+  return bytes;
+}
+
+struct Metadata {
+  std::int64_t patch_dim = 0;
+  std::int64_t merge_size = 0;
+  std::int64_t hidden = 0;
+  std::int64_t deepstack_layers = 0;
+};
+
+// Reads one int attribute of the contract; `min` is its smallest valid value.
+Status ReadIntAttribute(const torch::jit::Module& module, const std::string& path,
+                        const std::string& name, std::int64_t min, std::int64_t* out) {
+  if (!module.hasattr(name)) {
+    return InvalidArgument("TorchScript tower " + path + " has no attribute '" + name +
+                           "' (the contract needs int attributes patch_dim, merge_size, "
+                           "hidden_size, deepstack_layers; see docs/TOWER.md)");
+  }
+  c10::IValue v = module.attr(name);
+  if (!v.isInt()) {
+    return InvalidArgument("TorchScript tower " + path + ": attribute '" + name +
+                           "' must be an int, got " + v.tagKind());
+  }
+  *out = v.toInt();
+  if (*out < min) {
+    return InvalidArgument("TorchScript tower " + path + ": attribute '" + name + "' = " +
+                           std::to_string(*out) + ", must be >= " + std::to_string(min));
+  }
+  return Status::Ok();
+}
+
+class TorchScriptTower final : public VisionTower {
+ public:
+  TorchScriptTower(torch::jit::Module module, Metadata meta, c10::Device device, int num_threads,
+                   DType dtype, std::string path)
+      : module_(std::move(module)),
+        meta_(meta),
+        device_(device),
+        num_threads_(num_threads),
+        dtype_(dtype),
+        path_(std::move(path)) {}
+
+  StatusOr<TowerOutput> Encode(std::span<const TowerItem> items) override;
+
+  std::int64_t patch_dim() const override { return meta_.patch_dim; }
+  std::int64_t merge_size() const override { return meta_.merge_size; }
+  std::int64_t hidden() const override { return meta_.hidden; }
+  std::int64_t deepstack_layers() const override { return meta_.deepstack_layers; }
+  DType dtype() const override { return dtype_; }
+  std::string Describe() const override {
+    return "torchscript:" + path_ + " (" + device_.str() + ", " + std::to_string(num_threads_) +
+           (num_threads_ == 1 ? " thread" : " threads") + ", hidden " +
+           std::to_string(meta_.hidden) + ", deepstack " +
+           std::to_string(meta_.deepstack_layers) + ", " + std::string(DTypeName(dtype_)) + ")";
+  }
+
+ private:
+  Status ValidateItems(std::span<const TowerItem> items, std::int64_t* patches,
+                       std::int64_t* tokens) const;
+  // Checks one output tensor of forward against [rows, cols], floating dtype.
+  Status CheckOutput(const c10::IValue& v, const char* name, std::int64_t rows,
+                     std::int64_t cols) const;
+
+  torch::jit::Module module_;
+  const Metadata meta_;
+  const c10::Device device_;
+  const int num_threads_;
+  const DType dtype_;
+  const std::string path_;
+};
+
+Status TorchScriptTower::ValidateItems(std::span<const TowerItem> items, std::int64_t* patches,
+                                       std::int64_t* tokens) const {
+  const std::int64_t m = meta_.merge_size;
+  *patches = 0;
+  *tokens = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const TowerItem& item = items[i];
+    const GridTHW& g = item.grid;
+    const std::string where = "tower item " + std::to_string(i) + ": ";
+    if (item.patches == nullptr) return InvalidArgument(where + "patches is null");
+    if (item.patch_dim != 0 && item.patch_dim != meta_.patch_dim) {
+      return InvalidArgument(where + "patch_dim " + std::to_string(item.patch_dim) +
+                             " does not match the tower's " + std::to_string(meta_.patch_dim));
+    }
+    if (g.t < 1 || g.h < 1 || g.w < 1 || g.t > kMaxGridSide || g.h > kMaxGridSide ||
+        g.w > kMaxGridSide) {
+      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) +
+                             ", " + std::to_string(g.w) + ") must have t, h, w in [1, 2^20]");
+    }
+    if (g.h % m != 0 || g.w % m != 0) {
+      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) +
+                             ", " + std::to_string(g.w) + "): h and w must be multiples of " +
+                             "merge_size " + std::to_string(m));
+    }
+    *patches += g.patches();
+    *tokens += g.tokens(m);
+    if (*patches > kMaxTotalPatches) {
+      return InvalidArgument(where + "the batch exceeds 2^32 patches");
+    }
+  }
+  return Status::Ok();
+}
+
+Status TorchScriptTower::CheckOutput(const c10::IValue& v, const char* name, std::int64_t rows,
+                                     std::int64_t cols) const {
+  // Appended piecewise: GCC 12 mis-warns (-Wrestrict) on "[" + to_string().
+  std::string expected = "[";
+  expected += std::to_string(rows);
+  expected += ", ";
+  expected += std::to_string(cols);
+  expected += "]";
+  if (!v.isTensor()) {
+    return Internal("TorchScript tower " + path_ + ": forward's " + name +
+                    " output must be a Tensor, got " + v.tagKind());
+  }
+  const at::Tensor& t = v.toTensor();
+  if (t.dim() != 2 || t.size(0) != rows || t.size(1) != cols) {
+    return Internal("TorchScript tower " + path_ + ": forward's " + name + " output has shape " +
+                    ShapeString(t) + ", expected " + expected);
+  }
+  if (!at::isFloatingType(t.scalar_type())) {
+    return Internal("TorchScript tower " + path_ + ": forward's " + name + " output has dtype " +
+                    std::string(c10::toString(t.scalar_type())) + ", expected a floating type");
+  }
+  return Status::Ok();
+}
+
+StatusOr<TowerOutput> TorchScriptTower::Encode(std::span<const TowerItem> items) {
+  std::int64_t total_patches = 0;
+  std::int64_t total_tokens = 0;
+  if (Status s = ValidateItems(items, &total_patches, &total_tokens); !s.ok()) return s;
+
+  TowerOutput out;
+  out.rows = total_tokens;
+  out.hidden = meta_.hidden;
+  out.deepstack_layers = meta_.deepstack_layers;
+  out.dtype = dtype_;
+  if (items.empty()) return out;
+
+  try {
+    c10::InferenceMode inference_mode;
+    if (at::get_num_threads() != num_threads_) at::set_num_threads(num_threads_);
+
+    const std::int64_t n_items = static_cast<std::int64_t>(items.size());
+    at::Tensor pixels = torch::empty({total_patches, meta_.patch_dim}, at::kFloat);
+    at::Tensor grid = torch::empty({n_items, 3}, at::kLong);
+    auto* dst = pixels.data_ptr<float>();
+    auto* g = grid.data_ptr<std::int64_t>();
+    for (const TowerItem& item : items) {
+      const std::int64_t n = item.grid.patches() * meta_.patch_dim;
+      std::memcpy(dst, item.patches, static_cast<std::size_t>(n) * sizeof(float));
+      dst += n;
+      *g++ = item.grid.t;
+      *g++ = item.grid.h;
+      *g++ = item.grid.w;
+    }
+    if (!device_.is_cpu()) {
+      pixels = pixels.to(device_);
+      grid = grid.to(device_);
+    }
+
+    c10::IValue result = module_.forward({pixels, grid});
+
+    if (!result.isTuple() || result.toTupleRef().elements().size() != 2) {
+      return Internal("TorchScript tower " + path_ +
+                      ": forward must return Tuple[Tensor, Tensor] (main, deepstack), got " +
+                      result.type()->str());
+    }
+    const auto& elements = result.toTupleRef().elements();
+    if (Status s = CheckOutput(elements[0], "main", total_tokens, meta_.hidden); !s.ok()) return s;
+    if (Status s = CheckOutput(elements[1], "deepstack", total_tokens,
+                               meta_.hidden * meta_.deepstack_layers);
+        !s.ok()) {
+      return s;
+    }
+    const at::ScalarType dtype = ToScalarType(dtype_);
+    out.main = HostBytes(elements[0].toTensor(), dtype);
+    out.deepstack = HostBytes(elements[1].toTensor(), dtype);
+  } catch (const std::exception& e) {
+    return Internal("TorchScript tower " + path_ + ": forward failed: " + TorchMessage(e));
+  }
+  return out;
+}
+
+// "cpu", "cuda" or "cuda:N" -> a device, checking that CUDA is usable.
+StatusOr<c10::Device> ParseDevice(const std::string& spec) {
+  std::optional<c10::Device> device;
+  try {
+    device.emplace(spec);
+  } catch (const std::exception& e) {
+    return InvalidArgument("torch tower device '" + spec + "' is not a device (expected \"cpu\", "
+                           "\"cuda\" or \"cuda:N\"): " + TorchMessage(e));
+  }
+  if (device->is_cpu()) {
+    if (device->has_index()) return InvalidArgument("torch tower device '" + spec + "': use \"cpu\"");
+    return *device;
+  }
+  if (!device->is_cuda()) {
+    return InvalidArgument("torch tower device '" + spec + "': only cpu and cuda are supported");
+  }
+  if (!torch::cuda::is_available()) {
+    return FailedPrecondition("torch tower device '" + spec +
+                              "' requested, but CUDA is not available (libtorch built without "
+                              "CUDA, or no GPU visible)");
+  }
+  const auto count = static_cast<std::int64_t>(torch::cuda::device_count());
+  const std::int64_t index = device->has_index() ? device->index() : 0;
+  if (index >= count) {
+    return FailedPrecondition("torch tower device '" + spec + "': only " + std::to_string(count) +
+                              " CUDA device(s) visible");
+  }
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOptions& options) {
+  const std::string& path = options.model_path;
+  if (options.num_threads < 0) {
+    return InvalidArgument("torch tower num_threads must be >= 0 (0 = all cores), got " +
+                           std::to_string(options.num_threads));
+  }
+  if (path.empty()) return InvalidArgument("torch tower model_path is empty");
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return Status(StatusCode::kNotFound, "TorchScript tower file not found: " + path);
+  }
+  auto device = ParseDevice(options.device);
+  if (!device.ok()) return device.status();
+
+  int threads = options.num_threads;
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  try {
+    torch::jit::Module module;
+    try {
+      module = torch::jit::load(path, c10::Device(c10::kCPU));
+    } catch (const std::exception& e) {
+      return InvalidArgument("cannot load " + path + " as a TorchScript archive " +
+                             "(torch.jit.save output expected): " + TorchMessage(e));
+    }
+    Metadata meta;
+    if (Status s = ReadIntAttribute(module, path, "patch_dim", 1, &meta.patch_dim); !s.ok()) return s;
+    if (Status s = ReadIntAttribute(module, path, "merge_size", 1, &meta.merge_size); !s.ok()) return s;
+    if (Status s = ReadIntAttribute(module, path, "hidden_size", 1, &meta.hidden); !s.ok()) return s;
+    if (Status s = ReadIntAttribute(module, path, "deepstack_layers", 0, &meta.deepstack_layers);
+        !s.ok()) {
+      return s;
+    }
+    auto forward = module.find_method("forward");
+    if (!forward) return InvalidArgument("TorchScript tower " + path + " has no forward method");
+    // The schema counts `self`.
+    const auto& args = forward->function().getSchema().arguments();
+    if (args.size() != 3) {
+      return InvalidArgument("TorchScript tower " + path +
+                             ": forward must take (pixel_values, grid_thw), schema is " +
+                             toString(forward->function().getSchema()));
+    }
+    module.eval();
+    if (!device->is_cpu()) module.to(*device);
+    at::set_num_threads(threads);
+    auto tower = std::make_unique<TorchScriptTower>(std::move(module), meta, *device, threads,
+                                                    options.output_dtype, path);
+    if (options.warm_up) {
+      const GridTHW grid{1, meta.merge_size, meta.merge_size};
+      const std::vector<float> zeros(static_cast<std::size_t>(grid.patches() * meta.patch_dim));
+      const TowerItem item{zeros.data(), grid, meta.patch_dim};
+      for (int i = 0; i < 2; ++i) {
+        auto out = tower->Encode({&item, 1});
+        if (!out.ok()) {
+          return InvalidArgument("warm-up forward on one " + std::to_string(meta.merge_size) +
+                                 "x" + std::to_string(meta.merge_size) +
+                                 " block failed: " + out.status().message());
+        }
+      }
+    }
+    return std::unique_ptr<VisionTower>(std::move(tower));
+  } catch (const std::exception& e) {
+    return InvalidArgument("TorchScript tower " + path + ": " + TorchMessage(e));
+  }
+}
+
+}  // namespace epd
