@@ -1,0 +1,284 @@
+// epd/encode_worker.h: the encode stage's worker: content-keyed cache in front
+// of a deterministic token-budget batcher in front of a vision tower.
+//
+// EncodeWorker follows the engine reference's encode loop (the cache is
+// checked on arrival and only misses go to the EncodeScheduler), and adds what
+// a server needs around it: in-flight deduplication, per-item failure
+// isolation, backpressure, cancellation and counters.
+//
+// An item's path through Submit():
+//   1. Its content key is derived BEFORE decoding: CallerContentKey when the
+//      caller supplied a key, else ComputeContentKey over the encoded bytes
+//      (model id + every preprocessing field + bytes; epd/content_key.h).
+//   2. Key already queued or being encoded (by this or another request):
+//      the item joins that computation (ItemSource::kJoined). The tower runs
+//      once per distinct key, duplicates inside one request included.
+//   3. Cache hit (L1, or L2 promoted to L1): checked against the shape the
+//      request expects: tokens (EncodeItemInput::expected_tokens, else the
+//      count the image header gives via ProbeImage + GridForImage), hidden
+//      size, deepstack layers and dtype (the tower's). A match is delivered at
+//      once, main and deepstack halves both (one Embedding holds both). A
+//      mismatch counts in WorkerStats::shape_mismatches and goes on as a miss.
+//   4. Miss: decoded and preprocessed now (a bad image fails only this item,
+//      kInvalidArgument), then queued on the scheduler with cost = post-merge
+//      tokens.
+// Step() asks the scheduler for the next batch, runs the tower once, checks
+// the output (rows == sum of the items' tokens, byte sizes match the shape),
+// copies each item's rows into its OWN Embedding (never a view into the batch
+// output; charged exactly main + deepstack bytes), caches it and delivers it
+// to every waiter.
+//
+// Failures stay local: a failed tower call fails only that batch's items
+// (kInternal, the tower's message); an output of the wrong shape likewise
+// (kInternal naming expected vs got); the worker keeps serving. Caches and
+// counters are unaffected by a failure.
+//
+// Results: an ItemResult per item, delivered by `on_item` as soon as the item
+// is ready (hits inside Submit, misses inside Step; any order across items),
+// then one RequestResult (items by index) through `on_done` once every item
+// is delivered, inside the Submit or Step call that finished the last one.
+// REQUIRES: callbacks must not call back into this EncodeWorker (they run
+// while its state is mid-update) and should return quickly. An exception a
+// callback throws is caught and counted (WorkerStats::callback_exceptions).
+//
+// Request-level outcomes of Submit (returned, and no callback fires):
+//   kInvalidArgument    empty request id
+//   kAlreadyExists      a request with this id is still in flight
+//   kResourceExhausted  queueing its misses would exceed max_pending_items
+//                       (nothing of the request is queued or delivered)
+// Cancel(id) completes the request at once with kCancelled: items not yet
+// delivered get kCancelled; queued computations no other request waits on are
+// removed from the scheduler; those another request waits on stay.
+//
+// Complexity: Submit O(items * (bytes hashed + log pending)) plus decode of
+// misses; Step O(batch log pending) plus the tower and one copy of its output.
+// Memory: each queued miss holds its preprocessed patches
+// (patches * patch_dim * 4 bytes, ~6 MB for a 512x512 image) until its batch
+// runs; bound it with max_pending_items.
+//
+// Thread safety: thread-compatible: one thread owns the worker and calls
+// Submit/Step/Cancel. ItemKeys() is the exception: it only reads the
+// immutable options and may run on any thread (WorkerLoop hashes on the
+// submitting threads with it). Use WorkerLoop (epd/worker_loop.h) to drive a
+// worker from several threads.
+//
+// Example:
+//   epd::WorkerOptions opt;
+//   opt.model_id = "qwen2-vl-7b";
+//   auto worker = epd::EncodeWorker::Create(opt, std::move(tower));
+//   (*worker)->Submit({"req-1", {{jpeg_bytes}}},
+//                     {.on_done = [](const epd::RequestResult& r) { Ship(r); }});
+//   while ((*worker)->HasQueuedWork()) (*worker)->Step();
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epd/content_key.h"
+#include "epd/embedding.h"
+#include "epd/encode_scheduler.h"
+#include "epd/image.h"
+#include "epd/preprocess.h"
+#include "epd/status.h"
+#include "epd/vision_tower.h"
+
+namespace epd {
+
+struct WorkerOptions {
+  // Hashed into every content key: two models never share an entry. Required.
+  std::string model_id;
+  // Preprocessing of misses; also hashed into the keys. Must Validate().
+  PreprocessConfig preprocess;
+  // Decode guard (decompression bombs).
+  DecodeLimits limits;
+  // kSha256 unless the deployment is trusted and single-tenant (content_key.h).
+  KeyMode key_mode = KeyMode::kSha256;
+
+  // L1 ("device") and L2 (host) cache capacities, bytes. 0 and 0 turn caching
+  // off (every item that is not joined runs the tower).
+  std::int64_t l1_bytes = std::int64_t{1} << 30;
+  std::int64_t l2_bytes = std::int64_t{4} << 30;
+  // L1 -> L2 and L2 -> L1 copies (TieredEmbeddingCache); empty = identity,
+  // right when both tiers live in host memory.
+  std::function<EmbeddingPtr(const EmbeddingPtr&)> to_host;
+  std::function<EmbeddingPtr(const EmbeddingPtr&)> to_device;
+
+  // Tower batch bounds (EncodeScheduler). 8192 post-merge tokens is about six
+  // 1-megapixel images, or 25 at 512x512 (324 tokens each).
+  std::int64_t max_tokens_per_batch = 8192;
+  std::int64_t max_items_per_batch = 16;
+  ScheduleOrder order = ScheduleOrder::kFifo;
+  // Most items queued on the scheduler at once; a request that would exceed
+  // it is rejected whole with kResourceExhausted. 0 = unbounded.
+  std::int64_t max_pending_items = 0;
+  // Join items whose key is already queued or running. Off only to measure
+  // what deduplication saves.
+  bool dedup_in_flight = true;
+
+  // Backpressure: while it returns true, Step() starts no tower batch (e.g.
+  // the transfer ring towards the prefill stage is full). Empty = never full.
+  // Called on the worker's thread; must be cheap and must not throw.
+  std::function<bool()> sink_full;
+};
+
+// One image of a request.
+struct EncodeItemInput {
+  // Encoded bytes (JPEG or PNG) as received.
+  std::string media;
+  // Optional caller-supplied content identity (e.g. a gateway's hash): the key
+  // becomes CallerContentKey(model_id, preprocess, caller_key) and the bytes
+  // are not hashed. The caller vouches that equal keys mean equal media. An
+  // empty string fails the item with kInvalidArgument.
+  std::optional<std::string> caller_key;
+  // Post-merge tokens the caller's prompt reserves for the image; 0 = unknown
+  // (the header's count is used to check hits).
+  std::int64_t expected_tokens = 0;
+};
+
+struct EncodeRequest {
+  std::string id;  // unique among in-flight requests; non-empty
+  std::vector<EncodeItemInput> items;
+};
+
+// How an item was served.
+enum class ItemSource : std::uint8_t {
+  kL1 = 0,      // L1 cache hit
+  kL2 = 1,      // L2 cache hit, promoted to L1
+  kMiss = 2,    // ran the tower (or failed before it)
+  kJoined = 3,  // shared another item's in-flight computation
+};
+// "l1", "l2", "miss", "joined".
+std::string_view ItemSourceName(ItemSource source);
+
+struct ItemResult {
+  std::int64_t index = 0;  // position in EncodeRequest::items
+  Status status;           // OK, or why this item has no embedding
+  ContentKey key;          // zero when the key itself could not be derived
+  EmbeddingPtr embedding;  // non-null iff status.ok(); shared with the cache, immutable
+  ItemSource source = ItemSource::kMiss;
+  // Milliseconds: submit -> batch start, the batch's tower call, submit ->
+  // delivery. Hits have queue_ms = tower_ms = 0.
+  double queue_ms = 0;
+  double tower_ms = 0;
+  double total_ms = 0;
+};
+
+struct RequestResult {
+  std::string id;
+  // kOk when the request ran to completion (items may still have failed one
+  // by one: see each ItemResult::status); otherwise why it did not complete
+  // (kCancelled, or kUnavailable / kAlreadyExists / kResourceExhausted from
+  // WorkerLoop). Items not delivered carry the same status.
+  Status status;
+  std::vector<ItemResult> items;  // by index
+
+  // True when the request completed and every item has an embedding.
+  bool all_ok() const;
+};
+
+struct RequestCallbacks {
+  // Fired once per item, as soon as it is ready. May be empty.
+  std::function<void(const ItemResult&)> on_item;
+  // Fired once when the request completes or is cancelled. May be empty.
+  std::function<void(const RequestResult&)> on_done;
+};
+
+struct WorkerStats {
+  // Accepted requests and their items. Every accepted item is counted in
+  // exactly one of hits_l1, hits_l2, joins, misses (a bad image is a miss
+  // that failed before the tower; a cancelled item keeps its class).
+  std::uint64_t requests = 0;
+  std::uint64_t items = 0;
+  std::uint64_t hits_l1 = 0;
+  std::uint64_t hits_l2 = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t joins = 0;
+  // Hits whose shape differed from the request's; also counted in misses.
+  std::uint64_t shape_mismatches = 0;
+  // Requests refused by Submit (not counted in `requests`), and cancelled.
+  std::uint64_t rejected_requests = 0;
+  std::uint64_t cancelled_requests = 0;
+
+  std::uint64_t tower_batches = 0;   // tower calls, failed ones included
+  std::uint64_t tower_items = 0;     // distinct computations sent to the tower
+  std::uint64_t tower_tokens = 0;    // their post-merge tokens
+  double tower_seconds = 0;          // wall time inside VisionTower::Encode
+  std::uint64_t tower_failures = 0;  // batches failed by the tower or its output shape
+  std::uint64_t sink_full_stalls = 0;  // Step() calls that found the sink full
+
+  // Failed items by status code (kInvalidArgument, kInternal, kCancelled, ...).
+  std::map<StatusCode, std::uint64_t> errors;
+  std::uint64_t callback_exceptions = 0;
+
+  // Now: requests in flight; computations queued on the scheduler (not yet in
+  // a batch) and their tokens.
+  std::int64_t in_flight_requests = 0;
+  std::int64_t pending_items = 0;
+  std::int64_t pending_tokens = 0;
+
+  // Cache: capacity victims per tier (EmbeddingCache::evictions(); an L1
+  // victim is demoted to L2 when it fits), tier moves, and occupancy.
+  std::uint64_t l1_evictions = 0;
+  std::uint64_t l2_evictions = 0;
+  std::uint64_t demotions = 0;
+  std::uint64_t promotions = 0;
+  std::int64_t l1_bytes = 0;
+  std::int64_t l2_bytes = 0;
+  std::int64_t l1_entries = 0;
+  std::int64_t l2_entries = 0;
+};
+
+class EncodeWorker {
+ public:
+  // Validates the options (kInvalidArgument naming the field: empty model_id,
+  // invalid preprocess config, negative capacity, non-positive batch bounds,
+  // negative max_pending_items) and a tower whose patch_dim differs from the
+  // preprocess config's (kInvalidArgument). Takes ownership of the tower.
+  static StatusOr<std::unique_ptr<EncodeWorker>> Create(WorkerOptions options,
+                                                        std::unique_ptr<VisionTower> tower);
+  ~EncodeWorker();
+  EncodeWorker(const EncodeWorker&) = delete;
+  EncodeWorker& operator=(const EncodeWorker&) = delete;
+
+  // The content key of every item of `request` (step 1 above), or the reason
+  // there is none (an empty caller key). Thread-safe.
+  std::vector<StatusOr<ContentKey>> ItemKeys(const EncodeRequest& request) const;
+
+  // Accepts a request (see the header comment). `keys`, when non-empty, must
+  // be ItemKeys(request) (e.g. computed on another thread); empty = computed
+  // here. Returns OK when accepted; then on_done fires exactly once, possibly
+  // before Submit returns.
+  Status Submit(EncodeRequest request, RequestCallbacks callbacks = {},
+                std::vector<StatusOr<ContentKey>> keys = {});
+
+  // Runs at most one tower batch and delivers its items. Returns the number
+  // of computations in the batch: 0 when nothing is queued or sink_full()
+  // holds.
+  std::int64_t Step();
+
+  // True when the scheduler holds computations for Step().
+  bool HasQueuedWork() const;
+
+  // Cancels the in-flight request `id`; false when there is none.
+  bool Cancel(const std::string& id);
+
+  // Completes every in-flight request with `status` (as Cancel, for
+  // shutdown) and empties the queue. Returns how many requests it completed.
+  std::int64_t FailAll(const Status& status);
+
+  WorkerStats stats() const;
+  const WorkerOptions& options() const;
+  const VisionTower& tower() const;
+
+ private:
+  struct Impl;
+  explicit EncodeWorker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace epd

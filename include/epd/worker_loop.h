@@ -1,0 +1,120 @@
+// epd/worker_loop.h: an EncodeWorker driven by one dedicated thread, with a
+// thread-safe front door.
+//
+// Why one thread: EncodeWorker's batches are a pure function of the order of
+// its Submit/Cancel/Step calls. Putting every call on one thread that owns
+// the worker, the cache and the tower keeps that order a simple sequence (the
+// order commands reach the inbox), with no lock around the tower or the cache.
+// Other threads only push commands and read a stats snapshot.
+//
+// Loop: the thread drains the inbox (submits and cancels, in arrival order),
+// then runs one Step() (one tower batch), publishes a stats snapshot, and
+// repeats; it sleeps when there is nothing to do. When the worker's sink is
+// full it polls every millisecond (or on Wake()).
+//
+// Submit hashes the request's content keys on the CALLING thread
+// (EncodeWorker::ItemKeys) before enqueueing, so several submitting threads
+// hash in parallel and the worker thread does not. Decode and preprocessing
+// of misses happen on the worker thread, only for items that miss.
+//
+// Callbacks (on_item, on_done) run on the worker thread, except on_done of a
+// request submitted after Shutdown began, which runs on the submitting thread.
+// They must not block (a blocked callback stalls every request) and must not
+// call back into the EncodeWorker; calling WorkerLoop::Submit/Cancel/Stats
+// from a callback is fine (those only enqueue or copy).
+//
+// Shutdown(grace): stops accepting (later Submits complete at once with
+// kUnavailable), processes commands already enqueued, keeps running batches
+// until the queue is empty or `grace` has passed (a batch already running
+// finishes; none starts after the deadline), then completes every request
+// still in flight with kUnavailable and joins the thread. The destructor calls
+// Shutdown(0) when it has not run.
+//
+// Every Submit's on_done fires exactly once and its future becomes ready
+// exactly once; a request the worker refuses completes with the refusal
+// (kAlreadyExists, kResourceExhausted, kInvalidArgument) as
+// RequestResult::status and no items.
+//
+// Thread safety: thread-safe (every public method may be called from any
+// thread, concurrently). Ownership: the loop owns the worker and its tower.
+//
+// Example:
+//   epd::WorkerLoop loop(std::move(worker));
+//   std::future<epd::RequestResult> f = loop.Submit({"req-1", {{jpeg_bytes}}});
+//   epd::RequestResult r = f.get();   // r.items[0].embedding
+//   loop.Shutdown(std::chrono::seconds(5));
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "epd/encode_worker.h"
+
+namespace epd {
+
+class WorkerLoop {
+ public:
+  // Starts the worker thread. REQUIRES: worker != nullptr.
+  explicit WorkerLoop(std::unique_ptr<EncodeWorker> worker);
+  ~WorkerLoop();
+  WorkerLoop(const WorkerLoop&) = delete;
+  WorkerLoop& operator=(const WorkerLoop&) = delete;
+
+  // Enqueues `request`; see the header comment for when callbacks fire. The
+  // future holds the same RequestResult on_done receives.
+  std::future<RequestResult> Submit(EncodeRequest request, RequestCallbacks callbacks = {});
+
+  // Enqueues a cancel of the in-flight request `id` (EncodeWorker::Cancel);
+  // a no-op when none is in flight by the time the worker thread gets to it.
+  void Cancel(std::string id);
+
+  // The worker's counters as of the end of the last loop iteration.
+  WorkerStats Stats() const;
+
+  // Wakes the worker thread, e.g. when the sink that sink_full() watches has
+  // drained, so it need not wait for its next poll.
+  void Wake();
+
+  // See the header comment. Idempotent; blocks until the thread has exited.
+  void Shutdown(std::chrono::milliseconds grace);
+
+  // The options the worker was created with (immutable).
+  const WorkerOptions& options() const { return worker_->options(); }
+
+ private:
+  struct Command {
+    bool cancel = false;
+    EncodeRequest request;  // request.id is the id to cancel when `cancel`
+    RequestCallbacks callbacks;
+    std::vector<StatusOr<ContentKey>> keys;
+    std::shared_ptr<std::promise<RequestResult>> promise;
+  };
+
+  void Run();
+  void Process(Command& command);
+  void Publish();
+
+  std::unique_ptr<EncodeWorker> worker_;  // touched only by thread_ (options() excepted)
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Command> inbox_;                    // guarded by mu_
+  bool accepting_ = true;                        // guarded by mu_
+  bool stopping_ = false;                        // guarded by mu_
+  bool woken_ = false;                           // guarded by mu_
+  std::chrono::steady_clock::time_point deadline_;  // guarded by mu_
+
+  mutable std::mutex stats_mu_;
+  WorkerStats stats_;  // guarded by stats_mu_
+
+  std::mutex shutdown_mu_;  // serialises Shutdown callers
+  std::thread thread_;
+};
+
+}  // namespace epd

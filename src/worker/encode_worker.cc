@@ -1,0 +1,546 @@
+// Design notes.
+//
+// State. A *job* is one pending tower computation: a content key, its
+// preprocessed patches, and the waiters (request, item index) that receive
+// its result. Every job is queued on the scheduler under exactly one
+// scheduler key until Step() takes it; it is then run and erased in the same
+// Step(), so between calls a job is always queued. Invariants between calls:
+//   - jobs_ and job_by_sched_ hold the same jobs, and the scheduler holds
+//     exactly their scheduler keys;
+//   - job_by_key_ maps a content key to its job when dedup is on;
+//   - every job has >= 1 waiter, and every waiter's request is in requests_
+//     with that item not yet delivered.
+// A scheduler key is (request id + '\0' + zero-padded submission number, item
+// index) of the item that created the job. The submission number keeps keys
+// unique when a cancelled request's job lives on for another waiter and a new
+// request reuses the id; the '\0' separator keeps kByKey ordering by request
+// id first.
+//
+// Delivery. Callbacks never run while the state is half-updated: Submit and
+// Step first bring every structure to its new state, collecting the results
+// to deliver, and only then fire on_item / on_done. A request is erased before
+// its on_done runs, so the id is free again inside the callback's caller.
+//
+// Copies. Each item's rows are copied out of the batch's TowerOutput into a
+// fresh Embedding (main and deepstack halves, contiguous), so the cache never
+// aliases a buffer the tower may reuse for its next batch.
+#include "epd/encode_worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <span>
+#include <unordered_map>
+#include <utility>
+
+#include "epd/tiered_cache.h"
+
+namespace epd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Cache = TieredEmbeddingCache<ContentKey, EmbeddingPtr, ContentKeyHash>;
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+std::span<const std::uint8_t> Bytes(const std::string& s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRequest& request) {
+  std::vector<StatusOr<ContentKey>> keys;
+  keys.reserve(request.items.size());
+  for (const EncodeItemInput& item : request.items) {
+    if (item.caller_key.has_value()) {
+      keys.push_back(CallerContentKey(o.model_id, o.preprocess, *item.caller_key));
+    } else {
+      keys.push_back(ComputeContentKey(o.model_id, o.preprocess, Bytes(item.media), o.key_mode));
+    }
+  }
+  return keys;
+}
+
+}  // namespace
+
+std::string_view ItemSourceName(ItemSource source) {
+  switch (source) {
+    case ItemSource::kL1: return "l1";
+    case ItemSource::kL2: return "l2";
+    case ItemSource::kMiss: return "miss";
+    case ItemSource::kJoined: return "joined";
+  }
+  return "unknown";
+}
+
+bool RequestResult::all_ok() const {
+  if (!status.ok()) return false;
+  return std::all_of(items.begin(), items.end(), [](const ItemResult& r) { return r.status.ok(); });
+}
+
+struct EncodeWorker::Impl {
+  struct Waiter {
+    std::uint64_t request;
+    std::int64_t index;
+    Clock::time_point arrived;
+  };
+  struct Job {
+    ContentKey key;
+    PreprocessedImage image;
+    EncodeScheduler::Key sched_key;
+    std::vector<Waiter> waiters;
+  };
+  struct Request {
+    std::string id;
+    RequestCallbacks callbacks;
+    std::vector<ItemResult> results;
+    std::vector<std::uint64_t> job;  // per item: the job it waits on, 0 = none
+    std::vector<bool> delivered;
+    std::int64_t remaining = 0;
+  };
+  // A result computed while the state was updated, fired afterwards.
+  struct Delivery {
+    std::uint64_t request;
+    ItemResult result;
+  };
+
+  Impl(WorkerOptions opt, std::unique_ptr<VisionTower> t)
+      : options(std::move(opt)),
+        tower(std::move(t)),
+        cache(options.l1_bytes, options.l2_bytes, options.to_host, options.to_device),
+        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order) {}
+
+  WorkerOptions options;
+  std::unique_ptr<VisionTower> tower;
+  Cache cache;
+  EncodeScheduler scheduler;
+
+  std::unordered_map<std::uint64_t, Request> requests;
+  std::unordered_map<std::string, std::uint64_t> request_ids;
+  std::unordered_map<std::uint64_t, Job> jobs;
+  std::unordered_map<ContentKey, std::uint64_t, ContentKeyHash> job_by_key;
+  std::map<EncodeScheduler::Key, std::uint64_t> job_by_sched;
+  std::uint64_t next_request = 1;
+  std::uint64_t next_job = 1;
+  WorkerStats stats;
+
+  // Tokens a hit must have for this item; 0 when unknown (no expected count
+  // and no readable header, e.g. a caller key sent without the media).
+  std::int64_t ExpectedTokens(const EncodeItemInput& item) const {
+    if (item.expected_tokens > 0) return item.expected_tokens;
+    StatusOr<ImageInfo> info = ProbeImage(Bytes(item.media));
+    if (!info.ok()) return 0;
+    StatusOr<GridTHW> grid = GridForImage(info->height, info->width, options.preprocess);
+    if (!grid.ok()) return 0;
+    return grid->tokens(options.preprocess.merge_size);
+  }
+
+  bool ShapeMatches(const Embedding& e, const EncodeItemInput& item) const {
+    if (e.hidden != tower->hidden() || e.deepstack_layers != tower->deepstack_layers() ||
+        e.dtype != tower->dtype() || e.nbytes() != e.ExpectedBytes()) {
+      return false;
+    }
+    const std::int64_t expected = ExpectedTokens(item);
+    return expected == 0 || expected == e.tokens;
+  }
+
+  void CountError(StatusCode code) { ++stats.errors[code]; }
+
+  // Fires the collected deliveries in order; completes requests that have
+  // no item left.
+  void Fire(std::vector<Delivery>& deliveries) {
+    for (Delivery& d : deliveries) {
+      auto it = requests.find(d.request);
+      if (it == requests.end()) continue;  // unreachable: aborts fire nothing
+      Request& r = it->second;
+      const std::int64_t i = d.result.index;
+      r.results[i] = std::move(d.result);
+      r.delivered[i] = true;
+      r.job[i] = 0;
+      --r.remaining;
+      if (r.callbacks.on_item) Call([&] { r.callbacks.on_item(r.results[i]); });
+      if (r.remaining == 0) Complete(it, Status::Ok());
+    }
+  }
+
+  // Erases the request, then fires its on_done.
+  void Complete(std::unordered_map<std::uint64_t, Request>::iterator it, Status status) {
+    Request r = std::move(it->second);
+    requests.erase(it);
+    request_ids.erase(r.id);
+    RequestResult result{std::move(r.id), std::move(status), std::move(r.results)};
+    if (r.callbacks.on_done) Call([&] { r.callbacks.on_done(result); });
+  }
+
+  template <typename F>
+  void Call(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      ++stats.callback_exceptions;
+    }
+  }
+
+  void EraseJob(std::uint64_t job_id) {
+    auto it = jobs.find(job_id);
+    Job& job = it->second;
+    job_by_sched.erase(job.sched_key);
+    if (auto k = job_by_key.find(job.key); k != job_by_key.end() && k->second == job_id) job_by_key.erase(k);
+    jobs.erase(it);
+  }
+
+  // Removes the request's waiters from their jobs (dropping queued jobs left
+  // without a waiter), fails its undelivered items with `status` and
+  // completes it with `status`.
+  void Abort(std::uint64_t request_id, const Status& status) {
+    auto it = requests.find(request_id);
+    Request& r = it->second;
+    for (std::size_t i = 0; i < r.results.size(); ++i) {
+      if (r.delivered[i]) continue;
+      if (const std::uint64_t j = r.job[i]; j != 0) {
+        Job& job = jobs.at(j);
+        std::erase_if(job.waiters, [&](const Waiter& w) {
+          return w.request == request_id && w.index == static_cast<std::int64_t>(i);
+        });
+        if (job.waiters.empty()) {
+          scheduler.remove(job.sched_key);
+          EraseJob(j);
+        }
+      }
+      r.results[i].status = status;
+      r.results[i].embedding = nullptr;
+      CountError(status.code());
+    }
+    ++stats.cancelled_requests;
+    Complete(it, status);
+  }
+
+  Status Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys);
+  std::int64_t Step();
+};
+
+EncodeWorker::EncodeWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EncodeWorker::~EncodeWorker() = default;
+
+StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions options,
+                                                            std::unique_ptr<VisionTower> tower) {
+  if (tower == nullptr) return InvalidArgument("tower is null");
+  if (options.model_id.empty()) return InvalidArgument("model_id is empty");
+  if (Status s = options.preprocess.Validate(); !s.ok()) return InvalidArgument("preprocess: " + s.message());
+  if (options.limits.max_pixels <= 0) {
+    return InvalidArgument("limits.max_pixels must be > 0, got " + std::to_string(options.limits.max_pixels));
+  }
+  if (options.l1_bytes < 0) return InvalidArgument("l1_bytes must be >= 0, got " + std::to_string(options.l1_bytes));
+  if (options.l2_bytes < 0) return InvalidArgument("l2_bytes must be >= 0, got " + std::to_string(options.l2_bytes));
+  if (options.max_tokens_per_batch <= 0) {
+    return InvalidArgument("max_tokens_per_batch must be > 0, got " + std::to_string(options.max_tokens_per_batch));
+  }
+  if (options.max_items_per_batch <= 0) {
+    return InvalidArgument("max_items_per_batch must be > 0, got " + std::to_string(options.max_items_per_batch));
+  }
+  if (options.max_pending_items < 0) {
+    return InvalidArgument("max_pending_items must be >= 0, got " + std::to_string(options.max_pending_items));
+  }
+  if (tower->patch_dim() != options.preprocess.patch_dim()) {
+    return InvalidArgument("tower patch_dim " + std::to_string(tower->patch_dim()) +
+                           " differs from the preprocess config's " + std::to_string(options.preprocess.patch_dim()));
+  }
+  if (tower->merge_size() != options.preprocess.merge_size) {
+    return InvalidArgument("tower merge_size " + std::to_string(tower->merge_size()) +
+                           " differs from the preprocess config's " + std::to_string(options.preprocess.merge_size));
+  }
+  return std::unique_ptr<EncodeWorker>(
+      new EncodeWorker(std::make_unique<Impl>(std::move(options), std::move(tower))));
+}
+
+std::vector<StatusOr<ContentKey>> EncodeWorker::ItemKeys(const EncodeRequest& request) const {
+  return KeysFor(impl_->options, request);
+}
+
+Status EncodeWorker::Submit(EncodeRequest request, RequestCallbacks callbacks,
+                            std::vector<StatusOr<ContentKey>> keys) {
+  return impl_->Submit(std::move(request), std::move(callbacks), std::move(keys));
+}
+
+Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callbacks,
+                                  std::vector<StatusOr<ContentKey>> keys) {
+  const Clock::time_point arrived = Clock::now();
+  auto reject = [&](Status s) {
+    ++stats.rejected_requests;
+    return s;
+  };
+  if (request.id.empty()) return reject(InvalidArgument("request id is empty"));
+  if (request_ids.count(request.id) != 0) {
+    return reject(AlreadyExists("request '" + request.id + "' is already in flight"));
+  }
+  const std::size_t n = request.items.size();
+  if (keys.empty() && n != 0) {
+    keys = KeysFor(options, request);
+  } else if (keys.size() != n) {
+    return reject(InvalidArgument("request '" + request.id + "' has " + std::to_string(n) + " items but " +
+                                  std::to_string(keys.size()) + " keys"));
+  }
+
+  // Queue limit, checked before anything changes: an upper bound on the jobs
+  // this request would add (keys neither cached nor already in flight).
+  if (options.max_pending_items > 0) {
+    std::int64_t new_jobs = 0;
+    std::vector<ContentKey> counted;
+    for (const StatusOr<ContentKey>& k : keys) {
+      if (!k.ok() || cache.contains(*k)) continue;
+      if (options.dedup_in_flight) {
+        if (job_by_key.count(*k) != 0 || std::find(counted.begin(), counted.end(), *k) != counted.end()) continue;
+        counted.push_back(*k);
+      }
+      ++new_jobs;
+    }
+    const std::int64_t pending = static_cast<std::int64_t>(scheduler.pending_size());
+    if (pending + new_jobs > options.max_pending_items) {
+      return reject(ResourceExhausted("request '" + request.id + "' would queue " + std::to_string(new_jobs) +
+                                      " items on top of " + std::to_string(pending) + " pending; the limit is " +
+                                      std::to_string(options.max_pending_items)));
+    }
+  }
+
+  const std::uint64_t rid = next_request++;
+  char seq[24];
+  std::snprintf(seq, sizeof(seq), "%020llu", static_cast<unsigned long long>(rid));
+  const std::string sched_id = request.id + '\0' + seq;
+  request_ids.emplace(request.id, rid);
+  Request& r = requests[rid];
+  r.id = request.id;
+  r.callbacks = std::move(callbacks);
+  r.results.resize(n);
+  r.job.assign(n, 0);
+  r.delivered.assign(n, false);
+  r.remaining = static_cast<std::int64_t>(n);
+  ++stats.requests;
+  stats.items += n;
+
+  std::vector<Delivery> ready;
+  for (std::size_t i = 0; i < n; ++i) {
+    const EncodeItemInput& item = request.items[i];
+    ItemResult res;
+    res.index = static_cast<std::int64_t>(i);
+    if (!keys[i].ok()) {
+      ++stats.misses;
+      res.status = keys[i].status();
+      CountError(res.status.code());
+      res.total_ms = Ms(Clock::now() - arrived);
+      ready.push_back({rid, std::move(res)});
+      continue;
+    }
+    const ContentKey key = *keys[i];
+    res.key = key;
+
+    if (options.dedup_in_flight) {
+      if (auto j = job_by_key.find(key); j != job_by_key.end()) {
+        ++stats.joins;
+        jobs.at(j->second).waiters.push_back({rid, res.index, arrived});
+        r.job[i] = j->second;
+        r.results[i] = std::move(res);
+        r.results[i].source = ItemSource::kJoined;
+        continue;
+      }
+    }
+
+    CacheTier tier = CacheTier::kMiss;
+    std::optional<EmbeddingPtr> hit = cache.get(key, &tier);
+    if (hit.has_value()) {
+      if (ShapeMatches(**hit, item)) {
+        tier == CacheTier::kL1 ? ++stats.hits_l1 : ++stats.hits_l2;
+        res.source = tier == CacheTier::kL1 ? ItemSource::kL1 : ItemSource::kL2;
+        res.embedding = std::move(*hit);
+        res.total_ms = Ms(Clock::now() - arrived);
+        ready.push_back({rid, std::move(res)});
+        continue;
+      }
+      ++stats.shape_mismatches;
+    }
+
+    ++stats.misses;
+    res.source = ItemSource::kMiss;
+    StatusOr<PreprocessedImage> pre = DecodeAndPreprocess(Bytes(item.media), options.preprocess, options.limits);
+    if (!pre.ok()) {
+      res.status = Status(pre.status().code(), "item " + std::to_string(i) + ": " + pre.status().message());
+      CountError(res.status.code());
+      res.total_ms = Ms(Clock::now() - arrived);
+      ready.push_back({rid, std::move(res)});
+      continue;
+    }
+    const std::uint64_t job_id = next_job++;
+    Job& job = jobs[job_id];
+    job.key = key;
+    job.sched_key = {sched_id, res.index};
+    job.waiters.push_back({rid, res.index, arrived});
+    const std::int64_t cost = pre->tokens();
+    job.image = std::move(*pre);
+    scheduler.add({job.sched_key.first, job.sched_key.second, cost});
+    job_by_sched.emplace(job.sched_key, job_id);
+    if (options.dedup_in_flight) job_by_key[key] = job_id;
+    r.job[i] = job_id;
+    r.results[i] = std::move(res);
+  }
+
+  if (n == 0) {
+    Complete(requests.find(rid), Status::Ok());
+    return Status::Ok();
+  }
+  Fire(ready);
+  return Status::Ok();
+}
+
+std::int64_t EncodeWorker::Step() { return impl_->Step(); }
+
+std::int64_t EncodeWorker::Impl::Step() {
+  if (scheduler.pending_size() == 0) return 0;
+  if (options.sink_full && options.sink_full()) {
+    ++stats.sink_full_stalls;
+    return 0;
+  }
+  const std::vector<PendingEncodeItem> batch = scheduler.next_batch();
+  const Clock::time_point start = Clock::now();
+
+  std::vector<std::uint64_t> ids;
+  std::vector<TowerItem> items;
+  ids.reserve(batch.size());
+  items.reserve(batch.size());
+  std::int64_t tokens = 0;
+  for (const PendingEncodeItem& p : batch) {
+    const std::uint64_t id = job_by_sched.at(p.key());
+    const Job& job = jobs.at(id);
+    ids.push_back(id);
+    // patch_dim was checked against the tower once, in Create().
+    TowerItem item;
+    item.patches = job.image.patches.data();
+    item.grid = job.image.grid;
+    items.push_back(item);
+    tokens += job.image.tokens();
+  }
+
+  StatusOr<TowerOutput> out = Status(StatusCode::kInternal, "not run");
+  try {
+    out = tower->Encode(items);
+  } catch (const std::exception& e) {
+    out = Internal(std::string("vision tower threw: ") + e.what());
+  } catch (...) {
+    out = Internal("vision tower threw a non-standard exception");
+  }
+  const Clock::time_point end = Clock::now();
+  const double tower_ms = Ms(end - start);
+  ++stats.tower_batches;
+  stats.tower_items += batch.size();
+  stats.tower_tokens += static_cast<std::uint64_t>(tokens);
+  stats.tower_seconds += tower_ms / 1e3;
+
+  // The batch's failure, if any: the tower's own, or an output of the wrong shape.
+  Status failure;
+  if (!out.ok()) {
+    failure = Internal("vision tower failed: " + out.status().message());
+  } else {
+    const TowerOutput& o = *out;
+    const std::size_t dsize = DTypeSize(o.dtype);
+    if (o.rows != tokens) {
+      failure = Internal("vision tower returned " + std::to_string(o.rows) + " rows for a batch of " +
+                         std::to_string(batch.size()) + " items totalling " + std::to_string(tokens) + " tokens");
+    } else if (o.hidden != tower->hidden() || o.deepstack_layers != tower->deepstack_layers() ||
+               o.dtype != tower->dtype()) {
+      failure = Internal("vision tower output is hidden " + std::to_string(o.hidden) + ", deepstack " +
+                         std::to_string(o.deepstack_layers) + ", " + std::string(DTypeName(o.dtype)) +
+                         "; the tower declares hidden " + std::to_string(tower->hidden()) + ", deepstack " +
+                         std::to_string(tower->deepstack_layers()) + ", " + std::string(DTypeName(tower->dtype())));
+    } else if (o.main.size() != static_cast<std::size_t>(o.rows * o.hidden) * dsize ||
+               o.deepstack.size() != static_cast<std::size_t>(o.rows * o.hidden * o.deepstack_layers) * dsize) {
+      failure = Internal("vision tower output holds " + std::to_string(o.main.size()) + "+" +
+                         std::to_string(o.deepstack.size()) + " bytes, its shape [" + std::to_string(o.rows) + ", " +
+                         std::to_string(o.hidden) + "] x (1 + " + std::to_string(o.deepstack_layers) +
+                         ") needs " + std::to_string(o.rows * o.hidden * (1 + o.deepstack_layers) * dsize));
+    }
+  }
+  if (!failure.ok()) ++stats.tower_failures;
+
+  std::vector<Delivery> ready;
+  std::size_t main_off = 0, deep_off = 0;
+  for (std::uint64_t id : ids) {
+    Job& job = jobs.at(id);
+    EmbeddingPtr embedding;
+    if (failure.ok()) {
+      const TowerOutput& o = *out;
+      auto e = std::make_shared<Embedding>();
+      e->tokens = job.image.tokens();
+      e->hidden = o.hidden;
+      e->deepstack_layers = o.deepstack_layers;
+      e->dtype = o.dtype;
+      const std::size_t main_bytes = static_cast<std::size_t>(e->tokens * e->hidden) * DTypeSize(o.dtype);
+      const std::size_t deep_bytes = main_bytes * static_cast<std::size_t>(o.deepstack_layers);
+      e->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
+      e->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
+      main_off += main_bytes;
+      deep_off += deep_bytes;
+      embedding = std::move(e);
+      cache.put(job.key, embedding, static_cast<std::int64_t>(embedding->nbytes()));
+    }
+    const Clock::time_point now = Clock::now();
+    for (const Waiter& w : job.waiters) {
+      ItemResult res;
+      res.index = w.index;
+      res.key = job.key;
+      res.source = requests.at(w.request).results[w.index].source;
+      res.queue_ms = Ms(start - w.arrived);
+      res.tower_ms = tower_ms;
+      res.total_ms = Ms(now - w.arrived);
+      if (failure.ok()) {
+        res.embedding = embedding;
+      } else {
+        res.status = failure;
+        CountError(failure.code());
+      }
+      ready.push_back({w.request, std::move(res)});
+    }
+    EraseJob(id);
+  }
+  Fire(ready);
+  return static_cast<std::int64_t>(batch.size());
+}
+
+bool EncodeWorker::HasQueuedWork() const { return impl_->scheduler.pending_size() != 0; }
+
+bool EncodeWorker::Cancel(const std::string& id) {
+  auto it = impl_->request_ids.find(id);
+  if (it == impl_->request_ids.end()) return false;
+  impl_->Abort(it->second, Cancelled("request '" + id + "' was cancelled"));
+  return true;
+}
+
+std::int64_t EncodeWorker::FailAll(const Status& status) {
+  // Oldest first, so the order of on_done calls is deterministic.
+  std::vector<std::uint64_t> ids;
+  ids.reserve(impl_->requests.size());
+  for (const auto& [rid, r] : impl_->requests) ids.push_back(rid);
+  std::sort(ids.begin(), ids.end());
+  for (std::uint64_t rid : ids) impl_->Abort(rid, status);
+  return static_cast<std::int64_t>(ids.size());
+}
+
+WorkerStats EncodeWorker::stats() const {
+  const Impl& m = *impl_;
+  WorkerStats s = m.stats;
+  s.in_flight_requests = static_cast<std::int64_t>(m.requests.size());
+  s.pending_items = static_cast<std::int64_t>(m.scheduler.pending_size());
+  s.pending_tokens = m.scheduler.pending_tokens();
+  s.l1_evictions = m.cache.l1().evictions();
+  s.l2_evictions = m.cache.l2().evictions();
+  s.demotions = m.cache.demotions();
+  s.promotions = m.cache.promotions();
+  s.l1_bytes = m.cache.l1().current_bytes();
+  s.l2_bytes = m.cache.l2().current_bytes();
+  s.l1_entries = static_cast<std::int64_t>(m.cache.l1().size());
+  s.l2_entries = static_cast<std::int64_t>(m.cache.l2().size());
+  return s;
+}
+
+const WorkerOptions& EncodeWorker::options() const { return impl_->options; }
+const VisionTower& EncodeWorker::tower() const { return *impl_->tower; }
+
+}  // namespace epd

@@ -1,0 +1,136 @@
+#include "epd/worker_loop.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+
+#include "worker_test_util.h"
+
+namespace epd {
+namespace {
+
+using testing::Expected;
+using testing::ExpectSameEmbedding;
+using testing::FakeTower;
+using testing::FakeTowerState;
+using testing::Png;
+using testing::Request;
+
+// "t<thread>-<index>". (snprintf: GCC 12 warns falsely on chained string +.)
+std::string RequestId(int thread, int index) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "t%d-%d", thread, index);
+  return buf;
+}
+
+std::unique_ptr<EncodeWorker> MakeWorker(WorkerOptions o = {}) {
+  o.model_id = "test-model";
+  auto w = EncodeWorker::Create(std::move(o), std::make_unique<FakeTower>());
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  return std::move(*w);
+}
+
+TEST(WorkerLoopTest, ConcurrentSubmitsFromSeveralThreadsAllComplete) {
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 15;
+  std::vector<std::string> images;
+  for (int i = 0; i < 5; ++i) images.push_back(Png(56, 56, 100 + i));
+  std::vector<Embedding> want;
+  for (const std::string& m : images) want.push_back(Expected(m));
+
+  WorkerLoop loop(MakeWorker());
+  std::atomic<int> items_seen{0};
+  std::vector<std::vector<std::future<RequestResult>>> futures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        // Request i of thread t holds images (t + i) % 5 and (t + 2 i) % 5.
+        EncodeRequest r = Request(RequestId(t, i),
+                                  {images[(t + i) % 5], images[(t + 2 * i) % 5]});
+        futures[t].push_back(loop.Submit(std::move(r), {[&](const ItemResult&) { ++items_seen; }, nullptr}));
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kPerThread; ++i) {
+      RequestResult r = futures[t][i].get();
+      ASSERT_TRUE(r.all_ok()) << r.id;
+      ExpectSameEmbedding(*r.items[0].embedding, want[(t + i) % 5]);
+      ExpectSameEmbedding(*r.items[1].embedding, want[(t + 2 * i) % 5]);
+    }
+  }
+  loop.Shutdown(std::chrono::seconds(1));
+  const WorkerStats s = loop.Stats();
+  EXPECT_EQ(items_seen.load(), 2 * kThreads * kPerThread);
+  EXPECT_EQ(s.requests, static_cast<std::uint64_t>(kThreads * kPerThread));
+  EXPECT_EQ(s.items, static_cast<std::uint64_t>(2 * kThreads * kPerThread));
+  EXPECT_EQ(s.hits_l1 + s.hits_l2 + s.joins + s.misses, s.items);
+  // Every key is either in flight or cached once computed: 5 tower items.
+  EXPECT_EQ(s.tower_items, 5u);
+  EXPECT_EQ(s.misses, 5u);
+}
+
+TEST(WorkerLoopTest, RefusalsCompleteTheFutureWithTheReason) {
+  WorkerOptions o;
+  bool never = true;
+  o.sink_full = [&] { return never; };  // keeps "a" in flight
+  WorkerLoop loop(MakeWorker(o));
+  std::future<RequestResult> a = loop.Submit(Request("a", {Png(56, 56, 1)}));
+  std::future<RequestResult> dup = loop.Submit(Request("a", {Png(56, 56, 2)}));
+  RequestResult d = dup.get();
+  EXPECT_EQ(d.status.code(), StatusCode::kAlreadyExists);
+  EXPECT_TRUE(d.items.empty());
+
+  loop.Cancel("a");
+  RequestResult r = a.get();
+  EXPECT_EQ(r.status.code(), StatusCode::kCancelled);
+  ASSERT_EQ(r.items.size(), 1u);
+  EXPECT_EQ(r.items[0].status.code(), StatusCode::kCancelled);
+  loop.Shutdown(std::chrono::milliseconds(0));
+}
+
+TEST(WorkerLoopTest, ShutdownFailsWhatItCannotFinishAndRefusesNewWork) {
+  WorkerOptions o;
+  o.sink_full = [] { return true; };  // nothing can run
+  WorkerLoop loop(MakeWorker(o));
+  bool done_called = false;
+  std::future<RequestResult> a = loop.Submit(Request("a", {Png(56, 56, 1)}));
+  loop.Shutdown(std::chrono::milliseconds(20));
+  RequestResult r = a.get();
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(r.items.at(0).status.code(), StatusCode::kUnavailable);
+
+  std::future<RequestResult> late =
+      loop.Submit(Request("b", {Png(56, 56, 2)}), {nullptr, [&](const RequestResult&) { done_called = true; }});
+  EXPECT_EQ(late.get().status.code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(done_called);
+  loop.Shutdown(std::chrono::milliseconds(0));  // idempotent
+}
+
+TEST(WorkerLoopTest, ShutdownFinishesQueuedWorkWithinTheGrace) {
+  WorkerLoop loop(MakeWorker());
+  std::vector<std::future<RequestResult>> fs;
+  for (int i = 0; i < 6; ++i) fs.push_back(loop.Submit(Request(RequestId(0, i), {Png(56, 56, i)})));
+  loop.Shutdown(std::chrono::seconds(60));
+  for (auto& f : fs) EXPECT_TRUE(f.get().all_ok());
+  EXPECT_EQ(loop.Stats().tower_items, 6u);
+}
+
+TEST(WorkerLoopTest, WakeResumesAfterTheSinkDrains) {
+  WorkerOptions o;
+  std::atomic<bool> full{true};
+  o.sink_full = [&] { return full.load(); };
+  WorkerLoop loop(MakeWorker(o));
+  std::future<RequestResult> a = loop.Submit(Request("a", {Png(56, 56, 1)}));
+  EXPECT_EQ(a.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
+  full = false;
+  loop.Wake();
+  EXPECT_TRUE(a.get().all_ok());
+}
+
+}  // namespace
+}  // namespace epd

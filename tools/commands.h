@@ -1,0 +1,31 @@
+// tools/commands.h: how epd-encode's subcommands plug into its CLI.
+//
+// tools/main.cc builds one CLI11 app and calls each Register* function below;
+// every function adds its own subcommands (with their options and callback)
+// and lives in its own file, so a new family of subcommands is one new .cc
+// and one line in main.cc, without touching the others.
+//
+// Contract for a subcommand callback:
+//   - print results to stdout and diagnostics to stderr (spdlog's default
+//     logger is set to stderr by main.cc, so stdout stays machine-readable);
+//   - on failure, print the reason and throw CLI::RuntimeError(exit_code);
+//     CLI11 then returns exit_code from main without printing anything more.
+//
+// Families:
+//   RegisterReplayCommand   replay            tools/replay_command.cc
+//   RegisterServerCommands  serve, client,    tools/server_commands.cc, built
+//                           bench-server      only with EPD_WITH_GRPC when the
+//                                             file exists
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace epd::cli {
+
+void RegisterReplayCommand(CLI::App& app);
+
+#ifdef EPD_WITH_GRPC
+void RegisterServerCommands(CLI::App& app);
+#endif
+
+}  // namespace epd::cli

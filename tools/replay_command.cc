@@ -1,0 +1,316 @@
+// `epd-encode replay`: runs a trace of requests through a WorkerLoop with a
+// real tower and reports what the cache, the batcher and the tower did.
+//
+// The images are read into memory before the clock starts, so the figures
+// measure the encode path (hash, decode, preprocess, schedule, tower, copy),
+// not the disk. Requests are submitted from the main thread, which therefore
+// also computes their content keys (WorkerLoop hashes on the caller's thread);
+// the worker thread decodes misses and runs the tower. Latency is per request,
+// from its Submit to its on_done; wall time runs from the first Submit to the
+// last on_done. Percentiles use the nearest-rank method (the smallest value
+// with at least q of the samples at or below it).
+//
+// Exit codes: 0 all items encoded; 1 usage or setup error (bad trace, missing
+// image, tower load failure); 3 the replay ran but some items failed.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <spdlog/spdlog.h>
+#include <sstream>
+#include <thread>
+
+#include "commands.h"
+#include "epd/safetensors.h"
+#include "epd/worker_loop.h"
+#include "trace.h"
+#include "worker_flags.h"
+
+namespace epd::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ReplayFlags {
+  WorkerFlags worker;
+  std::string trace;
+  std::string images;
+  std::int64_t generate = 0;
+  double zipf = 1.0;
+  std::uint64_t seed = 1;
+  double rate = 100;
+  std::string write_trace;
+  bool realtime = false;
+  bool as_fast_as_possible = false;
+  bool json = false;
+  std::string out;
+};
+
+// Nearest-rank percentile of sorted `v`; 0 when empty.
+double Percentile(const std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  std::size_t rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  rank = std::clamp<std::size_t>(rank, 1, v.size());
+  return v[rank - 1];
+}
+
+// Redraws a one-line bar on stderr every 100 ms until Stop().
+class ProgressBar {
+ public:
+  ProgressBar(const std::atomic<std::int64_t>& done, std::int64_t total) : done_(done), total_(total) {
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        Draw();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      Draw();
+      std::fputc('\n', stderr);
+    });
+  }
+  ~ProgressBar() { Stop(); }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  void Draw() const {
+    constexpr int kWidth = 40;
+    const std::int64_t d = done_.load();
+    const int filled = total_ == 0 ? kWidth : static_cast<int>(kWidth * d / total_);
+    std::fprintf(stderr, "\rreplay [%s%s] %lld/%lld requests", std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, '.').c_str(), static_cast<long long>(d),
+                 static_cast<long long>(total_));
+    std::fflush(stderr);
+  }
+
+  const std::atomic<std::int64_t>& done_;
+  std::int64_t total_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+int Fail(const std::string& message) {
+  spdlog::error("replay: {}", message);
+  return 1;
+}
+
+StatusOr<std::vector<TraceRequest>> BuildTrace(const ReplayFlags& f) {
+  if (!f.trace.empty()) return ReadTrace(f.trace);
+  auto images = ListImages(f.images);
+  if (!images.ok()) return images.status();
+  GeneratorOptions g;
+  g.requests = f.generate;
+  g.zipf_s = f.zipf;
+  g.seed = f.seed;
+  g.rate_per_s = f.rate;
+  return GenerateTrace(*images, g);
+}
+
+int RunReplay(const ReplayFlags& f) {
+  if (f.trace.empty() == (f.generate == 0)) return Fail("give exactly one of --trace FILE or --generate N");
+  if (f.generate > 0 && f.images.empty()) return Fail("--generate needs --images DIR");
+
+  auto trace = BuildTrace(f);
+  if (!trace.ok()) return Fail(trace.status().message());
+  if (!f.write_trace.empty()) {
+    std::ofstream w(f.write_trace);
+    w << TraceToJsonLines(*trace);
+    if (!w) return Fail("cannot write " + f.write_trace);
+  }
+
+  // Each distinct file is read once; requests share its bytes.
+  std::map<std::string, std::string> media;
+  for (const TraceRequest& r : *trace) {
+    for (const std::string& p : r.images) {
+      std::filesystem::path path(p);
+      if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
+      if (media.count(p) != 0) continue;
+      std::ifstream in(path, std::ios::binary);
+      if (!in) return Fail("request '" + r.id + "': cannot read image " + path.string());
+      std::stringstream ss;
+      ss << in.rdbuf();
+      media[p] = ss.str();
+    }
+  }
+
+  auto worker = MakeWorker(f.worker);
+  if (!worker.ok()) return Fail(worker.status().ToString());
+  spdlog::info("replay: {} requests, {} distinct files; tower {}", trace->size(), media.size(),
+               (*worker)->tower().Describe());
+  const std::string model_id = (*worker)->options().model_id;
+  WorkerLoop loop(std::move(*worker));
+
+  const std::size_t n = trace->size();
+  std::vector<Clock::time_point> submitted(n), finished(n);
+  std::vector<std::future<RequestResult>> futures;
+  futures.reserve(n);
+  std::atomic<std::int64_t> done{0};
+  std::unique_ptr<ProgressBar> bar;
+  if (isatty(STDERR_FILENO)) bar = std::make_unique<ProgressBar>(done, static_cast<std::int64_t>(n));
+
+  const Clock::time_point start = Clock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    const TraceRequest& t = (*trace)[i];
+    if (f.realtime) {
+      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double, std::milli>(t.arrival_ms)));
+    }
+    EncodeRequest req{t.id, {}};
+    req.items.reserve(t.images.size());
+    for (const std::string& p : t.images) req.items.push_back({media[p], std::nullopt, 0});
+    submitted[i] = Clock::now();
+    // finished[i] is written on the worker thread and read after the future
+    // is ready, which orders the two.
+    futures.push_back(loop.Submit(std::move(req), {nullptr, [&finished, &done, i](const RequestResult&) {
+                                                     finished[i] = Clock::now();
+                                                     ++done;
+                                                   }}));
+  }
+
+  std::vector<RequestResult> results;
+  results.reserve(n);
+  for (auto& fut : futures) results.push_back(fut.get());
+  loop.Shutdown(std::chrono::milliseconds(0));
+  if (bar) bar->Stop();
+  const WorkerStats s = loop.Stats();
+
+  // Summary.
+  std::vector<double> latency;
+  std::set<ContentKey> distinct;
+  std::map<ContentKey, EmbeddingPtr> embeddings;
+  std::map<std::string, std::int64_t> failures;  // status code name -> items
+  std::string first_failure;
+  std::int64_t items = 0, failed_requests = 0;
+  Clock::time_point last = start;
+  for (std::size_t i = 0; i < n; ++i) {
+    const RequestResult& r = results[i];
+    latency.push_back(std::chrono::duration<double, std::milli>(finished[i] - submitted[i]).count());
+    last = std::max(last, finished[i]);
+    if (!r.status.ok()) {
+      ++failed_requests;
+      if (first_failure.empty()) first_failure = r.id + ": " + r.status.ToString();
+    }
+    items += static_cast<std::int64_t>((*trace)[i].images.size());
+    for (const ItemResult& it : r.items) {
+      if (it.status.ok()) {
+        distinct.insert(it.key);
+        if (!f.out.empty()) embeddings.emplace(it.key, it.embedding);
+      } else {
+        ++failures[std::string(StatusCodeName(it.status.code()))];
+        if (first_failure.empty()) first_failure = r.id + " item " + std::to_string(it.index) + ": " + it.status.ToString();
+      }
+    }
+  }
+  std::sort(latency.begin(), latency.end());
+  const double wall_s = std::chrono::duration<double>(last - start).count();
+  const double mean_batch_tokens =
+      s.tower_batches == 0 ? 0 : static_cast<double>(s.tower_tokens) / static_cast<double>(s.tower_batches);
+  std::int64_t failed_items = 0;
+  for (const auto& [code, count] : failures) failed_items += count;
+
+  if (!f.out.empty()) {
+    std::vector<KeyedEmbedding> out;
+    for (auto& [key, e] : embeddings) out.push_back({key, e});
+    Status w = WriteEmbeddingsSafetensors(f.out, out,
+                                          {{"producer", "epd-encode replay"}, {"model_id", model_id},
+                                           {"embeddings", std::to_string(out.size())}});
+    if (!w.ok()) return Fail(w.ToString());
+  }
+
+  const double p50 = Percentile(latency, 0.50), p99 = Percentile(latency, 0.99);
+  const double items_per_s = wall_s > 0 ? static_cast<double>(items) / wall_s : 0;
+  if (f.json) {
+    nlohmann::json j = {
+        {"requests", n},
+        {"items", items},
+        {"distinct_keys", distinct.size()},
+        {"hits_l1", s.hits_l1},
+        {"hits_l2", s.hits_l2},
+        {"joins", s.joins},
+        {"misses", s.misses},
+        {"shape_mismatches", s.shape_mismatches},
+        {"failed_items", failed_items},
+        {"failed_requests", failed_requests},
+        {"errors", failures},
+        {"tower_batches", s.tower_batches},
+        {"tower_items", s.tower_items},
+        {"tower_tokens", s.tower_tokens},
+        {"mean_batch_tokens", mean_batch_tokens},
+        {"latency_ms_p50", p50},
+        {"latency_ms_p99", p99},
+        {"items_per_s", items_per_s},
+        {"wall_s", wall_s},
+        {"tower_s", s.tower_seconds},
+        {"outside_tower_fraction", wall_s > 0 ? std::max(0.0, 1 - s.tower_seconds / wall_s) : 0},
+        {"l1_bytes", s.l1_bytes},
+        {"l2_bytes", s.l2_bytes},
+        {"demotions", s.demotions},
+        {"promotions", s.promotions},
+        {"model_id", model_id},
+    };
+    std::fputs((j.dump() + "\n").c_str(), stdout);
+  } else {
+    std::string o;
+    o += fmt::format("replay: {} requests, {} items, {} distinct keys\n", n, items, distinct.size());
+    o += fmt::format("  served     L1 hits {}, L2 hits {}, in-flight joins {}, misses {} ({} shape mismatches)\n",
+                     s.hits_l1, s.hits_l2, s.joins, s.misses, s.shape_mismatches);
+    o += fmt::format("  tower      {} batches, {} items, {:.1f} tokens per batch, {:.3f} s\n", s.tower_batches,
+                     s.tower_items, mean_batch_tokens, s.tower_seconds);
+    o += fmt::format("  latency    p50 {:.1f} ms, p99 {:.1f} ms\n", p50, p99);
+    o += fmt::format("  throughput {:.1f} items/s, wall {:.3f} s ({:.1f}% outside the tower)\n", items_per_s, wall_s,
+                     wall_s > 0 ? 100 * std::max(0.0, 1 - s.tower_seconds / wall_s) : 0.0);
+    o += fmt::format("  cache      L1 {:.1f} MB, L2 {:.1f} MB, {} demotions, {} promotions\n",
+                     static_cast<double>(s.l1_bytes) / (1 << 20), static_cast<double>(s.l2_bytes) / (1 << 20),
+                     s.demotions, s.promotions);
+    if (failed_items > 0 || failed_requests > 0) {
+      o += fmt::format("  failed     {} items, {} requests; first: {}\n", failed_items, failed_requests, first_failure);
+    }
+    if (!f.out.empty()) o += fmt::format("  wrote      {} embeddings to {}\n", embeddings.size(), f.out);
+    std::fputs(o.c_str(), stdout);
+  }
+  return failed_items > 0 || failed_requests > 0 ? 3 : 0;
+}
+
+}  // namespace
+
+void RegisterReplayCommand(CLI::App& app) {
+  auto f = std::make_shared<ReplayFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "replay", "Replay a trace of image requests through the encode worker and summarise (docs/REPLAY.md)");
+  AddWorkerFlags(*cmd, f->worker);
+  CLI::Option* trace = cmd->add_option("--trace", f->trace, "JSON Lines trace, one request per line")
+                           ->check(CLI::ExistingFile);
+  cmd->add_option("--images", f->images, "image directory: trace paths are relative to it; --generate draws from it")
+      ->check(CLI::ExistingDirectory);
+  CLI::Option* gen = cmd->add_option("--generate", f->generate, "generate N requests over the images in --images")
+                         ->check(CLI::PositiveNumber);
+  trace->excludes(gen);
+  cmd->add_option("--zipf", f->zipf, "Zipf exponent of image popularity (0 = uniform)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", f->seed, "generator seed")->capture_default_str();
+  cmd->add_option("--rate", f->rate, "generated arrival rate, requests/s (matters with --realtime)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--write-trace", f->write_trace, "also write the (generated) trace as JSON Lines");
+  CLI::Option* rt = cmd->add_flag("--realtime", f->realtime, "submit each request at its arrival_ms");
+  CLI::Option* fast =
+      cmd->add_flag("--as-fast-as-possible", f->as_fast_as_possible, "submit every request at once (the default)");
+  rt->excludes(fast);
+  cmd->add_flag("--json", f->json, "print one JSON object instead of the human summary");
+  cmd->add_option("--out", f->out, "write the embeddings as safetensors");
+  cmd->callback([f] {
+    const int rc = RunReplay(*f);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace epd::cli

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""End-to-end test of `epd-encode replay` with the default tower.
+
+Writes a few PNGs (by hand: zlib + struct, no imaging library), replays a
+generated trace and hand-written ones, and checks the JSON summary and the
+safetensors output against counts computed here from the trace alone.
+
+Usage: replay_e2e_test.py EPD_ENCODE WORK_DIR
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+
+
+def png(path, width, height, seed):
+    rows = b""
+    for y in range(height):
+        row = bytearray([0])  # filter: none
+        for x in range(width):
+            row += bytes([(x * 7 + seed * 31) % 256, (y * 5 + seed * 17) % 256, (x * y + seed) % 256])
+        rows += bytes(row)
+
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def run(binary, *args):
+    p = subprocess.run([binary, "replay", "--threads", "2", *args], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def main():
+    binary, work = sys.argv[1], sys.argv[2]
+    shutil.rmtree(work, ignore_errors=True)
+    images = os.path.join(work, "images")
+    os.makedirs(images)
+    # Sides are multiples of 28 within Qwen2-VL's pixel bounds, so SmartResize
+    # keeps them and tokens = width * height / 28^2.
+    sizes = {"a.png": (56, 56), "b.png": (84, 56), "c.png": (112, 84), "d.png": (56, 112), "e.png": (140, 140)}
+    tokens = {}
+    for i, (name, (w, h)) in enumerate(sorted(sizes.items())):
+        png(os.path.join(images, name), w, h, i + 1)
+        tokens[name] = w * h // 784
+
+    # 1. A generated trace.
+    trace = os.path.join(work, "trace.jsonl")
+    out = os.path.join(work, "emb.safetensors")
+    rc, stdout, stderr = run(binary, "--images", images, "--generate", "25", "--seed", "5",
+                             "--write-trace", trace, "--json", "--out", out)
+    check(rc == 0, f"replay failed ({rc}): {stderr}")
+    j = json.loads(stdout)
+    reqs = [json.loads(line) for line in open(trace)]
+    names = [os.path.basename(p) for r in reqs for p in r["images"]]
+    check(j["requests"] == 25 == len(reqs), f"requests {j['requests']}")
+    check(j["items"] == len(names), f"items {j['items']} vs {len(names)}")
+    distinct = set(names)
+    check(j["distinct_keys"] == len(distinct), f"distinct_keys {j['distinct_keys']} vs {len(distinct)}")
+    check(j["hits_l1"] + j["hits_l2"] + j["joins"] + j["misses"] == j["items"], f"hit/miss accounting {j}")
+    check(j["misses"] == j["tower_items"] == len(distinct), f"each distinct image encoded once: {j}")
+    check(j["tower_tokens"] == sum(tokens[n] for n in distinct), f"tower_tokens {j['tower_tokens']}")
+    check(abs(j["mean_batch_tokens"] - j["tower_tokens"] / j["tower_batches"]) < 1e-9, "mean_batch_tokens")
+    check(0 < j["latency_ms_p50"] <= j["latency_ms_p99"], "latency percentiles")
+    check(j["wall_s"] > 0 and 0 < j["tower_s"] <= j["wall_s"] and j["items_per_s"] > 0, "times")
+    for key in ("requests", "items", "distinct_keys", "hits_l1", "hits_l2", "joins", "tower_batches",
+                "tower_items", "mean_batch_tokens", "latency_ms_p50", "latency_ms_p99", "items_per_s",
+                "wall_s", "tower_s"):
+        check(key in j, f"missing JSON key {key}")
+
+    with open(out, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    mains = {k: v for k, v in header.items() if k != "__metadata__" and not k.endswith(".deepstack")}
+    check(len(mains) == len(distinct), f"{len(mains)} embeddings in the file")
+    check(sorted(v["shape"][0] for v in mains.values()) == sorted(tokens[n] for n in distinct), "token rows")
+    check(all(v["dtype"] == "F32" and v["shape"][1] == 512 for v in mains.values()), "hidden 512, F32")
+    check(all(k + ".deepstack" in header for k in mains), "deepstack halves present")
+    check(header["__metadata__"]["model_id"] == "default_tower.pt", header["__metadata__"])
+
+    # 2. The same trace without cache or dedup: every item runs the tower.
+    rc, stdout, stderr = run(binary, "--trace", trace, "--images", images, "--json", "--no-cache")
+    check(rc == 0, f"--no-cache replay failed: {stderr}")
+    k = json.loads(stdout)
+    check(k["tower_items"] == k["items"] == j["items"] and k["joins"] == 0, f"--no-cache: {k}")
+    check(k["hits_l1"] == 0 and k["hits_l2"] == 0, f"--no-cache hits: {k}")
+
+    # 3. A hand-written trace with a repeat inside a request, relative paths.
+    hand = os.path.join(work, "hand.jsonl")
+    with open(hand, "w") as f:
+        f.write('{"id": "x", "arrival_ms": 0, "images": ["a.png", "b.png", "a.png"]}\n')
+        f.write('{"id": "y", "arrival_ms": 5, "images": ["a.png"]}\n')
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--json", "--realtime",
+                             "--max-items-per-batch", "1")
+    check(rc == 0, f"hand trace failed: {stderr}")
+    h = json.loads(stdout)
+    check(h["items"] == 4 and h["distinct_keys"] == 2 and h["tower_items"] == 2, f"hand trace: {h}")
+    check(h["joins"] + h["hits_l1"] == 2, f"the repeats joined or hit: {h}")
+    check(h["tower_batches"] == 2, f"one item per batch: {h}")
+
+    # 4. A corrupt image fails its item only (exit 3); a missing one is a setup error (exit 1).
+    with open(os.path.join(images, "zz_bad.png"), "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    with open(hand, "w") as f:
+        f.write('{"id": "x", "images": ["zz_bad.png", "a.png"]}\n')
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--json")
+    check(rc == 3, f"corrupt image: exit {rc}, {stderr}")
+    b = json.loads(stdout)
+    check(b["failed_items"] == 1 and b["errors"] == {"INVALID_ARGUMENT": 1} and b["tower_items"] == 1, f"{b}")
+    with open(hand, "w") as f:
+        f.write('{"id": "x", "images": ["missing.png"]}\n')
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images)
+    check(rc == 1 and "cannot read image" in stderr and "missing.png" in stderr, f"missing image: {rc} {stderr}")
+
+    print("replay e2e: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+#include "trace.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+namespace epd::cli {
+namespace {
+
+using nlohmann::json;
+
+// SplitMix64 (Steele, Lea, Flood 2014): one 64-bit state, add the golden
+// gamma, then two xor-shift-multiply rounds.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t Next() {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) from the top 53 bits.
+  double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+}  // namespace
+
+StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const std::string& name) {
+  std::vector<TraceRequest> out;
+  std::set<std::string> ids;
+  std::istringstream in(text);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return error("not valid JSON");
+    if (!j.is_object()) return error("expected a JSON object");
+    TraceRequest r;
+    if (j.contains("id")) {
+      if (!j["id"].is_string() || j["id"].get<std::string>().empty()) return error("id must be a non-empty string");
+      r.id = j["id"].get<std::string>();
+    } else {
+      r.id = "line-" + std::to_string(n);
+    }
+    if (!ids.insert(r.id).second) return error("duplicate request id '" + r.id + "'");
+    if (j.contains("arrival_ms")) {
+      if (!j["arrival_ms"].is_number() || !(j["arrival_ms"].get<double>() >= 0)) {
+        return error("arrival_ms must be a number >= 0");
+      }
+      r.arrival_ms = j["arrival_ms"].get<double>();
+    }
+    if (!j.contains("images") || !j["images"].is_array() || j["images"].empty()) {
+      return error("images must be a non-empty array of strings");
+    }
+    for (const json& p : j["images"]) {
+      if (!p.is_string() || p.get<std::string>().empty()) return error("images must be a non-empty array of strings");
+      r.images.push_back(p.get<std::string>());
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return InvalidArgument("cannot open trace " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ParseTrace(ss.str(), path);
+}
+
+std::string TraceToJsonLines(const std::vector<TraceRequest>& trace) {
+  std::string out;
+  for (const TraceRequest& r : trace) {
+    json j = {{"id", r.id}, {"arrival_ms", r.arrival_ms}, {"images", r.images}};
+    out += j.dump();
+    out += '\n';
+  }
+  return out;
+}
+
+StatusOr<std::vector<std::string>> ListImages(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return InvalidArgument(dir + " is not a directory");
+  std::vector<std::string> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file()) continue;
+    const std::string ext = Lower(e.path().extension().string());
+    if (ext == ".jpg" || ext == ".jpeg" || ext == ".png") found.push_back(e.path().filename().string());
+  }
+  if (ec) return InvalidArgument("cannot list " + dir + ": " + ec.message());
+  if (found.empty()) return InvalidArgument(dir + " holds no .jpg, .jpeg or .png file");
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::vector<TraceRequest> GenerateTrace(const std::vector<std::string>& images, const GeneratorOptions& o) {
+  assert(!images.empty() && o.requests >= 0 && o.zipf_s >= 0 && o.rate_per_s > 0);
+  assert(1 <= o.min_images && o.min_images <= o.max_images);
+  // Cumulative Zipf weights over ranks 1..M.
+  std::vector<double> cdf(images.size());
+  double total = 0;
+  for (std::size_t r = 0; r < images.size(); ++r) {
+    total += 1.0 / std::pow(static_cast<double>(r + 1), o.zipf_s);
+    cdf[r] = total;
+  }
+  SplitMix64 rng(o.seed);
+  const std::uint64_t span = static_cast<std::uint64_t>(o.max_images - o.min_images + 1);
+  std::vector<TraceRequest> out;
+  out.reserve(static_cast<std::size_t>(o.requests));
+  for (std::int64_t i = 0; i < o.requests; ++i) {
+    TraceRequest r;
+    char id[32];
+    std::snprintf(id, sizeof(id), "gen-%06lld", static_cast<long long>(i + 1));
+    r.id = id;
+    r.arrival_ms = static_cast<double>(i) * 1000.0 / o.rate_per_s;
+    const int k = o.min_images + static_cast<int>(rng.Next() % span);
+    for (int j = 0; j < k; ++j) {
+      const double u = rng.Unit() * total;
+      std::size_t rank = static_cast<std::size_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+      rank = std::min(rank, images.size() - 1);  // u == total cannot happen, but stay in range
+      r.images.push_back(images[rank]);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace epd::cli

@@ -1,0 +1,97 @@
+#include "trace.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace epd::cli {
+namespace {
+
+TEST(TraceTest, ParsesRequestsWithDefaults) {
+  auto t = ParseTrace(
+      "{\"id\": \"r1\", \"arrival_ms\": 12.5, \"images\": [\"a.jpg\", \"b.png\"]}\n"
+      "\n"
+      "{\"images\": [\"a.jpg\"]}\n",
+      "t.jsonl");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[0].id, "r1");
+  EXPECT_EQ((*t)[0].arrival_ms, 12.5);
+  EXPECT_EQ((*t)[0].images, (std::vector<std::string>{"a.jpg", "b.png"}));
+  EXPECT_EQ((*t)[1].id, "line-3");
+  EXPECT_EQ((*t)[1].arrival_ms, 0);
+}
+
+TEST(TraceTest, ErrorsNameTheLine) {
+  const std::map<std::string, std::string> bad = {
+      {"{\"images\": [\"a\"]}\nnot json\n", "t.jsonl:2: not valid JSON"},
+      {"[1]\n", "t.jsonl:1: expected a JSON object"},
+      {"{\"images\": []}\n", "t.jsonl:1: images must be a non-empty array of strings"},
+      {"{\"images\": [3]}\n", "t.jsonl:1: images must be a non-empty array of strings"},
+      {"{\"images\": [\"a\"], \"arrival_ms\": -1}\n", "t.jsonl:1: arrival_ms must be a number >= 0"},
+      {"{\"id\": \"x\", \"images\": [\"a\"]}\n{\"id\": \"x\", \"images\": [\"b\"]}\n",
+       "t.jsonl:2: duplicate request id 'x'"},
+  };
+  for (const auto& [text, message] : bad) {
+    auto t = ParseTrace(text, "t.jsonl");
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(t.status().message(), message);
+  }
+}
+
+TEST(TraceTest, JsonLinesRoundTrip) {
+  std::vector<TraceRequest> t = {{"a", 1.5, {"x.png", "y.png"}}, {"b", 0, {"x.png"}}};
+  auto back = ParseTrace(TraceToJsonLines(t), "rt");
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->size(), 2u);
+  EXPECT_EQ((*back)[0].id, "a");
+  EXPECT_EQ((*back)[0].arrival_ms, 1.5);
+  EXPECT_EQ((*back)[0].images, t[0].images);
+  EXPECT_EQ((*back)[1].images, t[1].images);
+}
+
+TEST(TraceTest, GeneratorIsDeterministicAndFollowsItsBounds) {
+  const std::vector<std::string> images = {"a", "b", "c", "d", "e", "f", "g", "h"};
+  GeneratorOptions o;
+  o.requests = 2000;
+  o.seed = 7;
+  o.rate_per_s = 50;
+  const auto t1 = GenerateTrace(images, o);
+  const auto t2 = GenerateTrace(images, o);
+  ASSERT_EQ(t1.size(), 2000u);
+  EXPECT_EQ(TraceToJsonLines(t1), TraceToJsonLines(t2));
+  o.seed = 8;
+  EXPECT_NE(TraceToJsonLines(GenerateTrace(images, o)), TraceToJsonLines(t1));
+
+  EXPECT_EQ(t1[0].id, "gen-000001");
+  EXPECT_EQ(t1[1999].id, "gen-002000");
+  EXPECT_EQ(t1[10].arrival_ms, 200.0);  // 10 * 1000 / 50
+  std::map<std::string, int> count;
+  std::map<std::size_t, int> sizes;
+  for (const TraceRequest& r : t1) {
+    ++sizes[r.images.size()];
+    for (const std::string& i : r.images) ++count[i];
+  }
+  EXPECT_EQ(sizes.size(), 4u);  // 1, 2, 3 and 4 images all occur
+  EXPECT_EQ(sizes.begin()->first, 1u);
+  EXPECT_EQ(sizes.rbegin()->first, 4u);
+  // Zipf(1): rank 1 is drawn about twice as often as rank 2 and 8 times as
+  // often as rank 8 (5000 draws; generous bounds).
+  EXPECT_GT(count["a"], count["b"]);
+  EXPECT_GT(count["b"], count["h"]);
+  EXPECT_NEAR(static_cast<double>(count["a"]) / count["b"], 2.0, 0.3);
+  EXPECT_NEAR(static_cast<double>(count["a"]) / count["h"], 8.0, 2.0);
+}
+
+TEST(TraceTest, ZipfZeroIsUniform) {
+  GeneratorOptions o;
+  o.requests = 4000;
+  o.zipf_s = 0;
+  o.min_images = o.max_images = 1;
+  std::map<std::string, int> count;
+  for (const TraceRequest& r : GenerateTrace({"a", "b", "c", "d"}, o)) ++count[r.images[0]];
+  for (const auto& [name, c] : count) EXPECT_NEAR(c, 1000, 120) << name;
+}
+
+}  // namespace
+}  // namespace epd::cli

@@ -1,0 +1,76 @@
+#include "worker_flags.h"
+
+#include <filesystem>
+
+#ifdef EPD_HAVE_TORCH_TOWER
+#include "epd/torch_tower.h"
+#endif
+
+namespace epd::cli {
+
+std::string DefaultModelPath() {
+#ifdef EPD_DEFAULT_TOWER_PATH
+  return EPD_DEFAULT_TOWER_PATH;
+#else
+  return "";
+#endif
+}
+
+void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
+  f.model = DefaultModelPath();
+  cmd.add_option("--model", f.model, "TorchScript vision tower (docs/TOWER.md contract)")
+      ->capture_default_str();
+  cmd.add_option("--model-id", f.model_id, "model id hashed into the content keys [file name of --model]");
+  cmd.add_option("--threads", f.threads, "tower intra-op threads, 0 = all cores")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--dtype", f.dtype, "embedding dtype")->capture_default_str()
+      ->check(CLI::IsMember({"float32", "bfloat16"}));
+  cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--host-cache-mb", f.host_cache_mb, "L2 (host) cache capacity, MB")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
+  cmd.add_option("--max-tokens-per-batch", f.max_tokens_per_batch, "tower batch token budget")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--max-items-per-batch", f.max_items_per_batch, "tower batch item bound")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--order", f.order, "scheduler order")->capture_default_str()
+      ->check(CLI::IsMember({"fifo", "by_key"}));
+  cmd.add_option("--max-pixels", f.max_pixels, "preprocessing area cap, pixels (Qwen2-VL max_pixels)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+}
+
+StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
+#ifdef EPD_HAVE_TORCH_TOWER
+  if (f.model.empty()) return InvalidArgument("--model is required (this build has no default tower)");
+  TorchTowerOptions t;
+  t.model_path = f.model;
+  t.num_threads = f.threads;
+  t.output_dtype = f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+  StatusOr<std::unique_ptr<VisionTower>> tower = LoadTorchScriptTower(t);
+  if (!tower.ok()) return tower.status();
+
+  o.model_id = f.model_id.empty() ? std::filesystem::path(f.model).filename().string() : f.model_id;
+  o.preprocess.max_pixels = f.max_pixels;
+  o.preprocess.min_pixels = std::min(o.preprocess.min_pixels, f.max_pixels);
+  o.l1_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20));
+  o.l2_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20));
+  o.dedup_in_flight = !f.no_cache;
+  o.max_tokens_per_batch = f.max_tokens_per_batch;
+  o.max_items_per_batch = f.max_items_per_batch;
+  o.order = f.order == "by_key" ? ScheduleOrder::kByKey : ScheduleOrder::kFifo;
+  return WorkerParts{std::move(o), std::move(*tower)};
+#else
+  (void)f;
+  (void)o;
+  return FailedPrecondition("this epd-encode was built without the TorchScript tower (EPD_WITH_TORCH=OFF)");
+#endif
+}
+
+StatusOr<std::unique_ptr<EncodeWorker>> MakeWorker(const WorkerFlags& f, WorkerOptions o) {
+  StatusOr<WorkerParts> parts = MakeWorkerParts(f, std::move(o));
+  if (!parts.ok()) return parts.status();
+  return EncodeWorker::Create(std::move(parts->options), std::move(parts->tower));
+}
+
+}  // namespace epd::cli

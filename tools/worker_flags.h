@@ -1,0 +1,68 @@
+// tools/worker_flags.h: the flags every subcommand that runs an EncodeWorker
+// shares (replay here, serve / bench-server in server_commands.cc), and the
+// one function that turns them into a worker with its tower loaded.
+//
+// Flags (defaults in brackets):
+//   --model PATH              TorchScript tower [the default tower built into
+//                             build/models/default_tower.pt]
+//   --model-id ID             hashed into every content key [file name of --model]
+//   --threads N               tower intra-op threads, 0 = all cores [0]
+//   --dtype float32|bfloat16  embedding dtype [float32]
+//   --cache-mb MB             L1 cache capacity [1024]
+//   --host-cache-mb MB        L2 (host) cache capacity [4096]
+//   --no-cache                caching and in-flight dedup off (baselines)
+//   --max-tokens-per-batch N  tower batch token budget [8192]
+//   --max-items-per-batch N   tower batch item bound [16]
+//   --order fifo|by_key       scheduler order [fifo]
+//   --max-pixels N            preprocessing area cap, pixels [1003520, Qwen2-VL's]
+//
+// Thread safety: not thread-safe (parse-time helpers).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "epd/encode_worker.h"
+#include "epd/status.h"
+
+namespace epd::cli {
+
+struct WorkerFlags {
+  std::string model;
+  std::string model_id;
+  int threads = 0;
+  std::string dtype = "float32";
+  double cache_mb = 1024;
+  double host_cache_mb = 4096;
+  bool no_cache = false;
+  std::int64_t max_tokens_per_batch = 8192;
+  std::int64_t max_items_per_batch = 16;
+  std::string order = "fifo";
+  std::int64_t max_pixels = PreprocessConfig{}.max_pixels;
+};
+
+// The tower used when --model is not given; empty when this build has none.
+std::string DefaultModelPath();
+
+// Adds the flags above to `cmd`, writing into `flags` (which must outlive it).
+void AddWorkerFlags(CLI::App& cmd, WorkerFlags& flags);
+
+// What MakeWorker builds before it creates the worker: `options` with the
+// flags applied, and the loaded tower. For callers that create the worker
+// themselves (EncodeServer::Start installs its own sink_full and wraps the
+// tower). Same errors as MakeWorker.
+struct WorkerParts {
+  WorkerOptions options;
+  std::unique_ptr<VisionTower> tower;
+};
+StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& flags, WorkerOptions options = {});
+
+// Loads the tower and creates the worker. `options` supplies every field the
+// flags do not set (sink_full, copies, max_pending_items, ...). Errors: the
+// tower's load error, kInvalidArgument for bad flag combinations, or
+// kFailedPrecondition when this build has no TorchScript backend.
+StatusOr<std::unique_ptr<EncodeWorker>> MakeWorker(const WorkerFlags& flags, WorkerOptions options = {});
+
+}  // namespace epd::cli
