@@ -95,6 +95,10 @@ void RegisterAll() {
   for (auto [order, name] : {std::pair{ScheduleOrder::kByKey, "by_key"}, std::pair{ScheduleOrder::kFifo, "fifo"}}) {
     auto* drain = benchmark::RegisterBenchmark((std::string("drain/") + name).c_str(), BM_Drain, order);
     for (std::int64_t n : {1'000, 10'000, 100'000, 1'000'000}) drain->Arg(n);
+    // by_key also at the reference's intermediate sizes, for one ratio per size.
+    if (order == ScheduleOrder::kByKey) {
+      for (std::int64_t n : {2'000, 5'000, 20'000, 50'000}) drain->Arg(n);
+    }
     drain->Unit(benchmark::kMillisecond)->MinTime(0.2);
     benchmark::RegisterBenchmark((std::string("next_batch/") + name).c_str(), BM_NextBatch, order)
         ->Arg(100'000)

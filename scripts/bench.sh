@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Runs the benchmark sections and regenerates docs/BENCHMARKS.md and the plots
+# in docs/img/ from their results.
+#
+# Usage: scripts/bench.sh [BUILD_DIR]          (default: build)
+#   EPD_BENCH_SECTIONS="core"   run only these sections (space-separated);
+#                               results of sections not run are kept and
+#                               still reported
+#   EPD_REFERENCE_DIR=DIR       the Python reference (default ../shared/reference
+#                               from the repository root; skipped if absent)
+#   EPD_BENCH_REPORT_ONLY=1     only rebuild the report from existing results
+#
+# Results go to BUILD_DIR/bench-results/: one JSON per benchmark binary (Google
+# Benchmark's --benchmark_out format), reference.json, and run_SECTION.json
+# with the commands a section ran. bench/report.py renders every JSON there.
+#
+# Adding a section: write a section_NAME function below that runs its
+# commands through `run` (so they are recorded) and writes NAME.json into
+# "$results", add NAME to SECTIONS, and add a renderer to bench/report.py
+# (its docstring says how).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+build="${1:-build}"
+results="$build/bench-results"
+py=/usr/bin/python3
+SECTIONS=(core)
+if [[ -n "${EPD_BENCH_SECTIONS:-}" ]]; then read -r -a SECTIONS <<<"$EPD_BENCH_SECTIONS"; fi
+mkdir -p "$results"
+
+commands=()
+# Runs a command, echoing it and recording it for the report.
+run() {
+  echo "+ $*" >&2
+  commands+=("$*")
+  "$@"
+}
+
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+
+# Writes run_SECTION.json: what ran, when, and the load around it.
+record() {
+  local section="$1" start="$2" load0="$3" t0="$4"
+  "$py" - "$results/run_$section.json" "$section" "$start" "$(date -u +%FT%TZ)" "$load0" "$(loadavg)" \
+    "$(( $(date +%s) - t0 ))" "${commands[@]}" <<'EOF'
+import json, sys
+out, section, start, end, l0, l1, wall, *cmds = sys.argv[1:]
+json.dump({"section": section, "start": start, "end": end, "loadavg_before": l0, "loadavg_after": l1,
+           "wall_s": int(wall), "commands": cmds}, open(out, "w"), indent=2)
+EOF
+}
+
+# Cache and scheduler microbenchmarks, and the Python reference on the same
+# workloads (about 5 minutes on 2 cores).
+section_core() {
+  run cmake --build "$build" --target cache_bench scheduler_bench
+  mkdir -p "$results/streams"
+  run "$build/bench/cache_bench" --dump_streams="$results/streams"
+  run "$build/bench/cache_bench" --benchmark_out="$results/cache_bench.json" --benchmark_out_format=json
+  run "$build/bench/scheduler_bench" --benchmark_out="$results/scheduler_bench.json" --benchmark_out_format=json
+  local ref_args=(--streams "$results/streams" --out "$results/reference.json")
+  if [[ -n "${EPD_REFERENCE_DIR:-}" ]]; then ref_args+=(--reference "$EPD_REFERENCE_DIR"); fi
+  run "$py" bench/reference_bench.py "${ref_args[@]}"
+}
+
+if [[ -z "${EPD_BENCH_REPORT_ONLY:-}" ]]; then
+  for s in "${SECTIONS[@]}"; do
+    if ! declare -F "section_$s" >/dev/null; then
+      echo "bench.sh: unknown section '$s'" >&2
+      exit 2
+    fi
+    commands=()
+    start="$(date -u +%FT%TZ)"; load0="$(loadavg)"; t0="$(date +%s)"
+    "section_$s"
+    record "$s" "$start" "$load0" "$t0"
+  done
+fi
+
+"$py" bench/report.py --results "$results" --build "$build" --out docs/BENCHMARKS.md --img docs/img
