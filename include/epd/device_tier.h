@@ -1,0 +1,154 @@
+// epd/device_tier.h: embeddings whose bytes live in device memory (L1) or
+// pinned host memory (L2), and the async copies that move them between tiers.
+//
+// TierEmbedding is the value type of the GPU-tiered cache,
+//   TieredEmbeddingCache<ContentKey, TierEmbeddingPtr, ContentKeyHash>
+//       cache(l1_bytes, l2_bytes, MakeOffloadFn(dev), MakeOnboardFn(dev));
+// Where EmbeddingPtr holds host vectors, a TierEmbedding holds one Device
+// buffer (main rows, then deepstack rows, contiguous; layout as
+// epd/embedding.h) and the event of the copy that filled it.
+//
+// Readiness: a TierEmbedding is handed out as soon as its copy is enqueued.
+// Its bytes are defined only once ready() (the copy's event completed); no
+// API exposes them before: Wait() blocks until then, ToHostEmbedding() waits
+// and then copies, so no reader can see a half-copied entry.
+//
+// Ownership (the TensorRT-LLM rule: a copy's source lives until its event):
+//   - Offload/Onboard hand the SOURCE entry to Device::ReleaseAfter(copy
+//     event): the device drops it, and with it (if no one else holds it) its
+//     buffer, only after the copy has landed. So an L1 victim's VRAM is freed
+//     after its offload lands, and an L2 entry's pinned block after its
+//     onboard lands, without blocking the cache's thread.
+//   - A TierEmbedding destroyed before its own copy landed hands its buffer
+//     to ReleaseAfter too, so an in-flight copy never writes freed memory.
+//   - A copy whose source is not ready yet is ordered after it on the device
+//     (StreamWaitEvent), never by blocking the host.
+// Device::Poll() (also run by every allocation) performs the deferred frees.
+//
+// Copy functions for TieredEmbeddingCache (TierCopyFn, V -> V):
+//   MakeOffloadFn   device -> pinned host on Stream::kOffload. When the pinned
+//                   pool has no block for it, returns nullptr: the tiered
+//                   cache then drops the victim exactly as if L2 were too
+//                   small (counted in offload_dropped). An entry already in
+//                   host memory is returned as is.
+//   MakeOnboardFn   pinned host -> device on Stream::kOnboard. When device
+//                   memory is exhausted, returns the source itself: the entry
+//                   is served from pinned memory and sits in L1 (counted in
+//                   onboard_fallbacks); nothing is lost. An entry already on
+//                   the device is returned as is.
+//   Both throw epd::Error(kInternal) on a device failure (a CUDA error); the
+//   tiered cache propagates it (epd/tiered_cache.h says what is then lost).
+//
+// Complexity: one pool allocation (O(log blocks)) and one async copy per call;
+// no host-side wait. ToHostEmbedding is one device->host copy (or memcpy from
+// pinned memory) of nbytes().
+// Thread safety: a TierEmbedding is immutable once built; any thread may
+// call ready/Wait/ToHostEmbedding or drop it. The copy functions may run on
+// any thread (the Device is thread-safe); a DeviceTierStats must not be
+// shared by functions that run on different threads (plain counters).
+//
+// Example:
+//   epd::FakeDevice dev;   // or *epd::OpenCudaDevice(opts)
+//   auto l1 = epd::UploadEmbedding(dev, emb);      // StatusOr<TierEmbeddingPtr>
+//   cache.put(key, *l1, (*l1)->nbytes());
+//   if (auto hit = cache.get(key)) Ship((*hit)->ToHostEmbedding().value());
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "epd/device.h"
+#include "epd/embedding.h"
+#include "epd/status.h"
+
+namespace epd {
+
+// The shape half of an Embedding (epd/embedding.h), without the bytes.
+struct EmbeddingShape {
+  std::int64_t tokens = 0;
+  std::int64_t hidden = 0;
+  std::int64_t deepstack_layers = 0;
+  DType dtype = DType::kFloat32;
+
+  std::size_t main_bytes() const { return static_cast<std::size_t>(tokens * hidden) * DTypeSize(dtype); }
+  std::size_t deepstack_bytes() const { return main_bytes() * static_cast<std::size_t>(deepstack_layers); }
+  std::size_t nbytes() const { return main_bytes() + deepstack_bytes(); }
+};
+
+class TierEmbedding;
+using TierEmbeddingPtr = std::shared_ptr<const TierEmbedding>;
+
+class TierEmbedding {
+ public:
+  ~TierEmbedding();
+  TierEmbedding(const TierEmbedding&) = delete;
+  TierEmbedding& operator=(const TierEmbedding&) = delete;
+
+  const EmbeddingShape& shape() const { return shape_; }
+  // The bytes the cache is charged: main plus deepstack.
+  std::size_t nbytes() const { return shape_.nbytes(); }
+  // kDevice: L1 (VRAM); kPinnedHost: L2 (or an L1 entry whose onboard fell back).
+  MemoryKind where() const;
+  // The copy that filled this entry has landed. Never blocks.
+  bool ready() const;
+  // Blocks until ready(). kInternal when the device reported the copy failed.
+  Status Wait() const;
+  // Waits, then copies the bytes into a fresh host Embedding (for shipping).
+  // Errors: as Wait(), or kInternal for a failed device->host copy.
+  StatusOr<Embedding> ToHostEmbedding() const;
+
+ private:
+  friend StatusOr<TierEmbeddingPtr> UploadEmbedding(Device&, EmbeddingPtr, MemoryKind);
+  friend StatusOr<TierEmbeddingPtr> OffloadEmbedding(Device&, const TierEmbeddingPtr&);
+  friend StatusOr<TierEmbeddingPtr> OnboardEmbedding(Device&, const TierEmbeddingPtr&);
+  struct Private {};
+
+ public:
+  // Use the functions below; public only for std::make_shared.
+  TierEmbedding(Private, Device* device, EmbeddingShape shape, DeviceBuffer buffer, EventPtr filled);
+
+ private:
+  Device* const device_;
+  const EmbeddingShape shape_;
+  DeviceBuffer buffer_;
+  const EventPtr filled_;  // null: ready at construction
+  mutable std::atomic<bool> ready_cache_{false};
+};
+
+// Copies a host Embedding into a new entry in `where` (kDevice: an async
+// H2D on Stream::kOnboard, the host embedding held until it lands;
+// kPinnedHost: a memcpy, ready at once). kInvalidArgument when emb is null
+// or its byte sizes do not match its shape; kResourceExhausted when the
+// memory is full; kInternal for a device failure.
+StatusOr<TierEmbeddingPtr> UploadEmbedding(Device& device, EmbeddingPtr emb, MemoryKind where = MemoryKind::kDevice);
+
+// Device -> pinned host (see the header comment). `src` in host memory is
+// returned as is. kInvalidArgument for a null src; kResourceExhausted when
+// the pinned pool has no block; kInternal for a device failure.
+StatusOr<TierEmbeddingPtr> OffloadEmbedding(Device& device, const TierEmbeddingPtr& src);
+// Pinned host -> device. `src` on the device is returned as is.
+// kInvalidArgument for a null src; kResourceExhausted when device memory is
+// full; kInternal for a device failure.
+StatusOr<TierEmbeddingPtr> OnboardEmbedding(Device& device, const TierEmbeddingPtr& src);
+
+// What the copy functions did. Plain counters: see Thread safety above.
+struct DeviceTierStats {
+  std::uint64_t offloads = 0;  // device -> host copies enqueued
+  std::uint64_t offload_bytes = 0;
+  std::uint64_t offload_dropped = 0;  // pinned pool had no block: victim dropped
+  std::uint64_t onboards = 0;         // host -> device copies enqueued
+  std::uint64_t onboard_bytes = 0;
+  std::uint64_t onboard_fallbacks = 0;  // device memory full: served from pinned memory
+};
+
+using TierCopyFn = std::function<TierEmbeddingPtr(const TierEmbeddingPtr&)>;
+
+// The `to_host` and `to_device` callables of TieredEmbeddingCache. `device`
+// (and `stats` when given) must outlive the returned function.
+TierCopyFn MakeOffloadFn(Device& device, DeviceTierStats* stats = nullptr);
+TierCopyFn MakeOnboardFn(Device& device, DeviceTierStats* stats = nullptr);
+
+}  // namespace epd

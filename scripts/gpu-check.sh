@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The GPU tier's device checks, for a machine with an NVIDIA GPU (written for
+# the H200 device machine: nvcc 13, PyTorch with CUDA, no Debian -dev
+# packages, no network). Never installs anything.
+#
+# What it does, each step logged under $OUT:
+#   1. configures src/gpu on its own (core + gpu, plus the torch tower when
+#      python3's torch has a CMake config; no media libraries, gRPC or Python)
+#      with CUDA on, for sm_90, and builds it;
+#   2. runs the tests (ctest): the CPU tests and cuda_device_test, which must
+#      not skip here;
+#   3. runs compute-sanitizer --tool memcheck over the CUDA round-trip tests;
+#   4. runs gpu_tier_bench (offload/onboard GB/s vs the pinned-copy peak) and,
+#      if the tower was built, tower_gpu_bench (items/s by batch size).
+# Exits non-zero if the build, a test or the sanitizer fails. Budget: about
+# 3 minutes on 16 cores, each step capped so the whole stays under 6.
+#
+# Usage:
+#   scripts/gpu-check.sh --stage   on the development machine, before the run:
+#                                  copies Debian's GoogleTest source into
+#                                  build-gpucarry/ (the device image has no GTest)
+#   scripts/gpu-check.sh           on the device machine (OUT is set by the
+#                                  device tool; default build-gpucheck-out/;
+#                                  GPU_CHECK_BUILD_DIR overrides build-gpucheck/)
+# With the device tool: run(command="scripts/gpu-check.sh",
+#                           carry=["build-gpucarry"], timeout_s=420)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+carry_dir="$root/build-gpucarry"
+
+if [[ "${1:-}" == "--stage" ]]; then
+  src=/usr/src/googletest
+  if [[ ! -f "$src/CMakeLists.txt" ]]; then
+    echo "gpu-check.sh: $src not found (Debian package googletest / libgtest-dev)" >&2
+    exit 1
+  fi
+  rm -rf "$carry_dir/googletest"
+  mkdir -p "$carry_dir"
+  cp -r "$src" "$carry_dir/googletest"
+  echo "staged $(du -sh "$carry_dir" | cut -f1) in $carry_dir; pass carry=[\"build-gpucarry\"] to the run"
+  exit 0
+elif [[ $# -gt 0 ]]; then
+  echo "usage: scripts/gpu-check.sh [--stage]" >&2
+  exit 2
+fi
+
+out="${OUT:-$root/build-gpucheck-out}"
+mkdir -p "$out"
+build="${GPU_CHECK_BUILD_DIR:-$root/build-gpucheck}"
+summary="$out/summary.md"
+start=$SECONDS
+failed=0
+
+note() { echo "$*" | tee -a "$summary"; }
+elapsed() { echo $((SECONDS - start)); }
+# Runs "$@" with a time cap, appending stdout+stderr to a log; returns its status.
+capped() {
+  local cap="$1" log="$2"
+  shift 2
+  timeout --kill-after=10 "$cap" "$@" >>"$log" 2>&1
+}
+
+: >"$summary"
+note "# gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+note ""
+{
+  echo '```'
+  nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"
+  nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader 2>&1 || true
+  uname -m
+  nproc
+} >>"$summary"
+
+nvcc_bin="$(command -v nvcc || true)"
+if [[ -z "$nvcc_bin" && -x /usr/local/cuda/bin/nvcc ]]; then nvcc_bin=/usr/local/cuda/bin/nvcc; fi
+if [[ -z "$nvcc_bin" ]]; then
+  echo "nvcc: not found" >>"$summary"
+  echo '```' >>"$summary"
+  note "FAIL: no nvcc on PATH or at /usr/local/cuda/bin"
+  exit 1
+fi
+export CUDACXX="$nvcc_bin"
+"$nvcc_bin" --version | tail -n 2 >>"$summary"
+cmake --version | head -n 1 >>"$summary"
+
+python_bin="$(command -v python3 || true)"
+torch_prefix=""
+if [[ -n "$python_bin" ]]; then
+  torch_prefix="$("$python_bin" -c 'import torch; print(torch.utils.cmake_prefix_path if torch.cuda.is_available() else "")' 2>/dev/null || true)"
+  "$python_bin" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' >>"$summary" 2>&1 || echo "python3: no torch" >>"$summary"
+fi
+echo '```' >>"$summary"
+note ""
+
+# --- 1. configure and build ----------------------------------------------
+generator=("-G" "Unix Makefiles")
+if command -v ninja >/dev/null 2>&1; then generator=("-G" "Ninja"); fi
+common=(-S "$root/src/gpu" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$nvcc_bin")
+if [[ -f "$carry_dir/googletest/CMakeLists.txt" ]]; then
+  # The staged copy wins over any installed GTest, so every run builds the same one.
+  common+=(-DEPD_GTEST_SOURCE_DIR="$carry_dir/googletest" -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON)
+fi
+build_log="$out/build.log"
+: >"$build_log"
+with_torch=0
+if [[ -n "$torch_prefix" ]] &&
+   capped 180 "$build_log" cmake "${common[@]}" -DEPD_GPU_WITH_TORCH=ON -DCMAKE_PREFIX_PATH="$torch_prefix"; then
+  with_torch=1
+else
+  [[ -n "$torch_prefix" ]] && note "- libtorch's CMake config failed (see build.log); building without the tower"
+  rm -rf "$build"
+  if ! capped 120 "$build_log" cmake "${common[@]}" -DEPD_GPU_WITH_TORCH=OFF; then
+    note "FAIL: configure (see build.log)"
+    exit 1
+  fi
+fi
+if ! capped 300 "$build_log" cmake --build "$build" -j "$(nproc)"; then
+  note "FAIL: build (see build.log)"
+  tail -n 30 "$build_log" >&2
+  exit 1
+fi
+note "- build: ok in $(elapsed) s (tower: $([[ $with_torch == 1 ]] && echo built || echo not built))"
+
+# --- 2. tests ---------------------------------------------------------------
+test_log="$out/ctest.log"
+if capped 180 "$test_log" ctest --test-dir "$build" --output-on-failure -j 4; then
+  note "- tests: all passed"
+else
+  note "- tests: FAILED (see ctest.log)"
+  failed=1
+fi
+# On a GPU machine the CUDA tests must run, not skip.
+capped 120 "$test_log" "$build/cuda_device_test" || true
+if grep -q '\[  SKIPPED \] Cuda/' "$test_log"; then
+  note "- cuda_device_test: SKIPPED its device tests: no usable device (see ctest.log)"
+  failed=1
+fi
+
+# --- 3. compute-sanitizer -----------------------------------------------------
+san_log="$out/sanitizer.log"
+sanitizer="$(command -v compute-sanitizer || true)"
+if [[ -z "$sanitizer" && -x /usr/local/cuda/bin/compute-sanitizer ]]; then
+  sanitizer=/usr/local/cuda/bin/compute-sanitizer
+fi
+if [[ -z "$sanitizer" ]]; then
+  note "- compute-sanitizer: not found, not run"
+elif capped 150 "$san_log" "$sanitizer" --tool memcheck --leak-check full --error-exitcode 1 \
+       "$build/cuda_device_test" \
+       --gtest_filter='Cuda/DeviceTierContract.*RoundTrip*:Cuda/DeviceTierContract.*ByteExact*:CudaDeviceTest.LargeEntry*'; then
+  note "- compute-sanitizer memcheck: clean ($(grep -c '^\[       OK \]' "$san_log") tests)"
+else
+  note "- compute-sanitizer memcheck: FAILED (see sanitizer.log)"
+  failed=1
+fi
+
+# --- 4. benchmarks (skipped when time runs short) -----------------------------
+note ""
+if (($(elapsed) < 270)); then
+  if capped 120 "$out/gpu_tier_bench.md" "$build/gpu_tier_bench" --total-mb 1024 --reps 5 \
+       --json "$out/gpu_tier_bench.json"; then
+    note "## Tier copies"
+    cat "$out/gpu_tier_bench.md" >>"$summary"
+  else
+    note "- gpu_tier_bench: FAILED (see gpu_tier_bench.md)"
+    failed=1
+  fi
+else
+  note "- gpu_tier_bench: skipped, $(elapsed) s spent already"
+fi
+note ""
+if [[ $with_torch == 1 ]] && (($(elapsed) < 300)); then
+  model="$build/models/default_tower.pt"
+  mkdir -p "$(dirname "$model")"
+  if capped 120 "$out/tower_gpu_bench.md" "$python_bin" "$root/scripts/make_default_tower.py" --out "$model" &&
+     capped 120 "$out/tower_gpu_bench.md" "$build/tower_gpu_bench" --model "$model" --batches 1,2,4,8,16,32; then
+    note "## Tower on the GPU"
+    grep -E '^(tower:|\|)' "$out/tower_gpu_bench.md" >>"$summary" || true
+  else
+    note "- tower_gpu_bench: failed (see tower_gpu_bench.md); the tower figures are optional"
+  fi
+else
+  note "- tower_gpu_bench: not run (tower not built, or out of time)"
+fi
+
+note ""
+note "total: $(elapsed) s; $([[ $failed == 0 ]] && echo PASS || echo FAIL)"
+exit "$failed"

@@ -1,0 +1,126 @@
+// Device: the parts every implementation shares: buffer bookkeeping and the
+// deferred-release list.
+//
+// The release list holds (event, hold) pairs. Poll() moves the pairs whose
+// event has completed out under the lock and drops them after unlocking:
+// dropping a hold can free buffers (Device::Free takes the same lock) or
+// destroy a TierEmbedding that itself calls ReleaseAfter, so nothing is
+// destroyed while the lock is held.
+#include "epd/device.h"
+
+#include <string>
+#include <vector>
+
+namespace epd {
+
+std::string_view MemoryKindName(MemoryKind kind) { return kind == MemoryKind::kDevice ? "device" : "pinned_host"; }
+std::string_view CopyKindName(CopyKind kind) { return kind == CopyKind::kHostToDevice ? "h2d" : "d2h"; }
+std::string_view StreamName(Stream stream) { return stream == Stream::kOnboard ? "onboard" : "offload"; }
+
+DeviceBuffer::~DeviceBuffer() {
+  if (owner_ != nullptr) owner_->Free(*this);
+}
+
+Device::~Device() = default;
+
+StatusOr<DeviceBuffer> Device::Allocate(std::size_t bytes) {
+  Poll();  // frees whatever has landed first, so it can be reused now
+  if (bytes == 0) return DeviceBuffer();
+  StatusOr<std::byte*> p = DoAllocate(MemoryKind::kDevice, bytes);
+  if (!p.ok()) return p.status();
+  std::lock_guard<std::mutex> lock(release_mu_);
+  if (*p == nullptr) {
+    ++alloc_failures_[0];
+    return ResourceExhausted("device memory exhausted allocating " + std::to_string(bytes) + " bytes (" +
+                             std::to_string(live_bytes_[0]) + " bytes in use)");
+  }
+  live_bytes_[0] += bytes;
+  return DeviceBuffer(this, *p, bytes, MemoryKind::kDevice);
+}
+
+StatusOr<DeviceBuffer> Device::AllocatePinnedHost(std::size_t bytes) {
+  Poll();
+  if (bytes == 0) return DeviceBuffer(nullptr, nullptr, 0, MemoryKind::kPinnedHost);
+  StatusOr<std::byte*> p = DoAllocate(MemoryKind::kPinnedHost, bytes);
+  if (!p.ok()) return p.status();
+  std::lock_guard<std::mutex> lock(release_mu_);
+  if (*p == nullptr) {
+    ++alloc_failures_[1];
+    return ResourceExhausted("pinned host pool has no free block of " + std::to_string(bytes) + " bytes (" +
+                             std::to_string(live_bytes_[1]) + " bytes in use)");
+  }
+  live_bytes_[1] += bytes;
+  return DeviceBuffer(this, *p, bytes, MemoryKind::kPinnedHost);
+}
+
+void Device::Free(DeviceBuffer& buffer) noexcept {
+  if (buffer.data_ == nullptr) return;
+  const int k = static_cast<int>(buffer.kind_);
+  DoFree(buffer.kind_, buffer.data_, buffer.size_);
+  std::lock_guard<std::mutex> lock(release_mu_);
+  live_bytes_[k] -= buffer.size_;
+}
+
+StatusOr<EventPtr> Device::RecordEvent(Stream stream) {
+  Poll();
+  return DoRecordEvent(stream);
+}
+
+void Device::ReleaseAfter(EventPtr event, std::shared_ptr<const void> hold) {
+  if (event == nullptr || event->Query()) return;  // `hold` drops here, outside any lock
+  std::lock_guard<std::mutex> lock(release_mu_);
+  pending_.push_back(PendingRelease{std::move(event), std::move(hold)});
+}
+
+std::size_t Device::Poll() {
+  std::vector<PendingRelease> done;
+  std::size_t remaining;
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    // Events of one stream complete in order, but the list mixes two streams,
+    // so every entry is checked; the list holds only copies in flight.
+    std::deque<PendingRelease> keep;
+    for (PendingRelease& p : pending_) {
+      if (p.event->Query()) {
+        done.push_back(std::move(p));
+      } else {
+        keep.push_back(std::move(p));
+      }
+    }
+    pending_.swap(keep);
+    remaining = pending_.size();
+  }
+  return remaining;  // `done` drops here, after unlocking
+}
+
+void Device::DrainReleases() noexcept {
+  // Dropping a hold may enqueue another (an entry released before its own
+  // copy landed), so loop until the list stays empty.
+  for (;;) {
+    std::deque<PendingRelease> batch;
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      if (pending_.empty()) return;
+      batch.swap(pending_);
+    }
+    for (PendingRelease& p : batch) {
+      // A failed copy is over too; its bytes are moot at shutdown.
+      (void)p.event->Synchronize();
+    }
+  }
+}
+
+DeviceMemoryStats Device::memory_stats() const {
+  DeviceMemoryStats s;
+  {
+    std::lock_guard<std::mutex> lock(release_mu_);
+    s.device_bytes_in_use = live_bytes_[0];
+    s.device_alloc_failures = alloc_failures_[0];
+    s.pinned_alloc_failures = alloc_failures_[1];
+    s.pending_releases = pending_.size();
+  }
+  AddMemoryStats(&s);
+  return s;
+}
+
+}  // namespace epd

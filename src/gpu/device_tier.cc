@@ -1,0 +1,237 @@
+// TierEmbedding and the tier copies.
+//
+// Every copy follows one pattern: allocate the destination, order the copy
+// after the source's own fill (StreamWaitEvent, on the device, when the
+// source is not ready yet), enqueue, record the event, hand the SOURCE to
+// Device::ReleaseAfter(event) and return the destination with that event as
+// its fill event. Nothing on this path blocks the host.
+//
+// Failure after a copy was enqueued (a later CopyAsync or RecordEvent
+// fails): the destination may still be written by the enqueued part, so it
+// is not freed at once; it goes to ReleaseAfter behind a fresh event, or,
+// if no event can be recorded, after synchronising the stream.
+#include "epd/device_tier.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace epd {
+
+TierEmbedding::TierEmbedding(Private, Device* device, EmbeddingShape shape, DeviceBuffer buffer, EventPtr filled)
+    : device_(device), shape_(shape), buffer_(std::move(buffer)), filled_(std::move(filled)) {
+  if (filled_ == nullptr) ready_cache_.store(true, std::memory_order_release);
+}
+
+TierEmbedding::~TierEmbedding() {
+  // Never free a buffer a copy may still write; the device frees it once the
+  // fill event completes.
+  if (!buffer_.empty() && !ready()) {
+    device_->ReleaseAfter(filled_, std::make_shared<DeviceBuffer>(std::move(buffer_)));
+  }
+}
+
+MemoryKind TierEmbedding::where() const { return buffer_.kind(); }
+
+bool TierEmbedding::ready() const {
+  if (ready_cache_.load(std::memory_order_acquire)) return true;
+  if (!filled_->Query()) return false;
+  ready_cache_.store(true, std::memory_order_release);
+  return true;
+}
+
+Status TierEmbedding::Wait() const {
+  if (ready()) return Status::Ok();
+  Status st = filled_->Synchronize();
+  if (st.ok()) ready_cache_.store(true, std::memory_order_release);
+  return st;
+}
+
+StatusOr<Embedding> TierEmbedding::ToHostEmbedding() const {
+  if (Status st = Wait(); !st.ok()) return st;
+  Embedding out;
+  out.tokens = shape_.tokens;
+  out.hidden = shape_.hidden;
+  out.deepstack_layers = shape_.deepstack_layers;
+  out.dtype = shape_.dtype;
+  out.main.resize(shape_.main_bytes());
+  out.deepstack.resize(shape_.deepstack_bytes());
+  if (nbytes() == 0) return out;
+  const std::byte* src = buffer_.data();
+  if (where() == MemoryKind::kPinnedHost) {
+    std::memcpy(out.main.data(), src, out.main.size());
+    if (!out.deepstack.empty()) std::memcpy(out.deepstack.data(), src + out.main.size(), out.deepstack.size());
+    return out;
+  }
+  // Device bytes: a D2H on the offload stream into the fresh vectors. The
+  // vectors are local, so wait here; this entry (held by the caller) keeps
+  // the source alive.
+  Status st = device_->CopyAsync(out.main.data(), src, out.main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
+  if (st.ok() && !out.deepstack.empty()) {
+    st = device_->CopyAsync(out.deepstack.data(), src + out.main.size(), out.deepstack.size(), CopyKind::kDeviceToHost,
+                            Stream::kOffload);
+  }
+  // Even after a failed enqueue, wait for what was enqueued before `out` dies.
+  StatusOr<EventPtr> ev = device_->RecordEvent(Stream::kOffload);
+  Status done = ev.ok() ? (*ev)->Synchronize() : device_->Synchronize(Stream::kOffload);
+  if (!st.ok()) return st;
+  if (!ev.ok()) return ev.status();
+  if (!done.ok()) return done;
+  return out;
+}
+
+namespace {
+
+// Disposes of `dst` after a failure that may have left part of a copy into
+// it enqueued on `stream` (see the file comment). Returns `why`.
+Status FailAfterEnqueue(Device& device, Stream stream, DeviceBuffer dst, std::shared_ptr<const void> src_hold,
+                        Status why) {
+  StatusOr<EventPtr> ev = device.RecordEvent(stream);
+  if (ev.ok()) {
+    device.ReleaseAfter(*ev, std::make_shared<DeviceBuffer>(std::move(dst)));
+    device.ReleaseAfter(*ev, std::move(src_hold));
+  } else {
+    (void)device.Synchronize(stream);  // best effort: the device is already failing
+  }
+  return why;
+}
+
+Status CheckSource(const Device& device, const TierEmbeddingPtr& src, const char* what, const Device* src_device) {
+  if (src == nullptr) return InvalidArgument(std::string(what) + ": null source entry");
+  if (src_device != &device) {
+    return InvalidArgument(std::string(what) + ": the source entry belongs to another device");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<TierEmbeddingPtr> UploadEmbedding(Device& device, EmbeddingPtr emb, MemoryKind where) {
+  if (emb == nullptr) return InvalidArgument("UploadEmbedding: null embedding");
+  if (emb->tokens < 0 || emb->hidden < 0 || emb->deepstack_layers < 0) {
+    return InvalidArgument("UploadEmbedding: negative shape (tokens " + std::to_string(emb->tokens) + ", hidden " +
+                           std::to_string(emb->hidden) + ", deepstack_layers " + std::to_string(emb->deepstack_layers) +
+                           ")");
+  }
+  const EmbeddingShape shape{emb->tokens, emb->hidden, emb->deepstack_layers, emb->dtype};
+  if (emb->main.size() != shape.main_bytes() || emb->deepstack.size() != shape.deepstack_bytes()) {
+    return InvalidArgument("UploadEmbedding: byte sizes do not match the shape: main " +
+                           std::to_string(emb->main.size()) + " (expected " + std::to_string(shape.main_bytes()) +
+                           "), deepstack " + std::to_string(emb->deepstack.size()) + " (expected " +
+                           std::to_string(shape.deepstack_bytes()) + ")");
+  }
+  const std::size_t main_bytes = shape.main_bytes();
+  if (where == MemoryKind::kPinnedHost) {
+    StatusOr<DeviceBuffer> buf = device.AllocatePinnedHost(shape.nbytes());
+    if (!buf.ok()) return buf.status();
+    if (main_bytes > 0) std::memcpy(buf->data(), emb->main.data(), main_bytes);
+    if (!emb->deepstack.empty()) std::memcpy(buf->data() + main_bytes, emb->deepstack.data(), emb->deepstack.size());
+    return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), nullptr);
+  }
+  StatusOr<DeviceBuffer> buf = device.Allocate(shape.nbytes());
+  if (!buf.ok()) return buf.status();
+  if (shape.nbytes() == 0) {
+    return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), nullptr);
+  }
+  Status st;
+  if (main_bytes > 0) {
+    st = device.CopyAsync(buf->data(), emb->main.data(), main_bytes, CopyKind::kHostToDevice, Stream::kOnboard);
+    if (!st.ok()) return st;  // nothing enqueued: the buffer can go now
+  }
+  if (!emb->deepstack.empty()) {
+    st = device.CopyAsync(buf->data() + main_bytes, emb->deepstack.data(), emb->deepstack.size(),
+                          CopyKind::kHostToDevice, Stream::kOnboard);
+    if (!st.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), emb, st);
+  }
+  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOnboard);
+  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), emb, ev.status());
+  device.ReleaseAfter(*ev, std::move(emb));
+  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), *ev);
+}
+
+StatusOr<TierEmbeddingPtr> OffloadEmbedding(Device& device, const TierEmbeddingPtr& src) {
+  if (Status st = CheckSource(device, src, "OffloadEmbedding", src ? src->device_ : nullptr); !st.ok()) return st;
+  if (src->where() == MemoryKind::kPinnedHost) return src;
+  StatusOr<DeviceBuffer> buf = device.AllocatePinnedHost(src->nbytes());
+  if (!buf.ok()) return buf.status();
+  if (src->nbytes() == 0) {
+    return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, src->shape_, std::move(*buf),
+                                                 nullptr);
+  }
+  // A victim whose own upload or onboard is still in flight: order the
+  // offload after it on the device rather than block here.
+  if (!src->ready()) {
+    if (Status st = device.StreamWaitEvent(Stream::kOffload, *src->filled_); !st.ok()) return st;
+  }
+  Status st =
+      device.CopyAsync(buf->data(), src->buffer_.data(), src->nbytes(), CopyKind::kDeviceToHost, Stream::kOffload);
+  if (!st.ok()) return st;
+  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOffload);
+  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOffload, std::move(*buf), src, ev.status());
+  device.ReleaseAfter(*ev, src);  // the victim's VRAM goes once the offload has landed
+  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, src->shape_, std::move(*buf), *ev);
+}
+
+StatusOr<TierEmbeddingPtr> OnboardEmbedding(Device& device, const TierEmbeddingPtr& src) {
+  if (Status st = CheckSource(device, src, "OnboardEmbedding", src ? src->device_ : nullptr); !st.ok()) return st;
+  if (src->where() == MemoryKind::kDevice) return src;
+  StatusOr<DeviceBuffer> buf = device.Allocate(src->nbytes());
+  if (!buf.ok()) return buf.status();
+  if (src->nbytes() == 0) {
+    return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, src->shape_, std::move(*buf),
+                                                 nullptr);
+  }
+  // An L2 entry whose offload has not landed yet: the onboard follows it.
+  if (!src->ready()) {
+    if (Status st = device.StreamWaitEvent(Stream::kOnboard, *src->filled_); !st.ok()) return st;
+  }
+  Status st =
+      device.CopyAsync(buf->data(), src->buffer_.data(), src->nbytes(), CopyKind::kHostToDevice, Stream::kOnboard);
+  if (!st.ok()) return st;
+  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOnboard);
+  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), src, ev.status());
+  device.ReleaseAfter(*ev, src);  // the pinned block goes once the onboard has landed
+  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, src->shape_, std::move(*buf), *ev);
+}
+
+TierCopyFn MakeOffloadFn(Device& device, DeviceTierStats* stats) {
+  return [&device, stats](const TierEmbeddingPtr& v) -> TierEmbeddingPtr {
+    if (v == nullptr || v->where() == MemoryKind::kPinnedHost) return v;
+    StatusOr<TierEmbeddingPtr> out = OffloadEmbedding(device, v);
+    if (out.ok()) {
+      if (stats != nullptr) {
+        ++stats->offloads;
+        stats->offload_bytes += v->nbytes();
+      }
+      return std::move(out).value();
+    }
+    if (out.status().code() == StatusCode::kResourceExhausted) {
+      // Treated as an L2 too small: the tiered cache drops a null demotion.
+      if (stats != nullptr) ++stats->offload_dropped;
+      return nullptr;
+    }
+    throw Error(out.status());
+  };
+}
+
+TierCopyFn MakeOnboardFn(Device& device, DeviceTierStats* stats) {
+  return [&device, stats](const TierEmbeddingPtr& v) -> TierEmbeddingPtr {
+    if (v == nullptr || v->where() == MemoryKind::kDevice) return v;
+    StatusOr<TierEmbeddingPtr> out = OnboardEmbedding(device, v);
+    if (out.ok()) {
+      if (stats != nullptr) {
+        ++stats->onboards;
+        stats->onboard_bytes += v->nbytes();
+      }
+      return std::move(out).value();
+    }
+    if (out.status().code() == StatusCode::kResourceExhausted) {
+      // No VRAM for it: serve it from pinned memory rather than lose it.
+      if (stats != nullptr) ++stats->onboard_fallbacks;
+      return v;
+    }
+    throw Error(out.status());
+  };
+}
+
+}  // namespace epd
