@@ -1,0 +1,128 @@
+// epd/client.h: a C++ client of the encode server (proto/epd/v1/encoder.proto).
+//
+// EncodeClient sends images and returns one result per image. What it adds to
+// a bare gRPC stub is hash-affinity routing: it derives each image's content
+// key itself, with the server's own function (ComputeContentKey or
+// CallerContentKey over the model id and preprocessing the server reports in
+// Health), groups the images by key, sends one call per distinct key with
+// the key's hex in the "x-epd-route" metadata header (nginx hashes it to pick
+// a server, deploy/nginx/), runs the calls concurrently and reassembles the
+// results by index. So each image always reaches the server whose cache holds
+// it. With route_by_key off, the whole request goes in one call.
+//
+// Errors: Encode returns per-item statuses; EncodeResult::status is OK when
+// every item has an embedding, else the lowest-index failed item's status
+// (the gRPC code maps one-to-one onto StatusCode; message as the server sent
+// it). A call that fails as a whole (UNAVAILABLE, DEADLINE_EXCEEDED,
+// INVALID_ARGUMENT for a malformed request...) fails each of its items with
+// that status. Health/Stats return the call's status.
+//
+// Cost: one SHA-256 pass over each image on the calling thread, one call per
+// distinct key (extra ones on std::async threads), one copy of each embedding
+// out of the response message.
+//
+// Thread safety: thread-safe; one client (one HTTP/2 channel) may be shared
+// by many threads.
+//
+// Example:
+//   auto client = epd::EncodeClient::Connect({.target = "127.0.0.1:50051"});
+//   epd::EncodeResult r = (*client)->Encode({{jpeg_bytes}});
+//   if (!r.status.ok()) return r.status;
+//   use(r.items[0].embedding->main);   // [tokens, hidden], dtype
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epd/content_key.h"
+#include "epd/embedding.h"
+#include "epd/encode_worker.h"
+#include "epd/preprocess.h"
+#include "epd/server_stats.h"
+#include "epd/status.h"
+
+namespace epd {
+
+struct ClientOptions {
+  // "host:port" of a server or of the nginx front.
+  std::string target;
+  // Deadline of each call (Encode's per-key calls, Health, Stats).
+  std::chrono::milliseconds timeout{30000};
+  // Split requests per content key and set "x-epd-route" (see above).
+  bool route_by_key = true;
+  // Largest response message accepted, bytes. An item's message is about its
+  // embedding's size (e.g. 2 MB for 324 tokens x 512 x 3 float32 halves).
+  std::int64_t max_response_bytes = std::int64_t{256} << 20;
+};
+
+// What Health reports, and what key derivation needs.
+struct ServerInfo {
+  bool serving = false;
+  std::string server_id;
+  std::string model_id;
+  PreprocessConfig preprocess;
+  KeyMode key_mode = KeyMode::kSha256;
+  std::string tower;
+  std::int64_t hidden = 0;
+  std::int64_t deepstack_layers = 0;
+  DType dtype = DType::kFloat32;
+};
+
+// One image to encode (mirrors EncodeItemInput).
+struct ClientItem {
+  std::string image;                      // JPEG/PNG bytes
+  std::optional<std::string> caller_key;  // see EncodeItemInput::caller_key
+  std::int64_t expected_tokens = 0;       // 0 = unknown
+};
+
+struct ClientItemResult {
+  std::int64_t index = 0;
+  Status status;           // OK or why this item has no embedding
+  ContentKey key;          // as the server reported it (client-derived if the call failed)
+  EmbeddingPtr embedding;  // non-null iff status.ok(); owned by the result
+  ItemSource source = ItemSource::kMiss;
+  double queue_ms = 0, tower_ms = 0, total_ms = 0;  // server-side, see ItemResult
+  std::string server_id;   // which server answered
+};
+
+struct EncodeResult {
+  Status status;                          // see Errors above
+  std::vector<ClientItemResult> items;    // by index
+};
+
+class EncodeClient {
+ public:
+  // Creates the channel (connection is lazy: nothing is contacted here).
+  // Errors: kInvalidArgument for an empty target or non-positive limits.
+  static StatusOr<std::unique_ptr<EncodeClient>> Connect(ClientOptions options);
+  ~EncodeClient();
+  EncodeClient(const EncodeClient&) = delete;
+  EncodeClient& operator=(const EncodeClient&) = delete;
+
+  StatusOr<ServerInfo> Health();
+  StatusOr<ServerStats> Stats();
+
+  // Encodes `items`; see the header comment. `request_id` empty = a fresh
+  // random id (per-key calls get "<id>/<n>"). With route_by_key, the first
+  // call fetches Health once to learn the key inputs (an error there fails
+  // every item with it).
+  EncodeResult Encode(std::vector<ClientItem> items, const std::string& request_id = "");
+
+  // The content key the server will use for `item`, from Health's inputs.
+  StatusOr<ContentKey> KeyFor(const ClientItem& item);
+
+ private:
+  struct Impl;
+  explicit EncodeClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// gRPC's name for `code` ("INVALID_ARGUMENT", ...), including codes that
+// StatusCodeName has no name for (e.g. 12 -> "UNIMPLEMENTED").
+std::string GrpcStatusName(StatusCode code);
+
+}  // namespace epd

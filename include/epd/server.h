@@ -1,0 +1,119 @@
+// epd/server.h: the encode stage as a gRPC service (proto/epd/v1/encoder.proto).
+//
+// EncodeServer puts a network front on one EncodeWorker: it owns a WorkerLoop
+// (one thread that owns the cache, the scheduler and the tower), a gRPC
+// server whose handler threads only validate, enqueue and stream, and an
+// optional Prometheus endpoint. Where a plain WorkerLoop hands results to
+// in-process callbacks, the server streams each item to the client as soon as
+// it is ready and maps every epd::Status onto the gRPC code of the same
+// number (epd/status.h).
+//
+// A call's life (sync gRPC API, one handler thread per in-flight call):
+//   1. The handler validates the request (INVALID_ARGUMENT naming the item:
+//      no items, more than max_items_per_request, an item with neither image
+//      nor caller key, expected_tokens < 0 or different from what the image
+//      header gives) and submits it to the WorkerLoop, which hashes the keys
+//      on the handler thread.
+//   2. The worker thread's callbacks only push the ItemResult (a shared
+//      pointer to the cached embedding, no copy) onto the call's queue and
+//      signal the handler. The handler copies each embedding into an
+//      EncodedItem and writes it; a slow client therefore blocks its own
+//      handler, never the worker.
+//   3. The call ends OK, or with the request's status (ALREADY_EXISTS,
+//      RESOURCE_EXHAUSTED, UNAVAILABLE), or with the lowest-index failed
+//      item's status after streaming the rest (INVALID_ARGUMENT for a bad
+//      image, INTERNAL for a tower failure; the message is prefixed
+//      "item <i>: ").
+//   Deadline or client cancellation: the handler cancels the request in the
+//   worker (queued items no other request waits on are dropped) and ends the
+//   call with DEADLINE_EXCEEDED or CANCELLED. Cancellation by the client is
+//   noticed within cancel_poll; a deadline exactly.
+//
+// Backpressure: results queued on calls but not yet written hold their
+// embeddings alive. When those bytes exceed max_buffered_bytes the worker's
+// sink_full() holds, so it starts no new tower batch (cache hits are still
+// served) until writers drain below the limit. Memory beyond the caches is
+// therefore bounded by about max_buffered_bytes plus one batch's output.
+//
+// Shutdown(grace): Health reports not serving; new calls are refused
+// (UNAVAILABLE); calls in flight keep running until `grace` has passed, then
+// are cancelled; the worker thread stops; the metrics endpoint closes.
+//
+// Thread safety: thread-safe. Ownership: the server owns the worker, its
+// tower and caches.
+//
+// Example:
+//   epd::ServerOptions so;
+//   so.address = "127.0.0.1:0";
+//   auto server = epd::EncodeServer::Start(so, worker_options, std::move(tower));
+//   if (!server.ok()) return server.status();
+//   std::printf("listening on %d\n", (*server)->port());
+//   (*server)->Shutdown(std::chrono::seconds(10));
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "epd/encode_worker.h"
+#include "epd/server_stats.h"
+#include "epd/status.h"
+#include "epd/vision_tower.h"
+
+namespace epd {
+
+struct ServerOptions {
+  // "host:port" to listen on. Port 0 picks a free port (see port()).
+  std::string address = "0.0.0.0:50051";
+  // Reported in every EncodedItem and in Health/Stats; empty = "<host>:<port>"
+  // with the machine's host name and the bound port.
+  std::string server_id;
+  // Prometheus text exposition at http://<metrics_address>:<port>/metrics.
+  // -1 = off, 0 = a free port (see metrics_port()).
+  int metrics_port = -1;
+  std::string metrics_address = "0.0.0.0";
+  // Most items one request may carry (INVALID_ARGUMENT beyond it).
+  std::int64_t max_items_per_request = 256;
+  // Largest request message accepted, bytes (gRPC refuses larger ones with
+  // RESOURCE_EXHAUSTED before the handler runs). Default 64 MiB.
+  std::int64_t max_request_bytes = std::int64_t{64} << 20;
+  // Results waiting for slow clients, bytes, above which the worker starts no
+  // new tower batch (see Backpressure above). Default 256 MiB.
+  std::int64_t max_buffered_bytes = std::int64_t{256} << 20;
+  // Most gRPC handler threads; a call arriving when all are busy is refused
+  // with RESOURCE_EXHAUSTED by gRPC. Each in-flight call holds one.
+  int max_rpc_threads = 256;
+  // How often a waiting handler checks whether its client cancelled.
+  std::chrono::milliseconds cancel_poll{20};
+};
+
+class EncodeServer {
+ public:
+  // Creates the worker from `worker_options` and `tower` (the server installs
+  // its own sink_full; one already set is also honoured), starts the worker
+  // thread, the gRPC server and, when asked, the metrics endpoint.
+  // Errors: EncodeWorker::Create's (kInvalidArgument); kInvalidArgument for
+  // bad ServerOptions (non-positive limits, malformed address);
+  // kUnavailable when the address or metrics port cannot be bound.
+  static StatusOr<std::unique_ptr<EncodeServer>> Start(ServerOptions options, WorkerOptions worker_options,
+                                                      std::unique_ptr<VisionTower> tower);
+  ~EncodeServer();  // Shutdown(0) when it has not run
+  EncodeServer(const EncodeServer&) = delete;
+  EncodeServer& operator=(const EncodeServer&) = delete;
+
+  int port() const;          // the bound gRPC port
+  int metrics_port() const;  // the bound metrics port, -1 when off
+  const std::string& server_id() const;
+  ServerStats Stats() const;
+
+  // See the header comment. Idempotent; returns when everything has stopped.
+  void Shutdown(std::chrono::milliseconds grace);
+
+ private:
+  struct Impl;
+  explicit EncodeServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace epd

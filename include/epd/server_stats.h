@@ -1,0 +1,32 @@
+// epd/server_stats.h: the counters one encode server reports (the Stats RPC,
+// EncodeServer::Stats, EncodeClient::Stats).
+//
+// They are WorkerStats (epd/encode_worker.h: every accepted item is counted
+// in exactly one of hits_l1, hits_l2, joins, misses) plus what only the
+// server sees: cache capacities, calls that ended with an error, and result
+// bytes waiting for slow clients.
+//
+// Thread safety: value type; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "epd/encode_worker.h"
+#include "epd/status.h"
+
+namespace epd {
+
+struct ServerStats {
+  std::string server_id;
+  WorkerStats worker;
+  std::int64_t l1_capacity_bytes = 0;
+  std::int64_t l2_capacity_bytes = 0;
+  // Calls finished with a non-OK status, by code.
+  std::map<StatusCode, std::uint64_t> rpc_errors;
+  // Bytes of results queued on calls and not yet written.
+  std::int64_t buffered_bytes = 0;
+};
+
+}  // namespace epd

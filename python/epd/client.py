@@ -1,0 +1,342 @@
+"""A Python client of the epd-encode gRPC server (proto/epd/v1/encoder.proto).
+
+It mirrors the C++ EncodeClient (include/epd/client.h): it derives each
+image's content key exactly as the server does, groups the images of a request
+by key, sends one call per distinct key with the key's hex in the
+``x-epd-route`` metadata header (so a hash-affinity proxy such as
+deploy/nginx sends each key to the same server), runs the calls concurrently
+and reassembles the results by index.
+
+Key derivation (docs/KEYS_AND_PREPROCESSING.md, version 1) is reimplemented
+here with hashlib rather than bound from C++, so this module needs only
+python3-grpcio and python3-protobuf: SHA-256 over fields written as
+``tag (1 byte) || length (uint64 LE) || value``, in this order:
+
+  0x00 domain   b"epd/key/encoded" (or b"epd/key/caller" for caller keys)
+  0x01 version  uint32 LE, 1
+  0x02 model id UTF-8 bytes
+  0x10..0x14    patch_size, merge_size, temporal_patch_size, min_pixels,
+                max_pixels, int64 LE each
+  0x15, 0x16    mean, std: 3 x float32 LE (IEEE-754 bit patterns)
+  0x17          resample, int64 LE
+  0x30          the encoded image bytes (0x32: the caller key)
+
+The model id and preprocessing come from the server's Health answer. Only
+SHA-256 keys are derived here; a server in xxh3-fast mode is routed by the
+SHA-256 key of the same fields, which is still consistent per image.
+
+Example::
+
+    from epd.client import EncodeClient
+    with EncodeClient("127.0.0.1:50051") as c:
+        [r] = c.encode([open("cat.jpg", "rb").read()])
+        print(r.key.hex(), r.tokens, r.source, r.main_array().shape)
+
+Thread safety: an EncodeClient may be shared by threads (grpc channels are).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import itertools
+import struct
+import uuid
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Union
+
+import grpc
+
+from epd.v1 import encoder_pb2, encoder_pb2_grpc
+
+ROUTE_HEADER = "x-epd-route"
+KEY_VERSION = 1
+
+_SOURCES = {
+    encoder_pb2.SOURCE_L1: "l1",
+    encoder_pb2.SOURCE_L2: "l2",
+    encoder_pb2.SOURCE_MISS: "miss",
+    encoder_pb2.SOURCE_JOINED: "joined",
+}
+_DTYPES = {
+    encoder_pb2.DTYPE_FLOAT32: "float32",
+    encoder_pb2.DTYPE_BFLOAT16: "bfloat16",
+    encoder_pb2.DTYPE_FLOAT16: "float16",
+}
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """The preprocessing fields hashed into a key (epd::PreprocessConfig)."""
+
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 3136
+    max_pixels: int = 1003520
+    mean: Sequence[float] = (0.48145466, 0.4578275, 0.40821073)
+    std: Sequence[float] = (0.26862954, 0.26130258, 0.27577711)
+    resample: int = 0
+
+
+def _field(tag: int, value: bytes) -> bytes:
+    return bytes([tag]) + struct.pack("<Q", len(value)) + value
+
+
+def _key_prefix(domain: bytes, model_id: str, cfg: PreprocessConfig) -> bytes:
+    parts = [
+        _field(0x00, domain),
+        _field(0x01, struct.pack("<I", KEY_VERSION)),
+        _field(0x02, model_id.encode("utf-8")),
+        _field(0x10, struct.pack("<q", cfg.patch_size)),
+        _field(0x11, struct.pack("<q", cfg.merge_size)),
+        _field(0x12, struct.pack("<q", cfg.temporal_patch_size)),
+        _field(0x13, struct.pack("<q", cfg.min_pixels)),
+        _field(0x14, struct.pack("<q", cfg.max_pixels)),
+        # "<3f" rounds each Python float to float32, as the C++ config holds them.
+        _field(0x15, struct.pack("<3f", *cfg.mean)),
+        _field(0x16, struct.pack("<3f", *cfg.std)),
+        _field(0x17, struct.pack("<q", cfg.resample)),
+    ]
+    return b"".join(parts)
+
+
+def content_key(model_id: str, cfg: PreprocessConfig, image: bytes) -> bytes:
+    """epd::ComputeContentKey (SHA-256 mode): the 32-byte key of encoded media."""
+    h = hashlib.sha256(_key_prefix(b"epd/key/encoded", model_id, cfg))
+    h.update(_field(0x30, bytes(image)))
+    return h.digest()
+
+
+def caller_content_key(model_id: str, cfg: PreprocessConfig, caller_key: Union[str, bytes]) -> bytes:
+    """epd::CallerContentKey: the key for a caller-supplied identifier."""
+    if isinstance(caller_key, str):
+        caller_key = caller_key.encode("utf-8")
+    if not caller_key:
+        raise ValueError("caller key is empty")
+    h = hashlib.sha256(_key_prefix(b"epd/key/caller", model_id, cfg))
+    h.update(_field(0x32, caller_key))
+    return h.digest()
+
+
+@dataclass
+class ServerInfo:
+    serving: bool
+    server_id: str
+    model_id: str
+    preprocess: PreprocessConfig
+    key_mode: str
+    tower: str
+    hidden: int
+    deepstack_layers: int
+    dtype: str
+
+
+@dataclass
+class Item:
+    """One image to encode: bytes, or a caller key (+ bytes for a miss)."""
+
+    image: bytes = b""
+    caller_key: Optional[Union[str, bytes]] = None
+    expected_tokens: int = 0
+
+
+@dataclass
+class ItemResult:
+    index: int
+    ok: bool
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    message: str = ""
+    key: bytes = b""
+    tokens: int = 0
+    hidden: int = 0
+    deepstack_layers: int = 0
+    dtype: str = ""
+    main: bytes = b""        # [tokens, hidden] row-major little-endian
+    deepstack: bytes = b""   # [tokens, hidden * deepstack_layers]
+    source: str = ""         # "l1", "l2", "miss", "joined"
+    queue_ms: float = 0.0
+    tower_ms: float = 0.0
+    total_ms: float = 0.0
+    server_id: str = ""
+
+    def main_array(self):
+        """main as a float32 numpy array [tokens, hidden] (bf16/f16 widened)."""
+        return _to_float32(self.main, self.dtype, (self.tokens, self.hidden))
+
+    def deepstack_array(self):
+        """deepstack as float32 [tokens, hidden * deepstack_layers]."""
+        return _to_float32(self.deepstack, self.dtype, (self.tokens, self.hidden * self.deepstack_layers))
+
+
+def _to_float32(data: bytes, dtype: str, shape):
+    import numpy as np
+
+    if dtype == "float32":
+        return np.frombuffer(data, dtype="<f4").reshape(shape)
+    if dtype == "float16":
+        return np.frombuffer(data, dtype="<f2").astype(np.float32).reshape(shape)
+    if dtype == "bfloat16":
+        # bf16 is the high half of a float32.
+        return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+class EncodeError(Exception):
+    """A call or an item failed. ``code`` is a grpc.StatusCode; ``results``
+    holds every item's result (the successful ones included)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, results: Optional[List[ItemResult]] = None):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.results = results or []
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class EncodeClient:
+    """See the module docstring. ``timeout`` is each call's deadline, seconds."""
+
+    def __init__(self, target: str, timeout: float = 30.0, route_by_key: bool = True,
+                 max_response_bytes: int = 256 << 20):
+        if not target:
+            raise ValueError("target is empty; pass host:port")
+        self.target = target
+        self.timeout = timeout
+        self.route_by_key = route_by_key
+        self._channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", max_response_bytes),
+            ("grpc.max_send_message_length", -1),
+        ])
+        self._stub = encoder_pb2_grpc.EncoderStub(self._channel)
+        self._info: Optional[ServerInfo] = None
+        self._prefix = "py-" + uuid.uuid4().hex[:12] + "-"
+        self._ids = itertools.count(1)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._channel.close()
+
+    def __enter__(self) -> "EncodeClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- Health / Stats ---------------------------------------------------
+    def health(self) -> ServerInfo:
+        try:
+            r = self._stub.Health(encoder_pb2.HealthRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise EncodeError(e.code(), e.details()) from None
+        p = r.preprocess
+        cfg = PreprocessConfig(p.patch_size, p.merge_size, p.temporal_patch_size, p.min_pixels, p.max_pixels,
+                               tuple(p.mean), tuple(p.std), p.resample)
+        return ServerInfo(r.serving, r.server_id, r.model_id, cfg, r.key_mode, r.tower, r.hidden,
+                          r.deepstack_layers, _DTYPES.get(r.dtype, "unknown"))
+
+    def stats(self) -> Dict[str, object]:
+        """The Stats RPC as a dict (field names as in StatsResponse)."""
+        try:
+            r = self._stub.Stats(encoder_pb2.StatsRequest(), timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise EncodeError(e.code(), e.details()) from None
+        out: Dict[str, object] = {}
+        for f in r.DESCRIPTOR.fields:
+            v = getattr(r, f.name)
+            out[f.name] = dict(v) if f.message_type is not None and f.message_type.GetOptions().map_entry else v
+        return out
+
+    def key_for(self, item: Union[bytes, Item]) -> bytes:
+        """The key the server will use for ``item`` (from Health's inputs)."""
+        info = self._server_info()
+        item = item if isinstance(item, Item) else Item(image=item)
+        if item.caller_key is not None:
+            return caller_content_key(info.model_id, info.preprocess, item.caller_key)
+        return content_key(info.model_id, info.preprocess, item.image)
+
+    def _server_info(self) -> ServerInfo:
+        if self._info is None:
+            self._info = self.health()
+        return self._info
+
+    # --- Encode -------------------------------------------------------------
+    def encode(self, items: Sequence[Union[bytes, Item]], request_id: Optional[str] = None,
+               check: bool = True) -> List[ItemResult]:
+        """Encodes ``items`` (bytes or Item). Returns results by index. With
+        ``check`` (default), raises EncodeError carrying the lowest-index
+        failure (and every result) when any item failed."""
+        items = [i if isinstance(i, Item) else Item(image=bytes(i)) for i in items]
+        if request_id is None:
+            request_id = f"{self._prefix}{next(self._ids)}"
+        groups: List[tuple] = []  # (route, [indices]) in order of first appearance
+        if self.route_by_key and items:
+            by_route: Dict[str, int] = {}
+            for i, item in enumerate(items):
+                try:
+                    route = self.key_for(item).hex()
+                except ValueError:
+                    route = ""  # no key (empty caller key): unrouted, the server names the problem
+                if route not in by_route:
+                    by_route[route] = len(groups)
+                    groups.append((route, []))
+                groups[by_route[route]][1].append(i)
+        else:
+            groups.append(("", list(range(len(items)))))
+
+        results: List[Optional[ItemResult]] = [None] * len(items)
+
+        def call(n: int) -> None:
+            route, indices = groups[n]
+            rid = request_id if len(groups) == 1 else f"{request_id}/{n}"
+            self._call(rid, route, [items[i] for i in indices], indices, results)
+
+        futures = [self._pool.submit(call, n) for n in range(1, len(groups))]
+        call(0)
+        for f in futures:
+            f.result()
+        out = [r for r in results]  # every slot is filled by _call
+        if check:
+            for r in out:
+                if not r.ok:
+                    raise EncodeError(r.code, r.message, out)
+        return out
+
+    def _call(self, rid: str, route: str, items: List[Item], indices: List[int],
+              results: List[Optional[ItemResult]]) -> None:
+        req = encoder_pb2.EncodeRequest(id=rid)
+        for it in items:
+            m = req.items.add()
+            m.image = it.image
+            if it.caller_key is not None:
+                m.caller_key = it.caller_key.encode("utf-8") if isinstance(it.caller_key, str) else it.caller_key
+            m.expected_tokens = it.expected_tokens
+        metadata = [(ROUTE_HEADER, route)] if route else None
+        got = set()
+        code, message = grpc.StatusCode.OK, ""
+        try:
+            for m in self._stub.Encode(req, timeout=self.timeout, metadata=metadata):
+                if m.index < 0 or m.index >= len(indices) or m.index in got:
+                    continue
+                got.add(m.index)
+                results[indices[m.index]] = _from_proto(m, indices[m.index])
+        except grpc.RpcError as e:
+            code, message = e.code(), e.details()
+        for local, index in enumerate(indices):
+            if local not in got:
+                if code == grpc.StatusCode.OK:
+                    code, message = grpc.StatusCode.INTERNAL, f"the server ended the call without item {local}"
+                results[index] = ItemResult(index=index, ok=False, code=code, message=message)
+
+
+def _from_proto(m, index: int) -> ItemResult:
+    common = dict(index=index, key=m.key, source=_SOURCES.get(m.source, "miss"), queue_ms=m.queue_ms,
+                  tower_ms=m.tower_ms, total_ms=m.total_ms, server_id=m.server_id)
+    if m.error_code != 0:
+        return ItemResult(ok=False, code=_CODES.get(m.error_code, grpc.StatusCode.UNKNOWN),
+                          message=m.error_message, **common)
+    return ItemResult(ok=True, tokens=m.tokens, hidden=m.hidden, deepstack_layers=m.deepstack_layers,
+                      dtype=_DTYPES.get(m.dtype, "unknown"), main=m.main, deepstack=m.deepstack, **common)

@@ -1,0 +1,213 @@
+// EncodeClient: per-key calls with the routing header, reassembled by index.
+//
+// Grouping is by key in order of first appearance, so the calls a request
+// turns into, and their ids, depend only on the request. Duplicate images in
+// one request share one call (the server computes them once either way).
+#include "epd/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <utility>
+
+#include "epd/v1/encoder.grpc.pb.h"
+#include "proto_convert.h"
+
+namespace epd {
+namespace {
+
+std::string RandomHex(int digits) {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < digits; ++i) s += kHex[gen() & 15];
+  return s;
+}
+
+// One call's worth of items: their positions in the caller's request.
+struct Group {
+  std::string route;  // key hex, empty = no routing header
+  std::vector<std::int64_t> indices;
+};
+
+}  // namespace
+
+struct EncodeClient::Impl {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Encoder::Stub> stub;
+  std::string id_prefix = "cli-" + RandomHex(12) + "-";
+  std::atomic<std::uint64_t> next_id{1};
+  std::mutex info_mu;
+  std::optional<ServerInfo> info;  // guarded by info_mu; Health's answer, fetched once
+
+  void SetDeadline(grpc::ClientContext& ctx) const {
+    ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
+  }
+
+  StatusOr<ServerInfo> FetchHealth() {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::HealthResponse resp;
+    grpc::Status s = stub->Health(&ctx, v1::HealthRequest(), &resp);
+    if (!s.ok()) return internal::FromGrpc(s);
+    ServerInfo info;
+    info.serving = resp.serving();
+    info.server_id = resp.server_id();
+    info.model_id = resp.model_id();
+    StatusOr<PreprocessConfig> cfg = internal::FromProto(resp.preprocess());
+    if (!cfg.ok()) return Internal("server's Health: " + cfg.status().message());
+    info.preprocess = *cfg;
+    info.key_mode = resp.key_mode() == "xxh3-fast" ? KeyMode::kXxh3Fast : KeyMode::kSha256;
+    info.tower = resp.tower();
+    info.hidden = resp.hidden();
+    info.deepstack_layers = resp.deepstack_layers();
+    StatusOr<DType> dtype = internal::FromProto(resp.dtype());
+    info.dtype = dtype.ok() ? *dtype : DType::kFloat32;
+    return info;
+  }
+
+  StatusOr<ServerInfo> CachedInfo() {
+    std::lock_guard<std::mutex> lock(info_mu);
+    if (info.has_value()) return *info;
+    StatusOr<ServerInfo> fresh = FetchHealth();
+    if (fresh.ok()) info = *fresh;
+    return fresh;
+  }
+
+  static StatusOr<ContentKey> Key(const ServerInfo& info, const ClientItem& item) {
+    if (item.caller_key.has_value()) return CallerContentKey(info.model_id, info.preprocess, *item.caller_key);
+    const auto* p = reinterpret_cast<const std::uint8_t*>(item.image.data());
+    return ComputeContentKey(info.model_id, info.preprocess, {p, item.image.size()}, info.key_mode);
+  }
+
+  // Runs one call for `group` and fills the group's slots of `out`.
+  void Call(const std::string& id, const Group& group, const std::vector<ClientItem>& items,
+            std::vector<ClientItemResult>& out) {
+    v1::EncodeRequest req;
+    req.set_id(id);
+    for (std::int64_t i : group.indices) {
+      v1::EncodeItem* m = req.add_items();
+      m->set_image(items[i].image);
+      if (items[i].caller_key.has_value()) m->set_caller_key(*items[i].caller_key);
+      m->set_expected_tokens(items[i].expected_tokens);
+    }
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    if (!group.route.empty()) ctx.AddMetadata(internal::kRouteHeader, group.route);
+    std::vector<bool> got(group.indices.size(), false);
+    std::unique_ptr<grpc::ClientReader<v1::EncodedItem>> reader = stub->Encode(&ctx, req);
+    v1::EncodedItem msg;
+    while (reader->Read(&msg)) {
+      const std::int64_t local = msg.index();
+      if (local < 0 || local >= static_cast<std::int64_t>(group.indices.size()) || got[local]) continue;
+      got[local] = true;
+      ClientItemResult r = internal::FromProto(msg);
+      r.index = group.indices[local];
+      out[r.index] = std::move(r);
+    }
+    const Status call = internal::FromGrpc(reader->Finish());
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      if (got[k]) continue;
+      ClientItemResult& r = out[group.indices[k]];
+      r.index = group.indices[k];
+      r.status = call.ok() ? Internal("the server ended the call without sending item " + std::to_string(k))
+                           : call;
+    }
+  }
+};
+
+EncodeClient::EncodeClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EncodeClient::~EncodeClient() = default;
+
+StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions options) {
+  if (options.target.empty()) return InvalidArgument("client target is empty; pass host:port");
+  if (options.timeout.count() <= 0) return InvalidArgument("client timeout must be > 0");
+  if (options.max_response_bytes <= 0 || options.max_response_bytes > std::int64_t{2047} << 20) {
+    return InvalidArgument("max_response_bytes must be in (0, 2047 MiB]");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_response_bytes));
+  args.SetMaxSendMessageSize(-1);
+  impl->channel = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  impl->stub = v1::Encoder::NewStub(impl->channel);
+  return std::unique_ptr<EncodeClient>(new EncodeClient(std::move(impl)));
+}
+
+StatusOr<ServerInfo> EncodeClient::Health() { return impl_->FetchHealth(); }
+
+StatusOr<ServerStats> EncodeClient::Stats() {
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(ctx);
+  v1::StatsResponse resp;
+  grpc::Status s = impl_->stub->Stats(&ctx, v1::StatsRequest(), &resp);
+  if (!s.ok()) return internal::FromGrpc(s);
+  return internal::FromProto(resp);
+}
+
+StatusOr<ContentKey> EncodeClient::KeyFor(const ClientItem& item) {
+  StatusOr<ServerInfo> info = impl_->CachedInfo();
+  if (!info.ok()) return info.status();
+  return Impl::Key(*info, item);
+}
+
+EncodeResult EncodeClient::Encode(std::vector<ClientItem> items, const std::string& request_id) {
+  EncodeResult result;
+  result.items.resize(items.size());
+  const std::string id =
+      request_id.empty() ? impl_->id_prefix + std::to_string(impl_->next_id.fetch_add(1)) : request_id;
+
+  std::vector<Group> groups;
+  if (!impl_->options.route_by_key || items.empty()) {
+    Group all;
+    for (std::size_t i = 0; i < items.size(); ++i) all.indices.push_back(static_cast<std::int64_t>(i));
+    groups.push_back(std::move(all));
+  } else {
+    StatusOr<ServerInfo> info = impl_->CachedInfo();
+    if (!info.ok()) {
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        result.items[i].index = static_cast<std::int64_t>(i);
+        result.items[i].status = info.status();
+      }
+      result.status = info.status();
+      return result;
+    }
+    std::map<std::string, std::size_t> by_route;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      StatusOr<ContentKey> key = Impl::Key(*info, items[i]);
+      // An item without a key (empty caller key) goes unrouted; the server
+      // names the problem.
+      const std::string route = key.ok() ? key->Hex() : std::string();
+      auto [it, inserted] = by_route.emplace(route, groups.size());
+      if (inserted) groups.push_back(Group{route, {}});
+      groups[it->second].indices.push_back(static_cast<std::int64_t>(i));
+    }
+  }
+
+  auto call_id = [&](std::size_t g) { return groups.size() == 1 ? id : id + "/" + std::to_string(g); };
+  std::vector<std::future<void>> others;
+  for (std::size_t g = 1; g < groups.size(); ++g) {
+    others.push_back(std::async(std::launch::async, [&, g] { impl_->Call(call_id(g), groups[g], items, result.items); }));
+  }
+  impl_->Call(call_id(0), groups[0], items, result.items);
+  for (std::future<void>& f : others) f.get();
+
+  for (const ClientItemResult& r : result.items) {
+    if (!r.status.ok()) {
+      result.status = r.status;
+      break;
+    }
+  }
+  return result;
+}
+
+std::string GrpcStatusName(StatusCode code) { return internal::GrpcCodeName(static_cast<int>(code)); }
+
+}  // namespace epd

@@ -1,0 +1,344 @@
+// Counters and gauges are rebuilt from a ServerStats snapshot per scrape (see
+// metrics.h); only the histograms live in a prometheus-cpp Registry. Render()
+// serialises both as one page.
+//
+// Why not prometheus-cpp's Exposer (prometheus-cpp::pull): it serves through
+// civetweb, which Debian builds with a fixed 100 KiB thread stack
+// (pthread_attr_setstacksize(0x19000)). In a process that links libtorch, the
+// static TLS of libopenblas (60 KiB), libglog (30 KiB) and libtorch_cpu
+// (10 KiB) alone exceeds that, so pthread_create fails with EINVAL and the
+// Exposer cannot start. A scrape endpoint needs very little, so MetricsHttp
+// below is a minimal HTTP/1.0 responder on one thread: it answers GET /metrics
+// (and /) with the text exposition format, 404 otherwise, one connection at a
+// time, closing each after the response. Benefits: no thread-stack
+// constraint, no extra dependency. Costs: scrapes are served one at a time,
+// which is what a Prometheus server does anyway.
+#include "metrics.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <prometheus/collectable.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "proto_convert.h"
+
+namespace epd::internal {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  return MetricFamily{std::move(name), std::move(help), type, {}};
+}
+
+void Add(MetricFamily& f, double value, std::vector<ClientMetric::Label> labels = {}) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (f.type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  f.metric.push_back(std::move(m));
+}
+
+// Builds the counter and gauge families from a ServerStats snapshot.
+class StatsCollectable : public prometheus::Collectable {
+ public:
+  explicit StatsCollectable(std::function<ServerStats()> snapshot) : snapshot_(std::move(snapshot)) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    const ServerStats s = snapshot_();
+    const WorkerStats& w = s.worker;
+    std::vector<MetricFamily> out;
+    auto counter = [&](const char* name, const char* help, double v) {
+      out.push_back(Family(name, help, MetricType::Counter));
+      Add(out.back(), v);
+    };
+    auto gauge = [&](const char* name, const char* help, double v) {
+      out.push_back(Family(name, help, MetricType::Gauge));
+      Add(out.back(), v);
+    };
+    auto per_tier = [&](const char* name, const char* help, MetricType type, double l1, double l2) {
+      out.push_back(Family(name, help, type));
+      Add(out.back(), l1, {{"tier", "l1"}});
+      Add(out.back(), l2, {{"tier", "l2"}});
+    };
+    per_tier("epd_cache_hits_total", "Items served from the cache, by tier", MetricType::Counter,
+             static_cast<double>(w.hits_l1), static_cast<double>(w.hits_l2));
+    counter("epd_cache_misses_total", "Items that missed the cache (ran the tower or failed before it)",
+            static_cast<double>(w.misses));
+    counter("epd_joins_total", "Items that joined a computation already queued or running",
+            static_cast<double>(w.joins));
+    counter("epd_shape_mismatches_total", "Cache hits whose shape differed from the request's",
+            static_cast<double>(w.shape_mismatches));
+    per_tier("epd_cache_evictions_total", "Capacity victims, by tier", MetricType::Counter,
+             static_cast<double>(w.l1_evictions), static_cast<double>(w.l2_evictions));
+    counter("epd_cache_demotions_total", "L1 victims moved to L2", static_cast<double>(w.demotions));
+    counter("epd_cache_promotions_total", "L2 hits moved to L1", static_cast<double>(w.promotions));
+    per_tier("epd_cache_bytes", "Bytes held by the cache, by tier", MetricType::Gauge,
+             static_cast<double>(w.l1_bytes), static_cast<double>(w.l2_bytes));
+    per_tier("epd_cache_capacity_bytes", "Cache capacity, by tier", MetricType::Gauge,
+             static_cast<double>(s.l1_capacity_bytes), static_cast<double>(s.l2_capacity_bytes));
+    per_tier("epd_cache_entries", "Entries held by the cache, by tier", MetricType::Gauge,
+             static_cast<double>(w.l1_entries), static_cast<double>(w.l2_entries));
+    gauge("epd_queue_items", "Computations queued for the tower", static_cast<double>(w.pending_items));
+    gauge("epd_queue_tokens", "Post-merge tokens queued for the tower", static_cast<double>(w.pending_tokens));
+    gauge("epd_in_flight_requests", "Requests accepted and not yet complete",
+          static_cast<double>(w.in_flight_requests));
+    counter("epd_requests_total", "Requests accepted by the worker", static_cast<double>(w.requests));
+    counter("epd_items_total", "Items of accepted requests", static_cast<double>(w.items));
+    counter("epd_rejected_requests_total", "Requests the worker refused (duplicate id, queue limit)",
+            static_cast<double>(w.rejected_requests));
+    counter("epd_cancelled_requests_total", "Requests cancelled (deadline, client, shutdown)",
+            static_cast<double>(w.cancelled_requests));
+    counter("epd_tower_batches_total", "Tower calls, failed ones included", static_cast<double>(w.tower_batches));
+    counter("epd_tower_items_total", "Computations sent to the tower", static_cast<double>(w.tower_items));
+    counter("epd_tower_failures_total", "Tower batches that failed", static_cast<double>(w.tower_failures));
+    counter("epd_sink_full_stalls_total", "Worker steps skipped because result buffers were full",
+            static_cast<double>(w.sink_full_stalls));
+    gauge("epd_buffered_bytes", "Result bytes waiting to be written to clients",
+          static_cast<double>(s.buffered_bytes));
+
+    out.push_back(Family("epd_item_errors_total", "Failed items, by status code", MetricType::Counter));
+    for (const auto& [code, n] : w.errors) {
+      Add(out.back(), static_cast<double>(n), {{"code", GrpcCodeName(static_cast<int>(code))}});
+    }
+    out.push_back(Family("epd_rpc_errors_total", "Encode calls that ended with an error, by status code",
+                         MetricType::Counter));
+    for (const auto& [code, n] : s.rpc_errors) {
+      Add(out.back(), static_cast<double>(n), {{"code", GrpcCodeName(static_cast<int>(code))}});
+    }
+    return out;
+  }
+
+ private:
+  std::function<ServerStats()> snapshot_;
+};
+
+class MeteredTower : public VisionTower {
+ public:
+  MeteredTower(std::unique_ptr<VisionTower> inner, std::shared_ptr<ServerMetrics> metrics)
+      : inner_(std::move(inner)), metrics_(std::move(metrics)) {}
+
+  StatusOr<TowerOutput> Encode(std::span<const TowerItem> items) override {
+    std::int64_t tokens = 0;
+    for (const TowerItem& it : items) tokens += it.grid.tokens(inner_->merge_size());
+    const auto start = std::chrono::steady_clock::now();
+    StatusOr<TowerOutput> out = inner_->Encode(items);
+    metrics_->ObserveBatch(tokens,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return out;
+  }
+  std::int64_t patch_dim() const override { return inner_->patch_dim(); }
+  std::int64_t merge_size() const override { return inner_->merge_size(); }
+  std::int64_t hidden() const override { return inner_->hidden(); }
+  std::int64_t deepstack_layers() const override { return inner_->deepstack_layers(); }
+  DType dtype() const override { return inner_->dtype(); }
+  std::string Describe() const override { return inner_->Describe(); }
+
+ private:
+  std::unique_ptr<VisionTower> inner_;
+  std::shared_ptr<ServerMetrics> metrics_;
+};
+
+// See the note at the top of the file.
+class MetricsHttp {
+ public:
+  static StatusOr<std::unique_ptr<MetricsHttp>> Start(const std::string& host, int port,
+                                                      std::function<std::string()> render) {
+    const std::string where = host + ":" + std::to_string(port);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+      return Status(StatusCode::kUnavailable, "cannot serve metrics on " + where + ": " + gai_strerror(rc));
+    }
+    int fd = -1;
+    std::string why = "no address";
+    for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+      fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      const int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+        why = std::strerror(errno);
+        close(fd);
+        fd = -1;
+      }
+    }
+    freeaddrinfo(res);
+    if (fd < 0) return Status(StatusCode::kUnavailable, "cannot serve metrics on " + where + ": " + why);
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+    const int bound_port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    int wake[2];
+    if (pipe2(wake, O_CLOEXEC) != 0) {
+      close(fd);
+      return Status(StatusCode::kUnavailable, std::string("metrics endpoint: pipe: ") + std::strerror(errno));
+    }
+    return std::unique_ptr<MetricsHttp>(new MetricsHttp(fd, wake, bound_port, std::move(render)));
+  }
+
+  ~MetricsHttp() {
+    const char c = 0;
+    (void)!write(wake_[1], &c, 1);
+    thread_.join();
+    close(listen_);
+    close(wake_[0]);
+    close(wake_[1]);
+  }
+
+  int port() const { return port_; }
+
+ private:
+  MetricsHttp(int fd, const int wake[2], int port, std::function<std::string()> render)
+      : listen_(fd), wake_{wake[0], wake[1]}, port_(port), render_(std::move(render)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  void Run() {
+    for (;;) {
+      pollfd fds[2] = {{listen_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      if (poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (fds[1].revents != 0) return;
+      if ((fds[0].revents & POLLIN) == 0) continue;
+      const int conn = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (conn < 0) continue;
+      Serve(conn);
+      close(conn);
+    }
+  }
+
+  // Reads the request head (at most 8 KiB, 2 s) and answers it.
+  void Serve(int conn) {
+    timeval tv{2, 0};
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    std::string head;
+    char buf[1024];
+    while (head.find("\r\n\r\n") == std::string::npos && head.size() < 8192) {
+      const ssize_t n = recv(conn, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      head.append(buf, static_cast<std::size_t>(n));
+    }
+    const std::string line = head.substr(0, head.find("\r\n"));
+    std::string status = "404 Not Found", type = "text/plain", body = "not found; try /metrics\n";
+    if (line.starts_with("GET /metrics ") || line.starts_with("GET /metrics?") || line.starts_with("GET / ")) {
+      status = "200 OK";
+      type = "text/plain; version=0.0.4; charset=utf-8";
+      body = render_();
+    } else if (!line.starts_with("GET ")) {
+      status = "405 Method Not Allowed";
+      body = "only GET\n";
+    }
+    const std::string response = "HTTP/1.0 " + status + "\r\nContent-Type: " + type +
+                                 "\r\nContent-Length: " + std::to_string(body.size()) +
+                                 "\r\nConnection: close\r\n\r\n" + body;
+    for (std::size_t off = 0; off < response.size();) {
+      const ssize_t n = send(conn, response.data() + off, response.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      off += static_cast<std::size_t>(n);
+    }
+  }
+
+  int listen_;
+  int wake_[2];
+  int port_;
+  std::function<std::string()> render_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+struct ServerMetrics::Impl {
+  std::shared_ptr<StatsCollectable> stats;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  prometheus::Histogram* batch_tokens = nullptr;
+  prometheus::Histogram* tower_seconds = nullptr;
+  prometheus::Histogram* request_seconds = nullptr;
+  std::unique_ptr<MetricsHttp> http;
+  int port = -1;
+};
+
+ServerMetrics::ServerMetrics(std::function<ServerStats()> snapshot) : impl_(std::make_unique<Impl>()) {
+  impl_->stats = std::make_shared<StatsCollectable>(std::move(snapshot));
+  // Buckets: tokens from one small image (4) to a full 16k-token batch;
+  // latencies from 0.1 ms (a hit) to 10 s (a large batch on CPU).
+  impl_->batch_tokens = &prometheus::BuildHistogram()
+                             .Name("epd_batch_tokens")
+                             .Help("Post-merge tokens per tower batch")
+                             .Register(*impl_->registry)
+                             .Add({}, prometheus::Histogram::BucketBoundaries{4, 16, 64, 256, 512, 1024, 2048,
+                                                                              4096, 8192, 16384});
+  const prometheus::Histogram::BucketBoundaries seconds{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01,
+                                                        0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  impl_->tower_seconds = &prometheus::BuildHistogram()
+                              .Name("epd_tower_seconds")
+                              .Help("Wall time of each tower batch")
+                              .Register(*impl_->registry)
+                              .Add({}, seconds);
+  impl_->request_seconds = &prometheus::BuildHistogram()
+                                .Name("epd_request_seconds")
+                                .Help("Wall time of each Encode call, arrival to final status")
+                                .Register(*impl_->registry)
+                                .Add({}, seconds);
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+Status ServerMetrics::Serve(const std::string& address, int port) {
+  StatusOr<std::unique_ptr<MetricsHttp>> http = MetricsHttp::Start(address, port, [this] { return Render(); });
+  if (!http.ok()) return http.status();
+  impl_->http = std::move(*http);
+  impl_->port = impl_->http->port();
+  return Status::Ok();
+}
+
+int ServerMetrics::port() const { return impl_->port; }
+
+void ServerMetrics::Stop() { impl_->http.reset(); }
+
+void ServerMetrics::ObserveBatch(std::int64_t tokens, double seconds) {
+  impl_->batch_tokens->Observe(static_cast<double>(tokens));
+  impl_->tower_seconds->Observe(seconds);
+}
+
+void ServerMetrics::ObserveCall(double seconds) { impl_->request_seconds->Observe(seconds); }
+
+std::string ServerMetrics::Render() const {
+  std::vector<MetricFamily> families = impl_->stats->Collect();
+  for (MetricFamily& f : impl_->registry->Collect()) families.push_back(std::move(f));
+  std::ostringstream os;
+  prometheus::TextSerializer().Serialize(os, families);
+  return os.str();
+}
+
+std::unique_ptr<VisionTower> MeterTower(std::unique_ptr<VisionTower> inner, std::shared_ptr<ServerMetrics> metrics) {
+  return std::make_unique<MeteredTower>(std::move(inner), std::move(metrics));
+}
+
+}  // namespace epd::internal

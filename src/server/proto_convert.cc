@@ -1,0 +1,247 @@
+#include "proto_convert.h"
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+namespace epd::internal {
+
+v1::DType ToProto(DType d) {
+  switch (d) {
+    case DType::kFloat32: return v1::DTYPE_FLOAT32;
+    case DType::kBFloat16: return v1::DTYPE_BFLOAT16;
+    case DType::kFloat16: return v1::DTYPE_FLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+StatusOr<DType> FromProto(v1::DType d) {
+  switch (d) {
+    case v1::DTYPE_FLOAT32: return DType::kFloat32;
+    case v1::DTYPE_BFLOAT16: return DType::kBFloat16;
+    case v1::DTYPE_FLOAT16: return DType::kFloat16;
+    default: break;
+  }
+  return InvalidArgument("unknown dtype " + std::to_string(static_cast<int>(d)));
+}
+
+v1::Source ToProto(ItemSource s) {
+  switch (s) {
+    case ItemSource::kL1: return v1::SOURCE_L1;
+    case ItemSource::kL2: return v1::SOURCE_L2;
+    case ItemSource::kMiss: return v1::SOURCE_MISS;
+    case ItemSource::kJoined: return v1::SOURCE_JOINED;
+  }
+  return v1::SOURCE_UNSPECIFIED;
+}
+
+ItemSource FromProto(v1::Source s) {
+  switch (s) {
+    case v1::SOURCE_L1: return ItemSource::kL1;
+    case v1::SOURCE_L2: return ItemSource::kL2;
+    case v1::SOURCE_JOINED: return ItemSource::kJoined;
+    default: return ItemSource::kMiss;
+  }
+}
+
+void ToProto(const PreprocessConfig& cfg, v1::PreprocessConfig* out) {
+  out->set_patch_size(cfg.patch_size);
+  out->set_merge_size(cfg.merge_size);
+  out->set_temporal_patch_size(cfg.temporal_patch_size);
+  out->set_min_pixels(cfg.min_pixels);
+  out->set_max_pixels(cfg.max_pixels);
+  out->clear_mean();
+  out->clear_std();
+  for (float m : cfg.mean) out->add_mean(m);
+  for (float s : cfg.std) out->add_std(s);
+  out->set_resample(static_cast<std::int64_t>(cfg.resample));
+}
+
+StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p) {
+  if (p.mean_size() != 3 || p.std_size() != 3) {
+    return InvalidArgument("preprocess config needs 3 mean and 3 std values, got " +
+                           std::to_string(p.mean_size()) + " and " + std::to_string(p.std_size()));
+  }
+  PreprocessConfig cfg;
+  cfg.patch_size = static_cast<int>(p.patch_size());
+  cfg.merge_size = static_cast<int>(p.merge_size());
+  cfg.temporal_patch_size = static_cast<int>(p.temporal_patch_size());
+  cfg.min_pixels = p.min_pixels();
+  cfg.max_pixels = p.max_pixels();
+  for (int i = 0; i < 3; ++i) {
+    cfg.mean[i] = p.mean(i);
+    cfg.std[i] = p.std(i);
+  }
+  cfg.resample = static_cast<Resample>(p.resample());
+  return cfg;
+}
+
+void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem* out) {
+  out->set_index(r.index);
+  out->set_key(reinterpret_cast<const char*>(r.key.bytes.data()), r.key.bytes.size());
+  out->set_source(ToProto(r.source));
+  out->set_queue_ms(r.queue_ms);
+  out->set_tower_ms(r.tower_ms);
+  out->set_total_ms(r.total_ms);
+  out->set_server_id(server_id);
+  if (!r.status.ok() || r.embedding == nullptr) {
+    const Status s = r.status.ok() ? Internal("item has no embedding") : r.status;
+    out->set_error_code(static_cast<int>(s.code()));
+    out->set_error_message(s.message());
+    return;
+  }
+  const Embedding& e = *r.embedding;
+  out->set_tokens(e.tokens);
+  out->set_hidden(e.hidden);
+  out->set_deepstack_layers(e.deepstack_layers);
+  out->set_dtype(ToProto(e.dtype));
+  out->set_main(reinterpret_cast<const char*>(e.main.data()), e.main.size());
+  out->set_deepstack(reinterpret_cast<const char*>(e.deepstack.data()), e.deepstack.size());
+}
+
+ClientItemResult FromProto(const v1::EncodedItem& m) {
+  ClientItemResult r;
+  r.index = m.index();
+  if (m.key().size() == r.key.bytes.size()) std::memcpy(r.key.bytes.data(), m.key().data(), r.key.bytes.size());
+  r.source = FromProto(m.source());
+  r.queue_ms = m.queue_ms();
+  r.tower_ms = m.tower_ms();
+  r.total_ms = m.total_ms();
+  r.server_id = m.server_id();
+  if (m.error_code() != 0) {
+    r.status = Status(static_cast<StatusCode>(m.error_code()), m.error_message());
+    return r;
+  }
+  StatusOr<DType> dtype = FromProto(m.dtype());
+  if (!dtype.ok()) {
+    r.status = Internal("server sent item " + std::to_string(m.index()) + " with " + dtype.status().message());
+    return r;
+  }
+  auto e = std::make_shared<Embedding>();
+  e->tokens = m.tokens();
+  e->hidden = m.hidden();
+  e->deepstack_layers = m.deepstack_layers();
+  e->dtype = *dtype;
+  const auto* main = reinterpret_cast<const std::byte*>(m.main().data());
+  const auto* deep = reinterpret_cast<const std::byte*>(m.deepstack().data());
+  e->main.assign(main, main + m.main().size());
+  e->deepstack.assign(deep, deep + m.deepstack().size());
+  if (e->tokens < 0 || e->hidden < 0 || e->deepstack_layers < 0 || e->nbytes() != e->ExpectedBytes() ||
+      e->main.size() != static_cast<std::size_t>(e->tokens * e->hidden) * DTypeSize(e->dtype)) {
+    r.status = Internal("server sent item " + std::to_string(m.index()) + " whose " +
+                        std::to_string(e->main.size()) + "+" + std::to_string(e->deepstack.size()) +
+                        " bytes do not match its shape [" + std::to_string(e->tokens) + ", " +
+                        std::to_string(e->hidden) + "] x " + std::to_string(1 + e->deepstack_layers));
+    return r;
+  }
+  r.embedding = std::move(e);
+  return r;
+}
+
+void ToProto(const ServerStats& s, v1::StatsResponse* out) {
+  const WorkerStats& w = s.worker;
+  out->set_server_id(s.server_id);
+  out->set_requests(w.requests);
+  out->set_items(w.items);
+  out->set_hits_l1(w.hits_l1);
+  out->set_hits_l2(w.hits_l2);
+  out->set_misses(w.misses);
+  out->set_joins(w.joins);
+  out->set_shape_mismatches(w.shape_mismatches);
+  out->set_rejected_requests(w.rejected_requests);
+  out->set_cancelled_requests(w.cancelled_requests);
+  out->set_tower_batches(w.tower_batches);
+  out->set_tower_items(w.tower_items);
+  out->set_tower_tokens(w.tower_tokens);
+  out->set_tower_seconds(w.tower_seconds);
+  out->set_tower_failures(w.tower_failures);
+  out->set_sink_full_stalls(w.sink_full_stalls);
+  for (const auto& [code, n] : w.errors) (*out->mutable_item_errors())[GrpcCodeName(static_cast<int>(code))] = n;
+  out->set_in_flight_requests(w.in_flight_requests);
+  out->set_pending_items(w.pending_items);
+  out->set_pending_tokens(w.pending_tokens);
+  out->set_l1_evictions(w.l1_evictions);
+  out->set_l2_evictions(w.l2_evictions);
+  out->set_demotions(w.demotions);
+  out->set_promotions(w.promotions);
+  out->set_l1_bytes(w.l1_bytes);
+  out->set_l2_bytes(w.l2_bytes);
+  out->set_l1_entries(w.l1_entries);
+  out->set_l2_entries(w.l2_entries);
+  out->set_l1_capacity_bytes(s.l1_capacity_bytes);
+  out->set_l2_capacity_bytes(s.l2_capacity_bytes);
+  for (const auto& [code, n] : s.rpc_errors) (*out->mutable_rpc_errors())[GrpcCodeName(static_cast<int>(code))] = n;
+  out->set_buffered_bytes(s.buffered_bytes);
+}
+
+ServerStats FromProto(const v1::StatsResponse& m) {
+  ServerStats s;
+  WorkerStats& w = s.worker;
+  s.server_id = m.server_id();
+  w.requests = m.requests();
+  w.items = m.items();
+  w.hits_l1 = m.hits_l1();
+  w.hits_l2 = m.hits_l2();
+  w.misses = m.misses();
+  w.joins = m.joins();
+  w.shape_mismatches = m.shape_mismatches();
+  w.rejected_requests = m.rejected_requests();
+  w.cancelled_requests = m.cancelled_requests();
+  w.tower_batches = m.tower_batches();
+  w.tower_items = m.tower_items();
+  w.tower_tokens = m.tower_tokens();
+  w.tower_seconds = m.tower_seconds();
+  w.tower_failures = m.tower_failures();
+  w.sink_full_stalls = m.sink_full_stalls();
+  for (const auto& [name, n] : m.item_errors()) w.errors[CodeFromName(name)] += n;
+  w.in_flight_requests = m.in_flight_requests();
+  w.pending_items = m.pending_items();
+  w.pending_tokens = m.pending_tokens();
+  w.l1_evictions = m.l1_evictions();
+  w.l2_evictions = m.l2_evictions();
+  w.demotions = m.demotions();
+  w.promotions = m.promotions();
+  w.l1_bytes = m.l1_bytes();
+  w.l2_bytes = m.l2_bytes();
+  w.l1_entries = m.l1_entries();
+  w.l2_entries = m.l2_entries();
+  s.l1_capacity_bytes = m.l1_capacity_bytes();
+  s.l2_capacity_bytes = m.l2_capacity_bytes();
+  for (const auto& [name, n] : m.rpc_errors()) s.rpc_errors[CodeFromName(name)] += n;
+  s.buffered_bytes = m.buffered_bytes();
+  return s;
+}
+
+grpc::Status ToGrpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message());
+}
+
+Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return Status::Ok();
+  return Status(static_cast<StatusCode>(s.error_code()), s.error_message());
+}
+
+namespace {
+// gRPC's canonical names, indexed by code (grpc/impl/codegen/status.h).
+constexpr std::array<std::string_view, 17> kGrpcNames = {
+    "OK",        "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",    "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",        "DATA_LOSS",         "UNAUTHENTICATED"};
+}  // namespace
+
+std::string GrpcCodeName(int code) {
+  if (code >= 0 && code < static_cast<int>(kGrpcNames.size())) return std::string(kGrpcNames[code]);
+  return "CODE_" + std::to_string(code);
+}
+
+StatusCode CodeFromName(std::string_view name) {
+  for (std::size_t i = 0; i < kGrpcNames.size(); ++i) {
+    if (kGrpcNames[i] == name) return static_cast<StatusCode>(i);
+  }
+  if (name.starts_with("CODE_")) return static_cast<StatusCode>(std::atoi(std::string(name.substr(5)).c_str()));
+  return StatusCode::kUnknown;
+}
+
+}  // namespace epd::internal

@@ -1,0 +1,56 @@
+// src/server/proto_convert.h (internal): epd types <-> epd.v1 messages, shared
+// by the server and the client so both sides agree on every mapping.
+//
+// Status codes cross unchanged (StatusCode is numbered as grpc::StatusCode);
+// a gRPC code epd has no name for (e.g. UNIMPLEMENTED) keeps its number.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <string>
+#include <string_view>
+
+#include "epd/client.h"
+#include "epd/embedding.h"
+#include "epd/encode_worker.h"
+#include "epd/preprocess.h"
+#include "epd/server_stats.h"
+#include "epd/status.h"
+#include "epd/v1/encoder.pb.h"
+
+namespace epd::internal {
+
+// The gRPC metadata header that carries an item's content key (hex) for
+// hash-affinity routing. Lower case: HTTP/2 header names are.
+inline constexpr char kRouteHeader[] = "x-epd-route";
+
+v1::DType ToProto(DType d);
+// kInvalidArgument for DTYPE_UNSPECIFIED or an unknown value.
+StatusOr<DType> FromProto(v1::DType d);
+
+v1::Source ToProto(ItemSource s);
+ItemSource FromProto(v1::Source s);
+
+void ToProto(const PreprocessConfig& cfg, v1::PreprocessConfig* out);
+// kInvalidArgument when mean/std do not have 3 values.
+StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p);
+
+// Fills `out` from a delivered item: the embedding's bytes are copied into
+// the message (the one copy on the server side), or error_code/message set.
+void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem* out);
+// The client side: copies the payload into a fresh Embedding. A message whose
+// byte sizes disagree with its shape becomes a kInternal item status.
+ClientItemResult FromProto(const v1::EncodedItem& m);
+
+void ToProto(const ServerStats& s, v1::StatsResponse* out);
+ServerStats FromProto(const v1::StatsResponse& m);
+
+grpc::Status ToGrpc(const Status& s);
+Status FromGrpc(const grpc::Status& s);
+
+// "INVALID_ARGUMENT" etc. for every gRPC code 0..16, "CODE_<n>" otherwise.
+std::string GrpcCodeName(int code);
+// Inverse of GrpcCodeName for the names used as Stats map keys.
+StatusCode CodeFromName(std::string_view name);
+
+}  // namespace epd::internal

@@ -1,0 +1,392 @@
+// EncodeServer: the sync gRPC API over a WorkerLoop.
+//
+// Threads: gRPC's handler threads (one per in-flight call), the WorkerLoop
+// thread, and the metrics exposer's thread. The worker thread never touches
+// gRPC: its callbacks push an ItemResult (a shared pointer, no copy) onto the
+// call's CallState and signal the handler, which copies the embedding into a
+// message and writes it. So a slow client blocks only its own handler in
+// Write; what it leaves queued is counted in buffered_bytes, and the worker's
+// sink_full() stops starting tower batches while that passes the limit.
+//
+// Why the sync API rather than the callback API: the callback API would run
+// StartWrite, and with it the message copy and serialisation, on whichever
+// thread delivers the item, i.e. the worker thread, unless a second hand-off
+// moved it elsewhere. A handler thread per call gives that hand-off for free,
+// and the cost (a thread per in-flight call, bounded by max_rpc_threads) is
+// small next to an encode. The price is that a client's cancellation is only
+// noticed on the handler's next poll (cancel_poll); deadlines are exact.
+//
+// A call that gives up (deadline, cancellation, failed write) marks its
+// CallState abandoned and cancels the request in the worker; items the
+// worker delivers in between are dropped without being buffered.
+#include "epd/server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <utility>
+
+#include "epd/image.h"
+#include "epd/preprocess.h"
+#include "epd/v1/encoder.grpc.pb.h"
+#include "epd/worker_loop.h"
+#include "metrics.h"
+#include "proto_convert.h"
+
+namespace epd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What a handler and the worker's callbacks share for one call.
+struct CallState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<ItemResult> ready;  // delivered, not yet written
+  bool done = false;             // on_done fired
+  Status request_status;         // RequestResult::status, valid once done
+  bool abandoned = false;        // the handler left; drop further deliveries
+};
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
+  return buf;
+}
+
+std::int64_t ResultBytes(const ItemResult& r) {
+  return r.embedding != nullptr ? static_cast<std::int64_t>(r.embedding->nbytes()) : 0;
+}
+
+}  // namespace
+
+struct EncodeServer::Impl final : public v1::Encoder::Service {
+  ServerOptions options;
+  WorkerOptions worker_options;  // as passed to the worker, sink_full included
+  std::string tower_description;
+  std::int64_t tower_hidden = 0, tower_deepstack = 0;
+  DType tower_dtype = DType::kFloat32;
+
+  std::shared_ptr<internal::ServerMetrics> metrics;
+  std::unique_ptr<WorkerLoop> loop;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+  std::atomic<bool> serving{false};
+  std::atomic<std::int64_t> buffered_bytes{0};
+  std::atomic<std::uint64_t> next_auto_id{1};
+  mutable std::mutex errors_mu;
+  std::map<StatusCode, std::uint64_t> rpc_errors;  // guarded by errors_mu
+  std::mutex shutdown_mu;
+  bool shut_down = false;  // guarded by shutdown_mu
+
+  ServerStats Snapshot() const {
+    ServerStats s;
+    s.server_id = options.server_id;
+    if (loop != nullptr) s.worker = loop->Stats();
+    s.l1_capacity_bytes = worker_options.l1_bytes;
+    s.l2_capacity_bytes = worker_options.l2_bytes;
+    {
+      std::lock_guard<std::mutex> lock(errors_mu);
+      s.rpc_errors = rpc_errors;
+    }
+    s.buffered_bytes = buffered_bytes.load();
+    return s;
+  }
+
+  void Unbuffer(std::int64_t bytes) {
+    if (bytes == 0) return;
+    const std::int64_t before = buffered_bytes.fetch_sub(bytes);
+    // Crossing back under the limit: let the worker start batches again now
+    // rather than at its next 1 ms poll.
+    if (before > options.max_buffered_bytes && before - bytes <= options.max_buffered_bytes) loop->Wake();
+  }
+
+  grpc::Status Finish(const Status& s, Clock::time_point start) {
+    metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start).count());
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(errors_mu);
+      ++rpc_errors[s.code()];
+    }
+    return internal::ToGrpc(s);
+  }
+
+  // Request-level checks that need no worker state (see server.h, step 1).
+  Status Validate(const v1::EncodeRequest& req) const {
+    if (req.items_size() == 0) return InvalidArgument("the request has no items; send at least one image");
+    if (req.items_size() > options.max_items_per_request) {
+      return InvalidArgument("the request has " + std::to_string(req.items_size()) +
+                             " items; this server accepts at most " + std::to_string(options.max_items_per_request) +
+                             " per request (split it, or raise --max-items-per-request)");
+    }
+    for (int i = 0; i < req.items_size(); ++i) {
+      const v1::EncodeItem& item = req.items(i);
+      const std::string at = "item " + std::to_string(i);
+      if (item.image().empty() && item.caller_key().empty()) {
+        return InvalidArgument(at + " is empty: set `image` to JPEG or PNG bytes, or `caller_key` to a key "
+                                    "this server has cached");
+      }
+      if (item.expected_tokens() < 0) {
+        return InvalidArgument(at + ": expected_tokens is " + std::to_string(item.expected_tokens()) +
+                               "; it must be >= 0 (0 = unknown)");
+      }
+      if (item.expected_tokens() > 0 && !item.image().empty()) {
+        // The header alone gives the token count; an image we cannot probe
+        // is left to the worker, which names the decode error.
+        const auto* p = reinterpret_cast<const std::uint8_t*>(item.image().data());
+        StatusOr<ImageInfo> info = ProbeImage({p, item.image().size()});
+        if (!info.ok()) continue;
+        StatusOr<GridTHW> grid = GridForImage(info->height, info->width, worker_options.preprocess);
+        if (!grid.ok()) continue;
+        const std::int64_t tokens = grid->tokens(worker_options.preprocess.merge_size);
+        if (tokens != item.expected_tokens()) {
+          return InvalidArgument(at + ": expected_tokens is " + std::to_string(item.expected_tokens()) +
+                                 " but the " + std::to_string(info->width) + "x" + std::to_string(info->height) +
+                                 " image gives " + std::to_string(tokens) + " tokens (grid " +
+                                 std::to_string(grid->t) + "x" + std::to_string(grid->h) + "x" +
+                                 std::to_string(grid->w) + ", merge " +
+                                 std::to_string(worker_options.preprocess.merge_size) + ")");
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  grpc::Status Encode(grpc::ServerContext* ctx, const v1::EncodeRequest* req,
+                      grpc::ServerWriter<v1::EncodedItem>* writer) override {
+    const Clock::time_point start = Clock::now();
+    if (!serving.load()) return Finish(Status(StatusCode::kUnavailable, "the server is shutting down"), start);
+    if (Status s = Validate(*req); !s.ok()) return Finish(s, start);
+
+    EncodeRequest request;
+    // Ids the server makes up start with a control character no sane client
+    // sends, so they cannot collide with a client's.
+    request.id = req->id().empty() ? "\x1f" "auto-" + std::to_string(next_auto_id++) : req->id();
+    request.items.reserve(req->items_size());
+    for (const v1::EncodeItem& item : req->items()) {
+      EncodeItemInput in;
+      in.media = item.image();
+      if (!item.caller_key().empty()) in.caller_key = item.caller_key();
+      in.expected_tokens = item.expected_tokens();
+      request.items.push_back(std::move(in));
+    }
+
+    auto state = std::make_shared<CallState>();
+    RequestCallbacks callbacks;
+    callbacks.on_item = [this, state](const ItemResult& r) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->abandoned) return;
+      buffered_bytes.fetch_add(ResultBytes(r));
+      state->ready.push_back(r);
+      state->cv.notify_one();
+    };
+    callbacks.on_done = [state](const RequestResult& r) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->done = true;
+      state->request_status = r.status;
+      state->cv.notify_one();
+    };
+    const std::string id = request.id;
+    const std::size_t n = request.items.size();
+    std::vector<bool> had_image(n);
+    for (std::size_t i = 0; i < n; ++i) had_image[i] = !request.items[i].media.empty();
+    loop->Submit(std::move(request), std::move(callbacks));
+
+    // No deadline reads as gpr_inf_future, far beyond any real one.
+    const auto remaining = ctx->deadline() - std::chrono::system_clock::now();
+    const bool has_deadline = remaining < std::chrono::hours(24 * 365);
+    const Clock::time_point deadline =
+        has_deadline ? start + std::chrono::duration_cast<Clock::duration>(remaining) : Clock::time_point::max();
+
+    std::int64_t first_failed = -1;
+    Status first_failure;
+    std::size_t failed = 0, written = 0;
+    Status give_up;  // set when the handler leaves before the request is done
+    v1::EncodedItem msg;
+    for (;;) {
+      std::deque<ItemResult> batch;
+      bool done = false;
+      {
+        std::unique_lock<std::mutex> lock(state->mu);
+        const Clock::time_point wake = std::min(deadline, Clock::now() + options.cancel_poll);
+        state->cv.wait_until(lock, wake, [&] { return !state->ready.empty() || state->done; });
+        batch.swap(state->ready);
+        done = state->done;
+      }
+      for (ItemResult& r : batch) {
+        const std::int64_t bytes = ResultBytes(r);
+        if (!r.status.ok()) {
+          ++failed;
+          Status s = r.status;
+          if (s.code() == StatusCode::kInvalidArgument && !had_image[r.index]) {
+            s = InvalidArgument("item " + std::to_string(r.index) +
+                                ": its caller_key is not cached on this server and it carries no image bytes "
+                                "to encode; resend it with `image` set");
+          } else if (!s.message().starts_with("item ")) {
+            s = Status(s.code(), "item " + std::to_string(r.index) + ": " + s.message());
+          }
+          r.status = s;
+          if (first_failed < 0 || r.index < first_failed) {
+            first_failed = r.index;
+            first_failure = s;
+          }
+        }
+        msg.Clear();
+        internal::ToProto(r, options.server_id, &msg);
+        r.embedding.reset();
+        const bool ok = give_up.ok() && writer->Write(msg);
+        Unbuffer(bytes);
+        if (!ok && give_up.ok()) give_up = Cancelled("the client went away while results were streaming");
+        if (ok) ++written;
+      }
+      if (!give_up.ok()) break;
+      if (done) break;
+      if (Clock::now() >= deadline) {
+        give_up = Status(StatusCode::kDeadlineExceeded,
+                         "the deadline passed after " + std::to_string(written) + " of " + std::to_string(n) +
+                             " items were sent; the rest were dropped (raise the deadline or retry)");
+        break;
+      }
+      if (ctx->IsCancelled()) {
+        give_up = Cancelled("the client cancelled the call");
+        break;
+      }
+    }
+
+    if (!give_up.ok()) {
+      std::int64_t left = 0;
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->abandoned = true;
+        for (const ItemResult& r : state->ready) left += ResultBytes(r);
+        state->ready.clear();
+      }
+      Unbuffer(left);
+      loop->Cancel(id);
+      return Finish(give_up, start);
+    }
+    if (!state->request_status.ok()) return Finish(state->request_status, start);
+    if (failed > 0) {
+      Status s = first_failure;
+      if (n > 1) {
+        s = Status(s.code(), s.message() + " (" + std::to_string(failed) + " of " + std::to_string(n) +
+                                 " items failed; the others were sent)");
+      }
+      return Finish(s, start);
+    }
+    return Finish(Status::Ok(), start);
+  }
+
+  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*, v1::HealthResponse* out) override {
+    out->set_serving(serving.load());
+    out->set_server_id(options.server_id);
+    out->set_model_id(worker_options.model_id);
+    internal::ToProto(worker_options.preprocess, out->mutable_preprocess());
+    out->set_key_mode(worker_options.key_mode == KeyMode::kSha256 ? "sha256" : "xxh3-fast");
+    out->set_tower(tower_description);
+    out->set_hidden(tower_hidden);
+    out->set_deepstack_layers(tower_deepstack);
+    out->set_dtype(internal::ToProto(tower_dtype));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* out) override {
+    internal::ToProto(Snapshot(), out);
+    return grpc::Status::OK;
+  }
+};
+
+EncodeServer::EncodeServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EncodeServer::~EncodeServer() { Shutdown(std::chrono::milliseconds(0)); }
+
+StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions options, WorkerOptions worker_options,
+                                                            std::unique_ptr<VisionTower> tower) {
+  if (options.address.find(':') == std::string::npos) {
+    return InvalidArgument("server address '" + options.address + "' is not host:port");
+  }
+  if (options.max_items_per_request <= 0) {
+    return InvalidArgument("max_items_per_request must be > 0, got " + std::to_string(options.max_items_per_request));
+  }
+  if (options.max_request_bytes <= 0 || options.max_request_bytes > std::int64_t{2047} << 20) {
+    return InvalidArgument("max_request_bytes must be in (0, 2047 MiB], got " +
+                           std::to_string(options.max_request_bytes));
+  }
+  if (options.max_buffered_bytes <= 0) {
+    return InvalidArgument("max_buffered_bytes must be > 0, got " + std::to_string(options.max_buffered_bytes));
+  }
+  if (options.max_rpc_threads < 2) {
+    return InvalidArgument("max_rpc_threads must be >= 2, got " + std::to_string(options.max_rpc_threads));
+  }
+  if (options.cancel_poll.count() <= 0) return InvalidArgument("cancel_poll must be > 0");
+  if (tower == nullptr) return InvalidArgument("tower is null");
+
+  auto impl = std::make_unique<Impl>();
+  Impl* self = impl.get();
+  self->options = options;
+  self->tower_description = tower->Describe();
+  self->tower_hidden = tower->hidden();
+  self->tower_deepstack = tower->deepstack_layers();
+  self->tower_dtype = tower->dtype();
+  self->metrics = std::make_shared<internal::ServerMetrics>([self] { return self->Snapshot(); });
+
+  std::function<bool()> user_sink_full = std::move(worker_options.sink_full);
+  worker_options.sink_full = [self, user_sink_full] {
+    return self->buffered_bytes.load(std::memory_order_relaxed) > self->options.max_buffered_bytes ||
+           (user_sink_full && user_sink_full());
+  };
+  self->worker_options = worker_options;
+  StatusOr<std::unique_ptr<EncodeWorker>> worker =
+      EncodeWorker::Create(std::move(worker_options), internal::MeterTower(std::move(tower), self->metrics));
+  if (!worker.ok()) return worker.status();
+  self->loop = std::make_unique<WorkerLoop>(std::move(*worker));
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &self->port);
+  builder.RegisterService(self);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  builder.SetMaxSendMessageSize(-1);
+  grpc::ResourceQuota quota("epd-encode-server");
+  quota.SetMaxThreads(options.max_rpc_threads);
+  builder.SetResourceQuota(quota);
+  self->server = builder.BuildAndStart();
+  if (self->server == nullptr || self->port == 0) {
+    self->loop->Shutdown(std::chrono::milliseconds(0));
+    return Status(StatusCode::kUnavailable, "cannot listen on " + options.address +
+                                                " (address in use, or not a local address?)");
+  }
+  if (self->options.server_id.empty()) self->options.server_id = HostName() + ":" + std::to_string(self->port);
+  if (options.metrics_port >= 0) {
+    if (Status s = self->metrics->Serve(options.metrics_address, options.metrics_port); !s.ok()) {
+      self->server->Shutdown(std::chrono::system_clock::now());
+      self->loop->Shutdown(std::chrono::milliseconds(0));
+      return s;
+    }
+  }
+  self->serving = true;
+  return std::unique_ptr<EncodeServer>(new EncodeServer(std::move(impl)));
+}
+
+int EncodeServer::port() const { return impl_->port; }
+int EncodeServer::metrics_port() const { return impl_->metrics->port(); }
+const std::string& EncodeServer::server_id() const { return impl_->options.server_id; }
+ServerStats EncodeServer::Stats() const { return impl_->Snapshot(); }
+
+void EncodeServer::Shutdown(std::chrono::milliseconds grace) {
+  std::lock_guard<std::mutex> lock(impl_->shutdown_mu);
+  if (impl_->shut_down) return;
+  impl_->shut_down = true;
+  impl_->serving = false;
+  // Refuses new calls at once; waits for handlers until the deadline, then
+  // cancels the calls still running (their handlers notice and return).
+  impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
+  impl_->server->Wait();
+  impl_->metrics->Stop();
+  impl_->loop->Shutdown(std::chrono::milliseconds(0));
+}
+
+}  // namespace epd

@@ -1,0 +1,199 @@
+// Bad input against a real in-process server: each case gets the documented
+// gRPC status with a message that names the problem, and the same server
+// then serves a good request.
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "test_server.h"
+#include "worker_test_util.h"
+
+namespace epd::testing {
+namespace {
+
+using std::chrono::milliseconds;
+
+// The server still answers a good request correctly.
+void ExpectStillServing(TestServer& t) {
+  const std::string img = Png(56, 56, 99);
+  RawCall r = CallEncode(*t.stub, MakeRequest("after", {img}));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.items.size(), 1u);
+  const Embedding want = Expected(img);
+  EXPECT_EQ(r.items[0].main(), std::string(reinterpret_cast<const char*>(want.main.data()), want.main.size()));
+}
+
+bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(ServerBadInputTest, RequestWithoutItemsIsInvalidArgument) {
+  TestServer t = StartTestServer();
+  RawCall r = CallEncode(*t.stub, MakeRequest("none", {}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "no items")) << r.status.error_message();
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, ItemWithNeitherImageNorKeyIsInvalidArgument) {
+  TestServer t = StartTestServer();
+  v1::EncodeRequest req = MakeRequest("empty-item", {Png(56, 56, 1)});
+  req.add_items();  // item 1: nothing set
+  RawCall r = CallEncode(*t.stub, req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "item 1 is empty")) << r.status.error_message();
+  EXPECT_TRUE(r.items.empty());  // a malformed request is refused whole
+  EXPECT_EQ(t.server->Stats().worker.requests, 0u);
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, TooManyItemsIsInvalidArgument) {
+  TestServerOptions o;
+  o.server.max_items_per_request = 2;
+  TestServer t = StartTestServer(o);
+  const std::string img = Png(56, 56, 2);
+  RawCall r = CallEncode(*t.stub, MakeRequest("many", {img, img, img}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "at most 2")) << r.status.error_message();
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, NegativeExpectedTokensIsInvalidArgument) {
+  TestServer t = StartTestServer();
+  v1::EncodeRequest req = MakeRequest("neg", {Png(56, 56, 3)});
+  req.mutable_items(0)->set_expected_tokens(-1);
+  RawCall r = CallEncode(*t.stub, req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "expected_tokens is -1")) << r.status.error_message();
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, ExpectedTokensThatDisagreeWithTheImageIsInvalidArgument) {
+  TestServer t = StartTestServer();
+  // 56x56 -> grid 1x4x4 -> 16 patches -> 4 tokens after the 2x2 merge.
+  v1::EncodeRequest req = MakeRequest("tokens", {Png(56, 56, 4)});
+  req.mutable_items(0)->set_expected_tokens(5);
+  RawCall r = CallEncode(*t.stub, req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "expected_tokens is 5 but the 56x56 image gives 4 tokens"))
+      << r.status.error_message();
+  req.mutable_items(0)->set_expected_tokens(4);
+  req.set_id("tokens-right");
+  EXPECT_TRUE(CallEncode(*t.stub, req).status.ok());
+}
+
+TEST(ServerBadInputTest, UndecodableImageIsInvalidArgumentAndTheOtherItemsStillStream) {
+  TestServer t = StartTestServer();
+  const std::string good = Png(56, 56, 5);
+  RawCall r = CallEncode(*t.stub, MakeRequest("garbage", {good, "this is not an image"}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "item 1: ")) << r.status.error_message();
+  EXPECT_TRUE(Contains(r.status.error_message(), "unsupported image format")) << r.status.error_message();
+  EXPECT_TRUE(Contains(r.status.error_message(), "1 of 2 items failed")) << r.status.error_message();
+  ASSERT_EQ(r.items.size(), 2u);
+  for (const v1::EncodedItem& item : r.items) {
+    if (item.index() == 0) {
+      EXPECT_EQ(item.error_code(), 0);
+      EXPECT_FALSE(item.main().empty());
+    } else {
+      EXPECT_EQ(item.error_code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+      EXPECT_TRUE(item.main().empty());
+    }
+  }
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, TruncatedImageIsInvalidArgument) {
+  TestServer t = StartTestServer();
+  RawCall r = CallEncode(*t.stub, MakeRequest("half", {ToString(FirstHalf(ToBytes(Png(64, 64, 6))))}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "item 0: ")) << r.status.error_message();
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, ImageWithTooManyPixelsIsInvalidArgument) {
+  TestServerOptions o;
+  o.worker.limits.max_pixels = 100 * 100;
+  TestServer t = StartTestServer(o);
+  RawCall r = CallEncode(*t.stub, MakeRequest("big", {Png(200, 120, 7)}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "too many pixels")) << r.status.error_message();
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, MessageOverTheSizeLimitIsResourceExhausted) {
+  TestServerOptions o;
+  o.server.max_request_bytes = 64 << 10;
+  TestServer t = StartTestServer(o);
+  RawCall r = CallEncode(*t.stub, MakeRequest("huge", {std::string(100 << 10, 'x')}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, UncachedCallerKeyWithoutImageIsInvalidArgument) {
+  TestServer t = StartTestServer();
+  v1::EncodeRequest req;
+  req.set_id("key-only");
+  req.add_items()->set_caller_key("never-seen");
+  RawCall r = CallEncode(*t.stub, req);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "not cached on this server")) << r.status.error_message();
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, DuplicateRequestIdInFlightIsAlreadyExists) {
+  TestServer t = StartTestServer();
+  t.hold->store(true);
+  const std::string img = Png(56, 56, 8);
+  auto first = std::async(std::launch::async, [&] { return CallEncode(*t.stub, MakeRequest("same-id", {img})); });
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 1; }));
+  RawCall second = CallEncode(*t.stub, MakeRequest("same-id", {Png(56, 56, 9)}));
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_TRUE(Contains(second.status.error_message(), "same-id")) << second.status.error_message();
+  t.hold->store(false);
+  EXPECT_TRUE(first.get().status.ok());
+  // The id is free again once the first request is done.
+  EXPECT_TRUE(CallEncode(*t.stub, MakeRequest("same-id", {img})).status.ok());
+}
+
+TEST(ServerBadInputTest, QueuePastMaxQueueIsResourceExhausted) {
+  TestServerOptions o;
+  o.worker.max_pending_items = 1;
+  TestServer t = StartTestServer(o);
+  t.hold->store(true);
+  auto queued =
+      std::async(std::launch::async, [&] { return CallEncode(*t.stub, MakeRequest("q1", {Png(56, 56, 10)})); });
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.pending_items == 1; }));
+  RawCall over = CallEncode(*t.stub, MakeRequest("q2", {Png(56, 56, 11)}));
+  EXPECT_EQ(over.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(Contains(over.status.error_message(), "limit is 1")) << over.status.error_message();
+  t.hold->store(false);
+  EXPECT_TRUE(queued.get().status.ok());
+  ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, TowerFailureFailsOnlyThatBatchsRequests) {
+  TestServer t = StartTestServer();
+  const std::string cached = Png(56, 56, 12);
+  ASSERT_TRUE(CallEncode(*t.stub, MakeRequest("warm", {cached})).status.ok());
+
+  t.hold->store(true);
+  auto a = std::async(std::launch::async, [&] { return CallEncode(*t.stub, MakeRequest("a", {Png(56, 56, 13)})); });
+  auto b = std::async(std::launch::async, [&] { return CallEncode(*t.stub, MakeRequest("b", {Png(56, 56, 14)})); });
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.pending_items == 2; }));
+  // Written before the release that lets the worker read it (seq_cst atomic).
+  t.tower_state->fail_next = Internal("injected tower failure");
+  // A hit is served while the batch waits.
+  RawCall hit = CallEncode(*t.stub, MakeRequest("hit", {cached}));
+  ASSERT_TRUE(hit.status.ok());
+  EXPECT_EQ(hit.items[0].source(), v1::SOURCE_L1);
+  t.hold->store(false);
+  for (RawCall r : {a.get(), b.get()}) {
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INTERNAL);
+    EXPECT_TRUE(Contains(r.status.error_message(), "injected tower failure")) << r.status.error_message();
+  }
+  // Stats are published after the loop iteration that delivered the failure.
+  EXPECT_TRUE(WaitFor([&] { return t.server->Stats().worker.tower_failures == 1; }));
+  ExpectStillServing(t);
+}
+
+}  // namespace
+}  // namespace epd::testing

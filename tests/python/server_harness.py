@@ -1,0 +1,113 @@
+"""Helpers for tests that run real epd-encode server processes: finding the
+binary and the tiny test tower, making PNG fixtures, starting and stopping
+servers. Not a test module (pytest collects only test_*.py)."""
+
+import os
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+import zlib
+from typing import List, Optional, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build_dir() -> str:
+    return os.environ.get("EPD_BUILD_DIR", os.path.join(REPO, "build"))
+
+
+def encode_binary() -> Optional[str]:
+    """The epd-encode binary, or None when this build has none."""
+    for p in (os.environ.get("EPD_ENCODE_BIN"), os.path.join(build_dir(), "tools", "epd-encode")):
+        if p and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+def tiny_tower() -> Optional[str]:
+    """models/tiny_tower.pt (src/server/CMakeLists.txt), or None."""
+    for p in (os.environ.get("EPD_TINY_TOWER"), os.path.join(build_dir(), "models", "tiny_tower.pt")):
+        if p and os.path.exists(p):
+            return p
+    return None
+
+
+def missing_reason() -> Optional[str]:
+    """Why server-process tests cannot run here, or None when they can."""
+    if encode_binary() is None:
+        return ("epd-encode is not built (needs EPD_WITH_GRPC and EPD_WITH_TORCH); looked at $EPD_ENCODE_BIN and "
+                f"{os.path.join(build_dir(), 'tools', 'epd-encode')}")
+    if tiny_tower() is None:
+        return "models/tiny_tower.pt is not built (target tiny_tower)"
+    return None
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    """An 8-bit RGB PNG whose pixels depend on seed (distinct seeds, distinct bytes)."""
+    rows = bytearray()
+    for y in range(height):
+        rows.append(0)
+        for x in range(width):
+            rows += bytes(((x * 7 + y * 3 + seed * 31) & 255, (x * y + seed * 11) & 255, (x ^ y ^ seed) & 255))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(rows))) + chunk(b"IEND", b"")
+
+
+def free_ports(n: int) -> List[int]:
+    """n distinct loopback ports that were free a moment ago."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def tiny_serve_args() -> List[str]:
+    """serve flags for a fast test server: the tiny tower on one thread."""
+    return ["--model", tiny_tower(), "--threads", "1"]
+
+
+def start_server(extra: List[str], timeout: float = 60.0) -> Tuple[subprocess.Popen, int, int]:
+    """Starts `epd-encode serve --port 0` plus `extra`; returns (process,
+    port, metrics_port) once it printed READY."""
+    args = [encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0"] + extra
+    # stderr to a file: a pipe nobody reads would block the server once full.
+    err = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
+    proc.err_file = err
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("READY "):
+            fields = dict(kv.split("=", 1) for kv in line.split()[1:])
+            return proc, int(fields["port"]), int(fields["metrics_port"])
+    proc.kill()
+    proc.wait()
+    err.seek(0)
+    raise RuntimeError(f"epd-encode serve did not get ready: {err.read()}")
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> int:
+    """SIGTERM, wait, return the exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
+    proc.err_file.close()
+    return proc.returncode

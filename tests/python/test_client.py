@@ -1,0 +1,205 @@
+"""The Python client (epd.client) and the `epd-encode client` CLI against a
+real `epd-encode serve` process running the tiny tower.
+
+Independent checks: keys the server returns are computed by the C++
+ComputeContentKey, so equality with the Python derivation cross-checks the
+two implementations; token counts follow from Qwen2-VL's smart_resize by hand
+(56x56 -> 4x4 patches -> 2x2 merged = 4 tokens; 84x56 -> 6 tokens); safetensors
+output is parsed here with struct/json, not with epd."""
+
+import json
+import os
+import struct
+import subprocess
+import tempfile
+
+import pytest
+
+import server_harness as h
+
+reason = h.missing_reason()
+if reason:
+    pytest.skip(reason, allow_module_level=True)
+try:
+    import grpc
+    from epd import client as ec
+except ImportError as e:  # stubs not generated: EPD_WITH_PYTHON/EPD_WITH_GRPC off
+    pytest.skip(f"epd.client is not importable ({e}); build target epd_python_stubs", allow_module_level=True)
+
+# The tiny tower (src/server/CMakeLists.txt): hidden 64, 1 deepstack layer, float32.
+HIDDEN = 64
+DEEPSTACK = 1
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--server-id", "py-test", "--cache-mb", "16",
+                                                          "--host-cache-mb", "16"])
+    yield f"127.0.0.1:{port}"
+    # Graceful shutdown on SIGTERM exits 0.
+    assert h.stop_server(proc) == 0
+
+
+@pytest.fixture
+def client(server):
+    with ec.EncodeClient(server, timeout=30) as c:
+        yield c
+
+
+def test_encode_streams_every_item_by_index(client):
+    imgs = [h.png(56, 56, 1), h.png(84, 56, 2), h.png(56, 56, 3)]
+    results = client.encode(imgs)
+    assert [r.index for r in results] == [0, 1, 2]
+    assert [r.tokens for r in results] == [4, 6, 4]
+    for r in results:
+        assert r.ok and r.hidden == HIDDEN and r.deepstack_layers == DEEPSTACK and r.dtype == "float32"
+        assert len(r.main) == r.tokens * HIDDEN * 4
+        assert len(r.deepstack) == r.tokens * HIDDEN * DEEPSTACK * 4
+        assert r.source == "miss"
+        assert r.server_id == "py-test"
+    assert results[0].main != results[2].main  # different images, different embeddings
+
+
+def test_second_encode_is_an_l1_hit_with_the_same_bytes(client):
+    img = h.png(56, 56, 10)
+    [first] = client.encode([img])
+    [again] = client.encode([img])
+    assert again.source == "l1" and again.tower_ms == 0
+    assert again.main == first.main and again.deepstack == first.deepstack
+
+
+def test_python_key_equals_the_servers_cpp_key(client):
+    img = h.png(56, 56, 11)
+    [r] = client.encode([img])
+    info = client.health()
+    assert r.key == ec.content_key(info.model_id, info.preprocess, img)
+    assert r.key == client.key_for(img)
+    # Every preprocessing field is in the key: a changed one gives another key.
+    other = ec.PreprocessConfig(max_pixels=info.preprocess.max_pixels + 1)
+    assert ec.content_key(info.model_id, other, img) != r.key
+
+
+def test_caller_key_matches_and_serves_a_hit_without_bytes(client):
+    img = h.png(56, 56, 12)
+    [first] = client.encode([ec.Item(image=img, caller_key="gateway-12")])
+    info = client.health()
+    assert first.key == ec.caller_content_key(info.model_id, info.preprocess, "gateway-12")
+    [hit] = client.encode([ec.Item(caller_key="gateway-12", expected_tokens=4)])
+    assert hit.source == "l1" and hit.main == first.main
+
+
+def test_health_reports_the_key_inputs(client):
+    info = client.health()
+    assert info.serving and info.server_id == "py-test"
+    assert info.model_id == "tiny_tower.pt"
+    assert info.preprocess == ec.PreprocessConfig(mean=info.preprocess.mean, std=info.preprocess.std)
+    assert [round(m, 6) for m in info.preprocess.mean] == [0.481455, 0.457828, 0.408211]
+    assert info.hidden == HIDDEN and info.deepstack_layers == DEEPSTACK and info.dtype == "float32"
+
+
+def test_main_array_has_the_embedding_shape(client):
+    [r] = client.encode([h.png(84, 56, 13)])
+    a = r.main_array()
+    assert a.shape == (6, HIDDEN) and str(a.dtype) == "float32"
+    assert r.deepstack_array().shape == (6, HIDDEN * DEEPSTACK)
+
+
+def test_undecodable_image_raises_invalid_argument_and_keeps_the_good_item(client):
+    good = h.png(56, 56, 14)
+    with pytest.raises(ec.EncodeError) as e:
+        client.encode([good, b"not an image at all"])
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "item 0" in e.value.message  # per-key calls: the bad image is item 0 of its own call
+    assert e.value.results[0].ok and e.value.results[0].tokens == 4
+    assert not e.value.results[1].ok
+    assert client.encode([good])[0].ok  # the server keeps serving
+
+
+def test_expected_tokens_that_disagree_raise_invalid_argument(client):
+    with pytest.raises(ec.EncodeError) as e:
+        client.encode([ec.Item(image=h.png(56, 56, 15), expected_tokens=9)])
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "gives 4 tokens" in e.value.message
+
+
+def test_check_false_returns_failures_instead_of_raising(client):
+    [r] = client.encode([b"\x89PNG broken"], check=False)
+    assert not r.ok and r.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_stats_count_what_was_served(client):
+    before = client.stats()
+    img = h.png(56, 56, 16)
+    client.encode([img])
+    client.encode([img])
+    after = client.stats()
+    assert after["misses"] - before["misses"] == 1
+    assert after["hits_l1"] - before["hits_l1"] == 1
+    assert after["server_id"] == "py-test"
+
+
+def test_unreachable_server_raises_unavailable():
+    port = h.free_ports(1)[0]
+    with ec.EncodeClient(f"127.0.0.1:{port}", timeout=5) as c:
+        with pytest.raises(ec.EncodeError) as e:
+            c.encode([h.png(56, 56, 17)])
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+# --- the C++ CLI client ---------------------------------------------------------
+
+def run_cli(*args):
+    return subprocess.run([h.encode_binary(), "client", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_client_prints_one_line_per_item_and_writes_safetensors(server, client):
+    with tempfile.TemporaryDirectory() as d:
+        paths = []
+        for i, (w, hgt) in enumerate([(56, 56), (84, 56)]):
+            p = os.path.join(d, f"img{i}.png")
+            with open(p, "wb") as f:
+                f.write(h.png(w, hgt, 20 + i))
+            paths.append(p)
+        out = os.path.join(d, "emb.safetensors")
+        r = run_cli("--server", server, "--out", out, *paths)
+        assert r.returncode == 0, r.stderr
+        lines = [dict(kv.split("=", 1) for kv in ln.split()) for ln in r.stdout.splitlines()]
+        assert sorted(int(ln["index"]) for ln in lines) == [0, 1]
+        by_index = {int(ln["index"]): ln for ln in lines}
+        assert by_index[0]["tokens"] == "4" and by_index[1]["tokens"] == "6"
+        assert all(ln["hidden"] == str(HIDDEN) and ln["source"] in ("miss", "l1", "l2", "joined") for ln in lines)
+        # The key the CLI prints is the one Python derives.
+        assert by_index[0]["key"] == client.key_for(h.png(56, 56, 20)).hex()
+
+        with open(out, "rb") as f:
+            blob = f.read()
+        n = struct.unpack("<Q", blob[:8])[0]
+        header = json.loads(blob[8:8 + n])
+        key0 = by_index[0]["key"]
+        assert header[key0]["dtype"] == "F32" and header[key0]["shape"] == [4, HIDDEN]
+        assert header[key0 + ".deepstack"]["shape"] == [4, HIDDEN * DEEPSTACK]
+        assert header["__metadata__"]["model_id"] == "tiny_tower.pt"
+        begin, end = header[key0]["data_offsets"]
+        [again] = client.encode([h.png(56, 56, 20)])
+        assert blob[8 + n + begin:8 + n + end] == again.main
+
+
+def test_cli_client_failure_prints_the_status_name_and_exits_nonzero(server):
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "bad.png")
+        with open(p, "wb") as f:
+            f.write(b"definitely not a png")
+        r = run_cli("--server", server, p)
+    assert r.returncode != 0
+    assert "INVALID_ARGUMENT" in r.stderr and "unsupported image format" in r.stderr
+
+
+def test_cli_client_reports_an_unreachable_server(server):
+    port = h.free_ports(1)[0]
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "a.png")
+        with open(p, "wb") as f:
+            f.write(h.png(56, 56, 30))
+        r = run_cli("--server", f"127.0.0.1:{port}", "--timeout-s", "5", p)
+    assert r.returncode != 0
+    assert "UNAVAILABLE" in r.stderr
