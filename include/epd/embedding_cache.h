@@ -31,11 +31,13 @@
 // neighbouring entries the way a linked-list LRU's unlink does.
 //
 // Per-entry bookkeeping, beyond sizeof(K) + sizeof(V):
-//   entry record        24 bytes  (stored hash, nbytes, last-touch sequence)
+//   entry record        16 bytes  (nbytes, last-touch sequence), plus padding
+//                                 to the entry's alignment
 //   index slots      16-32 bytes  (8-byte slots, load factor at most 1/2, doubling)
 //   recency log      16-48 bytes  (16-byte records, compacted at 3 per live entry)
-// i.e. 56-104 bytes, 64 + ~16 typical; `bench/cache_bench` measures it with a
-// counting allocator (docs/BENCHMARKS.md).
+// i.e. 48-96 bytes, plus the slab's and the log's spare vector capacity
+// (up to 2x from doubling); `bench/cache_bench` measures it from the heap
+// (docs/BENCHMARKS.md).
 //
 // Thread safety: thread-compatible (no internal locking). Use
 // ConcurrentEmbeddingCache (epd/concurrent_cache.h) to share one across
@@ -50,7 +52,12 @@
 //
 // Design: entries live in a slab (vector, stable indices, free list). The
 // index is open addressing with linear probing and backward-shift deletion,
-// holding (hash tag, slab index). Recency is a log of (slab index, sequence)
+// holding (low 32 bits of the hash, slab index): those bits are both the
+// slot's home position and the tag a probe compares before touching the slab
+// (for keys sharing a home, the bits above the index size tell them apart),
+// so deletion and rehashing never read the slab. An entry that is exactly one
+// cache line (ContentKey + EmbeddingPtr) is aligned to one, so a hit reads
+// one slab line. Recency is a log of (slab index, sequence)
 // records in touch order; each entry stores the sequence of its latest touch,
 // so a record is current iff its sequence equals the entry's. The first current
 // record in the log is the exact LRU entry: eviction pops stale records until
@@ -130,7 +137,7 @@ class EmbeddingCache {
       ent.nbytes = nbytes;
       Touch(e);
     } else {
-      e = Allocate(key, std::move(value), nbytes, h);
+      e = Allocate(key, std::move(value), nbytes);
       InsertIndex(e, h);
       cur_bytes_ += nbytes;
       ++size_;
@@ -146,7 +153,7 @@ class EmbeddingCache {
     const std::uint32_t e = Find(key, h);
     if (e == kNone) return std::nullopt;
     PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes};
-    Remove(e);
+    Remove(e, h);
     return out;
   }
 
@@ -181,15 +188,16 @@ class EmbeddingCache {
  private:
   static constexpr std::uint32_t kNone = 0xffffffffu;
 
-  struct Entry {
+  struct EntryFields {
     K key;
     V value;
-    std::size_t hash = 0;
     std::int64_t nbytes = 0;
     std::uint64_t seq = 0;  // sequence of the latest touch; 0 = free slot
   };
+  static constexpr std::size_t kCacheLine = 64;
+  struct alignas(sizeof(EntryFields) == kCacheLine ? kCacheLine : alignof(EntryFields)) Entry : EntryFields {};
   struct Slot {
-    std::uint32_t tag = 0;      // high 32 bits of the hash
+    std::uint32_t hash_lo = 0;  // low 32 bits of the hash: tag and home slot
     std::uint32_t entry = kNone;
   };
   struct Record {
@@ -197,35 +205,45 @@ class EmbeddingCache {
     std::uint64_t seq;
   };
 
-  static std::uint32_t Tag(std::size_t h) { return static_cast<std::uint32_t>(static_cast<std::uint64_t>(h) >> 32); }
+  static std::uint32_t Lo(std::size_t h) { return static_cast<std::uint32_t>(h); }
+
+  // Home position of the entry in slot s. The stored 32 bits suffice while
+  // the index has at most 2^32 slots; beyond that the key is hashed again.
+  std::size_t Home(const Slot& s, std::size_t mask) const {
+    if (mask <= 0xffffffffu) return s.hash_lo & mask;
+    return hash_(slab_[s.entry].key) & mask;
+  }
 
   std::uint32_t Find(const K& key, std::size_t h) const {
     const std::size_t mask = index_.size() - 1;
-    const std::uint32_t tag = Tag(h);
+    const std::uint32_t lo = Lo(h);
     for (std::size_t i = h & mask;; i = (i + 1) & mask) {
       const Slot& s = index_[i];
       if (s.entry == kNone) return kNone;
-      if (s.tag == tag && eq_(slab_[s.entry].key, key)) return s.entry;
+      if (s.hash_lo == lo && eq_(slab_[s.entry].key, key)) return s.entry;
     }
   }
 
-  void InsertIndex(std::uint32_t e, std::size_t h) {
+  void InsertIndex(std::uint32_t e, std::size_t h) { InsertSlot(Slot{Lo(h), e}, h & (index_.size() - 1)); }
+
+  void InsertSlot(Slot s, std::size_t home) {
     const std::size_t mask = index_.size() - 1;
-    std::size_t i = h & mask;
+    std::size_t i = home;
     while (index_[i].entry != kNone) i = (i + 1) & mask;
-    index_[i] = Slot{Tag(h), e};
+    index_[i] = s;
   }
 
   // Backward-shift deletion keeps probe sequences gap-free without tombstones.
-  void EraseIndex(std::uint32_t e) {
+  // `h` is the hash of e's key.
+  void EraseIndex(std::uint32_t e, std::size_t h) {
     const std::size_t mask = index_.size() - 1;
-    std::size_t i = slab_[e].hash & mask;
+    std::size_t i = h & mask;
     while (index_[i].entry != e) i = (i + 1) & mask;
     std::size_t j = i;
     for (;;) {
       j = (j + 1) & mask;
       if (index_[j].entry == kNone) break;
-      const std::size_t home = slab_[index_[j].entry].hash & mask;
+      const std::size_t home = Home(index_[j], mask);
       // Move j into the hole at i unless j's home lies cyclically in (i, j].
       const bool home_in_range = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
       if (!home_in_range) {
@@ -236,21 +254,24 @@ class EmbeddingCache {
     index_[i] = Slot{};
   }
 
+  // Rebuilds the index from its own slots; reads the slab only past 2^32 slots.
   void Rehash(std::size_t slots) {
-    index_.assign(slots, Slot{});
-    for (std::uint32_t e = 0; e < slab_.size(); ++e) {
-      if (slab_[e].seq != 0) InsertIndex(e, slab_[e].hash);
+    std::vector<Slot> old(slots, Slot{});
+    old.swap(index_);
+    const std::size_t mask = slots - 1;
+    for (const Slot& s : old) {
+      if (s.entry != kNone) InsertSlot(s, Home(s, mask));
     }
   }
 
-  std::uint32_t Allocate(const K& key, V&& value, std::int64_t nbytes, std::size_t h) {
+  std::uint32_t Allocate(const K& key, V&& value, std::int64_t nbytes) {
     if (!free_.empty()) {
       const std::uint32_t e = free_.back();
       free_.pop_back();
-      slab_[e] = Entry{key, std::move(value), h, nbytes, 0};
+      slab_[e] = Entry{{key, std::move(value), nbytes, 0}};
       return e;
     }
-    slab_.push_back(Entry{key, std::move(value), h, nbytes, 0});
+    slab_.push_back(Entry{{key, std::move(value), nbytes, 0}});
     return static_cast<std::uint32_t>(slab_.size() - 1);
   }
 
@@ -270,10 +291,10 @@ class EmbeddingCache {
     log_head_ = 0;
   }
 
-  // Frees slab slot e (its key and value are reset; value already moved out by
-  // pop/evict where needed).
-  void Remove(std::uint32_t e) {
-    EraseIndex(e);
+  // Frees slab slot e, whose key hashes to h (its key and value are reset;
+  // value already moved out by pop/evict where needed).
+  void Remove(std::uint32_t e, std::size_t h) {
+    EraseIndex(e, h);
     Entry& ent = slab_[e];
     cur_bytes_ -= ent.nbytes;
     ent = Entry{};  // releases the key, and the value if still held
@@ -293,11 +314,11 @@ class EmbeddingCache {
   void Evict() {
     while (cur_bytes_ > capacity_bytes_ && size_ > 0) {
       const std::uint32_t e = PopLru();
+      const std::size_t h = hash_(slab_[e].key);  // before the key moves out
       K key = std::move(slab_[e].key);
       V value = std::move(slab_[e].value);
       const std::int64_t nbytes = slab_[e].nbytes;
-      // EraseIndex reads only the stored hash, so moving the key out first is safe.
-      Remove(e);
+      Remove(e, h);
       ++evictions_;
       if (on_evict_) on_evict_(key, std::move(value), nbytes);
     }
