@@ -380,11 +380,12 @@ def render_memory(ctx: Context) -> str | None:
                    "bookkeeping_bytes() / n, fill / steady"], rows)
     b = ctx.bench(S, "hit/epd/1000000")
     steady_bk = b.get("heap_B_per_entry_steady", 0) - kv
-    text += (f"\nThe header of `include/epd/embedding_cache.h` documents 56-104 bytes of bookkeeping per entry. "
-             f"Measured in steady state: {fmt(steady_bk)} bytes by the heap, {fmt(b.get('bookkeeping_B_per_entry'))} "
-             f"by `bookkeeping_bytes()`. The recency log dominates: it holds up to 3n+64 16-byte records before "
-             f"compaction, and `std::vector`'s doubling rounds its capacity up to the next power of two "
-             f"(2^22 records = 64 MiB at 10^6 entries). The slab likewise rounds 10^6 entries up to 2^20.\n")
+    text += (f"\nThe header of `include/epd/embedding_cache.h` documents 48-96 bytes of bookkeeping records per "
+             f"entry plus the vectors' spare capacity. Measured in steady state: {fmt(steady_bk)} bytes by the heap, "
+             f"{fmt(b.get('bookkeeping_B_per_entry'))} by `bookkeeping_bytes()`. The recency log dominates: it holds "
+             f"up to 3n+64 16-byte records before compaction, and `std::vector`'s doubling rounds its capacity up to "
+             f"the next power of two (2^22 records = 64 MiB at 10^6 entries). The slab likewise rounds 10^6 entries "
+             f"up to 2^20.\n")
     return text
 
 
@@ -418,7 +419,9 @@ def render_peers(ctx: Context) -> str | None:
     header = ["cache"]
     for s in STREAMS:
         header += [f"{s} ns/op", f"{s} hit ratio", f"{s} ns/op, 2 threads"]
-    text += ("\n**Get-or-insert over key streams** (10^6 entries' capacity, 4x10^6-key universe; ns per op and hit "
+    cc = ctx.gb[S]["context"]
+    text += (f"\n**Get-or-insert over key streams** (capacity {cc.get('stream_capacity_entries', '?')} entries, "
+             f"universe {cc.get('stream_universe', '?')} keys; ns per op and hit "
              "ratio over the timed half; a miss costs a get and a put). Two-thread figures: "
              "`ConcurrentEmbeddingCache` for epd, the peers' own thread safety; `EmbeddingCache` and the map+list "
              "baseline are single-threaded.\n\n" + table(header, rows))
@@ -579,7 +582,7 @@ def render_scheduler(ctx: Context) -> str | None:
         ["pending items", "epd kByKey", "epd kFifo", "Python reference (by key)", "reference / epd kByKey"], rows)
     stopped = (ctx.ref or {}).get("figures", {}).get("drain_stopped")
     if stopped:
-        text += (f"\nThe reference was run from 10^3 items upward (1, 2, 5 steps) until one size passed the limit: "
+        text += (f"\nThe reference was run from 10^3 items upward (1, 2, 5 steps; a step predicted to take more than 1.5x the limit is shortened to one predicted at 1.5x) until one size passed the limit: "
                  f"stopped at n = {stopped['n']:,} ({stopped['reason']}).\n")
     nb_rows = []
     for order in ("by_key", "fifo"):
