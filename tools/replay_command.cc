@@ -251,7 +251,7 @@ int RunReplay(const ReplayFlags& f) {
         {"items_per_s", items_per_s},
         {"wall_s", wall_s},
         {"tower_s", s.tower_seconds},
-        {"outside_tower_fraction", wall_s > 0 ? std::max(0.0, 1 - s.tower_seconds / wall_s) : 0},
+        {"tower_busy_fraction", wall_s > 0 ? std::min(1.0, s.tower_seconds / wall_s) : 0},
         {"l1_bytes", s.l1_bytes},
         {"l2_bytes", s.l2_bytes},
         {"demotions", s.demotions},
@@ -267,8 +267,8 @@ int RunReplay(const ReplayFlags& f) {
     o += fmt::format("  tower      {} batches, {} items, {:.1f} tokens per batch, {:.3f} s\n", s.tower_batches,
                      s.tower_items, mean_batch_tokens, s.tower_seconds);
     o += fmt::format("  latency    p50 {:.1f} ms, p99 {:.1f} ms\n", p50, p99);
-    o += fmt::format("  throughput {:.1f} items/s, wall {:.3f} s ({:.1f}% outside the tower)\n", items_per_s, wall_s,
-                     wall_s > 0 ? 100 * std::max(0.0, 1 - s.tower_seconds / wall_s) : 0.0);
+    o += fmt::format("  throughput {:.1f} items/s, wall {:.3f} s (tower busy {:.1f}% of it)\n", items_per_s, wall_s,
+                     wall_s > 0 ? 100 * std::min(1.0, s.tower_seconds / wall_s) : 0.0);
     o += fmt::format("  cache      L1 {:.1f} MB, L2 {:.1f} MB, {} demotions, {} promotions\n",
                      static_cast<double>(s.l1_bytes) / (1 << 20), static_cast<double>(s.l2_bytes) / (1 << 20),
                      s.demotions, s.promotions);

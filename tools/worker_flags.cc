@@ -38,6 +38,8 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->check(CLI::IsMember({"fifo", "by_key"}));
   cmd.add_option("--max-pixels", f.max_pixels, "preprocessing area cap, pixels (Qwen2-VL max_pixels)")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--decode-threads", f.decode_threads, "helper threads decoding misses ahead of the tower")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
 }
 
 StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
@@ -58,6 +60,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.dedup_in_flight = !f.no_cache;
   o.max_tokens_per_batch = f.max_tokens_per_batch;
   o.max_items_per_batch = f.max_items_per_batch;
+  o.decode_threads = f.decode_threads;
   o.order = f.order == "by_key" ? ScheduleOrder::kByKey : ScheduleOrder::kFifo;
   return WorkerParts{std::move(o), std::move(*tower)};
 #else

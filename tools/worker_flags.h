@@ -15,6 +15,7 @@
 //   --max-items-per-batch N   tower batch item bound [16]
 //   --order fifo|by_key       scheduler order [fifo]
 //   --max-pixels N            preprocessing area cap, pixels [1003520, Qwen2-VL's]
+//   --decode-threads N        helper threads decoding misses ahead of the tower [1]
 //
 // Thread safety: not thread-safe (parse-time helpers).
 #pragma once
@@ -41,6 +42,7 @@ struct WorkerFlags {
   std::int64_t max_items_per_batch = 16;
   std::string order = "fifo";
   std::int64_t max_pixels = PreprocessConfig{}.max_pixels;
+  int decode_threads = WorkerOptions{}.decode_threads;
 };
 
 // The tower used when --model is not given; empty when this build has none.

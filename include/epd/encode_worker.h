@@ -19,14 +19,32 @@
 //      size, deepstack layers and dtype (the tower's). A match is delivered at
 //      once, main and deepstack halves both (one Embedding holds both). A
 //      mismatch counts in WorkerStats::shape_mismatches and goes on as a miss.
-//   4. Miss: decoded and preprocessed now (a bad image fails only this item,
-//      kInvalidArgument), then queued on the scheduler with cost = post-merge
-//      tokens.
-// Step() asks the scheduler for the next batch, runs the tower once, checks
-// the output (rows == sum of the items' tokens, byte sizes match the shape),
-// copies each item's rows into its OWN Embedding (never a view into the batch
-// output; charged exactly main + deepstack bytes), caches it and delivers it
-// to every waiter.
+//   4. Miss: queued on the scheduler with cost = post-merge tokens, which the
+//      header gives (ProbeImage + GridForImage) without decoding. A bad
+//      header (unknown format, zero size, more pixels than DecodeLimits
+//      allows) fails only this item at once, kInvalidArgument.
+// Helper threads decode and preprocess queued misses in arrival order while
+// the tower runs (at most decode_lookahead finished ahead), so decoding
+// overlaps the tower instead of adding to it. Batches depend only on the
+// sequence of Submit/Cancel/StartBatch calls and the header costs, never on
+// decode timing.
+//
+// A batch runs in two halves, so the owning thread can keep submitting while
+// the tower works (WorkerLoop does):
+//   StartBatch()  takes the scheduler's next batch and hands it to the
+//                 worker's tower thread, which takes the decoded images
+//                 (decoding any a helper has not started; bad pixel data fails
+//                 only that item, kInvalidArgument) and runs the tower once.
+//   FinishBatch() waits for it, checks the output (rows == sum of the items'
+//                 tokens, byte sizes match the shape), copies each item's rows
+//                 into its OWN Embedding (never a view into the batch output;
+//                 charged exactly main + deepstack bytes), caches it and
+//                 delivers it to every waiter, including items that joined
+//                 while it ran.
+// Step() is StartBatch() + FinishBatch(). One batch runs on the tower at a
+// time, but the next may be started as soon as the previous one's tower call
+// has returned, before it is collected, so the collect overlaps the tower
+// (at most two batches outstanding: one running, one awaiting FinishBatch).
 //
 // Failures stay local: a failed tower call fails only that batch's items
 // (kInternal, the tower's message); an output of the wrong shape likewise
@@ -34,7 +52,8 @@
 // counters are unaffected by a failure.
 //
 // Results: an ItemResult per item, delivered by `on_item` as soon as the item
-// is ready (hits inside Submit, misses inside Step; any order across items),
+// is ready (hits and header errors inside Submit, the rest inside
+// FinishBatch/Step; any order across items),
 // then one RequestResult (items by index) through `on_done` once every item
 // is delivered, inside the Submit or Step call that finished the last one.
 // REQUIRES: callbacks must not call back into this EncodeWorker (they run
@@ -48,19 +67,27 @@
 //                       (nothing of the request is queued or delivered)
 // Cancel(id) completes the request at once with kCancelled: items not yet
 // delivered get kCancelled; queued computations no other request waits on are
-// removed from the scheduler; those another request waits on stay.
+// removed from the scheduler; those another request waits on stay. A
+// computation already running finishes and is cached.
 //
-// Complexity: Submit O(items * (bytes hashed + log pending)) plus decode of
-// misses; Step O(batch log pending) plus the tower and one copy of its output.
-// Memory: each queued miss holds its preprocessed patches
-// (patches * patch_dim * 4 bytes, ~6 MB for a 512x512 image) until its batch
-// runs; bound it with max_pending_items.
+// Complexity: Submit O(items * (bytes hashed + header parse + log pending));
+// Step O(batch log pending) plus decodes not done ahead, the tower and one
+// copy of its output.
+// Memory: a queued miss holds its encoded bytes; a decoded one its
+// preprocessed patches (patches * patch_dim * 4 bytes, ~6 MB for a 512x512
+// image), at most decode_lookahead + decode_threads of them ahead of Step.
+// Bound the bytes with max_pending_items.
 //
 // Thread safety: thread-compatible: one thread owns the worker and calls
-// Submit/Step/Cancel. ItemKeys() is the exception: it only reads the
-// immutable options and may run on any thread (WorkerLoop hashes on the
-// submitting threads with it). Use WorkerLoop (epd/worker_loop.h) to drive a
-// worker from several threads.
+// everything (the decode helpers and the tower thread are internal and never
+// run callbacks, except StartBatch's on_finished). BatchFinished() is the
+// exception: it may be read from any thread. Encode runs on the tower thread
+// while the owner may call the tower's metadata accessors (hidden() etc.),
+// so those must be safe concurrently with Encode (immutable values, as in
+// every backend here). ItemKeys() is the exception: it only reads the immutable
+// options and may run on any thread (WorkerLoop hashes on the submitting
+// threads with it). Use WorkerLoop (epd/worker_loop.h) to drive a worker from
+// several threads.
 //
 // Example:
 //   epd::WorkerOptions opt;
@@ -68,7 +95,7 @@
 //   auto worker = epd::EncodeWorker::Create(opt, std::move(tower));
 //   (*worker)->Submit({"req-1", {{jpeg_bytes}}},
 //                     {.on_done = [](const epd::RequestResult& r) { Ship(r); }});
-//   while ((*worker)->HasQueuedWork()) (*worker)->Step();
+//   while ((*worker)->HasQueuedWork()) (*worker)->Step();   // or StartBatch/FinishBatch
 #pragma once
 
 #include <cstdint>
@@ -120,9 +147,19 @@ struct WorkerOptions {
   // what deduplication saves.
   bool dedup_in_flight = true;
 
-  // Backpressure: while it returns true, Step() starts no tower batch (e.g.
-  // the transfer ring towards the prefill stage is full). Empty = never full.
-  // Called on the worker's thread; must be cheap and must not throw.
+  // Helper threads that decode queued misses ahead of their batch; 0 = the
+  // tower thread decodes each batch just before running it (no overlap).
+  int decode_threads = 1;
+  // Decoded images kept ready ahead of their batch at most; 0 = 2 *
+  // max_items_per_batch (the next batch plus one).
+  std::int64_t decode_lookahead = 0;
+
+  // Backpressure: while it returns true, Step()/StartBatch() start no tower
+  // batch (e.g. the transfer ring towards the prefill stage is full). Empty =
+  // never full. Checked when a batch starts, which may be before the previous
+  // batch is collected, so up to two batches' results can still arrive after
+  // it first returns true. Called on the worker's thread; must be cheap and
+  // must not throw.
   std::function<bool()> sink_full;
 };
 
@@ -209,7 +246,7 @@ struct WorkerStats {
   std::uint64_t tower_tokens = 0;    // their post-merge tokens
   double tower_seconds = 0;          // wall time inside VisionTower::Encode
   std::uint64_t tower_failures = 0;  // batches failed by the tower or its output shape
-  std::uint64_t sink_full_stalls = 0;  // Step() calls that found the sink full
+  std::uint64_t sink_full_stalls = 0;  // batch starts refused because the sink was full
 
   // Failed items by status code (kInvalidArgument, kInternal, kCancelled, ...).
   std::map<StatusCode, std::uint64_t> errors;
@@ -237,10 +274,12 @@ class EncodeWorker {
  public:
   // Validates the options (kInvalidArgument naming the field: empty model_id,
   // invalid preprocess config, negative capacity, non-positive batch bounds,
-  // negative max_pending_items) and a tower whose patch_dim differs from the
+  // negative max_pending_items, decode_threads or decode_lookahead) and a tower whose patch_dim differs from the
   // preprocess config's (kInvalidArgument). Takes ownership of the tower.
   static StatusOr<std::unique_ptr<EncodeWorker>> Create(WorkerOptions options,
                                                         std::unique_ptr<VisionTower> tower);
+  // Waits for outstanding tower calls. Requests still in flight are dropped
+  // without callbacks; call FailAll first to complete them.
   ~EncodeWorker();
   EncodeWorker(const EncodeWorker&) = delete;
   EncodeWorker& operator=(const EncodeWorker&) = delete;
@@ -256,19 +295,38 @@ class EncodeWorker {
   Status Submit(EncodeRequest request, RequestCallbacks callbacks = {},
                 std::vector<StatusOr<ContentKey>> keys = {});
 
-  // Runs at most one tower batch and delivers its items. Returns the number
-  // of computations in the batch: 0 when nothing is queued or sink_full()
-  // holds.
+  // Runs at most one tower batch and delivers its items (or collects the
+  // oldest batch StartBatch left outstanding, if any). Returns the number of computations in
+  // the batch: 0 when nothing is queued or sink_full() holds.
   std::int64_t Step();
 
-  // True when the scheduler holds computations for Step().
+  // Starts the next batch on the tower thread and returns at once; false
+  // (nothing started) when the tower is busy (TowerBusy()), two batches are
+  // outstanding, nothing is queued, or sink_full() holds. `on_finished`, if
+  // set, runs ON THE TOWER THREAD when the tower call returns; it must only
+  // wake the owner (e.g. notify a condition variable) and must not throw.
+  bool StartBatch(std::function<void()> on_finished = nullptr);
+  // Collects the oldest outstanding batch (waiting for its tower call if
+  // needed): caches and delivers its results. Returns its number of
+  // computations; 0 when no batch is outstanding.
+  std::int64_t FinishBatch();
+  // Batches started and not yet collected by FinishBatch (0, 1 or 2).
+  std::int64_t OutstandingBatches() const;
+  // A started batch's tower call has not returned yet.
+  bool TowerBusy() const;
+  // The oldest outstanding batch's tower call has returned (FinishBatch will
+  // not wait). Thread-safe.
+  bool BatchFinished() const;
+
+  // True when the scheduler holds computations for StartBatch().
   bool HasQueuedWork() const;
 
   // Cancels the in-flight request `id`; false when there is none.
   bool Cancel(const std::string& id);
 
   // Completes every in-flight request with `status` (as Cancel, for
-  // shutdown) and empties the queue. Returns how many requests it completed.
+  // shutdown) and empties the queue; outstanding batches still finish (their
+  // results are cached when collected). Returns how many requests it completed.
   std::int64_t FailAll(const Status& status);
 
   WorkerStats stats() const;

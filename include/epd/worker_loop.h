@@ -8,9 +8,13 @@
 // Other threads only push commands and read a stats snapshot.
 //
 // Loop: the thread drains the inbox (submits and cancels, in arrival order),
-// then runs one Step() (one tower batch), publishes a stats snapshot, and
-// repeats; it sleeps when there is nothing to do. When the worker's sink is
-// full it polls every millisecond (or on Wake()).
+// starts the next batch if the tower is idle (EncodeWorker::StartBatch: the
+// tower runs on the worker's own tower thread), then collects any batch the
+// tower has finished (FinishBatch: copies, cache, callbacks, overlapping the
+// batch just started), publishes a stats snapshot, and repeats; it sleeps
+// when there is nothing to do. So while a batch runs, new requests are still
+// accepted, hits served and misses queued for decoding. When the worker's
+// sink is full it polls every millisecond (or on Wake()).
 //
 // Submit hashes the request's content keys on the CALLING thread
 // (EncodeWorker::ItemKeys) before enqueueing, so several submitting threads

@@ -1,25 +1,44 @@
 // Design notes.
 //
-// State. A *job* is one pending tower computation: a content key, its
-// preprocessed patches, and the waiters (request, item index) that receive
-// its result. Every job is queued on the scheduler under exactly one
-// scheduler key until Step() takes it; it is then run and erased in the same
-// Step(), so between calls a job is always queued. Invariants between calls:
-//   - jobs_ and job_by_sched_ hold the same jobs, and the scheduler holds
-//     exactly their scheduler keys;
-//   - job_by_key_ maps a content key to its job when dedup is on;
-//   - every job has >= 1 waiter, and every waiter's request is in requests_
-//     with that item not yet delivered.
+// State. A *job* is one tower computation: a content key, its header token
+// count, the handle of its prefetch decode, and the waiters (request, item
+// index) that receive its result. A job is *queued* (on the scheduler under
+// exactly one scheduler key) until StartBatch() takes it, then *running*
+// (in a Batch of `outstanding`) until FinishBatch() caches its result,
+// delivers it and erases it. Invariants between calls:
+//   - job_by_sched holds exactly the queued jobs, and the scheduler exactly
+//     their scheduler keys; running jobs are exactly those of `outstanding`;
+//   - job_by_key maps a content key to its (queued or running) job when dedup
+//     is on, so a late duplicate joins even a running computation;
+//   - every queued job has >= 1 waiter (a running one may have none: it was
+//     cancelled under way and is still cached when it finishes); every waiter's
+//     request is in `requests` with that item not yet delivered.
 // A scheduler key is (request id + '\0' + zero-padded submission number, item
 // index) of the item that created the job. The submission number keeps keys
 // unique when a cancelled request's job lives on for another waiter and a new
 // request reuses the id; the '\0' separator keeps kByKey ordering by request
 // id first.
 //
+// Threads. The owning thread does everything except two things: helper
+// threads of the PrefetchDecoder decode queued misses in arrival order, and
+// one tower thread takes each started batch's decoded images (decoding any
+// no helper has started) and runs VisionTower::Encode, batches in start
+// order. The tower thread touches only the Batches it was handed and the
+// decoder (which has its own lock); the owning thread reads a Batch again
+// only after its `done` is set under tower_mu. Benefits: while the tower
+// runs, the owner keeps accepting requests, serving hits and queueing misses
+// whose decode then overlaps the tower; and it can start the next batch
+// before collecting (copying out, caching, delivering) the one that just
+// finished, so the collect overlaps the tower too. Costs: one more thread,
+// and corrupt pixel data is reported when its batch runs rather than at
+// Submit. Batch formation sees only the scheduler calls and header costs, so
+// it does not depend on decode timing.
+//
 // Delivery. Callbacks never run while the state is half-updated: Submit and
-// Step first bring every structure to its new state, collecting the results
-// to deliver, and only then fire on_item / on_done. A request is erased before
-// its on_done runs, so the id is free again inside the callback's caller.
+// FinishBatch first bring every structure to its new state, collecting the
+// results to deliver, and only then fire on_item / on_done. A request is
+// erased before its on_done runs, so the id is free again inside the
+// callback's caller.
 //
 // Copies. Each item's rows are copied out of the batch's TowerOutput into a
 // fresh Embedding (main and deepstack halves, contiguous), so the cache never
@@ -27,15 +46,21 @@
 #include "epd/encode_worker.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <span>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
 #include "epd/tiered_cache.h"
+#include "prefetch_decoder.h"
 
 namespace epd {
 namespace {
@@ -87,9 +112,29 @@ struct EncodeWorker::Impl {
   };
   struct Job {
     ContentKey key;
-    PreprocessedImage image;
+    std::int64_t tokens = 0;  // from the header: the scheduler cost
+    std::shared_ptr<internal::PrefetchDecoder::Task> decode;  // moved to the Batch when it starts
     EncodeScheduler::Key sched_key;
     std::vector<Waiter> waiters;
+    bool running = false;
+  };
+  // A started batch. Filled by StartBatch, then owned by the tower thread
+  // until tower_done, then read by FinishBatch.
+  struct BatchEntry {
+    std::uint64_t job;
+    std::shared_ptr<internal::PrefetchDecoder::Task> decode;
+    Status decode_status;  // the decode's error, if any
+    PreprocessedImage image;
+  };
+  struct Batch {
+    std::vector<BatchEntry> entries;
+    std::function<void()> on_finished;
+    bool done = false;         // guarded by tower_mu: the tower thread is through with it
+    std::int64_t decoded = 0;  // entries sent to the tower
+    std::int64_t tokens = 0;   // their post-merge tokens
+    StatusOr<TowerOutput> out = Status(StatusCode::kInternal, "no item of the batch decoded");
+    Clock::time_point start;  // tower call start
+    double tower_ms = 0;
   };
   struct Request {
     std::string id;
@@ -109,12 +154,26 @@ struct EncodeWorker::Impl {
       : options(std::move(opt)),
         tower(std::move(t)),
         cache(options.l1_bytes, options.l2_bytes, options.to_host, options.to_device),
-        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order) {}
+        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order),
+        decoder(options.preprocess, options.limits, options.decode_threads,
+                options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch),
+        tower_thread([this] { TowerLoop(); }) {}
+
+  // Waits for started batches' tower calls, then stops the tower thread.
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(tower_mu);
+      tower_stop = true;
+    }
+    tower_cv.notify_all();
+    tower_thread.join();
+  }
 
   WorkerOptions options;
   std::unique_ptr<VisionTower> tower;
   Cache cache;
   EncodeScheduler scheduler;
+  internal::PrefetchDecoder decoder;
 
   std::unordered_map<std::uint64_t, Request> requests;
   std::unordered_map<std::string, std::uint64_t> request_ids;
@@ -125,15 +184,39 @@ struct EncodeWorker::Impl {
   std::uint64_t next_job = 1;
   WorkerStats stats;
 
+  // Started batches not yet collected by FinishBatch, oldest first (the
+  // owner's view): at most one running on the tower thread plus one
+  // finished. The tower thread runs them in this order.
+  std::deque<std::unique_ptr<Batch>> outstanding;
+  std::atomic<int> finished{0};  // batches the tower thread is through with, not yet collected
+  std::mutex tower_mu;
+  std::condition_variable tower_cv;
+  std::deque<Batch*> tower_queue;  // guarded by tower_mu
+  bool tower_stop = false;         // guarded by tower_mu
+  std::thread tower_thread;        // last member: starts after everything it uses
+
+  bool TowerBusy() const { return static_cast<int>(outstanding.size()) > finished.load(std::memory_order_acquire); }
+
+  // The grid the image will have, from its header alone; the errors a
+  // decode would give for a bad header (format, zero size, pixel limit).
+  StatusOr<GridTHW> HeaderGrid(const std::string& media) const {
+    StatusOr<ImageInfo> info = ProbeImage(Bytes(media));
+    if (!info.ok()) return info.status();
+    const std::int64_t pixels = std::int64_t{info->width} * info->height;
+    if (pixels > options.limits.max_pixels) {
+      return InvalidArgument("too many pixels: " + std::to_string(info->width) + "x" + std::to_string(info->height) +
+                             " = " + std::to_string(pixels) + " exceeds the limit " +
+                             std::to_string(options.limits.max_pixels));
+    }
+    return GridForImage(info->height, info->width, options.preprocess);
+  }
+
   // Tokens a hit must have for this item; 0 when unknown (no expected count
   // and no readable header, e.g. a caller key sent without the media).
   std::int64_t ExpectedTokens(const EncodeItemInput& item) const {
     if (item.expected_tokens > 0) return item.expected_tokens;
-    StatusOr<ImageInfo> info = ProbeImage(Bytes(item.media));
-    if (!info.ok()) return 0;
-    StatusOr<GridTHW> grid = GridForImage(info->height, info->width, options.preprocess);
-    if (!grid.ok()) return 0;
-    return grid->tokens(options.preprocess.merge_size);
+    StatusOr<GridTHW> grid = HeaderGrid(item.media);
+    return grid.ok() ? grid->tokens(options.preprocess.merge_size) : 0;
   }
 
   bool ShapeMatches(const Embedding& e, const EncodeItemInput& item) const {
@@ -185,14 +268,15 @@ struct EncodeWorker::Impl {
   void EraseJob(std::uint64_t job_id) {
     auto it = jobs.find(job_id);
     Job& job = it->second;
-    job_by_sched.erase(job.sched_key);
+    if (job.decode != nullptr) decoder.Drop(job.decode);
+    if (!job.running) job_by_sched.erase(job.sched_key);
     if (auto k = job_by_key.find(job.key); k != job_by_key.end() && k->second == job_id) job_by_key.erase(k);
     jobs.erase(it);
   }
 
   // Removes the request's waiters from their jobs (dropping queued jobs left
-  // without a waiter), fails its undelivered items with `status` and
-  // completes it with `status`.
+  // without a waiter; a running one finishes and is cached), fails its
+  // undelivered items with `status` and completes it with `status`.
   void Abort(std::uint64_t request_id, const Status& status) {
     auto it = requests.find(request_id);
     Request& r = it->second;
@@ -203,7 +287,7 @@ struct EncodeWorker::Impl {
         std::erase_if(job.waiters, [&](const Waiter& w) {
           return w.request == request_id && w.index == static_cast<std::int64_t>(i);
         });
-        if (job.waiters.empty()) {
+        if (job.waiters.empty() && !job.running) {
           scheduler.remove(job.sched_key);
           EraseJob(j);
         }
@@ -216,8 +300,37 @@ struct EncodeWorker::Impl {
     Complete(it, status);
   }
 
+  // OK when `out` is a well-formed output for `items` items of `tokens`
+  // post-merge tokens in total; else the kInternal error failing the batch.
+  Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::int64_t tokens) const {
+    if (!out.ok()) return Internal("vision tower failed: " + out.status().message());
+    const TowerOutput& o = *out;
+    const std::size_t dsize = DTypeSize(o.dtype);
+    if (o.rows != tokens) {
+      return Internal("vision tower returned " + std::to_string(o.rows) + " rows for a batch of " +
+                      std::to_string(items) + " items totalling " + std::to_string(tokens) + " tokens");
+    }
+    if (o.hidden != tower->hidden() || o.deepstack_layers != tower->deepstack_layers() || o.dtype != tower->dtype()) {
+      return Internal("vision tower output is hidden " + std::to_string(o.hidden) + ", deepstack " +
+                      std::to_string(o.deepstack_layers) + ", " + std::string(DTypeName(o.dtype)) +
+                      "; the tower declares hidden " + std::to_string(tower->hidden()) + ", deepstack " +
+                      std::to_string(tower->deepstack_layers()) + ", " + std::string(DTypeName(tower->dtype())));
+    }
+    if (o.main.size() != static_cast<std::size_t>(o.rows * o.hidden) * dsize ||
+        o.deepstack.size() != static_cast<std::size_t>(o.rows * o.hidden * o.deepstack_layers) * dsize) {
+      return Internal("vision tower output holds " + std::to_string(o.main.size()) + "+" +
+                      std::to_string(o.deepstack.size()) + " bytes, its shape [" + std::to_string(o.rows) + ", " +
+                      std::to_string(o.hidden) + "] x (1 + " + std::to_string(o.deepstack_layers) + ") needs " +
+                      std::to_string(o.rows * o.hidden * (1 + o.deepstack_layers) * dsize));
+    }
+    return Status::Ok();
+  }
+
   Status Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys);
-  std::int64_t Step();
+  bool StartBatch(std::function<void()> on_finished);
+  std::int64_t FinishBatch();
+  void TowerLoop();
+  void RunBatch(Batch& b);
 };
 
 EncodeWorker::EncodeWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -241,6 +354,12 @@ StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions optio
   }
   if (options.max_pending_items < 0) {
     return InvalidArgument("max_pending_items must be >= 0, got " + std::to_string(options.max_pending_items));
+  }
+  if (options.decode_threads < 0) {
+    return InvalidArgument("decode_threads must be >= 0, got " + std::to_string(options.decode_threads));
+  }
+  if (options.decode_lookahead < 0) {
+    return InvalidArgument("decode_lookahead must be >= 0, got " + std::to_string(options.decode_lookahead));
   }
   if (tower->patch_dim() != options.preprocess.patch_dim()) {
     return InvalidArgument("tower patch_dim " + std::to_string(tower->patch_dim()) +
@@ -320,7 +439,7 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
 
   std::vector<Delivery> ready;
   for (std::size_t i = 0; i < n; ++i) {
-    const EncodeItemInput& item = request.items[i];
+    EncodeItemInput& item = request.items[i];
     ItemResult res;
     res.index = static_cast<std::int64_t>(i);
     if (!keys[i].ok()) {
@@ -361,9 +480,11 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
 
     ++stats.misses;
     res.source = ItemSource::kMiss;
-    StatusOr<PreprocessedImage> pre = DecodeAndPreprocess(Bytes(item.media), options.preprocess, options.limits);
-    if (!pre.ok()) {
-      res.status = Status(pre.status().code(), "item " + std::to_string(i) + ": " + pre.status().message());
+    // Queued with the header's token count; decoded ahead of its batch by
+    // the prefetch decoder, so bad pixel data surfaces in Step.
+    StatusOr<GridTHW> grid = HeaderGrid(item.media);
+    if (!grid.ok()) {
+      res.status = Status(grid.status().code(), "item " + std::to_string(i) + ": " + grid.status().message());
       CountError(res.status.code());
       res.total_ms = Ms(Clock::now() - arrived);
       ready.push_back({rid, std::move(res)});
@@ -374,9 +495,9 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
     job.key = key;
     job.sched_key = {sched_id, res.index};
     job.waiters.push_back({rid, res.index, arrived});
-    const std::int64_t cost = pre->tokens();
-    job.image = std::move(*pre);
-    scheduler.add({job.sched_key.first, job.sched_key.second, cost});
+    job.tokens = grid->tokens(options.preprocess.merge_size);
+    job.decode = decoder.Enqueue(std::move(item.media));
+    scheduler.add({job.sched_key.first, job.sched_key.second, job.tokens});
     job_by_sched.emplace(job.sched_key, job_id);
     if (options.dedup_in_flight) job_by_key[key] = job_id;
     r.job[i] = job_id;
@@ -391,94 +512,140 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
   return Status::Ok();
 }
 
-std::int64_t EncodeWorker::Step() { return impl_->Step(); }
+std::int64_t EncodeWorker::Step() {
+  if (impl_->outstanding.empty() && !impl_->StartBatch(nullptr)) return 0;
+  return impl_->FinishBatch();
+}
 
-std::int64_t EncodeWorker::Impl::Step() {
-  if (scheduler.pending_size() == 0) return 0;
+bool EncodeWorker::StartBatch(std::function<void()> on_finished) { return impl_->StartBatch(std::move(on_finished)); }
+std::int64_t EncodeWorker::FinishBatch() { return impl_->FinishBatch(); }
+std::int64_t EncodeWorker::OutstandingBatches() const { return static_cast<std::int64_t>(impl_->outstanding.size()); }
+bool EncodeWorker::TowerBusy() const { return impl_->TowerBusy(); }
+bool EncodeWorker::BatchFinished() const { return impl_->finished.load(std::memory_order_acquire) > 0; }
+
+bool EncodeWorker::Impl::StartBatch(std::function<void()> on_finished) {
+  if (TowerBusy() || outstanding.size() >= 2 || scheduler.pending_size() == 0) return false;
   if (options.sink_full && options.sink_full()) {
     ++stats.sink_full_stalls;
-    return 0;
+    return false;
   }
-  const std::vector<PendingEncodeItem> batch = scheduler.next_batch();
-  const Clock::time_point start = Clock::now();
+  auto b = std::make_unique<Batch>();
+  for (const PendingEncodeItem& p : scheduler.next_batch()) {
+    auto it = job_by_sched.find(p.key());
+    const std::uint64_t id = it->second;
+    job_by_sched.erase(it);
+    Job& job = jobs.at(id);
+    job.running = true;
+    b->entries.push_back({id, std::move(job.decode), Status::Ok(), {}});
+  }
+  b->on_finished = std::move(on_finished);
+  {
+    std::lock_guard<std::mutex> lock(tower_mu);
+    tower_queue.push_back(b.get());
+  }
+  outstanding.push_back(std::move(b));
+  tower_cv.notify_all();
+  return true;
+}
 
-  std::vector<std::uint64_t> ids;
+void EncodeWorker::Impl::TowerLoop() {
+  std::unique_lock<std::mutex> lock(tower_mu);
+  for (;;) {
+    tower_cv.wait(lock, [&] { return tower_stop || !tower_queue.empty(); });
+    if (tower_queue.empty()) return;  // stopping, nothing left to run
+    Batch* b = tower_queue.front();
+    tower_queue.pop_front();
+    lock.unlock();
+    RunBatch(*b);
+    {
+      // Notify before `done`: once it is set the owner may collect the batch
+      // and whatever the callback points to may go away.
+      std::function<void()> notify = std::move(b->on_finished);
+      finished.fetch_add(1, std::memory_order_release);
+      if (notify) notify();
+    }
+    lock.lock();
+    b->done = true;
+    tower_cv.notify_all();
+  }
+}
+
+// On the tower thread: decode what the helpers have not, then one Encode.
+void EncodeWorker::Impl::RunBatch(Batch& b) {
   std::vector<TowerItem> items;
-  ids.reserve(batch.size());
-  items.reserve(batch.size());
-  std::int64_t tokens = 0;
-  for (const PendingEncodeItem& p : batch) {
-    const std::uint64_t id = job_by_sched.at(p.key());
-    const Job& job = jobs.at(id);
-    ids.push_back(id);
+  items.reserve(b.entries.size());
+  for (BatchEntry& e : b.entries) {
+    StatusOr<PreprocessedImage> pre = decoder.Take(e.decode);
+    e.decode = nullptr;
+    if (!pre.ok()) {
+      e.decode_status = pre.status();
+      continue;
+    }
+    e.image = std::move(*pre);
     // patch_dim was checked against the tower once, in Create().
     TowerItem item;
-    item.patches = job.image.patches.data();
-    item.grid = job.image.grid;
+    item.patches = e.image.patches.data();
+    item.grid = e.image.grid;
     items.push_back(item);
-    tokens += job.image.tokens();
+    b.tokens += e.image.tokens();
   }
-
-  StatusOr<TowerOutput> out = Status(StatusCode::kInternal, "not run");
-  try {
-    out = tower->Encode(items);
-  } catch (const std::exception& e) {
-    out = Internal(std::string("vision tower threw: ") + e.what());
-  } catch (...) {
-    out = Internal("vision tower threw a non-standard exception");
-  }
-  const Clock::time_point end = Clock::now();
-  const double tower_ms = Ms(end - start);
-  ++stats.tower_batches;
-  stats.tower_items += batch.size();
-  stats.tower_tokens += static_cast<std::uint64_t>(tokens);
-  stats.tower_seconds += tower_ms / 1e3;
-
-  // The batch's failure, if any: the tower's own, or an output of the wrong shape.
-  Status failure;
-  if (!out.ok()) {
-    failure = Internal("vision tower failed: " + out.status().message());
-  } else {
-    const TowerOutput& o = *out;
-    const std::size_t dsize = DTypeSize(o.dtype);
-    if (o.rows != tokens) {
-      failure = Internal("vision tower returned " + std::to_string(o.rows) + " rows for a batch of " +
-                         std::to_string(batch.size()) + " items totalling " + std::to_string(tokens) + " tokens");
-    } else if (o.hidden != tower->hidden() || o.deepstack_layers != tower->deepstack_layers() ||
-               o.dtype != tower->dtype()) {
-      failure = Internal("vision tower output is hidden " + std::to_string(o.hidden) + ", deepstack " +
-                         std::to_string(o.deepstack_layers) + ", " + std::string(DTypeName(o.dtype)) +
-                         "; the tower declares hidden " + std::to_string(tower->hidden()) + ", deepstack " +
-                         std::to_string(tower->deepstack_layers()) + ", " + std::string(DTypeName(tower->dtype())));
-    } else if (o.main.size() != static_cast<std::size_t>(o.rows * o.hidden) * dsize ||
-               o.deepstack.size() != static_cast<std::size_t>(o.rows * o.hidden * o.deepstack_layers) * dsize) {
-      failure = Internal("vision tower output holds " + std::to_string(o.main.size()) + "+" +
-                         std::to_string(o.deepstack.size()) + " bytes, its shape [" + std::to_string(o.rows) + ", " +
-                         std::to_string(o.hidden) + "] x (1 + " + std::to_string(o.deepstack_layers) +
-                         ") needs " + std::to_string(o.rows * o.hidden * (1 + o.deepstack_layers) * dsize));
+  b.decoded = static_cast<std::int64_t>(items.size());
+  b.start = Clock::now();
+  if (!items.empty()) {
+    try {
+      b.out = tower->Encode(items);
+    } catch (const std::exception& e) {
+      b.out = Internal(std::string("vision tower threw: ") + e.what());
+    } catch (...) {
+      b.out = Internal("vision tower threw a non-standard exception");
     }
   }
-  if (!failure.ok()) ++stats.tower_failures;
+  b.tower_ms = Ms(Clock::now() - b.start);
+}
+
+std::int64_t EncodeWorker::Impl::FinishBatch() {
+  if (outstanding.empty()) return 0;
+  std::unique_ptr<Batch> b = std::move(outstanding.front());
+  outstanding.pop_front();
+  {
+    std::unique_lock<std::mutex> lock(tower_mu);
+    tower_cv.wait(lock, [&] { return b->done; });
+  }
+  finished.fetch_sub(1, std::memory_order_relaxed);
+
+  // `failure` fails every decoded item: the tower's error or a malformed output.
+  Status failure;
+  if (b->decoded > 0) {
+    failure = CheckOutput(b->out, b->decoded, b->tokens);
+    ++stats.tower_batches;
+    stats.tower_items += static_cast<std::uint64_t>(b->decoded);
+    stats.tower_tokens += static_cast<std::uint64_t>(b->tokens);
+    stats.tower_seconds += b->tower_ms / 1e3;
+    if (!failure.ok()) ++stats.tower_failures;
+  }
 
   std::vector<Delivery> ready;
   std::size_t main_off = 0, deep_off = 0;
-  for (std::uint64_t id : ids) {
-    Job& job = jobs.at(id);
+  for (BatchEntry& e : b->entries) {
+    Job& job = jobs.at(e.job);
     EmbeddingPtr embedding;
-    if (failure.ok()) {
-      const TowerOutput& o = *out;
-      auto e = std::make_shared<Embedding>();
-      e->tokens = job.image.tokens();
-      e->hidden = o.hidden;
-      e->deepstack_layers = o.deepstack_layers;
-      e->dtype = o.dtype;
-      const std::size_t main_bytes = static_cast<std::size_t>(e->tokens * e->hidden) * DTypeSize(o.dtype);
+    Status status = failure;
+    if (!e.decode_status.ok()) {
+      status = e.decode_status;
+    } else if (failure.ok()) {
+      const TowerOutput& o = *b->out;
+      auto m = std::make_shared<Embedding>();
+      m->tokens = e.image.tokens();
+      m->hidden = o.hidden;
+      m->deepstack_layers = o.deepstack_layers;
+      m->dtype = o.dtype;
+      const std::size_t main_bytes = static_cast<std::size_t>(m->tokens * m->hidden) * DTypeSize(o.dtype);
       const std::size_t deep_bytes = main_bytes * static_cast<std::size_t>(o.deepstack_layers);
-      e->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
-      e->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
+      m->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
+      m->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
       main_off += main_bytes;
       deep_off += deep_bytes;
-      embedding = std::move(e);
+      embedding = std::move(m);
       cache.put(job.key, embedding, static_cast<std::int64_t>(embedding->nbytes()));
     }
     const Clock::time_point now = Clock::now();
@@ -487,21 +654,24 @@ std::int64_t EncodeWorker::Impl::Step() {
       res.index = w.index;
       res.key = job.key;
       res.source = requests.at(w.request).results[w.index].source;
-      res.queue_ms = Ms(start - w.arrived);
-      res.tower_ms = tower_ms;
+      res.queue_ms = std::max(0.0, Ms(b->start - w.arrived));
+      res.tower_ms = b->tower_ms;
       res.total_ms = Ms(now - w.arrived);
-      if (failure.ok()) {
+      if (embedding != nullptr) {
         res.embedding = embedding;
       } else {
-        res.status = failure;
-        CountError(failure.code());
+        // A decode error names the item, like the header errors of Submit.
+        res.status = e.decode_status.ok()
+                         ? status
+                         : Status(status.code(), "item " + std::to_string(w.index) + ": " + status.message());
+        CountError(res.status.code());
       }
       ready.push_back({w.request, std::move(res)});
     }
-    EraseJob(id);
+    EraseJob(e.job);
   }
   Fire(ready);
-  return static_cast<std::int64_t>(batch.size());
+  return static_cast<std::int64_t>(b->entries.size());
 }
 
 bool EncodeWorker::HasQueuedWork() const { return impl_->scheduler.pending_size() != 0; }

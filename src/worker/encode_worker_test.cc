@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 
 #include "worker_test_util.h"
 
@@ -22,15 +23,19 @@ using testing::Request;
 // Png(56, 84): 56 wide, 84 high -> grid 1x6x4, 6 tokens.
 constexpr std::int64_t kSmallTokens = 4;
 
-class EncodeWorkerTest : public ::testing::Test {
+// Every test runs with decoding inside Step (0 helpers) and with 1 and 2
+// prefetch helpers: results and batches must not depend on it.
+class EncodeWorkerTest : public ::testing::TestWithParam<int> {
  protected:
-  static WorkerOptions Options() {
+  WorkerOptions Options() const {
     WorkerOptions o;
     o.model_id = "test-model";
+    o.decode_threads = GetParam();
     return o;
   }
 
-  std::unique_ptr<EncodeWorker> Make(WorkerOptions o = Options(), FakeTowerOptions t = {}) {
+  std::unique_ptr<EncodeWorker> Make() { return Make(Options()); }
+  std::unique_ptr<EncodeWorker> Make(WorkerOptions o, FakeTowerOptions t = {}) {
     tower_options_ = t;
     state_ = std::make_shared<FakeTowerState>();
     auto w = EncodeWorker::Create(std::move(o), std::make_unique<FakeTower>(t, state_));
@@ -52,7 +57,7 @@ class EncodeWorkerTest : public ::testing::Test {
   const std::string z_ = Png(56, 84, 3);
 };
 
-TEST_F(EncodeWorkerTest, SameImageInTwoRequestsRunsTheTowerOnce) {
+TEST_P(EncodeWorkerTest, SameImageInTwoRequestsRunsTheTowerOnce) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   ASSERT_TRUE(w->Submit(Request("b", {x_}), c_.For("b")).ok());
@@ -74,7 +79,7 @@ TEST_F(EncodeWorkerTest, SameImageInTwoRequestsRunsTheTowerOnce) {
   EXPECT_EQ(s.tower_items, 1u);
 }
 
-TEST_F(EncodeWorkerTest, DuplicateInsideOneRequestIsEncodedOnce) {
+TEST_P(EncodeWorkerTest, DuplicateInsideOneRequestIsEncodedOnce) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("r", {x_, y_, x_}), c_.For("r")).ok());
   Drain(*w);
@@ -91,7 +96,7 @@ TEST_F(EncodeWorkerTest, DuplicateInsideOneRequestIsEncodedOnce) {
   EXPECT_EQ(c_.items["r"].size(), 3u);
 }
 
-TEST_F(EncodeWorkerTest, HitIsDeliveredInsideSubmitWithBothHalves) {
+TEST_P(EncodeWorkerTest, HitIsDeliveredInsideSubmitWithBothHalves) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Drain(*w);
@@ -110,7 +115,7 @@ TEST_F(EncodeWorkerTest, HitIsDeliveredInsideSubmitWithBothHalves) {
   EXPECT_EQ(w->stats().hits_l1, 1u);
 }
 
-TEST_F(EncodeWorkerTest, L2HitIsPromotedWithBothHalves) {
+TEST_P(EncodeWorkerTest, L2HitIsPromotedWithBothHalves) {
   // One 4-token embedding: 4 * 8 * (1 + 2) * 4 = 384 bytes. L1 fits one.
   WorkerOptions o = Options();
   o.l1_bytes = 500;
@@ -134,7 +139,7 @@ TEST_F(EncodeWorkerTest, L2HitIsPromotedWithBothHalves) {
   EXPECT_EQ(state_->items_encoded(), 2);
 }
 
-TEST_F(EncodeWorkerTest, WrongRowCountFailsOnlyItsBatch) {
+TEST_P(EncodeWorkerTest, WrongRowCountFailsOnlyItsBatch) {
   WorkerOptions o = Options();
   o.max_items_per_batch = 1;
   auto w = Make(o);
@@ -163,7 +168,7 @@ TEST_F(EncodeWorkerTest, WrongRowCountFailsOnlyItsBatch) {
   ExpectSameEmbedding(*c_.done["c"].items[0].embedding, Want(x_));
 }
 
-TEST_F(EncodeWorkerTest, TowerFailureFailsEveryWaiterOfItsBatchOnly) {
+TEST_P(EncodeWorkerTest, TowerFailureFailsEveryWaiterOfItsBatchOnly) {
   WorkerOptions o = Options();
   o.max_items_per_batch = 1;
   auto w = Make(o);
@@ -185,7 +190,7 @@ TEST_F(EncodeWorkerTest, TowerFailureFailsEveryWaiterOfItsBatchOnly) {
   EXPECT_EQ(s.in_flight_requests, 0);
 }
 
-TEST_F(EncodeWorkerTest, CachedEntryDoesNotAliasTheTowerBuffer) {
+TEST_P(EncodeWorkerTest, CachedEntryDoesNotAliasTheTowerBuffer) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Drain(*w);
@@ -199,7 +204,7 @@ TEST_F(EncodeWorkerTest, CachedEntryDoesNotAliasTheTowerBuffer) {
   ExpectSameEmbedding(*c_.done["a"].items[0].embedding, Want(x_));
 }
 
-TEST_F(EncodeWorkerTest, EmbeddingIsChargedMainPlusDeepstackBytes) {
+TEST_P(EncodeWorkerTest, EmbeddingIsChargedMainPlusDeepstackBytes) {
   // 280x280 -> grid 1x20x20 -> 100 tokens; hidden 2048, 3 deepstack layers,
   // bf16: 100 * 2048 * (1 + 3) * 2 = 1,638,400 bytes.
   auto w = Make(Options(), FakeTowerOptions{2048, 3, DType::kBFloat16});
@@ -215,7 +220,7 @@ TEST_F(EncodeWorkerTest, EmbeddingIsChargedMainPlusDeepstackBytes) {
   ExpectSameEmbedding(*r.embedding, Want(big));
 }
 
-TEST_F(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
+TEST_P(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
   using testing::Bytes;
   auto w = Make();
   Bytes bomb = testing::ToBytes(Png(56, 56, 9));
@@ -232,8 +237,9 @@ TEST_F(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
   std::vector<std::string> mixed = bad;
   mixed.insert(mixed.begin() + 2, y_);  // a good item among the bad ones
   ASSERT_TRUE(w->Submit(Request("mixed", mixed), c_.For("mixed")).ok());
-  // Bad items are delivered at once; the good ones wait for the tower.
-  EXPECT_EQ(c_.items["mixed"].size(), bad.size());
+  // Bad headers fail at once (not an image, empty, zero-sized, bomb); bad
+  // pixel data (corrupt, truncated) when the batch decodes it.
+  EXPECT_EQ(c_.items["mixed"].size(), 4u);
   Drain(*w);
 
   ASSERT_TRUE(c_.done["good"].all_ok());
@@ -260,7 +266,7 @@ TEST_F(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
   EXPECT_EQ(s.misses, 1 + mixed.size());
 }
 
-TEST_F(EncodeWorkerTest, HitWithUnexpectedTokenCountIsReencoded) {
+TEST_P(EncodeWorkerTest, HitWithUnexpectedTokenCountIsReencoded) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Drain(*w);
@@ -279,7 +285,7 @@ TEST_F(EncodeWorkerTest, HitWithUnexpectedTokenCountIsReencoded) {
   EXPECT_EQ(c_.done["c"].items[0].source, ItemSource::kL1);
 }
 
-TEST_F(EncodeWorkerTest, CallerKeyHitIsCheckedAgainstTheHeader) {
+TEST_P(EncodeWorkerTest, CallerKeyHitIsCheckedAgainstTheHeader) {
   auto w = Make();
   EncodeRequest a = Request("a", {x_});  // 4 tokens
   a.items[0].caller_key = "gateway-hash-1";
@@ -309,7 +315,7 @@ TEST_F(EncodeWorkerTest, CallerKeyHitIsCheckedAgainstTheHeader) {
   EXPECT_EQ(c_.done["d"].items[0].status.code(), StatusCode::kInvalidArgument);
 }
 
-TEST_F(EncodeWorkerTest, FullSinkStartsNoBatch) {
+TEST_P(EncodeWorkerTest, FullSinkStartsNoBatch) {
   bool full = true;
   WorkerOptions o = Options();
   o.sink_full = [&] { return full; };
@@ -325,7 +331,7 @@ TEST_F(EncodeWorkerTest, FullSinkStartsNoBatch) {
   EXPECT_TRUE(c_.done["a"].all_ok());
 }
 
-TEST_F(EncodeWorkerTest, DuplicateInFlightIdIsRejected) {
+TEST_P(EncodeWorkerTest, DuplicateInFlightIdIsRejected) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Status s = w->Submit(Request("a", {y_}), c_.For("a"));
@@ -340,7 +346,7 @@ TEST_F(EncodeWorkerTest, DuplicateInFlightIdIsRejected) {
   EXPECT_EQ(w->stats().rejected_requests, 2u);
 }
 
-TEST_F(EncodeWorkerTest, QueueLimitRejectsTheWholeRequest) {
+TEST_P(EncodeWorkerTest, QueueLimitRejectsTheWholeRequest) {
   WorkerOptions o = Options();
   o.max_pending_items = 2;
   auto w = Make(o);
@@ -360,7 +366,7 @@ TEST_F(EncodeWorkerTest, QueueLimitRejectsTheWholeRequest) {
   EXPECT_TRUE(c_.done["c"].all_ok());
 }
 
-TEST_F(EncodeWorkerTest, CancelDropsQueuedItemsNobodyElseWaitsOn) {
+TEST_P(EncodeWorkerTest, CancelDropsQueuedItemsNobodyElseWaitsOn) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_, y_}), c_.For("a")).ok());
   ASSERT_TRUE(w->Submit(Request("b", {y_}), c_.For("b")).ok());
@@ -385,7 +391,7 @@ TEST_F(EncodeWorkerTest, CancelDropsQueuedItemsNobodyElseWaitsOn) {
   EXPECT_EQ(w->stats().cancelled_requests, 1u);
 }
 
-TEST_F(EncodeWorkerTest, CancelledRequestIdCanBeReusedWhileItsItemLivesOn) {
+TEST_P(EncodeWorkerTest, CancelledRequestIdCanBeReusedWhileItsItemLivesOn) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   ASSERT_TRUE(w->Submit(Request("b", {x_}), c_.For("b")).ok());  // joins a's item
@@ -400,7 +406,7 @@ TEST_F(EncodeWorkerTest, CancelledRequestIdCanBeReusedWhileItsItemLivesOn) {
   ExpectSameEmbedding(*again.done["a"].items[0].embedding, Want(y_));
 }
 
-TEST_F(EncodeWorkerTest, FailAllCompletesEveryRequestAndEmptiesTheQueue) {
+TEST_P(EncodeWorkerTest, FailAllCompletesEveryRequestAndEmptiesTheQueue) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   ASSERT_TRUE(w->Submit(Request("b", {y_, x_}), c_.For("b")).ok());
@@ -412,7 +418,7 @@ TEST_F(EncodeWorkerTest, FailAllCompletesEveryRequestAndEmptiesTheQueue) {
   EXPECT_TRUE(state_->batches.empty());
 }
 
-TEST_F(EncodeWorkerTest, EmptyRequestCompletesAtOnce) {
+TEST_P(EncodeWorkerTest, EmptyRequestCompletesAtOnce) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {}), c_.For("a")).ok());
   ASSERT_EQ(c_.done.count("a"), 1u);
@@ -420,7 +426,7 @@ TEST_F(EncodeWorkerTest, EmptyRequestCompletesAtOnce) {
   EXPECT_TRUE(c_.done["a"].items.empty());
 }
 
-TEST_F(EncodeWorkerTest, BatchesFollowTheTokenBudget) {
+TEST_P(EncodeWorkerTest, BatchesFollowTheTokenBudget) {
   // Budget 10 tokens: 4 + 4 fits, the next 6 does not.
   WorkerOptions o = Options();
   o.max_tokens_per_batch = 10;
@@ -436,7 +442,7 @@ TEST_F(EncodeWorkerTest, BatchesFollowTheTokenBudget) {
   EXPECT_EQ(s.tower_batches, 2u);
 }
 
-TEST_F(EncodeWorkerTest, WithoutCacheOrDedupEveryItemRunsTheTower) {
+TEST_P(EncodeWorkerTest, WithoutCacheOrDedupEveryItemRunsTheTower) {
   WorkerOptions o = Options();
   o.l1_bytes = 0;
   o.l2_bytes = 0;
@@ -451,7 +457,55 @@ TEST_F(EncodeWorkerTest, WithoutCacheOrDedupEveryItemRunsTheTower) {
   ExpectSameEmbedding(*c_.done["b"].items[0].embedding, Want(x_));
 }
 
-TEST_F(EncodeWorkerTest, CreateRejectsBadOptionsNamingTheField) {
+TEST_P(EncodeWorkerTest, WorkIsAcceptedWhileTheTowerRuns) {
+  auto w = Make();
+  state_->Close();
+  ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
+  ASSERT_TRUE(w->StartBatch());
+  state_->WaitForEncodes(1);
+  EXPECT_TRUE(w->TowerBusy());
+  EXPECT_EQ(w->OutstandingBatches(), 1);
+  EXPECT_FALSE(w->BatchFinished());
+
+  ASSERT_TRUE(w->Submit(Request("b", {x_, y_}), c_.For("b")).ok());  // x joins the running computation
+  EXPECT_FALSE(w->StartBatch());  // one batch on the tower at a time
+  ASSERT_TRUE(w->Cancel("a"));    // x keeps running for b
+  EXPECT_EQ(c_.done["a"].status.code(), StatusCode::kCancelled);
+  state_->Open();
+  EXPECT_EQ(w->FinishBatch(), 1);
+  EXPECT_EQ(c_.items["b"].size(), 1u);
+  EXPECT_EQ(c_.items["b"][0].source, ItemSource::kJoined);
+  ExpectSameEmbedding(*c_.items["b"][0].embedding, Want(x_));
+  EXPECT_EQ(w->stats().l1_entries, 1);  // cached although its first requester left
+  EXPECT_EQ(w->Step(), 1);              // y
+  ASSERT_TRUE(c_.done["b"].all_ok());
+  ExpectSameEmbedding(*c_.done["b"].items[1].embedding, Want(y_));
+  EXPECT_EQ(state_->items_encoded(), 2);
+}
+
+TEST_P(EncodeWorkerTest, NextBatchStartsBeforeThePreviousIsCollected) {
+  WorkerOptions o = Options();
+  o.max_items_per_batch = 1;
+  auto w = Make(o);
+  ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
+  ASSERT_TRUE(w->Submit(Request("b", {y_}), c_.For("b")).ok());
+  ASSERT_TRUE(w->StartBatch());
+  state_->WaitForEncodes(1);
+  while (!w->BatchFinished()) std::this_thread::yield();
+  EXPECT_FALSE(w->TowerBusy());
+  ASSERT_TRUE(w->StartBatch());  // the tower is idle; batch a awaits collection
+  EXPECT_EQ(w->OutstandingBatches(), 2);
+  EXPECT_EQ(c_.done.count("a"), 0u);
+  EXPECT_EQ(w->FinishBatch(), 1);  // oldest first
+  ASSERT_TRUE(c_.done["a"].all_ok());
+  EXPECT_EQ(c_.done.count("b"), 0u);
+  EXPECT_EQ(w->FinishBatch(), 1);
+  ASSERT_TRUE(c_.done["b"].all_ok());
+  EXPECT_EQ(w->FinishBatch(), 0);
+  ExpectSameEmbedding(*c_.done["b"].items[0].embedding, Want(y_));
+}
+
+TEST_P(EncodeWorkerTest, CreateRejectsBadOptionsNamingTheField) {
   WorkerOptions o = Options();
   o.model_id = "";
   auto w = EncodeWorker::Create(o, std::make_unique<FakeTower>());
@@ -466,6 +520,9 @@ TEST_F(EncodeWorkerTest, CreateRejectsBadOptionsNamingTheField) {
   EXPECT_EQ(EncodeWorker::Create(o, std::make_unique<FakeTower>()).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(EncodeWorker::Create(Options(), nullptr).status().code(), StatusCode::kInvalidArgument);
 }
+
+INSTANTIATE_TEST_SUITE_P(DecodeThreads, EncodeWorkerTest, ::testing::Values(0, 1, 2),
+                         [](const ::testing::TestParamInfo<int>& p) { return std::to_string(p.param) + "Helpers"; });
 
 }  // namespace
 }  // namespace epd

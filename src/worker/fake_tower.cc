@@ -51,10 +51,34 @@ std::int64_t FakeTowerState::items_encoded() const {
   return n;
 }
 
+void FakeTowerState::Close() {
+  std::lock_guard<std::mutex> lock(gate_mu_);
+  gate_closed_ = true;
+}
+
+void FakeTowerState::Open() {
+  {
+    std::lock_guard<std::mutex> lock(gate_mu_);
+    gate_closed_ = false;
+  }
+  gate_cv_.notify_all();
+}
+
+void FakeTowerState::WaitForEncodes(int n) {
+  std::unique_lock<std::mutex> lock(gate_mu_);
+  gate_cv_.wait(lock, [&] { return encodes_started_ >= n; });
+}
+
 FakeTower::FakeTower(FakeTowerOptions options, std::shared_ptr<FakeTowerState> state)
     : options_(options), state_(std::move(state)) {}
 
 StatusOr<TowerOutput> FakeTower::Encode(std::span<const TowerItem> items) {
+  {
+    std::unique_lock<std::mutex> lock(state_->gate_mu_);
+    ++state_->encodes_started_;
+    state_->gate_cv_.notify_all();
+    state_->gate_cv_.wait(lock, [&] { return !state_->gate_closed_; });
+  }
   std::vector<GridTHW> grids;
   std::vector<float> ids;
   for (const TowerItem& it : items) {

@@ -12,8 +12,10 @@
 // independent of their batch-mates, like a real tower's per-image attention.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -43,6 +45,20 @@ struct FakeTowerState {
   std::vector<std::byte> buffer;
 
   std::int64_t items_encoded() const;
+
+  // A gate Encode waits at while closed, so a test can hold the tower busy
+  // (Encode runs on the worker's tower thread). Thread-safe.
+  void Close();
+  void Open();
+  // Blocks until `n` Encode calls have started.
+  void WaitForEncodes(int n);
+
+ private:
+  friend class FakeTower;
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool gate_closed_ = false;
+  int encodes_started_ = 0;
 };
 
 class FakeTower : public VisionTower {

@@ -2,8 +2,10 @@
 // immutable and read from any thread). Other threads talk to it through the
 // inbox under mu_; results go back through the callbacks and a promise per
 // request. Commands are taken from the inbox in batches (all that are queued)
-// so a burst of submits costs one lock round-trip, but one tower batch runs
-// between two drains, so a cancel waits at most one batch.
+// so a burst of submits costs one lock round-trip. Tower batches run on the
+// worker's own tower thread (StartBatch/FinishBatch), so this thread keeps
+// draining the inbox while the tower runs: hits are served and misses queued
+// (and their decoding started) without waiting for the batch.
 #include "epd/worker_loop.h"
 
 #include <cassert>
@@ -118,35 +120,57 @@ void WorkerLoop::Publish() {
 }
 
 void WorkerLoop::Run() {
-  bool blocked = false;  // the last Step found work but the sink full
+  // Wakes this thread when the tower thread finishes a batch; BatchFinished()
+  // is set before it runs, and taking mu_ orders that with the wait below.
+  auto batch_done = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_one();
+  };
+  bool blocked = false;    // the last StartBatch found the sink full
+  bool stop_seen = false;  // stopping_ observed: do not wake on it again
   for (;;) {
+    const bool tower_idle = !worker_->TowerBusy();
+    const bool can_start = tower_idle && worker_->HasQueuedWork() && !blocked;
+    // After a stop, an empty worker must reach the exit below without waiting.
+    const bool drained = !worker_->HasQueuedWork() && worker_->OutstandingBatches() == 0;
     std::deque<Command> commands;
     bool stopping;
     Clock::time_point deadline;
-    const bool has_work = worker_->HasQueuedWork();
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!has_work) {
-        cv_.wait(lock, [&] { return !inbox_.empty() || stopping_ || woken_; });
-      } else if (blocked) {
-        // Poll the sink; a stop is noticed at the end of the poll.
-        cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return !inbox_.empty() || woken_; });
+      auto wake = [&] {
+        return !inbox_.empty() || woken_ || worker_->BatchFinished() || (stopping_ && !stop_seen);
+      };
+      if (blocked && tower_idle) {
+        cv_.wait_for(lock, std::chrono::milliseconds(1), wake);  // poll the sink
+      } else if (!can_start && !(stop_seen && drained)) {
+        cv_.wait(lock, wake);
       }
       woken_ = false;
       commands.swap(inbox_);
       stopping = stopping_;
       deadline = deadline_;
     }
+    stop_seen = stopping;
     for (Command& c : commands) Process(c);
 
     // stopping_ and accepting_ change together under mu_, so once `stopping`
     // is seen no Submit can enqueue after the drain above.
-    if (stopping && (!worker_->HasQueuedWork() || Clock::now() >= deadline)) {
-      worker_->FailAll(Status(StatusCode::kUnavailable, "the encode worker shut down before the item was encoded"));
-      Publish();
-      return;
+    if (stopping) {
+      const bool expired = Clock::now() >= deadline;
+      if (expired || (!worker_->HasQueuedWork() && worker_->OutstandingBatches() == 0)) {
+        // Started batches cannot be interrupted: let them deliver.
+        while (worker_->OutstandingBatches() > 0) worker_->FinishBatch();
+        worker_->FailAll(Status(StatusCode::kUnavailable, "the encode worker shut down before the item was encoded"));
+        Publish();
+        return;
+      }
     }
-    blocked = worker_->HasQueuedWork() && worker_->Step() == 0;
+    // Keep the tower fed first, then collect what it finished: the collect
+    // (copies, cache, callbacks) overlaps the next batch.
+    blocked = false;
+    if (!worker_->TowerBusy() && worker_->HasQueuedWork()) blocked = !worker_->StartBatch(batch_done);
+    while (worker_->BatchFinished()) worker_->FinishBatch();
     Publish();
   }
 }
