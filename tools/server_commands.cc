@@ -19,9 +19,10 @@
 //
 // Exit codes: 0 success; 1 a call or item failed (client) or setup failed;
 // 2 usage error (CLI11); 3 bench-server saw errors.
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <turbojpeg.h>
 
 #include <algorithm>
 #include <atomic>
@@ -62,6 +63,18 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// Every response and request buffer here is about one embedding (~1-2 MB).
+// glibc's defaults serve such blocks by mmap, or trim them back to the kernel
+// when freed, so each message pays ~500 fresh page faults per 2 MB; measured
+// on loopback this halved hit-only throughput (docs/BENCHMARKS-server.md).
+// Keeping blocks under 32 MB in the heap and trimming only above 64 MB of
+// free top memory per arena reuses them instead. Process-wide, so it is set
+// here in the executable, not in the libraries.
+void TuneMallocForEmbeddingMessages() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);
+}
+
 // ---------------------------------------------------------------- serve ---
 
 struct ServeFlags {
@@ -80,6 +93,7 @@ struct ServeFlags {
 };
 
 int RunServe(const ServeFlags& f) {
+  TuneMallocForEmbeddingMessages();
   // Block the stop signals in every thread (the ones started below inherit
   // the mask) and take them with sigwait on this one.
   sigset_t stop;
@@ -139,6 +153,7 @@ struct ClientFlags {
 };
 
 int RunClient(const ClientFlags& f) {
+  TuneMallocForEmbeddingMessages();
   std::vector<ClientItem> items;
   for (const std::string& path : f.images) {
     StatusOr<std::string> bytes = ReadFile(path);
@@ -156,8 +171,12 @@ int RunClient(const ClientFlags& f) {
   std::vector<KeyedEmbedding> out;
   for (const ClientItemResult& item : r.items) {
     if (!item.status.ok()) {
-      std::fprintf(stderr, "index=%lld %s: %s\n", static_cast<long long>(item.index),
-                   GrpcStatusName(item.status.code()).c_str(), item.status.message().c_str());
+      // One line per failed item when there are several; the final line
+      // below always carries the (lowest-index) failure.
+      if (r.items.size() > 1) {
+        std::fprintf(stderr, "index=%lld %s: %s\n", static_cast<long long>(item.index),
+                     GrpcStatusName(item.status.code()).c_str(), item.status.message().c_str());
+      }
       continue;
     }
     const Embedding& e = *item.embedding;
@@ -195,6 +214,7 @@ struct BenchFlags {
   std::uint64_t seed = 1;
   double timeout_s = 10;
   int server_pid = 0;
+  int connections = 0;
   bool json = false;
 };
 
@@ -210,46 +230,30 @@ struct SplitMix64 {
   double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 };
 
-void PutBe32(std::string& s, std::uint32_t v) {
-  for (int i = 3; i >= 0; --i) s += static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-void PngChunk(std::string& png, const char* type, const std::string& data) {
-  PutBe32(png, static_cast<std::uint32_t>(data.size()));
-  std::string body = std::string(type, 4) + data;
-  png += body;
-  PutBe32(png, static_cast<std::uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(body.data()),
-                                                static_cast<uInt>(body.size()))));
-}
-
-// An 8-bit RGB PNG (PNG spec, ISO/IEC 15948: signature, IHDR, one zlib IDAT
-// of filter-0 rows, IEND) whose pixels depend on `seed`, so every seed is a
-// distinct image with a distinct key.
-std::string SyntheticPng(int size, std::uint64_t seed) {
-  std::string raw;
-  raw.reserve(static_cast<std::size_t>(size) * (size * 3 + 1));
+// A size x size JPEG (quality 90, 4:2:0, as cameras and browsers send them)
+// whose pixels depend on `seed`, so every seed is a distinct image with a
+// distinct key. Smooth gradients plus mild per-pixel noise give about the
+// compressed size of a photograph (~100 KB at 512x512).
+std::string SyntheticJpeg(int size, std::uint64_t seed) {
+  std::vector<unsigned char> rgb(static_cast<std::size_t>(size) * size * 3);
+  SplitMix64 noise{seed};
   for (int y = 0; y < size; ++y) {
-    raw += '\0';
     for (int x = 0; x < size; ++x) {
-      raw += static_cast<char>((x * 3 + y + seed * 17) & 0xff);
-      raw += static_cast<char>(((x ^ y) + seed * 5) & 0xff);
-      raw += static_cast<char>(((x * y) / 64 + seed * 29) & 0xff);
+      unsigned char* p = &rgb[(static_cast<std::size_t>(y) * size + x) * 3];
+      const std::uint64_t n = noise.Next();
+      p[0] = static_cast<unsigned char>((x / 2 + seed * 7 + (n & 15)) & 0xff);
+      p[1] = static_cast<unsigned char>((y / 2 + seed * 13 + ((n >> 8) & 15)) & 0xff);
+      p[2] = static_cast<unsigned char>(((x + y) / 4 + seed * 3 + ((n >> 16) & 15)) & 0xff);
     }
   }
-  uLongf len = compressBound(static_cast<uLong>(raw.size()));
-  std::string z(len, '\0');
-  compress2(reinterpret_cast<Bytef*>(z.data()), &len, reinterpret_cast<const Bytef*>(raw.data()),
-            static_cast<uLong>(raw.size()), 6);
-  z.resize(len);
-  std::string png = "\x89PNG\r\n\x1a\n";
-  std::string ihdr;
-  PutBe32(ihdr, static_cast<std::uint32_t>(size));
-  PutBe32(ihdr, static_cast<std::uint32_t>(size));
-  ihdr += std::string("\x08\x02\x00\x00\x00", 5);  // depth 8, RGB, deflate, filter 0, no interlace
-  PngChunk(png, "IHDR", ihdr);
-  PngChunk(png, "IDAT", z);
-  PngChunk(png, "IEND", "");
-  return png;
+  tjhandle tj = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long len = 0;
+  const int rc = tjCompress2(tj, rgb.data(), size, 0, size, TJPF_RGB, &out, &len, TJSAMP_420, 90, TJFLAG_ACCURATEDCT);
+  std::string jpeg = rc == 0 ? std::string(reinterpret_cast<char*>(out), len) : std::string();
+  tjFree(out);
+  tjDestroy(tj);
+  return jpeg;
 }
 
 bool IsLoopback(const std::string& target) {
@@ -276,6 +280,7 @@ double RssMb(int pid) {
 }
 
 int RunBench(const BenchFlags& f) {
+  TuneMallocForEmbeddingMessages();
   if (!IsLoopback(f.server)) {
     Fail(1, "bench-server only loads servers on loopback (127.0.0.0/8, localhost, ::1); got " + f.server);
   }
@@ -289,14 +294,22 @@ int RunBench(const BenchFlags& f) {
       images.push_back(std::move(*b));
     }
   } else {
-    for (int i = 0; i < f.synthetic; ++i) images.push_back(SyntheticPng(f.image_size, static_cast<std::uint64_t>(i)));
+    for (int i = 0; i < f.synthetic; ++i) images.push_back(SyntheticJpeg(f.image_size, static_cast<std::uint64_t>(i)));
   }
 
   ClientOptions co;
   co.target = f.server;
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
-  StatusOr<std::unique_ptr<EncodeClient>> client = EncodeClient::Connect(co);
-  if (!client.ok()) Fail(1, client.status().ToString());
+  // Callers share `connections` clients (one HTTP/2 connection each),
+  // round robin by caller.
+  const int n_conn = f.connections > 0 ? f.connections : std::min(f.concurrency, 4);
+  std::vector<std::unique_ptr<EncodeClient>> clients;
+  for (int i = 0; i < n_conn; ++i) {
+    StatusOr<std::unique_ptr<EncodeClient>> c = EncodeClient::Connect(co);
+    if (!c.ok()) Fail(1, c.status().ToString());
+    clients.push_back(std::move(*c));
+  }
+  std::unique_ptr<EncodeClient>* client = &clients[0];
   if (StatusOr<ServerInfo> info = (*client)->Health(); !info.ok()) {
     Fail(1, "server " + f.server + " does not answer Health: " + info.status().ToString());
   }
@@ -356,7 +369,7 @@ int RunBench(const BenchFlags& f) {
         const double u = rng.Uniform();
         const std::size_t i = std::min<std::size_t>(
             static_cast<std::size_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin()), images.size() - 1);
-        EncodeResult r = (*client)->Encode({ClientItem{images[i], std::nullopt, 0}});
+        EncodeResult r = clients[static_cast<std::size_t>(t % n_conn)]->Encode({ClientItem{images[i], std::nullopt, 0}});
         me.latency_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - scheduled).count());
         if (!r.status.ok()) {
           ++me.errors[GrpcStatusName(r.status.code())];
@@ -384,7 +397,7 @@ int RunBench(const BenchFlags& f) {
   const double max = lat.empty() ? 0 : *std::max_element(lat.begin(), lat.end());
   if (f.json) {
     nlohmann::json j = {{"server", f.server},        {"mode", f.rate > 0 ? "open" : "closed"},
-                        {"rate", f.rate},            {"concurrency", f.concurrency},
+                        {"rate", f.rate},            {"concurrency", f.concurrency}, {"connections", n_conn},
                         {"duration_s", wall_s},      {"requests", n},
                         {"errors", n_errors},        {"error_codes", errors},
                         {"sources", sources},        {"req_per_s", static_cast<double>(n) / wall_s},
@@ -465,9 +478,9 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--duration-s", f->duration_s, "how long to send, seconds")->capture_default_str()
         ->check(CLI::Range(0.1, 3600.0));
     auto* images = cmd->add_option("--images", f->images, "directory of JPEG/PNG files to send");
-    cmd->add_option("--synthetic", f->synthetic, "without --images: this many generated PNGs")
+    cmd->add_option("--synthetic", f->synthetic, "without --images: this many generated JPEGs")
         ->capture_default_str()->check(CLI::Range(1, 100000))->excludes(images);
-    cmd->add_option("--image-size", f->image_size, "side of the generated square PNGs, pixels")
+    cmd->add_option("--image-size", f->image_size, "side of the generated square JPEGs, pixels")
         ->capture_default_str()->check(CLI::Range(28, 4096));
     cmd->add_flag("--hit-only", f->hit_only, "encode every image once first, so measured requests are cache hits");
     cmd->add_option("--rate", f->rate, "open loop: requests/s on a fixed schedule (0 = closed loop)")
@@ -479,6 +492,8 @@ void RegisterServerCommands(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     cmd->add_option("--server-pid", f->server_pid, "sample this process's RSS during the run (same machine)")
         ->check(CLI::PositiveNumber);
+    cmd->add_option("--connections", f->connections, "HTTP/2 connections to spread callers over [min(concurrency, 4)]")
+        ->check(CLI::Range(1, 256));
     cmd->add_flag("--json", f->json, "print one JSON object instead of text");
     cmd->callback([f] {
       if (int rc = RunBench(*f); rc != 0) throw CLI::RuntimeError(rc);

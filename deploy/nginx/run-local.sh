@@ -64,7 +64,8 @@ start_server() {
 }
 
 wait_ready() {
-  local i="$1" log="$dir/logs/server-$i.log"
+  local i="$1"
+  local log="$dir/logs/server-$i.log"
   for _ in $(seq 1 600); do
     grep -q '^READY ' "$log" 2>/dev/null && return 0
     if ! kill -0 "$(cat "$dir/server-$i.pid")" 2>/dev/null; then

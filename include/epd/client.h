@@ -21,8 +21,9 @@
 // distinct key (extra ones on std::async threads), one copy of each embedding
 // out of the response message.
 //
-// Thread safety: thread-safe; one client (one HTTP/2 channel) may be shared
-// by many threads.
+// Thread safety: thread-safe; one client (one HTTP/2 connection) may be
+// shared by many threads. One connection's transport work is serial, so for
+// hundreds of MB/s of embeddings use a few clients.
 //
 // Example:
 //   auto client = epd::EncodeClient::Connect({.target = "127.0.0.1:50051"});
@@ -97,6 +98,8 @@ struct EncodeResult {
 class EncodeClient {
  public:
   // Creates the channel (connection is lazy: nothing is contacted here).
+  // Each client has its own HTTP/2 connection; use several clients to spread
+  // heavy traffic over several connections.
   // Errors: kInvalidArgument for an empty target or non-positive limits.
   static StatusOr<std::unique_ptr<EncodeClient>> Connect(ClientOptions options);
   ~EncodeClient();

@@ -136,6 +136,11 @@ StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions opti
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_response_bytes));
   args.SetMaxSendMessageSize(-1);
+  // A private subchannel pool: each client gets its own HTTP/2 connection
+  // rather than sharing one with every channel to the same target, so a
+  // caller can spread load over several connections (one connection's
+  // transport is processed serially).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   impl->channel = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::Encoder::NewStub(impl->channel);
   return std::unique_ptr<EncodeClient>(new EncodeClient(std::move(impl)));

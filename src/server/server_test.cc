@@ -251,6 +251,44 @@ TEST(EncodeServerTest, ShutdownCancelsCallsStillRunningAfterTheGrace) {
   EXPECT_TRUE(r.items.empty());
 }
 
+TEST(EncodeServerTest, ClientThatDoesNotReadHoldsTowerBatchesButNotHits) {
+  TestServerOptions o;
+  o.tower.hidden = 1 << 16;  // 4 tokens x 65536 x 3 halves x 4 B = 3 MiB per 56x56 item
+  o.server.max_buffered_bytes = 1 << 20;
+  TestServer t = StartTestServer(o);
+  const std::string cached = Png(56, 56, 30);
+  ASSERT_TRUE(CallEncode(*t.stub, MakeRequest("warm", {cached})).status.ok());
+
+  // A slow client: starts a call for three misses and reads nothing, so its
+  // handler blocks in Write and the other two results stay buffered.
+  grpc::ClientContext slow_ctx;
+  auto slow = t.stub->Encode(&slow_ctx, MakeRequest("slow", {Png(56, 56, 31), Png(56, 56, 32), Png(56, 56, 33)}));
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().buffered_bytes > (1 << 20); }));
+
+  // Another miss now waits: the worker starts no tower batch while the
+  // buffered bytes are over the limit...
+  auto other = std::async(std::launch::async, [&] { return CallEncode(*t.stub, MakeRequest("other", {Png(56, 56, 34)})); });
+  ASSERT_TRUE(WaitFor([&] {
+    const ServerStats s = t.server->Stats();
+    return s.worker.pending_items == 1 && s.worker.sink_full_stalls > 0;
+  }));
+  // ...but cache hits are still served.
+  RawCall hit = CallEncode(*t.stub, MakeRequest("hit", {cached}));
+  ASSERT_TRUE(hit.status.ok());
+  EXPECT_EQ(hit.items[0].source(), v1::SOURCE_L1);
+  EXPECT_EQ(t.server->Stats().worker.pending_items, 1);
+
+  // Reading drains the buffer; the held miss then runs.
+  v1::EncodedItem item;
+  int read = 0;
+  while (slow->Read(&item)) ++read;
+  EXPECT_TRUE(slow->Finish().ok());
+  EXPECT_EQ(read, 3);
+  RawCall o2 = other.get();
+  EXPECT_TRUE(o2.status.ok()) << o2.status.error_message();
+  EXPECT_EQ(t.server->Stats().buffered_bytes, 0);
+}
+
 // A bare HTTP/1.0 GET, so the test does not trust the exposer's own client.
 std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
