@@ -109,7 +109,8 @@ class EncodeClient {
   StatusOr<ServerInfo> Health();
   StatusOr<ServerStats> Stats();
 
-  // Encodes `items`; see the header comment. `request_id` empty = a fresh
+  // Encodes `items`; see the header comment. No items: kInvalidArgument,
+  // nothing sent. `request_id` empty = a fresh
   // random id (per-key calls get "<id>/<n>"). With route_by_key, the first
   // call fetches Health once to learn the key inputs (an error there fails
   // every item with it).

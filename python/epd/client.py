@@ -270,10 +270,12 @@ class EncodeClient:
         ``check`` (default), raises EncodeError carrying the lowest-index
         failure (and every result) when any item failed."""
         items = [i if isinstance(i, Item) else Item(image=bytes(i)) for i in items]
+        if not items:
+            raise EncodeError(grpc.StatusCode.INVALID_ARGUMENT, "the request has no items; send at least one image")
         if request_id is None:
             request_id = f"{self._prefix}{next(self._ids)}"
         groups: List[tuple] = []  # (route, [indices]) in order of first appearance
-        if self.route_by_key and items:
+        if self.route_by_key:
             by_route: Dict[str, int] = {}
             for i, item in enumerate(items):
                 try:

@@ -165,12 +165,16 @@ StatusOr<ContentKey> EncodeClient::KeyFor(const ClientItem& item) {
 
 EncodeResult EncodeClient::Encode(std::vector<ClientItem> items, const std::string& request_id) {
   EncodeResult result;
+  if (items.empty()) {
+    result.status = InvalidArgument("the request has no items; send at least one image");
+    return result;
+  }
   result.items.resize(items.size());
   const std::string id =
       request_id.empty() ? impl_->id_prefix + std::to_string(impl_->next_id.fetch_add(1)) : request_id;
 
   std::vector<Group> groups;
-  if (!impl_->options.route_by_key || items.empty()) {
+  if (!impl_->options.route_by_key) {
     Group all;
     for (std::size_t i = 0; i < items.size(); ++i) all.indices.push_back(static_cast<std::int64_t>(i));
     groups.push_back(std::move(all));

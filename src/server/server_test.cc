@@ -177,6 +177,15 @@ TEST(EncodeClientTest, CallerKeyHitNeedsNoImageBytes) {
   ExpectSameEmbedding(*r.items[0].embedding, Expected(img));
 }
 
+TEST(EncodeClientTest, EmptyRequestIsInvalidArgumentWithoutACall) {
+  TestServer t = StartTestServer();
+  auto client = EncodeClient::Connect({.target = t.target});
+  EncodeResult r = (*client)->Encode({});
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(r.items.empty());
+  EXPECT_EQ(t.server->Stats().worker.requests + t.server->Stats().rpc_errors.size(), 0u);
+}
+
 TEST(EncodeClientTest, UnreachableServerFailsEveryItemWithUnavailable) {
   auto client = EncodeClient::Connect({.target = "127.0.0.1:1", .timeout = milliseconds(2000)});
   ASSERT_TRUE(client.ok());

@@ -138,6 +138,12 @@ def test_stats_count_what_was_served(client):
     assert after["server_id"] == "py-test"
 
 
+def test_empty_request_raises_invalid_argument(client):
+    with pytest.raises(ec.EncodeError) as e:
+        client.encode([])
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_unreachable_server_raises_unavailable():
     port = h.free_ports(1)[0]
     with ec.EncodeClient(f"127.0.0.1:{port}", timeout=5) as c:
