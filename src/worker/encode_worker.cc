@@ -1,9 +1,9 @@
 // Design notes.
 //
-// State. A *job* is one tower computation: a content key, its header token
-// count, the handle of its prefetch decode, and the waiters (request, item
-// index) that receive its result. A job is *queued* (on the scheduler under
-// exactly one scheduler key) until StartBatch() takes it, then *running*
+// State. A *job* is one tower computation: a content key, the handle of its
+// prefetch decode, and the waiters (request, item index) that receive its
+// result. A job is *queued* (on the scheduler under exactly one scheduler
+// key) until StartBatch() takes it, then *running*
 // (in a Batch of `outstanding`) until FinishBatch() caches its result,
 // delivers it and erases it. Invariants between calls:
 //   - job_by_sched holds exactly the queued jobs, and the scheduler exactly
@@ -112,14 +112,13 @@ struct EncodeWorker::Impl {
   };
   struct Job {
     ContentKey key;
-    std::int64_t tokens = 0;  // from the header: the scheduler cost
     std::shared_ptr<internal::PrefetchDecoder::Task> decode;  // moved to the Batch when it starts
     EncodeScheduler::Key sched_key;
     std::vector<Waiter> waiters;
     bool running = false;
   };
   // A started batch. Filled by StartBatch, then owned by the tower thread
-  // until tower_done, then read by FinishBatch.
+  // until `done`, then read by FinishBatch.
   struct BatchEntry {
     std::uint64_t job;
     std::shared_ptr<internal::PrefetchDecoder::Task> decode;
@@ -495,9 +494,8 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
     job.key = key;
     job.sched_key = {sched_id, res.index};
     job.waiters.push_back({rid, res.index, arrived});
-    job.tokens = grid->tokens(options.preprocess.merge_size);
     job.decode = decoder.Enqueue(std::move(item.media));
-    scheduler.add({job.sched_key.first, job.sched_key.second, job.tokens});
+    scheduler.add({job.sched_key.first, job.sched_key.second, grid->tokens(options.preprocess.merge_size)});
     job_by_sched.emplace(job.sched_key, job_id);
     if (options.dedup_in_flight) job_by_key[key] = job_id;
     r.job[i] = job_id;
