@@ -472,8 +472,9 @@ def render_peers(ctx: Context) -> str | None:
                  "number of times. The sharded LRUs (leveldb 16 shards, RocksDB 64, `ConcurrentEmbeddingCache` 16) "
                  "split the capacity evenly and each shard evicts its own oldest entry: a shard that happens to "
                  "receive more than its share of recently used keys evicts entries that a global LRU would have kept, "
-                 "while another shard keeps entries older than the global LRU victim. The difference shrinks as "
-                 "entries per shard grow (about 1/sqrt(entries per shard)). HyperClockCache is CLOCK, not LRU, so it "
+                 "while another shard keeps entries older than the global LRU victim. The difference follows the "
+                 "load imbalance between shards, which shrinks relative to the shard size as entries per shard grow "
+                 "(as 1/sqrt(entries per shard) for uniformly hashed keys). HyperClockCache is CLOCK, not LRU, so it "
                  "differs by policy.\n\n" + "\n".join(lines) + "\n")
 
     # Bar plot.
