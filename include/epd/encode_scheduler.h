@@ -96,8 +96,11 @@ class EncodeScheduler {
   std::int64_t max_tokens_per_batch_;
   std::int64_t max_items_per_batch_;
   ScheduleOrder order_;
-  std::map<Key, Slot> items_;               // ordered by key: the kByKey order
-  std::map<std::uint64_t, Key> fifo_;       // seq -> key: the kFifo order
+  using ItemMap = std::map<Key, Slot>;
+  ItemMap items_;  // ordered by key: the kByKey order
+  // seq -> the item's node in items_ (std::map iterators stay valid until
+  // that node is erased): the kFifo order, with no second key lookup per pop.
+  std::map<std::uint64_t, ItemMap::iterator> fifo_;
   std::uint64_t next_seq_ = 0;
   std::int64_t pending_tokens_ = 0;
 };

@@ -1,7 +1,7 @@
 // The scheduler keeps one ordered map from (request_id, item_index) to the
 // item, which is itself the kByKey order, and, in kFifo mode, a second map
-// from arrival sequence to key. Invariant: in kFifo mode every pending key has
-// exactly one fifo_ entry, under the sequence of its first add.
+// from arrival sequence to that item's node. Invariant: in kFifo mode every
+// pending key has exactly one fifo_ entry, under the sequence of its first add.
 #include "epd/encode_scheduler.h"
 
 #include "epd/status.h"
@@ -23,16 +23,16 @@ EncodeScheduler::EncodeScheduler(std::int64_t max_tokens_per_batch, std::int64_t
 
 void EncodeScheduler::add(PendingEncodeItem item) {
   Key key = item.key();
-  auto it = items_.find(key);
-  if (it != items_.end()) {
+  auto it = items_.lower_bound(key);
+  if (it != items_.end() && it->first == key) {
     pending_tokens_ += item.cost - it->second.item.cost;
     it->second.item = std::move(item);
     return;
   }
   const std::uint64_t seq = next_seq_++;
   pending_tokens_ += item.cost;
-  items_.emplace(key, Slot{std::move(item), seq});
-  if (order_ == ScheduleOrder::kFifo) fifo_.emplace(seq, std::move(key));
+  auto inserted = items_.emplace_hint(it, std::move(key), Slot{std::move(item), seq});
+  if (order_ == ScheduleOrder::kFifo) fifo_.emplace(seq, inserted);
 }
 
 bool EncodeScheduler::remove(const Key& key) {
@@ -48,7 +48,7 @@ std::vector<PendingEncodeItem> EncodeScheduler::next_batch() {
   std::vector<PendingEncodeItem> batch;
   std::int64_t used = 0;
   // Admits the item at `it` unless it would overflow a non-empty batch.
-  auto admit = [&](std::map<Key, Slot>::iterator it) {
+  auto admit = [&](ItemMap::iterator it) {
     const std::int64_t cost = it->second.item.cost;
     if (!batch.empty() && (used + cost > max_tokens_per_batch_ ||
                            static_cast<std::int64_t>(batch.size()) >= max_items_per_batch_)) {
@@ -63,7 +63,7 @@ std::vector<PendingEncodeItem> EncodeScheduler::next_batch() {
     while (!items_.empty() && admit(items_.begin())) items_.erase(items_.begin());
   } else {
     while (!fifo_.empty()) {
-      auto it = items_.find(fifo_.begin()->second);
+      auto it = fifo_.begin()->second;
       if (!admit(it)) break;
       items_.erase(it);
       fifo_.erase(fifo_.begin());
