@@ -632,6 +632,27 @@ plot {", ".join(plots)}
     return text
 
 
+def render_e2e(ctx: Context) -> str | None:
+    """e2e.json from bench/e2e_bench.py, rendered by that script's render_body
+    (the script draws the plots, and writes docs/BENCHMARKS-e2e.md and a copy
+    of its JSON, docs/BENCHMARKS-e2e.json)."""
+    path = os.path.join(ctx.results, "e2e.json")
+    if not os.path.isfile(path):
+        # Not run with these results: the copy of the last run, committed in docs/.
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-e2e.json")
+        if not os.path.isfile(path):
+            return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e2e_bench", os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e_bench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(path) as f:
+        data = json.load(f)
+    img = os.path.relpath(os.path.abspath(ctx.img_dir), os.path.dirname(os.path.abspath(ctx.out_path)))
+    return mod.render_body(data, img_prefix=img + "/")
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -676,6 +697,7 @@ SECTIONS = [
     ("Memory per entry", render_memory),
     ("Tiered cache: promote and demote", render_tiered),
     ("EncodeScheduler", render_scheduler),
+    ("End to end: replay against the Python reference worker", render_e2e),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),

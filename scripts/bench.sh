@@ -25,7 +25,7 @@ cd "$root"
 build="${1:-build}"
 results="$build/bench-results"
 py=/usr/bin/python3
-SECTIONS=(core)
+SECTIONS=(core e2e)
 if [[ -n "${EPD_BENCH_SECTIONS:-}" ]]; then read -r -a SECTIONS <<<"$EPD_BENCH_SECTIONS"; fi
 mkdir -p "$results"
 
@@ -62,6 +62,19 @@ section_core() {
   local ref_args=(--streams "$results/streams" --out "$results/reference.json")
   if [[ -n "${EPD_REFERENCE_DIR:-}" ]]; then ref_args+=(--reference "$EPD_REFERENCE_DIR"); fi
   run "$py" bench/reference_bench.py "${ref_args[@]}"
+}
+
+# End to end: `epd-encode replay` against the Python reference worker, replay
+# --no-cache and the tower-time limit on three traces over the demo's photos,
+# and a cache-size sweep (bench/e2e_bench.py; about 4 minutes on 2 cores).
+# Writes e2e.json, docs/BENCHMARKS-e2e.md and docs/img/e2e_*.png.
+section_e2e() {
+  run cmake --build "$build" --target epd-encode
+  # The demo fetches and derives the photographs (reused when present).
+  if ! compgen -G "$build/demo-data/images/*.png" >/dev/null; then run scripts/demo.sh "$build"; fi
+  local e2e_args=(--build "$build")
+  if [[ -n "${EPD_REFERENCE_DIR:-}" ]]; then e2e_args+=(--reference "$EPD_REFERENCE_DIR"); fi
+  run "$py" bench/e2e_bench.py "${e2e_args[@]}"
 }
 
 if [[ -z "${EPD_BENCH_REPORT_ONLY:-}" ]]; then
