@@ -653,6 +653,20 @@ def render_e2e(ctx: Context) -> str | None:
     return mod.render_body(data, img_prefix=img + "/")
 
 
+def render_server(ctx: Context) -> str | None:
+    """docs/BENCHMARKS-server.md, measured by src/server/bench_server.sh (about
+    9 minutes, so not part of `make bench`); included as written, its own
+    "## Server" heading dropped."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-server.md")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        lines = f.read().splitlines()
+    if lines and lines[0].startswith("## "):
+        lines = lines[1:]
+    return "\n".join(lines).strip() + "\n"
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -698,6 +712,7 @@ SECTIONS = [
     ("Tiered cache: promote and demote", render_tiered),
     ("EncodeScheduler", render_scheduler),
     ("End to end: replay against the Python reference worker", render_e2e),
+    ("Server", render_server),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),
