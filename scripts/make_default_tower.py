@@ -36,10 +36,11 @@ arXiv:2409.12191, section 2.1):
     use_postshuffle_norm variant, which normalises the folded [4*D] row) and
     are concatenated along the feature dimension, tap by tap.
 
-Defaults: D = 128, depth 4, 2 heads (head_dim 64), MLP ratio 4, hidden 512,
-2 deepstack taps (after blocks 2 and 3): 2.5 M parameters, 10 MB. Sized so one
-512x512 image (grid 1x36x36: 1296 patches, 324 tokens) costs on the order of
-100 ms on 2 CPU cores; attention over the 1296 patches dominates.
+Defaults: D = 128, depth 3, 2 heads (head_dim 64), MLP ratio 4, hidden 512,
+2 deepstack taps (after blocks 1 and 2): 2.3 M parameters, 9.3 MB. Sized so one
+512x512 image (grid 1x36x36: 1296 patches, 324 tokens) takes about 90 ms
+through the C++ backend with 2 threads on the 2-core development machine;
+attention over the 1296 patches dominates (docs/TOWER.md, "Speed").
 
 Determinism: weights come from torch.manual_seed(seed) in a fixed creation
 order, so a rerun with the same options gives the same weights and, with the
@@ -182,8 +183,9 @@ class DefaultTower(nn.Module):
         self.deepstack_layers: int = deepstack_layers
         # Deepstack taps, evenly spaced through the stack as Qwen3-VL spaces
         # its 3 taps through 27 blocks: tap i follows block
-        # ceil((i + 1) * depth / (k + 1)) (1-based), e.g. depth 4, k 2 -> after
-        # blocks 2 and 3; distinct for every k <= depth.
+        # ceil((i + 1) * depth / (k + 1)) (1-based), e.g. depth 3, k 2 -> after
+        # blocks 1 and 2; depth 4, k 2 -> after 2 and 3; distinct for every
+        # k <= depth.
         self.deepstack_after = [
             -(-(i + 1) * depth // (deepstack_layers + 1)) for i in range(deepstack_layers)
         ]
@@ -270,7 +272,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="path of the TorchScript archive to write")
     p.add_argument("--embed-dim", type=int, default=128, help="ViT width D")
-    p.add_argument("--depth", type=int, default=4, help="transformer blocks")
+    p.add_argument("--depth", type=int, default=3, help="transformer blocks")
     p.add_argument("--heads", type=int, default=2, help="attention heads")
     p.add_argument("--hidden", type=int, default=512, help="output width (the LLM's hidden size)")
     p.add_argument("--deepstack-layers", type=int, default=2, help="deepstack taps, 0 for none")
