@@ -293,7 +293,7 @@ void RegisterReplayCommand(CLI::App& app) {
   cmd->add_option("--images", f->images, "image directory: trace paths are relative to it; --generate draws from it")
       ->check(CLI::ExistingDirectory);
   CLI::Option* gen = cmd->add_option("--generate", f->generate, "generate N requests over the images in --images")
-                         ->check(CLI::PositiveNumber);
+                         ->check(CLI::Range(1, 10'000'000));
   trace->excludes(gen);
   cmd->add_option("--zipf", f->zipf, "Zipf exponent of image popularity (0 = uniform)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);

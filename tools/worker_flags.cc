@@ -22,7 +22,7 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str();
   cmd.add_option("--model-id", f.model_id, "model id hashed into the content keys [file name of --model]");
   cmd.add_option("--threads", f.threads, "tower intra-op threads, 0 = all cores")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1024));
   cmd.add_option("--dtype", f.dtype, "embedding dtype")->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()
@@ -39,7 +39,7 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--max-pixels", f.max_pixels, "preprocessing area cap, pixels (Qwen2-VL max_pixels)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd.add_option("--decode-threads", f.decode_threads, "helper threads decoding misses ahead of the tower")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(CLI::Range(0, 256));
 }
 
 StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {

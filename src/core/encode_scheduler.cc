@@ -46,7 +46,9 @@ bool EncodeScheduler::remove(const Key& key) {
 
 std::vector<PendingEncodeItem> EncodeScheduler::next_batch() {
   std::vector<PendingEncodeItem> batch;
-  std::int64_t used = 0;
+  // 128-bit so that a sum of huge costs cannot wrap and pass the budget check
+  // (the reference's Python ints never overflow).
+  __int128 used = 0;
   // Admits the item at `it` unless it would overflow a non-empty batch.
   auto admit = [&](ItemMap::iterator it) {
     const std::int64_t cost = it->second.item.cost;

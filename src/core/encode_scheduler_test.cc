@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,19 @@ TEST_P(SchedulerOrderTest, ItemCountBoundsTheBatch) {
   EXPECT_EQ(s.next_batch().size(), 2u);
   EXPECT_EQ(s.next_batch().size(), 2u);
   EXPECT_EQ(s.next_batch().size(), 1u);
+}
+
+// Regression: the running token sum wrapped for huge costs and admitted them together.
+TEST_P(SchedulerOrderTest, HugeCostsDoNotOverflowTheBudgetCheck) {
+  EncodeScheduler s(10, 16, GetParam());
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  s.add({"a", 0, 1000});
+  s.add({"a", 1, max});
+  s.add({"a", 2, max});
+  EXPECT_EQ(s.next_batch().size(), 1u);
+  EXPECT_EQ(s.next_batch().size(), 1u);
+  EXPECT_EQ(s.next_batch().size(), 1u);
+  EXPECT_EQ(s.pending_size(), 0u);
 }
 
 TEST_P(SchedulerOrderTest, ExactBudgetFits) {

@@ -347,6 +347,9 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
 
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &self->port);
+  // gRPC sets SO_REUSEPORT by default, so a second server on a busy port would
+  // start and silently share its traffic; refuse instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(self);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
   builder.SetMaxSendMessageSize(-1);
