@@ -33,11 +33,12 @@ import datetime
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gnuplot_png import render_png  # noqa: E402
 
 SCHEMA = "epd-bench-e2e/1"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -193,19 +194,7 @@ def render_body(data: dict, img_prefix: str = "img/") -> str:
 
 
 def gnuplot(png: str, script: str, files: dict[str, str]) -> bool:
-    if shutil.which("gnuplot") is None:
-        print("e2e: gnuplot not found (Debian gnuplot-nox); no plots", file=sys.stderr)
-        return False
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, text in files.items():
-            with open(os.path.join(tmp, name), "w") as f:
-                f.write(text)
-        full = f'set terminal pngcairo size 960,540 noenhanced font ",10"\nset output "{os.path.abspath(png)}"\n' + script
-        r = subprocess.run(["gnuplot"], input=full.encode(), cwd=tmp, capture_output=True)
-    if r.returncode != 0:
-        print(f"e2e: gnuplot failed for {png}: {r.stderr.decode(errors='replace')}", file=sys.stderr)
-        return False
-    return True
+    return render_png(png, script, files, "e2e")
 
 
 def plots(data: dict, img_dir: str) -> None:

@@ -33,10 +33,11 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gnuplot_png import render_png  # noqa: E402
 
 UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 GB_SUFFIX = re.compile(r"^(iterations|min_time|min_warmup_time|real_time|manual_time|process_time|threads|repeats)(:.*)?$")
@@ -175,20 +176,10 @@ def margin_le(value: float, goal: float) -> tuple[bool, str]:
 
 
 def gnuplot(ctx: Context, name: str, script: str, data: dict[str, str]) -> str | None:
-    if shutil.which("gnuplot") is None:
-        print("report: gnuplot not found (Debian gnuplot-nox); no plots", file=sys.stderr)
-        return None
     os.makedirs(ctx.img_dir, exist_ok=True)
     png = os.path.abspath(os.path.join(ctx.img_dir, name))
-    with tempfile.TemporaryDirectory() as tmp:
-        for fname, text in data.items():
-            with open(os.path.join(tmp, fname), "w") as f:
-                f.write(text)
-        full = f'set terminal pngcairo size 960,540 noenhanced font ",10"\nset output "{png}"\n' + script
-        r = subprocess.run(["gnuplot"], input=full.encode(), cwd=tmp, capture_output=True)
-        if r.returncode != 0 or not os.path.isfile(png):
-            print(f"report: gnuplot failed for {name}: {r.stderr.decode(errors='replace')}", file=sys.stderr)
-            return None
+    if not render_png(png, script, data, "report"):
+        return None
     ctx.images.append(png)
     return os.path.relpath(png, os.path.dirname(os.path.abspath(ctx.out_path)))
 
