@@ -78,7 +78,9 @@ class WorkerLoop {
   // a no-op when none is in flight by the time the worker thread gets to it.
   void Cancel(std::string id);
 
-  // The worker's counters as of the end of the last loop iteration.
+  // The worker's counters as of the end of the last loop iteration, and never
+  // older than the last request whose on_done has fired: a caller that saw a
+  // request complete sees its hits and misses counted.
   WorkerStats Stats() const;
 
   // Wakes the worker thread, e.g. when the sink that sink_full() watches has

@@ -100,8 +100,11 @@ void WorkerLoop::Process(Command& c) {
   }
   std::shared_ptr<std::promise<RequestResult>> promise = std::move(c.promise);
   std::function<void(const RequestResult&)> user_done = std::move(c.callbacks.on_done);
-  RequestCallbacks callbacks{std::move(c.callbacks.on_item),
-                             [user_done, promise](const RequestResult& r) { Finish(user_done, *promise, r); }};
+  // Publish before completing, so Stats() already counts a request its caller saw finish.
+  RequestCallbacks callbacks{std::move(c.callbacks.on_item), [this, user_done, promise](const RequestResult& r) {
+                               Publish();
+                               Finish(user_done, *promise, r);
+                             }};
   std::string id = c.request.id;
   Status s = worker_->Submit(std::move(c.request), std::move(callbacks), std::move(c.keys));
   if (!s.ok()) {
