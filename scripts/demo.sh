@@ -16,14 +16,27 @@
 # joins and misses.
 #
 # Usage: scripts/demo.sh [BUILD_DIR]   (default: build)
+#        scripts/demo.sh --images-only DIR
+#          only prepares the same images, into DIR (nothing is built or
+#          replayed; the download and originals go to $DEMO_DATA, default
+#          ${TMPDIR:-/tmp}/epd-demo-data). scripts/gpu-check.sh --stage uses it.
 # Environment: DEMO_REQUESTS (200), DEMO_ZIPF (1.0), DEMO_SEED (42),
 #              DEMO_RATE (15 requests/s), DEMO_CACHE_MB (16, L1),
 #              DEMO_VARIANTS (6 derived images per photograph).
 set -euo pipefail
 
-build="${1:-build}"
+images_only=0
+if [[ "${1:-}" == "--images-only" ]]; then
+  images_only=1
+  images="${2:?usage: scripts/demo.sh --images-only DIR}"
+  data="${DEMO_DATA:-${TMPDIR:-/tmp}/epd-demo-data}"
+  build=""
+else
+  build="${1:-build}"
+  data="$build/demo-data"
+  images="$data/images"
+fi
 bin="$build/tools/epd-encode"
-data="$build/demo-data"
 requests="${DEMO_REQUESTS:-200}"
 zipf="${DEMO_ZIPF:-1.0}"
 seed="${DEMO_SEED:-42}"
@@ -33,7 +46,7 @@ variants="${DEMO_VARIANTS:-6}"
 py=/usr/bin/python3
 script_start=$(date +%s.%N)
 
-if [[ ! -x "$bin" ]]; then
+if [[ $images_only == 0 && ! -x "$bin" ]]; then
   echo "demo.sh: $bin not found; run 'make build' first" >&2
   exit 1
 fi
@@ -64,9 +77,9 @@ fetch_photos() {
   rm -rf "$tmp"
 }
 
-# Writes the originals plus $variants derived images each into $data/images.
+# Writes the originals plus $variants derived images each into $images.
 derive_images() {
-  "$py" - "$data/originals" "$data/images" "$variants" <<'EOF'
+  "$py" - "$data/originals" "$images" "$variants" <<'EOF'
 import os
 import sys
 
@@ -104,7 +117,7 @@ EOF
 
 # Offline fallback: synthetic images, so `make demo` still runs (with a warning).
 synthetic_images() {
-  "$py" - "$data/images" <<'EOF'
+  "$py" - "$images" <<'EOF'
 import os
 import sys
 
@@ -122,9 +135,9 @@ EOF
 }
 
 mkdir -p "$data"
-marker="$data/images/.complete-v$variants"
+marker="$images/.complete-v$variants"
 if [[ ! -f "$marker" ]]; then
-  rm -rf "$data/images"
+  rm -rf "$images"
   if fetch_photos; then
     derive_images
   else
@@ -134,10 +147,14 @@ if [[ ! -f "$marker" ]]; then
   touch "$marker"
 fi
 
-count=$(find "$data/images" -maxdepth 1 -type f \( -name '*.jpg' -o -name '*.png' \) | wc -l)
-echo "demo: $requests requests (Zipf $zipf, seed $seed, $rate/s) over $count images in $data/images"
+count=$(find "$images" -maxdepth 1 -type f \( -name '*.jpg' -o -name '*.png' \) | wc -l)
+if [[ $images_only == 1 ]]; then
+  echo "demo: $count images in $images"
+  exit 0
+fi
+echo "demo: $requests requests (Zipf $zipf, seed $seed, $rate/s) over $count images in $images"
 start=$(date +%s.%N)
-"$bin" replay --images "$data/images" --generate "$requests" --zipf "$zipf" --seed "$seed" \
+"$bin" replay --images "$images" --generate "$requests" --zipf "$zipf" --seed "$seed" \
   --realtime --rate "$rate" --cache-mb "$cache_mb" \
   --write-trace "$data/trace.jsonl" --out "$data/embeddings.safetensors"
 end=$(date +%s.%N)

@@ -16,9 +16,21 @@
 # 3 minutes on 16 cores, each step capped so the whole stays under 6.
 #
 # Usage:
-#   scripts/gpu-check.sh --stage   on the development machine, before the run:
-#                                  copies Debian's GoogleTest source into
-#                                  build-gpucarry/ (the device image has no GTest)
+#   scripts/gpu-check.sh --stage   on the development machine, before the run,
+#                                  fills build-gpucarry/ (the device image has
+#                                  no GTest, no -dev packages, no network):
+#                                  googletest/  Debian's GoogleTest source;
+#                                  sysroot/     headers and static archives of
+#                                    libcrypto, libpng16, zlib, TurboJPEG,
+#                                    xxHash, stb_image_resize and nlohmann-json,
+#                                    unpacked (dpkg -x, nothing installed) from
+#                                    Debian 12 packages fetched with apt-get
+#                                    download into $GPU_CHECK_DEB_CACHE (default
+#                                    ${TMPDIR:-/tmp}/epd-gpucheck-debs), for
+#                                    src/gpu's -DEPD_GPU_WITH_WORKER=ON;
+#                                  images/      the demo's photographs and
+#                                    derived variants (scripts/demo.sh
+#                                    --images-only), for the replay benchmark.
 #   scripts/gpu-check.sh           on the device machine (OUT is set by the
 #                                  device tool; default build-gpucheck-out/;
 #                                  GPU_CHECK_BUILD_DIR overrides build-gpucheck/)
@@ -38,7 +50,68 @@ if [[ "${1:-}" == "--stage" ]]; then
   rm -rf "$carry_dir/googletest"
   mkdir -p "$carry_dir"
   cp -r "$src" "$carry_dir/googletest"
-  echo "staged $(du -sh "$carry_dir" | cut -f1) in $carry_dir; pass carry=[\"build-gpucarry\"] to the run"
+
+  # The media libraries for -DEPD_GPU_WITH_WORKER=ON (src/gpu/standalone.cmake
+  # names the files it uses). Static archives, so the device binaries need
+  # nothing from the device image but glibc.
+  debs="${GPU_CHECK_DEB_CACHE:-${TMPDIR:-/tmp}/epd-gpucheck-debs}"
+  pkgs=(libssl-dev libpng-dev zlib1g-dev libturbojpeg0-dev libxxhash-dev libstb-dev nlohmann-json3-dev)
+  mkdir -p "$debs"
+  missing=()
+  for p in "${pkgs[@]}"; do
+    compgen -G "$debs/${p}_*.deb" >/dev/null || missing+=("$p")
+  done
+  if ((${#missing[@]} > 0)); then
+    echo "gpu-check.sh: downloading ${missing[*]} into $debs (nothing is installed)" >&2
+    if ! (cd "$debs" && apt-get download -qq "${missing[@]}"); then
+      sudo=""
+      [[ $(id -u) -ne 0 ]] && sudo="sudo"
+      echo "gpu-check.sh: apt-get download failed; refreshing the apt lists and retrying" >&2
+      $sudo apt-get update -qq >/dev/null 2>&1 || true
+      (cd "$debs" && apt-get download -qq "${missing[@]}") || {
+        echo "gpu-check.sh: could not download ${missing[*]}" >&2
+        exit 1
+      }
+    fi
+  fi
+  sysroot="$carry_dir/sysroot"
+  rm -rf "$sysroot"
+  mkdir -p "$sysroot"
+  for p in "${pkgs[@]}"; do
+    dpkg -x "$(compgen -G "$debs/${p}_*.deb" | sort -V | tail -n 1)" "$sysroot"
+  done
+  # Keep only what the build uses: no docs, tools, CMake/pkg-config files,
+  # libssl.a, libstb.a or the other stb headers, and no symlinks (the .so
+  # links point at libraries that are not there, and the header aliases such
+  # as png.h -> libpng16/png.h are not needed: the build uses libpng16/).
+  inc="$sysroot/usr/include"
+  lib="$sysroot/usr/lib/x86_64-linux-gnu"
+  rm -rf "$sysroot/usr/share" "$sysroot/usr/bin" "$lib/pkgconfig" "$lib/cmake" \
+    "$lib/libssl.a" "$lib/libstb.a" "$inc/xxh3.h" "$inc/xxh_x86dispatch.h"
+  find "$sysroot" -type l -delete
+  find "$inc/stb" -type f ! -name stb_image_resize.h -delete
+  for f in "$lib/libcrypto.a" "$lib/libpng16.a" "$lib/libz.a" "$lib/libturbojpeg.a" "$lib/libxxhash.a" \
+           "$inc/openssl/evp.h" "$inc/x86_64-linux-gnu/openssl/configuration.h" "$inc/libpng16/png.h" \
+           "$inc/zlib.h" "$inc/turbojpeg.h" "$inc/xxhash.h" "$inc/stb/stb_image_resize.h" \
+           "$inc/nlohmann/json.hpp"; do
+    if [[ ! -f "$f" ]]; then
+      echo "gpu-check.sh: $f is not in the unpacked packages" >&2
+      exit 1
+    fi
+  done
+
+  # The replay benchmark's images, made exactly as `make demo` makes them.
+  "$root/scripts/demo.sh" --images-only "$carry_dir/images"
+  if compgen -G "$carry_dir/images/synthetic_*" >/dev/null; then
+    echo "gpu-check.sh: WARNING: images/ holds synthetic images (the photographs could not be downloaded)" >&2
+  fi
+
+  du -sh "$carry_dir"/googletest "$carry_dir"/sysroot "$carry_dir"/images
+  size_kb=$(du -sk "$carry_dir" | cut -f1)
+  echo "staged $((size_kb / 1024)) MB in $carry_dir; pass carry=[\"build-gpucarry\"] to the run"
+  if ((size_kb > 35 * 1024)); then
+    echo "gpu-check.sh: WARNING: over 35 MB; the device tool carries at most 64 MB with the working tree" >&2
+  fi
   exit 0
 elif [[ $# -gt 0 ]]; then
   echo "usage: scripts/gpu-check.sh [--stage]" >&2

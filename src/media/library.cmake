@@ -1,0 +1,23 @@
+# Defines epd_media (alias epd::media) from this directory's sources. Shared
+# by src/media/CMakeLists.txt (the normal build) and src/gpu/standalone.cmake
+# (the device machine's build), which each provide the dependencies first:
+# imported targets OpenSSL::Crypto, PNG::PNG, PkgConfig::TURBOJPEG and
+# PkgConfig::XXHASH, and the variable STB_INCLUDE_DIR (the directory holding
+# stb/stb_image_resize.h).
+#
+# Edge dependencies (libcrypto, libxxhash, libturbojpeg, libpng, stb) stay
+# PRIVATE: the public headers mention none of them. Paths are absolute
+# because add_library resolves relative ones against the including
+# directory, not this file's.
+add_library(epd_media
+  ${CMAKE_CURRENT_LIST_DIR}/content_key.cc
+  ${CMAKE_CURRENT_LIST_DIR}/digest.cc
+  ${CMAKE_CURRENT_LIST_DIR}/image.cc
+  ${CMAKE_CURRENT_LIST_DIR}/preprocess.cc
+  ${CMAKE_CURRENT_LIST_DIR}/stb_image_resize_impl.cc
+)
+add_library(epd::media ALIAS epd_media)
+target_include_directories(epd_media PRIVATE ${STB_INCLUDE_DIR})
+target_link_libraries(epd_media
+  PUBLIC epd::core
+  PRIVATE OpenSSL::Crypto PNG::PNG PkgConfig::TURBOJPEG PkgConfig::XXHASH)

@@ -1,0 +1,18 @@
+# Defines epd_worker (alias epd::worker) from this directory's sources.
+# Shared by src/worker/CMakeLists.txt (the normal build) and
+# src/gpu/standalone.cmake (the device machine's build), which each provide
+# epd::core, epd::media, Threads::Threads and nlohmann_json::nlohmann_json
+# first. Paths are absolute because add_library resolves relative ones
+# against the including directory, not this file's.
+get_filename_component(_epd_worker_root ${CMAKE_CURRENT_LIST_DIR}/../.. ABSOLUTE)
+add_library(epd_worker
+  ${CMAKE_CURRENT_LIST_DIR}/encode_worker.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefetch_decoder.cc
+  ${CMAKE_CURRENT_LIST_DIR}/worker_loop.cc
+  ${CMAKE_CURRENT_LIST_DIR}/safetensors.cc
+)
+add_library(epd::worker ALIAS epd_worker)
+target_include_directories(epd_worker PUBLIC ${_epd_worker_root}/include)
+target_link_libraries(epd_worker
+  PUBLIC epd::core epd::media Threads::Threads
+  PRIVATE nlohmann_json::nlohmann_json)
