@@ -5,15 +5,21 @@
 #
 # What it does, each step logged under $OUT:
 #   1. configures src/gpu on its own (core + gpu, plus the torch tower when
-#      python3's torch has a CMake config; no media libraries, gRPC or Python)
-#      with CUDA on, for sm_90, and builds it;
+#      python3's torch has a CMake config, plus media + worker when the
+#      sysroot is staged; no gRPC or Python) with CUDA on, for sm_90, and
+#      builds it;
 #   2. runs the tests (ctest): the CPU tests and cuda_device_test, which must
 #      not skip here;
 #   3. runs compute-sanitizer --tool memcheck over the CUDA round-trip tests;
-#   4. runs gpu_tier_bench (offload/onboard GB/s vs the pinned-copy peak) and,
-#      if the tower was built, tower_gpu_bench (items/s by batch size).
-# Exits non-zero if the build, a test or the sanitizer fails. Budget: about
-# 3 minutes on 16 cores, each step capped so the whole stays under 6.
+#   4. runs gpu_tier_bench (offload/onboard GB/s vs the pinned-copy peak); if
+#      the tower was built, makes a ViT-L-sized tower (scripts/
+#      make_default_tower.py) and runs tower_gpu_bench on it (items/s by
+#      batch size, output to host and kept on the device); if the worker was
+#      built too, gpu_replay_bench (a Zipf replay of the staged images with
+#      L1 in VRAM and L2 pinned, against the tower-only limit).
+# Exits non-zero if the build, a test, the sanitizer or the replay fails.
+# Budget: about 4 minutes on 16 cores, each step capped so the whole stays
+# under 8.
 #
 # Usage:
 #   scripts/gpu-check.sh --stage   on the development machine, before the run,
@@ -35,7 +41,7 @@
 #                                  device tool; default build-gpucheck-out/;
 #                                  GPU_CHECK_BUILD_DIR overrides build-gpucheck/)
 # With the device tool: run(command="scripts/gpu-check.sh",
-#                           carry=["build-gpucarry"], timeout_s=420)
+#                           carry=["build-gpucarry"], timeout_s=540)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -160,7 +166,9 @@ cmake --version | head -n 1 >>"$summary"
 python_bin="$(command -v python3 || true)"
 torch_prefix=""
 if [[ -n "$python_bin" ]]; then
-  torch_prefix="$("$python_bin" -c 'import torch; print(torch.utils.cmake_prefix_path if torch.cuda.is_available() else "")' 2>/dev/null || true)"
+  # GPU_CHECK_ANY_TORCH=1 takes a CPU-only torch too: a dry run of the whole
+  # script on a machine without a GPU.
+  torch_prefix="$("$python_bin" -c 'import os, torch; print(torch.utils.cmake_prefix_path if torch.cuda.is_available() or os.environ.get("GPU_CHECK_ANY_TORCH") == "1" else "")' 2>/dev/null || true)"
   "$python_bin" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' >>"$summary" 2>&1 || echo "python3: no torch" >>"$summary"
 fi
 echo '```' >>"$summary"
@@ -175,13 +183,30 @@ if [[ -f "$carry_dir/googletest/CMakeLists.txt" ]]; then
   # The staged copy wins over any installed GTest, so every run builds the same one.
   common+=(-DEPD_GTEST_SOURCE_DIR="$carry_dir/googletest" -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON)
 fi
+with_worker_flags=()
+if [[ -f "$carry_dir/sysroot/usr/lib/x86_64-linux-gnu/libcrypto.a" ]]; then
+  with_worker_flags=(-DEPD_GPU_WITH_WORKER=ON -DEPD_GPU_SYSROOT="$carry_dir/sysroot")
+fi
 build_log="$out/build.log"
 : >"$build_log"
+# Most capable first: torch + worker, torch alone, neither.
 with_torch=0
-if [[ -n "$torch_prefix" ]] &&
-   capped 180 "$build_log" cmake "${common[@]}" -DEPD_GPU_WITH_TORCH=ON -DCMAKE_PREFIX_PATH="$torch_prefix"; then
-  with_torch=1
-else
+with_worker=0
+configured=0
+if [[ -n "$torch_prefix" ]]; then
+  if ((${#with_worker_flags[@]})) &&
+     capped 180 "$build_log" cmake "${common[@]}" "${with_worker_flags[@]}" -DEPD_GPU_WITH_TORCH=ON \
+       -DCMAKE_PREFIX_PATH="$torch_prefix"; then
+    with_torch=1; with_worker=1; configured=1
+  else
+    rm -rf "$build"
+    if capped 180 "$build_log" cmake "${common[@]}" -DEPD_GPU_WITH_TORCH=ON -DCMAKE_PREFIX_PATH="$torch_prefix"; then
+      with_torch=1; configured=1
+      note "- configure with the worker failed or no sysroot staged (see build.log); no replay benchmark"
+    fi
+  fi
+fi
+if [[ $configured == 0 ]]; then
   [[ -n "$torch_prefix" ]] && note "- libtorch's CMake config failed (see build.log); building without the tower"
   rm -rf "$build"
   if ! capped 120 "$build_log" cmake "${common[@]}" -DEPD_GPU_WITH_TORCH=OFF; then
@@ -194,14 +219,14 @@ if ! capped 300 "$build_log" cmake --build "$build" -j "$(nproc)"; then
   tail -n 30 "$build_log" >&2
   exit 1
 fi
-note "- build: ok in $(elapsed) s (tower: $([[ $with_torch == 1 ]] && echo built || echo not built))"
+note "- build: ok in $(elapsed) s (tower: $([[ $with_torch == 1 ]] && echo built || echo not built), worker: $([[ $with_worker == 1 ]] && echo built || echo not built))"
 
-# --- 2. tests ---------------------------------------------------------------
+# --- 2. tests -----------------------------------------------------------------
 test_log="$out/ctest.log"
-if capped 180 "$test_log" ctest --test-dir "$build" --output-on-failure -j 4; then
-  note "- tests: all passed"
+if capped 180 "$test_log" ctest --test-dir "$build" --output-on-failure -j 8; then
+  note "- tests: $(grep -oE '[0-9]+% tests passed.*' "$test_log" | tail -n 1)"
 else
-  note "- tests: FAILED (see ctest.log)"
+  note "- tests: FAILED (see ctest.log): $(grep -E 'tests failed|\*\*\*Failed|\(Failed\)' "$test_log" | head -n 5 | tr '\n' ' ')"
   failed=1
 fi
 # On a GPU machine the CUDA tests must run, not skip.
@@ -211,7 +236,9 @@ if grep -q '\[  SKIPPED \] Cuda/' "$test_log"; then
   failed=1
 fi
 
-# --- 3. compute-sanitizer -----------------------------------------------------
+# --- 3. compute-sanitizer -------------------------------------------------------
+# The CUDA round trips: upload/offload/onboard byte-exact, the tiered cache's
+# demote/promote, and the concurrent put/get readers under churn.
 san_log="$out/sanitizer.log"
 sanitizer="$(command -v compute-sanitizer || true)"
 if [[ -z "$sanitizer" && -x /usr/local/cuda/bin/compute-sanitizer ]]; then
@@ -221,16 +248,16 @@ if [[ -z "$sanitizer" ]]; then
   note "- compute-sanitizer: not found, not run"
 elif capped 150 "$san_log" "$sanitizer" --tool memcheck --leak-check full --error-exitcode 1 \
        "$build/cuda_device_test" \
-       --gtest_filter='Cuda/DeviceTierContract.*RoundTrip*:Cuda/DeviceTierContract.*ByteExact*:CudaDeviceTest.LargeEntry*'; then
+       --gtest_filter='Cuda/DeviceTierContract.*RoundTrip*:Cuda/DeviceTierContract.*ByteExact*:Cuda/DeviceTierContract.Concurrent*:CudaDeviceTest.LargeEntry*'; then
   note "- compute-sanitizer memcheck: clean ($(grep -c '^\[       OK \]' "$san_log") tests)"
 else
   note "- compute-sanitizer memcheck: FAILED (see sanitizer.log)"
   failed=1
 fi
 
-# --- 4. benchmarks (skipped when time runs short) -----------------------------
+# --- 4. benchmarks (each skipped when time runs short) --------------------------
 note ""
-if (($(elapsed) < 270)); then
+if (($(elapsed) < 240)); then
   if capped 120 "$out/gpu_tier_bench.md" "$build/gpu_tier_bench" --total-mb 1024 --reps 5 \
        --json "$out/gpu_tier_bench.json"; then
     note "## Tier copies"
@@ -243,18 +270,47 @@ else
   note "- gpu_tier_bench: skipped, $(elapsed) s spent already"
 fi
 note ""
-if [[ $with_torch == 1 ]] && (($(elapsed) < 300)); then
-  model="$build/models/default_tower.pt"
-  mkdir -p "$(dirname "$model")"
-  if capped 120 "$out/tower_gpu_bench.md" "$python_bin" "$root/scripts/make_default_tower.py" --out "$model" &&
-     capped 120 "$out/tower_gpu_bench.md" "$build/tower_gpu_bench" --model "$model" --batches 1,2,4,8,16,32; then
-    note "## Tower on the GPU"
-    grep -E '^(tower:|\|)' "$out/tower_gpu_bench.md" >>"$summary" || true
+models="$build/models"
+mkdir -p "$models"
+tower_log="$out/tower_gpu_bench.md"
+# The GPU tower: ViT-L-like width (1024), 12 blocks, 2048-wide output with
+# 2 deepstack taps, about 230M parameters, made deterministically here.
+gpu_tower_args=(--embed-dim 1024 --depth 12 --heads 4 --hidden 2048 --deepstack-layers 2)
+if [[ $with_torch == 1 ]] && (($(elapsed) < 270)); then
+  if capped 150 "$tower_log" "$python_bin" "$root/scripts/make_default_tower.py" --out "$models/gpu_tower.pt" \
+       "${gpu_tower_args[@]}"; then
+    note "## Tower on the GPU (items/s by batch size)"
+    for out_where in host device; do
+      flag=()
+      [[ $out_where == device ]] && flag=(--output-on-device)
+      if capped 90 "$tower_log" "$build/tower_gpu_bench" --model "$models/gpu_tower.pt" --dtype float32 \
+           --batches 1,2,4,8,16,32 --iters 10 "${flag[@]}"; then
+        :
+      else
+        note "- tower_gpu_bench (output in $out_where memory): failed (see tower_gpu_bench.md)"
+      fi
+    done
+    grep -E '^(tower:|\|)' "$tower_log" >>"$summary" || true
   else
-    note "- tower_gpu_bench: failed (see tower_gpu_bench.md); the tower figures are optional"
+    note "- making the GPU tower failed (see tower_gpu_bench.md)"
   fi
 else
   note "- tower_gpu_bench: not run (tower not built, or out of time)"
+fi
+note ""
+replay_log="$out/gpu_replay_bench.md"
+if [[ $with_worker == 1 && -f "$models/gpu_tower.pt" && -d "$carry_dir/images" ]] && (($(elapsed) < 330)); then
+  if capped 150 "$replay_log" "$build/gpu_replay_bench" --model "$models/gpu_tower.pt" --images "$carry_dir/images" \
+       --requests 600 --zipf 1.0 --seed 1 --l1-mb 128 --l2-mb 1024 --decode-threads 12 \
+       --json "$out/gpu_replay_bench.json"; then
+    note "## Replay on the GPU (L1 in VRAM, L2 pinned) against the tower-only limit"
+  else
+    note "- gpu_replay_bench: FAILED (see gpu_replay_bench.md)"
+    failed=1
+  fi
+  grep -E '^(device:|tower:|trace:|\|)' "$replay_log" >>"$summary" || true
+else
+  note "- gpu_replay_bench: not run (worker or tower not built, no staged images, or out of time)"
 fi
 
 note ""

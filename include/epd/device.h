@@ -7,7 +7,8 @@
 //                              (epd/host_memory_pool.h), for the L2 tier.
 // Copies are asynchronous and run on one of two dedicated streams, named as
 // TensorRT-LLM's batch manager names host<->device moves:
-//   Stream::kOnboard  host -> device (promotion, upload)
+//   Stream::kOnboard  host -> device (promotion, upload) and device -> device
+//                     (adopting the tower's output rows into L1)
 //   Stream::kOffload  device -> host (demotion, shipping)
 // so a demotion never waits behind a promotion or the tower's work. Copies
 // on one stream run in the order enqueued; the two streams are unordered
@@ -57,10 +58,11 @@
 namespace epd {
 
 enum class MemoryKind : std::uint8_t { kDevice = 0, kPinnedHost = 1 };
-enum class CopyKind : std::uint8_t { kHostToDevice = 0, kDeviceToHost = 1 };
+// kDeviceToDevice: the worker copying a tower output's rows into an L1 entry.
+enum class CopyKind : std::uint8_t { kHostToDevice = 0, kDeviceToHost = 1, kDeviceToDevice = 2 };
 enum class Stream : std::uint8_t { kOnboard = 0, kOffload = 1 };
 
-// "device", "pinned_host"; "h2d", "d2h"; "onboard", "offload".
+// "device", "pinned_host"; "h2d", "d2h", "d2d"; "onboard", "offload".
 std::string_view MemoryKindName(MemoryKind kind);
 std::string_view CopyKindName(CopyKind kind);
 std::string_view StreamName(Stream stream);

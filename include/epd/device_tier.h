@@ -47,6 +47,13 @@
 // any thread (the Device is thread-safe); a DeviceTierStats must not be
 // shared by functions that run on different threads (plain counters).
 //
+// The encode worker's hooks (MakeEmbeddingTierHooks): the worker caches
+// EmbeddingPtr values; with these hooks its L1 entries are Embeddings whose
+// `resident` is a TierEmbedding in VRAM, and its L2 entries one in pinned
+// memory. adopt_device_rows copies each item's rows of a device-resident
+// tower output device -> device into a fresh L1 entry, so a miss never
+// round-trips through host memory.
+//
 // Example:
 //   epd::FakeDevice dev;   // or *epd::OpenCudaDevice(opts)
 //   auto l1 = epd::UploadEmbedding(dev, emb);      // StatusOr<TierEmbeddingPtr>
@@ -63,6 +70,7 @@
 #include "epd/device.h"
 #include "epd/embedding.h"
 #include "epd/status.h"
+#include "epd/vision_tower.h"
 
 namespace epd {
 
@@ -81,9 +89,9 @@ struct EmbeddingShape {
 class TierEmbedding;
 using TierEmbeddingPtr = std::shared_ptr<const TierEmbedding>;
 
-class TierEmbedding {
+class TierEmbedding final : public ResidentBytes {
  public:
-  ~TierEmbedding();
+  ~TierEmbedding() override;
   TierEmbedding(const TierEmbedding&) = delete;
   TierEmbedding& operator=(const TierEmbedding&) = delete;
 
@@ -100,10 +108,17 @@ class TierEmbedding {
   // Errors: as Wait(), or kInternal for a failed device->host copy.
   StatusOr<Embedding> ToHostEmbedding() const;
 
+  // ResidentBytes: "device" or "pinned_host"; CopyToHost waits, then copies
+  // main and deepstack into the caller's ranges (errors as ToHostEmbedding,
+  // plus kInvalidArgument for ranges of the wrong size).
+  std::string_view location() const override;
+  Status CopyToHost(std::span<std::byte> main, std::span<std::byte> deepstack) const override;
+
  private:
   friend StatusOr<TierEmbeddingPtr> UploadEmbedding(Device&, EmbeddingPtr, MemoryKind);
   friend StatusOr<TierEmbeddingPtr> OffloadEmbedding(Device&, const TierEmbeddingPtr&);
   friend StatusOr<TierEmbeddingPtr> OnboardEmbedding(Device&, const TierEmbeddingPtr&);
+  friend StatusOr<TierEmbeddingPtr> AdoptDeviceRows(Device&, const DeviceRows&);
   struct Private {};
 
  public:
@@ -134,6 +149,14 @@ StatusOr<TierEmbeddingPtr> OffloadEmbedding(Device& device, const TierEmbeddingP
 // full; kInternal for a device failure.
 StatusOr<TierEmbeddingPtr> OnboardEmbedding(Device& device, const TierEmbeddingPtr& src);
 
+// Copies rows already in device memory (one item of a device-resident tower
+// output) into a new L1 entry: device -> device on Stream::kOnboard, with
+// rows.owner held until the copy lands. The rows must be complete (the
+// producer synchronised). kInvalidArgument for a negative shape or null
+// pointers with bytes to copy; kResourceExhausted when device memory is
+// full; kInternal for a device failure.
+StatusOr<TierEmbeddingPtr> AdoptDeviceRows(Device& device, const DeviceRows& rows);
+
 // What the copy functions did. Plain counters: see Thread safety above.
 struct DeviceTierStats {
   std::uint64_t offloads = 0;  // device -> host copies enqueued
@@ -142,6 +165,9 @@ struct DeviceTierStats {
   std::uint64_t onboards = 0;         // host -> device copies enqueued
   std::uint64_t onboard_bytes = 0;
   std::uint64_t onboard_fallbacks = 0;  // device memory full: served from pinned memory
+  std::uint64_t adopts = 0;             // tower rows copied device -> device into L1
+  std::uint64_t adopt_bytes = 0;
+  std::uint64_t adopt_fallbacks = 0;  // device memory full: rows copied to host instead
 };
 
 using TierCopyFn = std::function<TierEmbeddingPtr(const TierEmbeddingPtr&)>;
@@ -150,5 +176,28 @@ using TierCopyFn = std::function<TierEmbeddingPtr(const TierEmbeddingPtr&)>;
 // (and `stats` when given) must outlive the returned function.
 TierCopyFn MakeOffloadFn(Device& device, DeviceTierStats* stats = nullptr);
 TierCopyFn MakeOnboardFn(Device& device, DeviceTierStats* stats = nullptr);
+
+// WorkerOptions::to_host, to_device and adopt_device_rows for a worker whose
+// L1 lives on `device` (epd/encode_worker.h):
+//   to_host            demotion: an Embedding resident in VRAM -> one in
+//                      pinned memory (OffloadEmbedding); null (the victim is
+//                      dropped) when the pinned pool has no block. A host or
+//                      pinned Embedding is returned as is.
+//   to_device          promotion: pinned -> VRAM (OnboardEmbedding); the
+//                      pinned entry itself when VRAM is full. A host or VRAM
+//                      Embedding is returned as is.
+//   adopt_device_rows  a tower item's device rows -> an Embedding resident in
+//                      VRAM (AdoptDeviceRows). When VRAM is full it copies
+//                      the rows to a host Embedding instead (counted in
+//                      adopt_fallbacks), so the item is still delivered.
+// to_host / to_device throw epd::Error(kInternal) for a device failure;
+// adopt_device_rows returns it. `device` and `stats` must outlive the hooks;
+// all three must run on one thread at a time (the worker's owner thread).
+struct EmbeddingTierHooks {
+  std::function<EmbeddingPtr(const EmbeddingPtr&)> to_host;
+  std::function<EmbeddingPtr(const EmbeddingPtr&)> to_device;
+  std::function<StatusOr<EmbeddingPtr>(const DeviceRows&)> adopt_device_rows;
+};
+EmbeddingTierHooks MakeEmbeddingTierHooks(Device& device, DeviceTierStats* stats = nullptr);
 
 }  // namespace epd

@@ -13,14 +13,26 @@
 // Example: 100 tokens, hidden 2048, 3 deepstack layers, bf16 ->
 //   100 * 2048 * 4 * 2 = 1,638,400 bytes.
 //
+// Residency: by default the bytes are in the two host vectors. An embedding
+// cached by the GPU tier (epd/device_tier.h) instead keeps them in device
+// memory (L1) or pinned host memory (L2): `resident` is then set, `main` and
+// `deepstack` are empty, and ToHost() gives a host copy. The encode worker
+// delivers cached values as they are, so a consumer in the same process can
+// use device-resident rows without a copy; code that reads the bytes on the
+// host (gRPC shipping, safetensors) calls ToHost() first, which costs nothing
+// for a host embedding.
+//
 // Thread safety: immutable after construction; safe to share.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
+
+#include "epd/status.h"
 
 namespace epd {
 
@@ -32,6 +44,21 @@ std::string_view DTypeName(DType d);
 // safetensors spelling: "F32", "BF16", "F16".
 std::string_view DTypeSafetensorsName(DType d);
 
+// An embedding's bytes held outside host vectors (implemented by the GPU
+// tier's TierEmbedding). Same layout as Embedding: main rows, then deepstack
+// rows, in one contiguous block.
+class ResidentBytes {
+ public:
+  virtual ~ResidentBytes() = default;
+  // "device" (VRAM) or "pinned_host".
+  virtual std::string_view location() const = 0;
+  // Copies main then deepstack into the two host ranges, whose sizes must be
+  // the owning Embedding's main and deepstack byte counts; blocks until the
+  // bytes have landed. kInvalidArgument for wrong sizes; kInternal for a
+  // device failure.
+  virtual Status CopyToHost(std::span<std::byte> main, std::span<std::byte> deepstack) const = 0;
+};
+
 struct Embedding {
   std::int64_t tokens = 0;            // post-merge tokens (rows)
   std::int64_t hidden = 0;            // columns of `main`
@@ -39,9 +66,14 @@ struct Embedding {
   DType dtype = DType::kFloat32;
   std::vector<std::byte> main;       // tokens * hidden * DTypeSize(dtype) bytes
   std::vector<std::byte> deepstack;  // tokens * hidden * deepstack_layers * DTypeSize(dtype) bytes
+  // Set when the bytes live in device or pinned memory (see Residency above);
+  // main and deepstack are then empty.
+  std::shared_ptr<const ResidentBytes> resident;
 
-  // Exact bytes charged to the cache: main plus deepstack payload.
-  std::size_t nbytes() const { return main.size() + deepstack.size(); }
+  bool on_host() const { return resident == nullptr; }
+  // Exact bytes charged to the cache: main plus deepstack payload, wherever
+  // it lives.
+  std::size_t nbytes() const { return on_host() ? main.size() + deepstack.size() : ExpectedBytes(); }
   // What nbytes() must be for the declared shape; used to validate.
   std::size_t ExpectedBytes() const {
     return static_cast<std::size_t>(tokens * hidden * (1 + deepstack_layers)) * DTypeSize(dtype);
@@ -49,5 +81,11 @@ struct Embedding {
 };
 
 using EmbeddingPtr = std::shared_ptr<const Embedding>;
+
+// `e` itself when its bytes are on the host (no copy); otherwise a new host
+// Embedding with the same shape and a copy of the bytes (blocks until the
+// copy lands). kInvalidArgument for a null `e`; the ResidentBytes' errors
+// otherwise. Cost: O(1) for a host embedding, one copy of nbytes() else.
+StatusOr<EmbeddingPtr> ToHost(const EmbeddingPtr& e);
 
 }  // namespace epd

@@ -131,9 +131,22 @@ struct WorkerOptions {
   std::int64_t l1_bytes = std::int64_t{1} << 30;
   std::int64_t l2_bytes = std::int64_t{4} << 30;
   // L1 -> L2 and L2 -> L1 copies (TieredEmbeddingCache); empty = identity,
-  // right when both tiers live in host memory.
+  // right when both tiers live in host memory. For L1 in VRAM and L2 in
+  // pinned memory, take all three hooks from the GPU tier:
+  //   EmbeddingTierHooks h = MakeEmbeddingTierHooks(device);  // epd/device_tier.h
+  //   opt.to_host = h.to_host; opt.to_device = h.to_device;
+  //   opt.adopt_device_rows = h.adopt_device_rows;
+  // A hook that throws (a device failure) is caught: a failed promotion is
+  // served as a miss, a failed demotion drops the victim, and either counts in
+  // WorkerStats::cache_errors; other requests and entries are unaffected.
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_host;
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_device;
+  // Turns one item's rows of a device-resident tower output (VisionTower::
+  // output_on_device()) into the Embedding to cache and deliver, e.g. a
+  // device -> device copy into an L1 entry. Required for such a tower
+  // (Create fails without it); unused otherwise. An error fails that item
+  // only (its status, e.g. kInternal for a device failure).
+  std::function<StatusOr<EmbeddingPtr>(const DeviceRows&)> adopt_device_rows;
 
   // Tower batch bounds (EncodeScheduler). 8192 post-merge tokens is about six
   // 1-megapixel images, or 25 at 512x512 (324 tokens each).
@@ -196,7 +209,10 @@ struct ItemResult {
   std::int64_t index = 0;  // position in EncodeRequest::items
   Status status;           // OK, or why this item has no embedding
   ContentKey key;          // zero when the key itself could not be derived
-  EmbeddingPtr embedding;  // non-null iff status.ok(); shared with the cache, immutable
+  // Non-null iff status.ok(); shared with the cache, immutable. With a GPU
+  // tier its bytes may be in VRAM or pinned memory (Embedding::resident):
+  // call ToHost() (epd/embedding.h) before reading them on the host.
+  EmbeddingPtr embedding;
   ItemSource source = ItemSource::kMiss;
   // Milliseconds: submit -> batch start, the batch's tower call, submit ->
   // delivery. Hits have queue_ms = tower_ms = 0.
@@ -251,6 +267,9 @@ struct WorkerStats {
   // Failed items by status code (kInvalidArgument, kInternal, kCancelled, ...).
   std::map<StatusCode, std::uint64_t> errors;
   std::uint64_t callback_exceptions = 0;
+  // Cache operations whose tier copy threw (WorkerOptions::to_host /
+  // to_device): served as a miss, or the demoted victim dropped.
+  std::uint64_t cache_errors = 0;
 
   // Now: requests in flight; computations queued on the scheduler (not yet in
   // a batch) and their tokens.
@@ -274,8 +293,10 @@ class EncodeWorker {
  public:
   // Validates the options (kInvalidArgument naming the field: empty model_id,
   // invalid preprocess config, negative capacity, non-positive batch bounds,
-  // negative max_pending_items, decode_threads or decode_lookahead) and a tower whose patch_dim differs from the
-  // preprocess config's (kInvalidArgument). Takes ownership of the tower.
+  // negative max_pending_items, decode_threads or decode_lookahead), a tower
+  // whose patch_dim or merge_size differs from the preprocess config's, and
+  // a tower with output_on_device() but no adopt_device_rows hook (all
+  // kInvalidArgument). Takes ownership of the tower.
   static StatusOr<std::unique_ptr<EncodeWorker>> Create(WorkerOptions options,
                                                         std::unique_ptr<VisionTower> tower);
   // Waits for outstanding tower calls. Requests still in flight are dropped

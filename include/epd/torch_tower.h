@@ -21,8 +21,9 @@
 //     kInvalidArgument     not a TorchScript archive; a contract attribute
 //                          missing, not an int or out of range; no
 //                          forward(pixel_values, grid_thw); bad device string
-//                          or num_threads < 0; the warm-up forward failed
-//                          (Encode's message below, prefixed "warm-up forward")
+//                          or num_threads < 0; output_on_device with device
+//                          "cpu"; the warm-up forward failed (Encode's
+//                          message below, prefixed "warm-up forward")
 //     kFailedPrecondition  device "cuda[:N]" without a usable CUDA device
 //   Encode:
 //     kInvalidArgument     an item with null patches, t/h/w < 1, h or w not a
@@ -86,6 +87,13 @@ struct TorchTowerOptions {
   // dtype of TowerOutput. kBFloat16 or kFloat16 halve the bytes per row;
   // the conversion rounds to nearest even.
   DType output_dtype = DType::kFloat32;
+  // CUDA only: leave the output in device memory (TowerOutput::on_device(),
+  // output_on_device() true) instead of copying it to host vectors. Encode
+  // synchronises the device before returning, so the rows are complete; the
+  // output tensors live as long as TowerOutput::device_owner. A worker then
+  // needs WorkerOptions::adopt_device_rows (the GPU tier). kInvalidArgument
+  // at load with device "cpu".
+  bool output_on_device = false;
 };
 
 // Loads and checks the module; see the header comment for the errors.

@@ -11,6 +11,14 @@
 // A backend must not assume the caller keeps the output: the worker copies
 // each item's rows out, so the next Encode may reuse or free the buffer.
 //
+// Device output: a backend that runs on a GPU may leave its output in device
+// memory instead (output_on_device() true; e.g. TorchTowerOptions::
+// output_on_device). The host vectors are then empty and device_main /
+// device_deepstack point at the same layouts in VRAM, kept alive by
+// device_owner. The worker then copies each item's rows device -> device
+// into its L1 entry (WorkerOptions::adopt_device_rows, supplied by the GPU
+// tier), so a miss's embedding never round-trips through host memory.
+//
 // Errors: Encode returns a Status (never throws) for a failed forward, e.g.
 // kInternal with the backend's message, or kInvalidArgument for inputs whose
 // patch_dim does not match. The worker additionally checks that the row count
@@ -21,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,6 +59,31 @@ struct TowerOutput {
   DType dtype = DType::kFloat32;
   std::vector<std::byte> main;       // rows * hidden * DTypeSize(dtype)
   std::vector<std::byte> deepstack;  // rows * hidden * deepstack_layers * DTypeSize(dtype)
+
+  // Device output (see the header comment); all null for host output. The
+  // backend has finished writing the bytes (synchronised its stream) before
+  // Encode returns. Layouts and sizes as main / deepstack above.
+  const std::byte* device_main = nullptr;
+  const std::byte* device_deepstack = nullptr;  // null when deepstack_layers == 0
+  std::shared_ptr<const void> device_owner;     // keeps both alive (e.g. the tensors)
+
+  bool on_device() const { return device_owner != nullptr; }
+  std::size_t main_bytes() const { return static_cast<std::size_t>(rows * hidden) * DTypeSize(dtype); }
+  std::size_t deepstack_bytes() const { return main_bytes() * static_cast<std::size_t>(deepstack_layers); }
+};
+
+// One item's rows of a device-resident TowerOutput, as handed to
+// WorkerOptions::adopt_device_rows. `main` / `deepstack` point into device
+// memory: [tokens, hidden] and [tokens, hidden * deepstack_layers], dtype;
+// valid while `owner` lives (the adopter holds it until its copy lands).
+struct DeviceRows {
+  std::int64_t tokens = 0;
+  std::int64_t hidden = 0;
+  std::int64_t deepstack_layers = 0;
+  DType dtype = DType::kFloat32;
+  const std::byte* main = nullptr;
+  const std::byte* deepstack = nullptr;
+  std::shared_ptr<const void> owner;
 };
 
 class VisionTower {
@@ -64,6 +98,9 @@ class VisionTower {
   virtual std::int64_t hidden() const = 0;
   virtual std::int64_t deepstack_layers() const = 0;
   virtual DType dtype() const = 0;
+  // True when Encode leaves its output in device memory (TowerOutput::
+  // on_device()); such a tower needs a worker with a GPU tier.
+  virtual bool output_on_device() const { return false; }
   // A short human-readable description, e.g. "torchscript:/path/model.pt (cpu, 2 threads)".
   virtual std::string Describe() const = 0;
 };

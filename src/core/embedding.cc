@@ -20,4 +20,19 @@ std::string_view DTypeSafetensorsName(DType d) {
   return "unknown";
 }
 
+StatusOr<EmbeddingPtr> ToHost(const EmbeddingPtr& e) {
+  if (e == nullptr) return InvalidArgument("ToHost: null embedding");
+  if (e->on_host()) return e;
+  auto out = std::make_shared<Embedding>();
+  out->tokens = e->tokens;
+  out->hidden = e->hidden;
+  out->deepstack_layers = e->deepstack_layers;
+  out->dtype = e->dtype;
+  const std::size_t main_bytes = static_cast<std::size_t>(e->tokens * e->hidden) * DTypeSize(e->dtype);
+  out->main.resize(main_bytes);
+  out->deepstack.resize(e->ExpectedBytes() - main_bytes);
+  if (Status st = e->resident->CopyToHost(out->main, out->deepstack); !st.ok()) return st;
+  return EmbeddingPtr(std::move(out));
+}
+
 }  // namespace epd

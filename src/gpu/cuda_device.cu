@@ -112,7 +112,9 @@ class CudaDevice final : public Device {
                              std::to_string(bytes) + " bytes");
     }
     DeviceGuard guard(options_.device_index);
-    const cudaMemcpyKind k = kind == CopyKind::kHostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                             : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                               : cudaMemcpyDeviceToDevice;
     const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, k, *StreamSlot(streams_, stream));
     return err == cudaSuccess ? Status::Ok() : CudaError(err, "cudaMemcpyAsync");
   }

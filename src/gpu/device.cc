@@ -14,7 +14,14 @@
 namespace epd {
 
 std::string_view MemoryKindName(MemoryKind kind) { return kind == MemoryKind::kDevice ? "device" : "pinned_host"; }
-std::string_view CopyKindName(CopyKind kind) { return kind == CopyKind::kHostToDevice ? "h2d" : "d2h"; }
+std::string_view CopyKindName(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice: return "h2d";
+    case CopyKind::kDeviceToHost: return "d2h";
+    case CopyKind::kDeviceToDevice: return "d2d";
+  }
+  return "unknown";
+}
 std::string_view StreamName(Stream stream) { return stream == Stream::kOnboard ? "onboard" : "offload"; }
 
 DeviceBuffer::~DeviceBuffer() {

@@ -47,8 +47,40 @@ Status TierEmbedding::Wait() const {
   return st;
 }
 
-StatusOr<Embedding> TierEmbedding::ToHostEmbedding() const {
+std::string_view TierEmbedding::location() const { return MemoryKindName(where()); }
+
+Status TierEmbedding::CopyToHost(std::span<std::byte> main, std::span<std::byte> deepstack) const {
+  if (main.size() != shape_.main_bytes() || deepstack.size() != shape_.deepstack_bytes()) {
+    return InvalidArgument("TierEmbedding::CopyToHost: ranges of " + std::to_string(main.size()) + "+" +
+                           std::to_string(deepstack.size()) + " bytes for an entry of " +
+                           std::to_string(shape_.main_bytes()) + "+" + std::to_string(shape_.deepstack_bytes()));
+  }
   if (Status st = Wait(); !st.ok()) return st;
+  if (nbytes() == 0) return Status::Ok();
+  const std::byte* src = buffer_.data();
+  if (where() == MemoryKind::kPinnedHost) {
+    if (!main.empty()) std::memcpy(main.data(), src, main.size());
+    if (!deepstack.empty()) std::memcpy(deepstack.data(), src + main.size(), deepstack.size());
+    return Status::Ok();
+  }
+  // Device bytes: a D2H on the offload stream into the caller's ranges, which
+  // may die once this returns, so wait here; this entry (held by the caller)
+  // keeps the source alive.
+  Status st;
+  if (!main.empty()) st = device_->CopyAsync(main.data(), src, main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
+  if (st.ok() && !deepstack.empty()) {
+    st = device_->CopyAsync(deepstack.data(), src + main.size(), deepstack.size(), CopyKind::kDeviceToHost,
+                            Stream::kOffload);
+  }
+  // Even after a failed enqueue, wait for what was enqueued before returning.
+  StatusOr<EventPtr> ev = device_->RecordEvent(Stream::kOffload);
+  Status done = ev.ok() ? (*ev)->Synchronize() : device_->Synchronize(Stream::kOffload);
+  if (!st.ok()) return st;
+  if (!ev.ok()) return ev.status();
+  return done;
+}
+
+StatusOr<Embedding> TierEmbedding::ToHostEmbedding() const {
   Embedding out;
   out.tokens = shape_.tokens;
   out.hidden = shape_.hidden;
@@ -56,27 +88,7 @@ StatusOr<Embedding> TierEmbedding::ToHostEmbedding() const {
   out.dtype = shape_.dtype;
   out.main.resize(shape_.main_bytes());
   out.deepstack.resize(shape_.deepstack_bytes());
-  if (nbytes() == 0) return out;
-  const std::byte* src = buffer_.data();
-  if (where() == MemoryKind::kPinnedHost) {
-    std::memcpy(out.main.data(), src, out.main.size());
-    if (!out.deepstack.empty()) std::memcpy(out.deepstack.data(), src + out.main.size(), out.deepstack.size());
-    return out;
-  }
-  // Device bytes: a D2H on the offload stream into the fresh vectors. The
-  // vectors are local, so wait here; this entry (held by the caller) keeps
-  // the source alive.
-  Status st = device_->CopyAsync(out.main.data(), src, out.main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
-  if (st.ok() && !out.deepstack.empty()) {
-    st = device_->CopyAsync(out.deepstack.data(), src + out.main.size(), out.deepstack.size(), CopyKind::kDeviceToHost,
-                            Stream::kOffload);
-  }
-  // Even after a failed enqueue, wait for what was enqueued before `out` dies.
-  StatusOr<EventPtr> ev = device_->RecordEvent(Stream::kOffload);
-  Status done = ev.ok() ? (*ev)->Synchronize() : device_->Synchronize(Stream::kOffload);
-  if (!st.ok()) return st;
-  if (!ev.ok()) return ev.status();
-  if (!done.ok()) return done;
+  if (Status st = CopyToHost(out.main, out.deepstack); !st.ok()) return st;
   return out;
 }
 
@@ -232,6 +244,116 @@ TierCopyFn MakeOnboardFn(Device& device, DeviceTierStats* stats) {
     }
     throw Error(out.status());
   };
+}
+
+StatusOr<TierEmbeddingPtr> AdoptDeviceRows(Device& device, const DeviceRows& rows) {
+  if (rows.tokens < 0 || rows.hidden < 0 || rows.deepstack_layers < 0) {
+    return InvalidArgument("AdoptDeviceRows: negative shape (tokens " + std::to_string(rows.tokens) + ", hidden " +
+                           std::to_string(rows.hidden) + ", deepstack_layers " +
+                           std::to_string(rows.deepstack_layers) + ")");
+  }
+  const EmbeddingShape shape{rows.tokens, rows.hidden, rows.deepstack_layers, rows.dtype};
+  const std::size_t main_bytes = shape.main_bytes();
+  const std::size_t deep_bytes = shape.deepstack_bytes();
+  if ((main_bytes > 0 && rows.main == nullptr) || (deep_bytes > 0 && rows.deepstack == nullptr)) {
+    return InvalidArgument("AdoptDeviceRows: null " + std::string(rows.main == nullptr ? "main" : "deepstack") +
+                           " rows for " + std::to_string(rows.main == nullptr ? main_bytes : deep_bytes) + " bytes");
+  }
+  StatusOr<DeviceBuffer> buf = device.Allocate(shape.nbytes());
+  if (!buf.ok()) return buf.status();
+  if (shape.nbytes() == 0) {
+    return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), nullptr);
+  }
+  Status st;
+  if (main_bytes > 0) {
+    st = device.CopyAsync(buf->data(), rows.main, main_bytes, CopyKind::kDeviceToDevice, Stream::kOnboard);
+    if (!st.ok()) return st;  // nothing enqueued: the buffer can go now
+  }
+  if (deep_bytes > 0) {
+    st = device.CopyAsync(buf->data() + main_bytes, rows.deepstack, deep_bytes, CopyKind::kDeviceToDevice,
+                          Stream::kOnboard);
+    if (!st.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), rows.owner, st);
+  }
+  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOnboard);
+  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), rows.owner, ev.status());
+  device.ReleaseAfter(*ev, rows.owner);  // the tower's output lives until the copy has landed
+  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), *ev);
+}
+
+namespace {
+
+// The TierEmbedding behind an Embedding, or null for a host Embedding (or
+// one resident through another ResidentBytes).
+TierEmbeddingPtr TierOf(const EmbeddingPtr& e) {
+  return e == nullptr ? nullptr : std::dynamic_pointer_cast<const TierEmbedding>(e->resident);
+}
+
+EmbeddingPtr Wrap(TierEmbeddingPtr t) {
+  auto e = std::make_shared<Embedding>();
+  const EmbeddingShape& s = t->shape();
+  e->tokens = s.tokens;
+  e->hidden = s.hidden;
+  e->deepstack_layers = s.deepstack_layers;
+  e->dtype = s.dtype;
+  e->resident = std::move(t);
+  return e;
+}
+
+// The rows copied device -> host into a host Embedding (VRAM full), waiting
+// for the copy on the offload stream.
+StatusOr<EmbeddingPtr> RowsToHost(Device& device, const DeviceRows& rows) {
+  auto e = std::make_shared<Embedding>();
+  e->tokens = rows.tokens;
+  e->hidden = rows.hidden;
+  e->deepstack_layers = rows.deepstack_layers;
+  e->dtype = rows.dtype;
+  const EmbeddingShape shape{rows.tokens, rows.hidden, rows.deepstack_layers, rows.dtype};
+  e->main.resize(shape.main_bytes());
+  e->deepstack.resize(shape.deepstack_bytes());
+  Status st;
+  if (!e->main.empty()) {
+    st = device.CopyAsync(e->main.data(), rows.main, e->main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
+  }
+  if (st.ok() && !e->deepstack.empty()) {
+    st = device.CopyAsync(e->deepstack.data(), rows.deepstack, e->deepstack.size(), CopyKind::kDeviceToHost,
+                          Stream::kOffload);
+  }
+  Status done = device.Synchronize(Stream::kOffload);
+  if (!st.ok()) return st;
+  if (!done.ok()) return done;
+  return EmbeddingPtr(std::move(e));
+}
+
+}  // namespace
+
+EmbeddingTierHooks MakeEmbeddingTierHooks(Device& device, DeviceTierStats* stats) {
+  EmbeddingTierHooks hooks;
+  hooks.to_host = [offload = MakeOffloadFn(device, stats)](const EmbeddingPtr& e) -> EmbeddingPtr {
+    TierEmbeddingPtr t = TierOf(e);
+    if (t == nullptr || t->where() == MemoryKind::kPinnedHost) return e;
+    TierEmbeddingPtr moved = offload(t);
+    return moved == nullptr ? nullptr : Wrap(std::move(moved));
+  };
+  hooks.to_device = [onboard = MakeOnboardFn(device, stats)](const EmbeddingPtr& e) -> EmbeddingPtr {
+    TierEmbeddingPtr t = TierOf(e);
+    if (t == nullptr || t->where() == MemoryKind::kDevice) return e;
+    TierEmbeddingPtr moved = onboard(t);
+    return moved == t ? e : Wrap(std::move(moved));
+  };
+  hooks.adopt_device_rows = [&device, stats](const DeviceRows& rows) -> StatusOr<EmbeddingPtr> {
+    StatusOr<TierEmbeddingPtr> t = AdoptDeviceRows(device, rows);
+    if (t.ok()) {
+      if (stats != nullptr) {
+        ++stats->adopts;
+        stats->adopt_bytes += (*t)->nbytes();
+      }
+      return Wrap(std::move(t).value());
+    }
+    if (t.status().code() != StatusCode::kResourceExhausted) return t.status();
+    if (stats != nullptr) ++stats->adopt_fallbacks;
+    return RowsToHost(device, rows);
+  };
+  return hooks;
 }
 
 }  // namespace epd

@@ -3,10 +3,12 @@
 // Each item is a 512x512 image's worth of patches (Qwen2-VL smart_resize
 // gives 504x504: grid 1x36x36, 1296 patches, 324 tokens) with random values
 // (the forward's cost does not depend on them). Encode() includes the input
-// upload and the output copy back to host memory, as the worker sees it.
+// upload and, by default, the output copy back to host memory; with
+// --output-on-device the output stays in VRAM (TorchTowerOptions::
+// output_on_device), as the worker with a GPU tier uses it.
 //
 //   tower_gpu_bench --model default_tower.pt [--device cuda:0] [--batches 1,2,4,8,16,32]
-//                   [--iters 20] [--dtype bfloat16|float32]
+//                   [--iters 20] [--dtype bfloat16|float32] [--output-on-device]
 // Prints one markdown row per batch size. Exits 2 if the tower cannot be
 // loaded on the device (e.g. libtorch without CUDA).
 #include <algorithm>
@@ -62,6 +64,8 @@ int main(int argc, char** argv) {
       opts.device = next();
     } else if (a == "--batches") {
       batches = ParseList(next());
+    } else if (a == "--output-on-device") {
+      opts.output_on_device = true;
     } else if (a == "--iters") {
       iters = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--dtype") {
@@ -79,7 +83,8 @@ int main(int argc, char** argv) {
   auto loaded = epd::LoadTorchScriptTower(opts);
   if (!loaded.ok()) Die(loaded.status().ToString(), 2);
   epd::VisionTower& tower = **loaded;
-  std::printf("tower: %s\n\n", tower.Describe().c_str());
+  std::printf("tower: %s, output in %s memory\n\n", tower.Describe().c_str(),
+              opts.output_on_device ? "device" : "host");
   std::printf("| batch | items/s | tokens/s | ms per batch |\n|---|---|---|---|\n");
 
   const epd::GridTHW grid{1, 36, 36};

@@ -85,13 +85,21 @@ void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem*
   out->set_tower_ms(r.tower_ms);
   out->set_total_ms(r.total_ms);
   out->set_server_id(server_id);
-  if (!r.status.ok() || r.embedding == nullptr) {
-    const Status s = r.status.ok() ? Internal("item has no embedding") : r.status;
+  // Bytes in device or pinned memory (a GPU tier) are copied to the host to
+  // ship; a host embedding is used as it is.
+  Status s = r.status;
+  if (s.ok() && r.embedding == nullptr) s = Internal("item has no embedding");
+  StatusOr<EmbeddingPtr> host = EmbeddingPtr();
+  if (s.ok()) {
+    host = ToHost(r.embedding);
+    if (!host.ok()) s = host.status();
+  }
+  if (!s.ok()) {
     out->set_error_code(static_cast<int>(s.code()));
     out->set_error_message(s.message());
     return;
   }
-  const Embedding& e = *r.embedding;
+  const Embedding& e = **host;
   out->set_tokens(e.tokens);
   out->set_hidden(e.hidden);
   out->set_deepstack_layers(e.deepstack_layers);

@@ -124,12 +124,13 @@ Status ReadIntAttribute(const torch::jit::Module& module, const std::string& pat
 class TorchScriptTower final : public VisionTower {
  public:
   TorchScriptTower(torch::jit::Module module, Metadata meta, c10::Device device, int num_threads,
-                   DType dtype, std::string path)
+                   DType dtype, bool output_on_device, std::string path)
       : module_(std::move(module)),
         meta_(meta),
         device_(device),
         num_threads_(num_threads),
         dtype_(dtype),
+        output_on_device_(output_on_device),
         path_(std::move(path)) {}
 
   StatusOr<TowerOutput> Encode(std::span<const TowerItem> items) override;
@@ -139,6 +140,7 @@ class TorchScriptTower final : public VisionTower {
   std::int64_t hidden() const override { return meta_.hidden; }
   std::int64_t deepstack_layers() const override { return meta_.deepstack_layers; }
   DType dtype() const override { return dtype_; }
+  bool output_on_device() const override { return output_on_device_; }
   std::string Describe() const override {
     return "torchscript:" + path_ + " (" + device_.str() + ", " + std::to_string(num_threads_) +
            (num_threads_ == 1 ? " thread" : " threads") + ", hidden " +
@@ -158,7 +160,14 @@ class TorchScriptTower final : public VisionTower {
   const c10::Device device_;
   const int num_threads_;
   const DType dtype_;
+  const bool output_on_device_;
   const std::string path_;
+};
+
+// Keeps a device-resident output's tensors alive (TowerOutput::device_owner).
+struct DeviceOutputTensors {
+  at::Tensor main;
+  at::Tensor deepstack;
 };
 
 Status TorchScriptTower::ValidateItems(std::span<const TowerItem> items, std::int64_t* patches,
@@ -267,8 +276,21 @@ StatusOr<TowerOutput> TorchScriptTower::Encode(std::span<const TowerItem> items)
       return s;
     }
     const at::ScalarType dtype = ToScalarType(dtype_);
-    out.main = HostBytes(elements[0].toTensor(), dtype);
-    out.deepstack = HostBytes(elements[1].toTensor(), dtype);
+    if (output_on_device_) {
+      // Converted and made contiguous on the device; the synchronise makes
+      // the rows complete before anyone copies them on another stream.
+      auto owner = std::make_shared<DeviceOutputTensors>();
+      owner->main = elements[0].toTensor().to(dtype).contiguous();
+      owner->deepstack = elements[1].toTensor().to(dtype).contiguous();
+      torch::cuda::synchronize(device_.index());
+      out.device_main = static_cast<const std::byte*>(owner->main.data_ptr());
+      out.device_deepstack =
+          meta_.deepstack_layers > 0 ? static_cast<const std::byte*>(owner->deepstack.data_ptr()) : nullptr;
+      out.device_owner = std::move(owner);
+    } else {
+      out.main = HostBytes(elements[0].toTensor(), dtype);
+      out.deepstack = HostBytes(elements[1].toTensor(), dtype);
+    }
   } catch (const std::exception& e) {
     return Internal("TorchScript tower " + path_ + ": forward failed: " + TorchMessage(e));
   }
@@ -320,6 +342,9 @@ StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOpti
   }
   auto device = ParseDevice(options.device);
   if (!device.ok()) return device.status();
+  if (options.output_on_device && device->is_cpu()) {
+    return InvalidArgument("torch tower output_on_device needs a cuda device, got '" + options.device + "'");
+  }
 
   if (options.tune_malloc) TuneMallocOnce();
   int threads = options.num_threads;
@@ -354,7 +379,7 @@ StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOpti
     if (!device->is_cpu()) module.to(*device);
     at::set_num_threads(threads);
     auto tower = std::make_unique<TorchScriptTower>(std::move(module), meta, *device, threads,
-                                                    options.output_dtype, path);
+                                                    options.output_dtype, options.output_on_device, path);
     if (options.warm_up) {
       const GridTHW grid{1, meta.merge_size, meta.merge_size};
       const std::vector<float> zeros(static_cast<std::size_t>(grid.patches() * meta.patch_dim));

@@ -315,6 +315,18 @@ struct EncodeWorker::Impl {
                       "; the tower declares hidden " + std::to_string(tower->hidden()) + ", deepstack " +
                       std::to_string(tower->deepstack_layers()) + ", " + std::string(DTypeName(tower->dtype())));
     }
+    if (o.on_device()) {
+      // Sizes are the backend's to keep; only the pointers can be checked.
+      if ((o.main_bytes() > 0 && o.device_main == nullptr) ||
+          (o.deepstack_bytes() > 0 && o.device_deepstack == nullptr)) {
+        return Internal("vision tower output is on the device but its " +
+                        std::string(o.device_main == nullptr ? "main" : "deepstack") + " pointer is null");
+      }
+      if (!options.adopt_device_rows) {
+        return Internal("vision tower output is on the device, but the worker has no adopt_device_rows hook");
+      }
+      return Status::Ok();
+    }
     if (o.main.size() != static_cast<std::size_t>(o.rows * o.hidden) * dsize ||
         o.deepstack.size() != static_cast<std::size_t>(o.rows * o.hidden * o.deepstack_layers) * dsize) {
       return Internal("vision tower output holds " + std::to_string(o.main.size()) + "+" +
@@ -323,6 +335,27 @@ struct EncodeWorker::Impl {
                       std::to_string(o.rows * o.hidden * (1 + o.deepstack_layers) * dsize));
     }
     return Status::Ok();
+  }
+
+  // The cache behind a fence: a tier copy that throws (a device failure in
+  // the GPU tier's hooks) is counted and turns into a miss / an uncached
+  // result, never an exception out of Submit or FinishBatch. The tiered
+  // cache has already left itself consistent (epd/tiered_cache.h).
+  std::optional<EmbeddingPtr> CacheGet(const ContentKey& key, CacheTier* tier) {
+    try {
+      return cache.get(key, tier);
+    } catch (...) {
+      ++stats.cache_errors;
+      *tier = CacheTier::kMiss;
+      return std::nullopt;
+    }
+  }
+  void CachePut(const ContentKey& key, const EmbeddingPtr& e) {
+    try {
+      cache.put(key, e, static_cast<std::int64_t>(e->nbytes()));
+    } catch (...) {
+      ++stats.cache_errors;
+    }
   }
 
   Status Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys);
@@ -367,6 +400,11 @@ StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions optio
   if (tower->merge_size() != options.preprocess.merge_size) {
     return InvalidArgument("tower merge_size " + std::to_string(tower->merge_size()) +
                            " differs from the preprocess config's " + std::to_string(options.preprocess.merge_size));
+  }
+  if (tower->output_on_device() && !options.adopt_device_rows) {
+    return InvalidArgument("tower '" + tower->Describe() +
+                           "' leaves its output in device memory, but adopt_device_rows is not set "
+                           "(take it from the GPU tier: MakeEmbeddingTierHooks)");
   }
   return std::unique_ptr<EncodeWorker>(
       new EncodeWorker(std::make_unique<Impl>(std::move(options), std::move(tower))));
@@ -464,7 +502,7 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
     }
 
     CacheTier tier = CacheTier::kMiss;
-    std::optional<EmbeddingPtr> hit = cache.get(key, &tier);
+    std::optional<EmbeddingPtr> hit = CacheGet(key, &tier);
     if (hit.has_value()) {
       if (ShapeMatches(**hit, item)) {
         tier == CacheTier::kL1 ? ++stats.hits_l1 : ++stats.hits_l2;
@@ -630,6 +668,34 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
     Status status = failure;
     if (!e.decode_status.ok()) {
       status = e.decode_status;
+    } else if (failure.ok() && b->out->on_device()) {
+      // Device rows: the GPU tier copies them device -> device into an L1
+      // entry; the batch output stays alive until that copy lands.
+      const TowerOutput& o = *b->out;
+      DeviceRows rows;
+      rows.tokens = e.image.tokens();
+      rows.hidden = o.hidden;
+      rows.deepstack_layers = o.deepstack_layers;
+      rows.dtype = o.dtype;
+      rows.main = o.device_main + main_off;
+      rows.deepstack = o.device_deepstack == nullptr ? nullptr : o.device_deepstack + deep_off;
+      rows.owner = o.device_owner;
+      const std::size_t main_bytes = static_cast<std::size_t>(rows.tokens * rows.hidden) * DTypeSize(o.dtype);
+      main_off += main_bytes;
+      deep_off += main_bytes * static_cast<std::size_t>(o.deepstack_layers);
+      StatusOr<EmbeddingPtr> adopted = Internal("adopt_device_rows threw");
+      try {
+        adopted = options.adopt_device_rows(rows);
+      } catch (const std::exception& ex) {
+        adopted = Internal(std::string("adopt_device_rows threw: ") + ex.what());
+      } catch (...) {
+      }
+      if (adopted.ok() && *adopted != nullptr) {
+        embedding = std::move(*adopted);
+        CachePut(job.key, embedding);
+      } else {
+        status = adopted.ok() ? Internal("adopt_device_rows returned no embedding") : adopted.status();
+      }
     } else if (failure.ok()) {
       const TowerOutput& o = *b->out;
       auto m = std::make_shared<Embedding>();
@@ -644,7 +710,7 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
       main_off += main_bytes;
       deep_off += deep_bytes;
       embedding = std::move(m);
-      cache.put(job.key, embedding, static_cast<std::int64_t>(embedding->nbytes()));
+      CachePut(job.key, embedding);
     }
     const Clock::time_point now = Clock::now();
     for (const Waiter& w : job.waiters) {

@@ -110,6 +110,17 @@ StatusOr<TowerOutput> FakeTower::Encode(std::span<const TowerItem> items) {
     out.rows += state_->extra_rows_next;
     state_->extra_rows_next = 0;
   }
+  if (options_.output_on_device) {
+    // One block, main rows then deepstack rows, freed when the last holder
+    // (the worker's batch, or a copy waiting to land) lets go.
+    auto block = std::make_shared<std::vector<std::byte>>(state_->buffer);
+    block->insert(block->end(), deep.begin(), deep.end());
+    const std::size_t main_bytes = state_->buffer.size();
+    out.device_main = block->data();
+    out.device_deepstack = deep.empty() ? nullptr : block->data() + main_bytes;
+    out.device_owner = std::move(block);
+    return out;
+  }
   out.main = state_->buffer;
   out.deepstack = std::move(deep);
   return out;

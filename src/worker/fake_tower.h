@@ -28,6 +28,10 @@ struct FakeTowerOptions {
   std::int64_t hidden = 8;
   std::int64_t deepstack_layers = 2;
   DType dtype = DType::kFloat32;
+  // Return the rows as "device" output (TowerOutput::device_main etc.) in a
+  // heap block the output owns, as a GPU backend with output_on_device does;
+  // a FakeDevice copies from it like from VRAM.
+  bool output_on_device = false;
 };
 
 // What the test sees of a FakeTower the worker owns.
@@ -72,6 +76,7 @@ class FakeTower : public VisionTower {
   std::int64_t hidden() const override { return options_.hidden; }
   std::int64_t deepstack_layers() const override { return options_.deepstack_layers; }
   DType dtype() const override { return options_.dtype; }
+  bool output_on_device() const override { return options_.output_on_device; }
   std::string Describe() const override { return "fake"; }
 
   const std::shared_ptr<FakeTowerState>& state() const { return state_; }

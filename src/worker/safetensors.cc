@@ -103,6 +103,20 @@ Status Malformed(const std::string& what) { return InvalidArgument("malformed sa
 
 StatusOr<std::string> SerializeEmbeddingsSafetensors(std::span<const KeyedEmbedding> entries,
                                                     const std::map<std::string, std::string>& metadata) {
+  // Entries whose bytes are in device or pinned memory (a GPU tier) are
+  // copied to the host first; host entries are used as they are.
+  std::vector<KeyedEmbedding> on_host;
+  if (std::any_of(entries.begin(), entries.end(),
+                  [](const KeyedEmbedding& e) { return e.embedding != nullptr && !e.embedding->on_host(); })) {
+    on_host.assign(entries.begin(), entries.end());
+    for (KeyedEmbedding& e : on_host) {
+      if (e.embedding == nullptr) continue;
+      StatusOr<EmbeddingPtr> h = ToHost(e.embedding);
+      if (!h.ok()) return Status(h.status().code(), "embedding for key " + e.key.Hex() + ": " + h.status().message());
+      e.embedding = std::move(*h);
+    }
+    entries = on_host;
+  }
   auto sorted = SortedDistinct(entries);
   if (!sorted.ok()) return sorted.status();
 
