@@ -221,9 +221,13 @@ class DefaultTower(nn.Module):
         grid: List[List[int]] = grid_thw.tolist()
         seqlens: List[int] = [thw[0] * thw[1] * thw[2] for thw in grid]
         rows, cols = self.positions(grid)
+        # Positions are built on the host from grid_thw; the rotary buffer
+        # lives wherever the module was moved (cpu or cuda).
+        rows = rows.to(pixel_values.device)
+        cols = cols.to(pixel_values.device)
         # [n, head_dim / 2] angles: first half from the row, second from the column.
         angles = torch.cat((self.rotary(rows), self.rotary(cols)), dim=1)
-        angles = torch.cat((angles, angles), dim=1).to(pixel_values.device)  # [n, head_dim]
+        angles = torch.cat((angles, angles), dim=1)  # [n, head_dim]
         cos = angles.cos().unsqueeze(0)
         sin = angles.sin().unsqueeze(0)
 

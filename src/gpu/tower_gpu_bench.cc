@@ -1,14 +1,15 @@
 // Items/s of the TorchScript tower on a CUDA device, by batch size.
 //
-// Each item is a 512x512 image's worth of patches (Qwen2-VL smart_resize
-// gives 504x504: grid 1x36x36, 1296 patches, 324 tokens) with random values
+// Each item is by default a 512x512 image's worth of patches (Qwen2-VL
+// smart_resize gives 504x504: grid 1x36x36, 1296 patches, 324 tokens;
+// --side 16 is a 224x224 image: 256 patches, 64 tokens) with random values
 // (the forward's cost does not depend on them). Encode() includes the input
 // upload and, by default, the output copy back to host memory; with
 // --output-on-device the output stays in VRAM (TorchTowerOptions::
 // output_on_device), as the worker with a GPU tier uses it.
 //
 //   tower_gpu_bench --model default_tower.pt [--device cuda:0] [--batches 1,2,4,8,16,32]
-//                   [--iters 20] [--dtype bfloat16|float32] [--output-on-device]
+//                   [--iters 20] [--dtype bfloat16|float32] [--output-on-device] [--side 36]
 // Prints one markdown row per batch size. Exits 2 if the tower cannot be
 // loaded on the device (e.g. libtorch without CUDA).
 #include <algorithm>
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   opts.output_dtype = epd::DType::kBFloat16;
   std::vector<int> batches = {1, 2, 4, 8, 16, 32};
   int iters = 20;
+  int side = 36;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -64,6 +66,9 @@ int main(int argc, char** argv) {
       opts.device = next();
     } else if (a == "--batches") {
       batches = ParseList(next());
+    } else if (a == "--side") {
+      side = std::atoi(next().c_str());
+      if (side < 2 || side % 2 != 0 || side > 512) Die("--side must be an even number of patches in [2, 512]");
     } else if (a == "--output-on-device") {
       opts.output_on_device = true;
     } else if (a == "--iters") {
@@ -83,11 +88,12 @@ int main(int argc, char** argv) {
   auto loaded = epd::LoadTorchScriptTower(opts);
   if (!loaded.ok()) Die(loaded.status().ToString(), 2);
   epd::VisionTower& tower = **loaded;
-  std::printf("tower: %s, output in %s memory\n\n", tower.Describe().c_str(),
-              opts.output_on_device ? "device" : "host");
+  std::printf("tower: %s, output in %s memory, items of grid 1x%dx%d (%d patches, %d tokens)\n\n",
+              tower.Describe().c_str(), opts.output_on_device ? "device" : "host", side, side, side * side,
+              side * side / 4);
   std::printf("| batch | items/s | tokens/s | ms per batch |\n|---|---|---|---|\n");
 
-  const epd::GridTHW grid{1, 36, 36};
+  const epd::GridTHW grid{1, side, side};
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
