@@ -6,7 +6,8 @@
 //                    [--requests 600] [--zipf 1.0] [--seed 1]
 //                    [--l1-mb 64] [--l2-mb 512] [--decode-threads 8]
 //                    [--max-tokens 8192] [--max-items 16]
-//                    [--window 8] [--dtype float32|bfloat16] [--json FILE]
+//                    [--window 8] [--runs replay,no_cache,replay_ship]
+//                    [--dtype float32|bfloat16] [--json FILE]
 //
 // Trace: `--requests` single-image requests; request i shows image k of the
 // directory's files (sorted by name) with probability proportional to
@@ -98,6 +99,7 @@ struct Args {
   std::int64_t max_tokens = 8192;
   std::int64_t max_items = 16;
   int window = 8;
+  std::string runs = "replay,no_cache,replay_ship";  // besides the limit, which always runs
   epd::DType dtype = epd::DType::kFloat32;
   std::string json;
 };
@@ -222,6 +224,7 @@ int main(int argc, char** argv) {
     else if (arg == "--max-items") a.max_items = std::atoll(next().c_str());
     else if (arg == "--json") a.json = next();
     else if (arg == "--window") a.window = std::atoi(next().c_str());
+    else if (arg == "--runs") a.runs = next();
     else if (arg == "--dtype") {
       const std::string d = next();
       if (d == "bfloat16") a.dtype = epd::DType::kBFloat16;
@@ -285,9 +288,10 @@ int main(int argc, char** argv) {
   // profiling and the allocators' growth, which no later run pays.
   (void)Run("warm_up", a, **device, **tower, media, distinct, true, false);
   runs.push_back(Run("limit", a, **device, **tower, media, distinct, true, false));
-  runs.push_back(Run("replay", a, **device, **tower, media, trace, true, false));
-  runs.push_back(Run("no_cache", a, **device, **tower, media, trace, false, false));
-  runs.push_back(Run("replay_ship", a, **device, **tower, media, trace, true, true));
+  auto wanted = [&](const std::string& name) { return ("," + a.runs + ",").find("," + name + ",") != std::string::npos; };
+  if (wanted("replay")) runs.push_back(Run("replay", a, **device, **tower, media, trace, true, false));
+  if (wanted("no_cache")) runs.push_back(Run("no_cache", a, **device, **tower, media, trace, false, false));
+  if (wanted("replay_ship")) runs.push_back(Run("replay_ship", a, **device, **tower, media, trace, true, true));
 
   const double limit = runs[0].stats.tower_seconds;
   std::printf("| run | wall s | vs limit | tower s | tower calls | tower items | L1 hits | L2 hits | joins | "
