@@ -191,8 +191,9 @@ TierCopyFn MakeOnboardFn(Device& device, DeviceTierStats* stats = nullptr);
 //                      the rows to a host Embedding instead (counted in
 //                      adopt_fallbacks), so the item is still delivered.
 // to_host / to_device throw epd::Error(kInternal) for a device failure;
-// adopt_device_rows returns it. `device` and `stats` must outlive the hooks;
-// all three must run on one thread at a time (the worker's owner thread).
+// adopt_device_rows returns it. `device` and `stats` must outlive the hooks,
+// and `device` every Embedding they made (cached or delivered); all three
+// must run on one thread at a time (the worker's owner thread).
 struct EmbeddingTierHooks {
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_host;
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_device;

@@ -20,7 +20,9 @@
 // delivers cached values as they are, so a consumer in the same process can
 // use device-resident rows without a copy; code that reads the bytes on the
 // host (gRPC shipping, safetensors) calls ToHost() first, which costs nothing
-// for a host embedding.
+// for a host embedding. A resident embedding refers to its Device: drop it
+// (and every copy of the Embedding sharing `resident`) before the Device,
+// as epd/device.h requires of every buffer.
 //
 // Thread safety: immutable after construction; safe to share.
 #pragma once
@@ -84,8 +86,9 @@ using EmbeddingPtr = std::shared_ptr<const Embedding>;
 
 // `e` itself when its bytes are on the host (no copy); otherwise a new host
 // Embedding with the same shape and a copy of the bytes (blocks until the
-// copy lands). kInvalidArgument for a null `e`; the ResidentBytes' errors
-// otherwise. Cost: O(1) for a host embedding, one copy of nbytes() else.
+// copy lands). kInvalidArgument for a null `e` or a resident one with a
+// negative shape; the ResidentBytes' errors otherwise. Cost: O(1) for a host
+// embedding, one copy of nbytes() else.
 StatusOr<EmbeddingPtr> ToHost(const EmbeddingPtr& e);
 
 }  // namespace epd

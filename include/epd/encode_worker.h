@@ -137,8 +137,11 @@ struct WorkerOptions {
   //   opt.to_host = h.to_host; opt.to_device = h.to_device;
   //   opt.adopt_device_rows = h.adopt_device_rows;
   // A hook that throws (a device failure) is caught: a failed promotion is
-  // served as a miss, a failed demotion drops the victim, and either counts in
+  // served as a miss, a failed demotion drops the victim (the eviction goes
+  // on, so L1 stays within l1_bytes), and either counts in
   // WorkerStats::cache_errors; other requests and entries are unaffected.
+  // Lifetime: the device must outlive the worker and every embedding it
+  // delivered (they hold its buffers; epd/device.h).
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_host;
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_device;
   // Turns one item's rows of a device-resident tower output (VisionTower::

@@ -1,5 +1,7 @@
 #include "epd/embedding.h"
 
+#include <string>
+
 namespace epd {
 
 std::string_view DTypeName(DType d) {
@@ -23,6 +25,13 @@ std::string_view DTypeSafetensorsName(DType d) {
 StatusOr<EmbeddingPtr> ToHost(const EmbeddingPtr& e) {
   if (e == nullptr) return InvalidArgument("ToHost: null embedding");
   if (e->on_host()) return e;
+  // A hand-built shape must not size the host vectors before CopyToHost can
+  // check it.
+  if (e->tokens < 0 || e->hidden < 0 || e->deepstack_layers < 0) {
+    return InvalidArgument("ToHost: negative shape (tokens " + std::to_string(e->tokens) + ", hidden " +
+                           std::to_string(e->hidden) + ", deepstack_layers " + std::to_string(e->deepstack_layers) +
+                           ")");
+  }
   auto out = std::make_shared<Embedding>();
   out->tokens = e->tokens;
   out->hidden = e->hidden;

@@ -152,7 +152,7 @@ struct EncodeWorker::Impl {
   Impl(WorkerOptions opt, std::unique_ptr<VisionTower> t)
       : options(std::move(opt)),
         tower(std::move(t)),
-        cache(options.l1_bytes, options.l2_bytes, options.to_host, options.to_device),
+        cache(options.l1_bytes, options.l2_bytes, FencedToHost(), options.to_device),
         scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order),
         decoder(options.preprocess, options.limits, options.decode_threads,
                 options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch),
@@ -337,10 +337,28 @@ struct EncodeWorker::Impl {
     return Status::Ok();
   }
 
-  // The cache behind a fence: a tier copy that throws (a device failure in
-  // the GPU tier's hooks) is counted and turns into a miss / an uncached
-  // result, never an exception out of Submit or FinishBatch. The tiered
-  // cache has already left itself consistent (epd/tiered_cache.h).
+  // options.to_host behind a fence, as the cache's demotion copy: one that
+  // throws (a device failure) is counted and returns null, which drops that
+  // victim (epd/tiered_cache.h). Letting it unwind out of the cache instead
+  // would abandon the eviction half-way: L1 left over its capacity (VRAM
+  // over budget) and the get or put that triggered it failed, so a promoted
+  // entry already back in L1 would be served as a miss.
+  Cache::CopyFn FencedToHost() {
+    if (!options.to_host) return nullptr;
+    return [this](const EmbeddingPtr& e) -> EmbeddingPtr {
+      try {
+        return options.to_host(e);
+      } catch (...) {
+        ++stats.cache_errors;
+        return nullptr;
+      }
+    };
+  }
+
+  // The cache behind a fence: a promotion copy that throws (a device failure
+  // in the GPU tier's hooks) is counted and turns into a miss, never an
+  // exception out of Submit or FinishBatch. The tiered cache has already
+  // left itself consistent (epd/tiered_cache.h).
   std::optional<EmbeddingPtr> CacheGet(const ContentKey& key, CacheTier* tier) {
     try {
       return cache.get(key, tier);
@@ -683,12 +701,13 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
       const std::size_t main_bytes = static_cast<std::size_t>(rows.tokens * rows.hidden) * DTypeSize(o.dtype);
       main_off += main_bytes;
       deep_off += main_bytes * static_cast<std::size_t>(o.deepstack_layers);
-      StatusOr<EmbeddingPtr> adopted = Internal("adopt_device_rows threw");
+      StatusOr<EmbeddingPtr> adopted = EmbeddingPtr();
       try {
         adopted = options.adopt_device_rows(rows);
       } catch (const std::exception& ex) {
         adopted = Internal(std::string("adopt_device_rows threw: ") + ex.what());
       } catch (...) {
+        adopted = Internal("adopt_device_rows threw a non-standard exception");
       }
       if (adopted.ok() && *adopted != nullptr) {
         embedding = std::move(*adopted);
