@@ -147,8 +147,9 @@ struct WorkerOptions {
   // Turns one item's rows of a device-resident tower output (VisionTower::
   // output_on_device()) into the Embedding to cache and deliver, e.g. a
   // device -> device copy into an L1 entry. Required for such a tower
-  // (Create fails without it); unused otherwise. An error fails that item
-  // only (its status, e.g. kInternal for a device failure).
+  // (Create fails without it); unused otherwise. An error, or an embedding
+  // whose shape or byte count differs from the rows', fails that item only
+  // (its status, e.g. kInternal for a device failure).
   std::function<StatusOr<EmbeddingPtr>(const DeviceRows&)> adopt_device_rows;
 
   // Tower batch bounds (EncodeScheduler). 8192 post-merge tokens is about six
@@ -298,8 +299,9 @@ class EncodeWorker {
   // invalid preprocess config, negative capacity, non-positive batch bounds,
   // negative max_pending_items, decode_threads or decode_lookahead), a tower
   // whose patch_dim or merge_size differs from the preprocess config's, and
-  // a tower with output_on_device() but no adopt_device_rows hook (all
-  // kInvalidArgument). Takes ownership of the tower.
+  // a tower with output_on_device() without all three of adopt_device_rows,
+  // to_host and to_device (all kInvalidArgument). Takes ownership of the
+  // tower.
   static StatusOr<std::unique_ptr<EncodeWorker>> Create(WorkerOptions options,
                                                         std::unique_ptr<VisionTower> tower);
   // Waits for outstanding tower calls. Requests still in flight are dropped

@@ -116,6 +116,35 @@ Status CheckSource(const Device& device, const TierEmbeddingPtr& src, const char
   return Status::Ok();
 }
 
+// A new device buffer filled on Stream::kOnboard from two sources, main
+// bytes then deepstack bytes (host memory for kHostToDevice, device memory
+// for kDeviceToDevice). `hold` (what keeps the sources alive) is released
+// once the copy has landed; `event` is null when there was nothing to copy.
+struct Filled {
+  DeviceBuffer buffer;
+  EventPtr event;
+};
+StatusOr<Filled> FillOnDevice(Device& device, const std::byte* main, std::size_t main_bytes,
+                              const std::byte* deepstack, std::size_t deep_bytes, CopyKind kind,
+                              std::shared_ptr<const void> hold) {
+  StatusOr<DeviceBuffer> buf = device.Allocate(main_bytes + deep_bytes);
+  if (!buf.ok()) return buf.status();
+  if (main_bytes + deep_bytes == 0) return Filled{std::move(*buf), nullptr};
+  Status st;
+  if (main_bytes > 0) {
+    st = device.CopyAsync(buf->data(), main, main_bytes, kind, Stream::kOnboard);
+    if (!st.ok()) return st;  // nothing enqueued: the buffer can go now
+  }
+  if (deep_bytes > 0) {
+    st = device.CopyAsync(buf->data() + main_bytes, deepstack, deep_bytes, kind, Stream::kOnboard);
+    if (!st.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), hold, st);
+  }
+  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOnboard);
+  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), hold, ev.status());
+  device.ReleaseAfter(*ev, std::move(hold));
+  return Filled{std::move(*buf), *ev};
+}
+
 }  // namespace
 
 StatusOr<TierEmbeddingPtr> UploadEmbedding(Device& device, EmbeddingPtr emb, MemoryKind where) {
@@ -140,25 +169,14 @@ StatusOr<TierEmbeddingPtr> UploadEmbedding(Device& device, EmbeddingPtr emb, Mem
     if (!emb->deepstack.empty()) std::memcpy(buf->data() + main_bytes, emb->deepstack.data(), emb->deepstack.size());
     return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), nullptr);
   }
-  StatusOr<DeviceBuffer> buf = device.Allocate(shape.nbytes());
-  if (!buf.ok()) return buf.status();
-  if (shape.nbytes() == 0) {
-    return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), nullptr);
-  }
-  Status st;
-  if (main_bytes > 0) {
-    st = device.CopyAsync(buf->data(), emb->main.data(), main_bytes, CopyKind::kHostToDevice, Stream::kOnboard);
-    if (!st.ok()) return st;  // nothing enqueued: the buffer can go now
-  }
-  if (!emb->deepstack.empty()) {
-    st = device.CopyAsync(buf->data() + main_bytes, emb->deepstack.data(), emb->deepstack.size(),
-                          CopyKind::kHostToDevice, Stream::kOnboard);
-    if (!st.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), emb, st);
-  }
-  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOnboard);
-  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), emb, ev.status());
-  device.ReleaseAfter(*ev, std::move(emb));
-  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), *ev);
+  const std::byte* main = emb->main.data();
+  const std::byte* deepstack = emb->deepstack.data();
+  const std::size_t deep_bytes = emb->deepstack.size();
+  StatusOr<Filled> f =
+      FillOnDevice(device, main, main_bytes, deepstack, deep_bytes, CopyKind::kHostToDevice, std::move(emb));
+  if (!f.ok()) return f.status();
+  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(f->buffer),
+                                               f->event);
 }
 
 StatusOr<TierEmbeddingPtr> OffloadEmbedding(Device& device, const TierEmbeddingPtr& src) {
@@ -259,25 +277,12 @@ StatusOr<TierEmbeddingPtr> AdoptDeviceRows(Device& device, const DeviceRows& row
     return InvalidArgument("AdoptDeviceRows: null " + std::string(rows.main == nullptr ? "main" : "deepstack") +
                            " rows for " + std::to_string(rows.main == nullptr ? main_bytes : deep_bytes) + " bytes");
   }
-  StatusOr<DeviceBuffer> buf = device.Allocate(shape.nbytes());
-  if (!buf.ok()) return buf.status();
-  if (shape.nbytes() == 0) {
-    return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), nullptr);
-  }
-  Status st;
-  if (main_bytes > 0) {
-    st = device.CopyAsync(buf->data(), rows.main, main_bytes, CopyKind::kDeviceToDevice, Stream::kOnboard);
-    if (!st.ok()) return st;  // nothing enqueued: the buffer can go now
-  }
-  if (deep_bytes > 0) {
-    st = device.CopyAsync(buf->data() + main_bytes, rows.deepstack, deep_bytes, CopyKind::kDeviceToDevice,
-                          Stream::kOnboard);
-    if (!st.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), rows.owner, st);
-  }
-  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOnboard);
-  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), rows.owner, ev.status());
-  device.ReleaseAfter(*ev, rows.owner);  // the tower's output lives until the copy has landed
-  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(*buf), *ev);
+  StatusOr<Filled> f =
+      FillOnDevice(device, rows.main, main_bytes, rows.deepstack, deep_bytes, CopyKind::kDeviceToDevice, rows.owner);
+  if (!f.ok()) return f.status();
+  // The tower's output (rows.owner) lives until the copy has landed.
+  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, shape, std::move(f->buffer),
+                                               f->event);
 }
 
 namespace {

@@ -273,6 +273,17 @@ TEST_F(WorkerDeviceTierTest, DeviceTowerWithoutAdoptHookIsRejectedAtCreate) {
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(w.status().message().find("adopt_device_rows"), std::string::npos) << w.status().message();
+
+  // With the adopt hook but no demotion hook, VRAM victims would sit in L2
+  // unchanged: refused too, naming the missing hook.
+  FakeDevice& dev = Dev();
+  hooks_ = MakeEmbeddingTierHooks(dev, &tier_stats_);
+  o.adopt_device_rows = hooks_.adopt_device_rows;
+  o.to_device = hooks_.to_device;
+  auto w2 = EncodeWorker::Create(o, std::make_unique<FakeTower>(tower_));
+  ASSERT_FALSE(w2.ok());
+  EXPECT_EQ(w2.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(w2.status().message().find("but to_host is not set"), std::string::npos) << w2.status().message();
 }
 
 TEST_F(WorkerDeviceTierTest, SafetensorsOfVramEntriesEqualsTheHostCopies) {
@@ -512,15 +523,25 @@ TEST_F(WorkerDeviceTierTest, FailingAdoptHooksFailOnlyTheirOwnItems) {
         case 1: throw 42;
         case 2: return EmbeddingPtr();
         case 3: return Status(StatusCode::kUnavailable, "no stream");
+        case 4: {  // one token short of the rows it was given
+          auto bad = std::make_shared<Embedding>();
+          bad->tokens = rows.tokens - 1;
+          bad->hidden = rows.hidden;
+          bad->deepstack_layers = rows.deepstack_layers;
+          bad->dtype = rows.dtype;
+          bad->main.resize(static_cast<std::size_t>(bad->tokens * bad->hidden) * DTypeSize(bad->dtype));
+          bad->deepstack.resize(bad->main.size() * static_cast<std::size_t>(bad->deepstack_layers));
+          return EmbeddingPtr(std::move(bad));
+        }
         default: return real(rows);
       }
     };
   });
   std::vector<std::string> media;
-  for (int i = 0; i < 5; ++i) media.push_back(Png(56, 56, 20 + i));
+  for (int i = 0; i < 6; ++i) media.push_back(Png(56, 56, 20 + i));
   ASSERT_TRUE(w->Submit(Request("r1", media), c_.For("r1")).ok());
   while (w->HasQueuedWork()) w->Step();
-  ASSERT_EQ(calls, 5);  // one batch, one call per item
+  ASSERT_EQ(calls, 6);  // one batch, one call per item
   std::map<std::string, int> failures;
   int ok = 0;
   for (const ItemResult& r : c_.done["r1"].items) {
@@ -532,7 +553,11 @@ TEST_F(WorkerDeviceTierTest, FailingAdoptHooksFailOnlyTheirOwnItems) {
     }
   }
   EXPECT_EQ(ok, 1);
-  EXPECT_EQ(failures.size(), 4u);
+  EXPECT_EQ(failures.size(), 5u);
+  // 56x56: 4 tokens, hidden 8, 2 deepstack layers, float32.
+  EXPECT_EQ(failures.count("INTERNAL: adopt_device_rows returned an embedding of 3 tokens x 8 x (1 + 2) float32 "
+                           "(288 bytes) for rows of 4 x 8 x (1 + 2) float32"),
+            1u);
   EXPECT_EQ(failures.count("INTERNAL: adopt_device_rows threw: boom"), 1u);
   EXPECT_EQ(failures.count("INTERNAL: adopt_device_rows threw a non-standard exception"), 1u);
   EXPECT_EQ(failures.count("INTERNAL: adopt_device_rows returned no embedding"), 1u);
@@ -542,7 +567,7 @@ TEST_F(WorkerDeviceTierTest, FailingAdoptHooksFailOnlyTheirOwnItems) {
   ASSERT_TRUE(w->Submit(Request("r2", media), c_.For("r2")).ok());
   while (w->HasQueuedWork()) w->Step();
   for (const ItemResult& r : c_.done["r2"].items) ExpectBytes(r, media[static_cast<std::size_t>(r.index)]);
-  EXPECT_EQ(state_->items_encoded(), 9);
+  EXPECT_EQ(state_->items_encoded(), 11);
   ExpectStatsAddUp(w->stats());
 }
 

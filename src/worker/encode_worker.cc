@@ -419,10 +419,14 @@ StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions optio
     return InvalidArgument("tower merge_size " + std::to_string(tower->merge_size()) +
                            " differs from the preprocess config's " + std::to_string(options.preprocess.merge_size));
   }
-  if (tower->output_on_device() && !options.adopt_device_rows) {
-    return InvalidArgument("tower '" + tower->Describe() +
-                           "' leaves its output in device memory, but adopt_device_rows is not set "
-                           "(take it from the GPU tier: MakeEmbeddingTierHooks)");
+  if (tower->output_on_device() && (!options.adopt_device_rows || !options.to_host || !options.to_device)) {
+    // Without to_host an L1 victim in VRAM would move to L2 as it is, so the
+    // VRAM in use could reach l1_bytes + l2_bytes.
+    return InvalidArgument("tower '" + tower->Describe() + "' leaves its output in device memory, but " +
+                           (!options.adopt_device_rows ? "adopt_device_rows"
+                            : !options.to_host        ? "to_host"
+                                                      : "to_device") +
+                           " is not set (take all three hooks from the GPU tier: MakeEmbeddingTierHooks)");
   }
   return std::unique_ptr<EncodeWorker>(
       new EncodeWorker(std::make_unique<Impl>(std::move(options), std::move(tower))));
@@ -709,11 +713,24 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
       } catch (...) {
         adopted = Internal("adopt_device_rows threw a non-standard exception");
       }
-      if (adopted.ok() && *adopted != nullptr) {
+      if (adopted.ok() && *adopted == nullptr) adopted = Internal("adopt_device_rows returned no embedding");
+      if (adopted.ok()) {
+        const Embedding& got = **adopted;
+        if (got.tokens != rows.tokens || got.hidden != rows.hidden || got.deepstack_layers != rows.deepstack_layers ||
+            got.dtype != rows.dtype || got.nbytes() != got.ExpectedBytes()) {
+          adopted = Internal("adopt_device_rows returned an embedding of " + std::to_string(got.tokens) + " tokens x " +
+                             std::to_string(got.hidden) + " x (1 + " + std::to_string(got.deepstack_layers) + ") " +
+                             std::string(DTypeName(got.dtype)) + " (" + std::to_string(got.nbytes()) +
+                             " bytes) for rows of " + std::to_string(rows.tokens) + " x " +
+                             std::to_string(rows.hidden) + " x (1 + " + std::to_string(rows.deepstack_layers) + ") " +
+                             std::string(DTypeName(rows.dtype)));
+        }
+      }
+      if (adopted.ok()) {
         embedding = std::move(*adopted);
         CachePut(job.key, embedding);
       } else {
-        status = adopted.ok() ? Internal("adopt_device_rows returned no embedding") : adopted.status();
+        status = adopted.status();
       }
     } else if (failure.ok()) {
       const TowerOutput& o = *b->out;
