@@ -239,6 +239,7 @@ int RunReplay(const ReplayFlags& f) {
         {"joins", s.joins},
         {"misses", s.misses},
         {"shape_mismatches", s.shape_mismatches},
+        {"cache_errors", s.cache_errors},
         {"failed_items", failed_items},
         {"failed_requests", failed_requests},
         {"errors", failures},

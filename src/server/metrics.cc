@@ -88,6 +88,8 @@ class StatsCollectable : public prometheus::Collectable {
             static_cast<double>(w.joins));
     counter("epd_shape_mismatches_total", "Cache hits whose shape differed from the request's",
             static_cast<double>(w.shape_mismatches));
+    counter("epd_cache_errors_total", "Cache operations whose tier copy failed (served as a miss, or the victim dropped)",
+            static_cast<double>(w.cache_errors));
     per_tier("epd_cache_evictions_total", "Capacity victims, by tier", MetricType::Counter,
              static_cast<double>(w.l1_evictions), static_cast<double>(w.l2_evictions));
     counter("epd_cache_demotions_total", "L1 victims moved to L2", static_cast<double>(w.demotions));

@@ -157,6 +157,7 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_misses(w.misses);
   out->set_joins(w.joins);
   out->set_shape_mismatches(w.shape_mismatches);
+  out->set_cache_errors(w.cache_errors);
   out->set_rejected_requests(w.rejected_requests);
   out->set_cancelled_requests(w.cancelled_requests);
   out->set_tower_batches(w.tower_batches);
@@ -194,6 +195,7 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   w.misses = m.misses();
   w.joins = m.joins();
   w.shape_mismatches = m.shape_mismatches();
+  w.cache_errors = m.cache_errors();
   w.rejected_requests = m.rejected_requests();
   w.cancelled_requests = m.cancelled_requests();
   w.tower_batches = m.tower_batches();
