@@ -125,6 +125,18 @@ def main():
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images)
     check(rc == 1 and "cannot read image" in stderr and "missing.png" in stderr, f"missing image: {rc} {stderr}")
 
+    # 5. --device: a string that is no device is a setup error naming it; cuda
+    # on a machine without a usable GPU (CI) is one too, never a crash.
+    with open(hand, "w") as f:
+        f.write('{"id": "x", "images": ["a.png"]}\n')
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--device", "tpu")
+    check(rc == 1 and "'tpu' is not a device" in stderr, f"--device tpu: {rc} {stderr}")
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--device", "cuda:0")
+    if rc == 1:
+        check("FAILED_PRECONDITION" in stderr and "cuda:0" in stderr, f"--device cuda:0 without a GPU: {stderr}")
+    else:
+        check(rc == 0, f"--device cuda:0 with a GPU: {rc} {stderr}")
+
     print("replay e2e: ok")
     return 0
 

@@ -1,9 +1,17 @@
 #include "worker_flags.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #ifdef EPD_HAVE_TORCH_TOWER
 #include "epd/torch_tower.h"
+#endif
+#ifdef EPD_HAVE_CUDA_TIER
+#include <cstdlib>
+#include <mutex>
+
+#include "epd/cuda_device.h"
+#include "epd/device_tier.h"
 #endif
 
 namespace epd::cli {
@@ -23,6 +31,8 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--model-id", f.model_id, "model id hashed into the content keys [file name of --model]");
   cmd.add_option("--threads", f.threads, "tower intra-op threads, 0 = all cores")->capture_default_str()
       ->check(CLI::Range(0, 1024));
+  cmd.add_option("--device", f.device, "where the tower runs: cpu, cuda or cuda:N (with a CUDA build, L1 in VRAM)")
+      ->capture_default_str();
   cmd.add_option("--dtype", f.dtype, "embedding dtype")->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()
@@ -42,13 +52,50 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str()->check(CLI::Range(0, 256));
 }
 
+#ifdef EPD_HAVE_CUDA_TIER
+namespace {
+
+// The process's CUDA device for the GPU tier, opened on first use and never
+// closed: every worker, cached entry and delivered result must be destroyed
+// before their Device, and for a command-line process the only point after
+// all of them is its exit. Thread-safe; later calls return the first device
+// (a process uses one GPU).
+StatusOr<Device*> ProcessCudaDevice(int index, std::size_t pinned_bytes, std::size_t device_limit) {
+  static std::mutex mu;
+  static Device* device = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device != nullptr) return device;
+  CudaDeviceOptions opt;
+  opt.device_index = index;
+  opt.pinned_pool_bytes = pinned_bytes;
+  opt.device_bytes_limit = device_limit;
+  StatusOr<std::unique_ptr<Device>> opened = OpenCudaDevice(opt);
+  if (!opened.ok()) return opened.status();
+  device = opened->release();
+  return device;
+}
+
+// "cuda" -> 0, "cuda:N" -> N; the tower has already validated the string.
+int CudaIndex(const std::string& device) {
+  const std::size_t colon = device.find(':');
+  return colon == std::string::npos ? 0 : std::atoi(device.c_str() + colon + 1);
+}
+
+}  // namespace
+#endif
+
 StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
 #ifdef EPD_HAVE_TORCH_TOWER
   if (f.model.empty()) return InvalidArgument("--model is required (this build has no default tower)");
   TorchTowerOptions t;
   t.model_path = f.model;
   t.num_threads = f.threads;
+  t.device = f.device;
   t.output_dtype = f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+#ifdef EPD_HAVE_CUDA_TIER
+  const bool gpu_tier = f.device != "cpu";
+  t.output_on_device = gpu_tier;
+#endif
   StatusOr<std::unique_ptr<VisionTower>> tower = LoadTorchScriptTower(t);
   if (!tower.ok()) return tower.status();
 
@@ -62,6 +109,22 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.max_items_per_batch = f.max_items_per_batch;
   o.decode_threads = f.decode_threads;
   o.order = f.order == "by_key" ? ScheduleOrder::kByKey : ScheduleOrder::kFifo;
+#ifdef EPD_HAVE_CUDA_TIER
+  if (gpu_tier) {
+    // Pinned pool: L2 plus slack for the blocks a demotion allocates before
+    // L2 evicts (docs/GPU.md, "Sizing the pool"). VRAM cap: L1 plus room for
+    // the copies in flight, so the tier never takes the tower's activations.
+    const auto l1 = static_cast<std::size_t>(o.l1_bytes);
+    const auto l2 = static_cast<std::size_t>(o.l2_bytes);
+    StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), l2 + std::max(l2 / 16, std::size_t{64} << 20),
+                                              l1 + std::max(l1 / 4, std::size_t{256} << 20));
+    if (!dev.ok()) return dev.status();
+    EmbeddingTierHooks hooks = MakeEmbeddingTierHooks(**dev);
+    o.to_host = std::move(hooks.to_host);
+    o.to_device = std::move(hooks.to_device);
+    o.adopt_device_rows = std::move(hooks.adopt_device_rows);
+  }
+#endif
   return WorkerParts{std::move(o), std::move(*tower)};
 #else
   (void)f;

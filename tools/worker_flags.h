@@ -7,6 +7,13 @@
 //                             build/models/default_tower.pt]
 //   --model-id ID             hashed into every content key [file name of --model]
 //   --threads N               tower intra-op threads, 0 = all cores [0]
+//   --device cpu|cuda[:N]     where the tower runs [cpu]. On cuda, in a build
+//                             with EPD_WITH_CUDA, the GPU tier is used: the
+//                             tower's output stays in VRAM, L1 (--cache-mb)
+//                             lives in VRAM and L2 (--host-cache-mb) in a
+//                             pinned host pool (docs/GPU.md). Without
+//                             EPD_WITH_CUDA the tower runs on the GPU and
+//                             both tiers stay in host memory.
 //   --dtype float32|bfloat16  embedding dtype [float32]
 //   --cache-mb MB             L1 cache capacity [1024]
 //   --host-cache-mb MB        L2 (host) cache capacity [4096]
@@ -34,6 +41,7 @@ struct WorkerFlags {
   std::string model;
   std::string model_id;
   int threads = 0;
+  std::string device = "cpu";
   std::string dtype = "float32";
   double cache_mb = 1024;
   double host_cache_mb = 4096;
@@ -63,8 +71,11 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& flags, WorkerOptions op
 
 // Loads the tower and creates the worker. `options` supplies every field the
 // flags do not set (sink_full, copies, max_pending_items, ...). Errors: the
-// tower's load error, kInvalidArgument for bad flag combinations, or
-// kFailedPrecondition when this build has no TorchScript backend.
+// tower's load error (kInvalidArgument for a bad --device,
+// kFailedPrecondition when CUDA is not usable), kInvalidArgument for bad flag
+// combinations, or kFailedPrecondition when this build has no TorchScript
+// backend. With --device cuda and the GPU tier, the CUDA device is opened
+// once per process and never closed (see worker_flags.cc).
 StatusOr<std::unique_ptr<EncodeWorker>> MakeWorker(const WorkerFlags& flags, WorkerOptions options = {});
 
 }  // namespace epd::cli

@@ -153,6 +153,7 @@ class MeteredTower : public VisionTower {
   std::int64_t hidden() const override { return inner_->hidden(); }
   std::int64_t deepstack_layers() const override { return inner_->deepstack_layers(); }
   DType dtype() const override { return inner_->dtype(); }
+  bool output_on_device() const override { return inner_->output_on_device(); }
   std::string Describe() const override { return inner_->Describe(); }
 
  private:
