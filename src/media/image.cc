@@ -94,6 +94,12 @@ StatusOr<ImageInfo> ProbeJpeg(void* tj, std::span<const std::uint8_t> bytes) {
     if (why.find("Empty JPEG image") != std::string::npos) {
       return InvalidArgument("zero-sized image: the JPEG header has a zero dimension (" + why + ")");
     }
+    // libjpeg refuses a side over JPEG_MAX_DIMENSION (65500) before it says
+    // how large: such a header is a bomb like any other, not corrupt data.
+    if (why.find("Maximum supported image dimension") != std::string::npos) {
+      return InvalidArgument("too many pixels: the JPEG header declares a side over 65500 pixels, the most libjpeg "
+                             "decodes (" + why + ")");
+    }
     return InvalidArgument("corrupt or truncated JPEG data: " + why);
   }
   if (width <= 0 || height <= 0) {

@@ -211,6 +211,14 @@ TEST(DecodeImageTest, JpegBombHeaderIsRejectedBeforeAllocating) {
   EXPECT_NE(img.status().message().find("60000x60000"), std::string::npos) << img.status().message();
 }
 
+TEST(DecodeImageTest, JpegSideOverLibjpegsMaximumIsTooManyPixels) {
+  // 65535 is the largest side a SOF can declare; libjpeg stops at 65500.
+  Bytes jpeg = testing::EncodeJpegRgb(testing::PatternImage(16, 16), 90);
+  testing::SetJpegSize(jpeg, 65535, 16);
+  ExpectInvalid(ProbeImage(jpeg), "too many pixels");
+  ExpectInvalid(DecodeImage(jpeg), "65500");
+}
+
 TEST(DecodeImageTest, RealImageOverATinyLimitIsRejected) {
   const Bytes png = testing::EncodePngRgb(testing::PatternImage(20, 10));
   ExpectInvalid(DecodeImage(png, {.max_pixels = 199}), "limit of 199");
