@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "flag_checks.h"
 #include "epd/safetensors.h"
 #include "epd/worker_loop.h"
 #include "trace.h"
@@ -294,13 +295,13 @@ void RegisterReplayCommand(CLI::App& app) {
   cmd->add_option("--images", f->images, "image directory: trace paths are relative to it; --generate draws from it")
       ->check(CLI::ExistingDirectory);
   CLI::Option* gen = cmd->add_option("--generate", f->generate, "generate N requests over the images in --images")
-                         ->check(CLI::Range(1, 10'000'000));
+                         ->check(Integer(1, 10'000'000));
   trace->excludes(gen);
   cmd->add_option("--zipf", f->zipf, "Zipf exponent of image popularity (0 = uniform)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(NonNegative());
   cmd->add_option("--seed", f->seed, "generator seed")->capture_default_str();
   cmd->add_option("--rate", f->rate, "generated arrival rate, requests/s (matters with --realtime)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(Positive("requests/s"));
   cmd->add_option("--write-trace", f->write_trace, "also write the (generated) trace as JSON Lines");
   CLI::Option* rt = cmd->add_flag("--realtime", f->realtime, "submit each request at its arrival_ms");
   CLI::Option* fast =

@@ -39,6 +39,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "flag_checks.h"
 #include "epd/client.h"
 #include "epd/safetensors.h"
 #include "epd/server.h"
@@ -431,26 +432,26 @@ void RegisterServerCommands(CLI::App& app) {
     AddWorkerFlags(*cmd, f->worker);
     cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", f->port, "gRPC port, 0 = any free port (printed)")->capture_default_str()
-        ->check(CLI::Range(0, 65535));
+        ->check(Integer(0, 65535));
     cmd->add_option("--metrics-port", f->metrics_port, "Prometheus /metrics port, -1 = off, 0 = any free port")
-        ->capture_default_str()->check(CLI::Range(-1, 65535));
+        ->capture_default_str()->check(Integer(-1, 65535));
     cmd->add_option("--metrics-host", f->metrics_host, "address the metrics endpoint listens on")
         ->capture_default_str();
     cmd->add_option("--server-id", f->server_id, "name reported in every item [<hostname>:<port>]");
     cmd->add_option("--max-queue", f->max_queue,
                     "most images queued for the tower; requests past it get RESOURCE_EXHAUSTED (0 = unbounded)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(Integer(0));
     cmd->add_option("--grace-s", f->grace_s, "on SIGTERM/SIGINT, seconds calls in flight get to finish")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()->check(Number(0, 86400, "s"));
     cmd->add_option("--max-items-per-request", f->max_items_per_request, "most images in one request")
-        ->capture_default_str()->check(CLI::PositiveNumber);
+        ->capture_default_str()->check(Integer(1));
     cmd->add_option("--max-request-mb", f->max_request_mb, "largest request message, MB")->capture_default_str()
-        ->check(CLI::Range(0.001, 2047.0));
+        ->check(Number(0.001, 2047, "MB"));
     cmd->add_option("--max-buffered-mb", f->max_buffered_mb,
                     "result bytes waiting for slow clients above which no new tower batch starts, MB")
-        ->capture_default_str()->check(CLI::Range(0.001, 1e9));
+        ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
     cmd->add_option("--max-rpc-threads", f->max_rpc_threads, "most gRPC handler threads (one per call in flight)")
-        ->capture_default_str()->check(CLI::Range(2, 100000));
+        ->capture_default_str()->check(Integer(2, 100000));
     cmd->callback([f] {
       if (int rc = RunServe(*f); rc != 0) throw CLI::RuntimeError(rc);
     });
@@ -462,7 +463,7 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("images", f->images, "JPEG/PNG files")->required()->check(CLI::ExistingFile);
     cmd->add_option("--out", f->out, "write the embeddings to this safetensors file");
     cmd->add_option("--timeout-s", f->timeout_s, "deadline of each call, seconds")->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(Number(0, 1e6, "s", /*lo_open=*/true));
     cmd->add_flag("--no-route", f->no_route, "one call for all images, without the x-epd-route header");
     cmd->add_option("--request-id", f->request_id, "request id [random]");
     cmd->callback([f] {
@@ -474,26 +475,26 @@ void RegisterServerCommands(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("bench-server", "load a server on loopback for a bounded time");
     cmd->add_option("--server", f->server, "HOST:PORT on loopback")->required();
     cmd->add_option("--concurrency", f->concurrency, "callers (closed loop) or in-flight cap (open loop)")
-        ->capture_default_str()->check(CLI::Range(1, 4096));
+        ->capture_default_str()->check(Integer(1, 4096));
     cmd->add_option("--duration-s", f->duration_s, "how long to send, seconds")->capture_default_str()
-        ->check(CLI::Range(0.1, 3600.0));
+        ->check(Number(0.1, 3600, "s"));
     auto* images = cmd->add_option("--images", f->images, "directory of JPEG/PNG files to send");
     cmd->add_option("--synthetic", f->synthetic, "without --images: this many generated JPEGs")
-        ->capture_default_str()->check(CLI::Range(1, 100000))->excludes(images);
+        ->capture_default_str()->check(Integer(1, 100000))->excludes(images);
     cmd->add_option("--image-size", f->image_size, "side of the generated square JPEGs, pixels")
-        ->capture_default_str()->check(CLI::Range(28, 4096));
+        ->capture_default_str()->check(Integer(28, 4096));
     cmd->add_flag("--hit-only", f->hit_only, "encode every image once first, so measured requests are cache hits");
     cmd->add_option("--rate", f->rate, "open loop: requests/s on a fixed schedule (0 = closed loop)")
-        ->capture_default_str()->check(CLI::Range(0.0, 1e6));
+        ->capture_default_str()->check(Number(0, 1e6, "requests/s"));
     cmd->add_option("--zipf", f->zipf, "image popularity: Zipf exponent s over the image list (0 = uniform)")
-        ->capture_default_str()->check(CLI::Range(0.0, 10.0));
+        ->capture_default_str()->check(Number(0, 10));
     cmd->add_option("--seed", f->seed, "image choice seed")->capture_default_str();
     cmd->add_option("--timeout-s", f->timeout_s, "deadline of each call, seconds")->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(Number(0, 1e6, "s", /*lo_open=*/true));
     cmd->add_option("--server-pid", f->server_pid, "sample this process's RSS during the run (same machine)")
-        ->check(CLI::PositiveNumber);
+        ->check(Integer(1));
     cmd->add_option("--connections", f->connections, "HTTP/2 connections to spread callers over [min(concurrency, 4)]")
-        ->check(CLI::Range(1, 256));
+        ->check(Integer(1, 256));
     cmd->add_flag("--json", f->json, "print one JSON object instead of text");
     cmd->callback([f] {
       if (int rc = RunBench(*f); rc != 0) throw CLI::RuntimeError(rc);

@@ -1,5 +1,7 @@
 #include "worker_flags.h"
 
+#include "flag_checks.h"
+
 #include <algorithm>
 #include <filesystem>
 
@@ -30,26 +32,26 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str();
   cmd.add_option("--model-id", f.model_id, "model id hashed into the content keys [file name of --model]");
   cmd.add_option("--threads", f.threads, "tower intra-op threads, 0 = all cores")->capture_default_str()
-      ->check(CLI::Range(0, 1024));
+      ->check(Integer(0, 1024));
   cmd.add_option("--device", f.device, "where the tower runs: cpu, cuda or cuda:N (with a CUDA build, L1 in VRAM)")
       ->capture_default_str();
   cmd.add_option("--dtype", f.dtype, "embedding dtype")->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16"}));
   cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative("MB"));
   cmd.add_option("--host-cache-mb", f.host_cache_mb, "L2 (host) cache capacity, MB")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(NonNegative("MB"));
   cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
   cmd.add_option("--max-tokens-per-batch", f.max_tokens_per_batch, "tower batch token budget")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(Integer(1));
   cmd.add_option("--max-items-per-batch", f.max_items_per_batch, "tower batch item bound")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(Integer(1));
   cmd.add_option("--order", f.order, "scheduler order")->capture_default_str()
       ->check(CLI::IsMember({"fifo", "by_key"}));
   cmd.add_option("--max-pixels", f.max_pixels, "preprocessing area cap, pixels (Qwen2-VL max_pixels)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(Integer(1));
   cmd.add_option("--decode-threads", f.decode_threads, "helper threads decoding misses ahead of the tower")
-      ->capture_default_str()->check(CLI::Range(0, 256));
+      ->capture_default_str()->check(Integer(0, 256));
 }
 
 #ifdef EPD_HAVE_CUDA_TIER

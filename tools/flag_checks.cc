@@ -1,0 +1,63 @@
+#include "flag_checks.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+namespace epd::cli {
+namespace {
+
+// %g without trailing noise: 0.001, 2047, 1e+06.
+std::string Show(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string Got(const std::string& s) { return ", got '" + s + "'"; }
+
+}  // namespace
+
+CLI::Validator Number(double lo, double hi, std::string unit, bool lo_open) {
+  std::string range;
+  if (std::isinf(hi)) {
+    range = std::string(lo_open ? "> " : ">= ") + Show(lo);
+  } else {
+    range = (lo_open ? "above " + Show(lo) + " and up to " : "from " + Show(lo) + " to ") + Show(hi);
+  }
+  const std::string expected = "expected a number " + range + (unit.empty() ? "" : " (" + unit + ")");
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size()) return expected + Got(s);
+        if (!std::isfinite(v) || errno == ERANGE) return expected + Got(s);
+        if (v < lo || (lo_open && v == lo) || v > hi) return expected + Got(s);
+        return "";
+      },
+      range + (unit.empty() ? "" : " " + unit));
+}
+
+CLI::Validator Positive(std::string unit) { return Number(0, kNoUpperBound, std::move(unit), true); }
+
+CLI::Validator NonNegative(std::string unit) { return Number(0, kNoUpperBound, std::move(unit), false); }
+
+CLI::Validator Integer(std::int64_t lo, std::int64_t hi) {
+  const std::string range = hi == std::numeric_limits<std::int64_t>::max()
+                                ? ">= " + std::to_string(lo)
+                                : "from " + std::to_string(lo) + " to " + std::to_string(hi);
+  const std::string expected = "expected an integer " + range;
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE) return expected + Got(s);
+        if (v < lo || v > hi) return expected + Got(s);
+        return "";
+      },
+      range);
+}
+
+}  // namespace epd::cli
