@@ -109,6 +109,13 @@ struct EncodeClient::Impl {
       got[local] = true;
       ClientItemResult r = internal::FromProto(msg);
       r.index = group.indices[local];
+      // The server names an item by its place in this call ("item 0: ...");
+      // the caller knows it by its place in the whole request.
+      const std::string prefix = "item " + std::to_string(local) + ": ";
+      if (!r.status.ok() && local != r.index && r.status.message().rfind(prefix, 0) == 0) {
+        r.status = Status(r.status.code(),
+                          "item " + std::to_string(r.index) + ": " + r.status.message().substr(prefix.size()));
+      }
       out[r.index] = std::move(r);
     }
     const Status call = internal::FromGrpc(reader->Finish());
@@ -116,7 +123,7 @@ struct EncodeClient::Impl {
       if (got[k]) continue;
       ClientItemResult& r = out[group.indices[k]];
       r.index = group.indices[k];
-      r.status = call.ok() ? Internal("the server ended the call without sending item " + std::to_string(k))
+      r.status = call.ok() ? Internal("the server ended the call without sending item " + std::to_string(r.index))
                            : call;
     }
   }

@@ -146,6 +146,20 @@ TEST(EncodeClientTest, ReassemblesPerKeyCallsByIndex) {
   EXPECT_EQ(t.tower_state->items_encoded(), 2);
 }
 
+TEST(EncodeClientTest, AFailedItemIsNamedByItsPlaceInTheRequest) {
+  TestServer t = StartTestServer();
+  auto client = EncodeClient::Connect({.target = t.target});
+  ASSERT_TRUE(client.ok());
+  const std::string a = Png(56, 56, 21);
+  // The bad image travels alone in its own per-key call, where it is item 0.
+  EncodeResult r = (*client)->Encode({Img(a), Img(a), Img("not an image at all")});
+  ASSERT_EQ(r.items.size(), 3u);
+  EXPECT_TRUE(r.items[0].status.ok());
+  EXPECT_TRUE(r.items[1].status.ok());
+  EXPECT_EQ(r.items[2].status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.items[2].status.message().rfind("item 2: ", 0), 0u) << r.items[2].status.message();
+}
+
 TEST(EncodeClientTest, KeyForMatchesTheServersKey) {
   TestServer t = StartTestServer();
   auto client = EncodeClient::Connect({.target = t.target});

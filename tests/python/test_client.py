@@ -109,7 +109,9 @@ def test_undecodable_image_raises_invalid_argument_and_keeps_the_good_item(clien
     with pytest.raises(ec.EncodeError) as e:
         client.encode([good, b"not an image at all"])
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert "item 0" in e.value.message  # per-key calls: the bad image is item 0 of its own call
+    # Per-key calls: the bad image is item 0 of its own call, and the client
+    # names it by its place in the request.
+    assert e.value.message.startswith("item 1: "), e.value.message
     assert e.value.results[0].ok and e.value.results[0].tokens == 4
     assert not e.value.results[1].ok
     assert client.encode([good])[0].ok  # the server keeps serving
