@@ -103,7 +103,7 @@ class TierEmbedding final : public ResidentBytes {
   // The copy that filled this entry has landed. Never blocks.
   bool ready() const;
   // Blocks until ready(). kInternal when the device reported the copy failed.
-  Status Wait() const;
+  Status Wait() const override;
   // Waits, then copies the bytes into a fresh host Embedding (for shipping).
   // Errors: as Wait(), or kInternal for a failed device->host copy.
   StatusOr<Embedding> ToHostEmbedding() const;
@@ -112,6 +112,7 @@ class TierEmbedding final : public ResidentBytes {
   // main and deepstack into the caller's ranges (errors as ToHostEmbedding,
   // plus kInvalidArgument for ranges of the wrong size).
   std::string_view location() const override;
+  const std::byte* data() const override { return buffer_.data(); }
   Status CopyToHost(std::span<std::byte> main, std::span<std::byte> deepstack) const override;
 
  private:

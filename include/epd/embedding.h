@@ -59,6 +59,13 @@ class ResidentBytes {
   // bytes have landed. kInvalidArgument for wrong sizes; kInternal for a
   // device failure.
   virtual Status CopyToHost(std::span<std::byte> main, std::span<std::byte> deepstack) const = 0;
+  // For a consumer on the same device (e.g. a prefill engine in this
+  // process), without a copy: Wait() blocks until the bytes are complete
+  // (kInternal on a device failure), then data() is the block, main rows
+  // then deepstack rows, in the memory location() names (a device pointer
+  // for "device"). Valid while this object lives; read-only.
+  virtual Status Wait() const = 0;
+  virtual const std::byte* data() const = 0;
 };
 
 struct Embedding {

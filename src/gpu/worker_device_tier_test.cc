@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
 #include <functional>
 #include <future>
 #include <map>
@@ -187,6 +188,25 @@ TEST_F(WorkerDeviceTierTest, MissIsCopiedDeviceToDeviceIntoVramAndShipsExactByte
   EXPECT_EQ(tier_stats_.adopt_bytes, static_cast<std::uint64_t>(kEntryBytes));
   EXPECT_EQ(dev.memory_stats().device_bytes_in_use, static_cast<std::size_t>(kEntryBytes));
   EXPECT_EQ(w->stats().l1_bytes, kEntryBytes);
+}
+
+TEST_F(WorkerDeviceTierTest, DeliveredVramEntryIsReadableInPlaceWithoutACopy) {
+  // FakeDevice's "VRAM" is host memory, so the test can read the block an
+  // in-process consumer on the GPU would read on the device.
+  FakeDevice& dev = Dev({.completion = FakeCompletion::kBackground, .background_chunk_bytes = 64});
+  auto w = Make(dev, 1 << 20);
+  const ItemResult r = EncodeOne(*w, "r1", a_);
+  ASSERT_TRUE(r.status.ok());
+  ASSERT_FALSE(r.embedding->on_host());
+  const std::size_t copies = dev.copies().size();
+  ASSERT_TRUE(r.embedding->resident->Wait().ok());
+  const Embedding want = Expected(a_, tower_);
+  const std::byte* p = r.embedding->resident->data();
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(std::equal(want.main.begin(), want.main.end(), p)) << "main rows differ";
+  EXPECT_TRUE(std::equal(want.deepstack.begin(), want.deepstack.end(), p + want.main.size()))
+      << "deepstack rows differ";
+  EXPECT_EQ(dev.copies().size(), copies);  // nothing copied to read it
 }
 
 TEST_F(WorkerDeviceTierTest, RepeatIsAnL1HitServedWithoutAnyCopy) {
