@@ -16,6 +16,16 @@ int main(int argc, char** argv) {
 #ifdef EPD_WITH_GRPC
   epd::cli::RegisterServerCommands(app);
 #endif
-  CLI11_PARSE(app, argc, argv);
+  // Exit codes: 0 success (and --help); a subcommand's own code when it
+  // fails after parsing (e.g. replay's 3 for failed items); 1 for every
+  // usage error, which CLI11 alone would number 105-109 by kind.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints the message (or the help)
+    return rc == 0 ? 0 : 1;
+  }
   return 0;
 }

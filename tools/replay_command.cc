@@ -199,7 +199,7 @@ int RunReplay(const ReplayFlags& f) {
     last = std::max(last, finished[i]);
     if (!r.status.ok()) {
       ++failed_requests;
-      if (first_failure.empty()) first_failure = r.id + ": " + r.status.ToString();
+      if (first_failure.empty()) first_failure = "request '" + r.id + "': " + r.status.ToString();
     }
     items += static_cast<std::int64_t>((*trace)[i].images.size());
     for (const ItemResult& it : r.items) {
@@ -208,7 +208,12 @@ int RunReplay(const ReplayFlags& f) {
         if (!f.out.empty()) embeddings.emplace(it.key, it.embedding);
       } else {
         ++failures[std::string(StatusCodeName(it.status.code()))];
-        if (first_failure.empty()) first_failure = r.id + " item " + std::to_string(it.index) + ": " + it.status.ToString();
+        if (first_failure.empty()) {
+          // The worker's messages name the item already ("item 0: ..."); say so only when they do not.
+          const std::string item = "item " + std::to_string(it.index);
+          const bool named = it.status.message().rfind(item + ": ", 0) == 0;
+          first_failure = "request '" + r.id + "'" + (named ? "" : ", " + item) + ": " + it.status.ToString();
+        }
       }
     }
   }

@@ -131,6 +131,9 @@ def main():
         f.write('{"id": "x", "images": ["a.png"]}\n')
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--device", "tpu")
     check(rc == 1 and "'tpu' is not a device" in stderr, f"--device tpu: {rc} {stderr}")
+    # A bad flag value is a usage error: exit 1, naming the flag and the value.
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--cache-mb", "nan")
+    check(rc == 1 and "--cache-mb: expected a number >= 0 (MB), got 'nan'" in stderr, f"--cache-mb nan: {rc} {stderr}")
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--device", "cuda:0")
     if rc == 1:
         check("FAILED_PRECONDITION" in stderr and "cuda:0" in stderr, f"--device cuda:0 without a GPU: {stderr}")

@@ -25,6 +25,7 @@
 #include <turbojpeg.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -289,8 +290,8 @@ int RunBench(const BenchFlags& f) {
   if (!f.images.empty()) {
     StatusOr<std::vector<std::string>> paths = ListImages(f.images);
     if (!paths.ok()) Fail(1, paths.status().message());
-    for (const std::string& p : *paths) {
-      StatusOr<std::string> b = ReadFile(p);
+    for (const std::string& name : *paths) {  // names relative to --images
+      StatusOr<std::string> b = ReadFile((std::filesystem::path(f.images) / name).string());
       if (!b.ok()) Fail(1, b.status().message());
       images.push_back(std::move(*b));
     }

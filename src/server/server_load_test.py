@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -77,6 +78,15 @@ def main():
         src = mixed.get("sources", {})
         check(src.get("miss", 0) > 0 and src.get("l1", 0) > 0, "mixed run: both hits and misses")
         check(mixed.get("server_rss_mb", {}).get("max", 0) > 0, "server RSS was sampled")
+
+        # --images names a directory anywhere, not only the working directory.
+        with tempfile.TemporaryDirectory() as d:
+            for i in range(3):
+                with open(os.path.join(d, f"img{i}.png"), "wb") as f:
+                    f.write(h.png(56, 56, 40 + i))
+            rc, files = bench(port, "--images", d, "--concurrency", "2", "--duration-s", "1")
+            check(rc == 0 and files.get("errors") == 0 and files.get("requests", 0) > 0,
+                  "bench-server --images DIR reads DIR's files from another working directory")
     finally:
         check(h.stop_server(proc) == 0, "server exited 0 on SIGTERM")
     return 1 if failures else 0
