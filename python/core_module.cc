@@ -63,7 +63,7 @@ py::object MapEmbedding(const py::object& value, const std::function<py::object(
       py::object t = in[i];
       out[i] = t.is_none() ? py::none() : f(t);
     }
-    return std::move(out);
+    return out;
   }
   return f(value);
 }

@@ -18,6 +18,15 @@
 namespace epd {
 namespace {
 
+// "<prefix><n>", built by appending: GCC 12 mis-warns (-Wrestrict) on
+// "literal" + std::to_string(n), which prepends into the temporary.
+inline std::string Name(const char* prefix, long long n) {
+  std::string s(prefix);
+  s += std::to_string(n);
+  return s;
+}
+
+
 using ::testing::ElementsAre;
 using ::testing::Pair;
 
@@ -195,7 +204,7 @@ TYPED_TEST(CacheContractTest, NegativeNbytesIsRejectedNamingTheArgument) {
 
 TYPED_TEST(CacheContractTest, ManyEvictionsInOnePutFireInLruOrder) {
   auto c = this->New(300);
-  for (int i = 0; i < 30; ++i) c->put("k" + std::to_string(i), i, 10);
+  for (int i = 0; i < 30; ++i) c->put(Name("k", i), i, 10);
   c->get("k0");  // k0 becomes MRU
   c->put("big", 99, 295);
   // Everything but... nothing fits beside 295 except nothing of 10: all 30 go, k0 last.

@@ -12,6 +12,15 @@
 namespace epd {
 namespace {
 
+// "<prefix><n>", built by appending: GCC 12 mis-warns (-Wrestrict) on
+// "literal" + std::to_string(n), which prepends into the temporary.
+inline std::string Name(const char* prefix, long long n) {
+  std::string s(prefix);
+  s += std::to_string(n);
+  return s;
+}
+
+
 std::vector<std::string> Ids(const std::vector<PendingEncodeItem>& batch) {
   std::vector<std::string> out;
   for (const auto& it : batch) out.push_back(it.request_id + "/" + std::to_string(it.item_index));
@@ -124,7 +133,7 @@ TEST_P(SchedulerOrderTest, SameAddSequenceGivesSameBatches) {
     std::uint64_t st = 7;
     for (int i = 0; i < 500; ++i) {
       st = st * 6364136223846793005ull + 1;
-      s.add({"r" + std::to_string((st >> 40) % 50), static_cast<std::int64_t>((st >> 20) % 4),
+      s.add({Name("r", (st >> 40) % 50), static_cast<std::int64_t>((st >> 20) % 4),
              static_cast<std::int64_t>((st >> 8) % 200)});
       if (i % 7 == 0) out.push_back(Ids(s.next_batch()));
     }
@@ -159,7 +168,7 @@ int StepWhenLateIdRuns(ScheduleOrder order, int steps) {
   EncodeScheduler s(100, 1, order);
   s.add({"zzz", 0, 100});
   for (int step = 0; step < steps; ++step) {
-    s.add({"a" + std::to_string(1000000 + step), 0, 100});
+    s.add({Name("a", 1000000 + step), 0, 100});
     for (const auto& it : s.next_batch())
       if (it.request_id == "zzz") return step;
   }
@@ -178,11 +187,11 @@ TEST(EncodeSchedulerTest, FifoBoundsTheWaitUnderSteadyArrivals) {
 TEST(EncodeSchedulerTest, FifoWaitIsBoundedByWorkQueuedAhead) {
   // With k items queued ahead and one item per batch, an item runs within k+1 batches.
   EncodeScheduler s(100, 1, ScheduleOrder::kFifo);
-  for (int i = 0; i < 20; ++i) s.add({"a" + std::to_string(i), 0, 100});
+  for (int i = 0; i < 20; ++i) s.add({Name("a", i), 0, 100});
   s.add({"zzz", 0, 100});
   int batches = 0;
   for (bool done = false; !done;) {
-    s.add({"b" + std::to_string(batches), 0, 100});  // steady arrivals
+    s.add({Name("b", batches), 0, 100});  // steady arrivals
     ++batches;
     for (const auto& it : s.next_batch()) done |= it.request_id == "zzz";
   }

@@ -28,6 +28,15 @@
 namespace epd {
 namespace {
 
+// "<prefix><n>", built by appending: GCC 12 mis-warns (-Wrestrict) on
+// "literal" + std::to_string(n), which prepends into the temporary.
+inline std::string Name(const char* prefix, long long n) {
+  std::string s(prefix);
+  s += std::to_string(n);
+  return s;
+}
+
+
 using testing::Collector;
 using testing::Expected;
 using testing::ExpectSameEmbedding;
@@ -332,7 +341,7 @@ TEST_F(WorkerDeviceTierTest, ManyImagesThroughATinyVramStayExact) {
   // some promote, some fall out of L2 and run the tower again.
   for (int round = 0; round < 4; ++round) {
     for (int i = 0; i < 6; ++i) {
-      const std::string id = "r" + std::to_string(round) + "-" + std::to_string(i);
+      const std::string id = Name("r", round) + "-" + std::to_string(i);
       ExpectBytes(EncodeOne(*w, id, images[static_cast<std::size_t>(i)]), images[static_cast<std::size_t>(i)]);
     }
   }
@@ -684,8 +693,8 @@ TEST_F(WorkerDeviceTierTest, ConcurrentToHostWhileTheWorkerDemotesAndPromotesThe
   }
   // Meanwhile a_ bounces between VRAM and pinned memory.
   for (int i = 0; i < 8; ++i) {
-    ExpectBytes(EncodeOne(*w, "b" + std::to_string(i), b_), b_);
-    ExpectBytes(EncodeOne(*w, "a" + std::to_string(i), a_), a_);
+    ExpectBytes(EncodeOne(*w, Name("b", i), b_), b_);
+    ExpectBytes(EncodeOne(*w, Name("a", i), a_), a_);
   }
   stop = true;
   for (std::thread& t : readers) t.join();
@@ -704,7 +713,7 @@ TEST_F(WorkerDeviceTierTest, WorkerLoopDeliversExactBytesAndReturnsAllMemory) {
     std::vector<std::future<RequestResult>> futures;
     for (int i = 0; i < 30; ++i) {
       // Two items per request, sometimes the same image twice (a join or a hit).
-      futures.push_back(loop.Submit(Request("q" + std::to_string(i), {images[static_cast<std::size_t>(i % 5)],
+      futures.push_back(loop.Submit(Request(Name("q", i), {images[static_cast<std::size_t>(i % 5)],
                                                                        images[static_cast<std::size_t>(i * 3 % 5)]})));
     }
     for (int i = 0; i < 30; ++i) {
