@@ -13,10 +13,33 @@
 #include "epd/device_tier.h"
 
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 
 namespace epd {
+
+namespace {
+
+// Copies main_src and deepstack_src (device memory) into the two host ranges
+// on Stream::kOffload and waits for them: the ranges may die once this
+// returns. Even after a failed enqueue it waits for what was enqueued.
+Status DeviceToHostAndWait(Device& device, const std::byte* main_src, std::span<std::byte> main,
+                           const std::byte* deepstack_src, std::span<std::byte> deepstack) {
+  Status st;
+  if (!main.empty()) st = device.CopyAsync(main.data(), main_src, main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
+  if (st.ok() && !deepstack.empty()) {
+    st = device.CopyAsync(deepstack.data(), deepstack_src, deepstack.size(), CopyKind::kDeviceToHost,
+                          Stream::kOffload);
+  }
+  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOffload);
+  Status done = ev.ok() ? (*ev)->Synchronize() : device.Synchronize(Stream::kOffload);
+  if (!st.ok()) return st;
+  if (!ev.ok()) return ev.status();
+  return done;
+}
+
+}  // namespace
 
 TierEmbedding::TierEmbedding(Private, Device* device, EmbeddingShape shape, DeviceBuffer buffer, EventPtr filled)
     : device_(device), shape_(shape), buffer_(std::move(buffer)), filled_(std::move(filled)) {
@@ -63,21 +86,8 @@ Status TierEmbedding::CopyToHost(std::span<std::byte> main, std::span<std::byte>
     if (!deepstack.empty()) std::memcpy(deepstack.data(), src + main.size(), deepstack.size());
     return Status::Ok();
   }
-  // Device bytes: a D2H on the offload stream into the caller's ranges, which
-  // may die once this returns, so wait here; this entry (held by the caller)
-  // keeps the source alive.
-  Status st;
-  if (!main.empty()) st = device_->CopyAsync(main.data(), src, main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
-  if (st.ok() && !deepstack.empty()) {
-    st = device_->CopyAsync(deepstack.data(), src + main.size(), deepstack.size(), CopyKind::kDeviceToHost,
-                            Stream::kOffload);
-  }
-  // Even after a failed enqueue, wait for what was enqueued before returning.
-  StatusOr<EventPtr> ev = device_->RecordEvent(Stream::kOffload);
-  Status done = ev.ok() ? (*ev)->Synchronize() : device_->Synchronize(Stream::kOffload);
-  if (!st.ok()) return st;
-  if (!ev.ok()) return ev.status();
-  return done;
+  // Device bytes: this entry (held by the caller) keeps the source alive.
+  return DeviceToHostAndWait(*device_, src, main, src + main.size(), deepstack);
 }
 
 StatusOr<Embedding> TierEmbedding::ToHostEmbedding() const {
@@ -315,17 +325,7 @@ StatusOr<EmbeddingPtr> RowsToHost(Device& device, const DeviceRows& rows) {
   const EmbeddingShape shape{rows.tokens, rows.hidden, rows.deepstack_layers, rows.dtype};
   e->main.resize(shape.main_bytes());
   e->deepstack.resize(shape.deepstack_bytes());
-  Status st;
-  if (!e->main.empty()) {
-    st = device.CopyAsync(e->main.data(), rows.main, e->main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
-  }
-  if (st.ok() && !e->deepstack.empty()) {
-    st = device.CopyAsync(e->deepstack.data(), rows.deepstack, e->deepstack.size(), CopyKind::kDeviceToHost,
-                          Stream::kOffload);
-  }
-  Status done = device.Synchronize(Stream::kOffload);
-  if (!st.ok()) return st;
-  if (!done.ok()) return done;
+  if (Status st = DeviceToHostAndWait(device, rows.main, e->main, rows.deepstack, e->deepstack); !st.ok()) return st;
   return EmbeddingPtr(std::move(e));
 }
 
