@@ -14,17 +14,12 @@
 #include "epd/concurrent_cache.h"
 #include "epd/content_key.h"
 #include "epd/embedding.h"
+#include "test_names.h"
 
 namespace epd {
 namespace {
 
-// "<prefix><n>", built by appending: GCC 12 mis-warns (-Wrestrict) on
-// "literal" + std::to_string(n), which prepends into the temporary.
-inline std::string Name(const char* prefix, long long n) {
-  std::string s(prefix);
-  s += std::to_string(n);
-  return s;
-}
+using test_util::Name;
 
 
 using ::testing::ElementsAre;

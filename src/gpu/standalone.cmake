@@ -49,15 +49,7 @@ if(NOT GTest_FOUND)
     endif()
   endforeach()
 endif()
-include(GoogleTest)
-
-# As the top-level helper.
-function(epd_add_test)
-  cmake_parse_arguments(T "" "NAME" "SOURCES;LIBS" ${ARGN})
-  add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
-  gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60)
-endfunction()
+include(${EPD_ROOT}/cmake/epd_add_test.cmake)
 
 # epd::core as src/core/CMakeLists.txt builds it (the tier uses status and
 # embedding, the worker the scheduler too); the rest is header-only templates.

@@ -1,0 +1,19 @@
+# epd_add_test(NAME foo_test SOURCES a.cc b.cc LIBS epd::core): a GoogleTest
+# executable registered with CTest. Included by the top-level CMakeLists.txt
+# and by src/gpu's standalone build (scripts/gpu-check.sh); both provide
+# GTest::gtest, GTest::gmock and GTest::gtest_main first. Every test may
+# include the test-only headers in src/testing/.
+include(GoogleTest)
+
+get_filename_component(_epd_testing_dir ${CMAKE_CURRENT_LIST_DIR}/../src/testing ABSOLUTE)
+if(NOT TARGET epd_test_util)
+  add_library(epd_test_util INTERFACE)
+  target_include_directories(epd_test_util INTERFACE ${_epd_testing_dir})
+endif()
+
+function(epd_add_test)
+  cmake_parse_arguments(T "" "NAME" "SOURCES;LIBS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} epd_test_util GTest::gtest GTest::gmock GTest::gtest_main)
+  gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60)
+endfunction()
