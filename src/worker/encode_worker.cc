@@ -355,10 +355,10 @@ struct EncodeWorker::Impl {
     };
   }
 
-  // The cache behind a fence: a promotion copy that throws (a device failure
-  // in the GPU tier's hooks) is counted and turns into a miss, never an
-  // exception out of Submit or FinishBatch. The tiered cache has already
-  // left itself consistent (epd/tiered_cache.h).
+  // A get behind a fence: a promotion copy that throws (a device failure in
+  // the GPU tier's hooks) is counted and turns into a miss, never an
+  // exception out of Submit. The tiered cache has already left itself
+  // consistent (epd/tiered_cache.h).
   std::optional<EmbeddingPtr> CacheGet(const ContentKey& key, CacheTier* tier) {
     try {
       return cache.get(key, tier);
@@ -368,12 +368,36 @@ struct EncodeWorker::Impl {
       return std::nullopt;
     }
   }
+  // A put cannot throw from a tier copy: its only copies are demotions,
+  // fenced by FencedToHost.
   void CachePut(const ContentKey& key, const EmbeddingPtr& e) {
+    cache.put(key, e, static_cast<std::int64_t>(e->nbytes()));
+  }
+
+  // options.adopt_device_rows behind a fence: its errors, exceptions, a null
+  // result or one whose shape or byte count differs from `rows` become the
+  // item's status (kInternal, or the hook's own status).
+  StatusOr<EmbeddingPtr> Adopt(const DeviceRows& rows) {
+    StatusOr<EmbeddingPtr> adopted = EmbeddingPtr();
     try {
-      cache.put(key, e, static_cast<std::int64_t>(e->nbytes()));
+      adopted = options.adopt_device_rows(rows);
+    } catch (const std::exception& ex) {
+      return Internal(std::string("adopt_device_rows threw: ") + ex.what());
     } catch (...) {
-      ++stats.cache_errors;
+      return Internal("adopt_device_rows threw a non-standard exception");
     }
+    if (!adopted.ok()) return adopted;
+    if (*adopted == nullptr) return Internal("adopt_device_rows returned no embedding");
+    const Embedding& got = **adopted;
+    if (got.tokens != rows.tokens || got.hidden != rows.hidden || got.deepstack_layers != rows.deepstack_layers ||
+        got.dtype != rows.dtype || got.nbytes() != got.ExpectedBytes()) {
+      return Internal("adopt_device_rows returned an embedding of " + std::to_string(got.tokens) + " tokens x " +
+                      std::to_string(got.hidden) + " x (1 + " + std::to_string(got.deepstack_layers) + ") " +
+                      std::string(DTypeName(got.dtype)) + " (" + std::to_string(got.nbytes()) +
+                      " bytes) for rows of " + std::to_string(rows.tokens) + " x " + std::to_string(rows.hidden) +
+                      " x (1 + " + std::to_string(rows.deepstack_layers) + ") " + std::string(DTypeName(rows.dtype)));
+    }
+    return adopted;
   }
 
   Status Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys);
@@ -690,63 +714,43 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
     Status status = failure;
     if (!e.decode_status.ok()) {
       status = e.decode_status;
-    } else if (failure.ok() && b->out->on_device()) {
-      // Device rows: the GPU tier copies them device -> device into an L1
-      // entry; the batch output stays alive until that copy lands.
-      const TowerOutput& o = *b->out;
-      DeviceRows rows;
-      rows.tokens = e.image.tokens();
-      rows.hidden = o.hidden;
-      rows.deepstack_layers = o.deepstack_layers;
-      rows.dtype = o.dtype;
-      rows.main = o.device_main + main_off;
-      rows.deepstack = o.device_deepstack == nullptr ? nullptr : o.device_deepstack + deep_off;
-      rows.owner = o.device_owner;
-      const std::size_t main_bytes = static_cast<std::size_t>(rows.tokens * rows.hidden) * DTypeSize(o.dtype);
-      main_off += main_bytes;
-      deep_off += main_bytes * static_cast<std::size_t>(o.deepstack_layers);
-      StatusOr<EmbeddingPtr> adopted = EmbeddingPtr();
-      try {
-        adopted = options.adopt_device_rows(rows);
-      } catch (const std::exception& ex) {
-        adopted = Internal(std::string("adopt_device_rows threw: ") + ex.what());
-      } catch (...) {
-        adopted = Internal("adopt_device_rows threw a non-standard exception");
-      }
-      if (adopted.ok() && *adopted == nullptr) adopted = Internal("adopt_device_rows returned no embedding");
-      if (adopted.ok()) {
-        const Embedding& got = **adopted;
-        if (got.tokens != rows.tokens || got.hidden != rows.hidden || got.deepstack_layers != rows.deepstack_layers ||
-            got.dtype != rows.dtype || got.nbytes() != got.ExpectedBytes()) {
-          adopted = Internal("adopt_device_rows returned an embedding of " + std::to_string(got.tokens) + " tokens x " +
-                             std::to_string(got.hidden) + " x (1 + " + std::to_string(got.deepstack_layers) + ") " +
-                             std::string(DTypeName(got.dtype)) + " (" + std::to_string(got.nbytes()) +
-                             " bytes) for rows of " + std::to_string(rows.tokens) + " x " +
-                             std::to_string(rows.hidden) + " x (1 + " + std::to_string(rows.deepstack_layers) + ") " +
-                             std::string(DTypeName(rows.dtype)));
-        }
-      }
-      if (adopted.ok()) {
-        embedding = std::move(*adopted);
-        CachePut(job.key, embedding);
-      } else {
-        status = adopted.status();
-      }
     } else if (failure.ok()) {
+      // This item's rows of the batch output: [main_off, +main_bytes) and
+      // [deep_off, +deep_bytes), wherever the output lives.
       const TowerOutput& o = *b->out;
-      auto m = std::make_shared<Embedding>();
-      m->tokens = e.image.tokens();
-      m->hidden = o.hidden;
-      m->deepstack_layers = o.deepstack_layers;
-      m->dtype = o.dtype;
-      const std::size_t main_bytes = static_cast<std::size_t>(m->tokens * m->hidden) * DTypeSize(o.dtype);
+      const std::int64_t tokens = e.image.tokens();
+      const std::size_t main_bytes = static_cast<std::size_t>(tokens * o.hidden) * DTypeSize(o.dtype);
       const std::size_t deep_bytes = main_bytes * static_cast<std::size_t>(o.deepstack_layers);
-      m->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
-      m->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
+      if (o.on_device()) {
+        // The GPU tier copies them device -> device into an L1 entry; the
+        // batch output stays alive until that copy lands.
+        DeviceRows rows;
+        rows.tokens = tokens;
+        rows.hidden = o.hidden;
+        rows.deepstack_layers = o.deepstack_layers;
+        rows.dtype = o.dtype;
+        rows.main = o.device_main + main_off;
+        rows.deepstack = o.device_deepstack == nullptr ? nullptr : o.device_deepstack + deep_off;
+        rows.owner = o.device_owner;
+        StatusOr<EmbeddingPtr> adopted = Adopt(rows);
+        if (adopted.ok()) {
+          embedding = std::move(*adopted);
+        } else {
+          status = adopted.status();
+        }
+      } else {
+        auto m = std::make_shared<Embedding>();
+        m->tokens = tokens;
+        m->hidden = o.hidden;
+        m->deepstack_layers = o.deepstack_layers;
+        m->dtype = o.dtype;
+        m->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
+        m->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
+        embedding = std::move(m);
+      }
       main_off += main_bytes;
       deep_off += deep_bytes;
-      embedding = std::move(m);
-      CachePut(job.key, embedding);
+      if (embedding != nullptr) CachePut(job.key, embedding);
     }
     const Clock::time_point now = Clock::now();
     for (const Waiter& w : job.waiters) {
