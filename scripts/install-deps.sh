@@ -12,7 +12,7 @@ group="${1:-build}"
 build_pkgs=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-dev pybind11-dev python3-pytest python3-numpy python3-pil
+  python3 python3-dev pybind11-dev python3-pytest python3-numpy python3-pil python3-skimage
   libtorch-dev libopenblas0-openmp python3-torch
   libssl-dev libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev libstb-dev libxxhash-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
