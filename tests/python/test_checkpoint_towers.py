@@ -29,6 +29,7 @@ top need no build. CTest runs this file as checkpoint_tower_tests
 """
 
 import importlib.util
+import json
 import os
 import pathlib
 import subprocess
@@ -371,3 +372,76 @@ def test_tower_reads_half_precision_and_sharded_checkpoints(arch, dtype, shards,
     item = tower.pre.image(photo("coffee.png"))
     (tmp_path / "run").mkdir()
     tower.compare([item], tmp_path / "run", f"{arch} {dtype} in {shards} shard(s)")
+
+
+# ---------------------------------------------------------------------------
+# Broken checkpoints: the tool exits 1 with a message naming what is wrong,
+# and never crashes (a signal would show as a negative return code).
+
+
+def _break_missing_tensor(d):
+    tensors = ref.read_safetensors(d / "model.safetensors")
+    del tensors["visual.blocks.1.attn.proj.weight"]
+    ref.write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
+    return ["blocks.1.attn.proj.weight"]  # with or without the visual. prefix
+
+
+def _break_wrong_shape(d):
+    tensors = ref.read_safetensors(d / "model.safetensors")
+    tensors["visual.blocks.0.mlp.gate_proj.bias"] = tensors["visual.blocks.0.mlp.gate_proj.bias"][:-1].clone()
+    ref.write_safetensors(d / "model.safetensors", tensors, {"format": "pt"})
+    return ["blocks.0.mlp.gate_proj.bias"]
+
+
+def _break_truncated_shard(d):
+    path = d / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return []
+
+
+def _break_header_claims_too_much(d):
+    path = d / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    # A header length far beyond the file's size.
+    data[:8] = (len(data) * 4).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+    return []
+
+
+def _break_index_names_missing_shard(d):
+    (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors")
+    header, _ = ref.read_safetensors_header(d / "model-00001-of-00002.safetensors")
+    names = [n for n in header if n != "__metadata__"]
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in names}
+    weight_map["visual.merger.mlp.2.weight"] = "model-00002-of-00002.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    return ["model-00002-of-00002.safetensors"]
+
+
+def _break_unknown_model_type(d):
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "llava_next"
+    cfg["architectures"] = ["LlavaNextForConditionalGeneration"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    return ["llava_next"]
+
+
+@pytest.mark.parametrize("breakage", [_break_missing_tensor, _break_wrong_shape, _break_truncated_shard,
+                                      _break_header_claims_too_much, _break_index_names_missing_shard,
+                                      _break_unknown_model_type], ids=lambda f: f.__name__[len("_break_"):])
+def test_tool_rejects_a_broken_checkpoint_with_a_message(breakage, tmp_path):
+    exe = require_tool()
+    model_dir = tmp_path / "ckpt"
+    _load_script().build("qwen2_5_vl", str(model_dir))
+    must_name = breakage(model_dir)
+    pre = ref.Preprocess(json.loads((model_dir / "preprocessor_config.json").read_text()))
+    pixel_values, grid = pre.image(photo("chelsea.png"), size=(56, 56))
+    inp, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    ref.write_safetensors(inp, {"pixel_values": pixel_values, "grid_thw": np.array([grid], dtype=np.int64)})
+    proc = subprocess.run([str(exe), "--model", str(model_dir), "--in", str(inp), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, f"exit {proc.returncode}, stderr: {proc.stderr.strip()}"
+    assert proc.stderr.strip(), "no message on stderr"
+    for name in must_name:
+        assert name in proc.stderr, f"stderr does not name {name!r}: {proc.stderr.strip()}"
