@@ -178,6 +178,12 @@ struct WorkerOptions {
   // it first returns true. Called on the worker's thread; must be cheap and
   // must not throw.
   std::function<bool()> sink_full;
+
+  // OK, or kInvalidArgument naming the first bad field: empty model_id,
+  // invalid preprocess config, max_pixels <= 0, negative capacity,
+  // non-positive batch bounds, negative max_pending_items, decode_threads or
+  // decode_lookahead. The hooks are checked against the tower by Create.
+  Status Validate() const;
 };
 
 // One image of a request.
@@ -295,9 +301,7 @@ struct WorkerStats {
 
 class EncodeWorker {
  public:
-  // Validates the options (kInvalidArgument naming the field: empty model_id,
-  // invalid preprocess config, negative capacity, non-positive batch bounds,
-  // negative max_pending_items, decode_threads or decode_lookahead), a tower
+  // Validates the options (WorkerOptions::Validate), a tower
   // whose patch_dim or merge_size differs from the preprocess config's, and
   // a tower with output_on_device() without all three of adopt_device_rows,
   // to_host and to_device (all kInvalidArgument). Takes ownership of the
