@@ -209,10 +209,7 @@ int RunReplay(const ReplayFlags& f) {
       } else {
         ++failures[std::string(StatusCodeName(it.status.code()))];
         if (first_failure.empty()) {
-          // The worker's messages name the item already ("item 0: ..."); say so only when they do not.
-          const std::string item = "item " + std::to_string(it.index);
-          const bool named = it.status.message().rfind(item + ": ", 0) == 0;
-          first_failure = "request '" + r.id + "'" + (named ? "" : ", " + item) + ": " + it.status.ToString();
+          first_failure = "request '" + r.id + "', item " + std::to_string(it.index) + ": " + it.status.ToString();
         }
       }
     }

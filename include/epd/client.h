@@ -12,8 +12,9 @@
 //
 // Errors: Encode returns per-item statuses; EncodeResult::status is OK when
 // every item has an embedding, else the lowest-index failed item's status
-// (the gRPC code maps one-to-one onto StatusCode; message as the server sent
-// it). A call that fails as a whole (UNAVAILABLE, DEADLINE_EXCEEDED,
+// (the gRPC code maps one-to-one onto StatusCode; the message is the
+// server's, prefixed "item <i>: " with i the item's place in `items`). A
+// call that fails as a whole (UNAVAILABLE, DEADLINE_EXCEEDED,
 // INVALID_ARGUMENT for a malformed request...) fails each of its items with
 // that status. Health/Stats return the call's status.
 //

@@ -10,17 +10,20 @@
 //   1. Its content key is derived BEFORE decoding: CallerContentKey when the
 //      caller supplied a key, else ComputeContentKey over the encoded bytes
 //      (model id + every preprocessing field + bytes; epd/content_key.h).
-//   2. Key already queued or being encoded (by this or another request):
+//   2. The expected-tokens rule: an item whose expected_tokens is negative, or
+//      differs from the count its image header gives (ProbeGrid), fails at
+//      once with kInvalidArgument, whatever the cache holds.
+//   3. Key already queued or being encoded (by this or another request):
 //      the item joins that computation (ItemSource::kJoined). The tower runs
 //      once per distinct key, duplicates inside one request included.
-//   3. Cache hit (L1, or L2 promoted to L1): checked against the shape the
+//   4. Cache hit (L1, or L2 promoted to L1): checked against the shape the
 //      request expects: tokens (EncodeItemInput::expected_tokens, else the
-//      count the image header gives via ProbeImage + GridForImage), hidden
+//      count the image header gives via ProbeGrid), hidden
 //      size, deepstack layers and dtype (the tower's). A match is delivered at
 //      once, main and deepstack halves both (one Embedding holds both). A
 //      mismatch counts in WorkerStats::shape_mismatches and goes on as a miss.
-//   4. Miss: queued on the scheduler with cost = post-merge tokens, which the
-//      header gives (ProbeImage + GridForImage) without decoding. A bad
+//   5. Miss: queued on the scheduler with cost = post-merge tokens, which the
+//      header gives (ProbeGrid) without decoding. A bad
 //      header (unknown format, zero size, more pixels than DecodeLimits
 //      allows) fails only this item at once, kInvalidArgument.
 // Helper threads decode and preprocess queued misses in arrival order while
@@ -50,6 +53,10 @@
 // (kInternal, the tower's message); an output of the wrong shape likewise
 // (kInternal naming expected vs got); the worker keeps serving. Caches and
 // counters are unaffected by a failure.
+//
+// Messages: an item's status message says what is wrong, not which item:
+// ItemResult::index says that. An edge that sends the message out of the
+// process (the server, a tool's report) names the item there, once.
 //
 // Results: an ItemResult per item, delivered by `on_item` as soon as the item
 // is ready (hits and header errors inside Submit, the rest inside
@@ -196,7 +203,8 @@ struct EncodeItemInput {
   // empty string fails the item with kInvalidArgument.
   std::optional<std::string> caller_key;
   // Post-merge tokens the caller's prompt reserves for the image; 0 = unknown
-  // (the header's count is used to check hits).
+  // (the header's count is used to check hits). Negative, or different from
+  // what the image header gives, fails the item (kInvalidArgument).
   std::int64_t expected_tokens = 0;
 };
 

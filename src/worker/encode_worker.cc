@@ -74,6 +74,43 @@ std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRe
   return keys;
 }
 
+// An item's header grid (ProbeGrid), probed at most once per item.
+class HeaderProbe {
+ public:
+  HeaderProbe(const std::string& media, const WorkerOptions& options) : media_(media), options_(options) {}
+  const StatusOr<ProbedGrid>& Get() {
+    if (!probed_.has_value()) probed_.emplace(ProbeGrid(Bytes(media_), options_.preprocess, options_.limits));
+    return *probed_;
+  }
+
+ private:
+  const std::string& media_;
+  const WorkerOptions& options_;
+  std::optional<StatusOr<ProbedGrid>> probed_;
+};
+
+// The expected-tokens rule (EncodeItemInput::expected_tokens): >= 0, and
+// when the item carries an image whose header reads, equal to the tokens
+// that header gives. An unreadable header is left to the miss path, which
+// names the decode error.
+Status CheckExpectedTokens(const EncodeItemInput& item, HeaderProbe& header, std::int64_t merge_size) {
+  if (item.expected_tokens < 0) {
+    return InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) +
+                           "; it must be >= 0 (0 = unknown)");
+  }
+  if (item.expected_tokens == 0 || item.media.empty()) return Status::Ok();
+  const StatusOr<ProbedGrid>& probed = header.Get();
+  if (!probed.ok()) return Status::Ok();
+  const GridTHW& g = probed->grid;
+  const std::int64_t tokens = g.tokens(merge_size);
+  if (tokens == item.expected_tokens) return Status::Ok();
+  return InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) + " but the " +
+                         std::to_string(probed->info.width) + "x" + std::to_string(probed->info.height) +
+                         " image gives " + std::to_string(tokens) + " tokens (grid " + std::to_string(g.t) + "x" +
+                         std::to_string(g.h) + "x" + std::to_string(g.w) + ", merge " + std::to_string(merge_size) +
+                         ")");
+}
+
 }  // namespace
 
 std::string_view ItemSourceName(ItemSource source) {
@@ -148,34 +185,20 @@ struct EncodeWorker::Impl {
   // the tower and the decoder above.
   internal::TowerRunner runner;
 
-  // The grid the image will have, from its header alone; the errors a
-  // decode would give for a bad header (format, zero size, pixel limit).
-  StatusOr<GridTHW> HeaderGrid(const std::string& media) const {
-    StatusOr<ImageInfo> info = ProbeImage(Bytes(media));
-    if (!info.ok()) return info.status();
-    const std::int64_t pixels = std::int64_t{info->width} * info->height;
-    if (pixels > options.limits.max_pixels) {
-      return InvalidArgument("too many pixels: " + std::to_string(info->width) + "x" + std::to_string(info->height) +
-                             " = " + std::to_string(pixels) + " exceeds the limit " +
-                             std::to_string(options.limits.max_pixels));
-    }
-    return GridForImage(info->height, info->width, options.preprocess);
-  }
-
   // Tokens a hit must have for this item; 0 when unknown (no expected count
   // and no readable header, e.g. a caller key sent without the media).
-  std::int64_t ExpectedTokens(const EncodeItemInput& item) const {
+  std::int64_t ExpectedTokens(const EncodeItemInput& item, HeaderProbe& header) const {
     if (item.expected_tokens > 0) return item.expected_tokens;
-    StatusOr<GridTHW> grid = HeaderGrid(item.media);
-    return grid.ok() ? grid->tokens(options.preprocess.merge_size) : 0;
+    const StatusOr<ProbedGrid>& probed = header.Get();
+    return probed.ok() ? probed->grid.tokens(options.preprocess.merge_size) : 0;
   }
 
-  bool ShapeMatches(const Embedding& e, const EncodeItemInput& item) const {
+  bool ShapeMatches(const Embedding& e, const EncodeItemInput& item, HeaderProbe& header) const {
     if (e.hidden != tower->hidden() || e.deepstack_layers != tower->deepstack_layers() ||
         e.dtype != tower->dtype() || e.nbytes() != e.ExpectedBytes()) {
       return false;
     }
-    const std::int64_t expected = ExpectedTokens(item);
+    const std::int64_t expected = ExpectedTokens(item, header);
     return expected == 0 || expected == e.tokens;
   }
 
@@ -290,7 +313,7 @@ struct EncodeWorker::Impl {
 
   // Queues one result per waiter of `job`: the embedding, or `status`.
   void Deliver(const Job& job, const Batch& b, const EmbeddingPtr& embedding, const Status& status,
-               bool decode_failed, std::vector<Delivery>& ready) {
+               std::vector<Delivery>& ready) {
     const Clock::time_point now = Clock::now();
     for (const Waiter& w : job.waiters) {
       ItemResult res;
@@ -303,9 +326,7 @@ struct EncodeWorker::Impl {
       if (embedding != nullptr) {
         res.embedding = embedding;
       } else {
-        // A decode error names the item, like the header errors of Submit.
-        res.status = !decode_failed ? status
-                                    : Status(status.code(), "item " + std::to_string(w.index) + ": " + status.message());
+        res.status = status;
         CountError(res.status.code());
       }
       ready.push_back({w.request, std::move(res)});
@@ -445,6 +466,12 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
                                    Clock::time_point arrived, ItemResult& res) {
   Request& r = requests.at(rid);
   const std::int64_t i = res.index;
+  HeaderProbe header(item.media, options);
+  if (Status s = CheckExpectedTokens(item, header, options.preprocess.merge_size); !s.ok()) {
+    ++stats.misses;
+    res.status = std::move(s);
+    return false;
+  }
   if (options.dedup_in_flight) {
     if (auto j = job_by_key.find(res.key); j != job_by_key.end()) {
       ++stats.joins;
@@ -459,7 +486,7 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
   CacheTier tier = CacheTier::kMiss;
   std::optional<EmbeddingPtr> hit = CacheGet(res.key, &tier);
   if (hit.has_value()) {
-    if (ShapeMatches(**hit, item)) {
+    if (ShapeMatches(**hit, item, header)) {
       tier == CacheTier::kL1 ? ++stats.hits_l1 : ++stats.hits_l2;
       res.source = tier == CacheTier::kL1 ? ItemSource::kL1 : ItemSource::kL2;
       res.embedding = std::move(*hit);
@@ -472,18 +499,25 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
   res.source = ItemSource::kMiss;
   // Queued with the header's token count; decoded ahead of its batch by the
   // prefetch decoder, so bad pixel data surfaces in Step.
-  StatusOr<GridTHW> grid = HeaderGrid(item.media);
-  if (!grid.ok()) {
-    res.status = Status(grid.status().code(), "item " + std::to_string(i) + ": " + grid.status().message());
+  if (item.media.empty() && item.caller_key.has_value()) {
+    res.status = InvalidArgument(
+        "its caller_key is not cached on this server and it carries no image bytes to encode; resend it with "
+        "`image` set");
     return false;
   }
+  const StatusOr<ProbedGrid>& probed = header.Get();
+  if (!probed.ok()) {
+    res.status = probed.status();
+    return false;
+  }
+  const std::int64_t tokens = probed->grid.tokens(options.preprocess.merge_size);
   const std::uint64_t job_id = next_job++;
   Job& job = jobs[job_id];
   job.key = res.key;
   job.sched_key = {sched_id, i};
   job.waiters.push_back({rid, i, arrived});
-  job.decode = decoder.Enqueue(std::move(item.media));
-  scheduler.add({job.sched_key.first, job.sched_key.second, grid->tokens(options.preprocess.merge_size)});
+  job.decode = decoder.Enqueue(std::move(item.media));  // `header` is not used after this
+  scheduler.add({job.sched_key.first, job.sched_key.second, tokens});
   job_by_sched.emplace(job.sched_key, job_id);
   if (options.dedup_in_flight) job_by_key[res.key] = job_id;
   r.job[i] = job_id;
@@ -555,7 +589,7 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
         status = rows.status();
       }
     }
-    Deliver(job, *b, embedding, status, !e.decode_status.ok(), ready);
+    Deliver(job, *b, embedding, status, ready);
     EraseJob(e.job);
   }
   Fire(ready);

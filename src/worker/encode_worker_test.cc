@@ -252,8 +252,9 @@ TEST_P(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
       ExpectSameEmbedding(*m.items[i].embedding, Want(y_));
     } else {
       EXPECT_EQ(m.items[i].status.code(), StatusCode::kInvalidArgument) << "item " << i;
-      EXPECT_EQ(m.items[i].status.message().rfind("item " + std::to_string(i) + ": ", 0), 0u)
-          << m.items[i].status.message();
+      // ItemResult::index names the item; the message does not repeat it.
+      EXPECT_EQ(m.items[i].index, static_cast<std::int64_t>(i));
+      EXPECT_NE(m.items[i].status.message().rfind("item ", 0), 0u) << m.items[i].status.message();
       EXPECT_EQ(m.items[i].embedding, nullptr);
     }
   }
@@ -266,18 +267,26 @@ TEST_P(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
   EXPECT_EQ(s.misses, 1 + mixed.size());
 }
 
-TEST_P(EncodeWorkerTest, HitWithUnexpectedTokenCountIsReencoded) {
+TEST_P(EncodeWorkerTest, ExpectedTokensThatDisagreeWithTheHeaderFailTheItemEvenOnAHit) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Drain(*w);
+  // x_ is 56x56: grid 1x4x4, 16 patches, 4 tokens after the 2x2 merge.
   EncodeRequest b = Request("b", {x_});
   b.items[0].expected_tokens = kSmallTokens + 1;
   ASSERT_TRUE(w->Submit(std::move(b), c_.For("b")).ok());
-  EXPECT_EQ(c_.done.count("b"), 0u);  // not served from the cache
-  Drain(*w);
-  EXPECT_EQ(c_.done["b"].items[0].source, ItemSource::kMiss);
-  EXPECT_EQ(state_->items_encoded(), 2);
-  EXPECT_EQ(w->stats().shape_mismatches, 1u);
+  ASSERT_EQ(c_.done.count("b"), 1u);  // failed at once, not served from the cache
+  const ItemResult& bad = c_.done["b"].items[0];
+  EXPECT_EQ(bad.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status.message(), "expected_tokens is 5 but the 56x56 image gives 4 tokens (grid 1x4x4, merge 2)");
+  EXPECT_EQ(bad.embedding, nullptr);
+  EXPECT_EQ(bad.source, ItemSource::kMiss);
+  EXPECT_EQ(state_->items_encoded(), 1);
+
+  EncodeRequest neg = Request("neg", {x_});
+  neg.items[0].expected_tokens = -1;
+  ASSERT_TRUE(w->Submit(std::move(neg), c_.For("neg")).ok());
+  EXPECT_EQ(c_.done["neg"].items[0].status.code(), StatusCode::kInvalidArgument);
 
   EncodeRequest c = Request("c", {x_});
   c.items[0].expected_tokens = kSmallTokens;
