@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "epd/concurrent_cache.h"
-#include "epd/content_key.h"
+#include "epd/content_key_type.h"
 #include "epd/embedding.h"
 #include "epd/embedding_cache.h"
 #include "epd/tiered_cache.h"

@@ -256,8 +256,8 @@ int RunReplay(const ReplayFlags& f) {
         {"wall_s", wall_s},
         {"tower_s", s.tower_seconds},
         {"tower_busy_fraction", wall_s > 0 ? std::min(1.0, s.tower_seconds / wall_s) : 0},
-        {"l1_bytes", s.l1_bytes},
-        {"l2_bytes", s.l2_bytes},
+        {"l1_bytes", s.l1_used_bytes},  // report key kept for bench/report.py
+        {"l2_bytes", s.l2_used_bytes},
         {"demotions", s.demotions},
         {"promotions", s.promotions},
         {"model_id", model_id},
@@ -274,7 +274,7 @@ int RunReplay(const ReplayFlags& f) {
     o += fmt::format("  throughput {:.1f} items/s, wall {:.3f} s (tower busy {:.1f}% of it)\n", items_per_s, wall_s,
                      wall_s > 0 ? 100 * std::min(1.0, s.tower_seconds / wall_s) : 0.0);
     o += fmt::format("  cache      L1 {:.1f} MB, L2 {:.1f} MB, {} demotions, {} promotions\n",
-                     static_cast<double>(s.l1_bytes) / (1 << 20), static_cast<double>(s.l2_bytes) / (1 << 20),
+                     static_cast<double>(s.l1_used_bytes) / (1 << 20), static_cast<double>(s.l2_used_bytes) / (1 << 20),
                      s.demotions, s.promotions);
     if (failed_items > 0 || failed_requests > 0) {
       o += fmt::format("  failed     {} items, {} requests; first: {}\n", failed_items, failed_requests, first_failure);

@@ -42,7 +42,7 @@
 
 #include "epd/content_key.h"
 #include "epd/embedding.h"
-#include "epd/encode_worker.h"
+#include "epd/encode_types.h"
 #include "epd/preprocess.h"
 #include "epd/server_stats.h"
 #include "epd/status.h"
@@ -77,7 +77,7 @@ struct ServerInfo {
 // One image to encode (mirrors EncodeItemInput).
 struct ClientItem {
   std::string image;                      // JPEG/PNG bytes
-  std::optional<std::string> caller_key;  // see EncodeItemInput::caller_key
+  std::optional<std::string> caller_key;  // see EncodeItemInput::caller_key (epd/encode_worker.h)
   std::int64_t expected_tokens = 0;       // 0 = unknown
 };
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "epd/concurrent_cache.h"
-#include "epd/content_key.h"
+#include "epd/content_key_type.h"
 #include "epd/embedding.h"
 #include "test_names.h"
 

@@ -88,8 +88,8 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     ServerStats s;
     s.server_id = options.server_id;
     if (loop != nullptr) s.worker = loop->Stats();
-    s.l1_capacity_bytes = worker_options.l1_bytes;
-    s.l2_capacity_bytes = worker_options.l2_bytes;
+    s.l1_capacity_bytes = worker_options.l1_capacity_bytes;
+    s.l2_capacity_bytes = worker_options.l2_capacity_bytes;
     {
       std::lock_guard<std::mutex> lock(errors_mu);
       s.rpc_errors = rpc_errors;

@@ -14,11 +14,11 @@ Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::in
   if (!out.ok()) return Internal("vision tower failed: " + out.status().message());
   const TowerOutput& o = *out;
   const std::size_t dsize = DTypeSize(o.dtype);
-  if (o.rows != tokens) {
-    return Internal("vision tower returned " + std::to_string(o.rows) + " rows for a batch of " +
+  if (o.tokens != tokens) {
+    return Internal("vision tower returned " + std::to_string(o.tokens) + " rows for a batch of " +
                     std::to_string(items) + " items totalling " + std::to_string(tokens) + " tokens");
   }
-  if (o.hidden != tower.hidden() || o.deepstack_layers != tower.deepstack_layers() || o.dtype != tower.dtype()) {
+  if (o.shape() != tower.OutputShape(o.tokens)) {
     return Internal("vision tower output is hidden " + std::to_string(o.hidden) + ", deepstack " +
                     std::to_string(o.deepstack_layers) + ", " + std::string(DTypeName(o.dtype)) +
                     "; the tower declares hidden " + std::to_string(tower.hidden()) + ", deepstack " +
@@ -36,12 +36,11 @@ Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::in
     }
     return Status::Ok();
   }
-  if (o.main.size() != static_cast<std::size_t>(o.rows * o.hidden) * dsize ||
-      o.deepstack.size() != static_cast<std::size_t>(o.rows * o.hidden * o.deepstack_layers) * dsize) {
+  if (o.main.size() != o.main_bytes() || o.deepstack.size() != o.deepstack_bytes()) {
     return Internal("vision tower output holds " + std::to_string(o.main.size()) + "+" +
-                    std::to_string(o.deepstack.size()) + " bytes, its shape [" + std::to_string(o.rows) + ", " +
+                    std::to_string(o.deepstack.size()) + " bytes, its shape [" + std::to_string(o.tokens) + ", " +
                     std::to_string(o.hidden) + "] x (1 + " + std::to_string(o.deepstack_layers) + ") needs " +
-                    std::to_string(o.rows * o.hidden * (1 + o.deepstack_layers) * dsize));
+                    std::to_string(o.tokens * o.hidden * (1 + o.deepstack_layers) * dsize));
   }
   return Status::Ok();
 }
@@ -58,8 +57,7 @@ StatusOr<EmbeddingPtr> AdoptRows(const AdoptDeviceRowsFn& adopt, const DeviceRow
   if (!adopted.ok()) return adopted;
   if (*adopted == nullptr) return Internal("adopt_device_rows returned no embedding");
   const Embedding& got = **adopted;
-  if (got.tokens != rows.tokens || got.hidden != rows.hidden || got.deepstack_layers != rows.deepstack_layers ||
-      got.dtype != rows.dtype || got.nbytes() != got.ExpectedBytes()) {
+  if (got.shape() != rows.shape() || got.nbytes() != got.ExpectedBytes()) {
     return Internal("adopt_device_rows returned an embedding of " + std::to_string(got.tokens) + " tokens x " +
                     std::to_string(got.hidden) + " x (1 + " + std::to_string(got.deepstack_layers) + ") " +
                     std::string(DTypeName(got.dtype)) + " (" + std::to_string(got.nbytes()) +
@@ -73,8 +71,9 @@ StatusOr<EmbeddingPtr> BatchOutputReader::Next(std::int64_t tokens) {
   // This item's rows of the batch output: [main_off_, +main_bytes) and
   // [deep_off_, +deep_bytes), wherever the output lives.
   const TowerOutput& o = out_;
-  const std::size_t main_bytes = static_cast<std::size_t>(tokens * o.hidden) * DTypeSize(o.dtype);
-  const std::size_t deep_bytes = main_bytes * static_cast<std::size_t>(o.deepstack_layers);
+  const EmbeddingShape item{tokens, o.hidden, o.deepstack_layers, o.dtype};
+  const std::size_t main_bytes = item.main_bytes();
+  const std::size_t deep_bytes = item.deepstack_bytes();
   const std::size_t main_off = main_off_, deep_off = deep_off_;
   main_off_ += main_bytes;
   deep_off_ += deep_bytes;
@@ -82,20 +81,14 @@ StatusOr<EmbeddingPtr> BatchOutputReader::Next(std::int64_t tokens) {
     // The GPU tier copies them device -> device into an L1 entry; the batch
     // output stays alive until that copy lands.
     DeviceRows rows;
-    rows.tokens = tokens;
-    rows.hidden = o.hidden;
-    rows.deepstack_layers = o.deepstack_layers;
-    rows.dtype = o.dtype;
+    static_cast<EmbeddingShape&>(rows) = item;
     rows.main = o.device_main + main_off;
     rows.deepstack = o.device_deepstack == nullptr ? nullptr : o.device_deepstack + deep_off;
     rows.owner = o.device_owner;
     return AdoptRows(adopt_, rows);
   }
   auto m = std::make_shared<Embedding>();
-  m->tokens = tokens;
-  m->hidden = o.hidden;
-  m->deepstack_layers = o.deepstack_layers;
-  m->dtype = o.dtype;
+  static_cast<EmbeddingShape&>(*m) = item;
   m->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
   m->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
   return EmbeddingPtr(std::move(m));

@@ -113,16 +113,6 @@ Status CheckExpectedTokens(const EncodeItemInput& item, HeaderProbe& header, std
 
 }  // namespace
 
-std::string_view ItemSourceName(ItemSource source) {
-  switch (source) {
-    case ItemSource::kL1: return "l1";
-    case ItemSource::kL2: return "l2";
-    case ItemSource::kMiss: return "miss";
-    case ItemSource::kJoined: return "joined";
-  }
-  return "unknown";
-}
-
 bool RequestResult::all_ok() const {
   if (!status.ok()) return false;
   return std::all_of(items.begin(), items.end(), [](const ItemResult& r) { return r.status.ok(); });
@@ -160,7 +150,7 @@ struct EncodeWorker::Impl {
   Impl(WorkerOptions opt, std::unique_ptr<VisionTower> t)
       : options(std::move(opt)),
         tower(std::move(t)),
-        cache(options.l1_bytes, options.l2_bytes, FencedToHost(), options.to_device),
+        cache(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device),
         scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order),
         decoder(options.preprocess, options.limits, options.decode_threads,
                 options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch),
@@ -194,12 +184,8 @@ struct EncodeWorker::Impl {
   }
 
   bool ShapeMatches(const Embedding& e, const EncodeItemInput& item, HeaderProbe& header) const {
-    if (e.hidden != tower->hidden() || e.deepstack_layers != tower->deepstack_layers() ||
-        e.dtype != tower->dtype() || e.nbytes() != e.ExpectedBytes()) {
-      return false;
-    }
     const std::int64_t expected = ExpectedTokens(item, header);
-    return expected == 0 || expected == e.tokens;
+    return e.shape() == tower->OutputShape(expected == 0 ? e.tokens : expected) && e.nbytes() == e.ExpectedBytes();
   }
 
   void CountError(StatusCode code) { ++stats.errors[code]; }
@@ -363,7 +349,7 @@ StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions optio
   }
   if (tower->output_on_device() && (!options.adopt_device_rows || !options.to_host || !options.to_device)) {
     // Without to_host an L1 victim in VRAM would move to L2 as it is, so the
-    // VRAM in use could reach l1_bytes + l2_bytes.
+    // VRAM in use could reach l1_capacity_bytes + l2_capacity_bytes.
     return InvalidArgument("tower '" + tower->Describe() + "' leaves its output in device memory, but " +
                            (!options.adopt_device_rows ? "adopt_device_rows"
                             : !options.to_host        ? "to_host"
@@ -625,8 +611,8 @@ WorkerStats EncodeWorker::stats() const {
   s.l2_evictions = m.cache.l2().evictions();
   s.demotions = m.cache.demotions();
   s.promotions = m.cache.promotions();
-  s.l1_bytes = m.cache.l1().current_bytes();
-  s.l2_bytes = m.cache.l2().current_bytes();
+  s.l1_used_bytes = m.cache.l1().current_bytes();
+  s.l2_used_bytes = m.cache.l2().current_bytes();
   s.l1_entries = static_cast<std::int64_t>(m.cache.l1().size());
   s.l2_entries = static_cast<std::int64_t>(m.cache.l2().size());
   return s;

@@ -118,8 +118,8 @@ TEST_P(EncodeWorkerTest, HitIsDeliveredInsideSubmitWithBothHalves) {
 TEST_P(EncodeWorkerTest, L2HitIsPromotedWithBothHalves) {
   // One 4-token embedding: 4 * 8 * (1 + 2) * 4 = 384 bytes. L1 fits one.
   WorkerOptions o = Options();
-  o.l1_bytes = 500;
-  o.l2_bytes = 10'000;
+  o.l1_capacity_bytes = 500;
+  o.l2_capacity_bytes = 10'000;
   auto w = Make(o);
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Drain(*w);
@@ -134,8 +134,8 @@ TEST_P(EncodeWorkerTest, L2HitIsPromotedWithBothHalves) {
   EXPECT_EQ(s.hits_l2, 1u);
   EXPECT_EQ(s.promotions, 1u);
   EXPECT_EQ(s.demotions, 2u);  // x on y's insert, y on x's promotion
-  EXPECT_EQ(s.l1_bytes, 384);
-  EXPECT_EQ(s.l2_bytes, 384);
+  EXPECT_EQ(s.l1_used_bytes, 384);
+  EXPECT_EQ(s.l2_used_bytes, 384);
   EXPECT_EQ(state_->items_encoded(), 2);
 }
 
@@ -216,7 +216,7 @@ TEST_P(EncodeWorkerTest, EmbeddingIsChargedMainPlusDeepstackBytes) {
   EXPECT_EQ(r.embedding->tokens, 100);
   EXPECT_EQ(r.embedding->main.size(), 409'600u);
   EXPECT_EQ(r.embedding->deepstack.size(), 1'228'800u);
-  EXPECT_EQ(w->stats().l1_bytes, 1'638'400);
+  EXPECT_EQ(w->stats().l1_used_bytes, 1'638'400);
   ExpectSameEmbedding(*r.embedding, Want(big));
 }
 
@@ -453,8 +453,8 @@ TEST_P(EncodeWorkerTest, BatchesFollowTheTokenBudget) {
 
 TEST_P(EncodeWorkerTest, WithoutCacheOrDedupEveryItemRunsTheTower) {
   WorkerOptions o = Options();
-  o.l1_bytes = 0;
-  o.l2_bytes = 0;
+  o.l1_capacity_bytes = 0;
+  o.l2_capacity_bytes = 0;
   o.dedup_in_flight = false;
   auto w = Make(o);
   ASSERT_TRUE(w->Submit(Request("a", {x_, x_}), c_.For("a")).ok());

@@ -11,8 +11,12 @@ Status WorkerOptions::Validate() const {
   if (limits.max_pixels <= 0) {
     return InvalidArgument("limits.max_pixels must be > 0, got " + std::to_string(limits.max_pixels));
   }
-  if (l1_bytes < 0) return InvalidArgument("l1_bytes must be >= 0, got " + std::to_string(l1_bytes));
-  if (l2_bytes < 0) return InvalidArgument("l2_bytes must be >= 0, got " + std::to_string(l2_bytes));
+  if (l1_capacity_bytes < 0) {
+    return InvalidArgument("l1_capacity_bytes must be >= 0, got " + std::to_string(l1_capacity_bytes));
+  }
+  if (l2_capacity_bytes < 0) {
+    return InvalidArgument("l2_capacity_bytes must be >= 0, got " + std::to_string(l2_capacity_bytes));
+  }
   if (max_tokens_per_batch <= 0) {
     return InvalidArgument("max_tokens_per_batch must be > 0, got " + std::to_string(max_tokens_per_batch));
   }
