@@ -57,8 +57,8 @@
 // Example:
 //   epd::FakeDevice dev;   // or *epd::OpenCudaDevice(opts)
 //   auto l1 = epd::UploadEmbedding(dev, emb);      // StatusOr<TierEmbeddingPtr>
-//   cache.put(key, *l1, (*l1)->nbytes());
-//   if (auto hit = cache.get(key)) Ship((*hit)->ToHostEmbedding().value());
+//   cache.Put(key, *l1, (*l1)->nbytes());
+//   if (auto hit = cache.Get(key)) Ship((*hit)->ToHostEmbedding().value());
 #pragma once
 
 #include <atomic>

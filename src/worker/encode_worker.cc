@@ -248,7 +248,7 @@ struct EncodeWorker::Impl {
           return w.request == request_id && w.index == static_cast<std::int64_t>(i);
         });
         if (job.waiters.empty() && !job.running) {
-          scheduler.remove(job.sched_key);
+          scheduler.Remove(job.sched_key);
           EraseJob(j);
         }
       }
@@ -284,7 +284,7 @@ struct EncodeWorker::Impl {
   // consistent (epd/tiered_cache.h).
   std::optional<EmbeddingPtr> CacheGet(const ContentKey& key, CacheTier* tier) {
     try {
-      return cache.get(key, tier);
+      return cache.Get(key, tier);
     } catch (...) {
       ++stats.cache_errors;
       *tier = CacheTier::kMiss;
@@ -294,7 +294,7 @@ struct EncodeWorker::Impl {
   // A put cannot throw from a tier copy: its only copies are demotions,
   // fenced by FencedToHost.
   void CachePut(const ContentKey& key, const EmbeddingPtr& e) {
-    cache.put(key, e, static_cast<std::int64_t>(e->nbytes()));
+    cache.Put(key, e, static_cast<std::int64_t>(e->nbytes()));
   }
 
   // Queues one result per waiter of `job`: the embedding, or `status`.
@@ -432,7 +432,7 @@ Status EncodeWorker::Impl::Admit(const EncodeRequest& request, std::vector<Statu
   std::int64_t new_jobs = 0;
   std::vector<ContentKey> counted;
   for (const StatusOr<ContentKey>& k : keys) {
-    if (!k.ok() || cache.contains(*k)) continue;
+    if (!k.ok() || cache.Contains(*k)) continue;
     if (options.dedup_in_flight) {
       if (job_by_key.count(*k) != 0 || std::find(counted.begin(), counted.end(), *k) != counted.end()) continue;
       counted.push_back(*k);
@@ -503,7 +503,7 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
   job.sched_key = {sched_id, i};
   job.waiters.push_back({rid, i, arrived});
   job.decode = decoder.Enqueue(std::move(item.media));  // `header` is not used after this
-  scheduler.add({job.sched_key.first, job.sched_key.second, tokens});
+  scheduler.Add({job.sched_key.first, job.sched_key.second, tokens});
   job_by_sched.emplace(job.sched_key, job_id);
   if (options.dedup_in_flight) job_by_key[res.key] = job_id;
   r.job[i] = job_id;
@@ -529,7 +529,7 @@ bool EncodeWorker::Impl::StartBatch(std::function<void()> on_finished) {
     return false;
   }
   auto b = std::make_unique<Batch>();
-  for (const PendingEncodeItem& p : scheduler.next_batch()) {
+  for (const PendingEncodeItem& p : scheduler.NextBatch()) {
     auto it = job_by_sched.find(p.key());
     const std::uint64_t id = it->second;
     job_by_sched.erase(it);
