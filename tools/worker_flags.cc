@@ -94,6 +94,8 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   t.num_threads = f.threads;
   t.device = f.device;
   t.output_dtype = f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+  // The executable owns the process's malloc tuning (TuneMalloc, cli_util.h).
+  t.tune_malloc = false;
 #ifdef EPD_HAVE_CUDA_TIER
   const bool gpu_tier = f.device != "cpu";
   t.output_on_device = gpu_tier;

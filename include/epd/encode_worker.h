@@ -110,7 +110,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "epd/content_key.h"
@@ -194,10 +196,35 @@ struct WorkerOptions {
   Status Validate() const;
 };
 
+// An image's encoded bytes, held behind a shared pointer so that requests
+// naming the same file (replay's trace, a caller re-sending an image) share
+// one buffer instead of a copy each. Made implicitly from a std::string,
+// which it takes over (moving in costs no copy of the bytes), or explicitly
+// from a buffer the caller already shares. Immutable; copying is O(1).
+class MediaBytes {
+ public:
+  MediaBytes() = default;
+  MediaBytes(std::string bytes)  // NOLINT(google-explicit-constructor): {jpeg} reads as bytes
+      : bytes_(std::make_shared<const std::string>(std::move(bytes))) {}
+  MediaBytes(const char* bytes) : MediaBytes(std::string(bytes)) {}  // NOLINT(google-explicit-constructor)
+  explicit MediaBytes(std::shared_ptr<const std::string> bytes) : bytes_(std::move(bytes)) {}
+
+  std::string_view view() const { return bytes_ == nullptr ? std::string_view() : std::string_view(*bytes_); }
+  std::span<const std::uint8_t> span() const {
+    const std::string_view v = view();
+    return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size()};
+  }
+  std::size_t size() const { return view().size(); }
+  bool empty() const { return size() == 0; }
+
+ private:
+  std::shared_ptr<const std::string> bytes_;
+};
+
 // One image of a request.
 struct EncodeItemInput {
   // Encoded bytes (JPEG or PNG) as received.
-  std::string media;
+  MediaBytes media;
   // Optional caller-supplied content identity (e.g. a gateway's hash): the key
   // becomes CallerContentKey(model_id, preprocess, caller_key) and the bytes
   // are not hashed. The caller vouches that equal keys mean equal media. An

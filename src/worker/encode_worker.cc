@@ -57,10 +57,6 @@ using Cache = TieredEmbeddingCache<ContentKey, EmbeddingPtr, ContentKeyHash>;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-std::span<const std::uint8_t> Bytes(const std::string& s) {
-  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
-}
-
 std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRequest& request) {
   std::vector<StatusOr<ContentKey>> keys;
   keys.reserve(request.items.size());
@@ -68,7 +64,7 @@ std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRe
     if (item.caller_key.has_value()) {
       keys.push_back(CallerContentKey(o.model_id, o.preprocess, *item.caller_key));
     } else {
-      keys.push_back(ComputeContentKey(o.model_id, o.preprocess, Bytes(item.media), o.key_mode));
+      keys.push_back(ComputeContentKey(o.model_id, o.preprocess, item.media.span(), o.key_mode));
     }
   }
   return keys;
@@ -77,14 +73,14 @@ std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRe
 // An item's header grid (ProbeGrid), probed at most once per item.
 class HeaderProbe {
  public:
-  HeaderProbe(const std::string& media, const WorkerOptions& options) : media_(media), options_(options) {}
+  HeaderProbe(const MediaBytes& media, const WorkerOptions& options) : media_(media), options_(options) {}
   const StatusOr<ProbedGrid>& Get() {
-    if (!probed_.has_value()) probed_.emplace(ProbeGrid(Bytes(media_), options_.preprocess, options_.limits));
+    if (!probed_.has_value()) probed_.emplace(ProbeGrid(media_.span(), options_.preprocess, options_.limits));
     return *probed_;
   }
 
  private:
-  const std::string& media_;
+  const MediaBytes& media_;
   const WorkerOptions& options_;
   std::optional<StatusOr<ProbedGrid>> probed_;
 };
