@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "epd/concurrent_cache.h"
-#include "epd/content_key.h"
+#include "epd/content_key_type.h"
 #include "epd/embedding.h"
 #include "epd/embedding_cache.h"
 #include "epd/tiered_cache.h"
@@ -237,10 +237,10 @@ class EpdLru {
   static constexpr bool kThreadSafe = false;
   EpdLru(std::int64_t capacity, std::size_t) : c_(capacity) {}
   EmbeddingPtr Get(const ContentKey& k) {
-    std::optional<EmbeddingPtr> v = c_.get(k);
+    std::optional<EmbeddingPtr> v = c_.Get(k);
     return v ? std::move(*v) : EmbeddingPtr();
   }
-  void Put(const ContentKey& k, const EmbeddingPtr& v, std::int64_t charge) { c_.put(k, v, charge); }
+  void Put(const ContentKey& k, const EmbeddingPtr& v, std::int64_t charge) { c_.Put(k, v, charge); }
   std::size_t BookkeepingBytes() const { return c_.bookkeeping_bytes(); }
   std::size_t Size() const { return c_.size(); }
 
@@ -258,11 +258,11 @@ class EpdPlainValue {
   static constexpr bool kThreadSafe = false;
   EpdPlainValue(std::int64_t capacity, std::size_t) : c_(capacity) {}
   std::uintptr_t Get(const ContentKey& k) {
-    std::optional<std::uintptr_t> v = c_.get(k);
+    std::optional<std::uintptr_t> v = c_.Get(k);
     return v ? *v : 0;
   }
   void Put(const ContentKey& k, const EmbeddingPtr& v, std::int64_t charge) {
-    c_.put(k, reinterpret_cast<std::uintptr_t>(v.get()), charge);
+    c_.Put(k, reinterpret_cast<std::uintptr_t>(v.get()), charge);
   }
 
  private:
@@ -275,10 +275,10 @@ class EpdSharded {
   static constexpr bool kThreadSafe = true;
   EpdSharded(std::int64_t capacity, std::size_t) : c_(capacity, 16) {}
   EmbeddingPtr Get(const ContentKey& k) {
-    std::optional<EmbeddingPtr> v = c_.get(k);
+    std::optional<EmbeddingPtr> v = c_.Get(k);
     return v ? std::move(*v) : EmbeddingPtr();
   }
-  void Put(const ContentKey& k, const EmbeddingPtr& v, std::int64_t charge) { c_.put(k, v, charge); }
+  void Put(const ContentKey& k, const EmbeddingPtr& v, std::int64_t charge) { c_.Put(k, v, charge); }
 
  private:
   EpdConcurrentCache c_;
@@ -517,10 +517,10 @@ void BM_EpdPutEvict(benchmark::State& state) {
   keys.reserve(2 * n);
   for (std::size_t i = 0; i < 2 * n; ++i) keys.push_back(KeyOf(kFreshBase + i));
   EpdCache c(static_cast<std::int64_t>(n) * kCharge);
-  for (std::size_t i = 0; i < n; ++i) c.put(keys[i], pool[i % pool.size()], kCharge);
+  for (std::size_t i = 0; i < n; ++i) c.Put(keys[i], pool[i % pool.size()], kCharge);
   std::size_t i = n;
   for (auto _ : state) {
-    c.put(keys[i], pool[i % pool.size()], kCharge);
+    c.Put(keys[i], pool[i % pool.size()], kCharge);
     if (++i == keys.size()) i = 0;
   }
   state.SetItemsProcessed(state.iterations());
@@ -562,12 +562,12 @@ void BM_TieredPromote(benchmark::State& state, bool memcpy_copies) {
   std::vector<ContentKey> keys;
   for (std::size_t i = 0; i < total; ++i) {
     keys.push_back(KeyOf(kTierBase + i));
-    t.put(keys.back(), memcpy_copies ? payload : pool[i], kCharge);
+    t.Put(keys.back(), memcpy_copies ? payload : pool[i], kCharge);
   }
   const std::uint64_t p0 = t.promotions(), d0 = t.demotions();
   std::size_t i = 0;
   for (auto _ : state) {
-    std::optional<EmbeddingPtr> v = t.get(keys[i]);
+    std::optional<EmbeddingPtr> v = t.Get(keys[i]);
     benchmark::DoNotOptimize(v);
     if (++i == total) i = 0;
   }
@@ -590,11 +590,11 @@ void BM_TieredDemote(benchmark::State& state, bool memcpy_copies) {
   const EmbeddingPtr payload = memcpy_copies ? PayloadValue() : nullptr;
   std::vector<ContentKey> keys;
   for (std::size_t i = 0; i < total; ++i) keys.push_back(KeyOf(kTierBase + kResident + i));
-  for (std::size_t i = 0; i < n1 + n2; ++i) t.put(keys[i], memcpy_copies ? payload : pool[i], kCharge);
+  for (std::size_t i = 0; i < n1 + n2; ++i) t.Put(keys[i], memcpy_copies ? payload : pool[i], kCharge);
   const std::uint64_t d0 = t.demotions();
   std::size_t i = n1 + n2;
   for (auto _ : state) {
-    t.put(keys[i], memcpy_copies ? payload : pool[i % pool.size()], kCharge);
+    t.Put(keys[i], memcpy_copies ? payload : pool[i % pool.size()], kCharge);
     if (++i == total) i = 0;
   }
   state.SetItemsProcessed(state.iterations());
@@ -637,13 +637,13 @@ void BM_ConcurrentGetHit(benchmark::State& state) {
     // 1.25x the entries' bytes, as in BM_GetHit, so no shard overflows.
     g_concurrent = new EpdConcurrentCache(static_cast<std::int64_t>(kResident + kResident / 4) * kCharge, 16);
     const auto& pool = ValuePool();
-    for (std::size_t i = 0; i < kResident; ++i) g_concurrent->put(KeyOf(kResidentBase + i), pool[i], kCharge);
+    for (std::size_t i = 0; i < kResident; ++i) g_concurrent->Put(KeyOf(kResidentBase + i), pool[i], kCharge);
   }
   // Each thread walks its own part of the stream.
   std::size_t i = static_cast<std::size_t>(state.thread_index()) * (keys.size() / 2);
   std::int64_t hits = 0;
   for (auto _ : state) {
-    std::optional<EmbeddingPtr> v = g_concurrent->get(keys[i++ & mask]);
+    std::optional<EmbeddingPtr> v = g_concurrent->Get(keys[i++ & mask]);
     hits += v.has_value();
     benchmark::DoNotOptimize(v);
   }

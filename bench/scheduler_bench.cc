@@ -55,10 +55,10 @@ void BM_Drain(benchmark::State& state, ScheduleOrder order) {
   for (auto _ : state) {
     state.PauseTiming();
     auto s = std::make_unique<EncodeScheduler>(kMaxTokens, kMaxItems, order);
-    for (const auto& it : items) s->add(it);
+    for (const auto& it : items) s->Add(it);
     state.ResumeTiming();
     std::size_t drained = 0;
-    for (auto b = s->next_batch(); !b.empty(); b = s->next_batch()) {
+    for (auto b = s->NextBatch(); !b.empty(); b = s->NextBatch()) {
       drained += b.size();
       ++batches;
     }
@@ -78,15 +78,15 @@ void BM_NextBatch(benchmark::State& state, ScheduleOrder order) {
   const std::size_t n = static_cast<std::size_t>(state.range(0));
   EncodeScheduler s(kMaxTokens, kMaxItems, order);
   std::uint64_t next = 0;
-  for (; next < n; ++next) s.add(MakeItem(next));
+  for (; next < n; ++next) s.Add(MakeItem(next));
   std::int64_t items = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<PendingEncodeItem> b = s.next_batch();
+    std::vector<PendingEncodeItem> b = s.NextBatch();
     const auto t1 = std::chrono::steady_clock::now();
     state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
     items += static_cast<std::int64_t>(b.size());
-    for (std::size_t k = 0; k < b.size(); ++k) s.add(MakeItem(next++));
+    for (std::size_t k = 0; k < b.size(); ++k) s.Add(MakeItem(next++));
   }
   state.counters["items_per_batch"] = static_cast<double>(items) / static_cast<double>(state.iterations());
 }

@@ -115,16 +115,16 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "get",
           [](PyCache& c, const py::object& key) -> py::object {
-            std::optional<py::object> v = c.get(key);
+            std::optional<py::object> v = c.Get(key);
             return v.has_value() ? *v : py::none();
           },
           py::arg("key"), "The value (marked most recently used), or None on a miss.")
-      .def("put", &PyCache::put, py::arg("key"), py::arg("value"), py::arg("nbytes"),
+      .def("put", &PyCache::Put, py::arg("key"), py::arg("value"), py::arg("nbytes"),
            "Insert or replace as MRU, then evict LRU entries while over capacity.")
       .def(
-          "pop", [](PyCache& c, const py::object& key) { return PoppedToTuple(c.pop(key)); }, py::arg("key"),
+          "pop", [](PyCache& c, const py::object& key) { return PoppedToTuple(c.Pop(key)); }, py::arg("key"),
           "Remove key and return (value, nbytes), or None. Counts no hit/miss and fires no hook.")
-      .def("__contains__", &PyCache::contains)
+      .def("__contains__", &PyCache::Contains)
       .def("__len__", &PyCache::size)
       .def_property_readonly("capacity_bytes", &PyCache::capacity_bytes)
       .def_property_readonly("current_bytes", &PyCache::current_bytes)
@@ -145,12 +145,12 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "get",
           [](PyTiered& c, const py::object& key) -> py::object {
-            std::optional<py::object> v = c.get(key);
+            std::optional<py::object> v = c.Get(key);
             return v.has_value() ? *v : py::none();
           },
           py::arg("key"))
-      .def("put", &PyTiered::put, py::arg("key"), py::arg("value"), py::arg("nbytes"))
-      .def("__contains__", &PyTiered::contains)
+      .def("put", &PyTiered::Put, py::arg("key"), py::arg("value"), py::arg("nbytes"))
+      .def("__contains__", &PyTiered::Contains)
       .def("__len__", &PyTiered::size)
       .def_property_readonly("l1", py::overload_cast<>(&PyTiered::l1), py::return_value_policy::reference_internal)
       .def_property_readonly("l2", py::overload_cast<>(&PyTiered::l2), py::return_value_policy::reference_internal)
@@ -192,14 +192,14 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("max_tokens_per_batch"), py::arg("max_items_per_batch"), py::kw_only(),
            py::arg("order") = "by_key")
-      .def("add", &EncodeScheduler::add, py::arg("item"), "Add, or overwrite the item under the same key.")
+      .def("add", &EncodeScheduler::Add, py::arg("item"), "Add, or overwrite the item under the same key.")
       .def("pending_size", &EncodeScheduler::pending_size)
-      .def("next_batch", &EncodeScheduler::next_batch,
+      .def("next_batch", &EncodeScheduler::NextBatch,
            "Pop and return the next batch; empty only when nothing is pending.")
       .def(
           "remove",
           [](EncodeScheduler& s, const std::string& request_id, std::int64_t item_index) {
-            return s.remove({request_id, item_index});
+            return s.Remove({request_id, item_index});
           },
           py::arg("request_id"), py::arg("item_index"))
       .def_property_readonly("max_tokens_per_batch", &EncodeScheduler::max_tokens_per_batch)

@@ -13,9 +13,9 @@
 //
 // Families:
 //   RegisterReplayCommand   replay            tools/replay_command.cc
-//   RegisterServerCommands  serve, client,    tools/server_commands.cc, built
-//                           bench-server      only with EPD_WITH_GRPC when the
-//                                             file exists
+//   RegisterServerCommands  serve, client     tools/server_commands.cc  } built only
+//   RegisterBenchServerCommand  bench-server  tools/bench_server_command.cc } with
+//                                             EPD_WITH_GRPC
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -26,6 +26,7 @@ void RegisterReplayCommand(CLI::App& app);
 
 #ifdef EPD_WITH_GRPC
 void RegisterServerCommands(CLI::App& app);
+void RegisterBenchServerCommand(CLI::App& app);
 #endif
 
 }  // namespace epd::cli

@@ -5,9 +5,9 @@
 // measure the encode path (hash, decode, preprocess, schedule, tower, copy),
 // not the disk. Requests are submitted from the main thread, which therefore
 // also computes their content keys (WorkerLoop hashes on the caller's thread);
-// the worker thread decodes misses and runs the tower. Latency is per request,
-// from its Submit to its on_done; wall time runs from the first Submit to the
-// last on_done. Percentiles use the nearest-rank method (the smallest value
+// the worker's helper and tower threads decode misses and run the tower.
+// Latency is per request, from its Submit to its on_done; wall time runs from
+// the first Submit to the last on_done. Percentiles use the nearest-rank method (the smallest value
 // with at least q of the samples at or below it).
 //
 // Exit codes: 0 all items encoded; 1 usage or setup error (bad trace, missing
@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "flag_checks.h"
 #include "epd/safetensors.h"
@@ -54,14 +55,6 @@ struct ReplayFlags {
   bool json = false;
   std::string out;
 };
-
-// Nearest-rank percentile of sorted `v`; 0 when empty.
-double Percentile(const std::vector<double>& v, double q) {
-  if (v.empty()) return 0;
-  std::size_t rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
-  rank = std::clamp<std::size_t>(rank, 1, v.size());
-  return v[rank - 1];
-}
 
 // Redraws a one-line bar on stderr every 100 ms until Stop().
 class ProgressBar {
@@ -129,21 +122,22 @@ int RunReplay(const ReplayFlags& f) {
     if (!w) return Fail("cannot write " + f.write_trace);
   }
 
-  // Each distinct file is read once; requests share its bytes.
-  std::map<std::string, std::string> media;
+  // Each distinct file is read once; the requests that name it share its
+  // bytes (MediaBytes), so memory holds each file once however often the
+  // trace repeats it.
+  std::map<std::string, MediaBytes> media;
   for (const TraceRequest& r : *trace) {
     for (const std::string& p : r.images) {
       std::filesystem::path path(p);
       if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
       if (media.count(p) != 0) continue;
-      std::ifstream in(path, std::ios::binary);
-      if (!in) return Fail("request '" + r.id + "': cannot read image " + path.string());
-      std::stringstream ss;
-      ss << in.rdbuf();
-      media[p] = ss.str();
+      StatusOr<std::string> bytes = ReadFile(path.string());
+      if (!bytes.ok()) return Fail("request '" + r.id + "': cannot read image " + path.string());
+      media[p] = MediaBytes(std::move(*bytes));
     }
   }
 
+  TuneMalloc(MallocUse::kTower);
   auto worker = MakeWorker(f.worker);
   if (!worker.ok()) return Fail(worker.status().ToString());
   spdlog::info("replay: {} requests, {} distinct files; tower {}", trace->size(), media.size(),
@@ -209,10 +203,7 @@ int RunReplay(const ReplayFlags& f) {
       } else {
         ++failures[std::string(StatusCodeName(it.status.code()))];
         if (first_failure.empty()) {
-          // The worker's messages name the item already ("item 0: ..."); say so only when they do not.
-          const std::string item = "item " + std::to_string(it.index);
-          const bool named = it.status.message().rfind(item + ": ", 0) == 0;
-          first_failure = "request '" + r.id + "'" + (named ? "" : ", " + item) + ": " + it.status.ToString();
+          first_failure = "request '" + r.id + "', item " + std::to_string(it.index) + ": " + it.status.ToString();
         }
       }
     }
@@ -259,8 +250,8 @@ int RunReplay(const ReplayFlags& f) {
         {"wall_s", wall_s},
         {"tower_s", s.tower_seconds},
         {"tower_busy_fraction", wall_s > 0 ? std::min(1.0, s.tower_seconds / wall_s) : 0},
-        {"l1_bytes", s.l1_bytes},
-        {"l2_bytes", s.l2_bytes},
+        {"l1_bytes", s.l1_used_bytes},  // report key kept for bench/report.py
+        {"l2_bytes", s.l2_used_bytes},
         {"demotions", s.demotions},
         {"promotions", s.promotions},
         {"model_id", model_id},
@@ -277,7 +268,7 @@ int RunReplay(const ReplayFlags& f) {
     o += fmt::format("  throughput {:.1f} items/s, wall {:.3f} s (tower busy {:.1f}% of it)\n", items_per_s, wall_s,
                      wall_s > 0 ? 100 * std::min(1.0, s.tower_seconds / wall_s) : 0.0);
     o += fmt::format("  cache      L1 {:.1f} MB, L2 {:.1f} MB, {} demotions, {} promotions\n",
-                     static_cast<double>(s.l1_bytes) / (1 << 20), static_cast<double>(s.l2_bytes) / (1 << 20),
+                     static_cast<double>(s.l1_used_bytes) / (1 << 20), static_cast<double>(s.l2_used_bytes) / (1 << 20),
                      s.demotions, s.promotions);
     if (failed_items > 0 || failed_requests > 0) {
       o += fmt::format("  failed     {} items, {} requests; first: {}\n", failed_items, failed_requests, first_failure);

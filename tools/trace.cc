@@ -10,28 +10,12 @@
 #include <set>
 #include <sstream>
 
+#include "cli_util.h"
+
 namespace epd::cli {
 namespace {
 
 using nlohmann::json;
-
-// SplitMix64 (Steele, Lea, Flood 2014): one 64-bit state, add the golden
-// gamma, then two xor-shift-multiply rounds.
-class SplitMix64 {
- public:
-  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t Next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, 1) from the top 53 bits.
-  double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-
- private:
-  std::uint64_t state_;
-};
 
 std::string Lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -78,11 +62,9 @@ StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const st
 }
 
 StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return InvalidArgument("cannot open trace " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ParseTrace(ss.str(), path);
+  StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return InvalidArgument("cannot open trace " + path);
+  return ParseTrace(*text, path);
 }
 
 std::string TraceToJsonLines(const std::vector<TraceRequest>& trace) {

@@ -94,6 +94,8 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   t.num_threads = f.threads;
   t.device = f.device;
   t.output_dtype = f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+  // The executable owns the process's malloc tuning (TuneMalloc, cli_util.h).
+  t.tune_malloc = false;
 #ifdef EPD_HAVE_CUDA_TIER
   const bool gpu_tier = f.device != "cpu";
   t.output_on_device = gpu_tier;
@@ -104,8 +106,8 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.model_id = f.model_id.empty() ? std::filesystem::path(f.model).filename().string() : f.model_id;
   o.preprocess.max_pixels = f.max_pixels;
   o.preprocess.min_pixels = std::min(o.preprocess.min_pixels, f.max_pixels);
-  o.l1_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20));
-  o.l2_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20));
+  o.l1_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20));
+  o.l2_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20));
   o.dedup_in_flight = !f.no_cache;
   o.max_tokens_per_batch = f.max_tokens_per_batch;
   o.max_items_per_batch = f.max_items_per_batch;
@@ -116,8 +118,8 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
     // Pinned pool: L2 plus slack for the blocks a demotion allocates before
     // L2 evicts (docs/GPU.md, "Sizing the pool"). VRAM cap: L1 plus room for
     // the copies in flight, so the tier never takes the tower's activations.
-    const auto l1 = static_cast<std::size_t>(o.l1_bytes);
-    const auto l2 = static_cast<std::size_t>(o.l2_bytes);
+    const auto l1 = static_cast<std::size_t>(o.l1_capacity_bytes);
+    const auto l2 = static_cast<std::size_t>(o.l2_capacity_bytes);
     StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), l2 + std::max(l2 / 16, std::size_t{64} << 20),
                                               l1 + std::max(l1 / 4, std::size_t{256} << 20));
     if (!dev.ok()) return dev.status();

@@ -12,8 +12,9 @@
 //
 // Errors: Encode returns per-item statuses; EncodeResult::status is OK when
 // every item has an embedding, else the lowest-index failed item's status
-// (the gRPC code maps one-to-one onto StatusCode; message as the server sent
-// it). A call that fails as a whole (UNAVAILABLE, DEADLINE_EXCEEDED,
+// (the gRPC code maps one-to-one onto StatusCode; the message is the
+// server's, prefixed "item <i>: " with i the item's place in `items`). A
+// call that fails as a whole (UNAVAILABLE, DEADLINE_EXCEEDED,
 // INVALID_ARGUMENT for a malformed request...) fails each of its items with
 // that status. Health/Stats return the call's status.
 //
@@ -41,7 +42,7 @@
 
 #include "epd/content_key.h"
 #include "epd/embedding.h"
-#include "epd/encode_worker.h"
+#include "epd/encode_types.h"
 #include "epd/preprocess.h"
 #include "epd/server_stats.h"
 #include "epd/status.h"
@@ -76,7 +77,7 @@ struct ServerInfo {
 // One image to encode (mirrors EncodeItemInput).
 struct ClientItem {
   std::string image;                      // JPEG/PNG bytes
-  std::optional<std::string> caller_key;  // see EncodeItemInput::caller_key
+  std::optional<std::string> caller_key;  // see EncodeItemInput::caller_key (epd/encode_worker.h)
   std::int64_t expected_tokens = 0;       // 0 = unknown
 };
 

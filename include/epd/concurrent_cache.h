@@ -13,20 +13,20 @@
 //   - The eviction hook runs after the shard's lock is released. Victims are
 //     collected under the lock and handed to the hook afterwards, so a hook
 //     that copies an embedding off the device, or frees it, never runs inside a
-//     mutex. Hooks for one put() run in eviction order on the calling thread;
+//     mutex. Hooks for one Put() run in eviction order on the calling thread;
 //     hooks of different threads may interleave.
 //
 // Complexity: as EmbeddingCache, plus one uncontended mutex per call.
 // Counters are summed over shards on read (O(shards), each under its lock).
-// Ownership: as EmbeddingCache; get() returns a copy of the value (for
+// Ownership: as EmbeddingCache; Get() returns a copy of the value (for
 // EmbeddingPtr: shared ownership, valid after eviction).
 // Thread safety: thread-safe. The hook must be thread-safe if several threads
 // put.
 //
 // Example:
 //   ConcurrentEmbeddingCache<ContentKey, EmbeddingPtr, ContentKeyHash> cache(1 << 30, 16);
-//   std::thread t([&] { cache.put(k, emb, emb->nbytes()); });
-//   auto v = cache.get(k);
+//   std::thread t([&] { cache.Put(k, emb, emb->nbytes()); });
+//   auto v = cache.Get(k);
 //   t.join();
 #pragma once
 
@@ -61,19 +61,19 @@ class ConcurrentEmbeddingCache {
     }
   }
 
-  std::optional<V> get(const K& key) {
+  std::optional<V> Get(const K& key) {
     Shard& s = ShardFor(key);
     std::lock_guard<std::mutex> lock(s.mu);
-    return s.cache.get(key);
+    return s.cache.Get(key);
   }
 
   // As EmbeddingCache::put; the hook runs after the lock is released.
-  void put(const K& key, V value, std::int64_t nbytes) {
+  void Put(const K& key, V value, std::int64_t nbytes) {
     Shard& s = ShardFor(key);
     std::vector<Victim> victims;
     {
       std::lock_guard<std::mutex> lock(s.mu);
-      s.cache.put(key, std::move(value), nbytes);
+      s.cache.Put(key, std::move(value), nbytes);
       victims.swap(s.victims);
     }
     // Values in `victims` are released here, outside the lock, if no hook takes them.
@@ -82,16 +82,16 @@ class ConcurrentEmbeddingCache {
     }
   }
 
-  std::optional<PoppedEntry<V>> pop(const K& key) {
+  std::optional<PoppedEntry<V>> Pop(const K& key) {
     Shard& s = ShardFor(key);
     std::lock_guard<std::mutex> lock(s.mu);
-    return s.cache.pop(key);
+    return s.cache.Pop(key);
   }
 
-  bool contains(const K& key) const {
+  bool Contains(const K& key) const {
     Shard& s = ShardFor(key);
     std::lock_guard<std::mutex> lock(s.mu);
-    return s.cache.contains(key);
+    return s.cache.Contains(key);
   }
 
   std::size_t size() const { return Sum([](const auto& c) { return c.size(); }); }
@@ -117,7 +117,7 @@ class ConcurrentEmbeddingCache {
               },
               hash, eq) {}
     mutable std::mutex mu;
-    std::vector<Victim> victims;  // filled under mu by the inner hook, drained by put()
+    std::vector<Victim> victims;  // filled under mu by the inner hook, drained by Put()
     EmbeddingCache<K, V, Hash, Eq> cache;
   };
 

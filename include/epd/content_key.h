@@ -1,5 +1,6 @@
-// epd/content_key.h: the 256-bit content key under which an image's embedding
-// is cached, and the functions that derive it.
+// epd/content_key.h: the functions that derive the 256-bit content key under
+// which an image's embedding is cached. The key itself (ContentKey, its hash
+// and hex form) is a core value type: epd/content_key_type.h.
 //
 // A key is a SHA-256 digest (OpenSSL libcrypto) over a domain-separated,
 // length-prefixed encoding of: the key-format version, the model id, every
@@ -39,10 +40,10 @@
 // Example:
 //   epd::PreprocessConfig cfg;
 //   epd::ContentKey k = epd::ComputeContentKey("qwen2-vl-7b", cfg, jpeg_bytes);
-//   if (auto hit = cache.Get(k)) return hit;
+//   if (std::optional<epd::EmbeddingPtr> hit = cache.Get(k)) return *hit;
 //   std::string name = k.Hex();     // 64 lower-case hex digits
 //
-// ComputeContentKey and Hex are defined in the epd::media library.
+// The Compute* functions are defined in the epd::media library.
 #pragma once
 
 #include <array>
@@ -54,29 +55,10 @@
 #include <string>
 #include <string_view>
 
+#include "epd/content_key_type.h"
 #include "epd/status.h"
 
 namespace epd {
-
-struct ContentKey {
-  std::array<std::uint8_t, 32> bytes{};
-
-  // Lower-case hex, 64 characters.
-  std::string Hex() const;
-
-  friend bool operator==(const ContentKey&, const ContentKey&) = default;
-  friend auto operator<=>(const ContentKey&, const ContentKey&) = default;
-};
-
-// Hash for unordered containers and the cache index. The key is already a
-// uniformly distributed digest, so its first 8 bytes are a perfect hash value.
-struct ContentKeyHash {
-  std::size_t operator()(const ContentKey& k) const noexcept {
-    std::uint64_t h;
-    std::memcpy(&h, k.bytes.data(), sizeof(h));
-    return static_cast<std::size_t>(h);
-  }
-};
 
 struct PreprocessConfig;  // epd/preprocess.h
 
@@ -115,14 +97,7 @@ StatusOr<ContentKey> ComputeRawPixelKey(std::string_view model_id, const Preproc
 StatusOr<ContentKey> CallerContentKey(std::string_view model_id, const PreprocessConfig& cfg,
                                       std::string_view caller_key);
 
-// Parses the 64-hex-digit form Hex() writes (either case accepted).
-// Errors (kInvalidArgument): wrong length or a non-hex character.
-StatusOr<ContentKey> ParseContentKeyHex(std::string_view hex);
-
 // True when `key` carries kFastKeyMarker, i.e. came from KeyMode::kXxh3Fast.
 bool IsFastContentKey(const ContentKey& key);
 
 }  // namespace epd
-
-template <>
-struct std::hash<epd::ContentKey> : epd::ContentKeyHash {};

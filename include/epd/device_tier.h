@@ -57,8 +57,8 @@
 // Example:
 //   epd::FakeDevice dev;   // or *epd::OpenCudaDevice(opts)
 //   auto l1 = epd::UploadEmbedding(dev, emb);      // StatusOr<TierEmbeddingPtr>
-//   cache.put(key, *l1, (*l1)->nbytes());
-//   if (auto hit = cache.get(key)) Ship((*hit)->ToHostEmbedding().value());
+//   cache.Put(key, *l1, (*l1)->nbytes());
+//   if (auto hit = cache.Get(key)) Ship((*hit)->ToHostEmbedding().value());
 #pragma once
 
 #include <atomic>
@@ -73,18 +73,6 @@
 #include "epd/vision_tower.h"
 
 namespace epd {
-
-// The shape half of an Embedding (epd/embedding.h), without the bytes.
-struct EmbeddingShape {
-  std::int64_t tokens = 0;
-  std::int64_t hidden = 0;
-  std::int64_t deepstack_layers = 0;
-  DType dtype = DType::kFloat32;
-
-  std::size_t main_bytes() const { return static_cast<std::size_t>(tokens * hidden) * DTypeSize(dtype); }
-  std::size_t deepstack_bytes() const { return main_bytes() * static_cast<std::size_t>(deepstack_layers); }
-  std::size_t nbytes() const { return main_bytes() + deepstack_bytes(); }
-};
 
 class TierEmbedding;
 using TierEmbeddingPtr = std::shared_ptr<const TierEmbedding>;

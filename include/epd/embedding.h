@@ -68,11 +68,31 @@ class ResidentBytes {
   virtual const std::byte* data() const = 0;
 };
 
-struct Embedding {
+// An embedding's shape, without the bytes: the one declaration that
+// Embedding, the tower's batch output (TowerOutput, epd/vision_tower.h), a
+// device output's rows (DeviceRows) and the GPU tier's entries share.
+struct EmbeddingShape {
   std::int64_t tokens = 0;            // post-merge tokens (rows)
   std::int64_t hidden = 0;            // columns of `main`
   std::int64_t deepstack_layers = 0;  // 0 when the tower has no deepstack outputs
   DType dtype = DType::kFloat32;
+
+  // Bytes of main ([tokens, hidden]) and deepstack ([tokens, hidden *
+  // deepstack_layers]) this shape takes, and their sum.
+  std::size_t main_bytes() const { return static_cast<std::size_t>(tokens * hidden) * DTypeSize(dtype); }
+  std::size_t deepstack_bytes() const { return main_bytes() * static_cast<std::size_t>(deepstack_layers); }
+  std::size_t nbytes() const { return main_bytes() + deepstack_bytes(); }
+
+  // The shape part of any of the types above (which derive from it).
+  const EmbeddingShape& shape() const { return *this; }
+  friend bool operator==(const EmbeddingShape&, const EmbeddingShape&) = default;
+};
+
+struct Embedding : EmbeddingShape {
+  // Two embeddings compare by shape() (what the base's == would do
+  // silently) or by bytes, never by a bare ==.
+  bool operator==(const Embedding&) const = delete;
+
   std::vector<std::byte> main;       // tokens * hidden * DTypeSize(dtype) bytes
   std::vector<std::byte> deepstack;  // tokens * hidden * deepstack_layers * DTypeSize(dtype) bytes
   // Set when the bytes live in device or pinned memory (see Residency above);
@@ -81,12 +101,10 @@ struct Embedding {
 
   bool on_host() const { return resident == nullptr; }
   // Exact bytes charged to the cache: main plus deepstack payload, wherever
-  // it lives.
+  // it lives. (Hides EmbeddingShape::nbytes, which is ExpectedBytes.)
   std::size_t nbytes() const { return on_host() ? main.size() + deepstack.size() : ExpectedBytes(); }
   // What nbytes() must be for the declared shape; used to validate.
-  std::size_t ExpectedBytes() const {
-    return static_cast<std::size_t>(tokens * hidden * (1 + deepstack_layers)) * DTypeSize(dtype);
-  }
+  std::size_t ExpectedBytes() const { return EmbeddingShape::nbytes(); }
 };
 
 using EmbeddingPtr = std::shared_ptr<const Embedding>;

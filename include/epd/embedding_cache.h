@@ -20,9 +20,9 @@
 //   - A negative capacity or nbytes throws epd::Error(kInvalidArgument) naming
 //     the argument; nothing is changed.
 //
-// Ownership: the cache owns one copy of each value. get() returns a copy of
+// Ownership: the cache owns one copy of each value. Get() returns a copy of
 // the value (for EmbeddingPtr, a shared_ptr: the embedding stays alive for the
-// reader after the entry is evicted, replaced or popped). pop() and on_evict
+// reader after the entry is evicted, replaced or popped). Pop() and on_evict
 // move the cache's copy out to the caller.
 //
 // Performance: get, put and pop are O(1) expected (amortised: the recency log
@@ -41,14 +41,14 @@
 //
 // Thread safety: thread-compatible (no internal locking). Use
 // ConcurrentEmbeddingCache (epd/concurrent_cache.h) to share one across
-// threads. The hook runs synchronously inside put(); it may throw, in which
+// threads. The hook runs synchronously inside Put(); it may throw, in which
 // case the exception propagates and the cache is left as after the victim's
 // removal (the remaining overflow is evicted by the next put).
 //
 // Example:
 //   epd::EmbeddingCache<epd::ContentKey, epd::EmbeddingPtr> cache(64 << 20);
-//   cache.put(key, emb, static_cast<int64_t>(emb->nbytes()));
-//   if (auto hit = cache.get(key)) Ship(*hit);  // *hit stays valid after eviction
+//   cache.Put(key, emb, static_cast<int64_t>(emb->nbytes()));
+//   if (auto hit = cache.Get(key)) Ship(*hit);  // *hit stays valid after eviction
 //
 // Design: entries live in a slab (vector, stable indices, free list). The
 // index is open addressing with linear probing and backward-shift deletion,
@@ -77,7 +77,7 @@
 
 namespace epd {
 
-// What a pop() hands back: the value and the bytes it was charged.
+// What a Pop() hands back: the value and the bytes it was charged.
 template <typename V>
 struct PoppedEntry {
   V value;
@@ -108,7 +108,7 @@ class EmbeddingCache {
   EmbeddingCache& operator=(EmbeddingCache&&) noexcept = default;
 
   // Returns a copy of the value and marks it MRU, or nullopt (a miss).
-  std::optional<V> get(const K& key) {
+  std::optional<V> Get(const K& key) {
     const std::size_t h = hash_(key);
     const std::uint32_t e = Find(key, h);
     if (e == kNone) {
@@ -123,7 +123,7 @@ class EmbeddingCache {
   // Inserts or replaces `key` as MRU, charging `nbytes`, then evicts LRU
   // entries while over capacity. Throws epd::Error(kInvalidArgument) when
   // nbytes < 0. Skips (returns) when nbytes > capacity_bytes().
-  void put(const K& key, V value, std::int64_t nbytes) {
+  void Put(const K& key, V value, std::int64_t nbytes) {
     if (nbytes < 0) {
       throw Error(StatusCode::kInvalidArgument, "nbytes must be >= 0, got " + std::to_string(nbytes));
     }
@@ -148,7 +148,7 @@ class EmbeddingCache {
   }
 
   // Removes `key` and returns its value and charge; nullopt when absent.
-  std::optional<PoppedEntry<V>> pop(const K& key) {
+  std::optional<PoppedEntry<V>> Pop(const K& key) {
     const std::size_t h = hash_(key);
     const std::uint32_t e = Find(key, h);
     if (e == kNone) return std::nullopt;
@@ -157,7 +157,7 @@ class EmbeddingCache {
     return out;
   }
 
-  bool contains(const K& key) const { return Find(key, hash_(key)) != kNone; }
+  bool Contains(const K& key) const { return Find(key, hash_(key)) != kNone; }
   std::size_t size() const { return size_; }
   std::int64_t current_bytes() const { return cur_bytes_; }
   std::int64_t capacity_bytes() const { return capacity_bytes_; }

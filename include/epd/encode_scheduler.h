@@ -3,7 +3,7 @@
 //
 // EncodeScheduler collects pending vision items (cache misses) and packs them
 // into vision-tower batches bounded by a per-batch token budget and an item
-// count. Batches depend only on the sequence of add()/remove() calls, never on
+// count. Batches depend only on the sequence of Add()/Remove() calls, never on
 // timing, addresses or hash order, so every tensor-parallel rank that sees the
 // same calls forms the same batch (non-identical batches would deadlock the
 // collectives inside a tensor-parallel tower).
@@ -23,7 +23,7 @@
 //           its position. An item waits at most for the items added before
 //           it, so its wait is bounded. The C++ default.
 //
-// add() is idempotent on (request_id, item_index): a re-add overwrites.
+// Add() is idempotent on (request_id, item_index): a re-add overwrites.
 // Costs are not validated (the reference accepts any int); the worker passes
 // post-merge token counts, which are >= 1.
 //
@@ -36,9 +36,9 @@
 //
 // Example:
 //   EncodeScheduler s(/*max_tokens_per_batch=*/4096, /*max_items_per_batch=*/16);
-//   s.add({"req-1", 0, 324});
-//   s.add({"req-1", 1, 1225});
-//   for (auto batch = s.next_batch(); !batch.empty(); batch = s.next_batch()) Run(batch);
+//   s.Add({"req-1", 0, 324});
+//   s.Add({"req-1", 1, 1225});
+//   for (auto batch = s.NextBatch(); !batch.empty(); batch = s.NextBatch()) Run(batch);
 #pragma once
 
 #include <cstdint>
@@ -73,13 +73,13 @@ class EncodeScheduler {
                   ScheduleOrder order = ScheduleOrder::kFifo);
 
   // Adds or overwrites the item under item.key().
-  void add(PendingEncodeItem item);
+  void Add(PendingEncodeItem item);
   // Drops the item under `key`; returns whether it was pending.
-  bool remove(const Key& key);
-  bool contains(const Key& key) const { return items_.count(key) != 0; }
+  bool Remove(const Key& key);
+  bool Contains(const Key& key) const { return items_.count(key) != 0; }
 
   // Pops and returns the next batch; empty only when nothing is pending.
-  std::vector<PendingEncodeItem> next_batch();
+  std::vector<PendingEncodeItem> NextBatch();
 
   std::size_t pending_size() const { return items_.size(); }
   std::int64_t pending_tokens() const { return pending_tokens_; }

@@ -10,17 +10,20 @@
 //   1. Its content key is derived BEFORE decoding: CallerContentKey when the
 //      caller supplied a key, else ComputeContentKey over the encoded bytes
 //      (model id + every preprocessing field + bytes; epd/content_key.h).
-//   2. Key already queued or being encoded (by this or another request):
+//   2. The expected-tokens rule: an item whose expected_tokens is negative, or
+//      differs from the count its image header gives (ProbeGrid), fails at
+//      once with kInvalidArgument, whatever the cache holds.
+//   3. Key already queued or being encoded (by this or another request):
 //      the item joins that computation (ItemSource::kJoined). The tower runs
 //      once per distinct key, duplicates inside one request included.
-//   3. Cache hit (L1, or L2 promoted to L1): checked against the shape the
+//   4. Cache hit (L1, or L2 promoted to L1): checked against the shape the
 //      request expects: tokens (EncodeItemInput::expected_tokens, else the
-//      count the image header gives via ProbeImage + GridForImage), hidden
+//      count the image header gives via ProbeGrid), hidden
 //      size, deepstack layers and dtype (the tower's). A match is delivered at
 //      once, main and deepstack halves both (one Embedding holds both). A
 //      mismatch counts in WorkerStats::shape_mismatches and goes on as a miss.
-//   4. Miss: queued on the scheduler with cost = post-merge tokens, which the
-//      header gives (ProbeImage + GridForImage) without decoding. A bad
+//   5. Miss: queued on the scheduler with cost = post-merge tokens, which the
+//      header gives (ProbeGrid) without decoding. A bad
 //      header (unknown format, zero size, more pixels than DecodeLimits
 //      allows) fails only this item at once, kInvalidArgument.
 // Helper threads decode and preprocess queued misses in arrival order while
@@ -50,6 +53,10 @@
 // (kInternal, the tower's message); an output of the wrong shape likewise
 // (kInternal naming expected vs got); the worker keeps serving. Caches and
 // counters are unaffected by a failure.
+//
+// Messages: an item's status message says what is wrong, not which item:
+// ItemResult::index says that. An edge that sends the message out of the
+// process (the server, a tool's report) names the item there, once.
 //
 // Results: an ItemResult per item, delivered by `on_item` as soon as the item
 // is ready (hits and header errors inside Submit, the rest inside
@@ -103,12 +110,15 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "epd/content_key.h"
 #include "epd/embedding.h"
 #include "epd/encode_scheduler.h"
+#include "epd/encode_types.h"
 #include "epd/image.h"
 #include "epd/preprocess.h"
 #include "epd/status.h"
@@ -128,8 +138,8 @@ struct WorkerOptions {
 
   // L1 ("device") and L2 (host) cache capacities, bytes. 0 and 0 turn caching
   // off (every item that is not joined runs the tower).
-  std::int64_t l1_bytes = std::int64_t{1} << 30;
-  std::int64_t l2_bytes = std::int64_t{4} << 30;
+  std::int64_t l1_capacity_bytes = std::int64_t{1} << 30;
+  std::int64_t l2_capacity_bytes = std::int64_t{4} << 30;
   // L1 -> L2 and L2 -> L1 copies (TieredEmbeddingCache); empty = identity,
   // right when both tiers live in host memory. For L1 in VRAM and L2 in
   // pinned memory, take all three hooks from the GPU tier:
@@ -138,7 +148,7 @@ struct WorkerOptions {
   //   opt.adopt_device_rows = h.adopt_device_rows;
   // A hook that throws (a device failure) is caught: a failed promotion is
   // served as a miss, a failed demotion drops the victim (the eviction goes
-  // on, so L1 stays within l1_bytes), and either counts in
+  // on, so L1 stays within l1_capacity_bytes), and either counts in
   // WorkerStats::cache_errors; other requests and entries are unaffected.
   // Lifetime: the device must outlive the worker and every embedding it
   // delivered (they hold its buffers; epd/device.h).
@@ -178,51 +188,57 @@ struct WorkerOptions {
   // it first returns true. Called on the worker's thread; must be cheap and
   // must not throw.
   std::function<bool()> sink_full;
+
+  // OK, or kInvalidArgument naming the first bad field: empty model_id,
+  // invalid preprocess config, max_pixels <= 0, negative capacity,
+  // non-positive batch bounds, negative max_pending_items, decode_threads or
+  // decode_lookahead. The hooks are checked against the tower by Create.
+  Status Validate() const;
+};
+
+// An image's encoded bytes, held behind a shared pointer so that requests
+// naming the same file (replay's trace, a caller re-sending an image) share
+// one buffer instead of a copy each. Made implicitly from a std::string,
+// which it takes over (moving in costs no copy of the bytes), or explicitly
+// from a buffer the caller already shares. Immutable; copying is O(1).
+class MediaBytes {
+ public:
+  MediaBytes() = default;
+  MediaBytes(std::string bytes)  // NOLINT(google-explicit-constructor): {jpeg} reads as bytes
+      : bytes_(std::make_shared<const std::string>(std::move(bytes))) {}
+  MediaBytes(const char* bytes) : MediaBytes(std::string(bytes)) {}  // NOLINT(google-explicit-constructor)
+  explicit MediaBytes(std::shared_ptr<const std::string> bytes) : bytes_(std::move(bytes)) {}
+
+  std::string_view view() const { return bytes_ == nullptr ? std::string_view() : std::string_view(*bytes_); }
+  std::span<const std::uint8_t> span() const {
+    const std::string_view v = view();
+    return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size()};
+  }
+  std::size_t size() const { return view().size(); }
+  bool empty() const { return size() == 0; }
+
+ private:
+  std::shared_ptr<const std::string> bytes_;
 };
 
 // One image of a request.
 struct EncodeItemInput {
   // Encoded bytes (JPEG or PNG) as received.
-  std::string media;
+  MediaBytes media;
   // Optional caller-supplied content identity (e.g. a gateway's hash): the key
   // becomes CallerContentKey(model_id, preprocess, caller_key) and the bytes
   // are not hashed. The caller vouches that equal keys mean equal media. An
   // empty string fails the item with kInvalidArgument.
   std::optional<std::string> caller_key;
   // Post-merge tokens the caller's prompt reserves for the image; 0 = unknown
-  // (the header's count is used to check hits).
+  // (the header's count is used to check hits). Negative, or different from
+  // what the image header gives, fails the item (kInvalidArgument).
   std::int64_t expected_tokens = 0;
 };
 
 struct EncodeRequest {
   std::string id;  // unique among in-flight requests; non-empty
   std::vector<EncodeItemInput> items;
-};
-
-// How an item was served.
-enum class ItemSource : std::uint8_t {
-  kL1 = 0,      // L1 cache hit
-  kL2 = 1,      // L2 cache hit, promoted to L1
-  kMiss = 2,    // ran the tower (or failed before it)
-  kJoined = 3,  // shared another item's in-flight computation
-};
-// "l1", "l2", "miss", "joined".
-std::string_view ItemSourceName(ItemSource source);
-
-struct ItemResult {
-  std::int64_t index = 0;  // position in EncodeRequest::items
-  Status status;           // OK, or why this item has no embedding
-  ContentKey key;          // zero when the key itself could not be derived
-  // Non-null iff status.ok(); shared with the cache, immutable. With a GPU
-  // tier its bytes may be in VRAM or pinned memory (Embedding::resident):
-  // call ToHost() (epd/embedding.h) before reading them on the host.
-  EmbeddingPtr embedding;
-  ItemSource source = ItemSource::kMiss;
-  // Milliseconds: submit -> batch start, the batch's tower call, submit ->
-  // delivery. Hits have queue_ms = tower_ms = 0.
-  double queue_ms = 0;
-  double tower_ms = 0;
-  double total_ms = 0;
 };
 
 struct RequestResult {
@@ -245,59 +261,9 @@ struct RequestCallbacks {
   std::function<void(const RequestResult&)> on_done;
 };
 
-struct WorkerStats {
-  // Accepted requests and their items. Every accepted item is counted in
-  // exactly one of hits_l1, hits_l2, joins, misses (a bad image is a miss
-  // that failed before the tower; a cancelled item keeps its class).
-  std::uint64_t requests = 0;
-  std::uint64_t items = 0;
-  std::uint64_t hits_l1 = 0;
-  std::uint64_t hits_l2 = 0;
-  std::uint64_t misses = 0;
-  std::uint64_t joins = 0;
-  // Hits whose shape differed from the request's; also counted in misses.
-  std::uint64_t shape_mismatches = 0;
-  // Requests refused by Submit (not counted in `requests`), and cancelled.
-  std::uint64_t rejected_requests = 0;
-  std::uint64_t cancelled_requests = 0;
-
-  std::uint64_t tower_batches = 0;   // tower calls, failed ones included
-  std::uint64_t tower_items = 0;     // distinct computations sent to the tower
-  std::uint64_t tower_tokens = 0;    // their post-merge tokens
-  double tower_seconds = 0;          // wall time inside VisionTower::Encode
-  std::uint64_t tower_failures = 0;  // batches failed by the tower or its output shape
-  std::uint64_t sink_full_stalls = 0;  // batch starts refused because the sink was full
-
-  // Failed items by status code (kInvalidArgument, kInternal, kCancelled, ...).
-  std::map<StatusCode, std::uint64_t> errors;
-  std::uint64_t callback_exceptions = 0;
-  // Cache operations whose tier copy threw (WorkerOptions::to_host /
-  // to_device): served as a miss, or the demoted victim dropped.
-  std::uint64_t cache_errors = 0;
-
-  // Now: requests in flight; computations queued on the scheduler (not yet in
-  // a batch) and their tokens.
-  std::int64_t in_flight_requests = 0;
-  std::int64_t pending_items = 0;
-  std::int64_t pending_tokens = 0;
-
-  // Cache: capacity victims per tier (EmbeddingCache::evictions(); an L1
-  // victim is demoted to L2 when it fits), tier moves, and occupancy.
-  std::uint64_t l1_evictions = 0;
-  std::uint64_t l2_evictions = 0;
-  std::uint64_t demotions = 0;
-  std::uint64_t promotions = 0;
-  std::int64_t l1_bytes = 0;
-  std::int64_t l2_bytes = 0;
-  std::int64_t l1_entries = 0;
-  std::int64_t l2_entries = 0;
-};
-
 class EncodeWorker {
  public:
-  // Validates the options (kInvalidArgument naming the field: empty model_id,
-  // invalid preprocess config, negative capacity, non-positive batch bounds,
-  // negative max_pending_items, decode_threads or decode_lookahead), a tower
+  // Validates the options (WorkerOptions::Validate), a tower
   // whose patch_dim or merge_size differs from the preprocess config's, and
   // a tower with output_on_device() without all three of adopt_device_rows,
   // to_host and to_device (all kInvalidArgument). Takes ownership of the

@@ -90,8 +90,13 @@ struct DecodeLimits {
 // header is an error.
 StatusOr<ImageInfo> ProbeImage(std::span<const std::uint8_t> bytes);
 
+// The decompression-bomb guard, the one place it is written: OK when
+// width * height <= limits.max_pixels, else kInvalidArgument ("too many
+// pixels: the image is WxH = N pixels, over the decode limit of L pixels").
+Status CheckPixelLimit(int width, int height, const DecodeLimits& limits);
+
 // Decodes a JPEG or PNG into RGB8. Checks width * height <= limits.max_pixels
-// before allocating. Never crashes on arbitrary input.
+// (CheckPixelLimit) before allocating. Never crashes on arbitrary input.
 StatusOr<RgbImage> DecodeImage(std::span<const std::uint8_t> bytes, const DecodeLimits& limits = {});
 
 }  // namespace epd

@@ -112,6 +112,22 @@ StatusOr<ResizedSize> SmartResize(std::int64_t height, std::int64_t width, const
 // with ProbeImage it gives the token count without decoding.
 StatusOr<GridTHW> GridForImage(std::int64_t height, std::int64_t width, const PreprocessConfig& cfg);
 
+// What an encoded image's header gives without decoding: its format and size
+// (ImageInfo) and the grid it will have.
+struct ProbedGrid {
+  ImageInfo info;
+  GridTHW grid;
+};
+
+// The header grid, the one function that turns an encoded image's header
+// into its grid (and so its post-merge tokens: grid.tokens(cfg.merge_size)):
+// ProbeImage, then CheckPixelLimit, then GridForImage. So a header that
+// probes fine here decodes under the same limits. Errors (kInvalidArgument):
+// ProbeImage's (unknown format, zero size, truncated header), too many
+// pixels, GridForImage's. Cost: a header parse, O(1) in the pixel count.
+StatusOr<ProbedGrid> ProbeGrid(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
+                               const DecodeLimits& limits = {});
+
 // Resamples `src` to width x height with `filter` (see step 2 above).
 // Errors (kInvalidArgument): src malformed (non-positive size or pixels.size()
 // != width * height * 3), target size < 1. Returns a copy when sizes match.

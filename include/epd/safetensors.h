@@ -38,7 +38,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/content_key.h"
+#include "epd/content_key_type.h"
 #include "epd/embedding.h"
 #include "epd/status.h"
 

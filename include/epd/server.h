@@ -9,11 +9,11 @@
 // number (epd/status.h).
 //
 // A call's life (sync gRPC API, one handler thread per in-flight call):
-//   1. The handler validates the request (INVALID_ARGUMENT naming the item:
-//      no items, more than max_items_per_request, an item with neither image
-//      nor caller key, expected_tokens < 0 or different from what the image
-//      header gives) and submits it to the WorkerLoop, which hashes the keys
-//      on the handler thread.
+//   1. The handler validates the request's form (INVALID_ARGUMENT: no items,
+//      more than max_items_per_request, an item with neither image nor
+//      caller key) and submits it to the WorkerLoop, which hashes the keys
+//      on the handler thread. Item rules (expected_tokens, a bad image) are
+//      the worker's: such an item fails alone (epd/encode_worker.h).
 //   2. The worker thread's callbacks only push the ItemResult (a shared
 //      pointer to the cached embedding, no copy) onto the call's queue and
 //      signal the handler. The handler copies each embedding into an
@@ -23,7 +23,8 @@
 //      RESOURCE_EXHAUSTED, UNAVAILABLE), or with the lowest-index failed
 //      item's status after streaming the rest (INVALID_ARGUMENT for a bad
 //      image, INTERNAL for a tower failure; the message is prefixed
-//      "item <i>: ").
+//      "item <i>: " here, the one place it is added). A streamed
+//      EncodedItem carries its index and the worker's message as it is.
 //   Deadline or client cancellation: the handler cancels the request in the
 //   worker (queued items no other request waits on are dropped) and ends the
 //   call with DEADLINE_EXCEEDED or CANCELLED. Cancellation by the client is

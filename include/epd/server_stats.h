@@ -1,7 +1,7 @@
 // epd/server_stats.h: the counters one encode server reports (the Stats RPC,
 // EncodeServer::Stats, EncodeClient::Stats).
 //
-// They are WorkerStats (epd/encode_worker.h: every accepted item is counted
+// They are WorkerStats (epd/encode_types.h: every accepted item is counted
 // in exactly one of hits_l1, hits_l2, joins, misses) plus what only the
 // server sees: cache capacities, calls that ended with an error, and result
 // bytes waiting for slow clients.
@@ -13,7 +13,7 @@
 #include <map>
 #include <string>
 
-#include "epd/encode_worker.h"
+#include "epd/encode_types.h"
 #include "epd/status.h"
 
 namespace epd {

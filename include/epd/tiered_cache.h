@@ -1,7 +1,7 @@
 // epd/tiered_cache.h: a two-tier embedding cache, L1 in device memory and L2
 // in host memory, with exclusive tiers.
 //
-// TieredEmbeddingCache<K, V> has the same get/put surface as EmbeddingCache,
+// TieredEmbeddingCache<K, V> has the same Get/Put surface as EmbeddingCache,
 // so the encode worker uses either. A key lives in at most one tier:
 //   - put(k) always lands in L1, after dropping any stale L2 copy of k.
 //   - An L1 capacity victim is demoted: copied device->host by `to_host` and
@@ -11,11 +11,11 @@
 //     colder L1 entries, never the promoted key (it is MRU and fits).
 //   - L2 is the bottom tier: its victims are dropped.
 // Counters: l1_hits, l2_hits, misses, promotions, demotions; hits() is
-// l1_hits + l2_hits. contains() and size() span both tiers. The sub-caches'
+// l1_hits + l2_hits. Contains() and size() span both tiers. The sub-caches'
 // own counters (l1().hits() etc.) move as the reference's do.
 //
 // A value for which ValueTraits<V>::IsNone(v) holds (a null EmbeddingPtr, a
-// Python None) is treated by get() like an L1 miss, as in the reference.
+// Python None) is treated by Get() like an L1 miss, as in the reference.
 //
 // Copies: `to_host` and `to_device` are injected callables, V -> V, so the
 // tiering logic is testable without a device (a fake records each copy) and
@@ -25,7 +25,7 @@
 // larger than L2 (no demotion is counted): the GPU tier does so when its
 // pinned pool has no free block. For Python values it does not hold: a
 // to_host returning None stores None, as the reference does. They run synchronously on the
-// calling thread, inside get()/put(); they may throw, and the exception
+// calling thread, inside Get()/Put(); they may throw, and the exception
 // propagates with the state the reference would leave (for a failed promote:
 // the entry has already left L2 and is lost; for a failed demote: the victim
 // has already left L1 and is dropped).
@@ -36,8 +36,8 @@
 //
 // Example:
 //   TieredEmbeddingCache<ContentKey, EmbeddingPtr> cache(l1_bytes, l2_bytes, to_host, to_device);
-//   cache.put(key, emb, emb->nbytes());
-//   auto v = cache.get(key);   // L1 hit, or an L2 hit promoted to L1
+//   cache.Put(key, emb, emb->nbytes());
+//   auto v = cache.Get(key);   // L1 hit, or an L2 hit promoted to L1
 #pragma once
 
 #include <cstdint>
@@ -87,15 +87,15 @@ class TieredEmbeddingCache {
   TieredEmbeddingCache(const TieredEmbeddingCache&) = delete;
   TieredEmbeddingCache& operator=(const TieredEmbeddingCache&) = delete;
 
-  std::optional<V> get(const K& key, CacheTier* tier = nullptr) {
+  std::optional<V> Get(const K& key, CacheTier* tier = nullptr) {
     if (tier != nullptr) *tier = CacheTier::kMiss;
-    std::optional<V> value = l1_.get(key);
+    std::optional<V> value = l1_.Get(key);
     if (value.has_value() && !Traits::IsNone(*value)) {
       ++l1_hits_;
       if (tier != nullptr) *tier = CacheTier::kL1;
       return value;
     }
-    std::optional<PoppedEntry<V>> promoted = l2_.pop(key);
+    std::optional<PoppedEntry<V>> promoted = l2_.Pop(key);
     if (!promoted.has_value()) {
       ++misses_;
       return std::nullopt;
@@ -104,17 +104,17 @@ class TieredEmbeddingCache {
     ++l2_hits_;
     ++promotions_;
     if (tier != nullptr) *tier = CacheTier::kL2;
-    l1_.put(key, device_value, promoted->nbytes);
+    l1_.Put(key, device_value, promoted->nbytes);
     return device_value;
   }
 
   // Lands in L1 after dropping any stale L2 copy. Throws as EmbeddingCache::put.
-  void put(const K& key, V value, std::int64_t nbytes) {
-    l2_.pop(key);
-    l1_.put(key, std::move(value), nbytes);
+  void Put(const K& key, V value, std::int64_t nbytes) {
+    l2_.Pop(key);
+    l1_.Put(key, std::move(value), nbytes);
   }
 
-  bool contains(const K& key) const { return l1_.contains(key) || l2_.contains(key); }
+  bool Contains(const K& key) const { return l1_.Contains(key) || l2_.Contains(key); }
   std::size_t size() const { return l1_.size() + l2_.size(); }
 
   std::uint64_t hits() const { return l1_hits_ + l2_hits_; }
@@ -140,8 +140,8 @@ class TieredEmbeddingCache {
     if constexpr (Traits::kNullCopyDrops) {
       if (Traits::IsNone(host_value) && !was_none) return;
     }
-    l2_.put(key, std::move(host_value), nbytes);
-    if (l2_.contains(key)) ++demotions_;
+    l2_.Put(key, std::move(host_value), nbytes);
+    if (l2_.Contains(key)) ++demotions_;
   }
 
   Tier l1_;

@@ -52,13 +52,10 @@ struct TowerItem {
 };
 
 // The batch output. Owns its bytes.
-struct TowerOutput {
-  std::int64_t rows = 0;              // sum of post-merge tokens over the batch
-  std::int64_t hidden = 0;
-  std::int64_t deepstack_layers = 0;  // 0 when the tower has none
-  DType dtype = DType::kFloat32;
-  std::vector<std::byte> main;       // rows * hidden * DTypeSize(dtype)
-  std::vector<std::byte> deepstack;  // rows * hidden * deepstack_layers * DTypeSize(dtype)
+// Its shape: `tokens` rows, the sum of post-merge tokens over the batch.
+struct TowerOutput : EmbeddingShape {
+  std::vector<std::byte> main;       // tokens * hidden * DTypeSize(dtype)
+  std::vector<std::byte> deepstack;  // tokens * hidden * deepstack_layers * DTypeSize(dtype)
 
   // Device output (see the header comment); all null for host output. The
   // backend has finished writing the bytes (synchronised its stream) before
@@ -68,19 +65,13 @@ struct TowerOutput {
   std::shared_ptr<const void> device_owner;     // keeps both alive (e.g. the tensors)
 
   bool on_device() const { return device_owner != nullptr; }
-  std::size_t main_bytes() const { return static_cast<std::size_t>(rows * hidden) * DTypeSize(dtype); }
-  std::size_t deepstack_bytes() const { return main_bytes() * static_cast<std::size_t>(deepstack_layers); }
 };
 
 // One item's rows of a device-resident TowerOutput, as handed to
 // WorkerOptions::adopt_device_rows. `main` / `deepstack` point into device
 // memory: [tokens, hidden] and [tokens, hidden * deepstack_layers], dtype;
 // valid while `owner` lives (the adopter holds it until its copy lands).
-struct DeviceRows {
-  std::int64_t tokens = 0;
-  std::int64_t hidden = 0;
-  std::int64_t deepstack_layers = 0;
-  DType dtype = DType::kFloat32;
+struct DeviceRows : EmbeddingShape {
   const std::byte* main = nullptr;
   const std::byte* deepstack = nullptr;
   std::shared_ptr<const void> owner;
@@ -98,6 +89,11 @@ class VisionTower {
   virtual std::int64_t hidden() const = 0;
   virtual std::int64_t deepstack_layers() const = 0;
   virtual DType dtype() const = 0;
+  // The shape the tower's output has for `tokens` rows (hidden(),
+  // deepstack_layers(), dtype()).
+  EmbeddingShape OutputShape(std::int64_t tokens) const {
+    return EmbeddingShape{tokens, hidden(), deepstack_layers(), dtype()};
+  }
   // True when Encode leaves its output in device memory (TowerOutput::
   // on_device()); such a tower needs a worker with a GPU tier.
   virtual bool output_on_device() const { return false; }

@@ -19,7 +19,9 @@
 // Submit hashes the request's content keys on the CALLING thread
 // (EncodeWorker::ItemKeys) before enqueueing, so several submitting threads
 // hash in parallel and the worker thread does not. Decode and preprocessing
-// of misses happen on the worker thread, only for items that miss.
+// of misses happen on the worker's own helper threads (its PrefetchDecoder,
+// WorkerOptions::decode_threads) or, for a miss no helper has reached, on its
+// tower thread; only for items that miss, never on the loop's thread.
 //
 // Callbacks (on_item, on_done) run on the worker thread, except on_done of a
 // request submitted after Shutdown began, which runs on the submitting thread.

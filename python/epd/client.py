@@ -324,7 +324,7 @@ class EncodeClient:
                 if m.index < 0 or m.index >= len(indices) or m.index in got:
                     continue
                 got.add(m.index)
-                results[indices[m.index]] = _from_proto(m, indices[m.index], m.index)
+                results[indices[m.index]] = _from_proto(m, indices[m.index])
         except grpc.RpcError as e:
             code, message = e.code(), e.details()
         for local, index in enumerate(indices):
@@ -334,18 +334,11 @@ class EncodeClient:
                 results[index] = ItemResult(index=index, ok=False, code=code, message=message)
 
 
-def _renumber(message: str, local: int, index: int) -> str:
-    """The server names an item by its place in the call ("item 0: ..."); a
-    request split into per-key calls knows it by its place in the request."""
-    prefix = f"item {local}: "
-    return f"item {index}: " + message[len(prefix):] if message.startswith(prefix) else message
-
-
-def _from_proto(m, index: int, local: int) -> ItemResult:
+def _from_proto(m, index: int) -> ItemResult:
     common = dict(index=index, key=m.key, source=_SOURCES.get(m.source, "miss"), queue_ms=m.queue_ms,
                   tower_ms=m.tower_ms, total_ms=m.total_ms, server_id=m.server_id)
     if m.error_code != 0:
         return ItemResult(ok=False, code=_CODES.get(m.error_code, grpc.StatusCode.UNKNOWN),
-                          message=_renumber(m.error_message, local, index), **common)
+                          message=f"item {index}: {m.error_message}", **common)
     return ItemResult(ok=True, tokens=m.tokens, hidden=m.hidden, deepstack_layers=m.deepstack_layers,
                       dtype=_DTYPES.get(m.dtype, "unknown"), main=m.main, deepstack=m.deepstack, **common)

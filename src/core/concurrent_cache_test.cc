@@ -29,9 +29,9 @@ TEST(ConcurrentCacheTest, HammeredFromSeveralThreadsKeepsBytesAndValuesConsisten
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         const int k = static_cast<int>((s >> 33) % 500);
         if ((s >> 20) % 3 == 0) {
-          cache.put(k, std::make_shared<const int>(k * 7), 100);
+          cache.Put(k, std::make_shared<const int>(k * 7), 100);
           put_bytes += 100;  // every put of a new key adds 100; a replace nets 0 (counted below)
-        } else if (auto v = cache.get(k)) {
+        } else if (auto v = cache.Get(k)) {
           if (**v != k * 7) ++wrong;  // a value always matches its key
         }
       }
@@ -50,11 +50,11 @@ TEST(ConcurrentCacheTest, HookRunsOutsideTheShardLock) {
   bool reentered = false;
   ConcurrentEmbeddingCache<int, int> cache(100, 1, [&](const int& k, int&&, std::int64_t) {
     // Re-entering the same shard from the hook would deadlock if the lock were held.
-    reentered = !self->contains(k);
+    reentered = !self->Contains(k);
   });
   self = &cache;
-  cache.put(1, 1, 100);
-  cache.put(2, 2, 100);
+  cache.Put(1, 1, 100);
+  cache.Put(2, 2, 100);
   EXPECT_TRUE(reentered);
 }
 

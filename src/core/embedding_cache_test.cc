@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "epd/concurrent_cache.h"
-#include "epd/content_key.h"
+#include "epd/content_key_type.h"
 #include "epd/embedding.h"
 #include "test_names.h"
 
@@ -56,15 +56,15 @@ TYPED_TEST_SUITE(CacheContractTest, CacheTypes);
 
 TYPED_TEST(CacheContractTest, MissReturnsNulloptAndCountsMiss) {
   auto c = this->New(100);
-  EXPECT_EQ(c->get("a"), std::nullopt);
+  EXPECT_EQ(c->Get("a"), std::nullopt);
   EXPECT_EQ(c->misses(), 1u);
   EXPECT_EQ(c->hits(), 0u);
 }
 
 TYPED_TEST(CacheContractTest, HitReturnsValueAndCountsHit) {
   auto c = this->New(100);
-  c->put("a", 7, 10);
-  EXPECT_EQ(c->get("a"), 7);
+  c->Put("a", 7, 10);
+  EXPECT_EQ(c->Get("a"), 7);
   EXPECT_EQ(c->hits(), 1u);
   EXPECT_EQ(c->misses(), 0u);
 }
@@ -72,13 +72,13 @@ TYPED_TEST(CacheContractTest, HitReturnsValueAndCountsHit) {
 // Regression case from the issue: capacity 250; a, b, get a, c -> b evicted.
 TYPED_TEST(CacheContractTest, EvictsLeastRecentlyUsedFirst) {
   auto c = this->New(250);
-  c->put("a", 1, 100);
-  c->put("b", 2, 100);
-  EXPECT_EQ(c->get("a"), 1);
-  c->put("c", 3, 100);
-  EXPECT_FALSE(c->contains("b"));
-  EXPECT_TRUE(c->contains("a"));
-  EXPECT_TRUE(c->contains("c"));
+  c->Put("a", 1, 100);
+  c->Put("b", 2, 100);
+  EXPECT_EQ(c->Get("a"), 1);
+  c->Put("c", 3, 100);
+  EXPECT_FALSE(c->Contains("b"));
+  EXPECT_TRUE(c->Contains("a"));
+  EXPECT_TRUE(c->Contains("c"));
   EXPECT_EQ(c->current_bytes(), 200);
   EXPECT_THAT(this->evicted_, ElementsAre(Evicted{"b", 2, 100}));
 }
@@ -86,70 +86,70 @@ TYPED_TEST(CacheContractTest, EvictsLeastRecentlyUsedFirst) {
 // Regression case from the issue: hooks fire [a, b], oldest first; re-put never fires.
 TYPED_TEST(CacheContractTest, HookFiresOldestFirstAndNotOnReput) {
   auto c = this->New(200);
-  c->put("a", 1, 100);
-  c->put("b", 2, 100);
-  c->put("b", 22, 100);  // update in place: no hook, b becomes MRU
+  c->Put("a", 1, 100);
+  c->Put("b", 2, 100);
+  c->Put("b", 22, 100);  // update in place: no hook, b becomes MRU
   EXPECT_TRUE(this->evicted_.empty());
-  c->put("c", 3, 100);
-  c->put("a", 4, 100);
-  EXPECT_TRUE(c->contains("a"));
-  EXPECT_TRUE(c->contains("c"));
-  EXPECT_FALSE(c->contains("b"));
+  c->Put("c", 3, 100);
+  c->Put("a", 4, 100);
+  EXPECT_TRUE(c->Contains("a"));
+  EXPECT_TRUE(c->Contains("c"));
+  EXPECT_FALSE(c->Contains("b"));
   EXPECT_EQ(c->current_bytes(), 200);
   EXPECT_THAT(this->evicted_, ElementsAre(Evicted{"a", 1, 100}, Evicted{"b", 22, 100}));
 }
 
 TYPED_TEST(CacheContractTest, UpdateInPlaceRechargesBytesAndReplacesValue) {
   auto c = this->New(1000);
-  c->put("a", 1, 100);
-  c->put("a", 2, 300);
+  c->Put("a", 1, 100);
+  c->Put("a", 2, 300);
   EXPECT_EQ(c->current_bytes(), 300);
   EXPECT_EQ(c->size(), 1u);
-  EXPECT_EQ(c->get("a"), 2);
+  EXPECT_EQ(c->Get("a"), 2);
   EXPECT_TRUE(this->evicted_.empty());
 }
 
 TYPED_TEST(CacheContractTest, UpdateThatOverflowsEvictsOthersNotItself) {
   auto c = this->New(300);
-  c->put("a", 1, 100);
-  c->put("b", 2, 100);
-  c->put("a", 3, 250);  // a is MRU now; b must go
+  c->Put("a", 1, 100);
+  c->Put("b", 2, 100);
+  c->Put("a", 3, 250);  // a is MRU now; b must go
   EXPECT_THAT(this->evicted_, ElementsAre(Evicted{"b", 2, 100}));
-  EXPECT_EQ(c->get("a"), 3);
+  EXPECT_EQ(c->Get("a"), 3);
   EXPECT_EQ(c->current_bytes(), 250);
 }
 
 TYPED_TEST(CacheContractTest, OversizedItemIsSkippedWithoutEvicting) {
   auto c = this->New(250);
-  c->put("a", 1, 100);
-  c->put("big", 9, 251);
-  EXPECT_FALSE(c->contains("big"));
-  EXPECT_TRUE(c->contains("a"));
+  c->Put("a", 1, 100);
+  c->Put("big", 9, 251);
+  EXPECT_FALSE(c->Contains("big"));
+  EXPECT_TRUE(c->Contains("a"));
   EXPECT_EQ(c->current_bytes(), 100);
   EXPECT_TRUE(this->evicted_.empty());
 }
 
 TYPED_TEST(CacheContractTest, OversizedUpdateLeavesExistingEntryAsItWas) {
   auto c = this->New(250);
-  c->put("a", 1, 100);
-  c->put("a", 2, 1000);
-  EXPECT_EQ(c->get("a"), 1);
+  c->Put("a", 1, 100);
+  c->Put("a", 2, 1000);
+  EXPECT_EQ(c->Get("a"), 1);
   EXPECT_EQ(c->current_bytes(), 100);
 }
 
 TYPED_TEST(CacheContractTest, ItemOfExactlyCapacityFits) {
   auto c = this->New(250);
-  c->put("a", 1, 100);
-  c->put("b", 2, 250);
-  EXPECT_TRUE(c->contains("b"));
-  EXPECT_FALSE(c->contains("a"));
+  c->Put("a", 1, 100);
+  c->Put("b", 2, 250);
+  EXPECT_TRUE(c->Contains("b"));
+  EXPECT_FALSE(c->Contains("a"));
   EXPECT_EQ(c->current_bytes(), 250);
 }
 
 TYPED_TEST(CacheContractTest, PopIsStructural) {
   auto c = this->New(250);
-  c->put("a", 1, 100);
-  auto popped = c->pop("a");
+  c->Put("a", 1, 100);
+  auto popped = c->Pop("a");
   ASSERT_TRUE(popped.has_value());
   EXPECT_EQ(popped->value, 1);
   EXPECT_EQ(popped->nbytes, 100);
@@ -158,36 +158,36 @@ TYPED_TEST(CacheContractTest, PopIsStructural) {
   EXPECT_TRUE(this->evicted_.empty());
   EXPECT_EQ(c->current_bytes(), 0);
   EXPECT_EQ(c->size(), 0u);
-  EXPECT_EQ(c->pop("a"), std::nullopt);
+  EXPECT_EQ(c->Pop("a"), std::nullopt);
   EXPECT_EQ(c->misses(), 0u);
 }
 
 TYPED_TEST(CacheContractTest, ContainsDoesNotTouchRecencyOrCounters) {
   auto c = this->New(200);
-  c->put("a", 1, 100);
-  c->put("b", 2, 100);
-  EXPECT_TRUE(c->contains("a"));  // must not make a MRU
-  c->put("c", 3, 100);
+  c->Put("a", 1, 100);
+  c->Put("b", 2, 100);
+  EXPECT_TRUE(c->Contains("a"));  // must not make a MRU
+  c->Put("c", 3, 100);
   EXPECT_THAT(this->evicted_, ElementsAre(Evicted{"a", 1, 100}));
   EXPECT_EQ(c->hits() + c->misses(), 0u);
 }
 
 TYPED_TEST(CacheContractTest, CapacityZeroHoldsOnlyZeroByteItems) {
   auto c = this->New(0);
-  c->put("a", 1, 1);
-  EXPECT_FALSE(c->contains("a"));
-  c->put("z", 2, 0);
-  EXPECT_TRUE(c->contains("z"));
-  EXPECT_EQ(c->get("z"), 2);
+  c->Put("a", 1, 1);
+  EXPECT_FALSE(c->Contains("a"));
+  c->Put("z", 2, 0);
+  EXPECT_TRUE(c->Contains("z"));
+  EXPECT_EQ(c->Get("z"), 2);
   EXPECT_EQ(c->current_bytes(), 0);
   EXPECT_TRUE(this->evicted_.empty());
 }
 
 TYPED_TEST(CacheContractTest, NegativeNbytesIsRejectedNamingTheArgument) {
   auto c = this->New(100);
-  c->put("a", 1, 10);
+  c->Put("a", 1, 10);
   try {
-    c->put("b", 2, -1);
+    c->Put("b", 2, -1);
     FAIL() << "expected epd::Error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), StatusCode::kInvalidArgument);
@@ -199,9 +199,9 @@ TYPED_TEST(CacheContractTest, NegativeNbytesIsRejectedNamingTheArgument) {
 
 TYPED_TEST(CacheContractTest, ManyEvictionsInOnePutFireInLruOrder) {
   auto c = this->New(300);
-  for (int i = 0; i < 30; ++i) c->put(Name("k", i), i, 10);
-  c->get("k0");  // k0 becomes MRU
-  c->put("big", 99, 295);
+  for (int i = 0; i < 30; ++i) c->Put(Name("k", i), i, 10);
+  c->Get("k0");  // k0 becomes MRU
+  c->Put("big", 99, 295);
   // Everything but... nothing fits beside 295 except nothing of 10: all 30 go, k0 last.
   ASSERT_EQ(this->evicted_.size(), 30u);
   EXPECT_EQ(std::get<0>(this->evicted_.front()), "k1");
@@ -234,24 +234,24 @@ TEST(EmbeddingCacheTest, ValueStaysValidAfterEvictionReplaceAndPop) {
     std::memcpy(e->main.data(), &v, 4);
     return EmbeddingPtr(e);
   };
-  cache.put(k1, make(1.5f), 60);
-  std::optional<EmbeddingPtr> held = cache.get(k1);
+  cache.Put(k1, make(1.5f), 60);
+  std::optional<EmbeddingPtr> held = cache.Get(k1);
   ASSERT_TRUE(held.has_value());
   std::weak_ptr<const Embedding> watch = *held;
-  cache.put(k2, make(2.5f), 60);  // evicts k1
-  EXPECT_FALSE(cache.contains(k1));
+  cache.Put(k2, make(2.5f), 60);  // evicts k1
+  EXPECT_FALSE(cache.Contains(k1));
   float v;
   std::memcpy(&v, (*held)->main.data(), 4);
   EXPECT_EQ(v, 1.5f);
   held.reset();
   EXPECT_TRUE(watch.expired()) << "the cache must not keep an evicted value alive";
 
-  auto held2 = cache.get(k2);
-  cache.put(k2, make(3.5f), 60);  // replace
+  auto held2 = cache.Get(k2);
+  cache.Put(k2, make(3.5f), 60);  // replace
   std::memcpy(&v, (*held2)->main.data(), 4);
   EXPECT_EQ(v, 2.5f);
-  auto held3 = cache.get(k2);
-  cache.pop(k2);
+  auto held3 = cache.Get(k2);
+  cache.Pop(k2);
   std::memcpy(&v, (*held3)->main.data(), 4);
   EXPECT_EQ(v, 3.5f);
 }
@@ -285,7 +285,7 @@ TEST(EmbeddingCacheTest, MatchesNaiveModelOverRandomOperations) {
       if (op < 4) {
         const std::int64_t n = static_cast<std::int64_t>(rnd(60));
         const int v = step;
-        c.put(k, v, n);
+        c.Put(k, v, n);
         if (n <= cap) {
           int i = find(k);
           if (i >= 0) {
@@ -301,7 +301,7 @@ TEST(EmbeddingCacheTest, MatchesNaiveModelOverRandomOperations) {
           }
         }
       } else if (op < 8) {
-        auto got = c.get(k);
+        auto got = c.Get(k);
         int i = find(k);
         if (i < 0) {
           ASSERT_FALSE(got.has_value()) << "step " << step;
@@ -312,7 +312,7 @@ TEST(EmbeddingCacheTest, MatchesNaiveModelOverRandomOperations) {
           model.push_back(e);
         }
       } else {
-        auto got = c.pop(k);
+        auto got = c.Pop(k);
         int i = find(k);
         ASSERT_EQ(got.has_value(), i >= 0) << "step " << step;
         if (i >= 0) {
@@ -339,15 +339,15 @@ TEST(EmbeddingCacheTest, ThrowingHookPropagatesAfterVictimIsRemoved) {
     ++calls;
     throw std::runtime_error("hook failed");
   });
-  c.put("a", 1, 100);
-  c.put("b", 2, 100);
-  c.put("c", 3, 100);
+  c.Put("a", 1, 100);
+  c.Put("b", 2, 100);
+  c.Put("c", 3, 100);
   EXPECT_EQ(calls, 0);
-  EXPECT_THROW(c.put("d", 4, 200), std::runtime_error);
+  EXPECT_THROW(c.Put("d", 4, 200), std::runtime_error);
   // The first victim (a) left before the hook threw; b is still over capacity.
   EXPECT_EQ(calls, 1);
-  EXPECT_FALSE(c.contains("a"));
-  EXPECT_TRUE(c.contains("b"));
+  EXPECT_FALSE(c.Contains("a"));
+  EXPECT_TRUE(c.Contains("b"));
   EXPECT_EQ(c.current_bytes(), 400);
 }
 
@@ -358,7 +358,7 @@ TEST(EmbeddingCacheTest, BookkeepingPerEntryIsWithinTheDocumentedBound) {
     ContentKey k;
     std::memcpy(k.bytes.data(), &i, sizeof(i));
     k.bytes[8] = static_cast<std::uint8_t>(i * 37);
-    cache.put(k, nullptr, 1);
+    cache.Put(k, nullptr, 1);
   }
   const double per_entry = static_cast<double>(cache.bookkeeping_bytes()) / n;
   // Header: 56-104 bytes per entry (vector capacity slack can add up to 2x on the slab records).

@@ -21,7 +21,7 @@ EncodeScheduler::EncodeScheduler(std::int64_t max_tokens_per_batch, std::int64_t
   }
 }
 
-void EncodeScheduler::add(PendingEncodeItem item) {
+void EncodeScheduler::Add(PendingEncodeItem item) {
   Key key = item.key();
   auto it = items_.lower_bound(key);
   if (it != items_.end() && it->first == key) {
@@ -35,7 +35,7 @@ void EncodeScheduler::add(PendingEncodeItem item) {
   if (order_ == ScheduleOrder::kFifo) fifo_.emplace(seq, inserted);
 }
 
-bool EncodeScheduler::remove(const Key& key) {
+bool EncodeScheduler::Remove(const Key& key) {
   auto it = items_.find(key);
   if (it == items_.end()) return false;
   if (order_ == ScheduleOrder::kFifo) fifo_.erase(it->second.seq);
@@ -44,7 +44,7 @@ bool EncodeScheduler::remove(const Key& key) {
   return true;
 }
 
-std::vector<PendingEncodeItem> EncodeScheduler::next_batch() {
+std::vector<PendingEncodeItem> EncodeScheduler::NextBatch() {
   std::vector<PendingEncodeItem> batch;
   // 128-bit so that a sum of huge costs cannot wrap and pass the budget check
   // (the reference's Python ints never overflow).

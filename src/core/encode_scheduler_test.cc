@@ -44,20 +44,20 @@ TEST_P(SchedulerOrderTest, RejectsNonPositiveBoundsNamingTheArgument) {
 // Regression case from the issue.
 TEST_P(SchedulerOrderTest, OversizedItemIsReturnedAlone) {
   EncodeScheduler s(1000, 4, GetParam());
-  s.add({"big", 0, 1200});
-  s.add({"small", 0, 100});
-  EXPECT_THAT(Ids(s.next_batch()), ::testing::ElementsAre("big/0"));
-  EXPECT_THAT(Ids(s.next_batch()), ::testing::ElementsAre("small/0"));
-  EXPECT_TRUE(s.next_batch().empty());
+  s.Add({"big", 0, 1200});
+  s.Add({"small", 0, 100});
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("big/0"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("small/0"));
+  EXPECT_TRUE(s.NextBatch().empty());
   EXPECT_EQ(s.pending_size(), 0u);
 }
 
 TEST_P(SchedulerOrderTest, NeverReturnsEmptyWhilePending) {
   EncodeScheduler s(50, 2, GetParam());
-  for (int i = 0; i < 37; ++i) s.add({"r", i, (i * 13) % 70});
+  for (int i = 0; i < 37; ++i) s.Add({"r", i, (i * 13) % 70});
   std::size_t seen = 0;
   while (s.pending_size() > 0) {
-    auto b = s.next_batch();
+    auto b = s.NextBatch();
     ASSERT_FALSE(b.empty());
     seen += b.size();
   }
@@ -66,59 +66,59 @@ TEST_P(SchedulerOrderTest, NeverReturnsEmptyWhilePending) {
 
 TEST_P(SchedulerOrderTest, GreedyStopsAtTheFirstItemThatDoesNotFit) {
   EncodeScheduler s(100, 10, GetParam());
-  s.add({"a", 0, 60});
-  s.add({"a", 1, 50});  // would overflow: ends the batch even though a/2 fits
-  s.add({"a", 2, 10});
-  EXPECT_THAT(Ids(s.next_batch()), ::testing::ElementsAre("a/0"));
-  EXPECT_THAT(Ids(s.next_batch()), ::testing::ElementsAre("a/1", "a/2"));
+  s.Add({"a", 0, 60});
+  s.Add({"a", 1, 50});  // would overflow: ends the batch even though a/2 fits
+  s.Add({"a", 2, 10});
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("a/0"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("a/1", "a/2"));
 }
 
 TEST_P(SchedulerOrderTest, ItemCountBoundsTheBatch) {
   EncodeScheduler s(1000, 2, GetParam());
-  for (int i = 0; i < 5; ++i) s.add({"a", i, 1});
-  EXPECT_EQ(s.next_batch().size(), 2u);
-  EXPECT_EQ(s.next_batch().size(), 2u);
-  EXPECT_EQ(s.next_batch().size(), 1u);
+  for (int i = 0; i < 5; ++i) s.Add({"a", i, 1});
+  EXPECT_EQ(s.NextBatch().size(), 2u);
+  EXPECT_EQ(s.NextBatch().size(), 2u);
+  EXPECT_EQ(s.NextBatch().size(), 1u);
 }
 
 // Regression: the running token sum wrapped for huge costs and admitted them together.
 TEST_P(SchedulerOrderTest, HugeCostsDoNotOverflowTheBudgetCheck) {
   EncodeScheduler s(10, 16, GetParam());
   const std::int64_t max = std::numeric_limits<std::int64_t>::max();
-  s.add({"a", 0, 1000});
-  s.add({"a", 1, max});
-  s.add({"a", 2, max});
-  EXPECT_EQ(s.next_batch().size(), 1u);
-  EXPECT_EQ(s.next_batch().size(), 1u);
-  EXPECT_EQ(s.next_batch().size(), 1u);
+  s.Add({"a", 0, 1000});
+  s.Add({"a", 1, max});
+  s.Add({"a", 2, max});
+  EXPECT_EQ(s.NextBatch().size(), 1u);
+  EXPECT_EQ(s.NextBatch().size(), 1u);
+  EXPECT_EQ(s.NextBatch().size(), 1u);
   EXPECT_EQ(s.pending_size(), 0u);
 }
 
 TEST_P(SchedulerOrderTest, ExactBudgetFits) {
   EncodeScheduler s(100, 10, GetParam());
-  s.add({"a", 0, 40});
-  s.add({"a", 1, 60});
-  EXPECT_EQ(s.next_batch().size(), 2u);
+  s.Add({"a", 0, 40});
+  s.Add({"a", 1, 60});
+  EXPECT_EQ(s.NextBatch().size(), 2u);
 }
 
 TEST_P(SchedulerOrderTest, ReAddOverwritesTheItem) {
   EncodeScheduler s(1000, 10, GetParam());
-  s.add({"a", 0, 10});
-  s.add({"a", 0, 30});
+  s.Add({"a", 0, 10});
+  s.Add({"a", 0, 30});
   EXPECT_EQ(s.pending_size(), 1u);
   EXPECT_EQ(s.pending_tokens(), 30);
-  auto b = s.next_batch();
+  auto b = s.NextBatch();
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].cost, 30);
 }
 
 TEST_P(SchedulerOrderTest, RemoveDropsOnlyThatItem) {
   EncodeScheduler s(1000, 10, GetParam());
-  s.add({"a", 0, 10});
-  s.add({"b", 0, 10});
-  EXPECT_TRUE(s.remove({"a", 0}));
-  EXPECT_FALSE(s.remove({"a", 0}));
-  EXPECT_THAT(Ids(s.next_batch()), ::testing::ElementsAre("b/0"));
+  s.Add({"a", 0, 10});
+  s.Add({"b", 0, 10});
+  EXPECT_TRUE(s.Remove({"a", 0}));
+  EXPECT_FALSE(s.Remove({"a", 0}));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("b/0"));
 }
 
 TEST_P(SchedulerOrderTest, SameAddSequenceGivesSameBatches) {
@@ -128,11 +128,11 @@ TEST_P(SchedulerOrderTest, SameAddSequenceGivesSameBatches) {
     std::uint64_t st = 7;
     for (int i = 0; i < 500; ++i) {
       st = st * 6364136223846793005ull + 1;
-      s.add({Name("r", (st >> 40) % 50), static_cast<std::int64_t>((st >> 20) % 4),
+      s.Add({Name("r", (st >> 40) % 50), static_cast<std::int64_t>((st >> 20) % 4),
              static_cast<std::int64_t>((st >> 8) % 200)});
-      if (i % 7 == 0) out.push_back(Ids(s.next_batch()));
+      if (i % 7 == 0) out.push_back(Ids(s.NextBatch()));
     }
-    while (s.pending_size()) out.push_back(Ids(s.next_batch()));
+    while (s.pending_size()) out.push_back(Ids(s.NextBatch()));
     return out;
   };
   EXPECT_EQ(run(GetParam()), run(GetParam()));
@@ -140,19 +140,19 @@ TEST_P(SchedulerOrderTest, SameAddSequenceGivesSameBatches) {
 
 TEST(EncodeSchedulerTest, ByKeyOrdersByRequestIdThenIndex) {
   EncodeScheduler s(1000, 10, ScheduleOrder::kByKey);
-  s.add({"b", 1, 1});
-  s.add({"a", 2, 1});
-  s.add({"b", 0, 1});
-  s.add({"a", 10, 1});
-  EXPECT_THAT(Ids(s.next_batch()), ::testing::ElementsAre("a/2", "a/10", "b/0", "b/1"));
+  s.Add({"b", 1, 1});
+  s.Add({"a", 2, 1});
+  s.Add({"b", 0, 1});
+  s.Add({"a", 10, 1});
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("a/2", "a/10", "b/0", "b/1"));
 }
 
 TEST(EncodeSchedulerTest, FifoKeepsFirstArrivalPositionOnReAdd) {
   EncodeScheduler s(1000, 10, ScheduleOrder::kFifo);
-  s.add({"z", 0, 1});
-  s.add({"a", 0, 1});
-  s.add({"z", 0, 5});  // overwrite, keeps its place ahead of a
-  auto b = s.next_batch();
+  s.Add({"z", 0, 1});
+  s.Add({"a", 0, 1});
+  s.Add({"z", 0, 5});  // overwrite, keeps its place ahead of a
+  auto b = s.NextBatch();
   EXPECT_THAT(Ids(b), ::testing::ElementsAre("z/0", "a/0"));
   EXPECT_EQ(b[0].cost, 5);
 }
@@ -161,10 +161,10 @@ TEST(EncodeSchedulerTest, FifoKeepsFirstArrivalPositionOnReAdd) {
 // budget admits one item per batch. Returns the step at which "zzz" ran, or -1.
 int StepWhenLateIdRuns(ScheduleOrder order, int steps) {
   EncodeScheduler s(100, 1, order);
-  s.add({"zzz", 0, 100});
+  s.Add({"zzz", 0, 100});
   for (int step = 0; step < steps; ++step) {
-    s.add({Name("a", 1000000 + step), 0, 100});
-    for (const auto& it : s.next_batch())
+    s.Add({Name("a", 1000000 + step), 0, 100});
+    for (const auto& it : s.NextBatch())
       if (it.request_id == "zzz") return step;
   }
   return -1;
@@ -182,13 +182,13 @@ TEST(EncodeSchedulerTest, FifoBoundsTheWaitUnderSteadyArrivals) {
 TEST(EncodeSchedulerTest, FifoWaitIsBoundedByWorkQueuedAhead) {
   // With k items queued ahead and one item per batch, an item runs within k+1 batches.
   EncodeScheduler s(100, 1, ScheduleOrder::kFifo);
-  for (int i = 0; i < 20; ++i) s.add({Name("a", i), 0, 100});
-  s.add({"zzz", 0, 100});
+  for (int i = 0; i < 20; ++i) s.Add({Name("a", i), 0, 100});
+  s.Add({"zzz", 0, 100});
   int batches = 0;
   for (bool done = false; !done;) {
-    s.add({Name("b", batches), 0, 100});  // steady arrivals
+    s.Add({Name("b", batches), 0, 100});  // steady arrivals
     ++batches;
-    for (const auto& it : s.next_batch()) done |= it.request_id == "zzz";
+    for (const auto& it : s.NextBatch()) done |= it.request_id == "zzz";
   }
   EXPECT_EQ(batches, 21);
 }

@@ -42,16 +42,16 @@ class TieredTest : public ::testing::Test {
     return out;
   }
   static void ExpectExclusive(TieredEmbeddingCache<std::string, Tagged>& t) {
-    for (const auto& k : Keys(t.l1())) EXPECT_FALSE(t.l2().contains(k)) << k << " is in both tiers";
+    for (const auto& k : Keys(t.l1())) EXPECT_FALSE(t.l2().Contains(k)) << k << " is in both tiers";
   }
 };
 
 // Regression case from the issue, with the counters checked at each step.
 TEST_F(TieredTest, DemotesL1VictimAndPromotesOnL2Hit) {
   auto t = Make(200, 200);
-  t.put("a", {"a"}, 100);
-  t.put("b", {"b"}, 100);
-  t.put("c", {"c"}, 100);
+  t.Put("a", {"a"}, 100);
+  t.Put("b", {"b"}, 100);
+  t.Put("c", {"c"}, 100);
   EXPECT_EQ(Keys(t.l1()), (std::set<std::string>{"b", "c"}));
   EXPECT_EQ(Keys(t.l2()), (std::set<std::string>{"a"}));
   EXPECT_EQ(t.demotions(), 1u);
@@ -61,7 +61,7 @@ TEST_F(TieredTest, DemotesL1VictimAndPromotesOnL2Hit) {
   });
   ExpectExclusive(t);
 
-  auto got = t.get("a");
+  auto got = t.Get("a");
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(got->on_device);
   EXPECT_EQ(Keys(t.l1()), (std::set<std::string>{"c", "a"}));
@@ -76,13 +76,13 @@ TEST_F(TieredTest, DemotesL1VictimAndPromotesOnL2Hit) {
   EXPECT_THAT(to_host_calls_, ElementsAre("a", "b"));
   ExpectExclusive(t);
   EXPECT_EQ(t.size(), 3u);
-  EXPECT_TRUE(t.contains("b"));
+  EXPECT_TRUE(t.Contains("b"));
 }
 
 TEST_F(TieredTest, L1HitCountsOnlyL1) {
   auto t = Make(200, 200);
-  t.put("a", {"a"}, 100);
-  EXPECT_EQ(t.get("a")->payload, "a");
+  t.Put("a", {"a"}, 100);
+  EXPECT_EQ(t.Get("a")->payload, "a");
   EXPECT_EQ(t.l1_hits(), 1u);
   EXPECT_EQ(t.l2_hits(), 0u);
   EXPECT_TRUE(to_device_calls_.empty());
@@ -90,7 +90,7 @@ TEST_F(TieredTest, L1HitCountsOnlyL1) {
 
 TEST_F(TieredTest, MissInBothTiersCountsOneMiss) {
   auto t = Make(200, 200);
-  EXPECT_EQ(t.get("x"), std::nullopt);
+  EXPECT_EQ(t.Get("x"), std::nullopt);
   EXPECT_EQ(t.misses(), 1u);
   EXPECT_EQ(t.l1().misses(), 1u);
   EXPECT_EQ(t.l2().misses(), 0u) << "L2 is probed with pop, which is structural";
@@ -98,41 +98,41 @@ TEST_F(TieredTest, MissInBothTiersCountsOneMiss) {
 
 TEST_F(TieredTest, PromotedKeyIsNeverItsOwnVictim) {
   auto t = Make(100, 300);
-  t.put("a", {"a"}, 100);
-  t.put("b", {"b"}, 100);  // a -> L2
-  auto got = t.get("a");    // a promoted; b demoted
+  t.Put("a", {"a"}, 100);
+  t.Put("b", {"b"}, 100);  // a -> L2
+  auto got = t.Get("a");    // a promoted; b demoted
   ASSERT_TRUE(got.has_value());
-  EXPECT_TRUE(t.l1().contains("a"));
-  EXPECT_TRUE(t.l2().contains("b"));
-  EXPECT_FALSE(t.l2().contains("a"));
+  EXPECT_TRUE(t.l1().Contains("a"));
+  EXPECT_TRUE(t.l2().Contains("b"));
+  EXPECT_FALSE(t.l2().Contains("a"));
 }
 
 TEST_F(TieredTest, PutDropsStaleL2Copy) {
   auto t = Make(100, 300);
-  t.put("a", {"old"}, 100);
-  t.put("b", {"b"}, 100);  // a demoted
-  ASSERT_TRUE(t.l2().contains("a"));
-  t.put("a", {"new"}, 100);  // lands in L1, b demoted, stale a dropped from L2
-  EXPECT_FALSE(t.l2().contains("a"));
-  EXPECT_EQ(t.get("a")->payload, "new");
+  t.Put("a", {"old"}, 100);
+  t.Put("b", {"b"}, 100);  // a demoted
+  ASSERT_TRUE(t.l2().Contains("a"));
+  t.Put("a", {"new"}, 100);  // lands in L1, b demoted, stale a dropped from L2
+  EXPECT_FALSE(t.l2().Contains("a"));
+  EXPECT_EQ(t.Get("a")->payload, "new");
   ExpectExclusive(t);
 }
 
 TEST_F(TieredTest, VictimLargerThanL2IsDroppedWithoutCopy) {
   auto t = Make(300, 100);
-  t.put("big", {"big"}, 200);
-  t.put("x", {"x"}, 200);  // big evicted from L1, too large for L2
-  EXPECT_FALSE(t.contains("big"));
+  t.Put("big", {"big"}, 200);
+  t.Put("x", {"x"}, 200);  // big evicted from L1, too large for L2
+  EXPECT_FALSE(t.Contains("big"));
   EXPECT_TRUE(to_host_calls_.empty());
   EXPECT_EQ(t.demotions(), 0u);
 }
 
 TEST_F(TieredTest, L2EvictionsAreDrops) {
   auto t = Make(100, 100);
-  t.put("a", {"a"}, 100);
-  t.put("b", {"b"}, 100);  // a -> L2
-  t.put("c", {"c"}, 100);  // b -> L2, a dropped
-  EXPECT_FALSE(t.contains("a"));
+  t.Put("a", {"a"}, 100);
+  t.Put("b", {"b"}, 100);  // a -> L2
+  t.Put("c", {"c"}, 100);  // b -> L2, a dropped
+  EXPECT_FALSE(t.Contains("a"));
   EXPECT_EQ(t.size(), 2u);
   EXPECT_EQ(t.l2().evictions(), 1u);
 }
@@ -141,19 +141,19 @@ TEST_F(TieredTest, ThrowingToDeviceLosesTheEntryAsTheReferenceDoes) {
   TieredEmbeddingCache<std::string, Tagged> t(
       100, 100, [](const Tagged& v) { return Tagged{v.payload, false}; },
       [](const Tagged&) -> Tagged { throw std::runtime_error("device copy failed"); });
-  t.put("a", {"a"}, 100);
-  t.put("b", {"b"}, 100);
-  EXPECT_THROW(t.get("a"), std::runtime_error);
-  EXPECT_FALSE(t.contains("a"));
+  t.Put("a", {"a"}, 100);
+  t.Put("b", {"b"}, 100);
+  EXPECT_THROW(t.Get("a"), std::runtime_error);
+  EXPECT_FALSE(t.Contains("a"));
   EXPECT_EQ(t.l2_hits(), 0u);
   EXPECT_EQ(t.promotions(), 0u);
-  EXPECT_TRUE(t.contains("b"));
+  EXPECT_TRUE(t.Contains("b"));
 }
 
 TEST(TieredNullValueTest, NullL1ValueFallsThroughLikeTheReference) {
   TieredEmbeddingCache<int, std::shared_ptr<int>> t(100, 100);
-  t.put(1, nullptr, 10);
-  EXPECT_EQ(t.get(1), std::nullopt);
+  t.Put(1, nullptr, 10);
+  EXPECT_EQ(t.Get(1), std::nullopt);
   EXPECT_EQ(t.l1().hits(), 1u);
   EXPECT_EQ(t.l1_hits(), 0u);
   EXPECT_EQ(t.misses(), 1u);
@@ -161,14 +161,14 @@ TEST(TieredNullValueTest, NullL1ValueFallsThroughLikeTheReference) {
 
 TEST(TieredTierReportTest, GetReportsTheTier) {
   TieredEmbeddingCache<int, int> t(100, 100);
-  t.put(1, 10, 100);
-  t.put(2, 20, 100);
+  t.Put(1, 10, 100);
+  t.Put(2, 20, 100);
   CacheTier tier;
-  t.get(2, &tier);
+  t.Get(2, &tier);
   EXPECT_EQ(tier, CacheTier::kL1);
-  t.get(1, &tier);
+  t.Get(1, &tier);
   EXPECT_EQ(tier, CacheTier::kL2);
-  t.get(3, &tier);
+  t.Get(3, &tier);
   EXPECT_EQ(tier, CacheTier::kMiss);
 }
 

@@ -166,16 +166,16 @@ TEST_P(DeviceTierContract, TieredCacheDemotesAndPromotesByteExact) {
   for (std::uint64_t k = 0; k < 5; ++k) {
     TierEmbeddingPtr v = Upload(*dev, 100 + k);
     ASSERT_EQ(v->nbytes(), static_cast<std::size_t>(kEntryBytes));
-    cache.put(KeyOf(k), v, kEntryBytes);
+    cache.Put(KeyOf(k), v, kEntryBytes);
   }
   // L1 [k3 k4], L2 [k0 k1 k2].
   EXPECT_EQ(cache.demotions(), 3u);
   EXPECT_EQ(stats.offloads, 3u);
   EXPECT_EQ(stats.offload_bytes, 3u * kEntryBytes);
-  for (std::uint64_t k = 0; k < 3; ++k) EXPECT_TRUE(cache.l2().contains(KeyOf(k))) << k;
+  for (std::uint64_t k = 0; k < 3; ++k) EXPECT_TRUE(cache.l2().Contains(KeyOf(k))) << k;
   for (std::uint64_t k = 0; k < 5; ++k) {
     CacheTier tier;
-    std::optional<TierEmbeddingPtr> v = cache.get(KeyOf(k), &tier);
+    std::optional<TierEmbeddingPtr> v = cache.Get(KeyOf(k), &tier);
     ASSERT_TRUE(v.has_value()) << k;
     EXPECT_EQ(tier, CacheTier::kL2) << k;
     EXPECT_EQ((*v)->where(), MemoryKind::kDevice) << k;
@@ -193,7 +193,7 @@ TEST_P(DeviceTierContract, TieredCacheDemotesAndPromotesByteExact) {
   // L1 [k3 k4] again and L2 [k0 k1 k2]; every one still exact.
   for (std::uint64_t k = 0; k < 5; ++k) {
     CacheTier tier;
-    std::optional<TierEmbeddingPtr> v = cache.get(KeyOf(k), &tier);
+    std::optional<TierEmbeddingPtr> v = cache.Get(KeyOf(k), &tier);
     ASSERT_TRUE(v.has_value());
     EXPECT_TRUE(Holds(*v, 100 + k)) << k;
   }
@@ -205,30 +205,30 @@ TEST_P(DeviceTierContract, PinnedPoolExhaustionDropsTheDemotion) {
   EPD_OPEN_OR_SKIP(dev, 16 * kMiB, RoundToPool(kEntryBytes));
   DeviceTierStats stats;
   GpuCache cache(kEntryBytes, 4 * kEntryBytes, MakeOffloadFn(*dev, &stats), MakeOnboardFn(*dev, &stats));
-  cache.put(KeyOf(0), Upload(*dev, 200), kEntryBytes);
-  cache.put(KeyOf(1), Upload(*dev, 201), kEntryBytes);  // demotes k0: takes the whole pool
-  cache.put(KeyOf(2), Upload(*dev, 202), kEntryBytes);  // demotes k1: no block
+  cache.Put(KeyOf(0), Upload(*dev, 200), kEntryBytes);
+  cache.Put(KeyOf(1), Upload(*dev, 201), kEntryBytes);  // demotes k0: takes the whole pool
+  cache.Put(KeyOf(2), Upload(*dev, 202), kEntryBytes);  // demotes k1: no block
   EXPECT_EQ(cache.demotions(), 1u);
   EXPECT_EQ(stats.offloads, 1u);
   EXPECT_EQ(stats.offload_dropped, 1u);
-  EXPECT_TRUE(cache.l2().contains(KeyOf(0)));
-  EXPECT_FALSE(cache.contains(KeyOf(1)));
+  EXPECT_TRUE(cache.l2().Contains(KeyOf(0)));
+  EXPECT_FALSE(cache.Contains(KeyOf(1)));
   EXPECT_EQ(dev->memory_stats().pinned_alloc_failures, 1u);
-  EXPECT_FALSE(cache.get(KeyOf(1)).has_value());
+  EXPECT_FALSE(cache.Get(KeyOf(1)).has_value());
   EXPECT_EQ(cache.misses(), 1u);
   // Promoting k0 demotes k2 while k0's pinned block is still the source of
   // the onboard: the pool is still full, so k2 is dropped too.
-  std::optional<TierEmbeddingPtr> k0 = cache.get(KeyOf(0));
+  std::optional<TierEmbeddingPtr> k0 = cache.Get(KeyOf(0));
   ASSERT_TRUE(k0.has_value());
   EXPECT_TRUE(Holds(*k0, 200));
   EXPECT_EQ(stats.offload_dropped, 2u);
-  EXPECT_FALSE(cache.contains(KeyOf(2)));
+  EXPECT_FALSE(cache.Contains(KeyOf(2)));
   // Once the onboard has landed, the block is free again for the next demotion.
   Settle(*dev);
-  cache.put(KeyOf(3), Upload(*dev, 203), kEntryBytes);  // demotes k0
+  cache.Put(KeyOf(3), Upload(*dev, 203), kEntryBytes);  // demotes k0
   EXPECT_EQ(stats.offloads, 2u);
-  EXPECT_TRUE(cache.l2().contains(KeyOf(0)));
-  std::optional<TierEmbeddingPtr> again = cache.get(KeyOf(0));
+  EXPECT_TRUE(cache.l2().Contains(KeyOf(0)));
+  std::optional<TierEmbeddingPtr> again = cache.Get(KeyOf(0));
   ASSERT_TRUE(again.has_value());
   EXPECT_TRUE(Holds(*again, 200));
 }
@@ -240,11 +240,11 @@ TEST_P(DeviceTierContract, OnboardWithoutDeviceMemoryServesPinnedCopy) {
   EXPECT_EQ(UploadEmbedding(*dev, testing_util::MakeEmbedding(1)).status().code(), StatusCode::kResourceExhausted);
   DeviceTierStats stats;
   GpuCache cache(kEntryBytes, 4 * kEntryBytes, MakeOffloadFn(*dev, &stats), MakeOnboardFn(*dev, &stats));
-  cache.put(KeyOf(0), Upload(*dev, 300, MemoryKind::kPinnedHost), kEntryBytes);
-  cache.put(KeyOf(1), Upload(*dev, 301, MemoryKind::kPinnedHost), kEntryBytes);  // demotes k0, no copy
+  cache.Put(KeyOf(0), Upload(*dev, 300, MemoryKind::kPinnedHost), kEntryBytes);
+  cache.Put(KeyOf(1), Upload(*dev, 301, MemoryKind::kPinnedHost), kEntryBytes);  // demotes k0, no copy
   EXPECT_EQ(cache.demotions(), 1u);
   EXPECT_EQ(stats.offloads, 0u);  // already in host memory
-  std::optional<TierEmbeddingPtr> k0 = cache.get(KeyOf(0));
+  std::optional<TierEmbeddingPtr> k0 = cache.Get(KeyOf(0));
   ASSERT_TRUE(k0.has_value());
   EXPECT_EQ((*k0)->where(), MemoryKind::kPinnedHost);
   EXPECT_EQ(stats.onboard_fallbacks, 1u);
@@ -291,11 +291,11 @@ TEST_P(DeviceTierContract, ConcurrentReadersSeeExactBytesUnderChurn) {
     std::mt19937_64 rng(20240917);
     for (int op = 0; op < kOps; ++op) {
       const std::uint64_t k = rng() % kKeys;
-      std::optional<TierEmbeddingPtr> v = cache.get(KeyOf(k));
+      std::optional<TierEmbeddingPtr> v = cache.Get(KeyOf(k));
       if (!v.has_value()) {
         TierEmbeddingPtr fresh = Upload(*dev, 1000 + k);
         if (fresh == nullptr) break;  // already reported; the readers must still be joined
-        cache.put(KeyOf(k), fresh, kEntryBytes);
+        cache.Put(KeyOf(k), fresh, kEntryBytes);
         v = fresh;
       }
       {
@@ -332,7 +332,7 @@ TEST_P(DeviceTierContract, AllMemoryReturnsOnceTheCacheIsGone) {
   EPD_OPEN_OR_SKIP(dev, 16 * kMiB, 16 * kMiB);
   {
     GpuCache cache(2 * kEntryBytes, 2 * kEntryBytes, MakeOffloadFn(*dev), MakeOnboardFn(*dev));
-    for (std::uint64_t k = 0; k < 4; ++k) cache.put(KeyOf(k), Upload(*dev, k), kEntryBytes);
+    for (std::uint64_t k = 0; k < 4; ++k) cache.Put(KeyOf(k), Upload(*dev, k), kEntryBytes);
     const DeviceMemoryStats m = dev->memory_stats();
     // L1 holds two entries' VRAM (plus victims whose offload may not have
     // landed); L2 two pinned blocks.

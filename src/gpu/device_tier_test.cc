@@ -74,8 +74,8 @@ class ManualTierTest : public ::testing::Test {
 TEST_F(ManualTierTest, VictimVramIsFreedOnlyAfterItsOffloadLands) {
   DeviceTierStats stats;
   GpuCache cache(kE, 4 * kE, MakeOffloadFn(dev_, &stats), MakeOnboardFn(dev_, &stats));
-  cache.put(KeyOf(0), Landed(1), kE);
-  cache.put(KeyOf(1), Landed(2), kE);  // demotes k0: its offload is queued, not landed
+  cache.Put(KeyOf(0), Landed(1), kE);
+  cache.Put(KeyOf(1), Landed(2), kE);  // demotes k0: its offload is queued, not landed
   ASSERT_EQ(stats.offloads, 1u);
   EXPECT_EQ(dev_.queued(Stream::kOffload), 1u);
   // No one but the device's release list holds k0's L1 entry now.
@@ -90,7 +90,7 @@ TEST_F(ManualTierTest, VictimVramIsFreedOnlyAfterItsOffloadLands) {
   EXPECT_EQ(dev_.Poll(), 0u);
   EXPECT_EQ(dev_.memory_stats().device_bytes_in_use, kE);
   // Freed memory is poisoned: had the source gone early, these bytes would show it.
-  std::optional<PoppedEntry<TierEmbeddingPtr>> k0 = cache.l2().pop(KeyOf(0));
+  std::optional<PoppedEntry<TierEmbeddingPtr>> k0 = cache.l2().Pop(KeyOf(0));
   ASSERT_TRUE(k0.has_value());
   ASSERT_TRUE(k0->value->ready());
   StatusOr<Embedding> host = k0->value->ToHostEmbedding();
@@ -142,9 +142,9 @@ TEST_F(ManualTierTest, ShippingADeviceEntryWaitsForItsUploadThenCopiesBack) {
 TEST_F(ManualTierTest, PromotionOfAnEntryStillBeingOffloadedWaitsForTheOffload) {
   DeviceTierStats stats;
   GpuCache cache(kE, 4 * kE, MakeOffloadFn(dev_, &stats), MakeOnboardFn(dev_, &stats));
-  cache.put(KeyOf(0), Landed(20), kE);
-  cache.put(KeyOf(1), Landed(21), kE);                       // offload k0 queued
-  std::optional<TierEmbeddingPtr> k0 = cache.get(KeyOf(0));  // onboard k0 queued; demotes k1
+  cache.Put(KeyOf(0), Landed(20), kE);
+  cache.Put(KeyOf(1), Landed(21), kE);                       // offload k0 queued
+  std::optional<TierEmbeddingPtr> k0 = cache.Get(KeyOf(0));  // onboard k0 queued; demotes k1
   ASSERT_TRUE(k0.has_value());
   EXPECT_EQ(cache.promotions(), 1u);
   EXPECT_EQ(cache.demotions(), 2u);

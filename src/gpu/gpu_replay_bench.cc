@@ -137,8 +137,8 @@ RunResult Run(const std::string& name, const Args& a, epd::Device& device, epd::
   epd::EmbeddingTierHooks hooks = epd::MakeEmbeddingTierHooks(device, &r.tier);
   epd::WorkerOptions o;
   o.model_id = "gpu-replay";
-  o.l1_bytes = cache ? a.l1_mb << 20 : 0;
-  o.l2_bytes = cache ? a.l2_mb << 20 : 0;
+  o.l1_capacity_bytes = cache ? a.l1_mb << 20 : 0;
+  o.l2_capacity_bytes = cache ? a.l2_mb << 20 : 0;
   o.to_host = hooks.to_host;
   o.to_device = hooks.to_device;
   o.adopt_device_rows = hooks.adopt_device_rows;

@@ -158,14 +158,14 @@ TierResult MeasureTier(epd::Device& dev, std::size_t entry_bytes, std::size_t n,
   epd::TieredEmbeddingCache<epd::ContentKey, epd::TierEmbeddingPtr, epd::ContentKeyHash> cache(
       nb * static_cast<std::int64_t>(n / 2), nb * static_cast<std::int64_t>(n), epd::MakeOffloadFn(dev, &stats),
       epd::MakeOnboardFn(dev, &stats));
-  for (std::size_t i = 0; i < n; ++i) cache.put(Key(i), Unwrap(epd::UploadEmbedding(dev, emb), "upload"), nb);
+  for (std::size_t i = 0; i < n; ++i) cache.Put(Key(i), Unwrap(epd::UploadEmbedding(dev, emb), "upload"), nb);
   (void)dev.Synchronize(epd::Stream::kOnboard);
   (void)dev.Synchronize(epd::Stream::kOffload);
   for (int r = 0; r < reps + 1; ++r) {
     const std::uint64_t moved0 = stats.offload_bytes + stats.onboard_bytes;
     const Clock::time_point t0 = Clock::now();
     for (std::size_t i = 0; i < n; ++i) {
-      if (!cache.get(Key(i)).has_value()) Die("churn: key " + std::to_string(i) + " missing");
+      if (!cache.Get(Key(i)).has_value()) Die("churn: key " + std::to_string(i) + " missing");
     }
     if (!dev.Synchronize(epd::Stream::kOnboard).ok() || !dev.Synchronize(epd::Stream::kOffload).ok()) {
       Die("churn: a copy failed");

@@ -55,8 +55,10 @@ include(${EPD_ROOT}/cmake/epd_add_test.cmake)
 # embedding, the worker the scheduler too); the rest is header-only templates.
 add_library(epd_core
   ${EPD_ROOT}/src/core/status.cc
+  ${EPD_ROOT}/src/core/content_key_type.cc
   ${EPD_ROOT}/src/core/embedding.cc
-  ${EPD_ROOT}/src/core/encode_scheduler.cc)
+  ${EPD_ROOT}/src/core/encode_scheduler.cc
+  ${EPD_ROOT}/src/core/encode_types.cc)
 add_library(epd::core ALIAS epd_core)
 target_include_directories(epd_core PUBLIC ${EPD_ROOT}/include)
 target_link_libraries(epd_core PUBLIC Threads::Threads)

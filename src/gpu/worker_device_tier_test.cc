@@ -103,8 +103,8 @@ class WorkerDeviceTierTest : public ::testing::Test {
     WorkerOptions o;
     o.model_id = "test-model";
     o.decode_threads = 0;
-    o.l1_bytes = l1;
-    o.l2_bytes = l2;
+    o.l1_capacity_bytes = l1;
+    o.l2_capacity_bytes = l2;
     o.to_host = hooks_.to_host;
     o.to_device = hooks_.to_device;
     o.adopt_device_rows = hooks_.adopt_device_rows;
@@ -191,7 +191,7 @@ TEST_F(WorkerDeviceTierTest, MissIsCopiedDeviceToDeviceIntoVramAndShipsExactByte
   EXPECT_EQ(tier_stats_.adopts, 1u);
   EXPECT_EQ(tier_stats_.adopt_bytes, static_cast<std::uint64_t>(kEntryBytes));
   EXPECT_EQ(dev.memory_stats().device_bytes_in_use, static_cast<std::size_t>(kEntryBytes));
-  EXPECT_EQ(w->stats().l1_bytes, kEntryBytes);
+  EXPECT_EQ(w->stats().l1_used_bytes, kEntryBytes);
 }
 
 TEST_F(WorkerDeviceTierTest, DeliveredVramEntryIsReadableInPlaceWithoutACopy) {
@@ -344,8 +344,8 @@ TEST_F(WorkerDeviceTierTest, ManyImagesThroughATinyVramStayExact) {
   EXPECT_EQ(s.items, 24u);
   EXPECT_EQ(s.hits_l1 + s.hits_l2 + s.misses, 24u);
   EXPECT_EQ(s.cache_errors, 0u);
-  EXPECT_LE(s.l1_bytes, 2 * kEntryBytes);
-  EXPECT_LE(s.l2_bytes, 3 * kEntryBytes);
+  EXPECT_LE(s.l1_used_bytes, 2 * kEntryBytes);
+  EXPECT_LE(s.l2_used_bytes, 3 * kEntryBytes);
 }
 
 // --- Capacities -----------------------------------------------------------
@@ -365,7 +365,7 @@ TEST_F(WorkerDeviceTierTest, ZeroCapacityL1DeliversTheRowsButCachesNothing) {
   EXPECT_EQ(state_->items_encoded(), 2);
   const WorkerStats s = w->stats();
   EXPECT_EQ(s.l1_entries + s.l2_entries, 0);
-  EXPECT_EQ(s.l1_bytes, 0);
+  EXPECT_EQ(s.l1_used_bytes, 0);
   ExpectStatsAddUp(s);
   ExpectAllMemoryReturned(dev, w);
 }
@@ -403,7 +403,7 @@ TEST_F(WorkerDeviceTierTest, VramExactlyFullFallsBackToHostForTheNextEntry) {
   // All three are cached, the fallback one in host memory.
   EXPECT_EQ(EncodeOne(*w, "r4", c_img_).source, ItemSource::kL1);
   EXPECT_EQ(w->stats().l1_entries, 3);
-  EXPECT_EQ(w->stats().l1_bytes, 3 * kEntryBytes);
+  EXPECT_EQ(w->stats().l1_used_bytes, 3 * kEntryBytes);
 }
 
 TEST_F(WorkerDeviceTierTest, PinnedPoolTooSmallDropsTheVictimAndTheTowerRunsAgain) {
@@ -641,7 +641,7 @@ TEST_F(WorkerDeviceTierTest, FailedDemotionLeavesL1WithinItsCapacity) {
   ExpectBytes(EncodeOne(*w, "r3", big), big);
   const WorkerStats s = w->stats();
   EXPECT_EQ(s.cache_errors, 1u);
-  EXPECT_LE(s.l1_bytes, 2 * kEntryBytes);
+  EXPECT_LE(s.l1_used_bytes, 2 * kEntryBytes);
   EXPECT_EQ(s.l1_entries, 1);  // big
   EXPECT_EQ(s.l2_entries, 1);  // b_
   EXPECT_EQ(EncodeOne(*w, "r4", b_).source, ItemSource::kL2);
@@ -724,8 +724,8 @@ TEST_F(WorkerDeviceTierTest, WorkerLoopDeliversExactBytesAndReturnsAllMemory) {
   EXPECT_EQ(s.items, 60u);
   ExpectStatsAddUp(s);
   EXPECT_EQ(s.cache_errors, 0u);
-  EXPECT_LE(s.l1_bytes, 2 * kEntryBytes);
-  EXPECT_LE(s.l2_bytes, 2 * kEntryBytes);
+  EXPECT_LE(s.l1_used_bytes, 2 * kEntryBytes);
+  EXPECT_LE(s.l2_used_bytes, 2 * kEntryBytes);
   while (dev.Poll() != 0) {
   }
   EXPECT_EQ(dev.memory_stats().device_bytes_in_use, 0u);

@@ -115,24 +115,7 @@ std::unique_ptr<internal::Digest> NewDigest(KeyMode mode) {
   return mode == KeyMode::kXxh3Fast ? internal::NewXxh3_128() : internal::NewSha256();
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 }  // namespace
-
-std::string ContentKey::Hex() const {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(bytes.size() * 2, '\0');
-  for (std::size_t i = 0; i < bytes.size(); ++i) {
-    out[2 * i] = kDigits[bytes[i] >> 4];
-    out[2 * i + 1] = kDigits[bytes[i] & 0xf];
-  }
-  return out;
-}
 
 ContentKey ComputeContentKey(std::string_view model_id, const PreprocessConfig& cfg,
                              std::span<const std::uint8_t> media, KeyMode mode) {
@@ -175,23 +158,6 @@ StatusOr<ContentKey> CallerContentKey(std::string_view model_id, const Preproces
   enc.Header(kDomainCaller, model_id, cfg);
   enc.Text(kTagCallerKey, caller_key);
   return enc.Finish(KeyMode::kSha256);
-}
-
-StatusOr<ContentKey> ParseContentKeyHex(std::string_view hex) {
-  ContentKey key;
-  if (hex.size() != key.bytes.size() * 2) {
-    return InvalidArgument("content key hex has " + std::to_string(hex.size()) + " characters, expected 64");
-  }
-  for (std::size_t i = 0; i < key.bytes.size(); ++i) {
-    const int hi = HexValue(hex[2 * i]);
-    const int lo = HexValue(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) {
-      const std::size_t at = hi < 0 ? 2 * i : 2 * i + 1;
-      return InvalidArgument("content key hex has a non-hex character at position " + std::to_string(at));
-    }
-    key.bytes[i] = static_cast<std::uint8_t>(hi << 4 | lo);
-  }
-  return key;
 }
 
 bool IsFastContentKey(const ContentKey& key) {

@@ -63,15 +63,6 @@ Status UnsupportedFormat(std::span<const std::uint8_t> bytes) {
 
 std::string Dims(std::int64_t w, std::int64_t h) { return std::to_string(w) + "x" + std::to_string(h); }
 
-Status CheckPixelLimit(int width, int height, const DecodeLimits& limits) {
-  const std::int64_t pixels = std::int64_t{width} * height;
-  if (pixels > limits.max_pixels) {
-    return InvalidArgument("too many pixels: the image is " + Dims(width, height) + " = " + std::to_string(pixels) +
-                           " pixels, over the decode limit of " + std::to_string(limits.max_pixels) + " pixels");
-  }
-  return Status::Ok();
-}
-
 // ---- JPEG (TurboJPEG) ------------------------------------------------------
 
 struct TjDeleter {
@@ -260,6 +251,15 @@ std::string_view ImageFormatName(ImageFormat format) {
       return "png";
   }
   return "unknown";
+}
+
+Status CheckPixelLimit(int width, int height, const DecodeLimits& limits) {
+  const std::int64_t pixels = std::int64_t{width} * height;
+  if (pixels > limits.max_pixels) {
+    return InvalidArgument("too many pixels: the image is " + Dims(width, height) + " = " + std::to_string(pixels) +
+                           " pixels, over the decode limit of " + std::to_string(limits.max_pixels) + " pixels");
+  }
+  return Status::Ok();
 }
 
 StatusOr<ImageInfo> ProbeImage(std::span<const std::uint8_t> bytes) {

@@ -131,6 +131,16 @@ StatusOr<GridTHW> GridForImage(std::int64_t height, std::int64_t width, const Pr
   return GridTHW{1, size->height / cfg.patch_size, size->width / cfg.patch_size};
 }
 
+StatusOr<ProbedGrid> ProbeGrid(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
+                               const DecodeLimits& limits) {
+  StatusOr<ImageInfo> info = ProbeImage(bytes);
+  if (!info.ok()) return info.status();
+  if (Status s = CheckPixelLimit(info->width, info->height, limits); !s.ok()) return s;
+  StatusOr<GridTHW> grid = GridForImage(info->height, info->width, cfg);
+  if (!grid.ok()) return grid.status();
+  return ProbedGrid{*info, *grid};
+}
+
 StatusOr<RgbImage> ResizeRgb(const RgbImage& src, int width, int height, Resample filter) {
   if (Status s = CheckImage(src); !s.ok()) return s;
   if (width < 1 || height < 1) {

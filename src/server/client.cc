@@ -109,12 +109,10 @@ struct EncodeClient::Impl {
       got[local] = true;
       ClientItemResult r = internal::FromProto(msg);
       r.index = group.indices[local];
-      // The server names an item by its place in this call ("item 0: ...");
-      // the caller knows it by its place in the whole request.
-      const std::string prefix = "item " + std::to_string(local) + ": ";
-      if (!r.status.ok() && local != r.index && r.status.message().rfind(prefix, 0) == 0) {
-        r.status = Status(r.status.code(),
-                          "item " + std::to_string(r.index) + ": " + r.status.message().substr(prefix.size()));
+      // The server's message says what is wrong; name the item by its place
+      // in the caller's request (not in this per-key call).
+      if (!r.status.ok()) {
+        r.status = Status(r.status.code(), "item " + std::to_string(r.index) + ": " + r.status.message());
       }
       out[r.index] = std::move(r);
     }

@@ -95,7 +95,7 @@ class StatsCollectable : public prometheus::Collectable {
     counter("epd_cache_demotions_total", "L1 victims moved to L2", static_cast<double>(w.demotions));
     counter("epd_cache_promotions_total", "L2 hits moved to L1", static_cast<double>(w.promotions));
     per_tier("epd_cache_bytes", "Bytes held by the cache, by tier", MetricType::Gauge,
-             static_cast<double>(w.l1_bytes), static_cast<double>(w.l2_bytes));
+             static_cast<double>(w.l1_used_bytes), static_cast<double>(w.l2_used_bytes));
     per_tier("epd_cache_capacity_bytes", "Cache capacity, by tier", MetricType::Gauge,
              static_cast<double>(s.l1_capacity_bytes), static_cast<double>(s.l2_capacity_bytes));
     per_tier("epd_cache_entries", "Entries held by the cache, by tier", MetricType::Gauge,

@@ -174,8 +174,8 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_l2_evictions(w.l2_evictions);
   out->set_demotions(w.demotions);
   out->set_promotions(w.promotions);
-  out->set_l1_bytes(w.l1_bytes);
-  out->set_l2_bytes(w.l2_bytes);
+  out->set_l1_used_bytes(w.l1_used_bytes);
+  out->set_l2_used_bytes(w.l2_used_bytes);
   out->set_l1_entries(w.l1_entries);
   out->set_l2_entries(w.l2_entries);
   out->set_l1_capacity_bytes(s.l1_capacity_bytes);
@@ -212,8 +212,8 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   w.l2_evictions = m.l2_evictions();
   w.demotions = m.demotions();
   w.promotions = m.promotions();
-  w.l1_bytes = m.l1_bytes();
-  w.l2_bytes = m.l2_bytes();
+  w.l1_used_bytes = m.l1_used_bytes();
+  w.l2_used_bytes = m.l2_used_bytes();
   w.l1_entries = m.l1_entries();
   w.l2_entries = m.l2_entries();
   s.l1_capacity_bytes = m.l1_capacity_bytes();

@@ -12,7 +12,7 @@
 
 #include "epd/client.h"
 #include "epd/embedding.h"
-#include "epd/encode_worker.h"
+#include "epd/encode_types.h"
 #include "epd/preprocess.h"
 #include "epd/server_stats.h"
 #include "epd/status.h"

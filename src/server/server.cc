@@ -31,7 +31,6 @@
 #include <mutex>
 #include <utility>
 
-#include "epd/image.h"
 #include "epd/preprocess.h"
 #include "epd/v1/encoder.grpc.pb.h"
 #include "epd/worker_loop.h"
@@ -89,8 +88,8 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     ServerStats s;
     s.server_id = options.server_id;
     if (loop != nullptr) s.worker = loop->Stats();
-    s.l1_capacity_bytes = worker_options.l1_bytes;
-    s.l2_capacity_bytes = worker_options.l2_bytes;
+    s.l1_capacity_bytes = worker_options.l1_capacity_bytes;
+    s.l2_capacity_bytes = worker_options.l2_capacity_bytes;
     {
       std::lock_guard<std::mutex> lock(errors_mu);
       s.rpc_errors = rpc_errors;
@@ -130,28 +129,6 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
       if (item.image().empty() && item.caller_key().empty()) {
         return InvalidArgument(at + " is empty: set `image` to JPEG or PNG bytes, or `caller_key` to a key "
                                     "this server has cached");
-      }
-      if (item.expected_tokens() < 0) {
-        return InvalidArgument(at + ": expected_tokens is " + std::to_string(item.expected_tokens()) +
-                               "; it must be >= 0 (0 = unknown)");
-      }
-      if (item.expected_tokens() > 0 && !item.image().empty()) {
-        // The header alone gives the token count; an image we cannot probe
-        // is left to the worker, which names the decode error.
-        const auto* p = reinterpret_cast<const std::uint8_t*>(item.image().data());
-        StatusOr<ImageInfo> info = ProbeImage({p, item.image().size()});
-        if (!info.ok()) continue;
-        StatusOr<GridTHW> grid = GridForImage(info->height, info->width, worker_options.preprocess);
-        if (!grid.ok()) continue;
-        const std::int64_t tokens = grid->tokens(worker_options.preprocess.merge_size);
-        if (tokens != item.expected_tokens()) {
-          return InvalidArgument(at + ": expected_tokens is " + std::to_string(item.expected_tokens()) +
-                                 " but the " + std::to_string(info->width) + "x" + std::to_string(info->height) +
-                                 " image gives " + std::to_string(tokens) + " tokens (grid " +
-                                 std::to_string(grid->t) + "x" + std::to_string(grid->h) + "x" +
-                                 std::to_string(grid->w) + ", merge " +
-                                 std::to_string(worker_options.preprocess.merge_size) + ")");
-        }
       }
     }
     return Status::Ok();
@@ -193,8 +170,6 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     };
     const std::string id = request.id;
     const std::size_t n = request.items.size();
-    std::vector<bool> had_image(n);
-    for (std::size_t i = 0; i < n; ++i) had_image[i] = !request.items[i].media.empty();
     loop->Submit(std::move(request), std::move(callbacks));
 
     // No deadline reads as gpr_inf_future, far beyond any real one.
@@ -222,18 +197,11 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
         const std::int64_t bytes = ResultBytes(r);
         if (!r.status.ok()) {
           ++failed;
-          Status s = r.status;
-          if (s.code() == StatusCode::kInvalidArgument && !had_image[r.index]) {
-            s = InvalidArgument("item " + std::to_string(r.index) +
-                                ": its caller_key is not cached on this server and it carries no image bytes "
-                                "to encode; resend it with `image` set");
-          } else if (!s.message().starts_with("item ")) {
-            s = Status(s.code(), "item " + std::to_string(r.index) + ": " + s.message());
-          }
-          r.status = s;
+          // The worker's message says what is wrong; EncodedItem::index says
+          // which item, and the call's status below names it.
           if (first_failed < 0 || r.index < first_failed) {
             first_failed = r.index;
-            first_failure = s;
+            first_failure = r.status;
           }
         }
         msg.Clear();
@@ -272,7 +240,8 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     }
     if (!state->request_status.ok()) return Finish(state->request_status, start);
     if (failed > 0) {
-      Status s = first_failure;
+      // The one place an item's message leaves the process with its name.
+      Status s(first_failure.code(), "item " + std::to_string(first_failed) + ": " + first_failure.message());
       if (n > 1) {
         s = Status(s.code(), s.message() + " (" + std::to_string(failed) + " of " + std::to_string(n) +
                                  " items failed; the others were sent)");

@@ -233,7 +233,7 @@ StatusOr<TowerOutput> TorchScriptTower::Encode(std::span<const TowerItem> items)
   if (Status s = ValidateItems(items, &total_patches, &total_tokens); !s.ok()) return s;
 
   TowerOutput out;
-  out.rows = total_tokens;
+  out.tokens = total_tokens;
   out.hidden = meta_.hidden;
   out.deepstack_layers = meta_.deepstack_layers;
   out.dtype = dtype_;

@@ -129,7 +129,7 @@ TEST(TorchTowerContract, PacksItemsInBatchOrderAndPassesTheirGrids) {
   const auto ra = Rows(a.patches(), 0), rb = Rows(b.patches(), 1);
   auto out = (*tower)->Encode(std::vector<TowerItem>{{ra.data(), a, 0}, {rb.data(), b, 0}});
   ASSERT_TRUE(out.ok()) << out.status().ToString();
-  ASSERT_EQ(out->rows, 4);
+  ASSERT_EQ(out->tokens, 4);
   const auto main = Floats(out->main);
   const auto deep = Floats(out->deepstack);
   ASSERT_EQ(main.size(), 4u * kHidden);

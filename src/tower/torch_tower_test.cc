@@ -103,7 +103,7 @@ TEST_F(DefaultTowerTest, SmallImageGivesFourTokens) {
   const auto patches = Patches(grid, 1);
   auto out = tower_->Encode(std::vector<TowerItem>{{patches.data(), grid, kPatchDim}});
   ASSERT_TRUE(out.ok()) << out.status().ToString();
-  EXPECT_EQ(out->rows, 4);
+  EXPECT_EQ(out->tokens, 4);
   EXPECT_EQ(out->hidden, kHidden);
   EXPECT_EQ(out->deepstack_layers, kDeepstack);
   EXPECT_EQ(out->dtype, DType::kFloat32);
@@ -124,7 +124,7 @@ TEST_F(DefaultTowerTest, BatchRowsAreTheSumOfItemTokens) {
   auto out = tower_->Encode(
       std::vector<TowerItem>{{pa.data(), a, 0}, {pb.data(), b, 0}, {pc.data(), c, 0}});
   ASSERT_TRUE(out.ok()) << out.status().ToString();
-  EXPECT_EQ(out->rows, 18);
+  EXPECT_EQ(out->tokens, 18);
   EXPECT_EQ(out->main.size(), 18u * kHidden * 4);
   EXPECT_EQ(out->deepstack.size(), 18u * kHidden * kDeepstack * 4);
 }
@@ -179,7 +179,7 @@ TEST_F(DefaultTowerTest, SameInputGivesIdenticalBytes) {
 TEST_F(DefaultTowerTest, EmptyBatchGivesNoRows) {
   auto out = tower_->Encode({});
   ASSERT_TRUE(out.ok()) << out.status().ToString();
-  EXPECT_EQ(out->rows, 0);
+  EXPECT_EQ(out->tokens, 0);
   EXPECT_EQ(out->hidden, kHidden);
   EXPECT_TRUE(out->main.empty());
   EXPECT_TRUE(out->deepstack.empty());
@@ -268,7 +268,7 @@ TEST(TorchTowerNoDeepstack, DeepstackOutputIsEmpty) {
   const auto p = Patches(g, 1);
   auto out = (*tower)->Encode(std::vector<TowerItem>{{p.data(), g, 0}});
   ASSERT_TRUE(out.ok()) << out.status().ToString();
-  EXPECT_EQ(out->rows, 4);
+  EXPECT_EQ(out->tokens, 4);
   EXPECT_EQ(out->deepstack_layers, 0);
   EXPECT_EQ(out->main.size(), 4u * kHidden * 4);
   EXPECT_TRUE(out->deepstack.empty());

@@ -4,10 +4,10 @@
 // prefetch decode, and the waiters (request, item index) that receive its
 // result. A job is *queued* (on the scheduler under exactly one scheduler
 // key) until StartBatch() takes it, then *running*
-// (in a Batch of `outstanding`) until FinishBatch() caches its result,
+// (in a Batch the TowerRunner holds) until FinishBatch() caches its result,
 // delivers it and erases it. Invariants between calls:
 //   - job_by_sched holds exactly the queued jobs, and the scheduler exactly
-//     their scheduler keys; running jobs are exactly those of `outstanding`;
+//     their scheduler keys; running jobs are exactly those of the runner's batches;
 //   - job_by_key maps a content key to its (queued or running) job when dedup
 //     is on, so a late duplicate joins even a running computation;
 //   - every queued job has >= 1 waiter (a running one may have none: it was
@@ -21,18 +21,10 @@
 //
 // Threads. The owning thread does everything except two things: helper
 // threads of the PrefetchDecoder decode queued misses in arrival order, and
-// one tower thread takes each started batch's decoded images (decoding any
-// no helper has started) and runs VisionTower::Encode, batches in start
-// order. The tower thread touches only the Batches it was handed and the
-// decoder (which has its own lock); the owning thread reads a Batch again
-// only after its `done` is set under tower_mu. Benefits: while the tower
-// runs, the owner keeps accepting requests, serving hits and queueing misses
-// whose decode then overlaps the tower; and it can start the next batch
-// before collecting (copying out, caching, delivering) the one that just
-// finished, so the collect overlaps the tower too. Costs: one more thread,
-// and corrupt pixel data is reported when its batch runs rather than at
-// Submit. Batch formation sees only the scheduler calls and header costs, so
-// it does not depend on decode timing.
+// the TowerRunner's thread (tower_runner.h) takes each started batch's
+// decoded images and runs VisionTower::Encode, batches in start order.
+// Batch formation sees only the scheduler calls and header costs, so it does
+// not depend on decode timing.
 //
 // Delivery. Callbacks never run while the state is half-updated: Submit and
 // FinishBatch first bring every structure to its new state, collecting the
@@ -41,26 +33,21 @@
 // callback's caller.
 //
 // Copies. Each item's rows are copied out of the batch's TowerOutput into a
-// fresh Embedding (main and deepstack halves, contiguous), so the cache never
-// aliases a buffer the tower may reuse for its next batch.
+// fresh Embedding (batch_output.h), so the cache never aliases a buffer the
+// tower may reuse for its next batch.
 #include "epd/encode_worker.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <cstdio>
-#include <cstring>
-#include <exception>
-#include <mutex>
 #include <span>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
+#include "batch_output.h"
 #include "epd/tiered_cache.h"
 #include "prefetch_decoder.h"
+#include "tower_runner.h"
 
 namespace epd {
 namespace {
@@ -70,10 +57,6 @@ using Cache = TieredEmbeddingCache<ContentKey, EmbeddingPtr, ContentKeyHash>;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-std::span<const std::uint8_t> Bytes(const std::string& s) {
-  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
-}
-
 std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRequest& request) {
   std::vector<StatusOr<ContentKey>> keys;
   keys.reserve(request.items.size());
@@ -81,23 +64,50 @@ std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRe
     if (item.caller_key.has_value()) {
       keys.push_back(CallerContentKey(o.model_id, o.preprocess, *item.caller_key));
     } else {
-      keys.push_back(ComputeContentKey(o.model_id, o.preprocess, Bytes(item.media), o.key_mode));
+      keys.push_back(ComputeContentKey(o.model_id, o.preprocess, item.media.span(), o.key_mode));
     }
   }
   return keys;
 }
 
-}  // namespace
-
-std::string_view ItemSourceName(ItemSource source) {
-  switch (source) {
-    case ItemSource::kL1: return "l1";
-    case ItemSource::kL2: return "l2";
-    case ItemSource::kMiss: return "miss";
-    case ItemSource::kJoined: return "joined";
+// An item's header grid (ProbeGrid), probed at most once per item.
+class HeaderProbe {
+ public:
+  HeaderProbe(const MediaBytes& media, const WorkerOptions& options) : media_(media), options_(options) {}
+  const StatusOr<ProbedGrid>& Get() {
+    if (!probed_.has_value()) probed_.emplace(ProbeGrid(media_.span(), options_.preprocess, options_.limits));
+    return *probed_;
   }
-  return "unknown";
+
+ private:
+  const MediaBytes& media_;
+  const WorkerOptions& options_;
+  std::optional<StatusOr<ProbedGrid>> probed_;
+};
+
+// The expected-tokens rule (EncodeItemInput::expected_tokens): >= 0, and
+// when the item carries an image whose header reads, equal to the tokens
+// that header gives. An unreadable header is left to the miss path, which
+// names the decode error.
+Status CheckExpectedTokens(const EncodeItemInput& item, HeaderProbe& header, std::int64_t merge_size) {
+  if (item.expected_tokens < 0) {
+    return InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) +
+                           "; it must be >= 0 (0 = unknown)");
+  }
+  if (item.expected_tokens == 0 || item.media.empty()) return Status::Ok();
+  const StatusOr<ProbedGrid>& probed = header.Get();
+  if (!probed.ok()) return Status::Ok();
+  const GridTHW& g = probed->grid;
+  const std::int64_t tokens = g.tokens(merge_size);
+  if (tokens == item.expected_tokens) return Status::Ok();
+  return InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) + " but the " +
+                         std::to_string(probed->info.width) + "x" + std::to_string(probed->info.height) +
+                         " image gives " + std::to_string(tokens) + " tokens (grid " + std::to_string(g.t) + "x" +
+                         std::to_string(g.h) + "x" + std::to_string(g.w) + ", merge " + std::to_string(merge_size) +
+                         ")");
 }
+
+}  // namespace
 
 bool RequestResult::all_ok() const {
   if (!status.ok()) return false;
@@ -117,24 +127,6 @@ struct EncodeWorker::Impl {
     std::vector<Waiter> waiters;
     bool running = false;
   };
-  // A started batch. Filled by StartBatch, then owned by the tower thread
-  // until `done`, then read by FinishBatch.
-  struct BatchEntry {
-    std::uint64_t job;
-    std::shared_ptr<internal::PrefetchDecoder::Task> decode;
-    Status decode_status;  // the decode's error, if any
-    PreprocessedImage image;
-  };
-  struct Batch {
-    std::vector<BatchEntry> entries;
-    std::function<void()> on_finished;
-    bool done = false;         // guarded by tower_mu: the tower thread is through with it
-    std::int64_t decoded = 0;  // entries sent to the tower
-    std::int64_t tokens = 0;   // their post-merge tokens
-    StatusOr<TowerOutput> out = Status(StatusCode::kInternal, "no item of the batch decoded");
-    Clock::time_point start;  // tower call start
-    double tower_ms = 0;
-  };
   struct Request {
     std::string id;
     RequestCallbacks callbacks;
@@ -143,6 +135,8 @@ struct EncodeWorker::Impl {
     std::vector<bool> delivered;
     std::int64_t remaining = 0;
   };
+  using Batch = internal::Batch;
+  using BatchEntry = internal::BatchEntry;
   // A result computed while the state was updated, fired afterwards.
   struct Delivery {
     std::uint64_t request;
@@ -152,21 +146,11 @@ struct EncodeWorker::Impl {
   Impl(WorkerOptions opt, std::unique_ptr<VisionTower> t)
       : options(std::move(opt)),
         tower(std::move(t)),
-        cache(options.l1_bytes, options.l2_bytes, FencedToHost(), options.to_device),
+        cache(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device),
         scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order),
         decoder(options.preprocess, options.limits, options.decode_threads,
                 options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch),
-        tower_thread([this] { TowerLoop(); }) {}
-
-  // Waits for started batches' tower calls, then stops the tower thread.
-  ~Impl() {
-    {
-      std::lock_guard<std::mutex> lock(tower_mu);
-      tower_stop = true;
-    }
-    tower_cv.notify_all();
-    tower_thread.join();
-  }
+        runner(*tower, decoder) {}
 
   WorkerOptions options;
   std::unique_ptr<VisionTower> tower;
@@ -183,48 +167,21 @@ struct EncodeWorker::Impl {
   std::uint64_t next_job = 1;
   WorkerStats stats;
 
-  // Started batches not yet collected by FinishBatch, oldest first (the
-  // owner's view): at most one running on the tower thread plus one
-  // finished. The tower thread runs them in this order.
-  std::deque<std::unique_ptr<Batch>> outstanding;
-  std::atomic<int> finished{0};  // batches the tower thread is through with, not yet collected
-  std::mutex tower_mu;
-  std::condition_variable tower_cv;
-  std::deque<Batch*> tower_queue;  // guarded by tower_mu
-  bool tower_stop = false;         // guarded by tower_mu
-  std::thread tower_thread;        // last member: starts after everything it uses
-
-  bool TowerBusy() const { return static_cast<int>(outstanding.size()) > finished.load(std::memory_order_acquire); }
-
-  // The grid the image will have, from its header alone; the errors a
-  // decode would give for a bad header (format, zero size, pixel limit).
-  StatusOr<GridTHW> HeaderGrid(const std::string& media) const {
-    StatusOr<ImageInfo> info = ProbeImage(Bytes(media));
-    if (!info.ok()) return info.status();
-    const std::int64_t pixels = std::int64_t{info->width} * info->height;
-    if (pixels > options.limits.max_pixels) {
-      return InvalidArgument("too many pixels: " + std::to_string(info->width) + "x" + std::to_string(info->height) +
-                             " = " + std::to_string(pixels) + " exceeds the limit " +
-                             std::to_string(options.limits.max_pixels));
-    }
-    return GridForImage(info->height, info->width, options.preprocess);
-  }
+  // Last: its destructor waits for started batches' tower calls, which use
+  // the tower and the decoder above.
+  internal::TowerRunner runner;
 
   // Tokens a hit must have for this item; 0 when unknown (no expected count
   // and no readable header, e.g. a caller key sent without the media).
-  std::int64_t ExpectedTokens(const EncodeItemInput& item) const {
+  std::int64_t ExpectedTokens(const EncodeItemInput& item, HeaderProbe& header) const {
     if (item.expected_tokens > 0) return item.expected_tokens;
-    StatusOr<GridTHW> grid = HeaderGrid(item.media);
-    return grid.ok() ? grid->tokens(options.preprocess.merge_size) : 0;
+    const StatusOr<ProbedGrid>& probed = header.Get();
+    return probed.ok() ? probed->grid.tokens(options.preprocess.merge_size) : 0;
   }
 
-  bool ShapeMatches(const Embedding& e, const EncodeItemInput& item) const {
-    if (e.hidden != tower->hidden() || e.deepstack_layers != tower->deepstack_layers() ||
-        e.dtype != tower->dtype() || e.nbytes() != e.ExpectedBytes()) {
-      return false;
-    }
-    const std::int64_t expected = ExpectedTokens(item);
-    return expected == 0 || expected == e.tokens;
+  bool ShapeMatches(const Embedding& e, const EncodeItemInput& item, HeaderProbe& header) const {
+    const std::int64_t expected = ExpectedTokens(item, header);
+    return e.shape() == tower->OutputShape(expected == 0 ? e.tokens : expected) && e.nbytes() == e.ExpectedBytes();
   }
 
   void CountError(StatusCode code) { ++stats.errors[code]; }
@@ -287,7 +244,7 @@ struct EncodeWorker::Impl {
           return w.request == request_id && w.index == static_cast<std::int64_t>(i);
         });
         if (job.waiters.empty() && !job.running) {
-          scheduler.remove(job.sched_key);
+          scheduler.Remove(job.sched_key);
           EraseJob(j);
         }
       }
@@ -297,44 +254,6 @@ struct EncodeWorker::Impl {
     }
     ++stats.cancelled_requests;
     Complete(it, status);
-  }
-
-  // OK when `out` is a well-formed output for `items` items of `tokens`
-  // post-merge tokens in total; else the kInternal error failing the batch.
-  Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::int64_t tokens) const {
-    if (!out.ok()) return Internal("vision tower failed: " + out.status().message());
-    const TowerOutput& o = *out;
-    const std::size_t dsize = DTypeSize(o.dtype);
-    if (o.rows != tokens) {
-      return Internal("vision tower returned " + std::to_string(o.rows) + " rows for a batch of " +
-                      std::to_string(items) + " items totalling " + std::to_string(tokens) + " tokens");
-    }
-    if (o.hidden != tower->hidden() || o.deepstack_layers != tower->deepstack_layers() || o.dtype != tower->dtype()) {
-      return Internal("vision tower output is hidden " + std::to_string(o.hidden) + ", deepstack " +
-                      std::to_string(o.deepstack_layers) + ", " + std::string(DTypeName(o.dtype)) +
-                      "; the tower declares hidden " + std::to_string(tower->hidden()) + ", deepstack " +
-                      std::to_string(tower->deepstack_layers()) + ", " + std::string(DTypeName(tower->dtype())));
-    }
-    if (o.on_device()) {
-      // Sizes are the backend's to keep; only the pointers can be checked.
-      if ((o.main_bytes() > 0 && o.device_main == nullptr) ||
-          (o.deepstack_bytes() > 0 && o.device_deepstack == nullptr)) {
-        return Internal("vision tower output is on the device but its " +
-                        std::string(o.device_main == nullptr ? "main" : "deepstack") + " pointer is null");
-      }
-      if (!options.adopt_device_rows) {
-        return Internal("vision tower output is on the device, but the worker has no adopt_device_rows hook");
-      }
-      return Status::Ok();
-    }
-    if (o.main.size() != static_cast<std::size_t>(o.rows * o.hidden) * dsize ||
-        o.deepstack.size() != static_cast<std::size_t>(o.rows * o.hidden * o.deepstack_layers) * dsize) {
-      return Internal("vision tower output holds " + std::to_string(o.main.size()) + "+" +
-                      std::to_string(o.deepstack.size()) + " bytes, its shape [" + std::to_string(o.rows) + ", " +
-                      std::to_string(o.hidden) + "] x (1 + " + std::to_string(o.deepstack_layers) + ") needs " +
-                      std::to_string(o.rows * o.hidden * (1 + o.deepstack_layers) * dsize));
-    }
-    return Status::Ok();
   }
 
   // options.to_host behind a fence, as the cache's demotion copy: one that
@@ -361,7 +280,7 @@ struct EncodeWorker::Impl {
   // consistent (epd/tiered_cache.h).
   std::optional<EmbeddingPtr> CacheGet(const ContentKey& key, CacheTier* tier) {
     try {
-      return cache.get(key, tier);
+      return cache.Get(key, tier);
     } catch (...) {
       ++stats.cache_errors;
       *tier = CacheTier::kMiss;
@@ -371,40 +290,42 @@ struct EncodeWorker::Impl {
   // A put cannot throw from a tier copy: its only copies are demotions,
   // fenced by FencedToHost.
   void CachePut(const ContentKey& key, const EmbeddingPtr& e) {
-    cache.put(key, e, static_cast<std::int64_t>(e->nbytes()));
+    cache.Put(key, e, static_cast<std::int64_t>(e->nbytes()));
   }
 
-  // options.adopt_device_rows behind a fence: its errors, exceptions, a null
-  // result or one whose shape or byte count differs from `rows` become the
-  // item's status (kInternal, or the hook's own status).
-  StatusOr<EmbeddingPtr> Adopt(const DeviceRows& rows) {
-    StatusOr<EmbeddingPtr> adopted = EmbeddingPtr();
-    try {
-      adopted = options.adopt_device_rows(rows);
-    } catch (const std::exception& ex) {
-      return Internal(std::string("adopt_device_rows threw: ") + ex.what());
-    } catch (...) {
-      return Internal("adopt_device_rows threw a non-standard exception");
+  // Queues one result per waiter of `job`: the embedding, or `status`.
+  void Deliver(const Job& job, const Batch& b, const EmbeddingPtr& embedding, const Status& status,
+               std::vector<Delivery>& ready) {
+    const Clock::time_point now = Clock::now();
+    for (const Waiter& w : job.waiters) {
+      ItemResult res;
+      res.index = w.index;
+      res.key = job.key;
+      res.source = requests.at(w.request).results[w.index].source;
+      res.queue_ms = std::max(0.0, Ms(b.start - w.arrived));
+      res.tower_ms = b.tower_ms;
+      res.total_ms = Ms(now - w.arrived);
+      if (embedding != nullptr) {
+        res.embedding = embedding;
+      } else {
+        res.status = status;
+        CountError(res.status.code());
+      }
+      ready.push_back({w.request, std::move(res)});
     }
-    if (!adopted.ok()) return adopted;
-    if (*adopted == nullptr) return Internal("adopt_device_rows returned no embedding");
-    const Embedding& got = **adopted;
-    if (got.tokens != rows.tokens || got.hidden != rows.hidden || got.deepstack_layers != rows.deepstack_layers ||
-        got.dtype != rows.dtype || got.nbytes() != got.ExpectedBytes()) {
-      return Internal("adopt_device_rows returned an embedding of " + std::to_string(got.tokens) + " tokens x " +
-                      std::to_string(got.hidden) + " x (1 + " + std::to_string(got.deepstack_layers) + ") " +
-                      std::string(DTypeName(got.dtype)) + " (" + std::to_string(got.nbytes()) +
-                      " bytes) for rows of " + std::to_string(rows.tokens) + " x " + std::to_string(rows.hidden) +
-                      " x (1 + " + std::to_string(rows.deepstack_layers) + ") " + std::string(DTypeName(rows.dtype)));
-    }
-    return adopted;
   }
 
   Status Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys);
+  // Submit's request-level refusals, checked before anything changes; fills
+  // `keys` when the caller left it empty.
+  Status Admit(const EncodeRequest& request, std::vector<StatusOr<ContentKey>>& keys) const;
+  // Serves item res.index (res.key set) of request `rid`: joins a job, or
+  // takes a hit, or queues a new job. True when the item now waits on a job
+  // (res moved into the request); false when `res` is ready to deliver.
+  bool ServeItem(std::uint64_t rid, const std::string& sched_id, EncodeItemInput& item, Clock::time_point arrived,
+                 ItemResult& res);
   bool StartBatch(std::function<void()> on_finished);
   std::int64_t FinishBatch();
-  void TowerLoop();
-  void RunBatch(Batch& b);
 };
 
 EncodeWorker::EncodeWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -413,28 +334,7 @@ EncodeWorker::~EncodeWorker() = default;
 StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions options,
                                                             std::unique_ptr<VisionTower> tower) {
   if (tower == nullptr) return InvalidArgument("tower is null");
-  if (options.model_id.empty()) return InvalidArgument("model_id is empty");
-  if (Status s = options.preprocess.Validate(); !s.ok()) return InvalidArgument("preprocess: " + s.message());
-  if (options.limits.max_pixels <= 0) {
-    return InvalidArgument("limits.max_pixels must be > 0, got " + std::to_string(options.limits.max_pixels));
-  }
-  if (options.l1_bytes < 0) return InvalidArgument("l1_bytes must be >= 0, got " + std::to_string(options.l1_bytes));
-  if (options.l2_bytes < 0) return InvalidArgument("l2_bytes must be >= 0, got " + std::to_string(options.l2_bytes));
-  if (options.max_tokens_per_batch <= 0) {
-    return InvalidArgument("max_tokens_per_batch must be > 0, got " + std::to_string(options.max_tokens_per_batch));
-  }
-  if (options.max_items_per_batch <= 0) {
-    return InvalidArgument("max_items_per_batch must be > 0, got " + std::to_string(options.max_items_per_batch));
-  }
-  if (options.max_pending_items < 0) {
-    return InvalidArgument("max_pending_items must be >= 0, got " + std::to_string(options.max_pending_items));
-  }
-  if (options.decode_threads < 0) {
-    return InvalidArgument("decode_threads must be >= 0, got " + std::to_string(options.decode_threads));
-  }
-  if (options.decode_lookahead < 0) {
-    return InvalidArgument("decode_lookahead must be >= 0, got " + std::to_string(options.decode_lookahead));
-  }
+  if (Status s = options.Validate(); !s.ok()) return s;
   if (tower->patch_dim() != options.preprocess.patch_dim()) {
     return InvalidArgument("tower patch_dim " + std::to_string(tower->patch_dim()) +
                            " differs from the preprocess config's " + std::to_string(options.preprocess.patch_dim()));
@@ -445,7 +345,7 @@ StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions optio
   }
   if (tower->output_on_device() && (!options.adopt_device_rows || !options.to_host || !options.to_device)) {
     // Without to_host an L1 victim in VRAM would move to L2 as it is, so the
-    // VRAM in use could reach l1_bytes + l2_bytes.
+    // VRAM in use could reach l1_capacity_bytes + l2_capacity_bytes.
     return InvalidArgument("tower '" + tower->Describe() + "' leaves its output in device memory, but " +
                            (!options.adopt_device_rows ? "adopt_device_rows"
                             : !options.to_host        ? "to_host"
@@ -468,47 +368,15 @@ Status EncodeWorker::Submit(EncodeRequest request, RequestCallbacks callbacks,
 Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callbacks,
                                   std::vector<StatusOr<ContentKey>> keys) {
   const Clock::time_point arrived = Clock::now();
-  auto reject = [&](Status s) {
+  if (Status s = Admit(request, keys); !s.ok()) {
     ++stats.rejected_requests;
     return s;
-  };
-  if (request.id.empty()) return reject(InvalidArgument("request id is empty"));
-  if (request_ids.count(request.id) != 0) {
-    return reject(AlreadyExists("request '" + request.id + "' is already in flight"));
   }
-  const std::size_t n = request.items.size();
-  if (keys.empty() && n != 0) {
-    keys = KeysFor(options, request);
-  } else if (keys.size() != n) {
-    return reject(InvalidArgument("request '" + request.id + "' has " + std::to_string(n) + " items but " +
-                                  std::to_string(keys.size()) + " keys"));
-  }
-
-  // Queue limit, checked before anything changes: an upper bound on the jobs
-  // this request would add (keys neither cached nor already in flight).
-  if (options.max_pending_items > 0) {
-    std::int64_t new_jobs = 0;
-    std::vector<ContentKey> counted;
-    for (const StatusOr<ContentKey>& k : keys) {
-      if (!k.ok() || cache.contains(*k)) continue;
-      if (options.dedup_in_flight) {
-        if (job_by_key.count(*k) != 0 || std::find(counted.begin(), counted.end(), *k) != counted.end()) continue;
-        counted.push_back(*k);
-      }
-      ++new_jobs;
-    }
-    const std::int64_t pending = static_cast<std::int64_t>(scheduler.pending_size());
-    if (pending + new_jobs > options.max_pending_items) {
-      return reject(ResourceExhausted("request '" + request.id + "' would queue " + std::to_string(new_jobs) +
-                                      " items on top of " + std::to_string(pending) + " pending; the limit is " +
-                                      std::to_string(options.max_pending_items)));
-    }
-  }
-
   const std::uint64_t rid = next_request++;
   char seq[24];
   std::snprintf(seq, sizeof(seq), "%020llu", static_cast<unsigned long long>(rid));
   const std::string sched_id = request.id + '\0' + seq;
+  const std::size_t n = request.items.size();
   request_ids.emplace(request.id, rid);
   Request& r = requests[rid];
   r.id = request.id;
@@ -522,68 +390,18 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
 
   std::vector<Delivery> ready;
   for (std::size_t i = 0; i < n; ++i) {
-    EncodeItemInput& item = request.items[i];
     ItemResult res;
     res.index = static_cast<std::int64_t>(i);
-    if (!keys[i].ok()) {
+    if (keys[i].ok()) {
+      res.key = *keys[i];
+      if (ServeItem(rid, sched_id, request.items[i], arrived, res)) continue;  // waits on a job
+    } else {
       ++stats.misses;
       res.status = keys[i].status();
-      CountError(res.status.code());
-      res.total_ms = Ms(Clock::now() - arrived);
-      ready.push_back({rid, std::move(res)});
-      continue;
     }
-    const ContentKey key = *keys[i];
-    res.key = key;
-
-    if (options.dedup_in_flight) {
-      if (auto j = job_by_key.find(key); j != job_by_key.end()) {
-        ++stats.joins;
-        jobs.at(j->second).waiters.push_back({rid, res.index, arrived});
-        r.job[i] = j->second;
-        r.results[i] = std::move(res);
-        r.results[i].source = ItemSource::kJoined;
-        continue;
-      }
-    }
-
-    CacheTier tier = CacheTier::kMiss;
-    std::optional<EmbeddingPtr> hit = CacheGet(key, &tier);
-    if (hit.has_value()) {
-      if (ShapeMatches(**hit, item)) {
-        tier == CacheTier::kL1 ? ++stats.hits_l1 : ++stats.hits_l2;
-        res.source = tier == CacheTier::kL1 ? ItemSource::kL1 : ItemSource::kL2;
-        res.embedding = std::move(*hit);
-        res.total_ms = Ms(Clock::now() - arrived);
-        ready.push_back({rid, std::move(res)});
-        continue;
-      }
-      ++stats.shape_mismatches;
-    }
-
-    ++stats.misses;
-    res.source = ItemSource::kMiss;
-    // Queued with the header's token count; decoded ahead of its batch by
-    // the prefetch decoder, so bad pixel data surfaces in Step.
-    StatusOr<GridTHW> grid = HeaderGrid(item.media);
-    if (!grid.ok()) {
-      res.status = Status(grid.status().code(), "item " + std::to_string(i) + ": " + grid.status().message());
-      CountError(res.status.code());
-      res.total_ms = Ms(Clock::now() - arrived);
-      ready.push_back({rid, std::move(res)});
-      continue;
-    }
-    const std::uint64_t job_id = next_job++;
-    Job& job = jobs[job_id];
-    job.key = key;
-    job.sched_key = {sched_id, res.index};
-    job.waiters.push_back({rid, res.index, arrived});
-    job.decode = decoder.Enqueue(std::move(item.media));
-    scheduler.add({job.sched_key.first, job.sched_key.second, grid->tokens(options.preprocess.merge_size)});
-    job_by_sched.emplace(job.sched_key, job_id);
-    if (options.dedup_in_flight) job_by_key[key] = job_id;
-    r.job[i] = job_id;
-    r.results[i] = std::move(res);
+    if (!res.status.ok()) CountError(res.status.code());
+    res.total_ms = Ms(Clock::now() - arrived);
+    ready.push_back({rid, std::move(res)});
   }
 
   if (n == 0) {
@@ -594,25 +412,120 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
   return Status::Ok();
 }
 
+Status EncodeWorker::Impl::Admit(const EncodeRequest& request, std::vector<StatusOr<ContentKey>>& keys) const {
+  if (request.id.empty()) return InvalidArgument("request id is empty");
+  if (request_ids.count(request.id) != 0) return AlreadyExists("request '" + request.id + "' is already in flight");
+  const std::size_t n = request.items.size();
+  if (keys.empty() && n != 0) {
+    keys = KeysFor(options, request);
+  } else if (keys.size() != n) {
+    return InvalidArgument("request '" + request.id + "' has " + std::to_string(n) + " items but " +
+                           std::to_string(keys.size()) + " keys");
+  }
+  if (options.max_pending_items == 0) return Status::Ok();
+  // An upper bound on the jobs this request would add: keys neither cached
+  // nor already in flight.
+  std::int64_t new_jobs = 0;
+  std::vector<ContentKey> counted;
+  for (const StatusOr<ContentKey>& k : keys) {
+    if (!k.ok() || cache.Contains(*k)) continue;
+    if (options.dedup_in_flight) {
+      if (job_by_key.count(*k) != 0 || std::find(counted.begin(), counted.end(), *k) != counted.end()) continue;
+      counted.push_back(*k);
+    }
+    ++new_jobs;
+  }
+  const std::int64_t pending = static_cast<std::int64_t>(scheduler.pending_size());
+  if (pending + new_jobs > options.max_pending_items) {
+    return ResourceExhausted("request '" + request.id + "' would queue " + std::to_string(new_jobs) +
+                             " items on top of " + std::to_string(pending) + " pending; the limit is " +
+                             std::to_string(options.max_pending_items));
+  }
+  return Status::Ok();
+}
+
+bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_id, EncodeItemInput& item,
+                                   Clock::time_point arrived, ItemResult& res) {
+  Request& r = requests.at(rid);
+  const std::int64_t i = res.index;
+  HeaderProbe header(item.media, options);
+  if (Status s = CheckExpectedTokens(item, header, options.preprocess.merge_size); !s.ok()) {
+    ++stats.misses;
+    res.status = std::move(s);
+    return false;
+  }
+  if (options.dedup_in_flight) {
+    if (auto j = job_by_key.find(res.key); j != job_by_key.end()) {
+      ++stats.joins;
+      jobs.at(j->second).waiters.push_back({rid, i, arrived});
+      r.job[i] = j->second;
+      r.results[i] = std::move(res);
+      r.results[i].source = ItemSource::kJoined;
+      return true;
+    }
+  }
+
+  CacheTier tier = CacheTier::kMiss;
+  std::optional<EmbeddingPtr> hit = CacheGet(res.key, &tier);
+  if (hit.has_value()) {
+    if (ShapeMatches(**hit, item, header)) {
+      tier == CacheTier::kL1 ? ++stats.hits_l1 : ++stats.hits_l2;
+      res.source = tier == CacheTier::kL1 ? ItemSource::kL1 : ItemSource::kL2;
+      res.embedding = std::move(*hit);
+      return false;
+    }
+    ++stats.shape_mismatches;
+  }
+
+  ++stats.misses;
+  res.source = ItemSource::kMiss;
+  // Queued with the header's token count; decoded ahead of its batch by the
+  // prefetch decoder, so bad pixel data surfaces in Step.
+  if (item.media.empty() && item.caller_key.has_value()) {
+    res.status = InvalidArgument(
+        "its caller_key is not cached on this server and it carries no image bytes to encode; resend it with "
+        "`image` set");
+    return false;
+  }
+  const StatusOr<ProbedGrid>& probed = header.Get();
+  if (!probed.ok()) {
+    res.status = probed.status();
+    return false;
+  }
+  const std::int64_t tokens = probed->grid.tokens(options.preprocess.merge_size);
+  const std::uint64_t job_id = next_job++;
+  Job& job = jobs[job_id];
+  job.key = res.key;
+  job.sched_key = {sched_id, i};
+  job.waiters.push_back({rid, i, arrived});
+  job.decode = decoder.Enqueue(std::move(item.media));  // `header` is not used after this
+  scheduler.Add({job.sched_key.first, job.sched_key.second, tokens});
+  job_by_sched.emplace(job.sched_key, job_id);
+  if (options.dedup_in_flight) job_by_key[res.key] = job_id;
+  r.job[i] = job_id;
+  r.results[i] = std::move(res);
+  return true;
+}
+
 std::int64_t EncodeWorker::Step() {
-  if (impl_->outstanding.empty() && !impl_->StartBatch(nullptr)) return 0;
+  if (impl_->runner.Outstanding() == 0 && !impl_->StartBatch(nullptr)) return 0;
   return impl_->FinishBatch();
 }
 
 bool EncodeWorker::StartBatch(std::function<void()> on_finished) { return impl_->StartBatch(std::move(on_finished)); }
 std::int64_t EncodeWorker::FinishBatch() { return impl_->FinishBatch(); }
-std::int64_t EncodeWorker::OutstandingBatches() const { return static_cast<std::int64_t>(impl_->outstanding.size()); }
-bool EncodeWorker::TowerBusy() const { return impl_->TowerBusy(); }
-bool EncodeWorker::BatchFinished() const { return impl_->finished.load(std::memory_order_acquire) > 0; }
+std::int64_t EncodeWorker::OutstandingBatches() const { return impl_->runner.Outstanding(); }
+bool EncodeWorker::TowerBusy() const { return impl_->runner.Busy(); }
+bool EncodeWorker::BatchFinished() const { return impl_->runner.Finished(); }
 
 bool EncodeWorker::Impl::StartBatch(std::function<void()> on_finished) {
-  if (TowerBusy() || outstanding.size() >= 2 || scheduler.pending_size() == 0) return false;
+  if (runner.Busy() || runner.Outstanding() >= 2 || scheduler.pending_size() == 0) return false;
   if (options.sink_full && options.sink_full()) {
     ++stats.sink_full_stalls;
     return false;
   }
   auto b = std::make_unique<Batch>();
-  for (const PendingEncodeItem& p : scheduler.next_batch()) {
+  for (const PendingEncodeItem& p : scheduler.NextBatch()) {
     auto it = job_by_sched.find(p.key());
     const std::uint64_t id = it->second;
     job_by_sched.erase(it);
@@ -621,84 +534,18 @@ bool EncodeWorker::Impl::StartBatch(std::function<void()> on_finished) {
     b->entries.push_back({id, std::move(job.decode), Status::Ok(), {}});
   }
   b->on_finished = std::move(on_finished);
-  {
-    std::lock_guard<std::mutex> lock(tower_mu);
-    tower_queue.push_back(b.get());
-  }
-  outstanding.push_back(std::move(b));
-  tower_cv.notify_all();
+  runner.Start(std::move(b));
   return true;
 }
 
-void EncodeWorker::Impl::TowerLoop() {
-  std::unique_lock<std::mutex> lock(tower_mu);
-  for (;;) {
-    tower_cv.wait(lock, [&] { return tower_stop || !tower_queue.empty(); });
-    if (tower_queue.empty()) return;  // stopping, nothing left to run
-    Batch* b = tower_queue.front();
-    tower_queue.pop_front();
-    lock.unlock();
-    RunBatch(*b);
-    {
-      // Notify before `done`: once it is set the owner may collect the batch
-      // and whatever the callback points to may go away.
-      std::function<void()> notify = std::move(b->on_finished);
-      finished.fetch_add(1, std::memory_order_release);
-      if (notify) notify();
-    }
-    lock.lock();
-    b->done = true;
-    tower_cv.notify_all();
-  }
-}
-
-// On the tower thread: decode what the helpers have not, then one Encode.
-void EncodeWorker::Impl::RunBatch(Batch& b) {
-  std::vector<TowerItem> items;
-  items.reserve(b.entries.size());
-  for (BatchEntry& e : b.entries) {
-    StatusOr<PreprocessedImage> pre = decoder.Take(e.decode);
-    e.decode = nullptr;
-    if (!pre.ok()) {
-      e.decode_status = pre.status();
-      continue;
-    }
-    e.image = std::move(*pre);
-    // patch_dim was checked against the tower once, in Create().
-    TowerItem item;
-    item.patches = e.image.patches.data();
-    item.grid = e.image.grid;
-    items.push_back(item);
-    b.tokens += e.image.tokens();
-  }
-  b.decoded = static_cast<std::int64_t>(items.size());
-  b.start = Clock::now();
-  if (!items.empty()) {
-    try {
-      b.out = tower->Encode(items);
-    } catch (const std::exception& e) {
-      b.out = Internal(std::string("vision tower threw: ") + e.what());
-    } catch (...) {
-      b.out = Internal("vision tower threw a non-standard exception");
-    }
-  }
-  b.tower_ms = Ms(Clock::now() - b.start);
-}
-
 std::int64_t EncodeWorker::Impl::FinishBatch() {
-  if (outstanding.empty()) return 0;
-  std::unique_ptr<Batch> b = std::move(outstanding.front());
-  outstanding.pop_front();
-  {
-    std::unique_lock<std::mutex> lock(tower_mu);
-    tower_cv.wait(lock, [&] { return b->done; });
-  }
-  finished.fetch_sub(1, std::memory_order_relaxed);
+  std::unique_ptr<Batch> b = runner.Collect();
+  if (b == nullptr) return 0;
 
   // `failure` fails every decoded item: the tower's error or a malformed output.
   Status failure;
   if (b->decoded > 0) {
-    failure = CheckOutput(b->out, b->decoded, b->tokens);
+    failure = internal::CheckOutput(b->out, b->decoded, b->tokens, *tower, static_cast<bool>(options.adopt_device_rows));
     ++stats.tower_batches;
     stats.tower_items += static_cast<std::uint64_t>(b->decoded);
     stats.tower_tokens += static_cast<std::uint64_t>(b->tokens);
@@ -707,7 +554,8 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
   }
 
   std::vector<Delivery> ready;
-  std::size_t main_off = 0, deep_off = 0;
+  std::optional<internal::BatchOutputReader> output;
+  if (failure.ok() && b->decoded > 0) output.emplace(*b->out, options.adopt_device_rows);
   for (BatchEntry& e : b->entries) {
     Job& job = jobs.at(e.job);
     EmbeddingPtr embedding;
@@ -715,63 +563,15 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
     if (!e.decode_status.ok()) {
       status = e.decode_status;
     } else if (failure.ok()) {
-      // This item's rows of the batch output: [main_off, +main_bytes) and
-      // [deep_off, +deep_bytes), wherever the output lives.
-      const TowerOutput& o = *b->out;
-      const std::int64_t tokens = e.image.tokens();
-      const std::size_t main_bytes = static_cast<std::size_t>(tokens * o.hidden) * DTypeSize(o.dtype);
-      const std::size_t deep_bytes = main_bytes * static_cast<std::size_t>(o.deepstack_layers);
-      if (o.on_device()) {
-        // The GPU tier copies them device -> device into an L1 entry; the
-        // batch output stays alive until that copy lands.
-        DeviceRows rows;
-        rows.tokens = tokens;
-        rows.hidden = o.hidden;
-        rows.deepstack_layers = o.deepstack_layers;
-        rows.dtype = o.dtype;
-        rows.main = o.device_main + main_off;
-        rows.deepstack = o.device_deepstack == nullptr ? nullptr : o.device_deepstack + deep_off;
-        rows.owner = o.device_owner;
-        StatusOr<EmbeddingPtr> adopted = Adopt(rows);
-        if (adopted.ok()) {
-          embedding = std::move(*adopted);
-        } else {
-          status = adopted.status();
-        }
+      StatusOr<EmbeddingPtr> rows = output->Next(e.image.tokens());
+      if (rows.ok()) {
+        embedding = std::move(*rows);
+        CachePut(job.key, embedding);
       } else {
-        auto m = std::make_shared<Embedding>();
-        m->tokens = tokens;
-        m->hidden = o.hidden;
-        m->deepstack_layers = o.deepstack_layers;
-        m->dtype = o.dtype;
-        m->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
-        m->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
-        embedding = std::move(m);
+        status = rows.status();
       }
-      main_off += main_bytes;
-      deep_off += deep_bytes;
-      if (embedding != nullptr) CachePut(job.key, embedding);
     }
-    const Clock::time_point now = Clock::now();
-    for (const Waiter& w : job.waiters) {
-      ItemResult res;
-      res.index = w.index;
-      res.key = job.key;
-      res.source = requests.at(w.request).results[w.index].source;
-      res.queue_ms = std::max(0.0, Ms(b->start - w.arrived));
-      res.tower_ms = b->tower_ms;
-      res.total_ms = Ms(now - w.arrived);
-      if (embedding != nullptr) {
-        res.embedding = embedding;
-      } else {
-        // A decode error names the item, like the header errors of Submit.
-        res.status = e.decode_status.ok()
-                         ? status
-                         : Status(status.code(), "item " + std::to_string(w.index) + ": " + status.message());
-        CountError(res.status.code());
-      }
-      ready.push_back({w.request, std::move(res)});
-    }
+    Deliver(job, *b, embedding, status, ready);
     EraseJob(e.job);
   }
   Fire(ready);
@@ -807,8 +607,8 @@ WorkerStats EncodeWorker::stats() const {
   s.l2_evictions = m.cache.l2().evictions();
   s.demotions = m.cache.demotions();
   s.promotions = m.cache.promotions();
-  s.l1_bytes = m.cache.l1().current_bytes();
-  s.l2_bytes = m.cache.l2().current_bytes();
+  s.l1_used_bytes = m.cache.l1().current_bytes();
+  s.l2_used_bytes = m.cache.l2().current_bytes();
   s.l1_entries = static_cast<std::int64_t>(m.cache.l1().size());
   s.l2_entries = static_cast<std::int64_t>(m.cache.l2().size());
   return s;

@@ -118,8 +118,8 @@ TEST_P(EncodeWorkerTest, HitIsDeliveredInsideSubmitWithBothHalves) {
 TEST_P(EncodeWorkerTest, L2HitIsPromotedWithBothHalves) {
   // One 4-token embedding: 4 * 8 * (1 + 2) * 4 = 384 bytes. L1 fits one.
   WorkerOptions o = Options();
-  o.l1_bytes = 500;
-  o.l2_bytes = 10'000;
+  o.l1_capacity_bytes = 500;
+  o.l2_capacity_bytes = 10'000;
   auto w = Make(o);
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Drain(*w);
@@ -134,8 +134,8 @@ TEST_P(EncodeWorkerTest, L2HitIsPromotedWithBothHalves) {
   EXPECT_EQ(s.hits_l2, 1u);
   EXPECT_EQ(s.promotions, 1u);
   EXPECT_EQ(s.demotions, 2u);  // x on y's insert, y on x's promotion
-  EXPECT_EQ(s.l1_bytes, 384);
-  EXPECT_EQ(s.l2_bytes, 384);
+  EXPECT_EQ(s.l1_used_bytes, 384);
+  EXPECT_EQ(s.l2_used_bytes, 384);
   EXPECT_EQ(state_->items_encoded(), 2);
 }
 
@@ -216,7 +216,7 @@ TEST_P(EncodeWorkerTest, EmbeddingIsChargedMainPlusDeepstackBytes) {
   EXPECT_EQ(r.embedding->tokens, 100);
   EXPECT_EQ(r.embedding->main.size(), 409'600u);
   EXPECT_EQ(r.embedding->deepstack.size(), 1'228'800u);
-  EXPECT_EQ(w->stats().l1_bytes, 1'638'400);
+  EXPECT_EQ(w->stats().l1_used_bytes, 1'638'400);
   ExpectSameEmbedding(*r.embedding, Want(big));
 }
 
@@ -252,8 +252,9 @@ TEST_P(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
       ExpectSameEmbedding(*m.items[i].embedding, Want(y_));
     } else {
       EXPECT_EQ(m.items[i].status.code(), StatusCode::kInvalidArgument) << "item " << i;
-      EXPECT_EQ(m.items[i].status.message().rfind("item " + std::to_string(i) + ": ", 0), 0u)
-          << m.items[i].status.message();
+      // ItemResult::index names the item; the message does not repeat it.
+      EXPECT_EQ(m.items[i].index, static_cast<std::int64_t>(i));
+      EXPECT_NE(m.items[i].status.message().rfind("item ", 0), 0u) << m.items[i].status.message();
       EXPECT_EQ(m.items[i].embedding, nullptr);
     }
   }
@@ -266,18 +267,26 @@ TEST_P(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
   EXPECT_EQ(s.misses, 1 + mixed.size());
 }
 
-TEST_P(EncodeWorkerTest, HitWithUnexpectedTokenCountIsReencoded) {
+TEST_P(EncodeWorkerTest, ExpectedTokensThatDisagreeWithTheHeaderFailTheItemEvenOnAHit) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Drain(*w);
+  // x_ is 56x56: grid 1x4x4, 16 patches, 4 tokens after the 2x2 merge.
   EncodeRequest b = Request("b", {x_});
   b.items[0].expected_tokens = kSmallTokens + 1;
   ASSERT_TRUE(w->Submit(std::move(b), c_.For("b")).ok());
-  EXPECT_EQ(c_.done.count("b"), 0u);  // not served from the cache
-  Drain(*w);
-  EXPECT_EQ(c_.done["b"].items[0].source, ItemSource::kMiss);
-  EXPECT_EQ(state_->items_encoded(), 2);
-  EXPECT_EQ(w->stats().shape_mismatches, 1u);
+  ASSERT_EQ(c_.done.count("b"), 1u);  // failed at once, not served from the cache
+  const ItemResult& bad = c_.done["b"].items[0];
+  EXPECT_EQ(bad.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status.message(), "expected_tokens is 5 but the 56x56 image gives 4 tokens (grid 1x4x4, merge 2)");
+  EXPECT_EQ(bad.embedding, nullptr);
+  EXPECT_EQ(bad.source, ItemSource::kMiss);
+  EXPECT_EQ(state_->items_encoded(), 1);
+
+  EncodeRequest neg = Request("neg", {x_});
+  neg.items[0].expected_tokens = -1;
+  ASSERT_TRUE(w->Submit(std::move(neg), c_.For("neg")).ok());
+  EXPECT_EQ(c_.done["neg"].items[0].status.code(), StatusCode::kInvalidArgument);
 
   EncodeRequest c = Request("c", {x_});
   c.items[0].expected_tokens = kSmallTokens;
@@ -444,8 +453,8 @@ TEST_P(EncodeWorkerTest, BatchesFollowTheTokenBudget) {
 
 TEST_P(EncodeWorkerTest, WithoutCacheOrDedupEveryItemRunsTheTower) {
   WorkerOptions o = Options();
-  o.l1_bytes = 0;
-  o.l2_bytes = 0;
+  o.l1_capacity_bytes = 0;
+  o.l2_capacity_bytes = 0;
   o.dedup_in_flight = false;
   auto w = Make(o);
   ASSERT_TRUE(w->Submit(Request("a", {x_, x_}), c_.For("a")).ok());

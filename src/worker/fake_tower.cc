@@ -101,13 +101,13 @@ StatusOr<TowerOutput> FakeTower::Encode(std::span<const TowerItem> items) {
   for (const TowerItem& it : items) {
     const std::int64_t tokens = it.grid.tokens(2);
     Emit(it.patches, tokens, options_, state_->buffer, deep);
-    out.rows += tokens;
+    out.tokens += tokens;
   }
   if (state_->extra_rows_next > 0) {
     const std::size_t row = static_cast<std::size_t>(options_.hidden) * DTypeSize(options_.dtype);
     state_->buffer.resize(state_->buffer.size() + row * state_->extra_rows_next, std::byte{0x11});
     deep.resize(deep.size() + row * options_.deepstack_layers * state_->extra_rows_next, std::byte{0x22});
-    out.rows += state_->extra_rows_next;
+    out.tokens += state_->extra_rows_next;
     state_->extra_rows_next = 0;
   }
   if (options_.output_on_device) {

@@ -6,10 +6,13 @@
 # against the including directory, not this file's.
 get_filename_component(_epd_worker_root ${CMAKE_CURRENT_LIST_DIR}/../.. ABSOLUTE)
 add_library(epd_worker
+  ${CMAKE_CURRENT_LIST_DIR}/batch_output.cc
   ${CMAKE_CURRENT_LIST_DIR}/encode_worker.cc
   ${CMAKE_CURRENT_LIST_DIR}/prefetch_decoder.cc
   ${CMAKE_CURRENT_LIST_DIR}/worker_loop.cc
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cc
+  ${CMAKE_CURRENT_LIST_DIR}/tower_runner.cc
+  ${CMAKE_CURRENT_LIST_DIR}/worker_options.cc
 )
 add_library(epd::worker ALIAS epd_worker)
 target_include_directories(epd_worker PUBLIC ${_epd_worker_root}/include)

@@ -14,7 +14,7 @@ namespace epd::internal {
 
 struct PrefetchDecoder::Task {
   enum class State { kQueued, kRunning, kDone, kGone };
-  std::string media;
+  MediaBytes media;
   State state = State::kQueued;
   bool dropped = false;
   std::optional<StatusOr<PreprocessedImage>> result;
@@ -34,7 +34,7 @@ PrefetchDecoder::~PrefetchDecoder() {
   for (std::thread& t : threads_) t.join();
 }
 
-std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(std::string media) {
+std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(MediaBytes media) {
   auto task = std::make_shared<Task>();
   task->media = std::move(media);
   if (threads_.empty()) return task;  // decoded by Take
@@ -46,8 +46,8 @@ std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(std::string medi
   return task;
 }
 
-StatusOr<PreprocessedImage> PrefetchDecoder::Decode(const std::string& media) const {
-  return DecodeAndPreprocess({reinterpret_cast<const std::uint8_t*>(media.data()), media.size()}, config_, limits_);
+StatusOr<PreprocessedImage> PrefetchDecoder::Decode(const MediaBytes& media) const {
+  return DecodeAndPreprocess(media.span(), config_, limits_);
 }
 
 StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& task) {
@@ -57,7 +57,7 @@ StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& t
     task->state = Task::State::kGone;
     lock.unlock();
     StatusOr<PreprocessedImage> r = Decode(task->media);
-    std::string().swap(task->media);
+    task->media = MediaBytes();
     return r;
   }
   done_cv_.wait(lock, [&] { return task->state == Task::State::kDone; });
@@ -75,7 +75,7 @@ void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
   switch (task->state) {
     case Task::State::kQueued:
       task->state = Task::State::kGone;
-      std::string().swap(task->media);
+      task->media = MediaBytes();
       break;
     case Task::State::kRunning:
       task->dropped = true;
@@ -106,7 +106,7 @@ void PrefetchDecoder::Run() {
     lock.unlock();
     StatusOr<PreprocessedImage> r = Decode(task->media);
     lock.lock();
-    std::string().swap(task->media);
+    task->media = MediaBytes();
     if (task->dropped) {
       task->state = Task::State::kGone;
       continue;

@@ -5,17 +5,17 @@
 // gives (cheap), and hands the bytes to Enqueue(). Helper threads decode
 // tasks in Enqueue order, keeping at most `lookahead` finished results that
 // nobody has taken (bounded memory: a 512x512 image's patches are ~6 MB).
-// When Step() forms a batch it Take()s each item's result: a finished result
-// is handed over, a running decode is waited for, and a task no helper has
-// started is decoded on the calling thread at once (so Step never waits
-// behind unrelated work). Batch formation never depends on decode timing:
+// When the tower thread runs a batch it Take()s each item's result: a
+// finished result is handed over, a running decode is waited for, and a task
+// no helper has started is decoded on the tower thread at once (so the batch
+// never waits behind unrelated work). Batch formation never depends on decode timing:
 // the scheduler sees only header-derived costs.
 //
 // With threads == 0 no helper runs and Take() decodes on the caller.
 //
-// Thread safety: Enqueue, Take and Drop are called by the worker's owning
-// thread; the helpers synchronise with it through one mutex. A task is
-// taken or dropped at most once.
+// Thread safety: Enqueue and Drop are called by the worker's owning thread,
+// Take by its tower thread (TowerRunner); the helpers and those two
+// synchronise through one mutex. A task is taken or dropped at most once.
 #pragma once
 
 #include <condition_variable>
@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "epd/encode_worker.h"
 #include "epd/image.h"
 #include "epd/preprocess.h"
 #include "epd/status.h"
@@ -43,7 +44,7 @@ class PrefetchDecoder {
   PrefetchDecoder& operator=(const PrefetchDecoder&) = delete;
 
   // Queues `media` for decoding; the returned handle is passed to Take or Drop.
-  std::shared_ptr<Task> Enqueue(std::string media);
+  std::shared_ptr<Task> Enqueue(MediaBytes media);
 
   // The decoded and preprocessed image, or the decode error (kInvalidArgument).
   StatusOr<PreprocessedImage> Take(const std::shared_ptr<Task>& task);
@@ -54,7 +55,7 @@ class PrefetchDecoder {
 
  private:
   void Run();
-  StatusOr<PreprocessedImage> Decode(const std::string& media) const;
+  StatusOr<PreprocessedImage> Decode(const MediaBytes& media) const;
 
   const PreprocessConfig config_;
   const DecodeLimits limits_;

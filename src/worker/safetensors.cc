@@ -82,8 +82,7 @@ StatusOr<std::vector<const KeyedEmbedding*>> SortedDistinct(std::span<const Keye
       const Embedding& a = *out.back()->embedding;
       const Embedding& b = *e->embedding;
       if (out.back()->embedding != e->embedding &&
-          (a.tokens != b.tokens || a.hidden != b.hidden || a.deepstack_layers != b.deepstack_layers ||
-           a.dtype != b.dtype || a.main != b.main || a.deepstack != b.deepstack)) {
+          (a.shape() != b.shape() || a.main != b.main || a.deepstack != b.deepstack)) {
         return InvalidArgument("two different embeddings under key " + e->key.Hex());
       }
       continue;

@@ -1,0 +1,38 @@
+// WorkerOptions::Validate: the option checks that need no tower.
+#include <string>
+
+#include "epd/encode_worker.h"
+
+namespace epd {
+
+Status WorkerOptions::Validate() const {
+  if (model_id.empty()) return InvalidArgument("model_id is empty");
+  if (Status s = preprocess.Validate(); !s.ok()) return InvalidArgument("preprocess: " + s.message());
+  if (limits.max_pixels <= 0) {
+    return InvalidArgument("limits.max_pixels must be > 0, got " + std::to_string(limits.max_pixels));
+  }
+  if (l1_capacity_bytes < 0) {
+    return InvalidArgument("l1_capacity_bytes must be >= 0, got " + std::to_string(l1_capacity_bytes));
+  }
+  if (l2_capacity_bytes < 0) {
+    return InvalidArgument("l2_capacity_bytes must be >= 0, got " + std::to_string(l2_capacity_bytes));
+  }
+  if (max_tokens_per_batch <= 0) {
+    return InvalidArgument("max_tokens_per_batch must be > 0, got " + std::to_string(max_tokens_per_batch));
+  }
+  if (max_items_per_batch <= 0) {
+    return InvalidArgument("max_items_per_batch must be > 0, got " + std::to_string(max_items_per_batch));
+  }
+  if (max_pending_items < 0) {
+    return InvalidArgument("max_pending_items must be >= 0, got " + std::to_string(max_pending_items));
+  }
+  if (decode_threads < 0) {
+    return InvalidArgument("decode_threads must be >= 0, got " + std::to_string(decode_threads));
+  }
+  if (decode_lookahead < 0) {
+    return InvalidArgument("decode_lookahead must be >= 0, got " + std::to_string(decode_lookahead));
+  }
+  return Status::Ok();
+}
+
+}  // namespace epd

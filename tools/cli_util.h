@@ -1,0 +1,66 @@
+// tools/cli_util.h: small helpers the epd-encode subcommands share, one home
+// each: reading a whole file, the SplitMix64 generator, nearest-rank
+// percentiles, and the process's malloc tuning.
+//
+// Thread safety: ReadFile and Percentile are thread-safe; a SplitMix64 is
+// not (one per thread); TuneMalloc is process-wide (call it once, before
+// starting threads).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epd/status.h"
+
+namespace epd::cli {
+
+// The whole file as bytes; kNotFound ("cannot open PATH") when it cannot be
+// opened.
+StatusOr<std::string> ReadFile(const std::string& path);
+
+// SplitMix64 (Steele, Lea, Flood: "Fast splittable pseudorandom number
+// generators", OOPSLA 2014): one 64-bit state; each step adds the golden
+// gamma 0x9e3779b97f4a7c15, then mixes with two xor-shift-multiply rounds.
+// The same seed gives the same sequence on every platform, which traces and
+// benchmarks rely on.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t Next() {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) from the top 53 bits.
+  double Unit() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Nearest-rank percentile: the smallest value with at least a fraction q of
+// the samples at or below it. 0 when `sorted` is empty. REQUIRES: `sorted`
+// ascending, 0 <= q <= 1. O(1).
+double Percentile(const std::vector<double>& sorted, double q);
+
+// What the process spends its heap on, for TuneMalloc.
+enum class MallocUse {
+  // Embedding-sized messages only (client, bench-server): ~1-2 MB blocks.
+  kMessages,
+  // A vision tower too (serve, replay): tens of MB of temporaries per forward.
+  kTower,
+};
+
+// The one owner of the process's malloc tuning (glibc only; a no-op
+// elsewhere): raises the mmap threshold to 32 MiB, the largest glibc accepts
+// on 64-bit, and the trim threshold to 64 MiB (kMessages) or 256 MiB (kTower),
+// so freed blocks are reused instead of being unmapped or trimmed and
+// page-faulted back in. Measured: hit-only serving throughput about doubled
+// (docs/BENCHMARKS-server.md); the default tower's forward went from 112 to
+// 58-75 ms (TorchTowerOptions::tune_malloc, which the CLI therefore turns
+// off so that this stays the only setting).
+void TuneMalloc(MallocUse use);
+
+}  // namespace epd::cli
