@@ -33,7 +33,10 @@ earlier images cached; the burst arrives faster than one tower call.
 Writes BUILD/bench-results/e2e.json (read by bench/report.py) and a copy in
 docs/BENCHMARKS-e2e.json (which report.py falls back to), the traces under
 BUILD/bench-results/e2e/, docs/BENCHMARKS-e2e.md and docs/img/e2e_*.png
-(gnuplot). `--render-only` rebuilds the markdown and plots from the docs copy.
+(gnuplot). `--render-only` rebuilds the markdown and plots from the docs copy;
+with `--add-online` it first adds the online limit to a docs copy recorded
+before the online limit existed (the traces are regenerated and checked
+against the recording; nothing is re-measured).
 """
 
 from __future__ import annotations
