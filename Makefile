@@ -27,8 +27,12 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# Configures again (peers installed since the last configure are found; a
+# missing one stops the configure, naming it: bench/peers.cmake).
 bench:
 	@scripts/install-deps.sh bench
+	$(MAKE) configure
+	cmake -S . -B $(BUILD) -DEPD_BUILD_BENCH=ON -DEPD_BENCH_REQUIRE_PEERS=ON
 	$(MAKE) build
 	scripts/bench.sh $(BUILD)
 

@@ -10,6 +10,12 @@
 #                               from the repository root; skipped if absent)
 #   EPD_BENCH_REPORT_ONLY=1     only rebuild the report from existing results
 #
+# The cache section needs its peer caches (leveldb, RocksDB): it configures
+# BUILD_DIR again with EPD_BENCH_REQUIRE_PEERS=ON, so that peers installed
+# since the last configure are found and a missing one stops the run with its
+# name, and it checks the cache_bench binary for their benchmarks before
+# running it. bench/report.py likewise refuses cache results without them.
+#
 # Results go to BUILD_DIR/bench-results/: one JSON per benchmark binary (Google
 # Benchmark's --benchmark_out format), reference.json, and run_SECTION.json
 # with the commands a section ran. bench/report.py renders every JSON there.
@@ -51,10 +57,34 @@ json.dump({"section": section, "start": start, "end": end, "loadavg_before": l0,
 EOF
 }
 
+# The peer caches cache_bench must compare against, and the name of one of
+# each peer's benchmarks (bench/cache_bench.cc).
+PEERS=("leveldb:hit/leveldb_lru/" "RocksDB LRUCache:hit/rocksdb_lru/" "RocksDB HyperClockCache:hit/rocksdb_hcc/")
+
+# Fails naming each peer cache the cache_bench binary was built without.
+check_peers() {
+  local listed missing=()
+  listed="$("$build/bench/cache_bench" --benchmark_list_tests)"
+  for p in "${PEERS[@]}"; do
+    if ! grep -q "^${p#*:}" <<<"$listed"; then missing+=("${p%%:*}"); fi
+  done
+  if ((${#missing[@]} > 0)); then
+    echo "bench.sh: $build/bench/cache_bench was built without the peer cache(s): ${missing[*]}" \
+         "(install them with scripts/install-deps.sh bench); no report is written" >&2
+    exit 1
+  fi
+}
+
 # Cache and scheduler microbenchmarks, and the Python reference on the same
 # workloads (about 5 minutes on 2 cores).
 section_core() {
+  # Configure again, so that peers installed since the last configure are
+  # found (find_library retries a NOTFOUND only when CMake runs; `cmake
+  # --build` alone does not re-run it), and so that a missing peer stops here
+  # with its name (EPD_BENCH_REQUIRE_PEERS, bench/peers.cmake).
+  run cmake -S . -B "$build" -DEPD_BUILD_BENCH=ON -DEPD_BENCH_REQUIRE_PEERS=ON
   run cmake --build "$build" --target cache_bench scheduler_bench
+  check_peers
   mkdir -p "$results/streams"
   run "$build/bench/cache_bench" --dump_streams="$results/streams"
   run "$build/bench/cache_bench" --benchmark_out="$results/cache_bench.json" --benchmark_out_format=json
