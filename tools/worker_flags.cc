@@ -20,6 +20,16 @@ namespace epd::cli {
 
 std::string DefaultModelPath() {
 #ifdef EPD_DEFAULT_TOWER_PATH
+  // An installed epd-encode (cmake --install) finds the tower installed
+  // beside it, EPD_INSTALLED_MODELS_DIR relative to its own directory; one
+  // run from the build tree, the tower the build made.
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path installed =
+        exe.parent_path() / EPD_INSTALLED_MODELS_DIR / std::filesystem::path(EPD_DEFAULT_TOWER_PATH).filename();
+    if (std::filesystem::exists(installed, ec)) return installed.lexically_normal().string();
+  }
   return EPD_DEFAULT_TOWER_PATH;
 #else
   return "";

@@ -14,3 +14,6 @@ target_include_directories(epd_core PUBLIC
   $<BUILD_INTERFACE:${_epd_core_root}/include>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_link_libraries(epd_core PUBLIC Threads::Threads)
+# The public headers are C++20 (std::span, defaulted comparisons), so every
+# user of epd::core, installed ones included, compiles as C++20 at least.
+target_compile_features(epd_core PUBLIC cxx_std_20)
