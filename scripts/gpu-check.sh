@@ -7,7 +7,7 @@
 #   1. configures src/gpu on its own (core + gpu, plus the torch tower when
 #      python3's torch has a CMake config, plus media + worker when the
 #      sysroot is staged; no gRPC or Python) with CUDA on, for sm_90, and
-#      builds it;
+#      builds it, with the GPU benchmarks of bench/gpu/;
 #   2. runs the tests (ctest): the CPU tests and cuda_device_test, which must
 #      not skip here;
 #   3. runs compute-sanitizer --tool memcheck over the CUDA round-trip tests;
@@ -127,6 +127,7 @@ fi
 out="${OUT:-$root/build-gpucheck-out}"
 mkdir -p "$out"
 build="${GPU_CHECK_BUILD_DIR:-$root/build-gpucheck}"
+benches="$build/bench-gpu"  # bench/gpu/, added by src/gpu/CMakeLists.txt
 summary="$out/summary.md"
 start=$SECONDS
 failed=0
@@ -258,7 +259,7 @@ fi
 # --- 4. benchmarks (each skipped when time runs short) --------------------------
 note ""
 if (($(elapsed) < 240)); then
-  if capped 120 "$out/gpu_tier_bench.md" "$build/gpu_tier_bench" --total-mb 1024 --reps 5 \
+  if capped 120 "$out/gpu_tier_bench.md" "$benches/gpu_tier_bench" --total-mb 1024 --reps 5 \
        --json "$out/gpu_tier_bench.json"; then
     note "## Tier copies"
     cat "$out/gpu_tier_bench.md" >>"$summary"
@@ -286,7 +287,7 @@ if [[ $with_torch == 1 ]] && (($(elapsed) < 270)); then
       read -r side out_where <<<"$variant"
       flag=()
       [[ $out_where == device ]] && flag=(--output-on-device)
-      if ! capped 90 "$tower_log" "$build/tower_gpu_bench" --model "$models/gpu_tower.pt" --dtype float32 \
+      if ! capped 90 "$tower_log" "$benches/tower_gpu_bench" --model "$models/gpu_tower.pt" --dtype float32 \
            --batches 1,2,4,8,16,32 --iters 10 --side "$side" "${flag[@]}"; then
         note "- tower_gpu_bench (side $side, output in $out_where memory): failed (see tower_gpu_bench.md)"
       fi
@@ -301,7 +302,7 @@ fi
 note ""
 replay_log="$out/gpu_replay_bench.md"
 if [[ $with_worker == 1 && -f "$models/gpu_tower.pt" && -d "$carry_dir/images" ]] && (($(elapsed) < 330)); then
-  if capped 150 "$replay_log" "$build/gpu_replay_bench" --model "$models/gpu_tower.pt" --images "$carry_dir/images" \
+  if capped 150 "$replay_log" "$benches/gpu_replay_bench" --model "$models/gpu_tower.pt" --images "$carry_dir/images" \
        --requests 600 --zipf 1.0 --seed 1 --window 8 --l1-mb 128 --l2-mb 1024 --decode-threads 12 \
        --json "$out/gpu_replay_bench.json"; then
     note "## Replay on the GPU (L1 in VRAM, L2 pinned) against the tower-only limit"

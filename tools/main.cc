@@ -3,7 +3,10 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <string>
+
 #include "commands.h"
+#include "epd/version.h"
 
 int main(int argc, char** argv) {
   // Logs go to stderr so that stdout carries only results (e.g. --json).
@@ -11,6 +14,9 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
 
   CLI::App app{"epd-encode: the Encode stage of disaggregated multimodal LLM serving"};
+  // `epd-encode --version` prints "epd-encode MAJOR.MINOR.PATCH" (the CMake
+  // project's VERSION) and exits 0, without a subcommand.
+  app.set_version_flag("--version", "epd-encode " + std::string(epd::kVersion));
   app.require_subcommand(1);
   epd::cli::RegisterReplayCommand(app);
 #ifdef EPD_WITH_GRPC

@@ -20,6 +20,16 @@ namespace epd::cli {
 
 std::string DefaultModelPath() {
 #ifdef EPD_DEFAULT_TOWER_PATH
+  // An installed epd-encode (cmake --install) finds the tower installed
+  // beside it, EPD_INSTALLED_MODELS_DIR relative to its own directory; one
+  // run from the build tree, the tower the build made.
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path installed =
+        exe.parent_path() / EPD_INSTALLED_MODELS_DIR / std::filesystem::path(EPD_DEFAULT_TOWER_PATH).filename();
+    if (std::filesystem::exists(installed, ec)) return installed.lexically_normal().string();
+  }
   return EPD_DEFAULT_TOWER_PATH;
 #else
   return "";
@@ -57,21 +67,17 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
 #ifdef EPD_HAVE_CUDA_TIER
 namespace {
 
-// The process's CUDA device for the GPU tier, opened on first use and never
-// closed: every worker, cached entry and delivered result must be destroyed
-// before their Device, and for a command-line process the only point after
-// all of them is its exit. Thread-safe; later calls return the first device
-// (a process uses one GPU).
-StatusOr<Device*> ProcessCudaDevice(int index, std::size_t pinned_bytes, std::size_t device_limit) {
+// The process's CUDA device for the GPU tier (OpenGpuTier, sized for L1
+// and L2), opened on first use and never closed: every worker, cached entry
+// and delivered result must be destroyed before their Device, and for a
+// command-line process the only point after all of them is its exit.
+// Thread-safe; later calls return the first device (a process uses one GPU).
+StatusOr<Device*> ProcessCudaDevice(int index, std::size_t l1_bytes, std::size_t l2_bytes) {
   static std::mutex mu;
   static Device* device = nullptr;
   std::lock_guard<std::mutex> lock(mu);
   if (device != nullptr) return device;
-  CudaDeviceOptions opt;
-  opt.device_index = index;
-  opt.pinned_pool_bytes = pinned_bytes;
-  opt.device_bytes_limit = device_limit;
-  StatusOr<std::unique_ptr<Device>> opened = OpenCudaDevice(opt);
+  StatusOr<std::unique_ptr<Device>> opened = OpenGpuTier(index, l1_bytes, l2_bytes);
   if (!opened.ok()) return opened.status();
   device = opened->release();
   return device;
@@ -115,13 +121,8 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.order = f.order == "by_key" ? ScheduleOrder::kByKey : ScheduleOrder::kFifo;
 #ifdef EPD_HAVE_CUDA_TIER
   if (gpu_tier) {
-    // Pinned pool: L2 plus slack for the blocks a demotion allocates before
-    // L2 evicts (docs/GPU.md, "Sizing the pool"). VRAM cap: L1 plus room for
-    // the copies in flight, so the tier never takes the tower's activations.
-    const auto l1 = static_cast<std::size_t>(o.l1_capacity_bytes);
-    const auto l2 = static_cast<std::size_t>(o.l2_capacity_bytes);
-    StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), l2 + std::max(l2 / 16, std::size_t{64} << 20),
-                                              l1 + std::max(l1 / 4, std::size_t{256} << 20));
+    StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), static_cast<std::size_t>(o.l1_capacity_bytes),
+                                              static_cast<std::size_t>(o.l2_capacity_bytes));
     if (!dev.ok()) return dev.status();
     EmbeddingTierHooks hooks = MakeEmbeddingTierHooks(**dev);
     o.to_host = std::move(hooks.to_host);

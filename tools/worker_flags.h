@@ -3,8 +3,10 @@
 // one function that turns them into a worker with its tower loaded.
 //
 // Flags (defaults in brackets):
-//   --model PATH              TorchScript tower [the default tower built into
-//                             build/models/default_tower.pt]
+//   --model PATH              TorchScript tower [the default tower: for an
+//                             installed epd-encode, share/epd/models/
+//                             default_tower.pt of its prefix; else the one
+//                             built into build/models/default_tower.pt]
 //   --model-id ID             hashed into every content key [file name of --model]
 //   --threads N               tower intra-op threads, 0 = all cores [0]
 //   --device cpu|cuda[:N]     where the tower runs [cpu]. On cuda, in a build

@@ -72,6 +72,7 @@ struct ServerInfo {
   std::int64_t hidden = 0;
   std::int64_t deepstack_layers = 0;
   DType dtype = DType::kFloat32;
+  std::string version;  // the server's epd-encode version (epd/version.h); empty if it reports none
 };
 
 // One image to encode (mirrors EncodeItemInput).

@@ -26,9 +26,7 @@
 // list lock). Lifetime: as every Device.
 //
 // Example:
-//   epd::CudaDeviceOptions opt;
-//   opt.pinned_pool_bytes = size_t{4096} << 20;  // --host-cache-mb 4096, plus headroom
-//   auto dev = epd::OpenCudaDevice(opt);
+//   auto dev = epd::OpenGpuTier(/*device_index=*/0, l1_bytes, l2_bytes);  // sized by SizeGpuTier
 //   if (!dev.ok()) return dev.status();
 //   epd::TieredEmbeddingCache<epd::ContentKey, epd::TierEmbeddingPtr, epd::ContentKeyHash> cache(
 //       l1_bytes, l2_bytes, epd::MakeOffloadFn(**dev), epd::MakeOnboardFn(**dev));
@@ -60,5 +58,11 @@ StatusOr<int> CudaDeviceCount();
 
 // Opens device `options.device_index`; see the header comment.
 StatusOr<std::unique_ptr<Device>> OpenCudaDevice(const CudaDeviceOptions& options);
+
+// Opens CUDA device `device_index` for a GPU tier of `l1_bytes` (VRAM) over
+// `l2_bytes` (pinned host memory), sized by SizeGpuTier (epd/device_tier.h).
+// The one way the CLI (`--device cuda`) and the GPU benchmarks open the
+// tier's device. Errors as OpenCudaDevice.
+StatusOr<std::unique_ptr<Device>> OpenGpuTier(int device_index, std::size_t l1_bytes, std::size_t l2_bytes);
 
 }  // namespace epd

@@ -187,6 +187,8 @@ class Device {
 
  private:
   friend class DeviceBuffer;
+  // Allocate and AllocatePinnedHost: one path for both kinds of memory.
+  StatusOr<DeviceBuffer> AllocateKind(MemoryKind kind, std::size_t bytes);
   void Free(DeviceBuffer& buffer) noexcept;
 
   struct PendingRelease {

@@ -109,6 +109,10 @@ class TierEmbedding final : public ResidentBytes {
   friend StatusOr<TierEmbeddingPtr> OnboardEmbedding(Device&, const TierEmbeddingPtr&);
   friend StatusOr<TierEmbeddingPtr> AdoptDeviceRows(Device&, const DeviceRows&);
   struct Private {};
+  // The one copy behind OffloadEmbedding (to kPinnedHost) and
+  // OnboardEmbedding (to kDevice); `what` names the caller in errors.
+  static StatusOr<TierEmbeddingPtr> CopyBetweenTiers(Device& device, const TierEmbeddingPtr& src, MemoryKind to,
+                                                     const char* what);
 
  public:
   // Use the functions below; public only for std::make_shared.
@@ -189,5 +193,28 @@ struct EmbeddingTierHooks {
   std::function<StatusOr<EmbeddingPtr>(const DeviceRows&)> adopt_device_rows;
 };
 EmbeddingTierHooks MakeEmbeddingTierHooks(Device& device, DeviceTierStats* stats = nullptr);
+
+// How much memory a Device must hand out for a tier of `l1_bytes` in device
+// memory over `l2_bytes` in pinned host memory: the one sizing rule of the
+// GPU tier, used by OpenGpuTier (epd/cuda_device.h), hence by `epd-encode
+// --device cuda` and the GPU replay benchmark.
+//   pinned_pool_bytes   = l2 + max(l2 / 16, 64 MiB): a demotion allocates its
+//                         pinned block before L2 evicts to make room, so the
+//                         pool needs more than L2 (docs/GPU.md, "Sizing the
+//                         pool"); the slack also absorbs the pool's
+//                         fragmentation.
+//   device_bytes_limit  = l1 + max(l1 / 4, 256 MiB): L1 plus the copies in
+//                         flight (a victim's VRAM is freed only once its
+//                         offload lands, and adopted rows are allocated
+//                         before L1 evicts), capped so the tier never takes
+//                         the tower's activations. 256 MiB holds one full
+//                         batch of 8192 post-merge tokens at hidden 2048 with
+//                         two deepstack layers in float32 (192 MiB).
+// Both in bytes. Never fails; O(1).
+struct GpuTierSizing {
+  std::size_t pinned_pool_bytes = 0;
+  std::size_t device_bytes_limit = 0;
+};
+GpuTierSizing SizeGpuTier(std::size_t l1_bytes, std::size_t l2_bytes);
 
 }  // namespace epd

@@ -6,6 +6,7 @@ The cache and scheduler classes are drop-ins for the engine reference's
 properties, errors and return values, backed by the C++ core.
 """
 
+from ._version import __version__  # noqa: F401  (the CMake project's VERSION)
 from ._core import (  # noqa: F401
     EmbeddingCache,
     EncodeScheduler,
@@ -14,6 +15,7 @@ from ._core import (  # noqa: F401
 )
 
 __all__ = [
+    "__version__",
     "EmbeddingCache",
     "EncodeScheduler",
     "PendingEncodeItem",

@@ -130,6 +130,7 @@ class ServerInfo:
     hidden: int
     deepstack_layers: int
     dtype: str
+    version: str = ""  # the server's epd-encode version ("" if it reports none)
 
 
 @dataclass
@@ -236,7 +237,7 @@ class EncodeClient:
         cfg = PreprocessConfig(p.patch_size, p.merge_size, p.temporal_patch_size, p.min_pixels, p.max_pixels,
                                tuple(p.mean), tuple(p.std), p.resample)
         return ServerInfo(r.serving, r.server_id, r.model_id, cfg, r.key_mode, r.tower, r.hidden,
-                          r.deepstack_layers, _DTYPES.get(r.dtype, "unknown"))
+                          r.deepstack_layers, _DTYPES.get(r.dtype, "unknown"), r.version)
 
     def stats(self) -> Dict[str, object]:
         """The Stats RPC as a dict (field names as in StatsResponse)."""

@@ -30,34 +30,28 @@ DeviceBuffer::~DeviceBuffer() {
 
 Device::~Device() = default;
 
-StatusOr<DeviceBuffer> Device::Allocate(std::size_t bytes) {
-  Poll();  // frees whatever has landed first, so it can be reused now
-  if (bytes == 0) return DeviceBuffer();
-  StatusOr<std::byte*> p = DoAllocate(MemoryKind::kDevice, bytes);
-  if (!p.ok()) return p.status();
-  std::lock_guard<std::mutex> lock(release_mu_);
-  if (*p == nullptr) {
-    ++alloc_failures_[0];
-    return ResourceExhausted("device memory exhausted allocating " + std::to_string(bytes) + " bytes (" +
-                             std::to_string(live_bytes_[0]) + " bytes in use)");
-  }
-  live_bytes_[0] += bytes;
-  return DeviceBuffer(this, *p, bytes, MemoryKind::kDevice);
-}
+StatusOr<DeviceBuffer> Device::Allocate(std::size_t bytes) { return AllocateKind(MemoryKind::kDevice, bytes); }
 
 StatusOr<DeviceBuffer> Device::AllocatePinnedHost(std::size_t bytes) {
-  Poll();
-  if (bytes == 0) return DeviceBuffer(nullptr, nullptr, 0, MemoryKind::kPinnedHost);
-  StatusOr<std::byte*> p = DoAllocate(MemoryKind::kPinnedHost, bytes);
+  return AllocateKind(MemoryKind::kPinnedHost, bytes);
+}
+
+StatusOr<DeviceBuffer> Device::AllocateKind(MemoryKind kind, std::size_t bytes) {
+  Poll();  // frees whatever has landed first, so it can be reused now
+  if (bytes == 0) return DeviceBuffer(nullptr, nullptr, 0, kind);
+  StatusOr<std::byte*> p = DoAllocate(kind, bytes);
   if (!p.ok()) return p.status();
+  const int k = static_cast<int>(kind);
   std::lock_guard<std::mutex> lock(release_mu_);
   if (*p == nullptr) {
-    ++alloc_failures_[1];
-    return ResourceExhausted("pinned host pool has no free block of " + std::to_string(bytes) + " bytes (" +
-                             std::to_string(live_bytes_[1]) + " bytes in use)");
+    ++alloc_failures_[k];
+    const std::string what = kind == MemoryKind::kDevice ? "device memory exhausted allocating "
+                                                         : "pinned host pool has no free block of ";
+    return ResourceExhausted(what + std::to_string(bytes) + " bytes (" + std::to_string(live_bytes_[k]) +
+                             " bytes in use)");
   }
-  live_bytes_[1] += bytes;
-  return DeviceBuffer(this, *p, bytes, MemoryKind::kPinnedHost);
+  live_bytes_[k] += bytes;
+  return DeviceBuffer(this, *p, bytes, kind);
 }
 
 void Device::Free(DeviceBuffer& buffer) noexcept {

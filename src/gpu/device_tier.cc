@@ -12,6 +12,7 @@
 // if no event can be recorded, after synchronising the stream.
 #include "epd/device_tier.h"
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <string>
@@ -189,49 +190,43 @@ StatusOr<TierEmbeddingPtr> UploadEmbedding(Device& device, EmbeddingPtr emb, Mem
                                                f->event);
 }
 
-StatusOr<TierEmbeddingPtr> OffloadEmbedding(Device& device, const TierEmbeddingPtr& src) {
-  if (Status st = CheckSource(device, src, "OffloadEmbedding", src ? src->device_ : nullptr); !st.ok()) return st;
-  if (src->where() == MemoryKind::kPinnedHost) return src;
-  StatusOr<DeviceBuffer> buf = device.AllocatePinnedHost(src->nbytes());
+// The one copy between tiers: `src` into a new entry in `to` (kPinnedHost:
+// an offload, device -> host on Stream::kOffload; kDevice: an onboard, host
+// -> device on Stream::kOnboard). An entry already in `to` is returned as
+// is. A source still being filled (a victim whose own upload or onboard, or
+// an L2 entry whose offload, is in flight) is ordered after that copy on the
+// device rather than waited for here; the source itself is handed to
+// ReleaseAfter, so its buffer goes once this copy has landed.
+StatusOr<TierEmbeddingPtr> TierEmbedding::CopyBetweenTiers(Device& device, const TierEmbeddingPtr& src,
+                                                           MemoryKind to, const char* what) {
+  if (Status st = CheckSource(device, src, what, src ? src->device_ : nullptr); !st.ok()) return st;
+  if (src->where() == to) return src;
+  const bool offload = to == MemoryKind::kPinnedHost;
+  const Stream stream = offload ? Stream::kOffload : Stream::kOnboard;
+  StatusOr<DeviceBuffer> buf = offload ? device.AllocatePinnedHost(src->nbytes()) : device.Allocate(src->nbytes());
   if (!buf.ok()) return buf.status();
   if (src->nbytes() == 0) {
     return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, src->shape_, std::move(*buf),
                                                  nullptr);
   }
-  // A victim whose own upload or onboard is still in flight: order the
-  // offload after it on the device rather than block here.
   if (!src->ready()) {
-    if (Status st = device.StreamWaitEvent(Stream::kOffload, *src->filled_); !st.ok()) return st;
+    if (Status st = device.StreamWaitEvent(stream, *src->filled_); !st.ok()) return st;
   }
-  Status st =
-      device.CopyAsync(buf->data(), src->buffer_.data(), src->nbytes(), CopyKind::kDeviceToHost, Stream::kOffload);
+  Status st = device.CopyAsync(buf->data(), src->buffer_.data(), src->nbytes(),
+                               offload ? CopyKind::kDeviceToHost : CopyKind::kHostToDevice, stream);
   if (!st.ok()) return st;
-  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOffload);
-  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOffload, std::move(*buf), src, ev.status());
-  device.ReleaseAfter(*ev, src);  // the victim's VRAM goes once the offload has landed
+  StatusOr<EventPtr> ev = device.RecordEvent(stream);
+  if (!ev.ok()) return FailAfterEnqueue(device, stream, std::move(*buf), src, ev.status());
+  device.ReleaseAfter(*ev, src);
   return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, src->shape_, std::move(*buf), *ev);
 }
 
+StatusOr<TierEmbeddingPtr> OffloadEmbedding(Device& device, const TierEmbeddingPtr& src) {
+  return TierEmbedding::CopyBetweenTiers(device, src, MemoryKind::kPinnedHost, "OffloadEmbedding");
+}
+
 StatusOr<TierEmbeddingPtr> OnboardEmbedding(Device& device, const TierEmbeddingPtr& src) {
-  if (Status st = CheckSource(device, src, "OnboardEmbedding", src ? src->device_ : nullptr); !st.ok()) return st;
-  if (src->where() == MemoryKind::kDevice) return src;
-  StatusOr<DeviceBuffer> buf = device.Allocate(src->nbytes());
-  if (!buf.ok()) return buf.status();
-  if (src->nbytes() == 0) {
-    return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, src->shape_, std::move(*buf),
-                                                 nullptr);
-  }
-  // An L2 entry whose offload has not landed yet: the onboard follows it.
-  if (!src->ready()) {
-    if (Status st = device.StreamWaitEvent(Stream::kOnboard, *src->filled_); !st.ok()) return st;
-  }
-  Status st =
-      device.CopyAsync(buf->data(), src->buffer_.data(), src->nbytes(), CopyKind::kHostToDevice, Stream::kOnboard);
-  if (!st.ok()) return st;
-  StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOnboard);
-  if (!ev.ok()) return FailAfterEnqueue(device, Stream::kOnboard, std::move(*buf), src, ev.status());
-  device.ReleaseAfter(*ev, src);  // the pinned block goes once the onboard has landed
-  return std::make_shared<const TierEmbedding>(TierEmbedding::Private{}, &device, src->shape_, std::move(*buf), *ev);
+  return TierEmbedding::CopyBetweenTiers(device, src, MemoryKind::kDevice, "OnboardEmbedding");
 }
 
 TierCopyFn MakeOffloadFn(Device& device, DeviceTierStats* stats) {
@@ -330,6 +325,14 @@ StatusOr<EmbeddingPtr> RowsToHost(Device& device, const DeviceRows& rows) {
 }
 
 }  // namespace
+
+GpuTierSizing SizeGpuTier(std::size_t l1_bytes, std::size_t l2_bytes) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  GpuTierSizing s;
+  s.pinned_pool_bytes = l2_bytes + std::max(l2_bytes / 16, 64 * kMiB);
+  s.device_bytes_limit = l1_bytes + std::max(l1_bytes / 4, 256 * kMiB);
+  return s;
+}
 
 EmbeddingTierHooks MakeEmbeddingTierHooks(Device& device, DeviceTierStats* stats) {
   EmbeddingTierHooks hooks;

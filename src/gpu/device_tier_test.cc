@@ -208,5 +208,26 @@ TEST_F(ManualTierTest, EntryOfAnotherDeviceIsInvalidArgument) {
   EXPECT_NE(st.message().find("another device"), std::string::npos) << st.message();
 }
 
+// The sizing rule's two regimes, with the byte counts worked out by hand:
+// the fixed minimum slack below 1 GiB of L1 (4 x 256 MiB) and of L2
+// (16 x 64 MiB), the proportional slack above.
+TEST(SizeGpuTierTest, SmallTiersGetTheMinimumSlack) {
+  const GpuTierSizing s = SizeGpuTier(/*l1_bytes=*/0, /*l2_bytes=*/0);
+  EXPECT_EQ(s.device_bytes_limit, 268435456u);  // 256 MiB
+  EXPECT_EQ(s.pinned_pool_bytes, 67108864u);    // 64 MiB
+  const GpuTierSizing t = SizeGpuTier(/*l1_bytes=*/128u << 20, /*l2_bytes=*/1024u << 20);
+  EXPECT_EQ(t.device_bytes_limit, 402653184u);  // 128 + 256 MiB
+  EXPECT_EQ(t.pinned_pool_bytes, 1140850688u);  // 1024 + 64 MiB (1024 / 16 is exactly 64)
+}
+
+TEST(SizeGpuTierTest, LargeTiersGetProportionalSlack) {
+  const GpuTierSizing s = SizeGpuTier(/*l1_bytes=*/std::size_t{8} << 30, /*l2_bytes=*/std::size_t{4} << 30);
+  EXPECT_EQ(s.device_bytes_limit, 10737418240u);  // 8 GiB + 2 GiB
+  EXPECT_EQ(s.pinned_pool_bytes, 4563402752u);    // 4 GiB + 256 MiB
+  const GpuTierSizing t = SizeGpuTier(/*l1_bytes=*/1000000001, /*l2_bytes=*/2000000001);
+  EXPECT_EQ(t.device_bytes_limit, 1268435457u);  // l1/4 = 250000000 < 256 MiB: 1000000001 + 268435456
+  EXPECT_EQ(t.pinned_pool_bytes, 2125000001u);   // l2/16 = 125000000 > 64 MiB (67108864)
+}
+
 }  // namespace
 }  // namespace epd

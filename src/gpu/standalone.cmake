@@ -1,6 +1,7 @@
-# Standalone build of src/gpu for scripts/gpu-check.sh: epd::core's sources,
-# GoogleTest, CUDA and, optionally, the torch tower and epd::media +
-# epd::worker, and nothing else (no gRPC or Python).
+# Standalone build of src/gpu for scripts/gpu-check.sh: epd::core, GoogleTest,
+# CUDA and, optionally, the torch tower and epd::media + epd::worker, each
+# from its own library.cmake, and nothing else (no gRPC or Python); then
+# src/gpu/CMakeLists.txt adds the tier and bench/gpu.
 #
 #   cmake -S src/gpu -B build-gpucheck -G Ninja \
 #     [-DEPD_GTEST_SOURCE_DIR=<googletest source>]   when GTest is not installed
@@ -51,23 +52,14 @@ if(NOT GTest_FOUND)
 endif()
 include(${EPD_ROOT}/cmake/epd_add_test.cmake)
 
-# epd::core as src/core/CMakeLists.txt builds it (the tier uses status and
-# embedding, the worker the scheduler too); the rest is header-only templates.
-add_library(epd_core
-  ${EPD_ROOT}/src/core/status.cc
-  ${EPD_ROOT}/src/core/content_key_type.cc
-  ${EPD_ROOT}/src/core/embedding.cc
-  ${EPD_ROOT}/src/core/encode_scheduler.cc
-  ${EPD_ROOT}/src/core/encode_types.cc)
-add_library(epd::core ALIAS epd_core)
-target_include_directories(epd_core PUBLIC ${EPD_ROOT}/include)
-target_link_libraries(epd_core PUBLIC Threads::Threads)
+# The libraries below the tier (and, optionally, beside and above it) from
+# the same library.cmake files the top-level build includes.
+include(GNUInstallDirs)
+include(${EPD_ROOT}/src/core/library.cmake)
 
 if(EPD_GPU_WITH_TORCH)
   find_package(Torch REQUIRED)
-  add_library(epd_torch_tower ${EPD_ROOT}/src/tower/torch_tower.cc)
-  add_library(epd::torch_tower ALIAS epd_torch_tower)
-  target_link_libraries(epd_torch_tower PUBLIC epd::core PRIVATE ${TORCH_LIBRARIES})
+  include(${EPD_ROOT}/src/tower/library.cmake)
 endif()
 
 if(NOT EPD_GPU_WITH_WORKER)

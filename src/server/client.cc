@@ -69,6 +69,7 @@ struct EncodeClient::Impl {
     info.deepstack_layers = resp.deepstack_layers();
     StatusOr<DType> dtype = internal::FromProto(resp.dtype());
     info.dtype = dtype.ok() ? *dtype : DType::kFloat32;
+    info.version = resp.version();
     return info;
   }
 

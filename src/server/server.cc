@@ -33,6 +33,7 @@
 
 #include "epd/preprocess.h"
 #include "epd/v1/encoder.grpc.pb.h"
+#include "epd/version.h"
 #include "epd/worker_loop.h"
 #include "metrics.h"
 #include "proto_convert.h"
@@ -261,6 +262,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     out->set_hidden(tower_hidden);
     out->set_deepstack_layers(tower_deepstack);
     out->set_dtype(internal::ToProto(tower_dtype));
+    out->set_version(std::string(kVersion));
     return grpc::Status::OK;
   }
 

@@ -120,6 +120,7 @@ TEST(EncodeServerTest, HealthReportsWhatKeyDerivationNeeds) {
   EXPECT_EQ(info->hidden, 8);
   EXPECT_EQ(info->deepstack_layers, 2);
   EXPECT_EQ(info->dtype, DType::kFloat32);
+  EXPECT_EQ(info->version, EPD_PROJECT_VERSION);  // CMake's project(VERSION), passed by src/server/CMakeLists.txt
 }
 
 TEST(EncodeClientTest, ReassemblesPerKeyCallsByIndex) {

@@ -15,7 +15,9 @@ add_library(epd_worker
   ${CMAKE_CURRENT_LIST_DIR}/worker_options.cc
 )
 add_library(epd::worker ALIAS epd_worker)
-target_include_directories(epd_worker PUBLIC ${_epd_worker_root}/include)
+target_include_directories(epd_worker PUBLIC
+  $<BUILD_INTERFACE:${_epd_worker_root}/include>
+  $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_link_libraries(epd_worker
   PUBLIC epd::core epd::media Threads::Threads
   PRIVATE nlohmann_json::nlohmann_json)

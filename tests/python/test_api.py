@@ -9,6 +9,12 @@ import weakref
 import pytest
 
 import epd
+from project_info import project_version
+
+
+def test_version_is_the_cmake_projects():
+    assert epd.__version__ == project_version()
+    assert "__version__" in epd.__all__
 
 
 def test_import_exposes_the_reference_class_names():

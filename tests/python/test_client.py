@@ -16,6 +16,7 @@ import tempfile
 import pytest
 
 import server_harness as h
+from project_info import project_version
 
 reason = h.missing_reason()
 if reason:
@@ -95,6 +96,7 @@ def test_health_reports_the_key_inputs(client):
     assert info.preprocess == ec.PreprocessConfig(mean=info.preprocess.mean, std=info.preprocess.std)
     assert [round(m, 6) for m in info.preprocess.mean] == [0.481455, 0.457828, 0.408211]
     assert info.hidden == HIDDEN and info.deepstack_layers == DEEPSTACK and info.dtype == "float32"
+    assert info.version == project_version()
 
 
 def test_main_array_has_the_embedding_shape(client):

@@ -255,12 +255,9 @@ int main(int argc, char** argv) {
     media.push_back(ss.str());
   }
 
-  epd::CudaDeviceOptions dopt;
-  dopt.device_index = a.device_index;
-  dopt.pinned_pool_bytes = static_cast<std::size_t>(a.l2_mb) << 20;
-  // L1 plus room for one batch's rows in flight (8192 tokens x hidden x 3 x 4 B at most).
-  dopt.device_bytes_limit = (static_cast<std::size_t>(a.l1_mb) << 20) + (std::size_t{512} << 20);
-  auto device = epd::OpenCudaDevice(dopt);
+  // Sized as `epd-encode --device cuda` sizes it (SizeGpuTier).
+  auto device = epd::OpenGpuTier(a.device_index, static_cast<std::size_t>(a.l1_mb) << 20,
+                                 static_cast<std::size_t>(a.l2_mb) << 20);
   if (!device.ok()) Die("CUDA device: " + device.status().ToString(), 2);
 
   epd::TorchTowerOptions topt;

@@ -1,0 +1,144 @@
+# ctest layering_includes_test: the layer table of cmake/epd_layers.cmake
+# against the code and the docs.
+#   cmake -DROOT=<source dir> -DBUILD=<build dir> -DSOURCES_FILE=<build>/epd_layer_sources.cmake \
+#         -P check_includes.cmake
+# Checks, naming every offence:
+#   1. each header under include/epd/ is in exactly one layer, and each
+#      listed header exists (version.h is generated into the build tree);
+#   2. each public header, and each source of a layer's library (with the
+#      private headers it includes from its own directory), includes only
+#      epd/ headers of its own layer or of a layer it may use, except the
+#      known violations listed in cmake/epd_layers.cmake, each of which
+#      must still occur;
+#   3. docs/ARCHITECTURE.md's layer table names, per target, exactly the
+#      headers the table here gives it.
+# SOURCES_FILE (written by the top-level CMakeLists.txt) sets
+# EPD_LAYER_<L>_SOURCES to the absolute sources of each layer's target.
+cmake_minimum_required(VERSION 3.25)
+if(NOT ROOT OR NOT BUILD OR NOT SOURCES_FILE)
+  message(FATAL_ERROR "pass -DROOT=<source dir> -DBUILD=<build dir> -DSOURCES_FILE=<build>/epd_layer_sources.cmake")
+endif()
+include(${ROOT}/cmake/epd_layers.cmake)
+include(${SOURCES_FILE})
+set(generated_headers version.h)
+set(errors "")
+
+# 1. header -> layer
+foreach(layer ${EPD_LAYERS})
+  foreach(h ${EPD_LAYER_${layer}_HEADERS})
+    if(DEFINED layer_of_${h})
+      string(APPEND errors "\n  epd/${h} is in two layers: ${layer_of_${h}} and ${layer}")
+    endif()
+    set(layer_of_${h} ${layer})
+    if(NOT EXISTS ${ROOT}/include/epd/${h} AND NOT h IN_LIST generated_headers)
+      string(APPEND errors "\n  epd/${h} (layer ${layer}) does not exist under include/epd/")
+    endif()
+  endforeach()
+endforeach()
+file(GLOB public_headers RELATIVE ${ROOT}/include/epd ${ROOT}/include/epd/*.h)
+foreach(h ${public_headers})
+  if(NOT DEFINED layer_of_${h})
+    string(APPEND errors "\n  include/epd/${h} is in no layer: add it to cmake/epd_layers.cmake and "
+                         "docs/ARCHITECTURE.md")
+  endif()
+endforeach()
+
+# 2. includes. check_file(<file> <layer>) appends to `errors` and, for the
+# file's own-directory includes ("x.h"), checks those files as the same layer.
+function(check_file path layer)
+  get_property(seen GLOBAL PROPERTY _epd_checked)
+  if(path IN_LIST seen)
+    return()
+  endif()
+  set_property(GLOBAL APPEND PROPERTY _epd_checked ${path})
+  file(STRINGS ${path} lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+  get_filename_component(dir ${path} DIRECTORY)
+  file(RELATIVE_PATH rel ${ROOT} ${path})
+  foreach(line ${lines})
+    if(line MATCHES "\"epd/([A-Za-z0-9_]+\\.h)\"")
+      set(h ${CMAKE_MATCH_1})
+      if(NOT DEFINED layer_of_${h})
+        string(APPEND errors "\n  ${rel} includes epd/${h}, which is in no layer")
+      elseif("${rel}>${h}" IN_LIST EPD_LAYER_KNOWN_VIOLATIONS)
+        set_property(GLOBAL APPEND PROPERTY _epd_known_seen "${rel}>${h}")
+      elseif(NOT layer_of_${h} STREQUAL layer AND NOT layer_of_${h} IN_LIST EPD_LAYER_${layer}_USES)
+        string(APPEND errors "\n  ${rel} (layer ${layer}) includes epd/${h} (layer ${layer_of_${h}}), which "
+                             "${layer} may not use")
+      endif()
+    elseif(line MATCHES "\"([A-Za-z0-9_]+\\.h)\"" AND EXISTS ${dir}/${CMAKE_MATCH_1})
+      check_file(${dir}/${CMAKE_MATCH_1} ${layer})
+    endif()
+  endforeach()
+  set(errors "${errors}" PARENT_SCOPE)
+endfunction()
+foreach(h ${public_headers})
+  if(DEFINED layer_of_${h})
+    check_file(${ROOT}/include/epd/${h} ${layer_of_${h}})
+  endif()
+endforeach()
+foreach(layer ${EPD_LAYERS})
+  foreach(src ${EPD_LAYER_${layer}_SOURCES})
+    # Generated sources (under the build directory) are not ours to check.
+    string(FIND "${src}" "${ROOT}/" in_root)
+    string(FIND "${src}" "${BUILD}/" in_build)
+    if(src MATCHES "\\.(cc|cu|h)$" AND in_root EQUAL 0 AND NOT in_build EQUAL 0)
+      check_file(${src} ${layer})
+    endif()
+  endforeach()
+endforeach()
+
+get_property(known_seen GLOBAL PROPERTY _epd_known_seen)
+foreach(v ${EPD_LAYER_KNOWN_VIOLATIONS})
+  if(NOT v IN_LIST known_seen)
+    string(APPEND errors "\n  EPD_LAYER_KNOWN_VIOLATIONS lists ${v}, which no longer occurs: delete it "
+                         "(cmake/epd_layers.cmake)")
+  endif()
+endforeach()
+
+# 3. the docs' table: rows "| `epd::<layer>` ... | depends on | `a.h`, `b.h` | holds |"
+file(STRINGS ${ROOT}/docs/ARCHITECTURE.md rows REGEX "^\\| `epd")
+set(documented "")
+foreach(row ${rows})
+  string(REPLACE ";" "," row "${row}")
+  string(REPLACE "|" ";" cells "${row}")
+  list(LENGTH cells n)
+  if(n LESS 5)
+    continue()
+  endif()
+  list(GET cells 1 name_cell)
+  list(GET cells 3 header_cell)
+  if(name_cell MATCHES "`epd::([a-z_]+)`")
+    set(layer ${CMAKE_MATCH_1})
+  elseif(name_cell MATCHES "`epd_proto`")
+    set(layer rpc)
+  elseif(name_cell MATCHES "`epd` \\(Python\\)")
+    set(layer python)
+  else()
+    string(APPEND errors "\n  docs/ARCHITECTURE.md: row '${name_cell}' names no layer")
+    continue()
+  endif()
+  if(NOT layer IN_LIST EPD_LAYERS)
+    string(APPEND errors "\n  docs/ARCHITECTURE.md: epd::${layer} is not a layer of cmake/epd_layers.cmake")
+    continue()
+  endif()
+  list(APPEND documented ${layer})
+  string(REGEX MATCHALL "`[A-Za-z0-9_]+\\.h`" doc_headers "${header_cell}")
+  string(REPLACE "`" "" doc_headers "${doc_headers}")
+  set(want ${EPD_LAYER_${layer}_HEADERS})
+  list(SORT doc_headers)
+  list(SORT want)
+  if(NOT "${doc_headers}" STREQUAL "${want}")
+    string(APPEND errors "\n  docs/ARCHITECTURE.md lists for ${layer}: '${doc_headers}'; "
+                         "cmake/epd_layers.cmake: '${want}'")
+  endif()
+endforeach()
+foreach(layer ${EPD_LAYERS})
+  if(NOT layer IN_LIST documented)
+    string(APPEND errors "\n  docs/ARCHITECTURE.md's layer table has no row for ${layer}")
+  endif()
+endforeach()
+
+if(errors)
+  message(FATAL_ERROR "Layering:${errors}")
+endif()
+message(STATUS "layering: ${EPD_LAYERS} match their includes and docs/ARCHITECTURE.md")
