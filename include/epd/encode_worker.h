@@ -148,7 +148,7 @@ struct WorkerOptions {
   // output_on_device()) into the Embedding to cache and deliver, e.g. a
   // device -> device copy into an L1 entry. Required for such a tower
   // (Create fails without it); unused otherwise. An error, or an embedding
-  // whose shape or byte count differs from the rows', fails that item only
+  // whose shape, grid or byte count differs from the rows', fails that item only
   // (its status, e.g. kInternal for a device failure).
   std::function<StatusOr<EmbeddingPtr>(const DeviceRows&)> adopt_device_rows;
 
@@ -216,6 +216,8 @@ struct ItemResult {
   // Non-null iff status.ok(); shared with the cache, immutable. With a GPU
   // tier its bytes may be in VRAM or pinned memory (Embedding::resident):
   // call ToHost() (epd/embedding.h) before reading them on the host.
+  // embedding->grid is the image's (t, h, w) patch grid, for hits as for
+  // misses (what Qwen-VL prefill needs for its M-RoPE positions).
   EmbeddingPtr embedding;
   ItemSource source = ItemSource::kMiss;
   // Milliseconds: submit -> batch start, the batch's tower call, submit ->

@@ -76,7 +76,9 @@ struct TowerOutput {
 // WorkerOptions::adopt_device_rows. `main` / `deepstack` point into device
 // memory: [tokens, hidden] and [tokens, hidden * deepstack_layers], dtype;
 // valid while `owner` lives (the adopter holds it until its copy lands).
+// `grid` is the item's patch grid; the adopted Embedding must carry it.
 struct DeviceRows {
+  GridTHW grid;
   std::int64_t tokens = 0;
   std::int64_t hidden = 0;
   std::int64_t deepstack_layers = 0;

@@ -70,6 +70,11 @@ using Cache = TieredEmbeddingCache<ContentKey, EmbeddingPtr, ContentKeyHash>;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+// "(t, h, w)", for messages.
+std::string GridText(const GridTHW& g) {
+  return "(" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " + std::to_string(g.w) + ")";
+}
+
 std::span<const std::uint8_t> Bytes(const std::string& s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
@@ -396,6 +401,10 @@ struct EncodeWorker::Impl {
                       std::string(DTypeName(got.dtype)) + " (" + std::to_string(got.nbytes()) +
                       " bytes) for rows of " + std::to_string(rows.tokens) + " x " + std::to_string(rows.hidden) +
                       " x (1 + " + std::to_string(rows.deepstack_layers) + ") " + std::string(DTypeName(rows.dtype)));
+    }
+    if (got.grid != rows.grid) {
+      return Internal("adopt_device_rows returned an embedding of grid " + GridText(got.grid) +
+                      " for rows of grid " + GridText(rows.grid));
     }
     return adopted;
   }
@@ -725,6 +734,7 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
         // The GPU tier copies them device -> device into an L1 entry; the
         // batch output stays alive until that copy lands.
         DeviceRows rows;
+        rows.grid = e.image.grid;
         rows.tokens = tokens;
         rows.hidden = o.hidden;
         rows.deepstack_layers = o.deepstack_layers;
@@ -744,6 +754,7 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
         m->hidden = o.hidden;
         m->deepstack_layers = o.deepstack_layers;
         m->dtype = o.dtype;
+        m->grid = e.image.grid;
         m->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
         m->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
         embedding = std::move(m);
