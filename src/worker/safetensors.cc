@@ -170,7 +170,7 @@ StatusOr<std::string> SerializeEmbeddingsSafetensors(std::span<const KeyedEmbedd
     if (m.deepstack_layers > 0) add(hex + std::string(kDeepstackSuffix), m, m.hidden * m.deepstack_layers, m.deepstack.size());
     if (m.grid.known()) {
       header[hex + std::string(kGridSuffix)] = {
-          {"dtype", "I64"}, {"shape", {3}}, {"data_offsets", {offset, offset + kGridBytes}}};
+          {"dtype", "I64"}, {"shape", json::array({3})}, {"data_offsets", {offset, offset + kGridBytes}}};
       offset += kGridBytes;
     }
   }

@@ -54,3 +54,13 @@ def test_results_without_a_grid_or_of_two_towers_are_refused():
         ec.to_vllm_batch([one, other])
     with pytest.raises(ValueError, match="at least one"):
         ec.to_vllm_batch([])
+
+
+def test_without_torch_the_dict_holds_numpy_arrays_with_bfloat16_widened(monkeypatch):
+    np = pytest.importorskip("numpy")
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # `import torch` now raises ImportError
+    r = result(0, 1, 2, 1, "bfloat16", bf16([1.5, -2.0]), bf16([0.25, 8.0]), (1, 2, 2))
+    d = r.to_vllm()
+    assert isinstance(d["image_embeds"], np.ndarray) and d["image_embeds"].dtype == np.float32
+    assert d["image_embeds"].tolist() == [[1.5, -2.0, 0.25, 8.0]]
+    assert d["image_grid_thw"].dtype == np.int64 and d["image_grid_thw"].tolist() == [[1, 2, 2]]
