@@ -158,5 +158,5 @@ start=$(date +%s.%N)
   --realtime --rate "$rate" --cache-mb "$cache_mb" \
   --write-trace "$data/trace.jsonl" --out "$data/embeddings.safetensors"
 end=$(date +%s.%N)
-echo "demo: trace in $data/trace.jsonl, embeddings in $data/embeddings.safetensors"
+echo "demo: trace in $data/trace.jsonl, embeddings in $data/embeddings.safetensors (which image is which key: $data/embeddings.manifest.jsonl)"
 "$py" -c "print('demo: replay %.1f s, whole demo %.1f s' % ($end - $start, $end - $script_start))"

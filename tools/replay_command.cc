@@ -32,6 +32,7 @@
 #include "commands.h"
 #include "flag_checks.h"
 #include "epd/safetensors.h"
+#include "replay_manifest.h"
 #include "epd/worker_loop.h"
 #include "trace.h"
 #include "worker_flags.h"
@@ -222,6 +223,9 @@ int RunReplay(const ReplayFlags& f) {
                                           {{"producer", "epd-encode replay"}, {"model_id", model_id},
                                            {"embeddings", std::to_string(out.size())}});
     if (!w.ok()) return Fail(w.ToString());
+    // Which tensor is whose image: (request, item, media) -> key and grid.
+    Status m = WriteReplayManifest(ManifestPathFor(f.out), *trace, results, f.out);
+    if (!m.ok()) return Fail(m.ToString());
   }
 
   const double p50 = Percentile(latency, 0.50), p99 = Percentile(latency, 0.99);
@@ -273,7 +277,10 @@ int RunReplay(const ReplayFlags& f) {
     if (failed_items > 0 || failed_requests > 0) {
       o += fmt::format("  failed     {} items, {} requests; first: {}\n", failed_items, failed_requests, first_failure);
     }
-    if (!f.out.empty()) o += fmt::format("  wrote      {} embeddings to {}\n", embeddings.size(), f.out);
+    if (!f.out.empty()) {
+      o += fmt::format("  wrote      {} embeddings to {}, manifest {}\n", embeddings.size(), f.out,
+                       ManifestPathFor(f.out));
+    }
     std::fputs(o.c_str(), stdout);
   }
   return failed_items > 0 || failed_requests > 0 ? 3 : 0;
@@ -304,7 +311,9 @@ void RegisterReplayCommand(CLI::App& app) {
       cmd->add_flag("--as-fast-as-possible", f->as_fast_as_possible, "submit every request at once (the default)");
   rt->excludes(fast);
   cmd->add_flag("--json", f->json, "print one JSON object instead of the human summary");
-  cmd->add_option("--out", f->out, "write the embeddings as safetensors");
+  cmd->add_option("--out", f->out,
+                  "write the embeddings as safetensors, and a manifest (request, item, image -> key, grid) "
+                  "beside it: FILE.safetensors -> FILE.manifest.jsonl");
   cmd->callback([f] {
     const int rc = RunReplay(*f);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -84,12 +84,37 @@ def main():
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + n])
-    mains = {k: v for k, v in header.items() if k != "__metadata__" and not k.endswith(".deepstack")}
+    body = data[8 + n:]
+    mains = {k: v for k, v in header.items() if k != "__metadata__" and "." not in k}
     check(len(mains) == len(distinct), f"{len(mains)} embeddings in the file")
     check(sorted(v["shape"][0] for v in mains.values()) == sorted(tokens[n] for n in distinct), "token rows")
     check(all(v["dtype"] == "F32" and v["shape"][1] == 512 for v in mains.values()), "hidden 512, F32")
     check(all(k + ".deepstack" in header for k in mains), "deepstack halves present")
+    check(len(header) == 1 + 3 * len(mains), f"main, deepstack and grid_thw per key, nothing else: {sorted(header)}")
     check(header["__metadata__"]["model_id"] == "default_tower.pt", header["__metadata__"])
+
+    def grid_in_file(key):
+        g = header[key + ".grid_thw"]
+        check(g["dtype"] == "I64" and g["shape"] == [3], f"{key}.grid_thw is {g}")
+        b, e = g["data_offsets"]
+        return list(struct.unpack("<3q", body[b:e]))
+
+    # The manifest beside it: one line per (request, item), naming the key,
+    # the grid (by hand: sides / 14, t = 1) and the file.
+    manifest = [json.loads(line) for line in open(os.path.join(work, "emb.manifest.jsonl"))]
+    check(len(manifest) == len(names), f"{len(manifest)} manifest lines for {len(names)} items")
+    want_rows = [(r["id"], i, p) for r in reqs for i, p in enumerate(r["images"])]
+    check([(m["request"], m["item"], m["media"]) for m in manifest] == want_rows, "manifest rows in trace order")
+    key_of = {}
+    for m in manifest:
+        name = os.path.basename(m["media"])
+        w, h = sizes[name]
+        check(m["grid_thw"] == [1, h // 14, w // 14], f"{name}: grid {m['grid_thw']}")
+        check(m["tokens"] == tokens[name] and m["file"] == out, f"{name}: {m}")
+        check(m["key"] in mains and mains[m["key"]]["shape"][0] == tokens[name], f"{name}: key {m['key']}")
+        check(grid_in_file(m["key"]) == m["grid_thw"], f"{name}: grid in the file")
+        check(key_of.setdefault(name, m["key"]) == m["key"], f"{name} has one key")
+    check(len(set(key_of.values())) == len(distinct), "distinct images, distinct keys")
 
     # 2. The same trace without cache or dedup: every item runs the tower.
     rc, stdout, stderr = run(binary, "--trace", trace, "--images", images, "--json", "--no-cache")

@@ -31,6 +31,7 @@
 //   epd::EncodeResult r = (*client)->Encode({{jpeg_bytes}});
 //   if (!r.status.ok()) return r.status;
 //   use(r.items[0].embedding->main);   // [tokens, hidden], dtype
+//   use(r.items[0].embedding->grid);   // (t, h, w) for prefill's M-RoPE
 #pragma once
 
 #include <chrono>
@@ -86,7 +87,10 @@ struct ClientItemResult {
   std::int64_t index = 0;
   Status status;           // OK or why this item has no embedding
   ContentKey key;          // as the server reported it (client-derived if the call failed)
-  EmbeddingPtr embedding;  // non-null iff status.ok(); owned by the result
+  // Non-null iff status.ok(); owned by the result. embedding->grid is the
+  // image's (t, h, w) patch grid as the server sent it (EncodedItem.grid_thw;
+  // {0, 0, 0} from a server too old to send it).
+  EmbeddingPtr embedding;
   ItemSource source = ItemSource::kMiss;
   double queue_ms = 0, tower_ms = 0, total_ms = 0;  // server-side, see ItemResult
   std::string server_id;   // which server answered

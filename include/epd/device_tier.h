@@ -183,6 +183,8 @@ TierCopyFn MakeOnboardFn(Device& device, DeviceTierStats* stats = nullptr);
 //                      VRAM (AdoptDeviceRows). When VRAM is full it copies
 //                      the rows to a host Embedding instead (counted in
 //                      adopt_fallbacks), so the item is still delivered.
+// Each Embedding made keeps the grid (Embedding::grid, DeviceRows::grid) of
+// the one it came from.
 // to_host / to_device throw epd::Error(kInternal) for a device failure;
 // adopt_device_rows returns it. `device` and `stats` must outlive the hooks,
 // and `device` every Embedding they made (cached or delivered); all three

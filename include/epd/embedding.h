@@ -13,6 +13,13 @@
 // Example: 100 tokens, hidden 2048, 3 deepstack layers, bf16 ->
 //   100 * 2048 * 4 * 2 = 1,638,400 bytes.
 //
+// Grid: `grid` is the item's (t, h, w) patch grid before the merger
+// (epd/grid.h), which Qwen-VL prefill needs to build the item's M-RoPE
+// positions; tokens == grid.tokens(merge_size). It travels with the bytes:
+// the worker sets it from the preprocessed image, the cache tiers, gRPC,
+// safetensors and the Python client carry it along. {0, 0, 0} means unknown
+// (e.g. read from a file written before grids were recorded).
+//
 // Residency: by default the bytes are in the two host vectors. An embedding
 // cached by the GPU tier (epd/device_tier.h) instead keeps them in device
 // memory (L1) or pinned host memory (L2): `resident` is then set, `main` and
@@ -34,6 +41,7 @@
 #include <string_view>
 #include <vector>
 
+#include "epd/grid.h"
 #include "epd/status.h"
 
 namespace epd {
@@ -93,6 +101,9 @@ struct Embedding : EmbeddingShape {
   // silently) or by bytes, never by a bare ==.
   bool operator==(const Embedding&) const = delete;
 
+  // The item's patch grid (see Grid above); {0, 0, 0} when unknown. Not
+  // counted in nbytes().
+  GridTHW grid;
   std::vector<std::byte> main;       // tokens * hidden * DTypeSize(dtype) bytes
   std::vector<std::byte> deepstack;  // tokens * hidden * deepstack_layers * DTypeSize(dtype) bytes
   // Set when the bytes live in device or pinned memory (see Residency above);
@@ -110,7 +121,7 @@ struct Embedding : EmbeddingShape {
 using EmbeddingPtr = std::shared_ptr<const Embedding>;
 
 // `e` itself when its bytes are on the host (no copy); otherwise a new host
-// Embedding with the same shape and a copy of the bytes (blocks until the
+// Embedding with the same shape and grid and a copy of the bytes (blocks until the
 // copy lands). kInvalidArgument for a null `e` or a resident one with a
 // negative shape; the ResidentBytes' errors otherwise. Cost: O(1) for a host
 // embedding, one copy of nbytes() else.

@@ -47,6 +47,8 @@ struct ItemResult {
   // Non-null iff status.ok(); shared with the cache, immutable. With a GPU
   // tier its bytes may be in VRAM or pinned memory (Embedding::resident):
   // call ToHost() (epd/embedding.h) before reading them on the host.
+  // embedding->grid is the image's (t, h, w) patch grid, for hits as for
+  // misses (what Qwen-VL prefill needs for its M-RoPE positions).
   EmbeddingPtr embedding;
   ItemSource source = ItemSource::kMiss;
   // Milliseconds: submit -> batch start, the batch's tower call, submit ->

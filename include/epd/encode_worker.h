@@ -158,7 +158,7 @@ struct WorkerOptions {
   // output_on_device()) into the Embedding to cache and deliver, e.g. a
   // device -> device copy into an L1 entry. Required for such a tower
   // (Create fails without it); unused otherwise. An error, or an embedding
-  // whose shape or byte count differs from the rows', fails that item only
+  // whose shape, grid or byte count differs from the rows', fails that item only
   // (its status, e.g. kInternal for a device failure).
   std::function<StatusOr<EmbeddingPtr>(const DeviceRows&)> adopt_device_rows;
 

@@ -20,6 +20,9 @@ struct GridTHW {
   std::int64_t patches() const { return t * h * w; }
   // Post-merge tokens; h and w are multiples of merge_size for valid grids.
   std::int64_t tokens(std::int64_t merge_size = 2) const { return t * h * w / (merge_size * merge_size); }
+  // False for the default {0, 0, 0}, which stands for "not recorded" (e.g.
+  // an embedding read from a file written before grids were kept).
+  bool known() const { return t > 0 && h > 0 && w > 0; }
 
   friend bool operator==(const GridTHW&, const GridTHW&) = default;
 };

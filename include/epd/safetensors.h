@@ -12,11 +12,20 @@
 //   "<K>"            dtype  shape [tokens, hidden]                     main half
 //   "<K>.deepstack"  dtype  shape [tokens, hidden * deepstack_layers]  only when
 //                                                                      deepstack_layers > 0
+//   "<K>.grid_thw"   I64    shape [3]                                  [t, h, w], only when
+//                                                                      the grid is known
 // dtype is "F32", "BF16" or "F16" (Embedding::dtype), bytes little-endian and
-// row-major, exactly Embedding::main / Embedding::deepstack. Tensors are laid
-// out in ascending key order, main before deepstack, without gaps; the header
-// is padded with spaces so the data starts 8-byte aligned. The same entries
-// and metadata always give the same bytes.
+// row-major, exactly Embedding::main / Embedding::deepstack. "<K>.grid_thw"
+// is Embedding::grid (epd/grid.h), the patch grid Qwen-VL prefill builds its
+// M-RoPE positions from; stacking the rows of several keys gives Hugging
+// Face's `image_grid_thw` [images, 3] int64. Why a tensor and not
+// "__metadata__": a reader gets it from the same load call as the embedding
+// (safetensors.numpy.load_file(...)[K + ".grid_thw"]), already an integer
+// array, with no string to parse. Tensors are laid out in ascending key
+// order, main, deepstack, grid, without gaps; the header is padded with spaces
+// so the data starts 8-byte aligned (a grid may then sit at an offset that is
+// not a multiple of 8). The same entries and metadata always give the same
+// bytes.
 //
 // Errors: kInvalidArgument for an entry whose byte size disagrees with its
 // shape, a null embedding, or a malformed file (each message names what is
@@ -67,7 +76,10 @@ Status WriteEmbeddingsSafetensors(const std::string& path, std::span<const Keyed
                                   const std::map<std::string, std::string>& metadata = {});
 
 // Parses bytes in the layout above. Tensors whose names are not a 64-digit
-// hex key (optionally with ".deepstack") are rejected with kInvalidArgument.
+// hex key (optionally with ".deepstack" or ".grid_thw") are rejected with
+// kInvalidArgument, as is a grid that is not I64 [3] of positive values or
+// has no main tensor. A key without ".grid_thw" (a file written before grids
+// were recorded) reads back with grid {0, 0, 0}.
 StatusOr<SafetensorsContents> ParseEmbeddingsSafetensors(std::string_view bytes);
 StatusOr<SafetensorsContents> ReadEmbeddingsSafetensors(const std::string& path);
 

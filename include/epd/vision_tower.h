@@ -71,7 +71,9 @@ struct TowerOutput : EmbeddingShape {
 // WorkerOptions::adopt_device_rows. `main` / `deepstack` point into device
 // memory: [tokens, hidden] and [tokens, hidden * deepstack_layers], dtype;
 // valid while `owner` lives (the adopter holds it until its copy lands).
+// `grid` is the item's patch grid; the adopted Embedding must carry it.
 struct DeviceRows : EmbeddingShape {
+  GridTHW grid;
   const std::byte* main = nullptr;
   const std::byte* deepstack = nullptr;
   std::shared_ptr<const void> owner;

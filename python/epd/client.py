@@ -30,7 +30,13 @@ Example::
     from epd.client import EncodeClient
     with EncodeClient("127.0.0.1:50051") as c:
         [r] = c.encode([open("cat.jpg", "rb").read()])
-        print(r.key.hex(), r.tokens, r.source, r.main_array().shape)
+        print(r.key.hex(), r.tokens, r.grid_thw, r.source, r.main_array().shape)
+        mm = r.to_vllm()  # {"image_embeds": ..., "image_grid_thw": ...} for vLLM
+
+Prefill: each result carries its image's patch grid ``grid_thw`` = (t, h, w)
+(EncodedItem.grid_thw), which Qwen-VL prefill needs for its M-RoPE positions.
+``EncodeResult.to_vllm()`` and ``to_vllm_batch(results)`` turn results into
+the dict vLLM takes as precomputed image embeddings (docs/PREFILL.md).
 
 Thread safety: an EncodeClient may be shared by threads (grpc channels are).
 """
@@ -43,7 +49,7 @@ import itertools
 import struct
 import uuid
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -144,6 +150,8 @@ class Item:
 
 @dataclass
 class ItemResult:
+    """One image's result (also exported as ``EncodeResult``)."""
+
     index: int
     ok: bool
     code: grpc.StatusCode = grpc.StatusCode.OK
@@ -160,6 +168,11 @@ class ItemResult:
     tower_ms: float = 0.0
     total_ms: float = 0.0
     server_id: str = ""
+    # The image's patch grid (t, h, w) before the merger: t temporal patches
+    # (1 for a still image), h x w patches of patch_size pixels; tokens ==
+    # t * h * w // merge_size**2. None when the item failed or the server
+    # predates EncodedItem.grid_thw.
+    grid_thw: Optional[Tuple[int, int, int]] = None
 
     def main_array(self):
         """main as a float32 numpy array [tokens, hidden] (bf16/f16 widened)."""
@@ -168,6 +181,27 @@ class ItemResult:
     def deepstack_array(self):
         """deepstack as float32 [tokens, hidden * deepstack_layers]."""
         return _to_float32(self.deepstack, self.dtype, (self.tokens, self.hidden * self.deepstack_layers))
+
+    def to_vllm(self, deepstack: bool = True) -> Dict[str, object]:
+        """This image as vLLM's precomputed image embeddings for Qwen-VL models:
+        ``{"image_embeds": E, "image_grid_thw": G}``, to pass as
+        ``multi_modal_data={"image": ...}`` to an ``LLM(..., enable_mm_embeds=True)``
+        (vLLM docs/features/multimodal_inputs.md, "Embedding Inputs"; the
+        shapes are those of vLLM's Qwen2VLImageEmbeddingInputs).
+
+        E is [tokens, width] in the result's dtype (torch.float32, bfloat16 or
+        float16): the main rows, followed on each row by the deepstack rows when
+        the tower has deepstack layers and ``deepstack`` is true, so width =
+        hidden * (1 + deepstack_layers). That concatenation is what vLLM's
+        Qwen3-VL takes ("image_embeds should contain both the base image
+        embedding and deepstack features"); Qwen2-VL and Qwen2.5-VL towers have
+        no deepstack, so E is the main rows. G is int64 [1, 3] = [[t, h, w]].
+
+        Both are torch tensors when torch is importable (a copy of the bytes;
+        CPU), else numpy arrays, with bfloat16 widened to float32 (numpy has no
+        bfloat16). Raises ValueError for a failed item or one without a grid.
+        """
+        return to_vllm_batch([self], deepstack=deepstack)
 
 
 def _to_float32(data: bytes, dtype: str, shape):
@@ -181,6 +215,61 @@ def _to_float32(data: bytes, dtype: str, shape):
         # bf16 is the high half of a float32.
         return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
     raise ValueError(f"unknown dtype {dtype!r}")
+
+
+# The name the prefill docs use for one image's result.
+EncodeResult = ItemResult
+
+
+def to_vllm_batch(results: Sequence[ItemResult], deepstack: bool = True) -> Dict[str, object]:
+    """Several images' results as one vLLM precomputed-embeddings dict, in the
+    order given (the order of the image placeholders in the prompt):
+    ``image_embeds`` [sum of tokens, width] with each image's rows after the
+    previous one's, and ``image_grid_thw`` int64 [len(results), 3], row i the
+    grid of results[i]. Columns, dtype and the torch/numpy choice as in
+    ItemResult.to_vllm. Raises ValueError for an empty list, a failed item, an
+    item without a grid, or items of different hidden size, deepstack layers
+    or dtype (they must come from one tower).
+    """
+    if not results:
+        raise ValueError("to_vllm_batch needs at least one result")
+    first = results[0]
+    for r in results:
+        if not r.ok:
+            raise ValueError(f"item {r.index} failed ({r.code.name}: {r.message}); it has no embedding")
+        if r.grid_thw is None:
+            raise ValueError(f"item {r.index} has no grid_thw (a server older than EncodedItem.grid_thw); "
+                             "Qwen-VL prefill cannot place it")
+        if (r.hidden, r.deepstack_layers, r.dtype) != (first.hidden, first.deepstack_layers, first.dtype):
+            raise ValueError(f"item {r.index} is {r.hidden} x (1 + {r.deepstack_layers}) {r.dtype}, item "
+                             f"{first.index} is {first.hidden} x (1 + {first.deepstack_layers}) {first.dtype}; "
+                             "a batch must come from one tower")
+    with_deep = deepstack and first.deepstack_layers > 0
+    grids = [list(r.grid_thw) for r in results]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[first.dtype]
+        rows = []
+        for r in results:
+            # bytearray: torch.frombuffer wants a writable buffer; the copy is
+            # owned by the tensor.
+            main = torch.frombuffer(bytearray(r.main), dtype=dtype).reshape(r.tokens, r.hidden)
+            if with_deep:
+                deep = torch.frombuffer(bytearray(r.deepstack), dtype=dtype).reshape(
+                    r.tokens, r.hidden * r.deepstack_layers)
+                main = torch.cat([main, deep], dim=1)
+            rows.append(main)
+        return {"image_embeds": torch.cat(rows, dim=0), "image_grid_thw": torch.tensor(grids, dtype=torch.int64)}
+    import numpy as np
+
+    rows = []
+    for r in results:
+        main = r.main_array()
+        rows.append(np.concatenate([main, r.deepstack_array()], axis=1) if with_deep else main)
+    return {"image_embeds": np.concatenate(rows, axis=0), "image_grid_thw": np.array(grids, dtype=np.int64)}
 
 
 class EncodeError(Exception):
@@ -341,5 +430,11 @@ def _from_proto(m, index: int) -> ItemResult:
     if m.error_code != 0:
         return ItemResult(ok=False, code=_CODES.get(m.error_code, grpc.StatusCode.UNKNOWN),
                           message=f"item {index}: {m.error_message}", **common)
+    grid = tuple(m.grid_thw)
+    if grid and (len(grid) != 3 or min(grid) <= 0):
+        return ItemResult(ok=False, code=grpc.StatusCode.INTERNAL,
+                          message=f"server sent item {index} with grid_thw {list(grid)}; expected 3 positive values",
+                          **common)
     return ItemResult(ok=True, tokens=m.tokens, hidden=m.hidden, deepstack_layers=m.deepstack_layers,
-                      dtype=_DTYPES.get(m.dtype, "unknown"), main=m.main, deepstack=m.deepstack, **common)
+                      dtype=_DTYPES.get(m.dtype, "unknown"), main=m.main, deepstack=m.deepstack,
+                      grid_thw=grid or None, **common)

@@ -37,6 +37,7 @@ StatusOr<EmbeddingPtr> ToHost(const EmbeddingPtr& e) {
   out->hidden = e->hidden;
   out->deepstack_layers = e->deepstack_layers;
   out->dtype = e->dtype;
+  out->grid = e->grid;
   const std::size_t main_bytes = static_cast<std::size_t>(e->tokens * e->hidden) * DTypeSize(e->dtype);
   out->main.resize(main_bytes);
   out->deepstack.resize(e->ExpectedBytes() - main_bytes);

@@ -298,13 +298,16 @@ TierEmbeddingPtr TierOf(const EmbeddingPtr& e) {
   return e == nullptr ? nullptr : std::dynamic_pointer_cast<const TierEmbedding>(e->resident);
 }
 
-EmbeddingPtr Wrap(TierEmbeddingPtr t) {
+// `grid` is the item's, carried along from the Embedding or DeviceRows the
+// entry came from (a TierEmbedding holds only bytes and their shape).
+EmbeddingPtr Wrap(TierEmbeddingPtr t, const GridTHW& grid) {
   auto e = std::make_shared<Embedding>();
   const EmbeddingShape& s = t->shape();
   e->tokens = s.tokens;
   e->hidden = s.hidden;
   e->deepstack_layers = s.deepstack_layers;
   e->dtype = s.dtype;
+  e->grid = grid;
   e->resident = std::move(t);
   return e;
 }
@@ -317,6 +320,7 @@ StatusOr<EmbeddingPtr> RowsToHost(Device& device, const DeviceRows& rows) {
   e->hidden = rows.hidden;
   e->deepstack_layers = rows.deepstack_layers;
   e->dtype = rows.dtype;
+  e->grid = rows.grid;
   const EmbeddingShape shape{rows.tokens, rows.hidden, rows.deepstack_layers, rows.dtype};
   e->main.resize(shape.main_bytes());
   e->deepstack.resize(shape.deepstack_bytes());
@@ -340,13 +344,13 @@ EmbeddingTierHooks MakeEmbeddingTierHooks(Device& device, DeviceTierStats* stats
     TierEmbeddingPtr t = TierOf(e);
     if (t == nullptr || t->where() == MemoryKind::kPinnedHost) return e;
     TierEmbeddingPtr moved = offload(t);
-    return moved == nullptr ? nullptr : Wrap(std::move(moved));
+    return moved == nullptr ? nullptr : Wrap(std::move(moved), e->grid);
   };
   hooks.to_device = [onboard = MakeOnboardFn(device, stats)](const EmbeddingPtr& e) -> EmbeddingPtr {
     TierEmbeddingPtr t = TierOf(e);
     if (t == nullptr || t->where() == MemoryKind::kDevice) return e;
     TierEmbeddingPtr moved = onboard(t);
-    return moved == t ? e : Wrap(std::move(moved));
+    return moved == t ? e : Wrap(std::move(moved), e->grid);
   };
   hooks.adopt_device_rows = [&device, stats](const DeviceRows& rows) -> StatusOr<EmbeddingPtr> {
     StatusOr<TierEmbeddingPtr> t = AdoptDeviceRows(device, rows);
@@ -355,7 +359,7 @@ EmbeddingTierHooks MakeEmbeddingTierHooks(Device& device, DeviceTierStats* stats
         ++stats->adopts;
         stats->adopt_bytes += (*t)->nbytes();
       }
-      return Wrap(std::move(t).value());
+      return Wrap(std::move(t).value(), rows.grid);
     }
     if (t.status().code() != StatusCode::kResourceExhausted) return t.status();
     if (stats != nullptr) ++stats->adopt_fallbacks;

@@ -229,5 +229,62 @@ TEST(SizeGpuTierTest, LargeTiersGetProportionalSlack) {
   EXPECT_EQ(t.pinned_pool_bytes, 2125000001u);   // l2/16 = 125000000 > 64 MiB (67108864)
 }
 
+// The worker's hooks keep an item's grid with its bytes on every move: the
+// adopt of tower rows (into VRAM, and into host memory when VRAM is full),
+// the offload to pinned memory and the onboard back. The grid has t = 2 (a
+// two-temporal-patch clip): (2, 2, 6) is 24 patches, 6 tokens after the 2x2
+// merge.
+TEST(EmbeddingTierHooksTest, GridTravelsWithTheRowsThroughAdoptOffloadAndOnboard) {
+  const GridTHW grid{2, 2, 6};
+  const std::int64_t tokens = 6, hidden = 64;
+  const std::size_t entry = static_cast<std::size_t>(tokens * hidden) * 4 * 2;  // f32, 1 deepstack layer
+  for (const bool vram_full : {false, true}) {
+    SCOPED_TRACE(vram_full ? "VRAM full: rows copied to host" : "rows adopted into VRAM");
+    // The rows themselves take one entry of VRAM; a full device has room for nothing more.
+    FakeDevice dev({.device_capacity_bytes = vram_full ? entry : 4 * entry,
+                    .pinned_pool_bytes = 4 * entry,
+                    .completion = FakeCompletion::kImmediate});
+    StatusOr<TierEmbeddingPtr> tower_rows = UploadEmbedding(dev, MakeEmbedding(9, tokens, hidden, 1));
+    ASSERT_TRUE(tower_rows.ok()) << tower_rows.status().ToString();
+    ASSERT_TRUE((*tower_rows)->Wait().ok());
+    DeviceRows rows;
+    rows.grid = grid;
+    rows.tokens = tokens;
+    rows.hidden = hidden;
+    rows.deepstack_layers = 1;
+    rows.dtype = DType::kFloat32;
+    rows.main = (*tower_rows)->data();
+    rows.deepstack = (*tower_rows)->data() + entry / 2;
+    rows.owner = *tower_rows;
+
+    DeviceTierStats stats;
+    EmbeddingTierHooks hooks = MakeEmbeddingTierHooks(dev, &stats);
+    StatusOr<EmbeddingPtr> adopted = hooks.adopt_device_rows(rows);
+    ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
+    EXPECT_EQ(stats.adopt_fallbacks, vram_full ? 1u : 0u);
+    EXPECT_EQ((*adopted)->on_host(), vram_full);
+    EXPECT_EQ((*adopted)->grid, grid);
+    StatusOr<EmbeddingPtr> host = ToHost(*adopted);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    EXPECT_EQ((*host)->grid, grid);
+    EXPECT_TRUE(SameAsSeed(**host, 9));
+    if (vram_full) continue;
+
+    EmbeddingPtr pinned = hooks.to_host(*adopted);
+    ASSERT_NE(pinned, nullptr);
+    ASSERT_FALSE(pinned->on_host());
+    EXPECT_EQ(pinned->resident->location(), "pinned_host");
+    EXPECT_EQ(pinned->grid, grid);
+    EmbeddingPtr back = hooks.to_device(pinned);
+    ASSERT_NE(back, nullptr);
+    EXPECT_EQ(back->resident->location(), "device");
+    EXPECT_EQ(back->grid, grid);
+    StatusOr<EmbeddingPtr> shipped = ToHost(back);
+    ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
+    EXPECT_EQ((*shipped)->grid, grid);
+    EXPECT_TRUE(SameAsSeed(**shipped, 9));
+  }
+}
+
 }  // namespace
 }  // namespace epd

@@ -104,6 +104,11 @@ void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem*
   out->set_hidden(e.hidden);
   out->set_deepstack_layers(e.deepstack_layers);
   out->set_dtype(ToProto(e.dtype));
+  if (e.grid.known()) {
+    out->add_grid_thw(e.grid.t);
+    out->add_grid_thw(e.grid.h);
+    out->add_grid_thw(e.grid.w);
+  }
   out->set_main(reinterpret_cast<const char*>(e.main.data()), e.main.size());
   out->set_deepstack(reinterpret_cast<const char*>(e.deepstack.data()), e.deepstack.size());
 }
@@ -142,6 +147,18 @@ ClientItemResult FromProto(const v1::EncodedItem& m) {
                         " bytes do not match its shape [" + std::to_string(e->tokens) + ", " +
                         std::to_string(e->hidden) + "] x " + std::to_string(1 + e->deepstack_layers));
     return r;
+  }
+  // An empty grid_thw (an older server) leaves the grid unknown; a present
+  // one must be 3 positive values.
+  if (m.grid_thw_size() != 0) {
+    if (m.grid_thw_size() != 3 || m.grid_thw(0) <= 0 || m.grid_thw(1) <= 0 || m.grid_thw(2) <= 0) {
+      std::string got;
+      for (std::int64_t v : m.grid_thw()) got += (got.empty() ? "" : ", ") + std::to_string(v);
+      r.status = Internal("server sent item " + std::to_string(m.index()) + " with grid_thw [" + got +
+                          "]; expected 3 positive values [t, h, w]");
+      return r;
+    }
+    e->grid = {m.grid_thw(0), m.grid_thw(1), m.grid_thw(2)};
   }
   r.embedding = std::move(e);
   return r;

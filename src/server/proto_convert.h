@@ -38,8 +38,9 @@ StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p);
 // Fills `out` from a delivered item: the embedding's bytes are copied into
 // the message (the one copy on the server side), or error_code/message set.
 void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem* out);
-// The client side: copies the payload into a fresh Embedding. A message whose
-// byte sizes disagree with its shape becomes a kInternal item status.
+// The client side: copies the payload and grid_thw into a fresh Embedding. A
+// message whose byte sizes disagree with its shape, or whose grid_thw is
+// neither empty nor 3 positive values, becomes a kInternal item status.
 ClientItemResult FromProto(const v1::EncodedItem& m);
 
 void ToProto(const ServerStats& s, v1::StatsResponse* out);

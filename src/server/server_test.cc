@@ -43,6 +43,8 @@ void ExpectItemIs(const v1::EncodedItem& got, const std::string& image) {
   EXPECT_EQ(got.hidden(), want.hidden);
   EXPECT_EQ(got.deepstack_layers(), want.deepstack_layers);
   EXPECT_EQ(got.dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_EQ(std::vector<std::int64_t>(got.grid_thw().begin(), got.grid_thw().end()),
+            (std::vector<std::int64_t>{want.grid.t, want.grid.h, want.grid.w}));
   EXPECT_EQ(got.main(), std::string(reinterpret_cast<const char*>(want.main.data()), want.main.size()));
   EXPECT_EQ(got.deepstack(),
             std::string(reinterpret_cast<const char*>(want.deepstack.data()), want.deepstack.size()));
@@ -91,6 +93,71 @@ TEST(EncodeServerTest, DuplicateImagesInOneRequestRunTheTowerOnce) {
   }
   EXPECT_EQ(sources, (std::multiset<int>{v1::SOURCE_MISS, v1::SOURCE_JOINED}));
   EXPECT_EQ(t.tower_state->items_encoded(), 1);
+}
+
+std::vector<std::int64_t> GridOf(const v1::EncodedItem& m) { return {m.grid_thw().begin(), m.grid_thw().end()}; }
+
+TEST(EncodeServerTest, EveryItemCarriesItsGridOnTheWireForMissesAndHits) {
+  TestServer t = StartTestServer();
+  // By hand: 84 wide x 56 high -> (1, 56/14, 84/14) = (1, 4, 6), 6 tokens;
+  // 56 wide x 112 high -> (1, 8, 4), 8 tokens. Both are multiples of 28, so
+  // smart_resize keeps them.
+  const std::string wide = Png(84, 56, 30), tall = Png(56, 112, 31);
+  RawCall first = CallEncode(*t.stub, MakeRequest("g1", {wide, tall}));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  RawCall again = CallEncode(*t.stub, MakeRequest("g2", {tall, wide}));
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  ASSERT_EQ(first.items.size(), 2u);
+  ASSERT_EQ(again.items.size(), 2u);
+  const std::vector<std::int64_t> wide_grid = {1, 4, 6}, tall_grid = {1, 8, 4};
+  for (const v1::EncodedItem& m : first.items) {
+    EXPECT_EQ(m.source(), v1::SOURCE_MISS);
+    EXPECT_EQ(GridOf(m), m.index() == 0 ? wide_grid : tall_grid);
+  }
+  for (const v1::EncodedItem& m : again.items) {
+    EXPECT_EQ(m.source(), v1::SOURCE_L1);
+    EXPECT_EQ(GridOf(m), m.index() == 0 ? tall_grid : wide_grid);
+  }
+  // The C++ client reads it into the embedding.
+  auto client = EncodeClient::Connect({.target = t.target});
+  ASSERT_TRUE(client.ok());
+  EncodeResult r = (*client)->Encode({Img(tall), Img(wide)});
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.items[0].embedding->grid, (GridTHW{1, 8, 4}));
+  EXPECT_EQ(r.items[1].embedding->grid, (GridTHW{1, 4, 6}));
+}
+
+TEST(ProtoConvertTest, ClientKeepsAGridWithTGreaterThanOneAndRejectsAMalformedOne) {
+  // A 2-temporal-patch clip: (2, 2, 2) is 8 patches, 2 tokens after the 2x2 merge.
+  auto e = std::make_shared<Embedding>();
+  e->tokens = 2;
+  e->hidden = 1;
+  e->dtype = DType::kFloat32;
+  e->grid = {2, 2, 2};
+  e->main.resize(8);
+  ItemResult item;
+  item.embedding = e;
+  v1::EncodedItem m;
+  internal::ToProto(item, "s", &m);
+  EXPECT_EQ(GridOf(m), (std::vector<std::int64_t>{2, 2, 2}));
+  ClientItemResult back = internal::FromProto(m);
+  ASSERT_TRUE(back.status.ok()) << back.status.ToString();
+  EXPECT_EQ(back.embedding->grid, (GridTHW{2, 2, 2}));
+
+  v1::EncodedItem old_server = m;  // an older server sends no grid: unknown, not an error
+  old_server.clear_grid_thw();
+  back = internal::FromProto(old_server);
+  ASSERT_TRUE(back.status.ok()) << back.status.ToString();
+  EXPECT_FALSE(back.embedding->grid.known());
+
+  for (const std::vector<std::int64_t>& bad : {std::vector<std::int64_t>{2, 2}, {2, 0, 2}, {1, 2, 2, 1}}) {
+    v1::EncodedItem m2 = m;
+    m2.clear_grid_thw();
+    for (std::int64_t v : bad) m2.add_grid_thw(v);
+    ClientItemResult r2 = internal::FromProto(m2);
+    EXPECT_EQ(r2.status.code(), StatusCode::kInternal);
+    EXPECT_NE(r2.status.message().find("grid_thw"), std::string::npos) << r2.status.message();
+  }
 }
 
 TEST(EncodeServerTest, EmptyRequestIdIsReplacedByTheServer) {

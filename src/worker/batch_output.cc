@@ -8,6 +8,14 @@
 #include <string>
 
 namespace epd::internal {
+namespace {
+
+// "(t, h, w)", for messages.
+std::string GridText(const GridTHW& g) {
+  return "(" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " + std::to_string(g.w) + ")";
+}
+
+}  // namespace
 
 Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::int64_t tokens,
                    const VisionTower& tower, bool can_adopt) {
@@ -64,10 +72,14 @@ StatusOr<EmbeddingPtr> AdoptRows(const AdoptDeviceRowsFn& adopt, const DeviceRow
                     " bytes) for rows of " + std::to_string(rows.tokens) + " x " + std::to_string(rows.hidden) +
                     " x (1 + " + std::to_string(rows.deepstack_layers) + ") " + std::string(DTypeName(rows.dtype)));
   }
+  if (got.grid != rows.grid) {
+    return Internal("adopt_device_rows returned an embedding of grid " + GridText(got.grid) + " for rows of grid " +
+                    GridText(rows.grid));
+  }
   return adopted;
 }
 
-StatusOr<EmbeddingPtr> BatchOutputReader::Next(std::int64_t tokens) {
+StatusOr<EmbeddingPtr> BatchOutputReader::Next(const GridTHW& grid, std::int64_t tokens) {
   // This item's rows of the batch output: [main_off_, +main_bytes) and
   // [deep_off_, +deep_bytes), wherever the output lives.
   const TowerOutput& o = out_;
@@ -82,6 +94,7 @@ StatusOr<EmbeddingPtr> BatchOutputReader::Next(std::int64_t tokens) {
     // output stays alive until that copy lands.
     DeviceRows rows;
     static_cast<EmbeddingShape&>(rows) = item;
+    rows.grid = grid;
     rows.main = o.device_main + main_off;
     rows.deepstack = o.device_deepstack == nullptr ? nullptr : o.device_deepstack + deep_off;
     rows.owner = o.device_owner;
@@ -89,6 +102,7 @@ StatusOr<EmbeddingPtr> BatchOutputReader::Next(std::int64_t tokens) {
   }
   auto m = std::make_shared<Embedding>();
   static_cast<EmbeddingShape&>(*m) = item;
+  m->grid = grid;
   m->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
   m->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
   return EmbeddingPtr(std::move(m));

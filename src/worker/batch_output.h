@@ -34,7 +34,7 @@ Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::in
                    const VisionTower& tower, bool can_adopt);
 
 // `adopt(rows)` behind a fence: its errors, exceptions, a null result or one
-// whose shape or byte count differs from `rows` become the item's status
+// whose shape, grid or byte count differs from `rows` become the item's status
 // (kInternal, or the hook's own status).
 StatusOr<EmbeddingPtr> AdoptRows(const AdoptDeviceRowsFn& adopt, const DeviceRows& rows);
 
@@ -46,8 +46,9 @@ class BatchOutputReader {
 
   // The next item's `tokens` rows as an Embedding of its own (host output:
   // a copy, charged exactly main + deepstack bytes; device output: what
-  // AdoptRows gives). The rows are consumed even when adoption fails.
-  StatusOr<EmbeddingPtr> Next(std::int64_t tokens);
+  // AdoptRows gives), carrying the item's patch `grid`. The rows are
+  // consumed even when adoption fails.
+  StatusOr<EmbeddingPtr> Next(const GridTHW& grid, std::int64_t tokens);
 
  private:
   const TowerOutput& out_;

@@ -563,7 +563,7 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
     if (!e.decode_status.ok()) {
       status = e.decode_status;
     } else if (failure.ok()) {
-      StatusOr<EmbeddingPtr> rows = output->Next(e.image.tokens());
+      StatusOr<EmbeddingPtr> rows = output->Next(e.image.grid, e.image.tokens());
       if (rows.ok()) {
         embedding = std::move(*rows);
         CachePut(job.key, embedding);

@@ -139,6 +139,43 @@ TEST_P(EncodeWorkerTest, L2HitIsPromotedWithBothHalves) {
   EXPECT_EQ(state_->items_encoded(), 2);
 }
 
+TEST_P(EncodeWorkerTest, MissJoinAndHitsAllCarryTheImagesGrid) {
+  // By hand (smart_resize keeps sizes that are multiples of 28 within the
+  // pixel bounds): x is 56x56 -> (1, 56/14, 56/14) = (1, 4, 4); z is 56 wide
+  // and 84 high -> (1, 84/14, 56/14) = (1, 6, 4), h before w. L1 fits one
+  // 4-token embedding (384 bytes), so x is demoted when z arrives.
+  const GridTHW x_grid{1, 4, 4}, z_grid{1, 6, 4};
+  WorkerOptions o = Options();
+  o.l1_bytes = 700;
+  o.l2_bytes = 10'000;
+  auto w = Make(o);
+  ASSERT_TRUE(w->Submit(Request("miss", {x_, x_}), c_.For("miss")).ok());
+  Drain(*w);
+  ASSERT_TRUE(w->Submit(Request("l1", {x_}), c_.For("l1")).ok());
+  ASSERT_TRUE(w->Submit(Request("z", {z_}), c_.For("z")).ok());  // demotes x
+  Drain(*w);
+  ASSERT_TRUE(w->Submit(Request("l2", {x_}), c_.For("l2")).ok());
+
+  const std::vector<std::pair<std::string, ItemSource>> x_deliveries = {
+      {"miss", ItemSource::kMiss}, {"l1", ItemSource::kL1}, {"l2", ItemSource::kL2}};
+  for (const auto& [id, source] : x_deliveries) {
+    ASSERT_TRUE(c_.done[id].all_ok()) << id;
+    const ItemResult& r = c_.done[id].items[0];
+    EXPECT_EQ(r.source, source) << id;
+    EXPECT_EQ(r.embedding->grid, x_grid) << id;
+    EXPECT_EQ(r.embedding->grid.tokens(), r.embedding->tokens) << id;
+  }
+  EXPECT_EQ(c_.done["miss"].items[1].source, ItemSource::kJoined);
+  EXPECT_EQ(c_.done["miss"].items[1].embedding->grid, x_grid);
+  ASSERT_TRUE(c_.done["z"].all_ok());
+  EXPECT_EQ(c_.done["z"].items[0].embedding->grid, z_grid);
+  EXPECT_EQ(c_.done["z"].items[0].embedding->tokens, 6);
+  // The tower was handed the same grids.
+  ASSERT_EQ(state_->batches.size(), 2u);
+  EXPECT_EQ(state_->batches[0], std::vector<GridTHW>{x_grid});
+  EXPECT_EQ(state_->batches[1], std::vector<GridTHW>{z_grid});
+}
+
 TEST_P(EncodeWorkerTest, WrongRowCountFailsOnlyItsBatch) {
   WorkerOptions o = Options();
   o.max_items_per_batch = 1;

@@ -132,6 +132,7 @@ Embedding FakeTower::Reference(const PreprocessedImage& image, const FakeTowerOp
   e.hidden = options.hidden;
   e.deepstack_layers = options.deepstack_layers;
   e.dtype = options.dtype;
+  e.grid = image.grid;
   Emit(image.patches.data(), e.tokens, options, e.main, e.deepstack);
   return e;
 }

@@ -81,7 +81,8 @@ class FakeTower : public VisionTower {
 
   const std::shared_ptr<FakeTowerState>& state() const { return state_; }
 
-  // The embedding this tower gives a preprocessed image, computed directly.
+  // The embedding this tower gives a preprocessed image, computed directly,
+  // with the image's grid (as the worker must deliver it).
   static Embedding Reference(const PreprocessedImage& image, const FakeTowerOptions& options);
 
  private:

@@ -22,6 +22,9 @@ namespace {
 using nlohmann::json;
 
 constexpr std::string_view kDeepstackSuffix = ".deepstack";
+constexpr std::string_view kGridSuffix = ".grid_thw";
+// The grid tensor: I64 [3] = t, h, w; 24 bytes.
+constexpr std::size_t kGridBytes = 3 * sizeof(std::int64_t);
 // A sanity bound on the header: 100 MB, as the safetensors reference reader.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 
@@ -82,7 +85,7 @@ StatusOr<std::vector<const KeyedEmbedding*>> SortedDistinct(std::span<const Keye
       const Embedding& a = *out.back()->embedding;
       const Embedding& b = *e->embedding;
       if (out.back()->embedding != e->embedding &&
-          (a.shape() != b.shape() || a.main != b.main || a.deepstack != b.deepstack)) {
+          (a.shape() != b.shape() || a.grid != b.grid || a.main != b.main || a.deepstack != b.deepstack)) {
         return InvalidArgument("two different embeddings under key " + e->key.Hex());
       }
       continue;
@@ -96,7 +99,38 @@ void AppendLe64(std::string& out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
+std::int64_t ReadLe64(std::string_view b) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(b[i]);
+  return static_cast<std::int64_t>(v);
+}
+
 Status Malformed(const std::string& what) { return InvalidArgument("malformed safetensors: " + what); }
+
+// A "<key>.grid_thw" entry: dtype I64, shape [3], 24 bytes inside `data`,
+// three positive values.
+StatusOr<GridTHW> ParseGrid(const std::string& name, const json& v, std::string_view data) {
+  const json& shape = v["shape"];
+  const json& offs = v["data_offsets"];
+  if (v["dtype"] != "I64" || shape != json::array({3})) {
+    return Malformed("tensor '" + name + "' is " + v["dtype"].dump() + " " + shape.dump() + ", expected \"I64\" [3]");
+  }
+  if (offs.size() != 2 || !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
+    return Malformed("tensor '" + name + "' data_offsets " + offs.dump() + " is not [begin, end]");
+  }
+  const std::uint64_t begin = offs[0].get<std::uint64_t>(), end = offs[1].get<std::uint64_t>();
+  if (begin > end || end > data.size() || end - begin != kGridBytes) {
+    return Malformed("tensor '" + name + "' data_offsets " + offs.dump() + " are not 24 bytes inside the " +
+                     std::to_string(data.size()) + "-byte data section");
+  }
+  const std::string_view b = data.substr(begin, kGridBytes);
+  const GridTHW g{ReadLe64(b), ReadLe64(b.substr(8)), ReadLe64(b.substr(16))};
+  if (!g.known()) {
+    return Malformed("tensor '" + name + "' holds [" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
+                     std::to_string(g.w) + "]; t, h and w must be positive");
+  }
+  return g;
+}
 
 }  // namespace
 
@@ -133,6 +167,11 @@ StatusOr<std::string> SerializeEmbeddingsSafetensors(std::span<const KeyedEmbedd
     const std::string hex = e->key.Hex();
     add(hex, m, m.hidden, m.main.size());
     if (m.deepstack_layers > 0) add(hex + std::string(kDeepstackSuffix), m, m.hidden * m.deepstack_layers, m.deepstack.size());
+    if (m.grid.known()) {
+      header[hex + std::string(kGridSuffix)] = {
+          {"dtype", "I64"}, {"shape", json::array({3})}, {"data_offsets", {offset, offset + kGridBytes}}};
+      offset += kGridBytes;
+    }
   }
   std::string text = header.dump();
   // Pad so the data starts 8-byte aligned (8-byte length prefix + header).
@@ -146,6 +185,9 @@ StatusOr<std::string> SerializeEmbeddingsSafetensors(std::span<const KeyedEmbedd
     const Embedding& m = *e->embedding;
     out.append(reinterpret_cast<const char*>(m.main.data()), m.main.size());
     if (m.deepstack_layers > 0) out.append(reinterpret_cast<const char*>(m.deepstack.data()), m.deepstack.size());
+    if (m.grid.known()) {
+      for (std::int64_t v : {m.grid.t, m.grid.h, m.grid.w}) AppendLe64(out, static_cast<std::uint64_t>(v));
+    }
   }
   return out;
 }
@@ -190,6 +232,7 @@ StatusOr<SafetensorsContents> ParseEmbeddingsSafetensors(std::string_view bytes)
     std::string_view bytes;
   };
   std::map<ContentKey, Tensor> mains, deeps;
+  std::map<ContentKey, GridTHW> grids;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     const json& v = it.value();
@@ -202,16 +245,25 @@ StatusOr<SafetensorsContents> ParseEmbeddingsSafetensors(std::string_view bytes)
       continue;
     }
     std::string_view stem = name;
-    bool deep = false;
+    bool deep = false, grid = false;
     if (stem.size() > kDeepstackSuffix.size() && stem.ends_with(kDeepstackSuffix)) {
       stem.remove_suffix(kDeepstackSuffix.size());
       deep = true;
+    } else if (stem.size() > kGridSuffix.size() && stem.ends_with(kGridSuffix)) {
+      stem.remove_suffix(kGridSuffix.size());
+      grid = true;
     }
     const std::optional<ContentKey> key = ParseHex(stem);
     if (!key) return Malformed("tensor name '" + name + "' is not a 64-digit hex key");
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
         !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array()) {
       return Malformed("tensor '" + name + "' lacks dtype, shape or data_offsets");
+    }
+    if (grid) {
+      StatusOr<GridTHW> g = ParseGrid(name, v, data);
+      if (!g.ok()) return g.status();
+      grids[*key] = *g;
+      continue;
     }
     const std::optional<DType> dtype = ParseDType(v["dtype"].get<std::string>());
     if (!dtype) return Malformed("tensor '" + name + "' has unsupported dtype " + v["dtype"].dump());
@@ -245,6 +297,10 @@ StatusOr<SafetensorsContents> ParseEmbeddingsSafetensors(std::string_view bytes)
     e->dtype = main.dtype;
     const auto* p = reinterpret_cast<const std::byte*>(main.bytes.data());
     e->main.assign(p, p + main.bytes.size());
+    if (auto g = grids.find(key); g != grids.end()) {
+      e->grid = g->second;
+      grids.erase(g);
+    }
     if (auto d = deeps.find(key); d != deeps.end()) {
       const Tensor& ds = d->second;
       if (ds.dtype != main.dtype || ds.rows != main.rows || main.cols == 0 || ds.cols % main.cols != 0) {
@@ -258,6 +314,7 @@ StatusOr<SafetensorsContents> ParseEmbeddingsSafetensors(std::string_view bytes)
     out.embeddings.push_back({key, std::move(e)});
   }
   if (!deeps.empty()) return Malformed("deepstack tensor of " + deeps.begin()->first.Hex() + " has no main tensor");
+  if (!grids.empty()) return Malformed("grid_thw tensor of " + grids.begin()->first.Hex() + " has no main tensor");
   return out;
 }
 

@@ -24,7 +24,7 @@ def main() -> int:
 
     ka, kb = "11" * 32, "22" * 32
     assert header["__metadata__"] == {"model_id": "fixture"}, header["__metadata__"]
-    assert sorted(header) == sorted(["__metadata__", ka, ka + ".deepstack", kb]), sorted(header)
+    assert sorted(header) == sorted(["__metadata__", ka, ka + ".deepstack", ka + ".grid_thw", kb]), sorted(header)
 
     def tensor(name, dtype):
         h = header[name]
@@ -45,6 +45,17 @@ def main() -> int:
     deep_a = tensor(ka + ".deepstack", "F32")
     want = -np.array([[t * 100 + j for j in range(8)] for t in range(3)], dtype=np.float32)
     assert np.array_equal(deep_a, want), deep_a
+
+    # The grid: I64 [3], little-endian, (t, h, w) = (3, 2, 2); its patches
+    # t * h * w = 12 fold 2x2 into the 3 tokens of the main tensor.
+    assert header[ka + ".grid_thw"]["dtype"] == "I64" and header[ka + ".grid_thw"]["shape"] == [3]
+    begin, end = header[ka + ".grid_thw"]["data_offsets"]
+    assert end - begin == 24, (begin, end)
+    grid_a = np.frombuffer(body[begin:end], dtype="<i8")
+    assert grid_a.tolist() == [3, 2, 2], grid_a
+    assert int(np.prod(grid_a)) // 4 == header[ka]["shape"][0]
+    # Key b has no recorded grid: no tensor at all rather than zeros.
+    assert kb + ".grid_thw" not in header
 
     assert header[kb]["dtype"] == "BF16" and header[kb]["shape"] == [2, 3]
     main_b = tensor(kb, "BF16")

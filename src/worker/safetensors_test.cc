@@ -78,6 +78,83 @@ TEST(SafetensorsTest, FileRoundTripsKeysShapesAndBytes) {
   }
 }
 
+// 8 bytes of `v`, little-endian, as the file must hold an I64.
+std::string Le64(std::int64_t v) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xff));
+  return out;
+}
+
+TEST(SafetensorsTest, GridIsAnI64TensorBesideItsKey) {
+  // 2 tokens of a 2x(2x2)-patch clip: t * h * w / 4 = 2 * 2 * 2 / 4.
+  auto e = std::make_shared<Embedding>(*MakeEmbedding(2, 1, 0, DType::kFloat32, 3));
+  e->grid = {2, 2, 2};
+  std::vector<KeyedEmbedding> in = {{Key(0xcc), e}};
+  auto bytes = SerializeEmbeddingsSafetensors(in);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  const std::uint64_t n = HeaderLength(*bytes);
+  const std::string cc(64, 'c');
+  // By hand: main 2x1 f32 = 8 bytes at [0, 8), then the grid, 3 x 8 bytes.
+  const std::string want = "{\"" + cc + "\":{\"data_offsets\":[0,8],\"dtype\":\"F32\",\"shape\":[2,1]},\"" + cc +
+                           ".grid_thw\":{\"data_offsets\":[8,32],\"dtype\":\"I64\",\"shape\":[3]}}";
+  EXPECT_EQ(bytes->substr(8, want.size()), want);
+  ASSERT_EQ(bytes->size(), 8 + n + 32);
+  EXPECT_EQ(bytes->substr(8 + n + 8), Le64(2) + Le64(2) + Le64(2));
+
+  auto back = ParseEmbeddingsSafetensors(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->embeddings.size(), 1u);
+  EXPECT_EQ(back->embeddings[0].embedding->grid, (GridTHW{2, 2, 2}));
+}
+
+TEST(SafetensorsTest, FileWithoutGridsReadsBackWithUnknownGrids) {
+  // What a writer before grids produced: main and deepstack only.
+  std::vector<KeyedEmbedding> in = {{Key(0x05), MakeEmbedding(1, 2, 1, DType::kFloat32, 4)}};
+  auto bytes = SerializeEmbeddingsSafetensors(in);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(bytes->find(".grid_thw"), std::string::npos);
+  auto back = ParseEmbeddingsSafetensors(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_FALSE(back->embeddings[0].embedding->grid.known());
+}
+
+TEST(SafetensorsTest, SameBytesUnderOneKeyWithDifferentGridsClash) {
+  auto a = std::make_shared<Embedding>(*MakeEmbedding(1, 2, 0, DType::kFloat32, 1));
+  auto b = std::make_shared<Embedding>(*a);
+  a->grid = {1, 2, 2};
+  b->grid = {1, 1, 4};
+  std::vector<KeyedEmbedding> clash = {{Key(1), a}, {Key(1), b}};
+  EXPECT_EQ(SerializeEmbeddingsSafetensors(clash).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SafetensorsTest, MalformedGridsAreErrorsNamingTheTensor) {
+  const std::string k(64, 'd');
+  // One f32 main tensor [1, 1] at [0, 4), then a grid tensor described by
+  // `grid` over `payload`.
+  auto file = [&](const std::string& grid, const std::string& payload) {
+    std::string header = "{\"" + k + "\":{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[0,4]}" + grid + "}";
+    return Le64(static_cast<std::int64_t>(header.size())) + header + std::string(4, '\0') + payload;
+  };
+  const std::string three = Le64(1) + Le64(2) + Le64(2);
+  ASSERT_TRUE(ParseEmbeddingsSafetensors(
+                  file(",\"" + k + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[4,28]}", three))
+                  .ok());
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {",\"" + k + ".grid_thw\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[4,16]}", std::string(12, '\1')},
+      {",\"" + k + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[4,20]}", Le64(1) + Le64(2)},
+      {",\"" + k + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[4,28]}", three.substr(0, 20)},
+      {",\"" + k + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[4,28]}",
+       Le64(1) + Le64(0) + Le64(2)},
+      {",\"" + std::string(64, 'e') + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[4,28]}",
+       three},
+  };
+  for (const auto& [grid, payload] : bad) {
+    auto r = ParseEmbeddingsSafetensors(file(grid, payload));
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << grid;
+    EXPECT_NE(r.status().message().find("grid_thw"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(SafetensorsTest, SameEntriesGiveSameBytesInAnyOrder) {
   auto a = MakeEmbedding(1, 2, 1, DType::kFloat32, 1), b = MakeEmbedding(2, 2, 1, DType::kFloat32, 2);
   std::vector<KeyedEmbedding> x = {{Key(1), a}, {Key(2), b}}, y = {{Key(2), b}, {Key(1), a}};

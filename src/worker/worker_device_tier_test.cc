@@ -598,6 +598,35 @@ TEST_F(WorkerDeviceTierTest, FailingAdoptHooksFailOnlyTheirOwnItems) {
 // A demotion that throws drops its victim only: the entry that caused it
 // (a promotion or a new put) is served and kept, and L1 stays within its
 // capacity.
+TEST_F(WorkerDeviceTierTest, AdoptHookThatLosesTheGridFailsTheItemNamingBothGrids) {
+  FakeDevice& dev = Dev();
+  auto w = MakeWith(dev, 1 << 20, 1 << 20, [&](WorkerOptions& o) {
+    o.adopt_device_rows = [real = o.adopt_device_rows](const DeviceRows& rows) -> StatusOr<EmbeddingPtr> {
+      DeviceRows without = rows;
+      without.grid = {};
+      return real(without);
+    };
+  });
+  const ItemResult r = EncodeOne(*w, "r1", a_);
+  EXPECT_EQ(r.status.code(), StatusCode::kInternal);
+  // a_ is 56x56: grid (1, 4, 4) by hand.
+  EXPECT_NE(r.status.message().find("grid (0, 0, 0) for rows of grid (1, 4, 4)"), std::string::npos)
+      << r.status.message();
+  EXPECT_EQ(w->stats().l1_entries, 0);
+}
+
+TEST_F(WorkerDeviceTierTest, MissAndHitFromVramCarryTheGrid) {
+  FakeDevice& dev = Dev();
+  auto w = Make(dev, 1 << 20);
+  const ItemResult miss = EncodeOne(*w, "r1", a_);
+  const ItemResult hit = EncodeOne(*w, "r2", a_);
+  ASSERT_TRUE(miss.status.ok() && hit.status.ok());
+  EXPECT_EQ(Location(miss), "device");
+  EXPECT_EQ(hit.source, ItemSource::kL1);
+  EXPECT_EQ(miss.embedding->grid, (GridTHW{1, 4, 4}));  // 56x56 by hand
+  EXPECT_EQ(hit.embedding->grid, (GridTHW{1, 4, 4}));
+}
+
 TEST_F(WorkerDeviceTierTest, FailedDemotionDuringAPromotionStillServesTheHit) {
   FakeDevice& dev = Dev();
   bool fail = false;

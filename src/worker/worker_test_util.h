@@ -39,6 +39,9 @@ inline void ExpectSameEmbedding(const Embedding& got, const Embedding& want) {
   EXPECT_EQ(got.hidden, want.hidden);
   EXPECT_EQ(got.deepstack_layers, want.deepstack_layers);
   EXPECT_EQ(got.dtype, want.dtype);
+  EXPECT_EQ(got.grid, want.grid) << "grid (" << got.grid.t << ", " << got.grid.h << ", " << got.grid.w
+                                 << ") instead of (" << want.grid.t << ", " << want.grid.h << ", " << want.grid.w
+                                 << ")";
   EXPECT_TRUE(got.main == want.main) << "main halves differ";
   EXPECT_TRUE(got.deepstack == want.deepstack) << "deepstack halves differ";
 }

@@ -1,9 +1,12 @@
 // Writes a small, fully specified embeddings file for
 // safetensors_readback_test.py, which checks it with numpy alone.
 //   key 0x11 * 32: f32, 3 tokens, hidden 4, 2 deepstack layers,
-//                  main[t][c] = t * 10 + c, deepstack[t][j] = -(t * 100 + j)
+//                  main[t][c] = t * 10 + c, deepstack[t][j] = -(t * 100 + j),
+//                  grid (t, h, w) = (3, 2, 2): 12 patches, 3 tokens after
+//                  the 2x2 merge (a 3-temporal-patch clip)
 //   key 0x22 * 32: bf16, 2 tokens, hidden 3, no deepstack,
-//                  main[t][c] = bf16(t + c / 2)  (exact in bf16)
+//                  main[t][c] = bf16(t + c / 2)  (exact in bf16),
+//                  grid unknown (no ".grid_thw" tensor, as in older files)
 #include <cstdio>
 #include <cstring>
 
@@ -36,6 +39,7 @@ int main(int argc, char** argv) {
   a->hidden = 4;
   a->deepstack_layers = 2;
   a->dtype = epd::DType::kFloat32;
+  a->grid = {3, 2, 2};
   for (int t = 0; t < 3; ++t) {
     for (int c = 0; c < 4; ++c) PutF32(a->main, static_cast<float>(t * 10 + c));
     for (int j = 0; j < 8; ++j) PutF32(a->deepstack, -static_cast<float>(t * 100 + j));

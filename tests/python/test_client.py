@@ -188,6 +188,10 @@ def test_cli_client_prints_one_line_per_item_and_writes_safetensors(server, clie
         key0 = by_index[0]["key"]
         assert header[key0]["dtype"] == "F32" and header[key0]["shape"] == [4, HIDDEN]
         assert header[key0 + ".deepstack"]["shape"] == [4, HIDDEN * DEEPSTACK]
+        # The grid beside it: I64 [3], 56x56 -> (1, 4, 4) by hand.
+        g = header[key0 + ".grid_thw"]
+        assert g["dtype"] == "I64" and g["shape"] == [3]
+        assert struct.unpack("<3q", blob[8 + n + g["data_offsets"][0]:8 + n + g["data_offsets"][1]]) == (1, 4, 4)
         assert header["__metadata__"]["model_id"] == "tiny_tower.pt"
         begin, end = header[key0]["data_offsets"]
         [again] = client.encode([h.png(56, 56, 20)])
@@ -213,3 +217,100 @@ def test_cli_client_reports_an_unreachable_server(server):
         r = run_cli("--server", f"127.0.0.1:{port}", "--timeout-s", "5", p)
     assert r.returncode != 0
     assert "UNAVAILABLE" in r.stderr
+
+
+# --- What prefill needs: the grid, and vLLM's precomputed-embeddings dict ---
+
+def smart_resize(height, width, factor=28, min_pixels=3136, max_pixels=1003520):
+    """Qwen2-VL's resize rule, written here from its description (transformers'
+    image_processing_qwen2_vl.smart_resize): each side to the nearest multiple
+    of patch * merge = 28, then scaled down (floor) or up (ceil) to fit the
+    pixel bounds. Returns (height, width)."""
+    import math
+
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def grid_of(width, height):
+    h, w = smart_resize(height, width)
+    return (1, h // 14, w // 14)
+
+
+def test_every_result_carries_the_grid_smart_resize_gives(client):
+    # (width, height): 100x60 -> 112x56 -> (1, 4, 8); 300x200 -> 308x196 ->
+    # (1, 14, 22); 30x25 is below min_pixels and is scaled up to 84x56 ->
+    # (1, 4, 6).
+    sizes = [(100, 60), (300, 200), (30, 25)]
+    imgs = [h.png(w_, h_, 40 + i) for i, (w_, h_) in enumerate(sizes)]
+    first = client.encode(imgs)
+    again = client.encode(imgs)
+    assert [r.source for r in again] == ["l1"] * 3
+    for r, a, (w_, h_) in zip(first, again, sizes):
+        want = grid_of(w_, h_)
+        assert r.grid_thw == want and a.grid_thw == want
+        t, gh, gw = want
+        assert r.tokens == t * gh * gw // 4
+
+
+@pytest.fixture
+def torch_np():
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    return torch, np
+
+
+def _rows(r):
+    """main and deepstack parsed with struct, without epd: [tokens][cols] floats."""
+    main = struct.unpack(f"<{r.tokens * r.hidden}f", r.main)
+    deep = struct.unpack(f"<{r.tokens * r.hidden * r.deepstack_layers}f", r.deepstack)
+    cols = r.hidden * r.deepstack_layers
+    return ([list(main[t * r.hidden:(t + 1) * r.hidden]) for t in range(r.tokens)],
+            [list(deep[t * cols:(t + 1) * cols]) for t in range(r.tokens)])
+
+
+def test_to_vllm_is_the_main_then_deepstack_columns_and_a_1x3_grid(client, torch_np):
+    torch, _ = torch_np
+    [r] = client.encode([h.png(100, 60, 50)])
+    d = r.to_vllm()
+    assert set(d) == {"image_embeds", "image_grid_thw"}
+    e, g = d["image_embeds"], d["image_grid_thw"]
+    assert e.dtype == torch.float32 and tuple(e.shape) == (8, HIDDEN * (1 + DEEPSTACK))
+    assert g.dtype == torch.int64 and g.tolist() == [list(grid_of(100, 60))]
+    main, deep = _rows(r)
+    assert e.tolist() == [m + d_ for m, d_ in zip(main, deep)]
+    # Without deepstack (a Qwen2/2.5-VL prefill): the main rows alone.
+    assert r.to_vllm(deepstack=False)["image_embeds"].tolist() == main
+
+
+def test_to_vllm_batch_stacks_rows_and_grids_in_the_given_order(client, torch_np):
+    sizes = [(56, 56), (100, 60), (300, 200)]
+    results = client.encode([h.png(w_, h_, 60 + i) for i, (w_, h_) in enumerate(sizes)])
+    order = [results[2], results[0], results[1]]
+    d = ec.to_vllm_batch(order)
+    assert d["image_grid_thw"].tolist() == [list(grid_of(*sizes[2])), list(grid_of(*sizes[0])),
+                                            list(grid_of(*sizes[1]))]
+    want = []
+    for r in order:
+        main, deep = _rows(r)
+        want += [m + d_ for m, d_ in zip(main, deep)]
+    assert tuple(d["image_embeds"].shape) == (4 + 8 + 77, HIDDEN * (1 + DEEPSTACK))
+    assert d["image_embeds"].tolist() == want
+
+
+def test_to_vllm_refuses_a_failed_item(client):
+    results = client.encode([b"not an image", h.png(56, 56, 70)], check=False)
+    assert not results[0].ok and results[0].grid_thw is None
+    with pytest.raises(ValueError, match="item 0 failed"):
+        results[0].to_vllm()
+    with pytest.raises(ValueError, match="item 0 failed"):
+        ec.to_vllm_batch(results)

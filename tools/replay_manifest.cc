@@ -1,0 +1,72 @@
+// The manifest is written from the RequestResults the replay already holds:
+// no second pass over the cache, and the same key a result carries is the
+// tensor name the safetensors writer used (both come from ContentKey::Hex).
+#include "replay_manifest.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace epd::cli {
+namespace {
+
+constexpr std::string_view kSafetensorsExt = ".safetensors";
+
+bool IsZero(const ContentKey& k) {
+  for (std::uint8_t b : k.bytes) {
+    if (b != 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::span<const RequestResult> results,
+                                    const std::string& out_file) {
+  std::string text;
+  for (std::size_t r = 0; r < trace.size() && r < results.size(); ++r) {
+    const TraceRequest& req = trace[r];
+    const RequestResult& res = results[r];
+    for (std::size_t i = 0; i < req.images.size(); ++i) {
+      // ordered_json keeps the documented field order.
+      nlohmann::ordered_json line = {{"request", req.id}, {"item", i}, {"media", req.images[i]}};
+      const ItemResult* item = i < res.items.size() ? &res.items[i] : nullptr;
+      if (item != nullptr && item->status.ok() && item->embedding != nullptr) {
+        const Embedding& e = *item->embedding;
+        line["key"] = item->key.Hex();
+        if (e.grid.known()) line["grid_thw"] = {e.grid.t, e.grid.h, e.grid.w};
+        line["tokens"] = e.tokens;
+        line["source"] = std::string(ItemSourceName(item->source));
+        line["file"] = out_file;
+      } else {
+        if (item != nullptr && !IsZero(item->key)) line["key"] = item->key.Hex();
+        // A request that did not complete leaves its items' slots unfilled:
+        // its own status says why.
+        const Status& why = item != nullptr && !item->status.ok() ? item->status : res.status;
+        line["error"] = why.ok() ? std::string("UNKNOWN: no result") : why.ToString();
+      }
+      text += line.dump();
+      text += '\n';
+    }
+  }
+  return text;
+}
+
+std::string ManifestPathFor(const std::string& out_file) {
+  std::string_view stem = out_file;
+  if (stem.size() > kSafetensorsExt.size() && stem.ends_with(kSafetensorsExt)) {
+    stem.remove_suffix(kSafetensorsExt.size());
+  }
+  return std::string(stem) + ".manifest.jsonl";
+}
+
+Status WriteReplayManifest(const std::string& path, std::span<const TraceRequest> trace,
+                           std::span<const RequestResult> results, const std::string& out_file) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return Status(StatusCode::kUnavailable, "cannot open " + path + " for writing");
+  f << ReplayManifestJsonLines(trace, results, out_file);
+  f.close();
+  if (!f) return Status(StatusCode::kUnavailable, "cannot write " + path);
+  return Status::Ok();
+}
+
+}  // namespace epd::cli

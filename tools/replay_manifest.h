@@ -1,0 +1,50 @@
+// tools/replay_manifest.h: the manifest `epd-encode replay --out` writes
+// beside its safetensors file, so a user can find the embedding of each image
+// of each request (docs/REPLAY.md, "Manifest").
+//
+// JSON Lines, one line per (request, item), in trace order then item order:
+//   {"request": "r1", "item": 0, "media": "a.jpg", "key": "<64 hex>",
+//    "grid_thw": [1, 30, 46], "tokens": 345, "source": "miss",
+//    "file": "emb.safetensors"}
+//   request   the trace's request id
+//   item      the image's index in the request
+//   media     the image path as the trace names it
+//   key       the content key; the embedding is the tensor of that name in
+//             `file` ("<key>.deepstack" and "<key>.grid_thw" beside it,
+//             epd/safetensors.h). Equal images share one key and one tensor.
+//   grid_thw  the patch grid (t, h, w) prefill needs; absent when unknown
+//   tokens    rows of the tensor
+//   source    "l1", "l2", "miss" or "joined" (epd::ItemSourceName)
+//   file      the safetensors path as given to --out
+// A failed item has "error" (e.g. "INVALID_ARGUMENT: item 0: ...") instead of
+// grid_thw, tokens, source and file, and "key" only when its key was derived.
+// Fields appear in the order above; the text is a pure function of the
+// arguments.
+//
+// Thread safety: pure functions; thread-safe.
+#pragma once
+
+#include <span>
+#include <string>
+
+#include "epd/encode_worker.h"
+#include "epd/status.h"
+#include "trace.h"
+
+namespace epd::cli {
+
+// The manifest text. REQUIRES: results[i] is the result of trace[i] (same
+// size; items by index).
+std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::span<const RequestResult> results,
+                                    const std::string& out_file);
+
+// Where the manifest of `out_file` goes: "emb.safetensors" ->
+// "emb.manifest.jsonl"; a name without that extension gets
+// ".manifest.jsonl" appended.
+std::string ManifestPathFor(const std::string& out_file);
+
+// Writes ReplayManifestJsonLines to `path`; kUnavailable when it cannot.
+Status WriteReplayManifest(const std::string& path, std::span<const TraceRequest> trace,
+                           std::span<const RequestResult> results, const std::string& out_file);
+
+}  // namespace epd::cli
