@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
   CLI::App app{"epd-encode: the Encode stage of disaggregated multimodal LLM serving"};
   app.require_subcommand(1);
   epd::cli::RegisterReplayCommand(app);
+#ifdef EPD_WITH_INSPECT_MODEL
+  epd::cli::RegisterInspectModelCommand(app);
+#endif
 #ifdef EPD_WITH_GRPC
   epd::cli::RegisterServerCommands(app);
 #endif
