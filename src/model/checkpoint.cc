@@ -14,6 +14,7 @@
 #include "epd/checkpoint.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -113,7 +114,6 @@ class Fields {
     Fail(std::string(key) + " must be a list of 3 numbers, got " + it->dump());
     return fallback;
   }
-  bool Has(std::string_view key) const { return obj_.contains(key) && !obj_.find(key)->is_null(); }
   void Fail(const std::string& what) {
     if (status_.ok()) status_ = InvalidArgument(where_ + ": " + what);
   }
