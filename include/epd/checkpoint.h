@@ -57,6 +57,10 @@
 //                     header claiming bytes past the end of the file, ...)
 //   kUnavailable      a file cannot be read or mapped
 //
+// Complexity: OpenCheckpoint parses the JSON files and the safetensors
+// headers and hashes the vision tensors' bytes once: O(vision bytes); the
+// language model's bytes cost nothing. Tensor() is O(log n).
+//
 // Ownership: a Checkpoint owns its mappings; TensorViews stay valid while it
 // lives (hold the shared_ptr).
 // Thread safety: immutable after OpenCheckpoint; safe to share.
