@@ -9,8 +9,9 @@
 #                                   generated epd/version.h
 #   lib/libepd_*.a                  the libraries (static, position
 #                                   independent), exported as epd::core,
-#                                   epd::media, epd::gpu, epd::gpu_cuda,
-#                                   epd::torch_tower, epd::worker,
+#                                   epd::media, epd::model, epd::gpu,
+#                                   epd::gpu_cuda, epd::torch_tower,
+#                                   epd::checkpoint_tower, epd::worker,
 #                                   epd::server, epd::client (and the
 #                                   internal epd::proto they link)
 #   lib/cmake/epd/                  epdConfig.cmake, epdConfigVersion.cmake
@@ -38,9 +39,11 @@ set(EPD_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/epd CACHE STRING
 set(_epd_components
   "core|epd_core|"
   "media|epd_media|core"
+  "model|epd_model|core,media"
   "gpu|epd_gpu|core"
   "gpu_cuda|epd_gpu_cuda|gpu"
   "torch_tower|epd_torch_tower|core"
+  "checkpoint_tower|epd_checkpoint_tower|model,torch_tower"
   "worker|epd_worker|core,media"
   "proto|epd_proto|core,media"
   "server|epd_server|worker,proto"

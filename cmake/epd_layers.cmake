@@ -21,7 +21,7 @@
 # "rpc" is the internal epd_proto (generated gRPC code and the conversions);
 # its one public header, the stats both ends report, is shared by server and
 # client.
-set(EPD_LAYERS core media gpu gpu_cuda torch_tower worker rpc server client python)
+set(EPD_LAYERS core media model gpu gpu_cuda torch_tower checkpoint_tower worker rpc server client python)
 
 set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
@@ -32,6 +32,10 @@ set(EPD_LAYER_core_HEADERS
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
 set(EPD_LAYER_media_HEADERS content_key.h image.h preprocess.h)
+
+set(EPD_LAYER_model_TARGET epd_model)
+set(EPD_LAYER_model_USES core media)
+set(EPD_LAYER_model_HEADERS checkpoint.h safetensors_file.h)
 
 set(EPD_LAYER_gpu_TARGET epd_gpu)
 set(EPD_LAYER_gpu_USES core)
@@ -44,6 +48,10 @@ set(EPD_LAYER_gpu_cuda_HEADERS cuda_device.h)
 set(EPD_LAYER_torch_tower_TARGET epd_torch_tower)
 set(EPD_LAYER_torch_tower_USES core)
 set(EPD_LAYER_torch_tower_HEADERS torch_tower.h)
+
+set(EPD_LAYER_checkpoint_tower_TARGET epd_checkpoint_tower)
+set(EPD_LAYER_checkpoint_tower_USES core media model torch_tower)
+set(EPD_LAYER_checkpoint_tower_HEADERS checkpoint_tower.h)
 
 set(EPD_LAYER_worker_TARGET epd_worker)
 set(EPD_LAYER_worker_USES core media)

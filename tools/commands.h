@@ -13,6 +13,7 @@
 //
 // Families:
 //   RegisterReplayCommand   replay            tools/replay_command.cc
+//   RegisterInspectModelCommand  inspect-model  tools/inspect_model_command.cc
 //   RegisterServerCommands  serve, client     tools/server_commands.cc  } built only
 //   RegisterBenchServerCommand  bench-server  tools/bench_server_command.cc } with
 //                                             EPD_WITH_GRPC
@@ -23,6 +24,10 @@
 namespace epd::cli {
 
 void RegisterReplayCommand(CLI::App& app);
+
+#ifdef EPD_WITH_INSPECT_MODEL
+void RegisterInspectModelCommand(CLI::App& app);
+#endif
 
 #ifdef EPD_WITH_GRPC
 void RegisterServerCommands(CLI::App& app);

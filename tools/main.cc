@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "epd-encode " + std::string(epd::kVersion));
   app.require_subcommand(1);
   epd::cli::RegisterReplayCommand(app);
+#ifdef EPD_WITH_INSPECT_MODEL
+  epd::cli::RegisterInspectModelCommand(app);
+#endif
 #ifdef EPD_WITH_GRPC
   epd::cli::RegisterServerCommands(app);
   epd::cli::RegisterBenchServerCommand(app);

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #ifdef EPD_HAVE_TORCH_TOWER
-#include "epd/torch_tower.h"
+#include "epd/checkpoint_tower.h"
 #endif
 #ifdef EPD_HAVE_CUDA_TIER
 #include <cstdlib>
@@ -38,9 +38,12 @@ std::string DefaultModelPath() {
 
 void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   f.model = DefaultModelPath();
-  cmd.add_option("--model", f.model, "TorchScript vision tower (docs/TOWER.md contract)")
+  cmd.add_option("--model", f.model,
+                 "Hugging Face checkpoint directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) or TorchScript tower file "
+                 "(docs/TOWER.md)")
       ->capture_default_str();
-  cmd.add_option("--model-id", f.model_id, "model id hashed into the content keys [file name of --model]");
+  cmd.add_option("--model-id", f.model_id,
+                 "model id hashed into the content keys [a checkpoint's digest; a TorchScript file's name]");
   cmd.add_option("--threads", f.threads, "tower intra-op threads, 0 = all cores")->capture_default_str()
       ->check(Integer(0, 1024));
   cmd.add_option("--device", f.device, "where the tower runs: cpu, cuda or cuda:N (with a CUDA build, L1 in VRAM)")
@@ -58,8 +61,9 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str()->check(Integer(1));
   cmd.add_option("--order", f.order, "scheduler order")->capture_default_str()
       ->check(CLI::IsMember({"fifo", "by_key"}));
-  cmd.add_option("--max-pixels", f.max_pixels, "preprocessing area cap, pixels (Qwen2-VL max_pixels)")
-      ->capture_default_str()->check(Integer(1));
+  cmd.add_option("--max-pixels", f.max_pixels,
+                 "preprocessing area cap, pixels [a checkpoint's max_pixels; 1003520 for TorchScript]")
+      ->check(Integer(1));
   cmd.add_option("--decode-threads", f.decode_threads, "helper threads decoding misses ahead of the tower")
       ->capture_default_str()->check(Integer(0, 256));
 }
@@ -95,8 +99,8 @@ int CudaIndex(const std::string& device) {
 StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
 #ifdef EPD_HAVE_TORCH_TOWER
   if (f.model.empty()) return InvalidArgument("--model is required (this build has no default tower)");
-  TorchTowerOptions t;
-  t.model_path = f.model;
+  ModelOptions t;
+  t.path = f.model;
   t.num_threads = f.threads;
   t.device = f.device;
   t.output_dtype = f.dtype == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
@@ -106,12 +110,23 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   const bool gpu_tier = f.device != "cpu";
   t.output_on_device = gpu_tier;
 #endif
-  StatusOr<std::unique_ptr<VisionTower>> tower = LoadTorchScriptTower(t);
-  if (!tower.ok()) return tower.status();
+  StatusOr<LoadedModel> loaded = LoadModel(t);
+  if (!loaded.ok()) return loaded.status();
 
-  o.model_id = f.model_id.empty() ? std::filesystem::path(f.model).filename().string() : f.model_id;
-  o.preprocess.max_pixels = f.max_pixels;
-  o.preprocess.min_pixels = std::min(o.preprocess.min_pixels, f.max_pixels);
+  // Model id and preprocessing: a checkpoint's own, a TorchScript file's
+  // name and the Qwen2-VL defaults; flags override either.
+  if (!f.model_id.empty()) {
+    o.model_id = f.model_id;
+  } else if (!loaded->model_id.empty()) {
+    o.model_id = loaded->model_id;
+  } else {
+    o.model_id = std::filesystem::path(f.model).filename().string();
+  }
+  if (loaded->preprocess) o.preprocess = *loaded->preprocess;
+  if (f.max_pixels > 0) {
+    o.preprocess.max_pixels = f.max_pixels;
+    o.preprocess.min_pixels = std::min(o.preprocess.min_pixels, f.max_pixels);
+  }
   o.l1_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20));
   o.l2_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20));
   o.dedup_in_flight = !f.no_cache;
@@ -130,7 +145,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
     o.adopt_device_rows = std::move(hooks.adopt_device_rows);
   }
 #endif
-  return WorkerParts{std::move(o), std::move(*tower)};
+  return WorkerParts{std::move(o), std::move(loaded->tower)};
 #else
   (void)f;
   (void)o;

@@ -3,11 +3,15 @@
 // one function that turns them into a worker with its tower loaded.
 //
 // Flags (defaults in brackets):
-//   --model PATH              TorchScript tower [the default tower: for an
-//                             installed epd-encode, share/epd/models/
+//   --model PATH              a Hugging Face checkpoint directory (Qwen2-VL,
+//                             Qwen2.5-VL, Qwen3-VL; epd/checkpoint_tower.h) or
+//                             a TorchScript tower file [the default tower: for
+//                             an installed epd-encode, share/epd/models/
 //                             default_tower.pt of its prefix; else the one
 //                             built into build/models/default_tower.pt]
-//   --model-id ID             hashed into every content key [file name of --model]
+//   --model-id ID             hashed into every content key [a checkpoint's
+//                             model id (epd/checkpoint.h); a TorchScript
+//                             file's name]
 //   --threads N               tower intra-op threads, 0 = all cores [0]
 //   --device cpu|cuda[:N]     where the tower runs [cpu]. On cuda, in a build
 //                             with EPD_WITH_CUDA, the GPU tier is used: the
@@ -23,7 +27,10 @@
 //   --max-tokens-per-batch N  tower batch token budget [8192]
 //   --max-items-per-batch N   tower batch item bound [16]
 //   --order fifo|by_key       scheduler order [fifo]
-//   --max-pixels N            preprocessing area cap, pixels [1003520, Qwen2-VL's]
+//   --max-pixels N            preprocessing area cap, pixels [a checkpoint's
+//                             preprocessor_config.json; 1003520, Qwen2-VL's
+//                             default, for TorchScript]. A checkpoint's other
+//                             preprocessing fields come from its config too.
 //   --decode-threads N        helper threads decoding misses ahead of the tower [1]
 //
 // Thread safety: not thread-safe (parse-time helpers).
@@ -51,7 +58,7 @@ struct WorkerFlags {
   std::int64_t max_tokens_per_batch = 8192;
   std::int64_t max_items_per_batch = 16;
   std::string order = "fifo";
-  std::int64_t max_pixels = PreprocessConfig{}.max_pixels;
+  std::int64_t max_pixels = 0;  // 0: the model's (see --max-pixels)
   int decode_threads = WorkerOptions{}.decode_threads;
 };
 

@@ -63,7 +63,10 @@ namespace epd {
 struct PreprocessConfig;  // epd/preprocess.h
 
 // Version of the byte encoding hashed into every key. Bump on any change.
-inline constexpr std::uint32_t kContentKeyVersion = 1;
+// 2: the model id of a Hugging Face checkpoint is derived from its vision
+// tensors (epd/checkpoint.h), no longer from a file name; the byte layout is
+// version 1's.
+inline constexpr std::uint32_t kContentKeyVersion = 2;
 
 enum class KeyMode : std::uint8_t {
   kSha256 = 0,    // default; collision resistant

@@ -7,13 +7,13 @@ by key, sends one call per distinct key with the key's hex in the
 deploy/nginx sends each key to the same server), runs the calls concurrently
 and reassembles the results by index.
 
-Key derivation (docs/KEYS_AND_PREPROCESSING.md, version 1) is reimplemented
+Key derivation (docs/KEYS_AND_PREPROCESSING.md, version 2) is reimplemented
 here with hashlib rather than bound from C++, so this module needs only
 python3-grpcio and python3-protobuf: SHA-256 over fields written as
 ``tag (1 byte) || length (uint64 LE) || value``, in this order:
 
   0x00 domain   b"epd/key/encoded" (or b"epd/key/caller" for caller keys)
-  0x01 version  uint32 LE, 1
+  0x01 version  uint32 LE, 2
   0x02 model id UTF-8 bytes
   0x10..0x14    patch_size, merge_size, temporal_patch_size, min_pixels,
                 max_pixels, int64 LE each
@@ -56,7 +56,7 @@ import grpc
 from epd.v1 import encoder_pb2, encoder_pb2_grpc
 
 ROUTE_HEADER = "x-epd-route"
-KEY_VERSION = 1
+KEY_VERSION = 2
 
 _SOURCES = {
     encoder_pb2.SOURCE_L1: "l1",

@@ -1,6 +1,6 @@
 // Content keys: a digest over a tagged, length-prefixed encoding.
 //
-// Encoding (version 1), every field written as
+// Encoding (version 2; the layout is unchanged since version 1), every field written as
 //   tag (1 byte) || length (uint64 little-endian) || value (length bytes)
 // in this fixed order:
 //   0x00 domain   ASCII: "epd/key/encoded" | "epd/key/raw-pixels" | "epd/key/caller"

@@ -189,7 +189,7 @@ TEST(ContentKeyTest, ParseHexRejectsBadInput) {
 // The key must not silently change between releases: a change would make
 // every persisted cache entry miss. If this fails on purpose, bump
 // kContentKeyVersion and update the expected value.
-TEST(ContentKeyTest, EncodingIsStableForVersion1) {
+TEST(ContentKeyTest, EncodingIsStableForVersion2) {
   // Independent re-encoding of the documented layout for a tiny input.
   auto field = [](Bytes& out, std::uint8_t tag, const Bytes& v) {
     out.push_back(tag);
@@ -214,7 +214,7 @@ TEST(ContentKeyTest, EncodingIsStableForVersion1) {
   PreprocessConfig cfg;
   Bytes msg;
   field(msg, 0x00, B("epd/key/encoded"));
-  field(msg, 0x01, le(1, 4));
+  field(msg, 0x01, le(2, 4));
   field(msg, 0x02, B("m"));
   field(msg, 0x10, le(14, 8));
   field(msg, 0x11, le(2, 8));

@@ -32,9 +32,7 @@
 #include <torch/cuda.h>
 #include <torch/script.h>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
+#include "torch_common.h"
 
 #include <cstring>
 #include <filesystem>
@@ -47,51 +45,13 @@
 namespace epd {
 namespace {
 
-// Guards the int64 arithmetic of the packed size: no real grid comes close.
-constexpr std::int64_t kMaxGridSide = std::int64_t{1} << 20;
-constexpr std::int64_t kMaxTotalPatches = std::int64_t{1} << 32;
-
-// See "Memory" above. 32 MiB is the largest mmap threshold glibc accepts on
-// 64-bit (DEFAULT_MMAP_THRESHOLD_MAX); larger blocks are still mapped.
-void TuneMallocOnce() {
-#if defined(__GLIBC__)
-  static std::once_flag once;
-  std::call_once(once, [] {
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  });
-#endif
-}
-
-std::string TorchMessage(const std::exception& e) {
-  if (const auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
-  return e.what();
-}
-
-std::string ShapeString(const at::Tensor& t) {
-  std::string s = "[";
-  for (std::int64_t d = 0; d < t.dim(); ++d) {
-    if (d > 0) s += ", ";
-    s += std::to_string(t.size(d));
-  }
-  return s + "]";
-}
-
-at::ScalarType ToScalarType(DType d) {
-  switch (d) {
-    case DType::kFloat32: return at::kFloat;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat16: return at::kHalf;
-  }
-  return at::kFloat;
-}
-
-std::vector<std::byte> HostBytes(const at::Tensor& t, at::ScalarType dtype) {
-  at::Tensor host = t.to(at::kCPU, dtype).contiguous();
-  std::vector<std::byte> bytes(host.numel() * host.element_size());
-  if (!bytes.empty()) std::memcpy(bytes.data(), host.data_ptr(), bytes.size());
-  return bytes;
-}
+using internal::HostBytes;
+using internal::ParseDevice;
+using internal::ShapeString;
+using internal::ToScalarType;
+using internal::TorchMessage;
+using internal::TuneMallocOnce;
+using internal::ValidateTowerItems;
 
 struct Metadata {
   std::int64_t patch_dim = 0;
@@ -149,8 +109,6 @@ class TorchScriptTower final : public VisionTower {
   }
 
  private:
-  Status ValidateItems(std::span<const TowerItem> items, std::int64_t* patches,
-                       std::int64_t* tokens) const;
   // Checks one output tensor of forward against [rows, cols], floating dtype.
   Status CheckOutput(const c10::IValue& v, const char* name, std::int64_t rows,
                      std::int64_t cols) const;
@@ -169,39 +127,6 @@ struct DeviceOutputTensors {
   at::Tensor main;
   at::Tensor deepstack;
 };
-
-Status TorchScriptTower::ValidateItems(std::span<const TowerItem> items, std::int64_t* patches,
-                                       std::int64_t* tokens) const {
-  const std::int64_t m = meta_.merge_size;
-  *patches = 0;
-  *tokens = 0;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const TowerItem& item = items[i];
-    const GridTHW& g = item.grid;
-    const std::string where = "tower item " + std::to_string(i) + ": ";
-    if (item.patches == nullptr) return InvalidArgument(where + "patches is null");
-    if (item.patch_dim != 0 && item.patch_dim != meta_.patch_dim) {
-      return InvalidArgument(where + "patch_dim " + std::to_string(item.patch_dim) +
-                             " does not match the tower's " + std::to_string(meta_.patch_dim));
-    }
-    if (g.t < 1 || g.h < 1 || g.w < 1 || g.t > kMaxGridSide || g.h > kMaxGridSide ||
-        g.w > kMaxGridSide) {
-      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) +
-                             ", " + std::to_string(g.w) + ") must have t, h, w in [1, 2^20]");
-    }
-    if (g.h % m != 0 || g.w % m != 0) {
-      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) +
-                             ", " + std::to_string(g.w) + "): h and w must be multiples of " +
-                             "merge_size " + std::to_string(m));
-    }
-    *patches += g.patches();
-    *tokens += g.tokens(m);
-    if (*patches > kMaxTotalPatches) {
-      return InvalidArgument(where + "the batch exceeds 2^32 patches");
-    }
-  }
-  return Status::Ok();
-}
 
 Status TorchScriptTower::CheckOutput(const c10::IValue& v, const char* name, std::int64_t rows,
                                      std::int64_t cols) const {
@@ -230,7 +155,10 @@ Status TorchScriptTower::CheckOutput(const c10::IValue& v, const char* name, std
 StatusOr<TowerOutput> TorchScriptTower::Encode(std::span<const TowerItem> items) {
   std::int64_t total_patches = 0;
   std::int64_t total_tokens = 0;
-  if (Status s = ValidateItems(items, &total_patches, &total_tokens); !s.ok()) return s;
+  if (Status s = ValidateTowerItems(items, meta_.patch_dim, meta_.merge_size, &total_patches, &total_tokens);
+      !s.ok()) {
+    return s;
+  }
 
   TowerOutput out;
   out.tokens = total_tokens;
@@ -295,36 +223,6 @@ StatusOr<TowerOutput> TorchScriptTower::Encode(std::span<const TowerItem> items)
     return Internal("TorchScript tower " + path_ + ": forward failed: " + TorchMessage(e));
   }
   return out;
-}
-
-// "cpu", "cuda" or "cuda:N" -> a device, checking that CUDA is usable.
-StatusOr<c10::Device> ParseDevice(const std::string& spec) {
-  std::optional<c10::Device> device;
-  try {
-    device.emplace(spec);
-  } catch (const std::exception& e) {
-    return InvalidArgument("torch tower device '" + spec + "' is not a device (expected \"cpu\", "
-                           "\"cuda\" or \"cuda:N\"): " + TorchMessage(e));
-  }
-  if (device->is_cpu()) {
-    if (device->has_index()) return InvalidArgument("torch tower device '" + spec + "': use \"cpu\"");
-    return *device;
-  }
-  if (!device->is_cuda()) {
-    return InvalidArgument("torch tower device '" + spec + "': only cpu and cuda are supported");
-  }
-  if (!torch::cuda::is_available()) {
-    return FailedPrecondition("torch tower device '" + spec +
-                              "' requested, but CUDA is not available (libtorch built without "
-                              "CUDA, or no GPU visible)");
-  }
-  const auto count = static_cast<std::int64_t>(torch::cuda::device_count());
-  const std::int64_t index = device->has_index() ? device->index() : 0;
-  if (index >= count) {
-    return FailedPrecondition("torch tower device '" + spec + "': only " + std::to_string(count) +
-                              " CUDA device(s) visible");
-  }
-  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
 }
 
 }  // namespace

@@ -1,0 +1,117 @@
+// checkpoint_tower_dump: runs a checkpoint tower on given patch rows and
+// writes its outputs, for tests that compare it with a reference written
+// elsewhere (Python).
+//
+//   checkpoint_tower_dump --model DIR --in IN.safetensors --out OUT.safetensors [--threads N]
+//
+// IN holds "pixel_values" F32 [N, patch_dim] and "grid_thw" I64 [n_items, 3]
+// (rows of the items in order, as epd/vision_tower.h packs them). OUT gets
+// "main" F32 [T, out_hidden] and, only when the tower has deepstack,
+// "deepstack" F32 [T, out_hidden * deepstack_layers]. All items run in one
+// Encode call. Exit status 0 on success; on any error the message goes to
+// stderr and the status is 1.
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "epd/checkpoint_tower.h"
+#include "epd/safetensors_file.h"
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::cerr << "checkpoint_tower_dump: " << message << "\n";
+  return 1;
+}
+
+int Run(int argc, char** argv) {
+  std::string model, in, out;
+  int threads = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) return Fail("flag " + arg + " needs a value");
+    const std::string value = argv[++i];
+    if (arg == "--model") {
+      model = value;
+    } else if (arg == "--in") {
+      in = value;
+    } else if (arg == "--out") {
+      out = value;
+    } else if (arg == "--threads") {
+      char* end = nullptr;
+      threads = static_cast<int>(std::strtol(value.c_str(), &end, 10));
+      if (end == value.c_str() || *end != '\0' || threads < 0) return Fail("--threads must be an integer >= 0");
+    } else {
+      return Fail("unknown flag " + arg);
+    }
+  }
+  if (model.empty() || in.empty() || out.empty()) {
+    return Fail("usage: checkpoint_tower_dump --model DIR --in IN.safetensors --out OUT.safetensors [--threads N]");
+  }
+
+  auto input = epd::SafetensorsFile::Open(in);
+  if (!input.ok()) return Fail(input.status().ToString());
+  const epd::TensorView* pixels = (*input)->Find("pixel_values");
+  const epd::TensorView* grids = (*input)->Find("grid_thw");
+  if (pixels == nullptr || pixels->dtype != epd::TensorDType::kF32 || pixels->shape.size() != 2) {
+    return Fail(in + ": needs pixel_values F32 [N, patch_dim]");
+  }
+  if (grids == nullptr || grids->dtype != epd::TensorDType::kI64 || grids->shape.size() != 2 ||
+      grids->shape[1] != 3) {
+    return Fail(in + ": needs grid_thw I64 [n_items, 3]");
+  }
+
+  epd::CheckpointTowerOptions opts;
+  opts.dir = model;
+  opts.num_threads = threads;
+  auto tower = epd::LoadCheckpointTower(opts);
+  if (!tower.ok()) return Fail(tower.status().ToString());
+
+  // Aligned copies: the mapping's tensor data need not be 4- or 8-aligned.
+  std::vector<float> rows(static_cast<std::size_t>(pixels->numel()));
+  std::memcpy(rows.data(), pixels->bytes.data(), pixels->bytes.size());
+  std::vector<std::int64_t> g(static_cast<std::size_t>(grids->numel()));
+  std::memcpy(g.data(), grids->bytes.data(), grids->bytes.size());
+  const std::int64_t patch_dim = pixels->shape[1];
+  std::vector<epd::TowerItem> items;
+  std::int64_t row = 0;
+  for (std::size_t i = 0; i < g.size(); i += 3) {
+    epd::TowerItem item;
+    item.grid = {g[i], g[i + 1], g[i + 2]};
+    item.patch_dim = patch_dim;
+    if (g[i] < 1 || g[i + 1] < 1 || g[i + 2] < 1 || item.grid.patches() > pixels->shape[0] - row) {
+      return Fail(in + ": grid_thw row " + std::to_string(i / 3) + " does not fit the pixel_values rows");
+    }
+    item.patches = rows.data() + row * patch_dim;
+    row += item.grid.patches();
+    items.push_back(item);
+  }
+  if (row != pixels->shape[0]) {
+    return Fail(in + ": grid_thw covers " + std::to_string(row) + " rows, pixel_values has " +
+                std::to_string(pixels->shape[0]));
+  }
+
+  auto result = (*tower)->Encode(items);
+  if (!result.ok()) return Fail(result.status().ToString());
+  std::vector<epd::NamedTensor> tensors;
+  tensors.push_back({"main", {epd::TensorDType::kF32, {result->rows, result->hidden}, result->main}});
+  if (result->deepstack_layers > 0) {
+    tensors.push_back({"deepstack",
+                       {epd::TensorDType::kF32, {result->rows, result->hidden * result->deepstack_layers},
+                        result->deepstack}});
+  }
+  if (epd::Status s = epd::WriteSafetensors(out, tensors); !s.ok()) return Fail(s.ToString());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {
+    return Fail(e.what());
+  }
+}
