@@ -486,7 +486,7 @@ StatusOr<TowerOutput> CheckpointTower::Encode(std::span<const TowerItem> items) 
     return s;
   }
   TowerOutput out;
-  out.rows = total_tokens;
+  out.tokens = total_tokens;
   out.hidden = cfg_.out_hidden;
   out.deepstack_layers = cfg_.deepstack_layers();
   out.dtype = output_dtype_;

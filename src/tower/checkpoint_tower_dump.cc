@@ -96,10 +96,10 @@ int Run(int argc, char** argv) {
   auto result = (*tower)->Encode(items);
   if (!result.ok()) return Fail(result.status().ToString());
   std::vector<epd::NamedTensor> tensors;
-  tensors.push_back({"main", {epd::TensorDType::kF32, {result->rows, result->hidden}, result->main}});
+  tensors.push_back({"main", {epd::TensorDType::kF32, {result->tokens, result->hidden}, result->main}});
   if (result->deepstack_layers > 0) {
     tensors.push_back({"deepstack",
-                       {epd::TensorDType::kF32, {result->rows, result->hidden * result->deepstack_layers},
+                       {epd::TensorDType::kF32, {result->tokens, result->hidden * result->deepstack_layers},
                         result->deepstack}});
   }
   if (epd::Status s = epd::WriteSafetensors(out, tensors); !s.ok()) return Fail(s.ToString());

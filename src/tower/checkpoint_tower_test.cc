@@ -93,7 +93,7 @@ std::vector<std::pair<std::vector<float>, std::vector<float>>> EncodeBatch(Visio
                       std::vector<float>(deep.begin() + row * dw, deep.begin() + (row + n) * dw));
     row += n;
   }
-  EXPECT_EQ(row, out->rows);
+  EXPECT_EQ(row, out->tokens);
   return rows;
 }
 
