@@ -146,8 +146,8 @@ TEST_P(EncodeWorkerTest, MissJoinAndHitsAllCarryTheImagesGrid) {
   // 4-token embedding (384 bytes), so x is demoted when z arrives.
   const GridTHW x_grid{1, 4, 4}, z_grid{1, 6, 4};
   WorkerOptions o = Options();
-  o.l1_bytes = 700;
-  o.l2_bytes = 10'000;
+  o.l1_capacity_bytes = 700;
+  o.l2_capacity_bytes = 10'000;
   auto w = Make(o);
   ASSERT_TRUE(w->Submit(Request("miss", {x_, x_}), c_.For("miss")).ok());
   Drain(*w);
