@@ -49,7 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   if (!info.ok()) Violated("decodable image does not probe", info.status());
-  auto grid = epd::GridForImage(info->height, info->width, cfg);
+  auto grid = epd::GridForImage(*info, cfg);
   if (!grid.ok()) Violated("GridForImage failed on a decodable image", grid.status());
   if (!(*grid == pre->grid)) Violated("GridForImage disagrees with Preprocess", epd::Status::Ok());
   if (pre->patches.size() != static_cast<std::size_t>(pre->grid.patches() * pre->patch_dim)) {

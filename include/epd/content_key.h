@@ -81,7 +81,9 @@ struct ContentKeyHash {
 struct PreprocessConfig;  // epd/preprocess.h
 
 // Version of the byte encoding hashed into every key. Bump on any change.
-inline constexpr std::uint32_t kContentKeyVersion = 1;
+// 2: adds the decode options (EXIF orientation, alpha policy), tags 0x18 and
+// 0x19.
+inline constexpr std::uint32_t kContentKeyVersion = 2;
 
 enum class KeyMode : std::uint8_t {
   kSha256 = 0,    // default; collision resistant

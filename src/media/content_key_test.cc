@@ -189,7 +189,7 @@ TEST(ContentKeyTest, ParseHexRejectsBadInput) {
 // The key must not silently change between releases: a change would make
 // every persisted cache entry miss. If this fails on purpose, bump
 // kContentKeyVersion and update the expected value.
-TEST(ContentKeyTest, EncodingIsStableForVersion1) {
+TEST(ContentKeyTest, EncodingIsStableForVersion2) {
   // Independent re-encoding of the documented layout for a tiny input.
   auto field = [](Bytes& out, std::uint8_t tag, const Bytes& v) {
     out.push_back(tag);
@@ -214,7 +214,7 @@ TEST(ContentKeyTest, EncodingIsStableForVersion1) {
   PreprocessConfig cfg;
   Bytes msg;
   field(msg, 0x00, B("epd/key/encoded"));
-  field(msg, 0x01, le(1, 4));
+  field(msg, 0x01, le(2, 4));
   field(msg, 0x02, B("m"));
   field(msg, 0x10, le(14, 8));
   field(msg, 0x11, le(2, 8));
@@ -224,12 +224,32 @@ TEST(ContentKeyTest, EncodingIsStableForVersion1) {
   field(msg, 0x15, floats(cfg.mean));
   field(msg, 0x16, floats(cfg.std));
   field(msg, 0x17, le(0, 8));
+  field(msg, 0x18, le(1, 8));                  // EXIF orientation applied
+  field(msg, 0x19, Bytes{1, 255, 255, 255});   // composite on white
   field(msg, 0x30, B("xyz"));
   auto sha = internal::NewSha256();
   sha->Update(msg);
   ContentKey expected;
   expected.bytes = sha->Final();
   EXPECT_EQ(ComputeContentKey("m", cfg, B("xyz")), expected);
+}
+
+TEST(ContentKeyTest, DecodeOptionsChangeTheKey) {
+  const PreprocessConfig base;
+  const ContentKey k = ComputeContentKey("m", base, B("xyz"));
+  PreprocessConfig no_exif = base;
+  no_exif.decode.apply_exif_orientation = false;
+  EXPECT_NE(ComputeContentKey("m", no_exif, B("xyz")), k);
+  PreprocessConfig black = base;
+  black.decode.alpha.background = {0, 0, 0};
+  EXPECT_NE(ComputeContentKey("m", black, B("xyz")), k);
+  PreprocessConfig drop = base;
+  drop.decode.alpha.composite = false;
+  EXPECT_NE(ComputeContentKey("m", drop, B("xyz")), k);
+  // With alpha dropped the background is irrelevant, and so not in the key.
+  PreprocessConfig drop_black = drop;
+  drop_black.decode.alpha.background = {0, 0, 0};
+  EXPECT_EQ(ComputeContentKey("m", drop_black, B("xyz")), ComputeContentKey("m", drop, B("xyz")));
 }
 
 }  // namespace

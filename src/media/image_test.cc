@@ -78,13 +78,20 @@ TEST(DecodeImageTest, GrayscaleJpegComesOutAsRgb) {
   }
 }
 
-TEST(DecodeImageTest, CmykJpegIsRejectedWithAClearError) {
+TEST(DecodeImageTest, CmykJpegIsReadWithAdobePolarityAsPillowDoes) {
+  // TurboJPEG stores these samples as given (100) with an Adobe marker.
+  // Pillow reads every 4-channel JPEG as inverted ("CMYK;I"): ink
+  // 255 - 100 = 155 in each of C, M, Y, K; then cmyk2rgb:
+  // nk = 255 - 155 = 100, R = nk - round(155 * 100 / 255) = 100 - 61 = 39.
   const Bytes cmyk(16 * 16 * 4, 100);
-  const Bytes jpeg = testing::EncodeJpegCmyk(16, 16, cmyk, 90);
-  ExpectInvalid(ProbeImage(jpeg), "CMYK");  // TurboJPEG writes YCCK or CMYK; both named
+  const Bytes jpeg = testing::EncodeJpegCmyk(16, 16, cmyk, 95);
+  auto info = ProbeImage(jpeg);
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->width, 16);
   auto img = DecodeImage(jpeg);
-  ASSERT_FALSE(img.ok());
-  EXPECT_NE(img.status().message().find("colour space"), std::string::npos) << img.status().message();
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  ASSERT_EQ(img->pixels.size(), 16u * 16 * 3);
+  for (std::uint8_t v : img->pixels) EXPECT_NEAR(v, 39, 1);  // lossy: +-1 around the exact 39
 }
 
 TEST(DecodeImageTest, GrayscalePngComesOutAsRgb) {
@@ -110,10 +117,33 @@ TEST(DecodeImageTest, PalettePngWithTransparencyDropsAlpha) {
   EXPECT_EQ(img->pixels, (Bytes{10, 20, 30, 40, 50, 60}));
 }
 
-TEST(DecodeImageTest, RgbaPngDropsAlphaWithoutCompositing) {
-  // Colour channels must survive unchanged whatever the alpha (PIL convert).
+TEST(DecodeImageTest, RgbaPngIsCompositedOnWhiteByDefault) {
+  // vLLM's rgba_to_rgb: paste onto a white canvas with alpha as the mask,
+  // out = round((c * a + 255 * (255 - a)) / 255):
+  //   a = 0 -> 255; a = 255 -> c; a = 77: R (90 * 77 + 255 * 178) / 255 =
+  //   52320 / 255 = 205.18 -> 205, G 51550 / 255 -> 202, B 50780 / 255 -> 199.
   const Bytes raw = {200, 100, 50, 0, 10, 20, 30, 255, 90, 80, 70, 77};  // 3x1 RGBA
   auto img = DecodeImage(testing::BuildPng(3, 1, 8, 6, raw));
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  EXPECT_EQ(img->pixels, (Bytes{255, 255, 255, 10, 20, 30, 205, 202, 199}));
+}
+
+TEST(DecodeImageTest, RgbaBackgroundColourIsUsed) {
+  // Background (0, 0, 255), a = 77: R 90 * 77 / 255 = 27.2 -> 27,
+  // G 80 * 77 / 255 = 24.2 -> 24, B (70 * 77 + 255 * 178) / 255 = 199.1 -> 199.
+  const Bytes raw = {200, 100, 50, 0, 90, 80, 70, 77};
+  DecodeOptions options;
+  options.alpha.background = {0, 0, 255};
+  auto img = DecodeImage(testing::BuildPng(2, 1, 8, 6, raw), {}, options);
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  EXPECT_EQ(img->pixels, (Bytes{0, 0, 255, 27, 24, 199}));
+}
+
+TEST(DecodeImageTest, RgbaPolicyNoneDropsAlphaLikeConvertRgb) {
+  const Bytes raw = {200, 100, 50, 0, 10, 20, 30, 255, 90, 80, 70, 77};
+  DecodeOptions options;
+  options.alpha.composite = false;
+  auto img = DecodeImage(testing::BuildPng(3, 1, 8, 6, raw), {}, options);
   ASSERT_TRUE(img.ok()) << img.status().ToString();
   EXPECT_EQ(img->pixels, (Bytes{200, 100, 50, 10, 20, 30, 90, 80, 70}));
 }
@@ -123,6 +153,22 @@ TEST(DecodeImageTest, GrayAlphaPngComesOutAsRgb) {
   auto img = DecodeImage(testing::BuildPng(2, 1, 8, 4, raw));
   ASSERT_TRUE(img.ok()) << img.status().ToString();
   EXPECT_EQ(img->pixels, (Bytes{40, 40, 40, 220, 220, 220}));
+}
+
+TEST(DecodeImageTest, SixteenBitGrayPngClipsLikePillowsModeI) {
+  // Pillow opens 16-bit gray as mode "I"; convert("RGB") clips to 0..255.
+  const Bytes raw = {0x00, 0x00, 0x00, 0xc8, 0x00, 0xff, 0x01, 0x00, 0xff, 0xff};  // 0, 200, 255, 256, 65535
+  auto img = DecodeImage(testing::BuildPng(5, 1, 16, 0, raw));
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  EXPECT_EQ(img->pixels, (Bytes{0, 0, 0, 200, 200, 200, 255, 255, 255, 255, 255, 255, 255, 255, 255}));
+}
+
+TEST(DecodeImageTest, SixteenBitRgbPngKeepsTheHighByte) {
+  // Pillow's "RGB;16B" raw mode: 0x12ff -> 0x12, never rounded up.
+  const Bytes raw = {0x12, 0xff, 0x80, 0x80, 0xfe, 0xff};
+  auto img = DecodeImage(testing::BuildPng(1, 1, 16, 2, raw));
+  ASSERT_TRUE(img.ok()) << img.status().ToString();
+  EXPECT_EQ(img->pixels, (Bytes{0x12, 0x80, 0xfe}));
 }
 
 TEST(DecodeImageTest, SixteenBitPngIsTreatedAsSrgb) {
@@ -142,12 +188,12 @@ TEST(DecodeImageTest, EmptyInputIsRejected) {
 }
 
 TEST(DecodeImageTest, UnsupportedFormatNamesTheMagicBytes) {
-  const Bytes gif = {'G', 'I', 'F', '8', '9', 'a', 1, 0, 1, 0, 0, 0, 0};
-  auto s = DecodeImage(gif);
+  const Bytes tiff = {'I', 'I', '*', 0, 8, 0, 0, 0, 0, 0};
+  auto s = DecodeImage(tiff);
   ExpectInvalid(s, "unsupported image format");
-  EXPECT_NE(s.status().message().find("47 49 46 38"), std::string::npos) << s.status().message();
-  EXPECT_NE(s.status().message().find("GIF"), std::string::npos);
-  EXPECT_NE(s.status().message().find("only JPEG"), std::string::npos);
+  EXPECT_NE(s.status().message().find("49 49 2a 00"), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("TIFF"), std::string::npos);
+  EXPECT_NE(s.status().message().find("supported: JPEG"), std::string::npos);
   ExpectInvalid(ProbeImage(Bytes{'h', 'e', 'l', 'l', 'o'}), "unsupported");
 }
 
@@ -200,7 +246,7 @@ TEST(DecodeImageTest, PngBombHeaderIsRejectedBeforeAllocating) {
   auto img = DecodeImage(png);
   ExpectInvalid(img, "too many pixels");
   EXPECT_NE(img.status().message().find("100000x100000"), std::string::npos) << img.status().message();
-  EXPECT_NE(img.status().message().find("64000000"), std::string::npos) << img.status().message();
+  EXPECT_NE(img.status().message().find("178956970"), std::string::npos) << img.status().message();
 }
 
 TEST(DecodeImageTest, JpegBombHeaderIsRejectedBeforeAllocating) {

@@ -131,6 +131,11 @@ StatusOr<GridTHW> GridForImage(std::int64_t height, std::int64_t width, const Pr
   return GridTHW{1, size->height / cfg.patch_size, size->width / cfg.patch_size};
 }
 
+StatusOr<GridTHW> GridForImage(const ImageInfo& info, const PreprocessConfig& cfg) {
+  const bool apply = cfg.decode.apply_exif_orientation;
+  return GridForImage(info.DisplayHeight(apply), info.DisplayWidth(apply), cfg);
+}
+
 StatusOr<RgbImage> ResizeRgb(const RgbImage& src, int width, int height, Resample filter) {
   if (Status s = CheckImage(src); !s.ok()) return s;
   if (width < 1 || height < 1) {
@@ -247,7 +252,7 @@ StatusOr<PreprocessedImage> DecodeAndPreprocess(std::span<const std::uint8_t> by
                                                 const DecodeLimits& limits) {
   // Validate first: a bad config should not cost a decode.
   if (Status s = cfg.Validate(); !s.ok()) return s;
-  auto image = DecodeImage(bytes, limits);
+  auto image = DecodeImage(bytes, limits, cfg.decode);
   if (!image.ok()) return image.status();
   return Preprocess(*image, cfg);
 }

@@ -141,7 +141,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
         const auto* p = reinterpret_cast<const std::uint8_t*>(item.image().data());
         StatusOr<ImageInfo> info = ProbeImage({p, item.image().size()});
         if (!info.ok()) continue;
-        StatusOr<GridTHW> grid = GridForImage(info->height, info->width, worker_options.preprocess);
+        StatusOr<GridTHW> grid = GridForImage(*info, worker_options.preprocess);
         if (!grid.ok()) continue;
         const std::int64_t tokens = grid->tokens(worker_options.preprocess.merge_size);
         if (tokens != item.expected_tokens()) {

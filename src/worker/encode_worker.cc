@@ -207,7 +207,7 @@ struct EncodeWorker::Impl {
                              " = " + std::to_string(pixels) + " exceeds the limit " +
                              std::to_string(options.limits.max_pixels));
     }
-    return GridForImage(info->height, info->width, options.preprocess);
+    return GridForImage(*info, options.preprocess);  // EXIF orientation included
   }
 
   // Tokens a hit must have for this item; 0 when unknown (no expected count
