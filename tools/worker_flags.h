@@ -23,6 +23,15 @@
 //   --order fifo|by_key       scheduler order [fifo]
 //   --max-pixels N            preprocessing area cap, pixels [1003520, Qwen2-VL's]
 //   --decode-threads N        helper threads decoding misses ahead of the tower [1]
+//   --exif-orientation on|off apply the EXIF Orientation tag, as
+//                             PIL.ImageOps.exif_transpose [on]; in the key
+//   --rgba-background white|none|R,G,B
+//                             background RGBA images are composited onto
+//                             (vLLM's default, white), or none to drop alpha
+//                             like convert("RGB") [white]; in the key
+//   --max-decode-pixels N     largest stored image accepted, pixels
+//                             [178956970, Pillow's DecompressionBombError
+//                             threshold]; not in the key
 //
 // Thread safety: not thread-safe (parse-time helpers).
 #pragma once
@@ -51,6 +60,9 @@ struct WorkerFlags {
   std::string order = "fifo";
   std::int64_t max_pixels = PreprocessConfig{}.max_pixels;
   int decode_threads = WorkerOptions{}.decode_threads;
+  std::string exif_orientation = "on";
+  std::string rgba_background = "white";
+  std::int64_t max_decode_pixels = DecodeLimits{}.max_pixels;
 };
 
 // The tower used when --model is not given; empty when this build has none.

@@ -4,9 +4,11 @@
 // the file's gAMA/cHRM/sRGB/iCCP chunks, so a PNG tagged gamma 1.0 came out
 // up to 72 levels off what Pillow returns; Pillow does no colour management
 // at all. The regular API transforms only what we ask for, and we ask for no
-// gamma handling: palette and low-bit-depth gray are expanded, gray is
-// replicated to RGB, and 16-bit samples are reduced here as Pillow's raw
-// modes do (high byte, or for 16-bit gray a clip to 0..255, see image.h).
+// gamma handling: low-bit-depth gray is expanded, gray is replicated to RGB,
+// palette indices are unpacked to a byte and looked up here (an index past
+// PLTE maps to grey (i, i, i) as in Pillow's palette, where libpng would
+// give black), and 16-bit samples are reduced here as Pillow's raw modes do
+// (high byte, or for 16-bit gray a clip to 0..255, see image.h).
 //
 // Pillow's modes (PngImagePlugin._MODES, Pillow 9.4) decide the alpha
 // policy: colour type 6 (8 and 16 bit) and 16-bit gray+alpha open as "RGBA"
@@ -94,9 +96,11 @@ struct PngLayout {
   int color_type = 0;  // as stored (IHDR)
   int bit_depth = 0;   // as stored (IHDR)
   bool interlaced = false;
-  int out_channels = 0;   // 3 or 4 after the transformations
+  int out_channels = 0;   // 1 (palette index), 3 or 4 after the transformations
   int out_depth = 0;      // 8 or 16 after the transformations
   std::size_t rowbytes = 0;
+  // Palette images: PLTE, then (i, i, i) for the entries it lacks.
+  std::uint8_t palette[256][3] = {};
 };
 
 class PngReader {
@@ -124,7 +128,18 @@ class PngReader {
     layout->color_type = png_get_color_type(png_, info_);
     layout->bit_depth = png_get_bit_depth(png_, info_);
     layout->interlaced = png_get_interlace_type(png_, info_) != PNG_INTERLACE_NONE;
-    if (layout->color_type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png_);
+    if (layout->color_type == PNG_COLOR_TYPE_PALETTE) {
+      png_colorp plte = nullptr;
+      int entries = 0;
+      if (png_get_PLTE(png_, info_, &plte, &entries) == 0) entries = 0;
+      for (int i = 0; i < 256; ++i) {
+        const auto v = static_cast<std::uint8_t>(i);
+        layout->palette[i][0] = i < entries ? plte[i].red : v;
+        layout->palette[i][1] = i < entries ? plte[i].green : v;
+        layout->palette[i][2] = i < entries ? plte[i].blue : v;
+      }
+      png_set_packing(png_);  // 1, 2 and 4-bit indices to one byte each
+    }
     if (layout->color_type == PNG_COLOR_TYPE_GRAY && layout->bit_depth < 8) png_set_expand_gray_1_2_4_to_8(png_);
     if ((layout->color_type & PNG_COLOR_MASK_COLOR) == 0) png_set_gray_to_rgb(png_);
     if (layout->interlaced) png_set_interlace_handling(png_);
@@ -167,9 +182,14 @@ class RowConverter {
         clip16_(layout.color_type == PNG_COLOR_TYPE_GRAY && layout.bit_depth == 16),
         composite_(layout.color_type == PNG_COLOR_TYPE_RGB_ALPHA ||
                    (layout.color_type == PNG_COLOR_TYPE_GRAY_ALPHA && layout.bit_depth == 16)),
-        alpha_(options.alpha) {}
+        alpha_(options.alpha),
+        palette_(layout.color_type == PNG_COLOR_TYPE_PALETTE ? layout.palette : nullptr) {}
 
   void Convert(const std::uint8_t* in, std::uint8_t* out) const {
+    if (palette_ != nullptr) {  // tRNS is never applied: Pillow's mode "P" drops it
+      for (std::size_t x = 0; x < width_; ++x) std::memcpy(out + 3 * x, palette_[in[x]], 3);
+      return;
+    }
     std::uint8_t px[4];
     for (std::size_t x = 0; x < width_; ++x) {
       for (int c = 0; c < channels_; ++c) {
@@ -196,6 +216,7 @@ class RowConverter {
   bool clip16_;
   bool composite_;
   AlphaPolicy alpha_;
+  const std::uint8_t (*palette_)[3];  // into the PngLayout; null unless a palette image
 };
 
 }  // namespace
@@ -219,7 +240,9 @@ StatusOr<RgbImage> DecodePng(ByteSpan bytes, const DecodeLimits& limits, const D
   PngLayout layout;
   if (!reader.ReadInfo(&layout)) return reader.Failed();
   if (layout.width != info->width || layout.height != info->height ||
-      (layout.out_channels != 3 && layout.out_channels != 4) || (layout.out_depth != 8 && layout.out_depth != 16) ||
+      (layout.color_type == PNG_COLOR_TYPE_PALETTE ? layout.out_channels != 1 || layout.out_depth != 8
+                                                   : layout.out_channels != 3 && layout.out_channels != 4) ||
+      (layout.out_depth != 8 && layout.out_depth != 16) ||
       layout.rowbytes != static_cast<std::size_t>(layout.width) * layout.out_channels * (layout.out_depth / 8)) {
     return Corrupt("PNG", "unexpected layout after libpng's transformations");
   }

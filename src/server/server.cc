@@ -141,12 +141,14 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
         const auto* p = reinterpret_cast<const std::uint8_t*>(item.image().data());
         StatusOr<ImageInfo> info = ProbeImage({p, item.image().size()});
         if (!info.ok()) continue;
-        StatusOr<GridTHW> grid = GridForImage(*info, worker_options.preprocess);
+        StatusOr<GridTHW> grid = GridForImage(*info, worker_options.preprocess);  // EXIF orientation included
+        const bool apply_exif = worker_options.preprocess.decode.apply_exif_orientation;
         if (!grid.ok()) continue;
         const std::int64_t tokens = grid->tokens(worker_options.preprocess.merge_size);
         if (tokens != item.expected_tokens()) {
           return InvalidArgument(at + ": expected_tokens is " + std::to_string(item.expected_tokens()) +
-                                 " but the " + std::to_string(info->width) + "x" + std::to_string(info->height) +
+                                 " but the " + std::to_string(info->DisplayWidth(apply_exif)) + "x" +
+                                 std::to_string(info->DisplayHeight(apply_exif)) +
                                  " image gives " + std::to_string(tokens) + " tokens (grid " +
                                  std::to_string(grid->t) + "x" + std::to_string(grid->h) + "x" +
                                  std::to_string(grid->w) + ", merge " +

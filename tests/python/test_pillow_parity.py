@@ -105,6 +105,26 @@ def write_png(arr, color_type, interlace=False, extra=()):
             png_chunk(b"IDAT", zlib.compress(raw, 6)) + png_chunk(b"IEND", b""))
 
 
+def write_png_packed(values, bits, color_type=0, plte=b""):
+    """Low-bit-depth gray or palette PNG: `values` H x W of 0 .. 2**bits - 1, packed MSB first."""
+    h, w = values.shape
+    rows = b""
+    for y in range(h):
+        acc, n, row = 0, 0, bytearray()
+        for v in values[y]:
+            acc, n = (acc << bits) | int(v), n + bits
+            if n == 8:
+                row.append(acc)
+                acc, n = 0, 0
+        if n:
+            row.append(acc << (8 - n))
+        rows += b"\x00" + bytes(row)
+    ihdr = struct.pack(">IIBBBBB", w, h, bits, color_type, 0, 0, 0)
+    extra = png_chunk(b"PLTE", plte) if plte else b""
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + extra + png_chunk(b"IDAT", zlib.compress(rows)) +
+            png_chunk(b"IEND", b""))
+
+
 def write_bmp(arr_bytes_rows, width, height, bits, compression=0, masks=None, header_size=40, top_down=False,
               palette=b""):
     """A BMP from already-packed rows (bottom-up unless top_down), rows padded here."""
@@ -191,7 +211,11 @@ def make_corpus():
     c["png_rgb16.png"] = write_png(arr.astype(np.uint16) * 256 + noise, 2)
     c["png_rgba16.png"] = write_png(rgba_arr.astype(np.uint16) * 256 + np.dstack([noise, noise[..., :1]]), 6)
     c["png_la16.png"] = write_png(np.dstack([g, alpha]).astype(np.uint16) * 257, 4)
-    c["png_gray4.png"] = write_png((g >> 4)[..., None] * 17, 0)  # 8-bit; low-depth path below
+    c["png_gray2.png"] = write_png_packed(g >> 6, 2)
+    c["png_gray4.png"] = write_png_packed(g >> 4, 4)
+    c["png_p4.png"] = save(photo("chelsea.png").quantize(16), "PNG")  # Pillow writes 4-bit indices
+    # 2-bit palette with only 3 entries: index 3 is past PLTE (libpng and Pillow must agree).
+    c["png_p2.png"] = write_png_packed(g >> 6, 2, 3, bytes([200, 10, 10, 10, 200, 10, 10, 10, 200]))
     c["png_interlaced.png"] = write_png(arr, 2, interlace=True)
     c["png_interlaced_rgba.png"] = write_png(rgba_arr, 6, interlace=True)
     c["png_gamma1.png"] = write_png(arr, 2, extra=[png_chunk(b"gAMA", struct.pack(">I", 100000))])
@@ -222,6 +246,7 @@ def make_corpus():
     c["gif_p.gif"] = save(pal, "GIF")
     c["gif_trns.gif"] = save(pal, "GIF", transparency=5)
     c["gif_l.gif"] = save(gray, "GIF")
+    c["gif_grey_ramp.gif"] = save(gray, "GIF", optimize=False)  # identity palette: Pillow mode L
     c["gif_animated.gif"] = save(frames[0].quantize(128), "GIF", save_all=True,
                                  append_images=[f.quantize(128) for f in frames[1:]], duration=100)
     c["gif_interlaced.gif"] = save(pal, "GIF", interlace=True)
