@@ -11,7 +11,7 @@
 //
 // Three namespaces, each with its own domain tag, so a key of one kind can
 // never equal a key of another (short of a SHA-256 collision):
-//   ComputeContentKey   encoded media bytes (JPEG/PNG as sent);
+//   ComputeContentKey   encoded media bytes (JPEG, PNG, WebP, GIF, BMP as sent);
 //   ComputeRawPixelKey  raw pixels, with width/height/channels in the key so
 //                       30x150 and 150x30 with the same bytes differ;
 //   CallerContentKey    a key the caller already has (e.g. a gateway's hash).

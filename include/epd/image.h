@@ -46,12 +46,14 @@
 // and a small BMP reader of our own (src/media/decode_bmp.cc says why).
 //
 // Memory (peak, per decode, W x H the stored size): the RGB output, 3 B/px;
-// plus 1 B/px for formats decoded via RGBA (WebP, PNG with alpha when
-// interlaced) or CMYK (4-channel JPEG), compacted in place; plus 3 B/px while
-// EXIF orientations 5-8 transpose into a new buffer; plus libjpeg's
-// coefficient buffer for progressive JPEGs (about 2 B per component sample).
-// At the default limit of 178,956,970 pixels that is bounded by about
-// 1.6 GiB; the 12000x9000 baseline JPEG measured in docs needs about 330 MB.
+// plus 1 B/px for WebP and 4-channel JPEG (decoded as RGBA or CMYK and
+// compacted in place); plus the transformed rows of an interlaced PNG
+// (3 to 8 B/px); plus 3 B/px while EXIF orientations 5-8 transpose into a new
+// buffer; plus libjpeg's coefficient buffer for progressive JPEGs (about 2 B
+// per component sample). The worst case is about 12 B/px (a progressive
+// 4:4:4 CMYK JPEG), 2.1 GB at the default limit of 178,956,970 pixels; a
+// 12000x9000 baseline JPEG measured 325 MB peak RSS, progressive 641 MB
+// (docs/KEYS_AND_PREPROCESSING.md).
 //
 // Complexity: O(width * height) time. Thread safety: the functions are
 // thread-safe (no shared state; each call creates its own decoder).
