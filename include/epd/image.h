@@ -157,6 +157,13 @@ struct DecodeOptions {
   friend bool operator==(const DecodeOptions&, const DecodeOptions&) = default;
 };
 
+// The decode limit check DecodeImage applies, for callers that have only
+// the header (e.g. to refuse an image before queueing it): kInvalidArgument
+// "too many pixels: the image is WxH = N pixels, over the decode limit of M
+// pixels (--max-decode-pixels)" when info.width * info.height >
+// limits.max_pixels.
+Status CheckDecodeLimits(const ImageInfo& info, const DecodeLimits& limits);
+
 // Identifies the format by its magic bytes and reads width, height and the
 // EXIF orientation from the headers (JPEG markers up to the first scan, PNG
 // chunk headers, WebP chunk headers, GIF blocks up to the first image

@@ -219,6 +219,10 @@ std::string AlphaPolicyName(const AlphaPolicy& policy) {
   return std::to_string(b[0]) + "," + std::to_string(b[1]) + "," + std::to_string(b[2]);
 }
 
+Status CheckDecodeLimits(const ImageInfo& info, const DecodeLimits& limits) {
+  return internal::CheckPixelLimit(info.width, info.height, limits);
+}
+
 StatusOr<ImageInfo> ProbeImage(std::span<const std::uint8_t> bytes) {
   if (bytes.empty()) return InvalidArgument("empty input: no image bytes");
   switch (Sniff(bytes)) {

@@ -201,12 +201,7 @@ struct EncodeWorker::Impl {
   StatusOr<GridTHW> HeaderGrid(const std::string& media) const {
     StatusOr<ImageInfo> info = ProbeImage(Bytes(media));
     if (!info.ok()) return info.status();
-    const std::int64_t pixels = std::int64_t{info->width} * info->height;
-    if (pixels > options.limits.max_pixels) {
-      return InvalidArgument("too many pixels: " + std::to_string(info->width) + "x" + std::to_string(info->height) +
-                             " = " + std::to_string(pixels) + " exceeds the limit " +
-                             std::to_string(options.limits.max_pixels));
-    }
+    if (Status s = CheckDecodeLimits(*info, options.limits); !s.ok()) return s;  // DecodeImage's own check
     return GridForImage(*info, options.preprocess);  // EXIF orientation included
   }
 

@@ -4,8 +4,9 @@ the embedding of the image Pillow produces from it, i.e. the same embedding
 as a plain 8-bit RGB PNG of Pillow's pixels
 (ImageOps.exif_transpose + vLLM's rgba_to_rgb / convert("RGB")).
 
-The server runs the tiny tower (deterministic), so equal pixels give equal
-embeddings bit for bit, and different pixels (the old behaviours: sideways,
+The server runs the tiny tower with one item per batch (a batch's float
+results can differ in the last bit with its composition), so equal pixels
+give equal embeddings bit for bit, and different pixels (the old behaviours: sideways,
 black transparency, gamma-converted, rounded 16-bit) give different ones.
 Token counts are Qwen2-VL's smart_resize, computed here."""
 
@@ -82,7 +83,7 @@ def rows():
 
 @pytest.fixture(scope="module")
 def server():
-    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--server-id", "media-rows"])
+    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--server-id", "media-rows", "--max-items-per-batch", "1"])
     yield f"127.0.0.1:{port}"
     assert h.stop_server(proc) == 0
 
@@ -131,7 +132,7 @@ def replay(images, trace_lines, *flags):
             f.write("".join(json.dumps(t) + "\n" for t in trace_lines))
         out = os.path.join(d, "emb.safetensors")
         r = subprocess.run([h.encode_binary(), "replay", "--model", h.tiny_tower(), "--threads", "1", "--trace",
-                            trace, "--images", images, "--json", "--out", out, *flags],
+                            trace, "--images", images, "--json", "--out", out, "--max-items-per-batch", "1", *flags],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout), read_safetensors(out)
