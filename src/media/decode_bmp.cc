@@ -3,8 +3,9 @@
 // Why not a library: Debian has no maintained standalone BMP decoder other
 // than stb_image (libstb-dev), and stb_image's BMP path disagrees with Pillow
 // where it matters for parity: it keeps the fourth byte of 32-bit BI_RGB
-// pixels as alpha (Pillow ignores it: raw mode "BGRX"), and scales 5/6-bit
-// channels by bit replication where Pillow computes v * 255 / 31 (or / 63).
+// pixels as alpha (Pillow ignores it: raw mode "BGRX"), and widens 5/6-bit
+// channels by bit replication where Pillow computes v * 255 / 31 (or / 63):
+// 5-bit 4 becomes 33 there, 32 in Pillow.
 // The format is simple enough that following Pillow's BmpImagePlugin (9.4)
 // directly is less code than correcting a library's output:
 //   - info headers of 12 (OS/2 core), 40, 64, 108 and 124 bytes; others are
