@@ -50,8 +50,8 @@ struct BmpHeader {
   std::size_t palette_at = 0;  // file offset of the palette
   int palette_entry = 4;       // bytes per palette entry (3 for the core header)
   std::uint32_t colors = 0;
-  std::size_t pixels_at = 0;   // file offset of the first stored row
-  std::size_t stride = 0;      // bytes per stored row
+  std::size_t pixels_at = 0;  // file offset of the first stored row
+  std::size_t stride = 0;     // bytes per stored row
 };
 
 StatusOr<BmpHeader> ParseBmpHeader(ByteSpan b) {
@@ -105,11 +105,22 @@ StatusOr<BmpHeader> ParseBmpHeader(ByteSpan b) {
   if (offset == 14 + header_size && out.bits <= 8) offset += 4 * out.colors;  // Pillow's quirk, kept
 
   switch (out.bits) {
-    case 1: case 4: case 8: out.layout = Layout::kPalette; break;
-    case 16: out.layout = Layout::kBgr15; break;
-    case 24: out.layout = Layout::kBgr; break;
-    case 32: out.layout = Layout::kBgrx; break;
-    default: return InvalidArgument("unsupported BMP pixel depth: " + std::to_string(out.bits) + " bits");
+    case 1:
+    case 4:
+    case 8:
+      out.layout = Layout::kPalette;
+      break;
+    case 16:
+      out.layout = Layout::kBgr15;
+      break;
+    case 24:
+      out.layout = Layout::kBgr;
+      break;
+    case 32:
+      out.layout = Layout::kBgrx;
+      break;
+    default:
+      return InvalidArgument("unsupported BMP pixel depth: " + std::to_string(out.bits) + " bits");
   }
   if (compression == kBiBitfields) {
     using M = std::array<std::uint32_t, 4>;
@@ -117,12 +128,18 @@ StatusOr<BmpHeader> ParseBmpHeader(ByteSpan b) {
     const std::array<std::uint32_t, 3> rgb{m[0], m[1], m[2]};
     bool ok = true;
     if (out.bits == 32) {
-      if (m == M{0xff0000, 0xff00, 0xff, 0}) out.layout = Layout::kBgrx;
-      else if (m == M{0xff000000, 0xff0000, 0xff00, 0}) out.layout = Layout::kXbgr;
-      else if (m == M{0xff000000, 0xff0000, 0xff00, 0xff}) out.layout = Layout::kAbgr;
-      else if (m == M{0xff, 0xff00, 0xff0000, 0xff000000}) out.layout = Layout::kRgba;
-      else if (m == M{0xff0000, 0xff00, 0xff, 0xff000000} || m == M{0, 0, 0, 0}) out.layout = Layout::kBgra;
-      else ok = false;
+      if (m == M{0xff0000, 0xff00, 0xff, 0})
+        out.layout = Layout::kBgrx;
+      else if (m == M{0xff000000, 0xff0000, 0xff00, 0})
+        out.layout = Layout::kXbgr;
+      else if (m == M{0xff000000, 0xff0000, 0xff00, 0xff})
+        out.layout = Layout::kAbgr;
+      else if (m == M{0xff, 0xff00, 0xff0000, 0xff000000})
+        out.layout = Layout::kRgba;
+      else if (m == M{0xff0000, 0xff00, 0xff, 0xff000000} || m == M{0, 0, 0, 0})
+        out.layout = Layout::kBgra;
+      else
+        ok = false;
       out.rgba_mode = out.layout == Layout::kAbgr || out.layout == Layout::kRgba || out.layout == Layout::kBgra;
     } else if (out.bits == 24 && rgb == std::array<std::uint32_t, 3>{0xff0000, 0xff00, 0xff}) {
       out.layout = Layout::kBgr;
@@ -135,8 +152,8 @@ StatusOr<BmpHeader> ParseBmpHeader(ByteSpan b) {
     }
     if (!ok) return InvalidArgument("unsupported BMP bitfields layout for " + std::to_string(out.bits) + " bits");
   } else if (compression == kBiRle8 || compression == kBiRle4) {
-    return InvalidArgument(std::string("unsupported BMP compression: ") +
-                           (compression == kBiRle8 ? "RLE8" : "RLE4") + " (convert the image to PNG)");
+    return InvalidArgument(std::string("unsupported BMP compression: ") + (compression == kBiRle8 ? "RLE8" : "RLE4") +
+                           " (convert the image to PNG)");
   } else if (compression != kBiRgb) {
     return InvalidArgument("unsupported BMP compression: type " + std::to_string(compression));
   }
@@ -229,11 +246,21 @@ StatusOr<RgbImage> DecodeBmp(ByteSpan bytes, const DecodeLimits& limits, const D
           const std::uint8_t* s = in + 4 * x;
           std::uint8_t r, g, b, a = 255;
           switch (h.layout) {
-            case Layout::kBgrx: b = s[0], g = s[1], r = s[2]; break;
-            case Layout::kXbgr: b = s[1], g = s[2], r = s[3]; break;
-            case Layout::kAbgr: a = s[0], b = s[1], g = s[2], r = s[3]; break;
-            case Layout::kRgba: r = s[0], g = s[1], b = s[2], a = s[3]; break;
-            default: b = s[0], g = s[1], r = s[2], a = s[3]; break;  // kBgra
+            case Layout::kBgrx:
+              b = s[0], g = s[1], r = s[2];
+              break;
+            case Layout::kXbgr:
+              b = s[1], g = s[2], r = s[3];
+              break;
+            case Layout::kAbgr:
+              a = s[0], b = s[1], g = s[2], r = s[3];
+              break;
+            case Layout::kRgba:
+              r = s[0], g = s[1], b = s[2], a = s[3];
+              break;
+            default:
+              b = s[0], g = s[1], r = s[2], a = s[3];
+              break;  // kBgra
           }
           if (h.rgba_mode && options.alpha.composite) {
             r = BlendOver(r, a, options.alpha.background[0]);

@@ -20,8 +20,8 @@
 
 #include <algorithm>
 #include <array>
-#include <memory>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -112,8 +112,7 @@ StatusOr<GifHandle> OpenToFirstFrame(GifSource* src, FirstFrame* out) {
     out->width = std::max<int>(gif->SWidth, d.Left + d.Width);
     out->height = std::max<int>(gif->SHeight, d.Top + d.Height);
     if (out->width <= 0 || out->height <= 0 || d.Left < 0 || d.Top < 0 || d.Width < 0 || d.Height < 0) {
-      return InvalidArgument("zero-sized image: the GIF screen and first frame are " +
-                             Dims(out->width, out->height));
+      return InvalidArgument("zero-sized image: the GIF screen and first frame are " + Dims(out->width, out->height));
     }
     const ColorMapObject* map = nullptr;
     if (d.ColorMap != nullptr) {
@@ -125,10 +124,9 @@ StatusOr<GifHandle> OpenToFirstFrame(GifSource* src, FirstFrame* out) {
       out->palette.resize(256);
       for (int i = 0; i < 256; ++i) {
         const auto v = static_cast<std::uint8_t>(i);
-        out->palette[i] = i < map->ColorCount
-                              ? std::array<std::uint8_t, 3>{map->Colors[i].Red, map->Colors[i].Green,
-                                                            map->Colors[i].Blue}
-                              : std::array<std::uint8_t, 3>{v, v, v};
+        out->palette[i] = i < map->ColorCount ? std::array<std::uint8_t, 3>{map->Colors[i].Red, map->Colors[i].Green,
+                                                                            map->Colors[i].Blue}
+                                              : std::array<std::uint8_t, 3>{v, v, v};
       }
     }
     return gif;

@@ -50,8 +50,10 @@ StatusOr<JpegHeader> ReadHeader(void* tj, ByteSpan bytes) {
     // libjpeg refuses a side over JPEG_MAX_DIMENSION (65500) before it says
     // how large: such a header is a bomb like any other, not corrupt data.
     if (why.find("Maximum supported image dimension") != std::string::npos) {
-      return InvalidArgument("too many pixels: the JPEG header declares a side over 65500 pixels, the most libjpeg "
-                             "decodes (" + why + ")");
+      return InvalidArgument(
+          "too many pixels: the JPEG header declares a side over 65500 pixels, the most libjpeg "
+          "decodes (" +
+          why + ")");
     }
     return Corrupt("JPEG", why);
   }

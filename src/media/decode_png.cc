@@ -44,8 +44,8 @@ StatusOr<ImageInfo> ParsePngHeader(ByteSpan bytes) {
     return Corrupt("PNG", "bad 8-byte signature");
   }
   if (bytes.size() < kPngHeaderBytes) {
-    return Corrupt("PNG", std::to_string(bytes.size()) + " bytes, the IHDR header alone needs " +
-                              std::to_string(kPngHeaderBytes));
+    return Corrupt(
+        "PNG", std::to_string(bytes.size()) + " bytes, the IHDR header alone needs " + std::to_string(kPngHeaderBytes));
   }
   const std::uint8_t* ihdr = bytes.data() + 8;
   if (ReadBe32(ihdr) != 13 || std::memcmp(ihdr + 4, "IHDR", 4) != 0) {
@@ -96,8 +96,8 @@ struct PngLayout {
   int color_type = 0;  // as stored (IHDR)
   int bit_depth = 0;   // as stored (IHDR)
   bool interlaced = false;
-  int out_channels = 0;   // 1 (palette index), 3 or 4 after the transformations
-  int out_depth = 0;      // 8 or 16 after the transformations
+  int out_channels = 0;  // 1 (palette index), 3 or 4 after the transformations
+  int out_depth = 0;     // 8 or 16 after the transformations
   std::size_t rowbytes = 0;
   // Palette images: PLTE, then (i, i, i) for the entries it lacks.
   std::uint8_t palette[256][3] = {};

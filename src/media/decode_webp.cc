@@ -77,14 +77,22 @@ int WebpOrientation(ByteSpan b) {
 
 const char* Vp8StatusName(VP8StatusCode code) {
   switch (code) {
-    case VP8_STATUS_OK: return "ok";
-    case VP8_STATUS_OUT_OF_MEMORY: return "out of memory";
-    case VP8_STATUS_INVALID_PARAM: return "invalid parameter";
-    case VP8_STATUS_BITSTREAM_ERROR: return "bitstream error";
-    case VP8_STATUS_UNSUPPORTED_FEATURE: return "unsupported feature";
-    case VP8_STATUS_SUSPENDED: return "suspended";
-    case VP8_STATUS_USER_ABORT: return "user abort";
-    case VP8_STATUS_NOT_ENOUGH_DATA: return "not enough data (truncated)";
+    case VP8_STATUS_OK:
+      return "ok";
+    case VP8_STATUS_OUT_OF_MEMORY:
+      return "out of memory";
+    case VP8_STATUS_INVALID_PARAM:
+      return "invalid parameter";
+    case VP8_STATUS_BITSTREAM_ERROR:
+      return "bitstream error";
+    case VP8_STATUS_UNSUPPORTED_FEATURE:
+      return "unsupported feature";
+    case VP8_STATUS_SUSPENDED:
+      return "suspended";
+    case VP8_STATUS_USER_ABORT:
+      return "user abort";
+    case VP8_STATUS_NOT_ENOUGH_DATA:
+      return "not enough data (truncated)";
   }
   return "unknown status";
 }
@@ -113,8 +121,8 @@ StatusOr<RgbImage> DecodeWebp(ByteSpan bytes, const DecodeLimits& limits, const 
   const std::uint32_t width = WebPDemuxGetI(demux.get(), WEBP_FF_CANVAS_WIDTH);
   const std::uint32_t height = WebPDemuxGetI(demux.get(), WEBP_FF_CANVAS_HEIGHT);
   if (width != h->width || height != h->height) {
-    return Corrupt("WebP", "canvas " + Dims(width, height) + " disagrees with the header's " +
-                               Dims(h->width, h->height));
+    return Corrupt("WebP",
+                   "canvas " + Dims(width, height) + " disagrees with the header's " + Dims(h->width, h->height));
   }
   const bool rgba_mode = (WebPDemuxGetI(demux.get(), WEBP_FF_FORMAT_FLAGS) & ALPHA_FLAG) != 0;
 

@@ -33,9 +33,7 @@ int ExifOrientation(ByteSpan exif) {
   auto u16 = [&](std::size_t at) -> std::uint32_t {
     return little ? (exif[at] | exif[at + 1] << 8) : (exif[at] << 8 | exif[at + 1]);
   };
-  auto u32 = [&](std::size_t at) -> std::uint32_t {
-    return little ? ReadLe32(&exif[at]) : ReadBe32(&exif[at]);
-  };
+  auto u32 = [&](std::size_t at) -> std::uint32_t { return little ? ReadLe32(&exif[at]) : ReadBe32(&exif[at]); };
   if (u16(2) != 42) return 1;
   const std::uint64_t ifd = u32(4);
   if (ifd + 2 > exif.size()) return 1;
@@ -69,7 +67,7 @@ int JpegOrientation(ByteSpan jpeg) {
       ++at;
       continue;
     }
-    if (marker == 0xda || marker == 0xd9) return 1;  // SOS or EOI: no EXIF before the scan
+    if (marker == 0xda || marker == 0xd9) return 1;              // SOS or EOI: no EXIF before the scan
     if (marker == 0x01 || (marker >= 0xd0 && marker <= 0xd7)) {  // no length
       at += 2;
       continue;

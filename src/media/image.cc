@@ -105,10 +105,22 @@ void ApplyOrientation(RgbImage& img, int orientation) {
     for (std::size_t x = 0; x < h; ++x) {
       std::size_t sx = 0, sy = 0;
       switch (orientation) {
-        case 5: sx = y; sy = x; break;
-        case 6: sx = y; sy = h - 1 - x; break;
-        case 7: sx = w - 1 - y; sy = h - 1 - x; break;
-        default: sx = w - 1 - y; sy = x; break;
+        case 5:
+          sx = y;
+          sy = x;
+          break;
+        case 6:
+          sx = y;
+          sy = h - 1 - x;
+          break;
+        case 7:
+          sx = w - 1 - y;
+          sy = h - 1 - x;
+          break;
+        default:
+          sx = w - 1 - y;
+          sy = x;
+          break;
       }
       std::memcpy(&out[(y * h + x) * 3], p + (sy * w + sx) * 3, 3);
     }
@@ -182,11 +194,16 @@ Sniffed Sniff(ByteSpan bytes) {
 
 std::string_view ImageFormatName(ImageFormat format) {
   switch (format) {
-    case ImageFormat::kJpeg: return "jpeg";
-    case ImageFormat::kPng: return "png";
-    case ImageFormat::kWebp: return "webp";
-    case ImageFormat::kGif: return "gif";
-    case ImageFormat::kBmp: return "bmp";
+    case ImageFormat::kJpeg:
+      return "jpeg";
+    case ImageFormat::kPng:
+      return "png";
+    case ImageFormat::kWebp:
+      return "webp";
+    case ImageFormat::kGif:
+      return "gif";
+    case ImageFormat::kBmp:
+      return "bmp";
   }
   return "unknown";
 }
@@ -226,12 +243,18 @@ Status CheckDecodeLimits(const ImageInfo& info, const DecodeLimits& limits) {
 StatusOr<ImageInfo> ProbeImage(std::span<const std::uint8_t> bytes) {
   if (bytes.empty()) return InvalidArgument("empty input: no image bytes");
   switch (Sniff(bytes)) {
-    case Sniffed::kJpeg: return internal::ProbeJpeg(bytes);
-    case Sniffed::kPng: return internal::ProbePng(bytes);
-    case Sniffed::kWebp: return internal::ProbeWebp(bytes);
-    case Sniffed::kGif: return internal::ProbeGif(bytes);
-    case Sniffed::kBmp: return internal::ProbeBmp(bytes);
-    case Sniffed::kOther: break;
+    case Sniffed::kJpeg:
+      return internal::ProbeJpeg(bytes);
+    case Sniffed::kPng:
+      return internal::ProbePng(bytes);
+    case Sniffed::kWebp:
+      return internal::ProbeWebp(bytes);
+    case Sniffed::kGif:
+      return internal::ProbeGif(bytes);
+    case Sniffed::kBmp:
+      return internal::ProbeBmp(bytes);
+    case Sniffed::kOther:
+      break;
   }
   return UnsupportedFormat(bytes);
 }

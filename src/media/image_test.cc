@@ -421,7 +421,9 @@ TEST(WebpTest, AlphaIsCompositedOnTheBackground) {
 // canvas of w x h and, optionally, an EXIF chunk.
 Bytes ExtendedWebp(const Bytes& simple, std::uint32_t w, std::uint32_t h, const Bytes& exif = {}) {
   Bytes body = {'W', 'E', 'B', 'P', 'V', 'P', '8', 'X', 10, 0, 0, 0, std::uint8_t(exif.empty() ? 0 : 0x08), 0, 0, 0};
-  for (std::uint32_t v : {w - 1, h - 1}) body.insert(body.end(), {std::uint8_t(v), std::uint8_t(v >> 8), std::uint8_t(v >> 16)});
+  for (std::uint32_t v : {w - 1, h - 1}) {
+    body.insert(body.end(), {std::uint8_t(v), std::uint8_t(v >> 8), std::uint8_t(v >> 16)});
+  }
   body.insert(body.end(), simple.begin() + 12, simple.end());
   if (!exif.empty()) {
     const auto n = static_cast<std::uint32_t>(exif.size());
