@@ -4,7 +4,10 @@
 //   - every failure is kInvalidArgument (bad input is the caller's error);
 //   - a decodable image also probes, with the same size;
 //   - GridForImage from the probed header equals the grid Preprocess made
-//     (the scheduler budgets tokens from the header alone);
+//     (the scheduler budgets tokens from the header alone), EXIF orientation
+//     included;
+//   - decoding without orientation and with alpha dropped also succeeds, at
+//     the stored size the header gave;
 //   - the patch buffer holds exactly grid.patches() * patch_dim floats.
 // The same function is linked into decode_corpus_replay (any compiler), so
 // `ctest` replays fuzz/corpus on every build.
@@ -49,11 +52,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   if (!info.ok()) Violated("decodable image does not probe", info.status());
-  auto grid = epd::GridForImage(info->height, info->width, cfg);
+  auto grid = epd::GridForImage(*info, cfg);
   if (!grid.ok()) Violated("GridForImage failed on a decodable image", grid.status());
   if (!(*grid == pre->grid)) Violated("GridForImage disagrees with Preprocess", epd::Status::Ok());
   if (pre->patches.size() != static_cast<std::size_t>(pre->grid.patches() * pre->patch_dim)) {
     Violated("patch buffer size != patches * patch_dim", epd::Status::Ok());
+  }
+  const epd::DecodeOptions stored_options{.apply_exif_orientation = false, .alpha = {.composite = false}};
+  auto stored = epd::DecodeImage(bytes, limits, stored_options);
+  if (!stored.ok()) Violated("decodes with the default options but not without orientation", stored.status());
+  if (stored->width != info->width || stored->height != info->height) {
+    Violated("stored-orientation decode size differs from the header's", epd::Status::Ok());
   }
   return 0;
 }

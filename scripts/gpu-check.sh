@@ -28,6 +28,7 @@
 #                                  googletest/  Debian's GoogleTest source;
 #                                  sysroot/     headers and static archives of
 #                                    libcrypto, libpng16, zlib, TurboJPEG,
+#                                    libwebp(+demux), giflib,
 #                                    xxHash, stb_image_resize and nlohmann-json,
 #                                    unpacked (dpkg -x, nothing installed) from
 #                                    Debian 12 packages fetched with apt-get
@@ -61,7 +62,8 @@ if [[ "${1:-}" == "--stage" ]]; then
   # names the files it uses). Static archives, so the device binaries need
   # nothing from the device image but glibc.
   debs="${GPU_CHECK_DEB_CACHE:-${TMPDIR:-/tmp}/epd-gpucheck-debs}"
-  pkgs=(libssl-dev libpng-dev zlib1g-dev libturbojpeg0-dev libxxhash-dev libstb-dev nlohmann-json3-dev)
+  pkgs=(libssl-dev libpng-dev zlib1g-dev libturbojpeg0-dev libxxhash-dev libstb-dev nlohmann-json3-dev
+        libwebp-dev libgif-dev)
   mkdir -p "$debs"
   missing=()
   for p in "${pkgs[@]}"; do
@@ -97,6 +99,7 @@ if [[ "${1:-}" == "--stage" ]]; then
   find "$sysroot" -type l -delete
   find "$inc/stb" -type f ! -name stb_image_resize.h -delete
   for f in "$lib/libcrypto.a" "$lib/libpng16.a" "$lib/libz.a" "$lib/libturbojpeg.a" "$lib/libxxhash.a" \
+           "$lib/libwebp.a" "$lib/libwebpdemux.a" "$lib/libgif.a" "$inc/webp/demux.h" "$inc/gif_lib.h" \
            "$inc/openssl/evp.h" "$inc/x86_64-linux-gnu/openssl/configuration.h" "$inc/libpng16/png.h" \
            "$inc/zlib.h" "$inc/turbojpeg.h" "$inc/xxhash.h" "$inc/stb/stb_image_resize.h" \
            "$inc/nlohmann/json.hpp"; do

@@ -159,6 +159,11 @@ def main():
     # A bad flag value is a usage error: exit 1, naming the flag and the value.
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--cache-mb", "nan")
     check(rc == 1 and "--cache-mb: expected a number >= 0 (MB), got 'nan'" in stderr, f"--cache-mb nan: {rc} {stderr}")
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--rgba-background", "pink")
+    check(rc == 1 and "--rgba-background" in stderr and "'pink'" in stderr, f"--rgba-background pink: {rc} {stderr}")
+    # --max-decode-pixels below a.png's 56x56 = 3136 pixels fails that item by name (exit 3).
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--json", "--max-decode-pixels", "3135")
+    check(rc == 3 and json.loads(stdout)["errors"] == {"INVALID_ARGUMENT": 1}, f"--max-decode-pixels: {rc} {stdout}")
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--device", "cuda:0")
     if rc == 1:
         check("FAILED_PRECONDITION" in stderr and "cuda:0" in stderr, f"--device cuda:0 without a GPU: {stderr}")

@@ -85,10 +85,12 @@ StatusOr<std::vector<std::string>> ListImages(const std::string& dir) {
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     if (!e.is_regular_file()) continue;
     const std::string ext = Lower(e.path().extension().string());
-    if (ext == ".jpg" || ext == ".jpeg" || ext == ".png") found.push_back(e.path().filename().string());
+    if (ext == ".jpg" || ext == ".jpeg" || ext == ".png" || ext == ".webp" || ext == ".gif" || ext == ".bmp") {
+      found.push_back(e.path().filename().string());
+    }
   }
   if (ec) return InvalidArgument("cannot list " + dir + ": " + ec.message());
-  if (found.empty()) return InvalidArgument(dir + " holds no .jpg, .jpeg or .png file");
+  if (found.empty()) return InvalidArgument(dir + " holds no .jpg, .jpeg, .png, .webp, .gif or .bmp file");
   std::sort(found.begin(), found.end());
   return found;
 }

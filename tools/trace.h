@@ -47,9 +47,9 @@ StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path);
 // The trace as JSON Lines, readable by ParseTrace.
 std::string TraceToJsonLines(const std::vector<TraceRequest>& trace);
 
-// Regular files under `dir` (not recursive) ending in .jpg, .jpeg or .png
-// (any case): their file names (paths relative to `dir`), sorted. kInvalidArgument when `dir`
-// is not a directory or holds no image.
+// Regular files under `dir` (not recursive) ending in .jpg, .jpeg, .png,
+// .webp, .gif or .bmp (any case): their file names (paths relative to `dir`),
+// sorted. kInvalidArgument when `dir` is not a directory or holds no image.
 StatusOr<std::vector<std::string>> ListImages(const std::string& dir);
 
 struct GeneratorOptions {

@@ -66,6 +66,22 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->check(Integer(1));
   cmd.add_option("--decode-threads", f.decode_threads, "helper threads decoding misses ahead of the tower")
       ->capture_default_str()->check(Integer(0, 256));
+  cmd.add_option("--exif-orientation", f.exif_orientation,
+                 "apply the EXIF Orientation tag as PIL.ImageOps.exif_transpose (part of the content key)")
+      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
+  cmd.add_option("--rgba-background", f.rgba_background,
+                 "colour RGBA images are composited onto: white (vLLM's default), none (drop alpha like "
+                 "convert('RGB')) or R,G,B (part of the content key)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            StatusOr<AlphaPolicy> policy = ParseAlphaPolicy(text);
+            return policy.ok() ? std::string() : std::string(policy.status().message());
+          },
+          "white|none|R,G,B"));
+  cmd.add_option("--max-decode-pixels", f.max_decode_pixels,
+                 "largest stored image accepted, pixels (decompression-bomb guard; default Pillow's error threshold)")
+      ->capture_default_str()->check(Integer(1));
 }
 
 #ifdef EPD_HAVE_CUDA_TIER
@@ -129,6 +145,11 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   }
   o.l1_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20));
   o.l2_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20));
+  StatusOr<AlphaPolicy> alpha = ParseAlphaPolicy(f.rgba_background);
+  if (!alpha.ok()) return alpha.status();
+  o.preprocess.decode.alpha = *alpha;
+  o.preprocess.decode.apply_exif_orientation = f.exif_orientation != "off";
+  o.limits.max_pixels = f.max_decode_pixels;
   o.dedup_in_flight = !f.no_cache;
   o.max_tokens_per_batch = f.max_tokens_per_batch;
   o.max_items_per_batch = f.max_items_per_batch;

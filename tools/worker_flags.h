@@ -32,6 +32,15 @@
 //                             default, for TorchScript]. A checkpoint's other
 //                             preprocessing fields come from its config too.
 //   --decode-threads N        helper threads decoding misses ahead of the tower [1]
+//   --exif-orientation on|off apply the EXIF Orientation tag, as
+//                             PIL.ImageOps.exif_transpose [on]; in the key
+//   --rgba-background white|none|R,G,B
+//                             background RGBA images are composited onto
+//                             (vLLM's default, white), or none to drop alpha
+//                             like convert("RGB") [white]; in the key
+//   --max-decode-pixels N     largest stored image accepted, pixels
+//                             [178956970, Pillow's DecompressionBombError
+//                             threshold]; not in the key
 //
 // Thread safety: not thread-safe (parse-time helpers).
 #pragma once
@@ -60,6 +69,9 @@ struct WorkerFlags {
   std::string order = "fifo";
   std::int64_t max_pixels = 0;  // 0: the model's (see --max-pixels)
   int decode_threads = WorkerOptions{}.decode_threads;
+  std::string exif_orientation = "on";
+  std::string rgba_background = "white";
+  std::int64_t max_decode_pixels = DecodeLimits{}.max_pixels;
 };
 
 // The tower used when --model is not given; empty when this build has none.

@@ -78,7 +78,7 @@ struct ServerInfo {
 
 // One image to encode (mirrors EncodeItemInput).
 struct ClientItem {
-  std::string image;                      // JPEG/PNG bytes
+  std::string image;                      // JPEG, PNG, WebP, GIF or BMP bytes
   std::optional<std::string> caller_key;  // see EncodeItemInput::caller_key (epd/encode_worker.h)
   std::int64_t expected_tokens = 0;       // 0 = unknown
 };

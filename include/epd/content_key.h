@@ -12,7 +12,7 @@
 //
 // Three namespaces, each with its own domain tag, so a key of one kind can
 // never equal a key of another (short of a SHA-256 collision):
-//   ComputeContentKey   encoded media bytes (JPEG/PNG as sent);
+//   ComputeContentKey   encoded media bytes (JPEG, PNG, WebP, GIF, BMP as sent);
 //   ComputeRawPixelKey  raw pixels, with width/height/channels in the key so
 //                       30x150 and 150x30 with the same bytes differ;
 //   CallerContentKey    a key the caller already has (e.g. a gateway's hash).
@@ -64,8 +64,8 @@ struct PreprocessConfig;  // epd/preprocess.h
 
 // Version of the byte encoding hashed into every key. Bump on any change.
 // 2: the model id of a Hugging Face checkpoint is derived from its vision
-// tensors (epd/checkpoint.h), no longer from a file name; the byte layout is
-// version 1's.
+// tensors (epd/checkpoint.h), no longer from a file name, and the decode
+// options (EXIF orientation, alpha policy) are hashed as tags 0x18 and 0x19.
 inline constexpr std::uint32_t kContentKeyVersion = 2;
 
 enum class KeyMode : std::uint8_t {

@@ -223,7 +223,7 @@ class MediaBytes {
 
 // One image of a request.
 struct EncodeItemInput {
-  // Encoded bytes (JPEG or PNG) as received.
+  // Encoded bytes (JPEG, PNG, WebP, GIF or BMP) as received.
   MediaBytes media;
   // Optional caller-supplied content identity (e.g. a gateway's hash): the key
   // becomes CallerContentKey(model_id, preprocess, caller_key) and the bytes

@@ -37,6 +37,8 @@
 // Example:
 //   epd::PreprocessConfig cfg;                       // Qwen2-VL defaults
 //   auto grid = epd::GridForImage(427, 640, cfg);    // {1, 30, 46}: 345 tokens
+//   auto info = epd::ProbeImage(jpeg_bytes);         // header only
+//   auto tokens = epd::GridForImage(*info, cfg);     // EXIF orientation included
 //   auto pre = epd::DecodeAndPreprocess(jpeg_bytes, cfg);
 //   if (!pre.ok()) return pre.status();
 //   tower.Encode({{pre->patches.data(), pre->grid}});
@@ -74,6 +76,11 @@ struct PreprocessConfig {
   std::array<float, 3> mean{0.48145466f, 0.4578275f, 0.40821073f};
   std::array<float, 3> std{0.26862954f, 0.26130258f, 0.27577711f};
   Resample resample = Resample::kBicubic;
+  // How the encoded bytes become RGB before step 1: EXIF orientation and the
+  // alpha policy (epd/image.h). Part of the content key, like every field
+  // here. Defaults: orientation applied, RGBA composited on white (vLLM's
+  // defaults).
+  DecodeOptions decode;
 
   // patch_size * merge_size: both resized sides are multiples of it (28).
   std::int64_t factor() const { return std::int64_t{patch_size} * merge_size; }
@@ -112,6 +119,12 @@ StatusOr<ResizedSize> SmartResize(std::int64_t height, std::int64_t width, const
 // with ProbeImage it gives the token count without decoding.
 StatusOr<GridTHW> GridForImage(std::int64_t height, std::int64_t width, const PreprocessConfig& cfg);
 
+// The grid of a probed image: GridForImage on its displayed size, i.e. with
+// height and width swapped for EXIF orientations 5-8 when
+// cfg.decode.apply_exif_orientation is set. Use this one with ProbeImage, so
+// the header-only token count equals what DecodeAndPreprocess produces.
+StatusOr<GridTHW> GridForImage(const ImageInfo& info, const PreprocessConfig& cfg);
+
 // What an encoded image's header gives without decoding: its format and size
 // (ImageInfo) and the grid it will have.
 struct ProbedGrid {
@@ -121,7 +134,8 @@ struct ProbedGrid {
 
 // The header grid, the one function that turns an encoded image's header
 // into its grid (and so its post-merge tokens: grid.tokens(cfg.merge_size)):
-// ProbeImage, then CheckPixelLimit, then GridForImage. So a header that
+// ProbeImage, then CheckDecodeLimits, then GridForImage(info, cfg) (EXIF
+// orientation included). So a header that
 // probes fine here decodes under the same limits. Errors (kInvalidArgument):
 // ProbeImage's (unknown format, zero size, truncated header), too many
 // pixels, GridForImage's. Cost: a header parse, O(1) in the pixel count.
@@ -158,7 +172,8 @@ struct PreprocessedImage {
 // Errors (kInvalidArgument): malformed image, invalid cfg, SmartResize errors.
 StatusOr<PreprocessedImage> Preprocess(const RgbImage& image, const PreprocessConfig& cfg);
 
-// DecodeImage(bytes, limits) then Preprocess(image, cfg). Same errors as both.
+// DecodeImage(bytes, limits, cfg.decode) then Preprocess(image, cfg). Same
+// errors as both.
 StatusOr<PreprocessedImage> DecodeAndPreprocess(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
                                                 const DecodeLimits& limits = {});
 

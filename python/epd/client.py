@@ -19,6 +19,9 @@ python3-grpcio and python3-protobuf: SHA-256 over fields written as
                 max_pixels, int64 LE each
   0x15, 0x16    mean, std: 3 x float32 LE (IEEE-754 bit patterns)
   0x17          resample, int64 LE
+  0x18          apply_exif_orientation, int64 LE (0 or 1)
+  0x19          alpha policy, 4 bytes: composite (0 or 1), background R, G, B
+                (all 0 when composite is 0)
   0x30          the encoded image bytes (0x32: the caller key)
 
 The model id and preprocessing come from the server's Health answer. Only
@@ -83,6 +86,11 @@ class PreprocessConfig:
     mean: Sequence[float] = (0.48145466, 0.4578275, 0.40821073)
     std: Sequence[float] = (0.26862954, 0.26130258, 0.27577711)
     resample: int = 0
+    # epd::DecodeOptions: EXIF orientation applied; RGBA composited onto
+    # rgba_background, or alpha dropped when rgba_composite is False.
+    apply_exif_orientation: bool = True
+    rgba_composite: bool = True
+    rgba_background: Sequence[int] = (255, 255, 255)
 
 
 def _field(tag: int, value: bytes) -> bytes:
@@ -103,6 +111,8 @@ def _key_prefix(domain: bytes, model_id: str, cfg: PreprocessConfig) -> bytes:
         _field(0x15, struct.pack("<3f", *cfg.mean)),
         _field(0x16, struct.pack("<3f", *cfg.std)),
         _field(0x17, struct.pack("<q", cfg.resample)),
+        _field(0x18, struct.pack("<q", 1 if cfg.apply_exif_orientation else 0)),
+        _field(0x19, bytes([1, *cfg.rgba_background]) if cfg.rgba_composite else bytes(4)),
     ]
     return b"".join(parts)
 
@@ -324,7 +334,8 @@ class EncodeClient:
             raise EncodeError(e.code(), e.details()) from None
         p = r.preprocess
         cfg = PreprocessConfig(p.patch_size, p.merge_size, p.temporal_patch_size, p.min_pixels, p.max_pixels,
-                               tuple(p.mean), tuple(p.std), p.resample)
+                               tuple(p.mean), tuple(p.std), p.resample, p.apply_exif_orientation,
+                               p.rgba_composite, tuple(p.rgba_background))
         return ServerInfo(r.serving, r.server_id, r.model_id, cfg, r.key_mode, r.tower, r.hidden,
                           r.deepstack_layers, _DTYPES.get(r.dtype, "unknown"), r.version)
 

@@ -115,6 +115,12 @@ _epd_sysroot_static(TARGET PkgConfig::TURBOJPEG LIB ${_epd_sysroot_lib}/libturbo
                     INCLUDES ${_epd_sysroot_inc})
 _epd_sysroot_static(TARGET PkgConfig::XXHASH LIB ${_epd_sysroot_lib}/libxxhash.a
                     INCLUDES ${_epd_sysroot_inc})
+_epd_sysroot_static(TARGET epd_sysroot_webp LIB ${_epd_sysroot_lib}/libwebp.a
+                    INCLUDES ${_epd_sysroot_inc} LINKS Threads::Threads m)
+_epd_sysroot_static(TARGET PkgConfig::WEBP LIB ${_epd_sysroot_lib}/libwebpdemux.a
+                    INCLUDES ${_epd_sysroot_inc} LINKS epd_sysroot_webp)
+_epd_sysroot_static(TARGET PkgConfig::GIF LIB ${_epd_sysroot_lib}/libgif.a
+                    INCLUDES ${_epd_sysroot_inc})
 if(NOT TARGET nlohmann_json::nlohmann_json)
   _epd_sysroot_require(${_epd_sysroot_inc}/nlohmann/json.hpp)
   add_library(nlohmann_json::nlohmann_json INTERFACE IMPORTED GLOBAL)

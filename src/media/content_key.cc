@@ -1,6 +1,6 @@
 // Content keys: a digest over a tagged, length-prefixed encoding.
 //
-// Encoding (version 2; the layout is unchanged since version 1), every field written as
+// Encoding (version 2), every field written as
 //   tag (1 byte) || length (uint64 little-endian) || value (length bytes)
 // in this fixed order:
 //   0x00 domain   ASCII: "epd/key/encoded" | "epd/key/raw-pixels" | "epd/key/caller"
@@ -10,6 +10,9 @@
 //                 max_pixels: int64 LE each
 //   0x15, 0x16    mean, std: 3 x uint32 LE, the IEEE-754 bit patterns
 //   0x17          resample: int64 LE of the enum value
+//   0x18          decode.apply_exif_orientation: int64 LE, 0 or 1 (v2)
+//   0x19          decode.alpha: 4 bytes: composite (0 or 1), then the
+//                 background R, G, B (all 0 when composite is 0) (v2)
 //   raw pixels only: 0x20 width, 0x21 height, 0x22 channels (int64 LE)
 //   payload: 0x30 encoded media | 0x31 raw pixels | 0x32 caller key
 // Because every value carries its length, the encoding is injective: two
@@ -42,6 +45,8 @@ enum Tag : std::uint8_t {
   kTagMean = 0x15,
   kTagStd = 0x16,
   kTagResample = 0x17,
+  kTagExifOrientation = 0x18,
+  kTagAlpha = 0x19,
   kTagWidth = 0x20,
   kTagHeight = 0x21,
   kTagChannels = 0x22,
@@ -96,6 +101,15 @@ class KeyEncoder {
     Floats(kTagMean, cfg.mean);
     Floats(kTagStd, cfg.std);
     Int(kTagResample, static_cast<std::int64_t>(cfg.resample));
+    Int(kTagExifOrientation, cfg.decode.apply_exif_orientation ? 1 : 0);
+    // The background only matters when compositing: "none" has one key
+    // whatever colour a caller left in the struct.
+    const AlphaPolicy& alpha = cfg.decode.alpha;
+    const std::uint8_t alpha_bytes[4] = {alpha.composite ? std::uint8_t{1} : std::uint8_t{0},
+                                         alpha.composite ? alpha.background[0] : std::uint8_t{0},
+                                         alpha.composite ? alpha.background[1] : std::uint8_t{0},
+                                         alpha.composite ? alpha.background[2] : std::uint8_t{0}};
+    Bytes(kTagAlpha, alpha_bytes);
   }
 
   ContentKey Finish(KeyMode mode) {

@@ -224,12 +224,32 @@ TEST(ContentKeyTest, EncodingIsStableForVersion2) {
   field(msg, 0x15, floats(cfg.mean));
   field(msg, 0x16, floats(cfg.std));
   field(msg, 0x17, le(0, 8));
+  field(msg, 0x18, le(1, 8));                  // EXIF orientation applied
+  field(msg, 0x19, Bytes{1, 255, 255, 255});   // composite on white
   field(msg, 0x30, B("xyz"));
   auto sha = internal::NewSha256();
   sha->Update(msg);
   ContentKey expected;
   expected.bytes = sha->Final();
   EXPECT_EQ(ComputeContentKey("m", cfg, B("xyz")), expected);
+}
+
+TEST(ContentKeyTest, DecodeOptionsChangeTheKey) {
+  const PreprocessConfig base;
+  const ContentKey k = ComputeContentKey("m", base, B("xyz"));
+  PreprocessConfig no_exif = base;
+  no_exif.decode.apply_exif_orientation = false;
+  EXPECT_NE(ComputeContentKey("m", no_exif, B("xyz")), k);
+  PreprocessConfig black = base;
+  black.decode.alpha.background = {0, 0, 0};
+  EXPECT_NE(ComputeContentKey("m", black, B("xyz")), k);
+  PreprocessConfig drop = base;
+  drop.decode.alpha.composite = false;
+  EXPECT_NE(ComputeContentKey("m", drop, B("xyz")), k);
+  // With alpha dropped the background is irrelevant, and so not in the key.
+  PreprocessConfig drop_black = drop;
+  drop_black.decode.alpha.background = {0, 0, 0};
+  EXPECT_EQ(ComputeContentKey("m", drop_black, B("xyz")), ComputeContentKey("m", drop, B("xyz")));
 }
 
 }  // namespace

@@ -1,37 +1,153 @@
-// Decoding JPEG and PNG into RGB8.
+// Decoding: format sniffing, the shared checks, EXIF orientation and the
+// alpha policy. The per-format decoders live in decode_<format>.cc.
 //
 // Order of checks, on every path: magic bytes -> header (dimensions) ->
-// zero size -> pixel limit -> allocate -> decode. Nothing proportional to the
-// claimed image size is allocated before the limit check, which is what makes
-// a tiny file with a huge header harmless.
+// zero size -> pixel limit -> allocate -> decode -> alpha policy (per row or
+// in place) -> EXIF orientation. Nothing proportional to the claimed image
+// size is allocated before the limit check, which is what makes a tiny file
+// with a huge header harmless.
 //
-// Both libraries report failures through setjmp/longjmp inside their own C
-// frames (TurboJPEG and libpng's simplified API each catch their own), so no
-// longjmp crosses a C++ frame here.
+// Orientation is applied after decoding rather than inside each decoder:
+// it is one well-tested transform for five formats, and it costs one extra
+// RGB buffer only for orientations 5-8 (the flips are done in place).
 #include "epd/image.h"
 
-#include <png.h>
-#include <turbojpeg.h>
-
-#include <array>
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
-#include <limits>
-#include <memory>
 #include <string>
 
+#include "image_internal.h"
+
 namespace epd {
+namespace internal {
+
+std::string Dims(std::int64_t w, std::int64_t h) { return std::to_string(w) + "x" + std::to_string(h); }
+
+Status CheckPixelLimit(std::int64_t width, std::int64_t height, const DecodeLimits& limits) {
+  const std::int64_t pixels = width * height;  // each side < 2^31: no overflow
+  if (pixels > limits.max_pixels) {
+    return InvalidArgument("too many pixels: the image is " + Dims(width, height) + " = " + std::to_string(pixels) +
+                           " pixels, over the decode limit of " + std::to_string(limits.max_pixels) +
+                           " pixels (--max-decode-pixels)");
+  }
+  return Status::Ok();
+}
+
+Status Corrupt(std::string_view format, std::string_view why) {
+  return InvalidArgument("corrupt or truncated " + std::string(format) + " data: " + std::string(why));
+}
+
+void RgbaToRgbInPlace(std::uint8_t* rgba, std::size_t n, bool composite_mode, const AlphaPolicy& alpha) {
+  const bool composite = composite_mode && alpha.composite;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint8_t* s = rgba + 4 * i;
+    std::uint8_t* d = rgba + 3 * i;
+    if (composite) {
+      const std::uint8_t a = s[3];
+      const std::uint8_t r = BlendOver(s[0], a, alpha.background[0]);
+      const std::uint8_t g = BlendOver(s[1], a, alpha.background[1]);
+      const std::uint8_t b = BlendOver(s[2], a, alpha.background[2]);
+      d[0] = r;
+      d[1] = g;
+      d[2] = b;
+    } else {
+      // d <= s, and the three bytes are read before the overlap can matter
+      // (memmove semantics).
+      std::memmove(d, s, 3);
+    }
+  }
+}
+
+void ApplyOrientation(RgbImage& img, int orientation) {
+  const std::size_t w = static_cast<std::size_t>(img.width);
+  const std::size_t h = static_cast<std::size_t>(img.height);
+  std::uint8_t* p = img.pixels.data();
+  auto swap_px = [](std::uint8_t* a, std::uint8_t* b) {
+    for (int c = 0; c < 3; ++c) std::swap(a[c], b[c]);
+  };
+  auto mirror_rows = [&] {
+    for (std::size_t y = 0; y < h; ++y) {
+      std::uint8_t* row = p + y * w * 3;
+      for (std::size_t x = 0; x < w / 2; ++x) swap_px(row + x * 3, row + (w - 1 - x) * 3);
+    }
+  };
+  auto flip_rows = [&] {
+    for (std::size_t y = 0; y < h / 2; ++y) {
+      std::swap_ranges(p + y * w * 3, p + (y + 1) * w * 3, p + (h - 1 - y) * w * 3);
+    }
+  };
+  switch (orientation) {
+    case 2:  // FLIP_LEFT_RIGHT
+      mirror_rows();
+      return;
+    case 3:  // ROTATE_180
+      mirror_rows();
+      flip_rows();
+      return;
+    case 4:  // FLIP_TOP_BOTTOM
+      flip_rows();
+      return;
+    case 5:
+    case 6:
+    case 7:
+    case 8:
+      break;
+    default:
+      return;
+  }
+  // Output is h wide and w tall; out(x, y) = in(sx, sy) with, per PIL's
+  // Image.transpose: 5 TRANSPOSE (y, x); 6 ROTATE_270 (y, h-1-x);
+  // 7 TRANSVERSE (w-1-y, h-1-x); 8 ROTATE_90 (w-1-y, x).
+  std::vector<std::uint8_t> out(img.pixels.size());
+  for (std::size_t y = 0; y < w; ++y) {
+    for (std::size_t x = 0; x < h; ++x) {
+      std::size_t sx = 0, sy = 0;
+      switch (orientation) {
+        case 5:
+          sx = y;
+          sy = x;
+          break;
+        case 6:
+          sx = y;
+          sy = h - 1 - x;
+          break;
+        case 7:
+          sx = w - 1 - y;
+          sy = h - 1 - x;
+          break;
+        default:
+          sx = w - 1 - y;
+          sy = x;
+          break;
+      }
+      std::memcpy(&out[(y * h + x) * 3], p + (sy * w + sx) * 3, 3);
+    }
+  }
+  img.pixels = std::move(out);
+  std::swap(img.width, img.height);
+}
+
+std::uint32_t ReadBe32(const std::uint8_t* p) {
+  return std::uint32_t{p[0]} << 24 | std::uint32_t{p[1]} << 16 | std::uint32_t{p[2]} << 8 | p[3];
+}
+std::uint32_t ReadLe32(const std::uint8_t* p) {
+  return std::uint32_t{p[3]} << 24 | std::uint32_t{p[2]} << 16 | std::uint32_t{p[1]} << 8 | p[0];
+}
+std::uint16_t ReadLe16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | p[1] << 8); }
+
+}  // namespace internal
+
 namespace {
 
-constexpr std::array<std::uint8_t, 8> kPngSignature = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-// Signature, IHDR length and type, 13 bytes of IHDR data, CRC.
-constexpr std::size_t kPngHeaderBytes = 8 + 8 + 13 + 4;
+using internal::ByteSpan;
 
-bool StartsWith(std::span<const std::uint8_t> bytes, std::string_view prefix) {
+bool StartsWith(ByteSpan bytes, std::string_view prefix) {
   return bytes.size() >= prefix.size() && std::memcmp(bytes.data(), prefix.data(), prefix.size()) == 0;
 }
 
-std::string HexPrefix(std::span<const std::uint8_t> bytes, std::size_t n) {
+std::string HexPrefix(ByteSpan bytes, std::size_t n) {
   std::string out;
   char buf[4];
   for (std::size_t i = 0; i < bytes.size() && i < n; ++i) {
@@ -42,202 +158,35 @@ std::string HexPrefix(std::span<const std::uint8_t> bytes, std::size_t n) {
 }
 
 // A human name for common formats we do not decode, to make the error useful.
-std::string_view GuessOtherFormat(std::span<const std::uint8_t> b) {
-  if (StartsWith(b, "GIF87a") || StartsWith(b, "GIF89a")) return "GIF";
-  if (StartsWith(b, "RIFF") && b.size() >= 12 && std::memcmp(b.data() + 8, "WEBP", 4) == 0) return "WebP";
-  if (StartsWith(b, "BM")) return "BMP";
+std::string_view GuessOtherFormat(ByteSpan b) {
   if (StartsWith(b, std::string_view("II*\0", 4)) || StartsWith(b, std::string_view("MM\0*", 4))) return "TIFF";
   if (b.size() >= 12 && std::memcmp(b.data() + 4, "ftyp", 4) == 0) return "HEIF/AVIF/MP4";
+  if (StartsWith(b, std::string_view("\0\0\0\x0cjP  ", 8))) return "JPEG 2000";
   return "";
 }
 
-Status UnsupportedFormat(std::span<const std::uint8_t> bytes) {
+Status UnsupportedFormat(ByteSpan bytes) {
   std::string msg = "unsupported image format: first bytes [" + HexPrefix(bytes, 8) + "]";
   if (auto name = GuessOtherFormat(bytes); !name.empty()) {
     msg += " look like ";
     msg += name;
   }
-  msg += "; only JPEG (ff d8 ff) and PNG (89 50 4e 47) are supported";
+  msg += "; supported: JPEG (ff d8 ff), PNG (89 50 4e 47), WebP (RIFF....WEBP), GIF (GIF87a/GIF89a), BMP (BM)";
   return InvalidArgument(std::move(msg));
 }
 
-std::string Dims(std::int64_t w, std::int64_t h) { return std::to_string(w) + "x" + std::to_string(h); }
+enum class Sniffed { kJpeg, kPng, kWebp, kGif, kBmp, kOther };
 
-// ---- JPEG (TurboJPEG) ------------------------------------------------------
-
-struct TjDeleter {
-  void operator()(void* h) const { tjDestroy(h); }
-};
-using TjHandle = std::unique_ptr<void, TjDeleter>;
-
-StatusOr<TjHandle> NewJpegDecoder() {
-  TjHandle h(tjInitDecompress());
-  if (!h) return Internal(std::string("TurboJPEG: cannot create a decompressor: ") + tjGetErrorStr2(nullptr));
-  return h;
-}
-
-StatusOr<ImageInfo> ProbeJpeg(void* tj, std::span<const std::uint8_t> bytes) {
-  int width = 0, height = 0, subsamp = 0, colorspace = 0;
-  if (tjDecompressHeader3(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), &width, &height, &subsamp,
-                          &colorspace) != 0) {
-    std::string why = tjGetErrorStr2(tj);
-    // libjpeg reports a 0 dimension in SOF as "Empty JPEG image".
-    if (why.find("Empty JPEG image") != std::string::npos) {
-      return InvalidArgument("zero-sized image: the JPEG header has a zero dimension (" + why + ")");
-    }
-    // libjpeg refuses a side over JPEG_MAX_DIMENSION (65500) before it says
-    // how large: such a header is a bomb like any other, not corrupt data.
-    if (why.find("Maximum supported image dimension") != std::string::npos) {
-      return InvalidArgument("too many pixels: the JPEG header declares a side over 65500 pixels, the most libjpeg "
-                             "decodes (" + why + ")");
-    }
-    return InvalidArgument("corrupt or truncated JPEG data: " + why);
-  }
-  if (width <= 0 || height <= 0) {
-    return InvalidArgument("zero-sized image: the JPEG header says " + Dims(width, height));
-  }
-  if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
-    return InvalidArgument(std::string("unsupported JPEG colour space: ") +
-                           (colorspace == TJCS_CMYK ? "CMYK" : "YCCK (CMYK stored as YCC)") +
-                           "; convert the image to RGB or grayscale");
-  }
-  return ImageInfo{ImageFormat::kJpeg, width, height};
-}
-
-StatusOr<RgbImage> DecodeJpeg(std::span<const std::uint8_t> bytes, const DecodeLimits& limits) {
-  auto tj = NewJpegDecoder();
-  if (!tj.ok()) return tj.status();
-  auto info = ProbeJpeg(tj->get(), bytes);
-  if (!info.ok()) return info.status();
-  if (Status s = CheckPixelLimit(info->width, info->height, limits); !s.ok()) return s;
-
-  RgbImage img;
-  img.width = info->width;
-  img.height = info->height;
-  img.pixels.resize(static_cast<std::size_t>(img.width) * img.height * 3);
-  // STOPONWARNING: libjpeg only *warns* on premature end of data and pads
-  // the rest with grey; a half-grey image must not be cached as a real one.
-  // LIMITSCANS: caps progressive scans (500), a cheap CPU-exhaustion guard.
-  const int flags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS;
-  if (tjDecompress2(tj->get(), bytes.data(), static_cast<unsigned long>(bytes.size()), img.pixels.data(), img.width,
-                    img.width * 3, img.height, TJPF_RGB, flags) != 0) {
-    return InvalidArgument(std::string("corrupt or truncated JPEG data: ") + tjGetErrorStr2(tj->get()));
-  }
-  return img;
-}
-
-// ---- PNG (libpng simplified API) -------------------------------------------
-
-std::uint32_t ReadBe32(const std::uint8_t* p) {
-  return std::uint32_t{p[0]} << 24 | std::uint32_t{p[1]} << 16 | std::uint32_t{p[2]} << 8 | p[3];
-}
-
-// Reads IHDR by hand: libpng folds "width is zero" into a generic "Invalid
-// IHDR data", and we want the zero size named.
-StatusOr<ImageInfo> ParsePngHeader(std::span<const std::uint8_t> bytes) {
-  if (bytes.size() < kPngSignature.size() ||
-      std::memcmp(bytes.data(), kPngSignature.data(), kPngSignature.size()) != 0) {
-    return InvalidArgument("corrupt or truncated PNG data: bad 8-byte signature [" + HexPrefix(bytes, 8) + "]");
-  }
-  if (bytes.size() < kPngHeaderBytes) {
-    return InvalidArgument("corrupt or truncated PNG data: " + std::to_string(bytes.size()) +
-                           " bytes, the IHDR header alone needs " + std::to_string(kPngHeaderBytes));
-  }
-  const std::uint8_t* ihdr = bytes.data() + 8;
-  if (ReadBe32(ihdr) != 13 || std::memcmp(ihdr + 4, "IHDR", 4) != 0) {
-    return InvalidArgument("corrupt or truncated PNG data: the first chunk is not a 13-byte IHDR");
-  }
-  const std::uint32_t width = ReadBe32(ihdr + 8);
-  const std::uint32_t height = ReadBe32(ihdr + 12);
-  if (width == 0 || height == 0) {
-    return InvalidArgument("zero-sized image: the PNG header says " + Dims(width, height));
-  }
-  constexpr std::uint32_t kMax = std::numeric_limits<std::int32_t>::max();  // PNG spec limit
-  if (width > kMax || height > kMax) {
-    return InvalidArgument("corrupt or truncated PNG data: header size " + Dims(width, height) +
-                           " exceeds the PNG limit of 2^31-1");
-  }
-  return ImageInfo{ImageFormat::kPng, static_cast<int>(width), static_cast<int>(height)};
-}
-
-// Owns a png_image between begin_read and finish/free.
-class PngReader {
- public:
-  PngReader() {
-    std::memset(&image_, 0, sizeof(image_));
-    image_.version = PNG_IMAGE_VERSION;
-  }
-  ~PngReader() { png_image_free(&image_); }  // no-op once finish_read ran
-  PngReader(const PngReader&) = delete;
-  PngReader& operator=(const PngReader&) = delete;
-
-  Status Begin(std::span<const std::uint8_t> bytes) {
-    if (!png_image_begin_read_from_memory(&image_, bytes.data(), bytes.size())) return Failed();
-    return Status::Ok();
-  }
-  png_image& image() { return image_; }
-  Status Failed() const { return InvalidArgument(std::string("corrupt or truncated PNG data: ") + image_.message); }
-
- private:
-  png_image image_;
-};
-
-StatusOr<ImageInfo> ProbePng(std::span<const std::uint8_t> bytes) {
-  auto info = ParsePngHeader(bytes);
-  if (!info.ok()) return info;
-  PngReader reader;  // validates IHDR fields and chunk CRCs up to the first IDAT
-  if (Status s = reader.Begin(bytes); !s.ok()) return s;
-  return info;
-}
-
-StatusOr<RgbImage> DecodePng(std::span<const std::uint8_t> bytes, const DecodeLimits& limits) {
-  auto info = ParsePngHeader(bytes);
-  if (!info.ok()) return info.status();
-  if (Status s = CheckPixelLimit(info->width, info->height, limits); !s.ok()) return s;
-
-  PngReader reader;
-  if (Status s = reader.Begin(bytes); !s.ok()) return s;
-  png_image& image = reader.image();
-  if (image.width != static_cast<png_uint_32>(info->width) || image.height != static_cast<png_uint_32>(info->height)) {
-    return InvalidArgument("corrupt or truncated PNG data: inconsistent IHDR");
-  }
-  // Alpha is read, then dropped below, because asking libpng for RGB would
-  // composite onto a background, which PIL's convert("RGB") does not do.
-  const bool has_alpha = (image.format & PNG_FORMAT_FLAG_ALPHA) != 0;
-  image.format = has_alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
-  // Without this, 16-bit data lacking gAMA is taken as linear and gamma-
-  // encoded on the way to 8 bits; PIL takes it as sRGB.
-  image.flags |= PNG_IMAGE_FLAG_16BIT_sRGB;
-
-  const std::size_t channels = has_alpha ? 4 : 3;
-  const std::size_t npix = static_cast<std::size_t>(info->width) * static_cast<std::size_t>(info->height);
-  std::vector<std::uint8_t> buf(npix * channels);
-  if (!png_image_finish_read(&image, /*background=*/nullptr, buf.data(), /*row_stride=*/0,
-                             /*colormap=*/nullptr) ||
-      (image.warning_or_error & PNG_IMAGE_ERROR) != 0) {
-    return reader.Failed();
-  }
-
-  RgbImage img;
-  img.width = info->width;
-  img.height = info->height;
-  if (!has_alpha) {
-    img.pixels = std::move(buf);
-  } else {
-    img.pixels.resize(npix * 3);
-    for (std::size_t i = 0; i < npix; ++i) std::memcpy(&img.pixels[3 * i], &buf[4 * i], 3);
-  }
-  return img;
-}
-
-enum class Sniffed { kJpeg, kPng, kOther };
-
-Sniffed Sniff(std::span<const std::uint8_t> bytes) {
-  // JPEG: SOI (ff d8) followed by a marker's ff. PNG: "\x89PNG"; the rest of
-  // the signature is checked by ParsePngHeader, so a mangled signature gets a
-  // PNG-specific message.
+Sniffed Sniff(ByteSpan bytes) {
+  // Short prefixes on purpose: a mangled rest of the signature gets the
+  // format's own "corrupt" message rather than "unsupported format".
   if (bytes.size() >= 3 && bytes[0] == 0xff && bytes[1] == 0xd8 && bytes[2] == 0xff) return Sniffed::kJpeg;
-  if (bytes.size() >= 4 && std::memcmp(bytes.data(), kPngSignature.data(), 4) == 0) return Sniffed::kPng;
+  if (StartsWith(bytes, "\x89PNG")) return Sniffed::kPng;
+  if (StartsWith(bytes, "RIFF") && bytes.size() >= 12 && std::memcmp(bytes.data() + 8, "WEBP", 4) == 0) {
+    return Sniffed::kWebp;
+  }
+  if (StartsWith(bytes, "GIF87a") || StartsWith(bytes, "GIF89a")) return Sniffed::kGif;
+  if (StartsWith(bytes, "BM")) return Sniffed::kBmp;
   return Sniffed::kOther;
 }
 
@@ -249,49 +198,103 @@ std::string_view ImageFormatName(ImageFormat format) {
       return "jpeg";
     case ImageFormat::kPng:
       return "png";
+    case ImageFormat::kWebp:
+      return "webp";
+    case ImageFormat::kGif:
+      return "gif";
+    case ImageFormat::kBmp:
+      return "bmp";
   }
   return "unknown";
 }
 
-Status CheckPixelLimit(int width, int height, const DecodeLimits& limits) {
-  const std::int64_t pixels = std::int64_t{width} * height;
-  if (pixels > limits.max_pixels) {
-    return InvalidArgument("too many pixels: the image is " + Dims(width, height) + " = " + std::to_string(pixels) +
-                           " pixels, over the decode limit of " + std::to_string(limits.max_pixels) + " pixels");
+StatusOr<AlphaPolicy> ParseAlphaPolicy(std::string_view text) {
+  if (text == "white") return AlphaPolicy{};
+  if (text == "none") return AlphaPolicy{.composite = false, .background = {0, 0, 0}};
+  AlphaPolicy policy;
+  std::string_view rest = text;
+  for (int c = 0; c < 3; ++c) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view part = c < 2 ? rest.substr(0, comma) : rest;
+    unsigned value = 256;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+    if (part.empty() || ec != std::errc() || end != part.data() + part.size() || value > 255 ||
+        (c < 2 && comma == std::string_view::npos)) {
+      return InvalidArgument("rgba background '" + std::string(text) +
+                             "' is not 'white', 'none' or 'R,G,B' with each 0..255");
+    }
+    policy.background[c] = static_cast<std::uint8_t>(value);
+    if (c < 2) rest = rest.substr(comma + 1);
   }
-  return Status::Ok();
+  return policy;
+}
+
+std::string AlphaPolicyName(const AlphaPolicy& policy) {
+  if (!policy.composite) return "none";
+  const auto& b = policy.background;
+  if (b[0] == 255 && b[1] == 255 && b[2] == 255) return "white";
+  return std::to_string(b[0]) + "," + std::to_string(b[1]) + "," + std::to_string(b[2]);
+}
+
+Status CheckDecodeLimits(const ImageInfo& info, const DecodeLimits& limits) {
+  return internal::CheckPixelLimit(info.width, info.height, limits);
 }
 
 StatusOr<ImageInfo> ProbeImage(std::span<const std::uint8_t> bytes) {
   if (bytes.empty()) return InvalidArgument("empty input: no image bytes");
   switch (Sniff(bytes)) {
-    case Sniffed::kJpeg: {
-      auto tj = NewJpegDecoder();
-      if (!tj.ok()) return tj.status();
-      return ProbeJpeg(tj->get(), bytes);
-    }
+    case Sniffed::kJpeg:
+      return internal::ProbeJpeg(bytes);
     case Sniffed::kPng:
-      return ProbePng(bytes);
+      return internal::ProbePng(bytes);
+    case Sniffed::kWebp:
+      return internal::ProbeWebp(bytes);
+    case Sniffed::kGif:
+      return internal::ProbeGif(bytes);
+    case Sniffed::kBmp:
+      return internal::ProbeBmp(bytes);
     case Sniffed::kOther:
       break;
   }
   return UnsupportedFormat(bytes);
 }
 
-StatusOr<RgbImage> DecodeImage(std::span<const std::uint8_t> bytes, const DecodeLimits& limits) {
+StatusOr<RgbImage> DecodeImage(std::span<const std::uint8_t> bytes, const DecodeLimits& limits,
+                               const DecodeOptions& options) {
   if (limits.max_pixels <= 0) {
     return InvalidArgument("DecodeLimits.max_pixels must be positive, got " + std::to_string(limits.max_pixels));
   }
   if (bytes.empty()) return InvalidArgument("empty input: no image bytes");
+  StatusOr<RgbImage> img = UnsupportedFormat(bytes);
+  int orientation = 1;
   switch (Sniff(bytes)) {
     case Sniffed::kJpeg:
-      return DecodeJpeg(bytes, limits);
+      img = internal::DecodeJpeg(bytes, limits, options);
+      if (options.apply_exif_orientation) orientation = internal::JpegOrientation(bytes);
+      break;
     case Sniffed::kPng:
-      return DecodePng(bytes, limits);
+      img = internal::DecodePng(bytes, limits, options);
+      if (options.apply_exif_orientation) orientation = internal::PngOrientation(bytes);
+      break;
+    case Sniffed::kWebp: {
+      img = internal::DecodeWebp(bytes, limits, options);
+      if (img.ok() && options.apply_exif_orientation) {
+        auto info = internal::ProbeWebp(bytes);
+        if (info.ok()) orientation = info->orientation;
+      }
+      break;
+    }
+    case Sniffed::kGif:  // no EXIF in GIF or BMP
+      img = internal::DecodeGif(bytes, limits, options);
+      break;
+    case Sniffed::kBmp:
+      img = internal::DecodeBmp(bytes, limits, options);
+      break;
     case Sniffed::kOther:
       break;
   }
-  return UnsupportedFormat(bytes);
+  if (img.ok()) internal::ApplyOrientation(*img, orientation);
+  return img;
 }
 
 }  // namespace epd

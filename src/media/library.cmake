@@ -1,17 +1,24 @@
 # Defines epd_media (alias epd::media) from this directory's sources. Shared
 # by src/media/CMakeLists.txt (the normal build) and src/gpu/standalone.cmake
 # (the device machine's build), which each provide the dependencies first:
-# imported targets OpenSSL::Crypto, PNG::PNG, PkgConfig::TURBOJPEG and
-# PkgConfig::XXHASH, and the variable STB_INCLUDE_DIR (the directory holding
+# imported targets OpenSSL::Crypto, PNG::PNG, PkgConfig::TURBOJPEG,
+# PkgConfig::XXHASH, PkgConfig::WEBP (libwebp + libwebpdemux) and
+# PkgConfig::GIF (giflib), and the variable STB_INCLUDE_DIR (the directory holding
 # stb/stb_image_resize.h).
 #
-# Edge dependencies (libcrypto, libxxhash, libturbojpeg, libpng, stb) stay
-# PRIVATE: the public headers mention none of them. Paths are absolute
-# because add_library resolves relative ones against the including
-# directory, not this file's.
+# Edge dependencies (libcrypto, libxxhash, libturbojpeg, libpng, libwebp,
+# giflib, stb) stay PRIVATE: the public headers mention none of them. Paths
+# are absolute because add_library resolves relative ones against the
+# including directory, not this file's.
 add_library(epd_media
   ${CMAKE_CURRENT_LIST_DIR}/content_key.cc
+  ${CMAKE_CURRENT_LIST_DIR}/decode_bmp.cc
+  ${CMAKE_CURRENT_LIST_DIR}/decode_gif.cc
+  ${CMAKE_CURRENT_LIST_DIR}/decode_jpeg.cc
+  ${CMAKE_CURRENT_LIST_DIR}/decode_png.cc
+  ${CMAKE_CURRENT_LIST_DIR}/decode_webp.cc
   ${CMAKE_CURRENT_LIST_DIR}/digest.cc
+  ${CMAKE_CURRENT_LIST_DIR}/exif.cc
   ${CMAKE_CURRENT_LIST_DIR}/image.cc
   ${CMAKE_CURRENT_LIST_DIR}/preprocess.cc
   ${CMAKE_CURRENT_LIST_DIR}/stb_image_resize_impl.cc
@@ -20,4 +27,4 @@ add_library(epd::media ALIAS epd_media)
 target_include_directories(epd_media PRIVATE ${STB_INCLUDE_DIR})
 target_link_libraries(epd_media
   PUBLIC epd::core
-  PRIVATE OpenSSL::Crypto PNG::PNG PkgConfig::TURBOJPEG PkgConfig::XXHASH)
+  PRIVATE OpenSSL::Crypto PNG::PNG PkgConfig::TURBOJPEG PkgConfig::XXHASH PkgConfig::WEBP PkgConfig::GIF)

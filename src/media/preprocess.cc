@@ -131,12 +131,17 @@ StatusOr<GridTHW> GridForImage(std::int64_t height, std::int64_t width, const Pr
   return GridTHW{1, size->height / cfg.patch_size, size->width / cfg.patch_size};
 }
 
+StatusOr<GridTHW> GridForImage(const ImageInfo& info, const PreprocessConfig& cfg) {
+  const bool apply = cfg.decode.apply_exif_orientation;
+  return GridForImage(info.DisplayHeight(apply), info.DisplayWidth(apply), cfg);
+}
+
 StatusOr<ProbedGrid> ProbeGrid(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
                                const DecodeLimits& limits) {
   StatusOr<ImageInfo> info = ProbeImage(bytes);
   if (!info.ok()) return info.status();
-  if (Status s = CheckPixelLimit(info->width, info->height, limits); !s.ok()) return s;
-  StatusOr<GridTHW> grid = GridForImage(info->height, info->width, cfg);
+  if (Status s = CheckDecodeLimits(*info, limits); !s.ok()) return s;
+  StatusOr<GridTHW> grid = GridForImage(*info, cfg);
   if (!grid.ok()) return grid.status();
   return ProbedGrid{*info, *grid};
 }
@@ -257,7 +262,7 @@ StatusOr<PreprocessedImage> DecodeAndPreprocess(std::span<const std::uint8_t> by
                                                 const DecodeLimits& limits) {
   // Validate first: a bad config should not cost a decode.
   if (Status s = cfg.Validate(); !s.ok()) return s;
-  auto image = DecodeImage(bytes, limits);
+  auto image = DecodeImage(bytes, limits, cfg.decode);
   if (!image.ok()) return image.status();
   return Preprocess(*image, cfg);
 }

@@ -1,7 +1,9 @@
 #include "test_images.h"
 
+#include <gif_lib.h>
 #include <png.h>
 #include <turbojpeg.h>
+#include <webp/encode.h>
 #include <zlib.h>
 
 #include <array>
@@ -171,5 +173,99 @@ void SetJpegSize(Bytes& jpeg, std::uint16_t width, std::uint16_t height) {
 }
 
 Bytes FirstHalf(const Bytes& b) { return Bytes(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(b.size() / 2)); }
+
+void InsertPngChunk(Bytes& png, const char type[4], const Bytes& data) {
+  Bytes chunk;
+  Chunk(chunk, type, data);
+  png.insert(png.begin() + 8 + 25, chunk.begin(), chunk.end());  // after signature + IHDR
+}
+
+Bytes ExifWithOrientation(int orientation) {
+  // "Exif\0\0", "II", 42, IFD0 at 8; one entry: tag 0x0112, type 3 (SHORT),
+  // count 1, value; next IFD 0.
+  return Bytes{'E', 'x', 'i', 'f', 0, 0, 'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0, 0x12, 0x01, 3, 0, 1, 0, 0, 0,
+               static_cast<std::uint8_t>(orientation), 0, 0, 0, 0, 0, 0, 0};
+}
+
+Bytes EncodeWebpLosslessRgb(const RgbImage& img) {
+  std::uint8_t* out = nullptr;
+  const std::size_t n = WebPEncodeLosslessRGB(img.pixels.data(), img.width, img.height, img.width * 3, &out);
+  if (n == 0) throw std::runtime_error("WebPEncodeLosslessRGB failed");
+  Bytes b(out, out + n);
+  WebPFree(out);
+  return b;
+}
+
+Bytes EncodeWebpLosslessRgba(int width, int height, const Bytes& rgba) {
+  std::uint8_t* out = nullptr;
+  const std::size_t n = WebPEncodeLosslessRGBA(rgba.data(), width, height, width * 4, &out);
+  if (n == 0) throw std::runtime_error("WebPEncodeLosslessRGBA failed");
+  Bytes b(out, out + n);
+  WebPFree(out);
+  return b;
+}
+
+namespace {
+int GifWrite(GifFileType* gif, const GifByteType* data, int n) {
+  auto* out = static_cast<Bytes*>(gif->UserData);
+  out->insert(out->end(), data, data + n);
+  return n;
+}
+}  // namespace
+
+Bytes EncodeGif(int screen_w, int screen_h, int left, int top, int width, int height, const Bytes& indices,
+                const Bytes& palette, int transparent_index) {
+  Bytes out;
+  int error = 0;
+  GifFileType* gif = EGifOpen(&out, GifWrite, &error);
+  if (gif == nullptr) throw std::runtime_error("EGifOpen failed");
+  const int colors = static_cast<int>(palette.size() / 3);
+  ColorMapObject* map = GifMakeMapObject(colors, reinterpret_cast<const GifColorType*>(palette.data()));
+  EGifSetGifVersion(gif, true);
+  bool ok = EGifPutScreenDesc(gif, screen_w, screen_h, 8, 0, map) == GIF_OK;
+  if (ok && transparent_index >= 0) {
+    const GifByteType gce[4] = {1, 0, 0, static_cast<GifByteType>(transparent_index)};
+    ok = EGifPutExtension(gif, GRAPHICS_EXT_FUNC_CODE, 4, gce) == GIF_OK;
+  }
+  ok = ok && EGifPutImageDesc(gif, left, top, width, height, false, nullptr) == GIF_OK;
+  Bytes line(indices);
+  for (int y = 0; ok && y < height; ++y) ok = EGifPutLine(gif, line.data() + y * width, width) == GIF_OK;
+  GifFreeMapObject(map);
+  if (EGifCloseFile(gif, &error) != GIF_OK || !ok) throw std::runtime_error("giflib encode failed");
+  return out;
+}
+
+Bytes EncodeBmp24(const RgbImage& img) {
+  const std::uint32_t stride = (static_cast<std::uint32_t>(img.width) * 3 + 3) & ~3u;
+  const std::uint32_t data = stride * static_cast<std::uint32_t>(img.height);
+  Bytes b;
+  auto le = [&](std::uint32_t v, int n) {
+    for (int i = 0; i < n; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  };
+  b.push_back('B');
+  b.push_back('M');
+  le(14 + 40 + data, 4);
+  le(0, 4);
+  le(14 + 40, 4);  // pixel data offset
+  le(40, 4);
+  le(static_cast<std::uint32_t>(img.width), 4);
+  le(static_cast<std::uint32_t>(img.height), 4);
+  le(1, 2);
+  le(24, 2);
+  le(0, 4);  // BI_RGB
+  le(data, 4);
+  le(2835, 4);
+  le(2835, 4);
+  le(0, 4);
+  le(0, 4);
+  for (int y = img.height - 1; y >= 0; --y) {  // bottom-up
+    for (int x = 0; x < img.width; ++x) {
+      const std::uint8_t* p = &img.pixels[(static_cast<std::size_t>(y) * img.width + x) * 3];
+      b.insert(b.end(), {p[2], p[1], p[0]});
+    }
+    for (std::uint32_t pad = static_cast<std::uint32_t>(img.width) * 3; pad < stride; ++pad) b.push_back(0);
+  }
+  return b;
+}
 
 }  // namespace epd::testing

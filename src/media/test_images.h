@@ -42,4 +42,24 @@ void SetJpegSize(Bytes& jpeg, std::uint16_t width, std::uint16_t height);
 
 Bytes FirstHalf(const Bytes& b);
 
+// Inserts a chunk (type + data, CRC computed) right after IHDR.
+void InsertPngChunk(Bytes& png, const char type[4], const Bytes& data);
+
+// An EXIF block (TIFF, little-endian, with the "Exif\0\0" prefix) whose IFD0
+// holds only Orientation = `orientation` (SHORT).
+Bytes ExifWithOrientation(int orientation);
+
+// libwebp lossless encoders (exact round trip).
+Bytes EncodeWebpLosslessRgb(const RgbImage& img);
+Bytes EncodeWebpLosslessRgba(int width, int height, const Bytes& rgba);
+
+// giflib encoder: one frame of palette indices (width * height bytes) at
+// (left, top) on a screen_w x screen_h logical screen; `palette` holds
+// 2^k RGB triples; transparent_index < 0 for none.
+Bytes EncodeGif(int screen_w, int screen_h, int left, int top, int width, int height, const Bytes& indices,
+                const Bytes& palette, int transparent_index = -1);
+
+// A 24-bit BI_RGB BMP (40-byte info header, bottom-up rows).
+Bytes EncodeBmp24(const RgbImage& img);
+
 }  // namespace epd::testing

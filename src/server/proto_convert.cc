@@ -56,6 +56,10 @@ void ToProto(const PreprocessConfig& cfg, v1::PreprocessConfig* out) {
   for (float m : cfg.mean) out->add_mean(m);
   for (float s : cfg.std) out->add_std(s);
   out->set_resample(static_cast<std::int64_t>(cfg.resample));
+  out->set_apply_exif_orientation(cfg.decode.apply_exif_orientation);
+  out->set_rgba_composite(cfg.decode.alpha.composite);
+  out->clear_rgba_background();
+  for (std::uint8_t c : cfg.decode.alpha.background) out->add_rgba_background(c);
 }
 
 StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p) {
@@ -74,6 +78,18 @@ StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p) {
     cfg.std[i] = p.std(i);
   }
   cfg.resample = static_cast<Resample>(p.resample());
+  if (p.rgba_background_size() != 3) {
+    return InvalidArgument("preprocess config needs 3 rgba_background values, got " +
+                           std::to_string(p.rgba_background_size()));
+  }
+  cfg.decode.apply_exif_orientation = p.apply_exif_orientation();
+  cfg.decode.alpha.composite = p.rgba_composite();
+  for (int i = 0; i < 3; ++i) {
+    if (p.rgba_background(i) > 255) {
+      return InvalidArgument("rgba_background value " + std::to_string(p.rgba_background(i)) + " is over 255");
+    }
+    cfg.decode.alpha.background[i] = static_cast<std::uint8_t>(p.rgba_background(i));
+  }
   return cfg;
 }
 

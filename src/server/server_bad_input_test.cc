@@ -119,6 +119,45 @@ TEST(ServerBadInputTest, ImageWithTooManyPixelsIsInvalidArgument) {
   ExpectStillServing(t);
 }
 
+TEST(ServerBadInputTest, EveryFormatsTruncatedCorruptAndLyingFilesAreInvalidArgumentNamingTheProblem) {
+  TestServer t = StartTestServer();
+  const RgbImage img = PatternImage(64, 48);
+  const Bytes palette = {0, 0, 0, 255, 255, 255};
+  const Bytes gif = EncodeGif(64, 48, 0, 0, 64, 48, Bytes(64 * 48, 1), palette);
+  const Bytes webp = EncodeWebpLosslessRgb(img);
+  const Bytes bmp = EncodeBmp24(img);
+  Bytes lying_gif = gif;
+  lying_gif[6] = lying_gif[7] = lying_gif[8] = lying_gif[9] = 0xff;  // 65535x65535 screen
+  Bytes corrupt_webp = webp;
+  corrupt_webp[12] = 'X';  // the image chunk's type
+  Bytes corrupt_bmp = bmp;
+  corrupt_bmp[14] = 99;  // info header size
+  Bytes cmyk_jpeg = EncodeJpegCmyk(16, 16, Bytes(16 * 16 * 4, 100), 90);
+  struct Case {
+    std::string name;
+    Bytes bytes;
+    std::string says;
+  };
+  const Case cases[] = {
+      {"truncated-png", FirstHalf(EncodePngRgb(img)), "corrupt or truncated PNG data"},
+      {"truncated-jpeg", FirstHalf(EncodeJpegRgb(img, 90)), "corrupt or truncated JPEG data"},
+      {"truncated-cmyk-jpeg", FirstHalf(cmyk_jpeg), "corrupt or truncated JPEG data"},
+      {"truncated-webp", FirstHalf(webp), "corrupt or truncated WebP data"},
+      {"corrupt-webp", corrupt_webp, "corrupt or truncated WebP data"},
+      {"truncated-gif", FirstHalf(gif), "corrupt or truncated GIF data"},
+      {"lying-gif", lying_gif, "too many pixels: the image is 65535x65535"},
+      {"truncated-bmp", FirstHalf(bmp), "corrupt or truncated BMP data"},
+      {"corrupt-bmp", corrupt_bmp, "unsupported BMP header type"},
+  };
+  for (const Case& c : cases) {
+    RawCall r = CallEncode(*t.stub, MakeRequest(c.name, {ToString(c.bytes)}));
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_TRUE(Contains(r.status.error_message(), "item 0: ")) << r.status.error_message();
+    EXPECT_TRUE(Contains(r.status.error_message(), c.says)) << c.name << ": " << r.status.error_message();
+  }
+  ExpectStillServing(t);
+}
+
 TEST(ServerBadInputTest, MessageOverTheSizeLimitIsResourceExhausted) {
   TestServerOptions o;
   o.server.max_request_bytes = 64 << 10;
