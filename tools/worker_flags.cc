@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "epd/embedding_cache.h"
+
 #ifdef EPD_HAVE_TORCH_TOWER
 #include "epd/torch_tower.h"
 #endif
@@ -37,10 +39,12 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str();
   cmd.add_option("--dtype", f.dtype, "embedding dtype")->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16"}));
+  // At most what the cache's byte counter can hold (epd::kMaxCacheBytes).
+  const double max_cache_mb = static_cast<double>(kMaxCacheBytes >> 20);
   cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()
-      ->check(NonNegative("MB"));
+      ->check(Number(0, max_cache_mb, "MB"));
   cmd.add_option("--host-cache-mb", f.host_cache_mb, "L2 (host) cache capacity, MB")->capture_default_str()
-      ->check(NonNegative("MB"));
+      ->check(Number(0, max_cache_mb, "MB"));
   cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
   cmd.add_option("--max-tokens-per-batch", f.max_tokens_per_batch, "tower batch token budget")
       ->capture_default_str()->check(Integer(1));

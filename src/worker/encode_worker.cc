@@ -418,8 +418,9 @@ StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions optio
   if (options.limits.max_pixels <= 0) {
     return InvalidArgument("limits.max_pixels must be > 0, got " + std::to_string(options.limits.max_pixels));
   }
-  if (options.l1_bytes < 0) return InvalidArgument("l1_bytes must be >= 0, got " + std::to_string(options.l1_bytes));
-  if (options.l2_bytes < 0) return InvalidArgument("l2_bytes must be >= 0, got " + std::to_string(options.l2_bytes));
+  for (const auto& [name, bytes] : {std::pair{"l1_bytes", options.l1_bytes}, std::pair{"l2_bytes", options.l2_bytes}}) {
+    if (bytes < 0 || bytes > kMaxCacheBytes) return CacheBytesOutOfRange(name, bytes < 0, std::to_string(bytes));
+  }
   if (options.max_tokens_per_batch <= 0) {
     return InvalidArgument("max_tokens_per_batch must be > 0, got " + std::to_string(options.max_tokens_per_batch));
   }
