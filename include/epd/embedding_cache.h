@@ -54,9 +54,9 @@
 // runs: the hook runs between two victims; a key or value the cache drops is
 // destroyed only after the call's bookkeeping is done (a replaced value at the
 // end of put()); a lookup whose Eq changed the cache starts its probe again,
-// as CPython's dict lookup does. Hash must not throw for a stored key unless
-// the key's eviction may fail with that exception: eviction hashes the victim
-// before it changes anything, so the victim stays evictable.
+// as CPython's dict lookup does. Hash may throw: eviction hashes the victim
+// before it changes anything, so put() propagates the exception and the
+// victim stays in place, first in line, evictable once its Hash works.
 //
 // Example:
 //   epd::EmbeddingCache<epd::ContentKey, epd::EmbeddingPtr> cache(64 << 20);
