@@ -134,6 +134,10 @@ def main():
     # A bad flag value is a usage error: exit 1, naming the flag and the value.
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--cache-mb", "nan")
     check(rc == 1 and "--cache-mb: expected a number >= 0 (MB), got 'nan'" in stderr, f"--cache-mb nan: {rc} {stderr}")
+    # A capacity past what the cache's int64 byte counter holds (2^62 - 1 bytes) is refused, not wrapped.
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--host-cache-mb", "1e13")
+    check(rc == 1 and "--host-cache-mb: at most 4398046511103 MB" in stderr and "got 1e+13" in stderr,
+          f"--host-cache-mb 1e13: {rc} {stderr}")
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--device", "cuda:0")
     if rc == 1:
         check("FAILED_PRECONDITION" in stderr and "cuda:0" in stderr, f"--device cuda:0 without a GPU: {stderr}")

@@ -3,6 +3,7 @@
 #include "flag_checks.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "epd/embedding_cache.h"
@@ -39,12 +40,10 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str();
   cmd.add_option("--dtype", f.dtype, "embedding dtype")->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16"}));
-  // At most what the cache's byte counter can hold (epd::kMaxCacheBytes).
-  const double max_cache_mb = static_cast<double>(kMaxCacheBytes >> 20);
   cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()
-      ->check(Number(0, max_cache_mb, "MB"));
+      ->check(NonNegative("MB"));
   cmd.add_option("--host-cache-mb", f.host_cache_mb, "L2 (host) cache capacity, MB")->capture_default_str()
-      ->check(Number(0, max_cache_mb, "MB"));
+      ->check(NonNegative("MB"));
   cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
   cmd.add_option("--max-tokens-per-batch", f.max_tokens_per_batch, "tower batch token budget")
       ->capture_default_str()->check(Integer(1));
@@ -91,6 +90,16 @@ int CudaIndex(const std::string& device) {
 #endif
 
 StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
+  // At most what the cache's byte counter holds (epd::kMaxCacheBytes), checked
+  // before the conversion to bytes below, which would overflow.
+  for (const auto& [flag, mb] : {std::pair{"--cache-mb", f.cache_mb}, std::pair{"--host-cache-mb", f.host_cache_mb}}) {
+    if (mb > static_cast<double>(kMaxCacheBytes >> 20)) {
+      char got[32];
+      std::snprintf(got, sizeof(got), "%g", mb);
+      return InvalidArgument(std::string(flag) + ": at most " + std::to_string(kMaxCacheBytes >> 20) +
+                             " MB (what the cache's byte counter holds), got " + got);
+    }
+  }
 #ifdef EPD_HAVE_TORCH_TOWER
   if (f.model.empty()) return InvalidArgument("--model is required (this build has no default tower)");
   TorchTowerOptions t;
