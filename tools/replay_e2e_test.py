@@ -164,6 +164,10 @@ def main():
     # --max-decode-pixels below a.png's 56x56 = 3136 pixels fails that item by name (exit 3).
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--json", "--max-decode-pixels", "3135")
     check(rc == 3 and json.loads(stdout)["errors"] == {"INVALID_ARGUMENT": 1}, f"--max-decode-pixels: {rc} {stdout}")
+    # A capacity past what the cache's int64 byte counter holds (2^62 - 1 bytes) is refused, not wrapped.
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--host-cache-mb", "1e13")
+    check(rc == 1 and "--host-cache-mb: at most 4398046511103 MB" in stderr and "got 1e+13" in stderr,
+          f"--host-cache-mb 1e13: {rc} {stderr}")
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--device", "cuda:0")
     if rc == 1:
         check("FAILED_PRECONDITION" in stderr and "cuda:0" in stderr, f"--device cuda:0 without a GPU: {stderr}")

@@ -3,7 +3,10 @@
 #include "flag_checks.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+
+#include "epd/embedding_cache.h"
 
 #ifdef EPD_HAVE_TORCH_TOWER
 #include "epd/checkpoint_tower.h"
@@ -113,6 +116,16 @@ int CudaIndex(const std::string& device) {
 #endif
 
 StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
+  // At most what the cache's byte counter holds (epd::kMaxCacheBytes), checked
+  // before the conversion to bytes below, which would overflow.
+  for (const auto& [flag, mb] : {std::pair{"--cache-mb", f.cache_mb}, std::pair{"--host-cache-mb", f.host_cache_mb}}) {
+    if (mb > static_cast<double>(kMaxCacheBytes >> 20)) {
+      char got[32];
+      std::snprintf(got, sizeof(got), "%g", mb);
+      return InvalidArgument(std::string(flag) + ": at most " + std::to_string(kMaxCacheBytes >> 20) +
+                             " MB (what the cache's byte counter holds), got " + got);
+    }
+  }
 #ifdef EPD_HAVE_TORCH_TOWER
   if (f.model.empty()) return InvalidArgument("--model is required (this build has no default tower)");
   ModelOptions t;

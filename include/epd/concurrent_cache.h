@@ -45,14 +45,12 @@ class ConcurrentEmbeddingCache {
  public:
   using EvictHook = typename EmbeddingCache<K, V, Hash, Eq>::EvictHook;
 
-  // Throws epd::Error(kInvalidArgument) when capacity_bytes < 0 or shards < 1.
+  // Throws epd::Error(kInvalidArgument) when capacity_bytes is outside
+  // [0, kMaxCacheBytes] or shards < 1.
   explicit ConcurrentEmbeddingCache(std::int64_t capacity_bytes, int shards = 16, EvictHook on_evict = nullptr,
                                     Hash hash = Hash(), Eq eq = Eq())
       : hash_(hash), on_evict_(std::move(on_evict)) {
-    if (capacity_bytes < 0) {
-      throw Error(StatusCode::kInvalidArgument,
-                  "capacity_bytes must be >= 0, got " + std::to_string(capacity_bytes));
-    }
+    CheckCacheBytes("capacity_bytes", capacity_bytes);
     if (shards < 1) throw Error(StatusCode::kInvalidArgument, "shards must be >= 1, got " + std::to_string(shards));
     shards_.reserve(static_cast<std::size_t>(shards));
     for (int i = 0; i < shards; ++i) {

@@ -17,8 +17,11 @@
 //   - pop(k) removes k and hands back (value, nbytes); it is structural: no
 //     hit/miss is counted and the hook does not fire.
 //   - capacity 0 is valid; only zero-byte items fit.
-//   - A negative capacity or nbytes throws epd::Error(kInvalidArgument) naming
-//     the argument; nothing is changed.
+//   - A capacity or nbytes outside [0, kMaxCacheBytes] throws
+//     epd::Error(kInvalidArgument) naming the argument; nothing is changed.
+//     The bound (2^62 - 1 bytes, 4 EiB) keeps a full cache plus one more
+//     charge within the int64 byte counter; the reference's Python ints have
+//     no bound, and no memory comes near it.
 //
 // Ownership: the cache owns one copy of each value. Get() returns a copy of
 // the value (for EmbeddingPtr, a shared_ptr: the embedding stays alive for the
@@ -44,6 +47,16 @@
 // threads. The hook runs synchronously inside Put(); it may throw, in which
 // case the exception propagates and the cache is left as after the victim's
 // removal (the remaining overflow is evicted by the next put).
+//
+// Re-entry: user code that runs inside a call (the hook, Eq, and the
+// destructors of keys and values) may call back into the same cache, as the
+// Python bindings' callbacks can. The cache is consistent whenever such code
+// runs: the hook runs between two victims; a key or value the cache drops is
+// destroyed only after the call's bookkeeping is done (a replaced value at the
+// end of put()); a lookup whose Eq changed the cache starts its probe again,
+// as CPython's dict lookup does. Hash may throw: eviction hashes the victim
+// before it changes anything, so put() propagates the exception and the
+// victim stays in place, first in line, evictable once its Hash works.
 //
 // Example:
 //   epd::EmbeddingCache<epd::ContentKey, epd::EmbeddingPtr> cache(64 << 20);
@@ -84,6 +97,25 @@ struct PoppedEntry {
   std::int64_t nbytes;
 };
 
+// The largest capacity or charge, in bytes, an EmbeddingCache accepts:
+// 2^62 - 1, so that a full cache plus one more charge (< 2^63) always fits the
+// int64 byte counter.
+inline constexpr std::int64_t kMaxCacheBytes = (std::int64_t{1} << 62) - 1;
+
+// The error for a byte count `name` (a capacity or a charge) outside
+// [0, kMaxCacheBytes]; `got` is its decimal text, so that a caller holding a
+// wider integer (Python's) reports it exactly.
+inline Status CacheBytesOutOfRange(const std::string& name, bool negative, const std::string& got) {
+  return Status(StatusCode::kInvalidArgument,
+                negative ? name + " must be >= 0, got " + got
+                         : name + " must be <= " + std::to_string(kMaxCacheBytes) + " (2^62 - 1), got " + got);
+}
+
+// Throws epd::Error(kInvalidArgument) unless 0 <= bytes <= kMaxCacheBytes.
+inline void CheckCacheBytes(const std::string& name, std::int64_t bytes) {
+  if (bytes < 0 || bytes > kMaxCacheBytes) throw Error(CacheBytesOutOfRange(name, bytes < 0, std::to_string(bytes)));
+}
+
 template <typename K, typename V, typename Hash = std::hash<K>, typename Eq = std::equal_to<K>>
 class EmbeddingCache {
  public:
@@ -91,14 +123,11 @@ class EmbeddingCache {
   // has been removed. The value is moved to the hook.
   using EvictHook = std::function<void(const K& key, V&& value, std::int64_t nbytes)>;
 
-  // Throws epd::Error(kInvalidArgument) when capacity_bytes < 0.
+  // Throws epd::Error(kInvalidArgument) unless 0 <= capacity_bytes <= kMaxCacheBytes.
   explicit EmbeddingCache(std::int64_t capacity_bytes, EvictHook on_evict = nullptr, Hash hash = Hash(),
                           Eq eq = Eq())
       : capacity_bytes_(capacity_bytes), on_evict_(std::move(on_evict)), hash_(std::move(hash)), eq_(std::move(eq)) {
-    if (capacity_bytes < 0) {
-      throw Error(StatusCode::kInvalidArgument,
-                  "capacity_bytes must be >= 0, got " + std::to_string(capacity_bytes));
-    }
+    CheckCacheBytes("capacity_bytes", capacity_bytes);
     Rehash(16);
   }
 
@@ -121,19 +150,23 @@ class EmbeddingCache {
   }
 
   // Inserts or replaces `key` as MRU, charging `nbytes`, then evicts LRU
-  // entries while over capacity. Throws epd::Error(kInvalidArgument) when
-  // nbytes < 0. Skips (returns) when nbytes > capacity_bytes().
+  // entries while over capacity. Throws epd::Error(kInvalidArgument) unless
+  // 0 <= nbytes <= kMaxCacheBytes. Skips (returns) when nbytes > capacity_bytes().
   void Put(const K& key, V value, std::int64_t nbytes) {
-    if (nbytes < 0) {
-      throw Error(StatusCode::kInvalidArgument, "nbytes must be >= 0, got " + std::to_string(nbytes));
-    }
+    CheckCacheBytes("nbytes", nbytes);
     if (nbytes > capacity_bytes_) return;
+    // A throwing hook can leave the cache over capacity. Past kMaxCacheBytes,
+    // finish that eviction before charging more, so the counter cannot wrap.
+    if (cur_bytes_ > kMaxCacheBytes) Evict();
+    // The replaced value, destroyed when put returns: its destructor may
+    // re-enter the cache, which must not happen while `ent` is in use.
+    std::optional<V> replaced;
     const std::size_t h = hash_(key);
     std::uint32_t e = Find(key, h);
     if (e != kNone) {
       Entry& ent = slab_[e];
       cur_bytes_ += nbytes - ent.nbytes;
-      ent.value = std::move(value);
+      replaced.emplace(std::exchange(ent.value, std::move(value)));
       ent.nbytes = nbytes;
       Touch(e);
     } else {
@@ -214,13 +247,21 @@ class EmbeddingCache {
     return hash_(slab_[s.entry].key) & mask;
   }
 
+  // The entry holding `key` (whose hash is h), or kNone. An Eq that changes
+  // the cache (by re-entering it) restarts the probe on the changed index.
   std::uint32_t Find(const K& key, std::size_t h) const {
-    const std::size_t mask = index_.size() - 1;
-    const std::uint32_t lo = Lo(h);
-    for (std::size_t i = h & mask;; i = (i + 1) & mask) {
-      const Slot& s = index_[i];
-      if (s.entry == kNone) return kNone;
-      if (s.hash_lo == lo && eq_(slab_[s.entry].key, key)) return s.entry;
+    for (;;) {
+      const std::uint64_t version = version_;
+      const std::size_t mask = index_.size() - 1;
+      const std::uint32_t lo = Lo(h);
+      for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+        const Slot s = index_[i];
+        if (s.entry == kNone) return kNone;
+        if (s.hash_lo != lo) continue;
+        const bool equal = eq_(slab_[s.entry].key, key);
+        if (version_ != version) break;
+        if (equal) return s.entry;
+      }
     }
   }
 
@@ -265,6 +306,7 @@ class EmbeddingCache {
   }
 
   std::uint32_t Allocate(const K& key, V&& value, std::int64_t nbytes) {
+    ++version_;
     if (!free_.empty()) {
       const std::uint32_t e = free_.back();
       free_.pop_back();
@@ -291,30 +333,37 @@ class EmbeddingCache {
     log_head_ = 0;
   }
 
-  // Frees slab slot e, whose key hashes to h (its key and value are reset;
-  // value already moved out by pop/evict where needed).
+  // Frees slab slot e, whose key hashes to h (value already moved out by
+  // pop/evict where needed). The key, and the value if still held, are
+  // destroyed last, once the cache is consistent again.
   void Remove(std::uint32_t e, std::size_t h) {
+    ++version_;
     EraseIndex(e, h);
-    Entry& ent = slab_[e];
-    cur_bytes_ -= ent.nbytes;
-    ent = Entry{};  // releases the key, and the value if still held
+    Entry dead = std::move(slab_[e]);
+    slab_[e] = Entry{};
+    cur_bytes_ -= dead.nbytes;
     free_.push_back(e);
     --size_;
   }
 
-  // Index of the LRU entry. REQUIRES: size_ > 0.
-  std::uint32_t PopLru() {
+  // Index of the LRU entry, whose record is left at log_head_ (stale records
+  // before it are dropped). REQUIRES: size_ > 0.
+  std::uint32_t LruEntry() {
     for (;;) {
       assert(log_head_ < log_.size());
-      const Record r = log_[log_head_++];
+      const Record r = log_[log_head_];
       if (slab_[r.entry].seq == r.seq) return r.entry;
+      ++log_head_;
     }
   }
 
   void Evict() {
     while (cur_bytes_ > capacity_bytes_ && size_ > 0) {
-      const std::uint32_t e = PopLru();
-      const std::size_t h = hash_(slab_[e].key);  // before the key moves out
+      const std::uint32_t e = LruEntry();
+      // Hashed before anything changes: a Hash that throws leaves the victim
+      // in place and still first in line, not half-removed.
+      const std::size_t h = hash_(slab_[e].key);
+      ++log_head_;  // consumes e's record
       K key = std::move(slab_[e].key);
       V value = std::move(slab_[e].value);
       const std::int64_t nbytes = slab_[e].nbytes;
@@ -337,6 +386,7 @@ class EmbeddingCache {
   std::size_t size_ = 0;
   std::int64_t cur_bytes_ = 0;
   std::uint64_t seq_ = 0;
+  std::uint64_t version_ = 0;  // bumped when an entry is added or removed (see Find)
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
   std::uint64_t evictions_ = 0;

@@ -24,8 +24,10 @@
 //           it, so its wait is bounded. The C++ default.
 //
 // Add() is idempotent on (request_id, item_index): a re-add overwrites.
-// Costs are not validated (the reference accepts any int); the worker passes
-// post-merge token counts, which are >= 1.
+// Costs are post-merge token counts: Add() throws epd::Error(kInvalidArgument)
+// for a negative cost, or one that would take the pending total past 2^63 - 1,
+// and changes nothing. (The reference accepts any Python int; a negative cost
+// would make the budget meaningless, and an unbounded sum cannot be counted.)
 //
 // Complexity (n pending, k returned): add O(log n), remove O(log n),
 // next_batch O(k log n), so draining n items is O(n log n). (The reference
@@ -72,7 +74,9 @@ class EncodeScheduler {
   EncodeScheduler(std::int64_t max_tokens_per_batch, std::int64_t max_items_per_batch,
                   ScheduleOrder order = ScheduleOrder::kFifo);
 
-  // Adds or overwrites the item under item.key().
+  // Adds or overwrites the item under item.key(). Throws
+  // epd::Error(kInvalidArgument) for a cost < 0 or a pending token total that
+  // would exceed 2^63 - 1; nothing changes then.
   void Add(PendingEncodeItem item);
   // Drops the item under `key`; returns whether it was pending.
   bool Remove(const Key& key);

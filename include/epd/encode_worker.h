@@ -136,8 +136,11 @@ struct WorkerOptions {
   // kSha256 unless the deployment is trusted and single-tenant (content_key.h).
   KeyMode key_mode = KeyMode::kSha256;
 
-  // L1 ("device") and L2 (host) cache capacities, bytes. 0 and 0 turn caching
-  // off (every item that is not joined runs the tower).
+  // L1 ("device") and L2 (host) cache capacities, bytes, each at most
+  // kMaxCacheBytes. 0 and 0 turn caching off (every item that is not joined
+  // runs the tower). An embedding larger than L1 but not than L2 is cached in
+  // L2 directly and served from there (a host-to-device copy per hit, no
+  // promotion); the tiered cache alone, like the reference, would drop it.
   std::int64_t l1_capacity_bytes = std::int64_t{1} << 30;
   std::int64_t l2_capacity_bytes = std::int64_t{4} << 30;
   // L1 -> L2 and L2 -> L1 copies (TieredEmbeddingCache); empty = identity,

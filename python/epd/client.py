@@ -41,6 +41,15 @@ Prefill: each result carries its image's patch grid ``grid_thw`` = (t, h, w)
 ``EncodeResult.to_vllm()`` and ``to_vllm_batch(results)`` turn results into
 the dict vLLM takes as precomputed image embeddings (docs/PREFILL.md).
 
+Input: each image is bytes-like (bytes, bytearray, memoryview) or an Item;
+anything else (an int, a str, a PIL image) is a TypeError naming its index,
+never converted. A request longer than the server's item limit
+(``max_items_per_call``, 256 by default, the server's
+``--max-items-per-request`` default) is split into several calls
+transparently: results keep the request's order and indices, and identical
+images are still encoded once (the server joins them across calls). Set
+``max_items_per_call`` to the server's limit when it differs.
+
 Thread safety: an EncodeClient may be shared by threads (grpc channels are).
 """
 
@@ -300,10 +309,13 @@ class EncodeClient:
     """See the module docstring. ``timeout`` is each call's deadline, seconds."""
 
     def __init__(self, target: str, timeout: float = 30.0, route_by_key: bool = True,
-                 max_response_bytes: int = 256 << 20):
+                 max_response_bytes: int = 256 << 20, max_items_per_call: int = 256):
         if not target:
             raise ValueError("target is empty; pass host:port")
+        if isinstance(max_items_per_call, bool) or not isinstance(max_items_per_call, int) or max_items_per_call < 1:
+            raise ValueError(f"max_items_per_call must be an int >= 1, got {max_items_per_call!r}")
         self.target = target
+        self.max_items_per_call = max_items_per_call
         self.timeout = timeout
         self.route_by_key = route_by_key
         self._channel = grpc.insecure_channel(target, options=[
@@ -367,10 +379,13 @@ class EncodeClient:
     # --- Encode -------------------------------------------------------------
     def encode(self, items: Sequence[Union[bytes, Item]], request_id: Optional[str] = None,
                check: bool = True) -> List[ItemResult]:
-        """Encodes ``items`` (bytes or Item). Returns results by index. With
-        ``check`` (default), raises EncodeError carrying the lowest-index
-        failure (and every result) when any item failed."""
-        items = [i if isinstance(i, Item) else Item(image=bytes(i)) for i in items]
+        """Encodes ``items`` (bytes-like or Item). Returns results by index.
+        With ``check`` (default), raises EncodeError carrying the lowest-index
+        failure (and every result) when any item failed. Raises TypeError for
+        an item of another type. More than ``max_items_per_call`` items (of
+        one key, or of the request when not routing by key) go in several
+        calls; see the module docstring."""
+        items = [_as_item(i, n) for n, i in enumerate(items)]
         if not items:
             raise EncodeError(grpc.StatusCode.INVALID_ARGUMENT, "the request has no items; send at least one image")
         if request_id is None:
@@ -389,6 +404,11 @@ class EncodeClient:
                 groups[by_route[route]][1].append(i)
         else:
             groups.append(("", list(range(len(items)))))
+        # The server refuses a call over its item limit: split, keeping each
+        # group's order (results are placed by index, so order across calls
+        # does not matter).
+        groups = [(route, indices[i:i + self.max_items_per_call])
+                  for route, indices in groups for i in range(0, len(indices), self.max_items_per_call)]
 
         results: List[Optional[ItemResult]] = [None] * len(items)
 
@@ -413,7 +433,7 @@ class EncodeClient:
         req = encoder_pb2.EncodeRequest(id=rid)
         for it in items:
             m = req.items.add()
-            m.image = it.image
+            m.image = bytes(it.image)
             if it.caller_key is not None:
                 m.caller_key = it.caller_key.encode("utf-8") if isinstance(it.caller_key, str) else it.caller_key
             m.expected_tokens = it.expected_tokens
@@ -433,6 +453,18 @@ class EncodeClient:
                 if code == grpc.StatusCode.OK:
                     code, message = grpc.StatusCode.INTERNAL, f"the server ended the call without item {index}"
                 results[index] = ItemResult(index=index, ok=False, code=code, message=message)
+
+
+def _as_item(item, index: int) -> Item:
+    """An encode() input as an Item; TypeError for what is not an image."""
+    if isinstance(item, Item):
+        if not isinstance(item.image, (bytes, bytearray, memoryview)):
+            raise TypeError(f"item {index}: Item.image must be bytes-like, got {type(item.image).__name__}")
+        return item
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return Item(image=bytes(item))
+    raise TypeError(f"item {index}: expected the encoded image as bytes-like (bytes, bytearray, memoryview) "
+                    f"or an Item, got {type(item).__name__}")
 
 
 def _from_proto(m, index: int) -> ItemResult:

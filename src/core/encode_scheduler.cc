@@ -24,13 +24,27 @@ EncodeScheduler::EncodeScheduler(std::int64_t max_tokens_per_batch, std::int64_t
 void EncodeScheduler::Add(PendingEncodeItem item) {
   Key key = item.key();
   auto it = items_.lower_bound(key);
-  if (it != items_.end() && it->first == key) {
-    pending_tokens_ += item.cost - it->second.item.cost;
+  const bool overwrite = it != items_.end() && it->first == key;
+  // Costs are >= 0 and their sum fits in int64, so pending_tokens_ and every
+  // partial sum next_batch() forms stay exact. Checked before anything changes.
+  if (item.cost < 0) {
+    throw Error(StatusCode::kInvalidArgument, "cost must be >= 0 (a post-merge token count), got " +
+                                                  std::to_string(item.cost) + " for item " + std::to_string(item.item_index) +
+                                                  " of request '" + item.request_id + "'");
+  }
+  std::int64_t total = 0;
+  if (__builtin_add_overflow(pending_tokens_ - (overwrite ? it->second.item.cost : 0), item.cost, &total)) {
+    throw Error(StatusCode::kInvalidArgument,
+                "cost " + std::to_string(item.cost) + " would take the pending token total (" +
+                    std::to_string(pending_tokens_) + ") past 2^63 - 1");
+  }
+  if (overwrite) {
+    pending_tokens_ = total;
     it->second.item = std::move(item);
     return;
   }
   const std::uint64_t seq = next_seq_++;
-  pending_tokens_ += item.cost;
+  pending_tokens_ = total;
   auto inserted = items_.emplace_hint(it, std::move(key), Slot{std::move(item), seq});
   if (order_ == ScheduleOrder::kFifo) fifo_.emplace(seq, inserted);
 }

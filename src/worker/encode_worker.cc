@@ -166,6 +166,7 @@ struct EncodeWorker::Impl {
   std::uint64_t next_request = 1;
   std::uint64_t next_job = 1;
   WorkerStats stats;
+  bool placed_in_l2 = false;  // CachePut has put an entry straight into L2 (see L2Only)
 
   // Last: its destructor waits for started batches' tower calls, which use
   // the tower and the decoder above.
@@ -264,14 +265,37 @@ struct EncodeWorker::Impl {
   // entry already back in L1 would be served as a miss.
   Cache::CopyFn FencedToHost() {
     if (!options.to_host) return nullptr;
-    return [this](const EmbeddingPtr& e) -> EmbeddingPtr {
-      try {
-        return options.to_host(e);
-      } catch (...) {
-        ++stats.cache_errors;
-        return nullptr;
-      }
-    };
+    return [this](const EmbeddingPtr& e) { return HostCopy(e); };
+  }
+  EmbeddingPtr HostCopy(const EmbeddingPtr& e) {
+    if (!options.to_host) return e;
+    try {
+      return options.to_host(e);
+    } catch (...) {
+      ++stats.cache_errors;
+      return nullptr;
+    }
+  }
+
+  // The worker's placement policy for an entry too big for L1 but not for L2.
+  // The tiered cache (the reference's semantics) would skip it at put and
+  // lose it at promotion, so such an image ran the tower on every repeat.
+  // Instead CachePut places it in L2 directly (after the device-to-host copy a
+  // demotion makes), and CacheGet serves an L2 hit on it without promoting it
+  // (L1 could not take it): a host-to-device copy for the caller, the entry
+  // stays in L2 as its most recently used.
+  bool L2Only(std::int64_t nbytes) const {
+    return nbytes > cache.l1().capacity_bytes() && nbytes <= cache.l2().capacity_bytes();
+  }
+  std::optional<EmbeddingPtr> L2OnlyGet(const ContentKey& key) {
+    if (cache.l1().Contains(key)) return std::nullopt;
+    std::optional<PoppedEntry<EmbeddingPtr>> held = cache.l2().Pop(key);
+    if (!held.has_value()) return std::nullopt;
+    EmbeddingPtr host = held->value;
+    // Back as MRU; the same charge again evicts nothing.
+    cache.l2().Put(key, std::move(held->value), held->nbytes);
+    if (!L2Only(held->nbytes)) return std::nullopt;  // promotable: the tiered get takes it
+    return options.to_device ? options.to_device(host) : host;
   }
 
   // A get behind a fence: a promotion copy that throws (a device failure in
@@ -280,6 +304,12 @@ struct EncodeWorker::Impl {
   // consistent (epd/tiered_cache.h).
   std::optional<EmbeddingPtr> CacheGet(const ContentKey& key, CacheTier* tier) {
     try {
+      if (placed_in_l2) {
+        if (std::optional<EmbeddingPtr> held = L2OnlyGet(key)) {
+          *tier = CacheTier::kL2;
+          return held;
+        }
+      }
       return cache.Get(key, tier);
     } catch (...) {
       ++stats.cache_errors;
@@ -287,10 +317,19 @@ struct EncodeWorker::Impl {
       return std::nullopt;
     }
   }
-  // A put cannot throw from a tier copy: its only copies are demotions,
-  // fenced by FencedToHost.
+  // A put cannot throw from a tier copy: its only copies are demotions and
+  // the L2 placement, fenced by HostCopy.
   void CachePut(const ContentKey& key, const EmbeddingPtr& e) {
-    cache.Put(key, e, static_cast<std::int64_t>(e->nbytes()));
+    const auto nbytes = static_cast<std::int64_t>(e->nbytes());
+    if (!L2Only(nbytes)) {
+      cache.Put(key, e, nbytes);
+      return;
+    }
+    cache.l1().Pop(key);  // a stale L1 copy (a re-encode): the tiers stay exclusive
+    EmbeddingPtr host = HostCopy(e);
+    if (host == nullptr) return;  // the copy failed: dropped, as a failed demotion is
+    cache.l2().Put(key, std::move(host), nbytes);
+    placed_in_l2 = true;
   }
 
   // Queues one result per waiter of `job`: the embedding, or `status`.

@@ -176,6 +176,45 @@ TEST_P(EncodeWorkerTest, MissJoinAndHitsAllCarryTheImagesGrid) {
   EXPECT_EQ(state_->batches[1], std::vector<GridTHW>{z_grid});
 }
 
+// Regression: an entry larger than L1 but not L2 was never cached (the tiered
+// put skips it), so every repeat ran the tower again. It now lives in L2, and
+// a hit on it is served from there without a promotion that would lose it.
+TEST_P(EncodeWorkerTest, EntryLargerThanL1ButNotL2IsCachedInL2) {
+  // z: 6 tokens * 8 hidden * (1 + 2) * 4 bytes = 576 > L1; x: 4 tokens, 384 bytes, fits L1.
+  WorkerOptions o = Options();
+  o.l1_capacity_bytes = 500;
+  o.l2_capacity_bytes = 10'000;
+  auto w = Make(o);
+  ASSERT_TRUE(w->Submit(Request("a", {z_, x_}), c_.For("a")).ok());
+  Drain(*w);
+  ASSERT_TRUE(c_.done["a"].all_ok());
+  WorkerStats s = w->stats();
+  EXPECT_EQ(s.l1_entries, 1);
+  EXPECT_EQ(s.l1_used_bytes, 384);
+  EXPECT_EQ(s.l2_entries, 1);
+  EXPECT_EQ(s.l2_used_bytes, 576);
+
+  for (const char* id : {"b", "c"}) {
+    ASSERT_TRUE(w->Submit(Request(id, {z_, x_}), c_.For(id)).ok());
+    ASSERT_EQ(c_.done.count(id), 1u) << id;  // both hits, delivered inside Submit
+    const RequestResult& r = c_.done[id];
+    ASSERT_TRUE(r.all_ok());
+    EXPECT_EQ(r.items[0].source, ItemSource::kL2);
+    EXPECT_EQ(r.items[1].source, ItemSource::kL1);
+    ExpectSameEmbedding(*r.items[0].embedding, Want(z_));
+    ExpectSameEmbedding(*r.items[1].embedding, Want(x_));
+  }
+  EXPECT_EQ(state_->items_encoded(), 2);  // z and x once each
+  s = w->stats();
+  EXPECT_EQ(s.hits_l2, 2u);
+  EXPECT_EQ(s.hits_l1, 2u);
+  EXPECT_EQ(s.promotions, 0u);
+  EXPECT_EQ(s.demotions, 0u);
+  EXPECT_EQ(s.l1_used_bytes, 384);
+  EXPECT_EQ(s.l2_entries, 1);
+  EXPECT_EQ(s.l2_used_bytes, 576);
+}
+
 TEST_P(EncodeWorkerTest, WrongRowCountFailsOnlyItsBatch) {
   WorkerOptions o = Options();
   o.max_items_per_batch = 1;

@@ -350,7 +350,10 @@ TEST_F(WorkerDeviceTierTest, ManyImagesThroughATinyVramStayExact) {
 
 // --- Capacities -----------------------------------------------------------
 
-TEST_F(WorkerDeviceTierTest, ZeroCapacityL1DeliversTheRowsButCachesNothing) {
+// An entry too big for L1 (here: any) but not for L2 is offloaded into L2 at
+// once and its hits are onboarded from there, never promoted (the worker's
+// policy; before it, every repeat ran the tower again).
+TEST_F(WorkerDeviceTierTest, ZeroCapacityL1DeliversTheRowsAndCachesThemInL2) {
   FakeDevice& dev = Dev();
   auto w = Make(dev, /*l1=*/0);
   {
@@ -359,13 +362,17 @@ TEST_F(WorkerDeviceTierTest, ZeroCapacityL1DeliversTheRowsButCachesNothing) {
     EXPECT_EQ(Location(first), "device");
     ExpectBytes(first, a_);
     const ItemResult again = EncodeOne(*w, "r2", a_);
-    EXPECT_EQ(again.source, ItemSource::kMiss);
+    EXPECT_EQ(again.source, ItemSource::kL2);
+    EXPECT_EQ(Location(again), "device");
     ExpectBytes(again, a_);
   }
-  EXPECT_EQ(state_->items_encoded(), 2);
+  EXPECT_EQ(state_->items_encoded(), 1);
   const WorkerStats s = w->stats();
-  EXPECT_EQ(s.l1_entries + s.l2_entries, 0);
+  EXPECT_EQ(s.l1_entries, 0);
   EXPECT_EQ(s.l1_used_bytes, 0);
+  EXPECT_EQ(s.l2_entries, 1);
+  EXPECT_EQ(s.l2_used_bytes, kEntryBytes);
+  EXPECT_EQ(s.promotions, 0u);
   ExpectStatsAddUp(s);
   ExpectAllMemoryReturned(dev, w);
 }

@@ -1,6 +1,8 @@
 // WorkerOptions::Validate: the option checks that need no tower.
 #include <string>
+#include <utility>
 
+#include "epd/embedding_cache.h"
 #include "epd/encode_worker.h"
 
 namespace epd {
@@ -11,11 +13,9 @@ Status WorkerOptions::Validate() const {
   if (limits.max_pixels <= 0) {
     return InvalidArgument("limits.max_pixels must be > 0, got " + std::to_string(limits.max_pixels));
   }
-  if (l1_capacity_bytes < 0) {
-    return InvalidArgument("l1_capacity_bytes must be >= 0, got " + std::to_string(l1_capacity_bytes));
-  }
-  if (l2_capacity_bytes < 0) {
-    return InvalidArgument("l2_capacity_bytes must be >= 0, got " + std::to_string(l2_capacity_bytes));
+  for (const auto& [name, bytes] :
+       {std::pair{"l1_capacity_bytes", l1_capacity_bytes}, std::pair{"l2_capacity_bytes", l2_capacity_bytes}}) {
+    if (bytes < 0 || bytes > kMaxCacheBytes) return CacheBytesOutOfRange(name, bytes < 0, std::to_string(bytes));
   }
   if (max_tokens_per_batch <= 0) {
     return InvalidArgument("max_tokens_per_batch must be > 0, got " + std::to_string(max_tokens_per_batch));

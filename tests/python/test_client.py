@@ -148,6 +148,47 @@ def test_empty_request_raises_invalid_argument(client):
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_an_item_that_is_not_bytes_is_a_type_error_not_zero_bytes(client):
+    """Regression: encode([123]) sent 123 zero bytes (bytes(123))."""
+    for bad in (123, "photo.jpg", None, [1, 2, 3]):
+        with pytest.raises(TypeError, match=f"item 1: expected the encoded image as bytes-like .*got {type(bad).__name__}"):
+            client.encode([h.png(56, 56, 30), bad])
+    with pytest.raises(TypeError, match="item 0: Item.image must be bytes-like, got int"):
+        client.encode([ec.Item(image=5)])
+    # bytearray and memoryview are images like bytes.
+    img = h.png(56, 56, 31)
+    a, b, c = client.encode([img, bytearray(img), memoryview(img)])
+    assert a.ok and b.ok and c.ok and a.key == b.key == c.key
+
+
+def test_more_items_than_the_server_accepts_are_split_into_several_calls(client):
+    """Regression: encode([img] * 300) became one call over the server's
+    256-item limit (INVALID_ARGUMENT)."""
+    img = h.png(56, 56, 32)
+    before = client.stats()
+    results = client.encode([img] * 300)
+    after = client.stats()
+    assert [r.index for r in results] == list(range(300))
+    assert all(r.ok and r.tokens == 4 and r.main == results[0].main for r in results)
+    assert after["tower_items"] - before["tower_items"] == 1  # one image, encoded once across the calls
+    assert after["requests"] - before["requests"] == 2  # 256 + 44
+
+
+def test_split_calls_keep_the_request_order_without_routing(server):
+    imgs = [h.png(56, 56 + 28 * (i % 3), 40 + i) for i in range(7)]  # 4 or 6 or 8 tokens
+    with ec.EncodeClient(server, timeout=30, route_by_key=False, max_items_per_call=3) as c:
+        info = c.health()
+        before = c.stats()
+        results = c.encode(imgs)
+        after = c.stats()
+    assert [r.index for r in results] == list(range(7))
+    assert [r.key for r in results] == [ec.content_key(info.model_id, info.preprocess, i) for i in imgs]
+    assert [r.tokens for r in results] == [[4, 6, 8][i % 3] for i in range(7)]
+    assert after["requests"] - before["requests"] == 3  # 3 + 3 + 1
+    with pytest.raises(ValueError, match="max_items_per_call must be an int >= 1, got 0"):
+        ec.EncodeClient(server, max_items_per_call=0)
+
+
 def test_unreachable_server_raises_unavailable():
     port = h.free_ports(1)[0]
     with ec.EncodeClient(f"127.0.0.1:{port}", timeout=5) as c:
