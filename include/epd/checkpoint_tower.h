@@ -113,6 +113,9 @@ struct ModelOptions {
   std::string device = "cpu";
   DType output_dtype = DType::kFloat32;
   bool output_on_device = false;
+  // As TorchTowerOptions::tune_malloc, for either kind. A process that tunes
+  // malloc itself (the CLI: tools/cli_util.h) turns it off.
+  bool tune_malloc = true;
 };
 
 struct LoadedModel {

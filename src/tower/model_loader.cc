@@ -19,6 +19,7 @@ StatusOr<LoadedModel> LoadModel(const ModelOptions& options) {
     t.device = options.device;
     t.output_dtype = options.output_dtype;
     t.output_on_device = options.output_on_device;
+    t.tune_malloc = options.tune_malloc;
     loaded.kind = "checkpoint";
     loaded.preprocess = (*ck)->preprocess();
     loaded.model_id = (*ck)->model_id();
@@ -34,6 +35,7 @@ StatusOr<LoadedModel> LoadModel(const ModelOptions& options) {
     t.device = options.device;
     t.output_dtype = options.output_dtype;
     t.output_on_device = options.output_on_device;
+    t.tune_malloc = options.tune_malloc;
     StatusOr<std::unique_ptr<VisionTower>> tower = LoadTorchScriptTower(t);
     if (!tower.ok()) return tower.status();
     loaded.kind = "torchscript";
