@@ -34,7 +34,7 @@ for entry in $targets; do
     failed=1
     echo "fuzz.sh: $name FAILED; see $log" >&2
   fi
-  runs=$(sed -n 's/^stat::number_of_executed_runs: *//p' "$log" | tail -1)
+  runs=$(sed -n 's/^Done \([0-9]*\) runs in.*/\1/p' "$log" | tail -1)
   secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)
   execs=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   last=$(grep -E '^#[0-9]+' "$log" | tail -1)
