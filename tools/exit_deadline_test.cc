@@ -3,6 +3,7 @@
 #include "exit_deadline.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/stdout_sinks.h>
 
 #include <chrono>
 #include <thread>
@@ -13,6 +14,8 @@ namespace {
 TEST(ExitDeadlineDeathTest, EndsTheProcessWhenTheScopeOutlivesItsBudget) {
   EXPECT_EXIT(
       {
+        // As epd-encode's main does: logs go to stderr, which the death test reads.
+        spdlog::set_default_logger(spdlog::stderr_logger_mt("stderr"));
         const ExitDeadline d(std::chrono::milliseconds(50), "took too long", 7);
         // Stands in for a shutdown step that never returns.
         std::this_thread::sleep_for(std::chrono::hours(1));
