@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 PY ?= /usr/bin/python3
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench tsan cuda clean format
+.PHONY: all deps configure build demo test bench tsan fuzz cuda clean format
 
 all: build
 
@@ -42,5 +42,17 @@ tsan:
 	cmake --build build-tsan -j $(JOBS) --target concurrent_cache_test
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R Concurrent
 
+# libFuzzer over every fuzz target (fuzz/CMakeLists.txt) for FUZZ_SECONDS each,
+# starting from its seed corpus; new inputs go to build-fuzz/fuzz-work, not
+# the repository. docs/FUZZING.md.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@scripts/install-deps.sh build
+	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+	  -DCMAKE_CXX_COMPILER=clang++ -DEPD_WITH_FUZZ=ON -DEPD_WITH_TORCH=OFF -DEPD_WITH_GRPC=OFF \
+	  -DEPD_WITH_PYTHON=OFF -DEPD_BUILD_BENCH=OFF
+	cmake --build build-fuzz -j $(JOBS) --target fuzzers
+	scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) build-tsan
+	rm -rf $(BUILD) build-tsan build-fuzz

@@ -24,13 +24,13 @@ int main(int argc, char** argv) {
     } else if (fs::is_regular_file(p)) {
       files.push_back(p);
     } else {
-      std::fprintf(stderr, "decode_corpus_replay: %s is not a file or directory\n", argv[i]);
+      std::fprintf(stderr, "%s: %s is not a file or directory\n", argv[0], argv[i]);
       return 2;
     }
   }
   std::sort(files.begin(), files.end());  // deterministic order
   if (files.empty()) {
-    std::fprintf(stderr, "decode_corpus_replay: no inputs (usage: decode_corpus_replay DIR_OR_FILE...)\n");
+    std::fprintf(stderr, "%s: no inputs (usage: %s DIR_OR_FILE...)\n", argv[0], argv[0]);
     return 2;
   }
   for (const auto& f : files) {
@@ -40,6 +40,6 @@ int main(int argc, char** argv) {
     static const std::uint8_t kEmpty = 0;
     LLVMFuzzerTestOneInput(bytes.empty() ? &kEmpty : bytes.data(), bytes.size());
   }
-  std::printf("decode_corpus_replay: %zu inputs ran\n", files.size());
+  std::printf("%s: %zu inputs ran\n", argv[0], files.size());
   return 0;
 }

@@ -18,7 +18,7 @@ build_pkgs=(
   libwebp-dev libgif-dev python3-skimage libjpeg-turbo-progs
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl
+  python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl openssl
   clang libclang-rt-14-dev
 )
 bench_pkgs=(libleveldb-dev librocksdb-dev python3-pil gnuplot-nox)

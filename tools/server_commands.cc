@@ -24,6 +24,9 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "exit_deadline.h"
+#include "flag_checks.h"
+#include "security_flags.h"
 #include "epd/client.h"
 #include "epd/safetensors.h"
 #include "epd/server.h"
@@ -53,6 +56,7 @@ struct ServeFlags {
   double max_request_mb = 64;
   double max_buffered_mb = 256;
   int max_rpc_threads = 256;
+  ServerSecurityFlags security;
 };
 
 int RunServe(const ServeFlags& f) {
@@ -79,6 +83,8 @@ int RunServe(const ServeFlags& f) {
   so.max_request_bytes = static_cast<std::int64_t>(f.max_request_mb * (1 << 20));
   so.max_buffered_bytes = static_cast<std::int64_t>(f.max_buffered_mb * (1 << 20));
   so.max_rpc_threads = f.max_rpc_threads;
+  if (Status s = ApplyServerSecurityFlags(f.security, so); !s.ok()) Fail(1, s.message());
+  so.log = [](const std::string& line) { spdlog::warn("{}", line); };
   const std::string tower = parts->tower->Describe();
   StatusOr<std::unique_ptr<EncodeServer>> server =
       EncodeServer::Start(so, std::move(parts->options), std::move(parts->tower));
@@ -97,7 +103,12 @@ int RunServe(const ServeFlags& f) {
   sigwait(&stop, &sig);
   spdlog::info("{}: stopping; calls in flight get {:.1f} s to finish", sig == SIGTERM ? "SIGTERM" : "SIGINT",
                f.grace_s);
-  (*server)->Shutdown(std::chrono::milliseconds(static_cast<std::int64_t>(f.grace_s * 1000)));
+  {
+    const std::chrono::milliseconds grace(static_cast<std::int64_t>(f.grace_s * 1000));
+    const ExitDeadline backstop(grace + std::chrono::seconds(1),
+                                "shutdown outlived --grace-s + 1 s (a tower batch still running?); exiting now");
+    (*server)->Shutdown(grace);
+  }
   const ServerStats s = (*server)->Stats();
   spdlog::info("stopped after {} requests ({} items: {} l1, {} l2, {} miss, {} joined)", s.worker.requests,
                s.worker.items, s.worker.hits_l1, s.worker.hits_l2, s.worker.misses, s.worker.joins);
@@ -113,6 +124,7 @@ struct ClientFlags {
   double timeout_s = 30;
   bool no_route = false;
   std::string request_id;
+  ClientSecurityFlags security;
 };
 
 int RunClient(const ClientFlags& f) {
@@ -127,6 +139,7 @@ int RunClient(const ClientFlags& f) {
   co.target = f.server;
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
   co.route_by_key = !f.no_route;
+  if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) Fail(1, s.message());
   StatusOr<std::unique_ptr<EncodeClient>> client = EncodeClient::Connect(co);
   if (!client.ok()) Fail(1, client.status().ToString());
 
@@ -191,6 +204,7 @@ void RegisterServerCommands(CLI::App& app) {
         ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
     cmd->add_option("--max-rpc-threads", f->max_rpc_threads, "most gRPC handler threads (one per call in flight)")
         ->capture_default_str()->check(Integer(2, 100000));
+    AddServerSecurityFlags(*cmd, f->security);
     cmd->callback([f] {
       if (int rc = RunServe(*f); rc != 0) throw CLI::RuntimeError(rc);
     });
@@ -205,6 +219,7 @@ void RegisterServerCommands(CLI::App& app) {
         ->check(Number(0, 1e6, "s", /*lo_open=*/true));
     cmd->add_flag("--no-route", f->no_route, "one call for all images, without the x-epd-route header");
     cmd->add_option("--request-id", f->request_id, "request id [random]");
+    AddClientSecurityFlags(*cmd, f->security);
     cmd->callback([f] {
       if (int rc = RunClient(*f); rc != 0) throw CLI::RuntimeError(rc);
     });

@@ -60,6 +60,18 @@ struct ClientOptions {
   // Largest response message accepted, bytes. An item's message is about its
   // embedding's size (e.g. 2 MB for 324 tokens x 512 x 3 float32 halves).
   std::int64_t max_response_bytes = std::int64_t{256} << 20;
+  // TLS. Off unless `tls` is set or any PEM below is given. PEM text, not
+  // paths. Empty root certificates = the system's trust store.
+  bool tls = false;
+  std::string tls_root_certs_pem{};   // CA(s) the server's certificate must chain to
+  std::string tls_client_cert_pem{};  // for mutual TLS, with its key
+  std::string tls_client_key_pem{};
+  // Name checked against the server's certificate instead of the target's
+  // host (e.g. a certificate for "encoder.internal" reached by IP). Testing
+  // and private networks only.
+  std::string tls_server_name{};
+  // Non-empty: sent on every call as "authorization: Bearer <auth_token>".
+  std::string auth_token{};
 };
 
 // What Health reports, and what key derivation needs.
@@ -106,7 +118,8 @@ class EncodeClient {
   // Creates the channel (connection is lazy: nothing is contacted here).
   // Each client has its own HTTP/2 connection; use several clients to spread
   // heavy traffic over several connections.
-  // Errors: kInvalidArgument for an empty target or non-positive limits.
+  // Errors: kInvalidArgument for an empty target, non-positive limits, or a
+  // client certificate without its key (or the reverse).
   static StatusOr<std::unique_ptr<EncodeClient>> Connect(ClientOptions options);
   ~EncodeClient();
   EncodeClient(const EncodeClient&) = delete;

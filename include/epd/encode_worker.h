@@ -70,8 +70,11 @@
 // Request-level outcomes of Submit (returned, and no callback fires):
 //   kInvalidArgument    empty request id
 //   kAlreadyExists      a request with this id is still in flight
-//   kResourceExhausted  queueing its misses would exceed max_pending_items
-//                       (nothing of the request is queued or delivered)
+//   kInvalidArgument    its misses alone exceed max_pending_items (it could
+//                       never be admitted; the message names the limit)
+//   kResourceExhausted  queueing its misses on top of those pending would
+//                       exceed max_pending_items (retry later)
+//   (nothing of a refused request is queued or delivered)
 // Cancel(id) completes the request at once with kCancelled: items not yet
 // delivered get kCancelled; queued computations no other request waits on are
 // removed from the scheduler; those another request waits on stay. A
@@ -171,7 +174,8 @@ struct WorkerOptions {
   std::int64_t max_items_per_batch = 16;
   ScheduleOrder order = ScheduleOrder::kFifo;
   // Most items queued on the scheduler at once; a request that would exceed
-  // it is rejected whole with kResourceExhausted. 0 = unbounded.
+  // it is rejected whole with kResourceExhausted, or kInvalidArgument when
+  // its own misses alone exceed it. 0 = unbounded.
   std::int64_t max_pending_items = 0;
   // Join items whose key is already queued or running. Off only to measure
   // what deduplication saves.

@@ -9,18 +9,22 @@
 // number (epd/status.h).
 //
 // A call's life (sync gRPC API, one handler thread per in-flight call):
-//   1. The handler validates the request's form (INVALID_ARGUMENT: no items,
-//      more than max_items_per_request, an item with neither image nor
-//      caller key) and submits it to the WorkerLoop, which hashes the keys
-//      on the handler thread. Item rules (expected_tokens, a bad image) are
-//      the worker's: such an item fails alone (epd/encode_worker.h).
+//   1. The handler checks the bearer token when one is set (UNAUTHENTICATED),
+//      validates the request's form (INVALID_ARGUMENT naming the item: no
+//      items, more than max_items_per_request, an item with neither image
+//      nor caller key; or a request id that is not printable ASCII or uses
+//      the prefix reserved for ids the server assigns) and submits it to the
+//      WorkerLoop, which hashes the keys on the handler thread. Item rules
+//      (expected_tokens, a bad image) are the worker's: such an item fails
+//      alone (epd/encode_worker.h).
 //   2. The worker thread's callbacks only push the ItemResult (a shared
 //      pointer to the cached embedding, no copy) onto the call's queue and
 //      signal the handler. The handler copies each embedding into an
 //      EncodedItem and writes it; a slow client therefore blocks its own
 //      handler, never the worker.
 //   3. The call ends OK, or with the request's status (ALREADY_EXISTS,
-//      RESOURCE_EXHAUSTED, UNAVAILABLE), or with the lowest-index failed
+//      RESOURCE_EXHAUSTED, UNAVAILABLE, INVALID_ARGUMENT for more misses than
+//      the worker's max_pending_items), or with the lowest-index failed
 //      item's status after streaming the rest (INVALID_ARGUMENT for a bad
 //      image, INTERNAL for a tower failure; the message is prefixed
 //      "item <i>: " here, the one place it is added). A streamed
@@ -36,9 +40,17 @@
 // served) until writers drain below the limit. Memory beyond the caches is
 // therefore bounded by about max_buffered_bytes plus one batch's output.
 //
-// Shutdown(grace): Health reports not serving; new calls are refused
-// (UNAVAILABLE); calls in flight keep running until `grace` has passed, then
-// are cancelled; the worker thread stops; the metrics endpoint closes.
+// Shutdown(grace): Health and grpc.health.v1 report not serving; new calls
+// are refused; calls in flight keep running until `grace` has passed, then
+// are cancelled; the worker thread stops; the metrics endpoint closes. It
+// returns within about grace + 0.3 s whatever clients do (open channels and
+// streams included), plus the tower batch running at the time, if any.
+//
+// Every call that ends with an error, on any service and including refusals
+// before a handler runs (a message that does not parse), is counted in ServerStats::rpc_errors and passed to
+// ServerOptions::log (rate-limited). Besides epd.v1.Encoder the server speaks
+// grpc.health.v1.Health and server reflection (docs/SERVER.md). Security is
+// opt-in: TLS or mutual TLS, and a bearer token (ServerOptions below).
 //
 // Thread safety: thread-safe. Ownership: the server owns the worker, its
 // tower and caches.
@@ -54,6 +66,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -76,8 +89,10 @@ struct ServerOptions {
   std::string metrics_address = "0.0.0.0";
   // Most items one request may carry (INVALID_ARGUMENT beyond it).
   std::int64_t max_items_per_request = 256;
-  // Largest request message accepted, bytes (gRPC refuses larger ones with
-  // RESOURCE_EXHAUSTED before the handler runs). Default 64 MiB.
+  // Largest request message accepted, bytes; larger ones get
+  // RESOURCE_EXHAUSTED (counted and logged). gRPC's own limit is set to twice
+  // this: messages beyond that are refused by gRPC before the server sees
+  // them, so only those go uncounted. Default 64 MiB.
   std::int64_t max_request_bytes = std::int64_t{64} << 20;
   // Results waiting for slow clients, bytes, above which the worker starts no
   // new tower batch (see Backpressure above). Default 256 MiB.
@@ -87,6 +102,23 @@ struct ServerOptions {
   int max_rpc_threads = 256;
   // How often a waiting handler checks whether its client cancelled.
   std::chrono::milliseconds cancel_poll{20};
+  // TLS, as PEM text (not paths). Both empty = plaintext. With a client CA
+  // too, mutual TLS: a client must present a certificate that CA signed, or
+  // its connection is refused during the handshake.
+  std::string tls_cert_pem{};       // the server's certificate (chain)
+  std::string tls_key_pem{};        // its private key, unencrypted
+  std::string tls_client_ca_pem{};  // empty = clients are not asked for one
+  // Non-empty: every Encode, Health and Stats call must carry the metadata
+  // "authorization: Bearer <auth_token>", else UNAUTHENTICATED (compared in
+  // constant time). gRPC's standard health and reflection services do not
+  // ask for it. Send it only over TLS or a private network.
+  std::string auth_token{};
+  // Receives one line per call that ended with an error (any service, refusals
+  // before a handler ran included: a request that does not parse), at most
+  // 10 lines a second; the next line let through
+  // says how many were dropped. Called on gRPC threads; must be thread-safe.
+  // Null = no log (the calls are still counted in ServerStats::rpc_errors).
+  std::function<void(const std::string&)> log{};
 };
 
 class EncodeServer {

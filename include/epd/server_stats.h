@@ -23,7 +23,11 @@ struct ServerStats {
   WorkerStats worker;
   std::int64_t l1_capacity_bytes = 0;
   std::int64_t l2_capacity_bytes = 0;
-  // Calls finished with a non-OK status, by code.
+  // Calls finished with a non-OK status, by code: every service (Encode,
+  // Health, Stats, grpc.health.v1, reflection), refusals before a handler
+  // ran included (a request that does not parse: INVALID_ARGUMENT; one over
+  // max_request_bytes: RESOURCE_EXHAUSTED, up to twice that size, see
+  // ServerOptions::max_request_bytes).
   std::map<StatusCode, std::uint64_t> rpc_errors;
   // Bytes of results queued on calls and not yet written.
   std::int64_t buffered_bytes = 0;

@@ -31,6 +31,7 @@ enum class StatusCode : int {
   kFailedPrecondition = 9,
   kInternal = 13,
   kUnavailable = 14,
+  kUnauthenticated = 16,
 };
 
 // "INVALID_ARGUMENT" etc., as gRPC spells them.

@@ -306,22 +306,50 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class EncodeClient:
-    """See the module docstring. ``timeout`` is each call's deadline, seconds."""
+    """See the module docstring. ``timeout`` is each call's deadline, seconds.
+
+    Security (docs/SERVER.md, "Production setup"), all off by default:
+
+    - ``tls=True``, or any of ``root_certificates`` / ``certificate_chain``:
+      a TLS channel. ``root_certificates`` (PEM bytes) is the CA the server's
+      certificate must chain to (None = the system trust store);
+      ``certificate_chain`` and ``private_key`` (PEM bytes, both or neither)
+      are this client's certificate for a server that requires mutual TLS.
+      ``server_name`` checks the server's certificate against that name
+      instead of the target's host (a certificate reached by IP).
+    - ``auth_token``: sent on every call as ``authorization: Bearer <token>``.
+
+    Raises ValueError for an empty target or half a client certificate.
+    """
 
     def __init__(self, target: str, timeout: float = 30.0, route_by_key: bool = True,
-                 max_response_bytes: int = 256 << 20, max_items_per_call: int = 256):
+                 max_response_bytes: int = 256 << 20, max_items_per_call: int = 256, *, tls: bool = False,
+                 root_certificates: Optional[bytes] = None, certificate_chain: Optional[bytes] = None,
+                 private_key: Optional[bytes] = None, server_name: Optional[str] = None,
+                 auth_token: Optional[str] = None):
         if not target:
             raise ValueError("target is empty; pass host:port")
         if isinstance(max_items_per_call, bool) or not isinstance(max_items_per_call, int) or max_items_per_call < 1:
             raise ValueError(f"max_items_per_call must be an int >= 1, got {max_items_per_call!r}")
+        if (certificate_chain is None) != (private_key is None):
+            raise ValueError("mutual TLS needs both certificate_chain and private_key; one is missing")
         self.target = target
         self.max_items_per_call = max_items_per_call
         self.timeout = timeout
         self.route_by_key = route_by_key
-        self._channel = grpc.insecure_channel(target, options=[
+        options = [
             ("grpc.max_receive_message_length", max_response_bytes),
             ("grpc.max_send_message_length", -1),
-        ])
+        ]
+        if tls or root_certificates is not None or certificate_chain is not None or server_name:
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            creds = grpc.ssl_channel_credentials(root_certificates=root_certificates, private_key=private_key,
+                                                 certificate_chain=certificate_chain)
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options)
+        self._auth = [("authorization", f"Bearer {auth_token}")] if auth_token else []
         self._stub = encoder_pb2_grpc.EncoderStub(self._channel)
         self._info: Optional[ServerInfo] = None
         self._prefix = "py-" + uuid.uuid4().hex[:12] + "-"
@@ -341,7 +369,7 @@ class EncodeClient:
     # --- Health / Stats ---------------------------------------------------
     def health(self) -> ServerInfo:
         try:
-            r = self._stub.Health(encoder_pb2.HealthRequest(), timeout=self.timeout)
+            r = self._stub.Health(encoder_pb2.HealthRequest(), timeout=self.timeout, metadata=self._auth)
         except grpc.RpcError as e:
             raise EncodeError(e.code(), e.details()) from None
         p = r.preprocess
@@ -354,7 +382,7 @@ class EncodeClient:
     def stats(self) -> Dict[str, object]:
         """The Stats RPC as a dict (field names as in StatsResponse)."""
         try:
-            r = self._stub.Stats(encoder_pb2.StatsRequest(), timeout=self.timeout)
+            r = self._stub.Stats(encoder_pb2.StatsRequest(), timeout=self.timeout, metadata=self._auth)
         except grpc.RpcError as e:
             raise EncodeError(e.code(), e.details()) from None
         out: Dict[str, object] = {}
@@ -437,7 +465,7 @@ class EncodeClient:
             if it.caller_key is not None:
                 m.caller_key = it.caller_key.encode("utf-8") if isinstance(it.caller_key, str) else it.caller_key
             m.expected_tokens = it.expected_tokens
-        metadata = [(ROUTE_HEADER, route)] if route else None
+        metadata = ([(ROUTE_HEADER, route)] if route else []) + self._auth
         got = set()
         code, message = grpc.StatusCode.OK, ""
         try:

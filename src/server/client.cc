@@ -46,8 +46,10 @@ struct EncodeClient::Impl {
   std::mutex info_mu;
   std::optional<ServerInfo> info;  // guarded by info_mu; Health's answer, fetched once
 
+  // Every call's deadline and, when set, the bearer token.
   void SetDeadline(grpc::ClientContext& ctx) const {
     ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
+    if (!options.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.auth_token);
   }
 
   StatusOr<ServerInfo> FetchHealth() {
@@ -137,6 +139,10 @@ StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions opti
   if (options.max_response_bytes <= 0 || options.max_response_bytes > std::int64_t{2047} << 20) {
     return InvalidArgument("max_response_bytes must be in (0, 2047 MiB]");
   }
+  if (options.tls_client_cert_pem.empty() != options.tls_client_key_pem.empty()) {
+    return InvalidArgument("mutual TLS needs both the client certificate and its key; one is missing");
+  }
+  const bool tls = options.tls || !options.tls_root_certs_pem.empty() || !options.tls_client_cert_pem.empty();
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   grpc::ChannelArguments args;
@@ -147,7 +153,16 @@ StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions opti
   // caller can spread load over several connections (one connection's
   // transport is processed serially).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  impl->channel = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs_pem;
+    ssl.pem_private_key = options.tls_client_key_pem;
+    ssl.pem_cert_chain = options.tls_client_cert_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  impl->channel = grpc::CreateCustomChannel(options.target, credentials, args);
   impl->stub = v1::Encoder::NewStub(impl->channel);
   return std::unique_ptr<EncodeClient>(new EncodeClient(std::move(impl)));
 }

@@ -8,11 +8,16 @@
 // static TLS of libopenblas (60 KiB), libglog (30 KiB) and libtorch_cpu
 // (10 KiB) alone exceeds that, so pthread_create fails with EINVAL and the
 // Exposer cannot start. A scrape endpoint needs very little, so MetricsHttp
-// below is a minimal HTTP/1.0 responder on one thread: it answers GET /metrics
-// (and /) with the text exposition format, 404 otherwise, one connection at a
-// time, closing each after the response. Benefits: no thread-stack
-// constraint, no extra dependency. Costs: scrapes are served one at a time,
-// which is what a Prometheus server does anyway.
+// below is a minimal HTTP/1.0 responder: it answers GET /metrics (and /) with
+// the text exposition format, 404 otherwise, closing each connection after
+// the response. Benefits: no thread-stack constraint, no extra dependency.
+//
+// One accept thread hands each connection to a thread of its own (at most
+// kMaxConnections at once; past that the accept thread waits for one to
+// end), and each connection gets read_timeout in all to send its request
+// head, however it trickles the bytes. So a client that connects and sends
+// nothing, or one byte at a time, holds one slot for read_timeout and never
+// delays another client's scrape.
 #include "metrics.h"
 
 #include <arpa/inet.h>
@@ -27,8 +32,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -122,7 +131,7 @@ class StatsCollectable : public prometheus::Collectable {
     for (const auto& [code, n] : w.errors) {
       Add(out.back(), static_cast<double>(n), {{"code", GrpcCodeName(static_cast<int>(code))}});
     }
-    out.push_back(Family("epd_rpc_errors_total", "Encode calls that ended with an error, by status code",
+    out.push_back(Family("epd_rpc_errors_total", "Calls (any service) that ended with an error, by status code",
                          MetricType::Counter));
     for (const auto& [code, n] : s.rpc_errors) {
       Add(out.back(), static_cast<double>(n), {{"code", GrpcCodeName(static_cast<int>(code))}});
@@ -164,7 +173,10 @@ class MeteredTower : public VisionTower {
 // See the note at the top of the file.
 class MetricsHttp {
  public:
+  static constexpr int kMaxConnections = 16;
+
   static StatusOr<std::unique_ptr<MetricsHttp>> Start(const std::string& host, int port,
+                                                      std::chrono::milliseconds read_timeout,
                                                       std::function<std::string()> render) {
     const std::string where = host + ":" + std::to_string(port);
     addrinfo hints{};
@@ -200,13 +212,20 @@ class MetricsHttp {
       close(fd);
       return Status(StatusCode::kUnavailable, std::string("metrics endpoint: pipe: ") + std::strerror(errno));
     }
-    return std::unique_ptr<MetricsHttp>(new MetricsHttp(fd, wake, bound_port, std::move(render)));
+    return std::unique_ptr<MetricsHttp>(new MetricsHttp(fd, wake, bound_port, read_timeout, std::move(render)));
   }
 
   ~MetricsHttp() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    slot_freed_.notify_all();
+    // Never read, so it stays readable: every poll below sees it.
     const char c = 0;
     (void)!write(wake_[1], &c, 1);
-    thread_.join();
+    acceptor_.join();
+    for (Connection& c : connections_) c.thread.join();
     close(listen_);
     close(wake_[0]);
     close(wake_[1]);
@@ -215,13 +234,34 @@ class MetricsHttp {
   int port() const { return port_; }
 
  private:
-  MetricsHttp(int fd, const int wake[2], int port, std::function<std::string()> render)
-      : listen_(fd), wake_{wake[0], wake[1]}, port_(port), render_(std::move(render)) {
-    thread_ = std::thread([this] { Run(); });
+  struct Connection {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+
+  MetricsHttp(int fd, const int wake[2], int port, std::chrono::milliseconds read_timeout,
+              std::function<std::string()> render)
+      : listen_(fd), wake_{wake[0], wake[1]}, port_(port), read_timeout_(read_timeout), render_(std::move(render)) {
+    acceptor_ = std::thread([this] { Accept(); });
   }
 
-  void Run() {
+  // Joins the threads of connections that have ended; returns how many remain.
+  std::size_t Reap() {
+    std::erase_if(connections_, [](Connection& c) {
+      if (!c.done->load()) return false;
+      c.thread.join();
+      return true;
+    });
+    return connections_.size();
+  }
+
+  void Accept() {
     for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        slot_freed_.wait(lock, [&] { return stopping_ || Reap() < kMaxConnections; });
+        if (stopping_) return;
+      }
       pollfd fds[2] = {{listen_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
       if (poll(fds, 2, -1) < 0) {
         if (errno == EINTR) continue;
@@ -231,20 +271,38 @@ class MetricsHttp {
       if ((fds[0].revents & POLLIN) == 0) continue;
       const int conn = accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
       if (conn < 0) continue;
-      Serve(conn);
-      close(conn);
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      std::lock_guard<std::mutex> lock(mu_);
+      connections_.push_back(Connection{std::thread([this, conn, done] {
+                                          Serve(conn);
+                                          close(conn);
+                                          std::lock_guard<std::mutex> lock(mu_);
+                                          done->store(true);
+                                          slot_freed_.notify_all();
+                                        }),
+                                        done});
     }
   }
 
-  // Reads the request head (at most 8 KiB, 2 s) and answers it.
+  // Reads the request head (at most 8 KiB, read_timeout in all) and answers
+  // it. Returns without answering on timeout, EOF or shutdown.
   void Serve(int conn) {
-    timeval tv{2, 0};
-    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    const timeval send_tv{static_cast<time_t>(read_timeout_.count() / 1000),
+                          static_cast<suseconds_t>(read_timeout_.count() % 1000 * 1000)};
+    setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &send_tv, sizeof(send_tv));
+    const auto deadline = std::chrono::steady_clock::now() + read_timeout_;
     std::string head;
     char buf[1024];
     while (head.find("\r\n\r\n") == std::string::npos && head.size() < 8192) {
-      const ssize_t n = recv(conn, buf, sizeof(buf), 0);
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                               std::chrono::steady_clock::now());
+      if (left.count() <= 0) return;
+      pollfd fds[2] = {{conn, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      const int ready = poll(fds, 2, static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30)));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0 || fds[1].revents != 0) return;
+      const ssize_t n = recv(conn, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
       if (n <= 0) break;
       head.append(buf, static_cast<std::size_t>(n));
     }
@@ -271,8 +329,13 @@ class MetricsHttp {
   int listen_;
   int wake_[2];
   int port_;
+  std::chrono::milliseconds read_timeout_;
   std::function<std::string()> render_;
-  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable slot_freed_;    // a connection ended, or stopping_
+  bool stopping_ = false;                 // guarded by mu_
+  std::vector<Connection> connections_;   // guarded by mu_
+  std::thread acceptor_;
 };
 
 }  // namespace
@@ -313,8 +376,10 @@ ServerMetrics::ServerMetrics(std::function<ServerStats()> snapshot) : impl_(std:
 
 ServerMetrics::~ServerMetrics() = default;
 
-Status ServerMetrics::Serve(const std::string& address, int port) {
-  StatusOr<std::unique_ptr<MetricsHttp>> http = MetricsHttp::Start(address, port, [this] { return Render(); });
+Status ServerMetrics::Serve(const std::string& address, int port, std::chrono::milliseconds read_timeout) {
+  if (read_timeout.count() <= 0) return InvalidArgument("metrics read timeout must be > 0");
+  StatusOr<std::unique_ptr<MetricsHttp>> http =
+      MetricsHttp::Start(address, port, read_timeout, [this] { return Render(); });
   if (!http.ok()) return http.status();
   impl_->http = std::move(*http);
   impl_->port = impl_->http->port();

@@ -27,6 +27,7 @@
 // snapshot function must be thread-safe).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -43,9 +44,13 @@ class ServerMetrics {
   explicit ServerMetrics(std::function<ServerStats()> snapshot);
   ~ServerMetrics();
 
-  // Serves /metrics on address:port (port 0 = any free port).
-  // kUnavailable when it cannot bind. Call at most once.
-  Status Serve(const std::string& address, int port);
+  // Serves /metrics on address:port (port 0 = any free port), each
+  // connection on its own thread (at most 16 at once). A connection that has
+  // not sent its request head within `read_timeout` is closed unanswered.
+  // kUnavailable when it cannot bind; kInvalidArgument for a timeout <= 0.
+  // Call at most once.
+  Status Serve(const std::string& address, int port,
+               std::chrono::milliseconds read_timeout = std::chrono::seconds(5));
   // The bound port, -1 before Serve.
   int port() const;
   // Closes the endpoint (no scrape runs after it returns). Idempotent.

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <utility>
 
@@ -35,8 +36,13 @@
 #include "epd/v1/encoder.grpc.pb.h"
 #include "epd/version.h"
 #include "epd/worker_loop.h"
+#include "auth.h"
+#include "call_outcomes.h"
 #include "metrics.h"
 #include "proto_convert.h"
+#include "request_id.h"
+#include "standard_services.h"
+#include "tls.h"
 
 namespace epd {
 namespace {
@@ -74,14 +80,14 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
 
   std::shared_ptr<internal::ServerMetrics> metrics;
   std::unique_ptr<WorkerLoop> loop;
+  std::unique_ptr<internal::TokenCheck> auth;
+  std::unique_ptr<internal::CallOutcomes> outcomes;  // outlives `server`, whose interceptor uses it
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 
   std::atomic<bool> serving{false};
   std::atomic<std::int64_t> buffered_bytes{0};
   std::atomic<std::uint64_t> next_auto_id{1};
-  mutable std::mutex errors_mu;
-  std::map<StatusCode, std::uint64_t> rpc_errors;  // guarded by errors_mu
   std::mutex shutdown_mu;
   bool shut_down = false;  // guarded by shutdown_mu
 
@@ -91,10 +97,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     if (loop != nullptr) s.worker = loop->Stats();
     s.l1_capacity_bytes = worker_options.l1_capacity_bytes;
     s.l2_capacity_bytes = worker_options.l2_capacity_bytes;
-    {
-      std::lock_guard<std::mutex> lock(errors_mu);
-      s.rpc_errors = rpc_errors;
-    }
+    s.rpc_errors = outcomes->Errors();
     s.buffered_bytes = buffered_bytes.load();
     return s;
   }
@@ -109,11 +112,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
 
   grpc::Status Finish(const Status& s, Clock::time_point start) {
     metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start).count());
-    if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(errors_mu);
-      ++rpc_errors[s.code()];
-    }
-    return internal::ToGrpc(s);
+    return internal::ToGrpc(s);  // counted and logged by `outcomes`' interceptor
   }
 
   // Request-level checks that need no worker state (see server.h, step 1).
@@ -138,13 +137,20 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
   grpc::Status Encode(grpc::ServerContext* ctx, const v1::EncodeRequest* req,
                       grpc::ServerWriter<v1::EncodedItem>* writer) override {
     const Clock::time_point start = Clock::now();
+    if (Status s = auth->Check(*ctx); !s.ok()) return Finish(s, start);
+    if (const std::size_t bytes = req->ByteSizeLong(); bytes > static_cast<std::size_t>(options.max_request_bytes)) {
+      return Finish(ResourceExhausted("the request is " + std::to_string(bytes) + " bytes; this server accepts at most " +
+                                      std::to_string(options.max_request_bytes) +
+                                      " (split it, or raise --max-request-mb)"),
+                    start);
+    }
     if (!serving.load()) return Finish(Status(StatusCode::kUnavailable, "the server is shutting down"), start);
     if (Status s = Validate(*req); !s.ok()) return Finish(s, start);
+    if (Status s = internal::CheckClientRequestId(req->id()); !s.ok()) return Finish(s, start);
 
     EncodeRequest request;
-    // Ids the server makes up start with a control character no sane client
-    // sends, so they cannot collide with a client's.
-    request.id = req->id().empty() ? "\x1f" "auto-" + std::to_string(next_auto_id++) : req->id();
+    // Assigned ids use a prefix client ids may not (request_id.h).
+    request.id = req->id().empty() ? internal::AutoRequestId(next_auto_id++) : req->id();
     request.items.reserve(req->items_size());
     for (const v1::EncodeItem& item : req->items()) {
       EncodeItemInput in;
@@ -252,7 +258,8 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     return Finish(Status::Ok(), start);
   }
 
-  grpc::Status Health(grpc::ServerContext*, const v1::HealthRequest*, v1::HealthResponse* out) override {
+  grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest*, v1::HealthResponse* out) override {
+    if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
     out->set_serving(serving.load());
     out->set_server_id(options.server_id);
     out->set_model_id(worker_options.model_id);
@@ -266,7 +273,8 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*, v1::StatsResponse* out) override {
+  grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest*, v1::StatsResponse* out) override {
+    if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
     internal::ToProto(Snapshot(), out);
     return grpc::Status::OK;
   }
@@ -295,6 +303,9 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   }
   if (options.cancel_poll.count() <= 0) return InvalidArgument("cancel_poll must be > 0");
   if (tower == nullptr) return InvalidArgument("tower is null");
+  StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      internal::MakeServerCredentials(options.tls_cert_pem, options.tls_key_pem, options.tls_client_ca_pem);
+  if (!credentials.ok()) return credentials.status();
 
   auto impl = std::make_unique<Impl>();
   Impl* self = impl.get();
@@ -304,6 +315,8 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->tower_deepstack = tower->deepstack_layers();
   self->tower_dtype = tower->dtype();
   self->metrics = std::make_shared<internal::ServerMetrics>([self] { return self->Snapshot(); });
+  self->outcomes = std::make_unique<internal::CallOutcomes>(options.log);
+  self->auth = std::make_unique<internal::TokenCheck>(options.auth_token);
 
   std::function<bool()> user_sink_full = std::move(worker_options.sink_full);
   worker_options.sink_full = [self, user_sink_full] {
@@ -316,17 +329,32 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   if (!worker.ok()) return worker.status();
   self->loop = std::make_unique<WorkerLoop>(std::move(*worker));
 
+  internal::EnableStandardServices();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &self->port);
+  builder.AddListeningPort(options.address, *credentials, &self->port);
   // gRPC sets SO_REUSEPORT by default, so a second server on a busy port would
   // start and silently share its traffic; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(self);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_request_bytes));
+  // gRPC refuses a message over its limit before any code of ours (the
+  // interceptor included) sees the call, so such refusals could be neither
+  // counted nor logged. Its limit is therefore a backstop at twice ours, and
+  // Encode enforces max_request_bytes itself.
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<std::int64_t>(2 * options.max_request_bytes, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(-1);
+  // Idle handler threads wait for calls in slices of this length (10 s by
+  // default), and gRPC's Shutdown joins them; a short slice keeps any wait on
+  // an idle poller short, for the cost of five wake-ups a second per idle
+  // poller. (The 10-13 s exits of issue 15 were not reproduced here; the
+  // CLI's ExitDeadline bounds the exit whatever their cause.)
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 200);
   grpc::ResourceQuota quota("epd-encode-server");
   quota.SetMaxThreads(options.max_rpc_threads);
   builder.SetResourceQuota(quota);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(self->outcomes->MakeInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   self->server = builder.BuildAndStart();
   if (self->server == nullptr || self->port == 0) {
     self->loop->Shutdown(std::chrono::milliseconds(0));
@@ -342,6 +370,7 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     }
   }
   self->serving = true;
+  internal::SetStandardHealth(*self->server, true);
   return std::unique_ptr<EncodeServer>(new EncodeServer(std::move(impl)));
 }
 
@@ -355,6 +384,7 @@ void EncodeServer::Shutdown(std::chrono::milliseconds grace) {
   if (impl_->shut_down) return;
   impl_->shut_down = true;
   impl_->serving = false;
+  internal::SetStandardHealth(*impl_->server, false);
   // Refuses new calls at once; waits for handlers until the deadline, then
   // cancels the calls still running (their handlers notice and return).
   impl_->server->Shutdown(std::chrono::system_clock::now() + grace);

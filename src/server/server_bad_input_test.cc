@@ -3,7 +3,12 @@
 // then serves a good request.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <future>
+#include <mutex>
+
+#include <grpcpp/generic/generic_stub.h>
 
 #include "test_server.h"
 #include "worker_test_util.h"
@@ -167,6 +172,90 @@ TEST(ServerBadInputTest, MessageOverTheSizeLimitIsResourceExhausted) {
   ExpectStillServing(t);
 }
 
+// A log sink that keeps its lines.
+struct LogLines {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> Sink() {
+    return [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      lines.push_back(line);
+    };
+  }
+  bool Has(const std::string& part) {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return Contains(l, part); });
+  }
+};
+
+std::uint64_t ErrorsWith(TestServer& t, StatusCode code) {
+  const auto errors = t.server->Stats().rpc_errors;
+  const auto it = errors.find(code);
+  return it == errors.end() ? 0 : it->second;
+}
+
+TEST(ServerBadInputTest, RefusalForSizeIsCountedAndLogged) {
+  LogLines log;
+  TestServerOptions o;
+  o.server.max_request_bytes = 64 << 10;
+  o.server.log = log.Sink();
+  TestServer t = StartTestServer(o);
+  RawCall r = CallEncode(*t.stub, MakeRequest("huge", {std::string(100 << 10, 'x')}));
+  ASSERT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(WaitFor([&] { return ErrorsWith(t, StatusCode::kResourceExhausted) == 1; }));
+  EXPECT_TRUE(WaitFor([&] { return log.Has("/epd.v1.Encoder/Encode"); }));
+  EXPECT_TRUE(log.Has("RESOURCE_EXHAUSTED"));
+}
+
+// Sends `body` as the request message of /epd.v1.Encoder/Encode, bypassing
+// the generated serializer.
+grpc::Status CallEncodeWithRawBytes(TestServer& t, const std::string& body) {
+  grpc::GenericStub stub(grpc::CreateChannel(t.target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&ctx, "/epd.v1.Encoder/Encode", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  call->Write(request, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  grpc::ByteBuffer reply;
+  for (;;) {
+    call->Read(&reply, reinterpret_cast<void*>(4));
+    cq.Next(&tag, &ok);
+    if (!ok) break;
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+TEST(ServerBadInputTest, MalformedProtobufIsInvalidArgumentAndCounted) {
+  LogLines log;
+  TestServerOptions o;
+  o.server.log = log.Sink();
+  TestServer t = StartTestServer(o);
+  // Field 1 (id, a string) declares 100 bytes but carries 2: not a message.
+  const grpc::Status s = CallEncodeWithRawBytes(t, std::string("\x0a\x64xy", 4));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(Contains(s.error_message(), "does not parse")) << s.error_message();
+  EXPECT_TRUE(WaitFor([&] { return ErrorsWith(t, StatusCode::kInvalidArgument) == 1; }));
+  EXPECT_EQ(ErrorsWith(t, StatusCode::kInternal), 0u);
+  EXPECT_TRUE(WaitFor([&] { return log.Has("INVALID_ARGUMENT"); }));
+  ExpectStillServing(t);
+}
+
 TEST(ServerBadInputTest, UncachedCallerKeyWithoutImageIsInvalidArgument) {
   TestServer t = StartTestServer();
   v1::EncodeRequest req;
@@ -207,6 +296,44 @@ TEST(ServerBadInputTest, QueuePastMaxQueueIsResourceExhausted) {
   t.hold->store(false);
   EXPECT_TRUE(queued.get().status.ok());
   ExpectStillServing(t);
+}
+
+TEST(ServerBadInputTest, MoreMissesThanMaxQueueIsInvalidArgumentNamingTheLimit) {
+  TestServerOptions o;
+  o.worker.max_pending_items = 1;
+  TestServer t = StartTestServer(o);
+  // An idle server: two new images can never fit a queue of one.
+  RawCall r = CallEncode(*t.stub, MakeRequest("big", {Png(56, 56, 30), Png(56, 56, 31)}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << r.status.error_message();
+  EXPECT_TRUE(Contains(r.status.error_message(), "max_pending_items 1")) << r.status.error_message();
+  ExpectStillServing(t);
+}
+
+bool AllPrintable(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c <= 0x7e; });
+}
+
+TEST(ServerBadInputTest, AssignedRequestIdIsPrintableInErrorText) {
+  TestServerOptions o;
+  o.worker.max_pending_items = 1;
+  TestServer t = StartTestServer(o);
+  // No id: the server assigns one, and the worker's refusal quotes it.
+  RawCall r = CallEncode(*t.stub, MakeRequest("", {Png(56, 56, 32), Png(56, 56, 33)}));
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_TRUE(Contains(r.status.error_message(), "request 'epd-auto-")) << r.status.error_message();
+  EXPECT_TRUE(AllPrintable(r.status.error_message())) << r.status.error_message();
+}
+
+TEST(ServerBadInputTest, RequestIdWithAControlCharacterIsInvalidArgument) {
+  TestServer t = StartTestServer();
+  RawCall r = CallEncode(*t.stub, MakeRequest(std::string("bad\x1f" "id"), {Png(56, 56, 34)}));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(r.status.error_message(), "byte 0x1f at offset 3")) << r.status.error_message();
+  EXPECT_TRUE(AllPrintable(r.status.error_message()));
+  RawCall reserved = CallEncode(*t.stub, MakeRequest("epd-auto-1", {Png(56, 56, 34)}));
+  EXPECT_EQ(reserved.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(Contains(reserved.status.error_message(), "reserved")) << reserved.status.error_message();
+  EXPECT_EQ(t.tower_state->items_encoded(), 0);
 }
 
 TEST(ServerBadInputTest, TowerFailureFailsOnlyThatBatchsRequests) {

@@ -474,6 +474,15 @@ Status EncodeWorker::Impl::Admit(const EncodeRequest& request, std::vector<Statu
     }
     ++new_jobs;
   }
+  // More misses than the whole queue holds can never be admitted, however
+  // long the caller waits: that is the request's fault, not the load's.
+  if (new_jobs > options.max_pending_items) {
+    return InvalidArgument("request '" + request.id + "' has " + std::to_string(new_jobs) +
+                           " items to queue for the tower (neither cached nor in flight), more than the "
+                           "queue holds at once (max_pending_items " +
+                           std::to_string(options.max_pending_items) +
+                           "); split it into requests of at most that many new images");
+  }
   const std::int64_t pending = static_cast<std::int64_t>(scheduler.pending_size());
   if (pending + new_jobs > options.max_pending_items) {
     return ResourceExhausted("request '" + request.id + "' would queue " + std::to_string(new_jobs) +

@@ -451,6 +451,24 @@ TEST_P(EncodeWorkerTest, QueueLimitRejectsTheWholeRequest) {
   EXPECT_TRUE(c_.done["c"].all_ok());
 }
 
+TEST_P(EncodeWorkerTest, RequestWithMoreMissesThanTheQueueHoldsIsInvalidArgument) {
+  WorkerOptions o = Options();
+  o.max_pending_items = 2;
+  auto w = Make(o);
+  // Three distinct misses on an empty queue of two: no wait would ever help.
+  Status s = w->Submit(Request("big", {x_, y_, z_}), c_.For("big"));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("3 items to queue"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("max_pending_items 2"), std::string::npos) << s.message();
+  EXPECT_EQ(c_.done.count("big"), 0u);
+  EXPECT_EQ(w->stats().pending_items, 0);
+  EXPECT_EQ(w->stats().rejected_requests, 1u);
+  // Duplicates are one computation: x, x, y is two misses and fits.
+  EXPECT_TRUE(w->Submit(Request("fits", {x_, x_, y_}), c_.For("fits")).ok());
+  Drain(*w);
+  EXPECT_TRUE(c_.done["fits"].all_ok());
+}
+
 TEST_P(EncodeWorkerTest, CancelDropsQueuedItemsNobodyElseWaitsOn) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Request("a", {x_, y_}), c_.For("a")).ok());
