@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "epd/v1/encoder.grpc.pb.h"
+#include "client_convert.h"
 #include "proto_convert.h"
 
 namespace epd {

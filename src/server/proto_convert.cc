@@ -129,57 +129,6 @@ void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem*
   out->set_deepstack(reinterpret_cast<const char*>(e.deepstack.data()), e.deepstack.size());
 }
 
-ClientItemResult FromProto(const v1::EncodedItem& m) {
-  ClientItemResult r;
-  r.index = m.index();
-  if (m.key().size() == r.key.bytes.size()) std::memcpy(r.key.bytes.data(), m.key().data(), r.key.bytes.size());
-  r.source = FromProto(m.source());
-  r.queue_ms = m.queue_ms();
-  r.tower_ms = m.tower_ms();
-  r.total_ms = m.total_ms();
-  r.server_id = m.server_id();
-  if (m.error_code() != 0) {
-    r.status = Status(static_cast<StatusCode>(m.error_code()), m.error_message());
-    return r;
-  }
-  StatusOr<DType> dtype = FromProto(m.dtype());
-  if (!dtype.ok()) {
-    r.status = Internal("server sent item " + std::to_string(m.index()) + " with " + dtype.status().message());
-    return r;
-  }
-  auto e = std::make_shared<Embedding>();
-  e->tokens = m.tokens();
-  e->hidden = m.hidden();
-  e->deepstack_layers = m.deepstack_layers();
-  e->dtype = *dtype;
-  const auto* main = reinterpret_cast<const std::byte*>(m.main().data());
-  const auto* deep = reinterpret_cast<const std::byte*>(m.deepstack().data());
-  e->main.assign(main, main + m.main().size());
-  e->deepstack.assign(deep, deep + m.deepstack().size());
-  if (e->tokens < 0 || e->hidden < 0 || e->deepstack_layers < 0 || e->nbytes() != e->ExpectedBytes() ||
-      e->main.size() != static_cast<std::size_t>(e->tokens * e->hidden) * DTypeSize(e->dtype)) {
-    r.status = Internal("server sent item " + std::to_string(m.index()) + " whose " +
-                        std::to_string(e->main.size()) + "+" + std::to_string(e->deepstack.size()) +
-                        " bytes do not match its shape [" + std::to_string(e->tokens) + ", " +
-                        std::to_string(e->hidden) + "] x " + std::to_string(1 + e->deepstack_layers));
-    return r;
-  }
-  // An empty grid_thw (an older server) leaves the grid unknown; a present
-  // one must be 3 positive values.
-  if (m.grid_thw_size() != 0) {
-    if (m.grid_thw_size() != 3 || m.grid_thw(0) <= 0 || m.grid_thw(1) <= 0 || m.grid_thw(2) <= 0) {
-      std::string got;
-      for (std::int64_t v : m.grid_thw()) got += (got.empty() ? "" : ", ") + std::to_string(v);
-      r.status = Internal("server sent item " + std::to_string(m.index()) + " with grid_thw [" + got +
-                          "]; expected 3 positive values [t, h, w]");
-      return r;
-    }
-    e->grid = {m.grid_thw(0), m.grid_thw(1), m.grid_thw(2)};
-  }
-  r.embedding = std::move(e);
-  return r;
-}
-
 void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   const WorkerStats& w = s.worker;
   out->set_server_id(s.server_id);

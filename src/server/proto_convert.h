@@ -1,5 +1,6 @@
 // src/server/proto_convert.h (internal): epd types <-> epd.v1 messages, shared
-// by the server and the client so both sides agree on every mapping.
+// by the server and the client so both sides agree on every mapping. The
+// client's own result type is converted in client_convert.h (client layer).
 //
 // Status codes cross unchanged (StatusCode is numbered as grpc::StatusCode);
 // a gRPC code epd has no name for (e.g. UNIMPLEMENTED) keeps its number.
@@ -10,7 +11,6 @@
 #include <string>
 #include <string_view>
 
-#include "epd/client.h"
 #include "epd/embedding.h"
 #include "epd/encode_types.h"
 #include "epd/preprocess.h"
@@ -38,11 +38,6 @@ StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p);
 // Fills `out` from a delivered item: the embedding's bytes are copied into
 // the message (the one copy on the server side), or error_code/message set.
 void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem* out);
-// The client side: copies the payload and grid_thw into a fresh Embedding. A
-// message whose byte sizes disagree with its shape, or whose grid_thw is
-// neither empty nor 3 positive values, becomes a kInternal item status.
-ClientItemResult FromProto(const v1::EncodedItem& m);
-
 void ToProto(const ServerStats& s, v1::StatsResponse* out);
 ServerStats FromProto(const v1::StatsResponse& m);
 

@@ -15,6 +15,7 @@
 
 #include "epd/client.h"
 #include "epd/content_key.h"
+#include "client_convert.h"
 #include "proto_convert.h"
 #include "test_server.h"
 #include "worker_test_util.h"

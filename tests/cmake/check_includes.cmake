@@ -65,8 +65,15 @@ function(check_file path layer)
         string(APPEND errors "\n  ${rel} (layer ${layer}) includes epd/${h} (layer ${layer_of_${h}}), which "
                              "${layer} may not use")
       endif()
-    elseif(line MATCHES "\"([A-Za-z0-9_]+\\.h)\"" AND EXISTS ${dir}/${CMAKE_MATCH_1})
-      check_file(${dir}/${CMAKE_MATCH_1} ${layer})
+    elseif(line MATCHES "\"([A-Za-z0-9_]+\\.h)\"")
+      # A second step: ${CMAKE_MATCH_1} in the same if() would be expanded
+      # before MATCHES sets it. A private header of another directory (e.g.
+      # media's digest.h, on epd_model's include path) is not followed here;
+      # its own directory's sources cover it.
+      set(local ${dir}/${CMAKE_MATCH_1})
+      if(EXISTS ${local})
+        check_file(${local} ${layer})
+      endif()
     endif()
   endforeach()
   set(errors "${errors}" PARENT_SCOPE)

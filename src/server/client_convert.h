@@ -1,0 +1,17 @@
+// src/server/client_convert.h (internal to epd::client): an EncodedItem as
+// the client's ClientItemResult. Kept out of proto_convert.h, which the
+// server shares, so that the rpc layer never includes the client's header.
+#pragma once
+
+#include "epd/client.h"
+#include "epd/v1/encoder.pb.h"
+
+namespace epd::internal {
+
+// Copies the payload and grid_thw into a fresh Embedding. A message whose
+// byte sizes disagree with its shape, or whose grid_thw is neither empty nor
+// 3 positive values, becomes a kInternal item status; an item the server
+// failed keeps the server's code and message.
+ClientItemResult FromProto(const v1::EncodedItem& m);
+
+}  // namespace epd::internal
