@@ -15,7 +15,7 @@ build_pkgs=(
   python3 python3-dev pybind11-dev python3-pytest python3-numpy python3-pil python3-skimage
   libtorch-dev libopenblas0-openmp python3-torch
   libssl-dev libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev libstb-dev libxxhash-dev
-  libwebp-dev libgif-dev python3-skimage libjpeg-turbo-progs
+  libwebp-dev libgif-dev libjpeg-turbo-progs
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl openssl
