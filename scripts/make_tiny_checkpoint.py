@@ -44,7 +44,10 @@ Sizes (--size):
         is given (the build writes it to build/models/default-qwen2_5_vl):
         4 blocks, width 128, 2 heads, SwiGLU intermediate 256, out 512,
         window 112 px with full attention at blocks 1 and 3, real
-        patch/merge/processor values. About 1.3 M vision parameters, sized
+        patch/merge/processor values except max_pixels 1003520 (1280 merged
+        tokens of 28x28, the cap Qwen2-VL's model card suggests and the
+        TorchScript default's), so the demo's token counts stay those of the
+        TorchScript default. About 1.3 M vision parameters, sized
         like the TorchScript default tower (scripts/make_default_tower.py:
         width 128, 3 blocks, 2 heads, out 512) so the demo's timing stays
         comparable.
@@ -197,7 +200,15 @@ def config_json(arch, vision, dtype):
     return cfg
 
 
-def preprocessor_config_json(arch, vision):
+# preprocessor_config.json fields a size sets differently from the model's
+# published processor (see --size).
+_PROCESSOR_OVERRIDES = {
+    ("qwen2_5_vl", "default"): {"max_pixels": 1003520,
+                                "size": {"longest_edge": 1003520, "shortest_edge": 3136}},
+}
+
+
+def preprocessor_config_json(arch, vision, size="tiny"):
     """As Qwen2VLImageProcessor (Qwen2/2.5) or Qwen3-VL's processor writes it."""
     base = {
         "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
@@ -221,6 +232,7 @@ def preprocessor_config_json(arch, vision):
             "image_processor_type": "Qwen2VLImageProcessor",
             "processor_class": "Qwen2VLProcessor" if arch == "qwen2_vl" else "Qwen2_5_VLProcessor",
         })
+    base.update(copy.deepcopy(_PROCESSOR_OVERRIDES.get((arch, size), {})))
     return base
 
 
@@ -403,7 +415,7 @@ def build(arch, out_dir, seed=0, dtype="f32", shards=1, size="tiny", config_from
         json.dump(config_json(arch, vision, dtype), f, indent=2, sort_keys=True)
         f.write("\n")
     with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
-        json.dump(preprocessor_config_json(arch, vision), f, indent=2, sort_keys=True)
+        json.dump(preprocessor_config_json(arch, vision, size), f, indent=2, sort_keys=True)
         f.write("\n")
     # Remove files a previous run with another --shards left behind.
     for name in os.listdir(out_dir):
