@@ -128,6 +128,11 @@ foreach(model EPD_DEFAULT_TOWER_PATH EPD_DEFAULT_TOWER_NODS_PATH)
     install(FILES ${${model}} DESTINATION ${CMAKE_INSTALL_DATADIR}/epd/models)
   endif()
 endforeach()
+# The default model (a Qwen2.5-VL checkpoint directory): the installed
+# epd-encode runs share/epd/models/default-qwen2_5_vl when given no --model.
+if(EPD_DEFAULT_MODEL_DIR)
+  install(DIRECTORY ${EPD_DEFAULT_MODEL_DIR} DESTINATION ${CMAKE_INSTALL_DATADIR}/epd/models)
+endif()
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/systemd/epd-encode.service
         DESTINATION ${CMAKE_INSTALL_DATADIR}/epd/systemd)
 

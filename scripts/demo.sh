@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: replays ~200 requests over real photographs through
-# epd-encode with the default vision tower and prints the summary.
+# epd-encode with the default model (the small random Qwen2.5-VL checkpoint
+# the build writes to <build>/models/default-qwen2_5_vl, read by the real
+# checkpoint loader) and prints the summary.
 #
 # Photographs come from Debian's python3-skimage package, downloaded with
 # `apt-get download` (no install, no root needed when the apt lists are

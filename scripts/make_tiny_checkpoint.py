@@ -40,6 +40,17 @@ Qwen2-VL-7B-Instruct, Qwen2.5-VL-7B-Instruct and Qwen3-VL-8B-Instruct):
 Sizes (--size):
   tiny  a few blocks, width 32-64, 2 heads, real patch/merge/window sizes
         and real processor defaults (so token counts match the real model).
+  default  (qwen2_5_vl only) the checkpoint epd-encode runs when no --model
+        is given (the build writes it to build/models/default-qwen2_5_vl):
+        4 blocks, width 128, 2 heads, SwiGLU intermediate 256, out 512,
+        window 112 px with full attention at blocks 1 and 3, real
+        patch/merge/processor values except max_pixels 1003520 (1280 merged
+        tokens of 28x28, the cap Qwen2-VL's model card suggests and the
+        TorchScript default's), so the demo's token counts stay those of the
+        TorchScript default. About 1.3 M vision parameters, sized
+        like the TorchScript default tower (scripts/make_default_tower.py:
+        width 128, 3 blocks, 2 heads, out 512) so the demo's timing stays
+        comparable.
   7b    the published vision_config of the 7B/8B model of the architecture
         (Qwen2.5-VL-7B: 32 blocks, width 1280, 16 heads, MLP 3420, out 3584,
         window 112, full attention at blocks 7/15/23/31). About 670 M tower
@@ -57,6 +68,7 @@ downloaded, and only numpy is needed.
 Usage:
   /usr/bin/python3 scripts/make_tiny_checkpoint.py --arch qwen2_5_vl --out build/models/tiny-qwen2_5_vl
   /usr/bin/python3 scripts/make_tiny_checkpoint.py --arch qwen3_vl --out /tmp/q3 --dtype bf16 --shards 3
+  /usr/bin/python3 scripts/make_tiny_checkpoint.py --arch qwen2_5_vl --size default --out build/models/default-qwen2_5_vl
   /usr/bin/python3 scripts/make_tiny_checkpoint.py --arch qwen2_5_vl --size 7b --dtype bf16 --out /tmp/q25-7b
 """
 
@@ -93,6 +105,12 @@ _VISION = {
     ("qwen2_5_vl", "tiny"): {
         "depth": 4, "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 96,
         "num_heads": 2, "in_chans": 3, "out_hidden_size": 48, "patch_size": 14,
+        "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+        "fullatt_block_indexes": [1, 3], "tokens_per_second": 2, "temporal_patch_size": 2,
+    },
+    ("qwen2_5_vl", "default"): {  # epd-encode's default model (see --size above)
+        "depth": 4, "hidden_act": "silu", "hidden_size": 128, "intermediate_size": 256,
+        "num_heads": 2, "in_chans": 3, "out_hidden_size": 512, "patch_size": 14,
         "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
         "fullatt_block_indexes": [1, 3], "tokens_per_second": 2, "temporal_patch_size": 2,
     },
@@ -182,7 +200,15 @@ def config_json(arch, vision, dtype):
     return cfg
 
 
-def preprocessor_config_json(arch, vision):
+# preprocessor_config.json fields a size sets differently from the model's
+# published processor (see --size).
+_PROCESSOR_OVERRIDES = {
+    ("qwen2_5_vl", "default"): {"max_pixels": 1003520,
+                                "size": {"longest_edge": 1003520, "shortest_edge": 3136}},
+}
+
+
+def preprocessor_config_json(arch, vision, size="tiny"):
     """As Qwen2VLImageProcessor (Qwen2/2.5) or Qwen3-VL's processor writes it."""
     base = {
         "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
@@ -206,6 +232,7 @@ def preprocessor_config_json(arch, vision):
             "image_processor_type": "Qwen2VLImageProcessor",
             "processor_class": "Qwen2VLProcessor" if arch == "qwen2_vl" else "Qwen2_5_VLProcessor",
         })
+    base.update(copy.deepcopy(_PROCESSOR_OVERRIDES.get((arch, size), {})))
     return base
 
 
@@ -371,6 +398,9 @@ def split_shards(tensors, n_shards, dtype):
 def build(arch, out_dir, seed=0, dtype="f32", shards=1, size="tiny", config_from=None):
     if arch not in ARCHS:
         raise ValueError(f"unknown --arch {arch!r}; expected one of {', '.join(ARCHS)}")
+    if (arch, size) not in _VISION:
+        sizes = sorted(s for a, s in _VISION if a == arch)
+        raise ValueError(f"--size {size} does not exist for --arch {arch}; expected one of {', '.join(sizes)}")
     vision = copy.deepcopy(_VISION[(arch, size)])
     if config_from:
         with open(config_from) as f:
@@ -385,7 +415,7 @@ def build(arch, out_dir, seed=0, dtype="f32", shards=1, size="tiny", config_from
         json.dump(config_json(arch, vision, dtype), f, indent=2, sort_keys=True)
         f.write("\n")
     with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
-        json.dump(preprocessor_config_json(arch, vision), f, indent=2, sort_keys=True)
+        json.dump(preprocessor_config_json(arch, vision, size), f, indent=2, sort_keys=True)
         f.write("\n")
     # Remove files a previous run with another --shards left behind.
     for name in os.listdir(out_dir):
@@ -415,7 +445,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="f32", choices=sorted(_ST_DTYPE))
     ap.add_argument("--shards", type=int, default=1, help="number of safetensors shards (1: model.safetensors)")
-    ap.add_argument("--size", default="tiny", choices=("tiny", "7b"))
+    ap.add_argument("--size", default="tiny", choices=("tiny", "default", "7b"),
+                    help="tiny: test sizes; default: epd-encode's default model (qwen2_5_vl only); "
+                         "7b: the published 7B/8B vision_config")
     ap.add_argument("--config-from", help="config.json whose vision_config overrides the size's fields")
     args = ap.parse_args(argv)
     try:

@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
-"""End-to-end test of `epd-encode replay` with the default tower.
+"""End-to-end test of `epd-encode replay` with the default model.
+
+The default model (no --model) is the random Qwen2.5-VL checkpoint the build
+writes to DEFAULT_MODEL_DIR (scripts/make_tiny_checkpoint.py --size default):
+out_hidden_size 512, no deepstack, patch 14 and merge 2 from its
+preprocessor_config.json. The dims the test expects are read from that
+directory's JSON files, not from epd-encode.
 
 Writes a few PNGs (by hand: zlib + struct, no imaging library), replays a
 generated trace and hand-written ones, and checks the JSON summary and the
 safetensors output against counts computed here from the trace alone.
 
-Usage: replay_e2e_test.py EPD_ENCODE WORK_DIR
+Usage: replay_e2e_test.py EPD_ENCODE WORK_DIR DEFAULT_MODEL_DIR
 """
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -44,8 +51,24 @@ def check(cond, what):
 
 
 def main():
-    binary, work = sys.argv[1], sys.argv[2]
+    binary, work, model_dir = sys.argv[1], sys.argv[2], sys.argv[3]
     shutil.rmtree(work, ignore_errors=True)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(model_dir, "preprocessor_config.json")) as f:
+        processor = json.load(f)
+    check(config["model_type"] == "qwen2_5_vl", f"default model is {config['model_type']}")
+    out_hidden = config["vision_config"]["out_hidden_size"]
+    factor = processor["patch_size"] * processor["merge_size"]
+    check(factor == 28, f"patch x merge = {factor}; the image sides below assume 28")
+    # The model id in the keys: the one `inspect-model` reports for the
+    # default directory, in the documented form `<model_type>:<32 hex>`.
+    p = subprocess.run([binary, "inspect-model", model_dir], capture_output=True, text=True)
+    check(p.returncode == 0, f"inspect-model failed ({p.returncode}): {p.stderr}")
+    m = re.search(r"^model id:\s+(\S+)$", p.stdout, re.M)
+    check(m is not None, f"no model id line in: {p.stdout}")
+    want_model_id = m.group(1)
+    check(re.fullmatch(r"qwen2_5_vl:[0-9a-f]{32}", want_model_id) is not None, f"model id {want_model_id}")
     images = os.path.join(work, "images")
     os.makedirs(images)
     # Sides are multiples of 28 within Qwen2-VL's pixel bounds, so SmartResize
@@ -88,10 +111,12 @@ def main():
     mains = {k: v for k, v in header.items() if k != "__metadata__" and "." not in k}
     check(len(mains) == len(distinct), f"{len(mains)} embeddings in the file")
     check(sorted(v["shape"][0] for v in mains.values()) == sorted(tokens[n] for n in distinct), "token rows")
-    check(all(v["dtype"] == "F32" and v["shape"][1] == 512 for v in mains.values()), "hidden 512, F32")
-    check(all(k + ".deepstack" in header for k in mains), "deepstack halves present")
-    check(len(header) == 1 + 3 * len(mains), f"main, deepstack and grid_thw per key, nothing else: {sorted(header)}")
-    check(header["__metadata__"]["model_id"] == "default_tower.pt", header["__metadata__"])
+    check(all(v["dtype"] == "F32" and v["shape"][1] == out_hidden for v in mains.values()),
+          f"hidden {out_hidden}, F32")
+    # Qwen2.5-VL has no deepstack: a main tensor and its grid per key, nothing else.
+    check(not any(k.endswith(".deepstack") for k in header), "no deepstack for Qwen2.5-VL")
+    check(len(header) == 1 + 2 * len(mains), f"main and grid_thw per key, nothing else: {sorted(header)}")
+    check(header["__metadata__"]["model_id"] == want_model_id, header["__metadata__"])
 
     def grid_in_file(key):
         g = header[key + ".grid_thw"]
@@ -100,7 +125,7 @@ def main():
         return list(struct.unpack("<3q", body[b:e]))
 
     # The manifest beside it: one line per (request, item), naming the key,
-    # the grid (by hand: sides / 14, t = 1) and the file.
+    # the grid (by hand: sides / patch 14, t = 1) and the file.
     manifest = [json.loads(line) for line in open(os.path.join(work, "emb.manifest.jsonl"))]
     check(len(manifest) == len(names), f"{len(manifest)} manifest lines for {len(names)} items")
     want_rows = [(r["id"], i, p) for r in reqs for i, p in enumerate(r["images"])]

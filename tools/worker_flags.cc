@@ -22,18 +22,19 @@
 namespace epd::cli {
 
 std::string DefaultModelPath() {
-#ifdef EPD_DEFAULT_TOWER_PATH
-  // An installed epd-encode (cmake --install) finds the tower installed
-  // beside it, EPD_INSTALLED_MODELS_DIR relative to its own directory; one
-  // run from the build tree, the tower the build made.
+#ifdef EPD_DEFAULT_MODEL_DIR
+  // The default model is the Qwen2.5-VL checkpoint directory the build writes
+  // (src/tower/CMakeLists.txt). An installed epd-encode (cmake --install)
+  // finds it installed beside it, EPD_INSTALLED_MODELS_DIR relative to its own
+  // directory; one run from the build tree, the directory the build made.
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     const std::filesystem::path installed =
-        exe.parent_path() / EPD_INSTALLED_MODELS_DIR / std::filesystem::path(EPD_DEFAULT_TOWER_PATH).filename();
-    if (std::filesystem::exists(installed, ec)) return installed.lexically_normal().string();
+        exe.parent_path() / EPD_INSTALLED_MODELS_DIR / std::filesystem::path(EPD_DEFAULT_MODEL_DIR).filename();
+    if (std::filesystem::is_directory(installed, ec)) return installed.lexically_normal().string();
   }
-  return EPD_DEFAULT_TOWER_PATH;
+  return EPD_DEFAULT_MODEL_DIR;
 #else
   return "";
 #endif

@@ -5,10 +5,11 @@
 // Flags (defaults in brackets):
 //   --model PATH              a Hugging Face checkpoint directory (Qwen2-VL,
 //                             Qwen2.5-VL, Qwen3-VL; epd/checkpoint_tower.h) or
-//                             a TorchScript tower file [the default tower: for
-//                             an installed epd-encode, share/epd/models/
-//                             default_tower.pt of its prefix; else the one
-//                             built into build/models/default_tower.pt]
+//                             a TorchScript tower file [the default model, a
+//                             small random Qwen2.5-VL checkpoint: for an
+//                             installed epd-encode, share/epd/models/
+//                             default-qwen2_5_vl of its prefix; else the one
+//                             the build writes to build/models/default-qwen2_5_vl]
 //   --model-id ID             hashed into every content key [a checkpoint's
 //                             model id (epd/checkpoint.h); a TorchScript
 //                             file's name]

@@ -8,19 +8,25 @@ as a user would.
    find_package(epd <version> EXACT CONFIG REQUIRED) and epd::core, runs it
    and checks what it prints;
 3. builds the same program with only `pkg-config --cflags --libs epd`;
-4. runs the installed `epd-encode --version`;
+4. runs the installed `epd-encode --version`; with torch, checks that the
+   default model (the Qwen2.5-VL checkpoint directory) is installed, that
+   the installed binary takes it as its --model default, and replays two
+   requests with it;
 5. imports the installed Python package from the prefix (not the build
    tree) and checks epd.__version__ and a cache round trip.
 The expected version is read from the top-level CMakeLists.txt's project().
 Exits 0 on success; prints what differs otherwise.
 """
 
+import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 
@@ -35,6 +41,39 @@ def expect(what, got, want):
     if got != want:
         sys.exit(f"FAILED: {what}: got {got!r}, want {want!r}")
     print(f"ok: {what}")
+
+
+def write_png(path, width, height):
+    """An RGB PNG written by hand (zlib + struct): no imaging library needed."""
+    rows = b"".join(b"\0" + bytes((x * 9 + y * 3) % 256 for x in range(width) for _ in range(3))
+                    for y in range(height))
+
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows))
+                     + chunk(b"IEND", b""))
+
+
+def check_default_model(cli, model_dir, tmp):
+    for name in ("config.json", "preprocessor_config.json", "model.safetensors"):
+        expect(f"installed default model's {name}", (model_dir / name).is_file(), True)
+    # The installed binary resolves its default relative to itself, so the
+    # --model default its help shows is the installed directory.
+    help_text = run([str(cli), "replay", "--help"])
+    expect("installed epd-encode's --model default is the installed checkpoint",
+           str(model_dir.resolve()) in help_text, True)
+    config = json.loads((model_dir / "config.json").read_text())
+    expect("default model's model_type", config["model_type"], "qwen2_5_vl")
+    images = tmp / "images"
+    images.mkdir()
+    write_png(images / "a.png", 56, 84)  # 2 x 3 merged patches of 28 px: 6 tokens
+    j = json.loads(run([str(cli), "replay", "--images", str(images), "--generate", "2", "--threads", "1",
+                        "--json"]))
+    expect("replay with the installed default model: items", j["items"] >= 2, True)
+    expect("replay with the installed default model: tower tokens", j["tower_tokens"], 6)
 
 
 def main():
@@ -68,7 +107,8 @@ def main():
             expect("epd-encode --version", run([str(cli), "--version"]).strip(), f"epd-encode {version}")
             if "EPD_WITH_TORCH:BOOL=ON" in cache:
                 model = prefix / "share/epd/models/default_tower.pt"
-                expect("installed default tower", model.is_file(), True)
+                expect("installed TorchScript default tower", model.is_file(), True)
+                check_default_model(cli, prefix / "share/epd/models/default-qwen2_5_vl", Path(tmp))
 
         pydir = re.search(r"^EPD_INSTALL_PYTHONDIR:STRING=(.*)$", cache, re.M)
         if pydir:
