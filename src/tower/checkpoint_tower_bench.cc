@@ -3,8 +3,9 @@
 // method as bench/checkpoint_reference_bench.py, so the two tables can be put
 // side by side (docs/BENCHMARKS.md).
 //
-//   checkpoint_tower_bench [--models DIR] [--photo FILE] [--repeats N]
-//                          [--threads 1,2] [--json OUT.json]
+//   checkpoint_tower_bench [--models DIR | --model DIR] [--photo FILE]
+//                          [--repeats N] [--threads 1,2] [--batches 1]
+//                          [--device cpu] [--dtype f32|bf16] [--json OUT.json]
 //
 // Workload: for each tiny-<arch> checkpoint under --models (default
 // build/models, written by the tiny_checkpoints target), the photo (default
@@ -15,6 +16,13 @@
 // the single image, then --repeats Encodes. Columns: median and minimum wall
 // time per image (steady_clock) and the median process CPU time
 // (CLOCK_PROCESS_CPUTIME_ID), in ms. Weights and the forward are float32.
+//
+// For other sizes and devices (docs/GPU.md): --model DIR benchmarks that one
+// checkpoint instead of the three tiny ones; --batches 1,8,32 encodes B copies
+// of the image in one Encode call and reports the call's time divided by B
+// (per image) and images/s; --device cuda and --dtype bf16 set
+// CheckpointTowerOptions::device / compute_dtype. The output is copied to host
+// memory, so each timed call ends after the device finished.
 //
 // Exit status 0 on success; any error goes to stderr with status 1.
 #include <time.h>
@@ -44,6 +52,7 @@ constexpr const char* kArchs[] = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"};
 struct Row {
   std::string arch;
   int threads = 0;
+  int batch = 1;
   epd::GridTHW grid;
   std::int64_t patches = 0;
   std::int64_t tokens = 0;
@@ -89,9 +98,10 @@ bool ParseInt(const std::string& s, int min, int* out) {
 }
 
 int Run(int argc, char** argv) {
-  std::string models = "build/models", photo = kDefaultPhoto, json_out;
+  std::string models = "build/models", model, photo = kDefaultPhoto, json_out, device = "cpu", dtype = "f32";
   int repeats = 5;
   std::vector<int> thread_counts = {1, 2};
+  std::vector<int> batches = {1};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) return Fail("flag " + arg + " needs a value");
@@ -104,15 +114,23 @@ int Run(int argc, char** argv) {
       json_out = value;
     } else if (arg == "--repeats") {
       if (!ParseInt(value, 1, &repeats)) return Fail("--repeats must be an integer >= 1");
-    } else if (arg == "--threads") {
-      thread_counts.clear();
-      std::stringstream list(value);
-      for (std::string item; std::getline(list, item, ',');) {
+    } else if (arg == "--model") {
+      model = value;
+    } else if (arg == "--device") {
+      device = value;
+    } else if (arg == "--dtype") {
+      if (value != "f32" && value != "bf16") return Fail("--dtype must be f32 or bf16");
+      dtype = value;
+    } else if (arg == "--threads" || arg == "--batches") {
+      std::vector<int>& list = arg == "--threads" ? thread_counts : batches;
+      list.clear();
+      std::stringstream items(value);
+      for (std::string item; std::getline(items, item, ',');) {
         int n = 0;
-        if (!ParseInt(item, 1, &n)) return Fail("--threads must be a comma list of integers >= 1");
-        thread_counts.push_back(n);
+        if (!ParseInt(item, 1, &n)) return Fail(arg + " must be a comma list of integers >= 1");
+        list.push_back(n);
       }
-      if (thread_counts.empty()) return Fail("--threads must name at least one count");
+      if (list.empty()) return Fail(arg + " must name at least one count");
     } else {
       return Fail("unknown flag " + arg);
     }
@@ -122,9 +140,15 @@ int Run(int argc, char** argv) {
   if (!file) return Fail("cannot read --photo " + photo);
   const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
 
+  std::vector<std::string> dirs;
+  if (!model.empty()) {
+    dirs.push_back(model);
+  } else {
+    for (const char* arch : kArchs) dirs.push_back(models + "/tiny-" + arch);
+  }
+
   std::vector<Row> rows;
-  for (const char* arch : kArchs) {
-    const std::string dir = models + "/tiny-" + arch;
+  for (const std::string& dir : dirs) {
     auto checkpoint = epd::OpenCheckpoint(dir);
     if (!checkpoint.ok()) return Fail(checkpoint.status().ToString());
     const epd::VisionConfig& vision = (*checkpoint)->vision();
@@ -141,49 +165,56 @@ int Run(int argc, char** argv) {
     for (int threads : thread_counts) {
       epd::CheckpointTowerOptions opts;
       opts.num_threads = threads;
+      opts.device = device;
+      opts.compute_dtype = dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
       auto tower = epd::LoadCheckpointTower(*checkpoint, opts);
       if (!tower.ok()) return Fail(tower.status().ToString());
-      auto warm = (*tower)->Encode({&item, 1});
-      if (!warm.ok()) return Fail(warm.status().ToString());
-      std::vector<double> walls, cpus;
-      for (int r = 0; r < repeats; ++r) {
-        const double w0 = WallMs(), c0 = ProcessCpuMs();
-        auto out = (*tower)->Encode({&item, 1});
-        walls.push_back(WallMs() - w0);
-        cpus.push_back(ProcessCpuMs() - c0);
-        if (!out.ok()) return Fail(out.status().ToString());
+      for (int batch : batches) {
+        const std::vector<epd::TowerItem> items(static_cast<std::size_t>(batch), item);
+        auto warm = (*tower)->Encode(items);
+        if (!warm.ok()) return Fail(warm.status().ToString());
+        std::vector<double> walls, cpus;
+        for (int r = 0; r < repeats; ++r) {
+          const double w0 = WallMs(), c0 = ProcessCpuMs();
+          auto out = (*tower)->Encode(items);
+          walls.push_back((WallMs() - w0) / batch);
+          cpus.push_back((ProcessCpuMs() - c0) / batch);
+          if (!out.ok()) return Fail(out.status().ToString());
+        }
+        Row row;
+        row.arch = std::string(epd::VisionArchName(vision.arch));
+        row.threads = threads;
+        row.batch = batch;
+        row.grid = image->grid;
+        row.patches = image->grid.patches();
+        row.tokens = warm->tokens / batch;
+        row.depth = vision.depth;
+        row.width = vision.width;
+        row.preprocess_ms = preprocess_ms;
+        row.median_ms = Median(walls);
+        row.min_ms = *std::min_element(walls.begin(), walls.end());
+        row.median_cpu_ms = Median(cpus);
+        row.repeats = repeats;
+        rows.push_back(row);
       }
-      Row row;
-      row.arch = arch;
-      row.threads = threads;
-      row.grid = image->grid;
-      row.patches = image->grid.patches();
-      row.tokens = warm->tokens;
-      row.depth = vision.depth;
-      row.width = vision.width;
-      row.preprocess_ms = preprocess_ms;
-      row.median_ms = Median(walls);
-      row.min_ms = *std::min_element(walls.begin(), walls.end());
-      row.median_cpu_ms = Median(cpus);
-      row.repeats = repeats;
-      rows.push_back(row);
     }
   }
 
   double load[1] = {0};
   if (getloadavg(load, 1) != 1) load[0] = -1;
   const std::string base = photo.substr(photo.find_last_of('/') + 1);
-  std::printf("C++ checkpoint towers (epd/checkpoint_tower.h, float32), %s, %zu bytes, load average %.2f\n\n",
-              base.c_str(), bytes.size(), load[0]);
+  std::printf("C++ checkpoint towers (epd/checkpoint_tower.h, %s on %s), %s, %zu bytes, load average %.2f\n\n",
+              dtype.c_str(), device.c_str(), base.c_str(), bytes.size(), load[0]);
   std::printf(
-      "| arch | threads | depth x width | grid (t,h,w) | tokens | preprocess ms | forward ms/image (median) | min | "
-      "CPU ms (median) |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+      "| arch | threads | batch | depth x width | grid (t,h,w) | tokens | preprocess ms | forward ms/image (median) | "
+      "min | CPU ms (median) | images/s (median) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
-    std::printf("| %s | %d | %lld x %lld | (%lld, %lld, %lld) | %lld | %.1f | %.1f | %.1f | %.1f |\n", r.arch.c_str(),
-                r.threads, static_cast<long long>(r.depth), static_cast<long long>(r.width),
+    std::printf("| %s | %d | %d | %lld x %lld | (%lld, %lld, %lld) | %lld | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                r.arch.c_str(), r.threads, r.batch, static_cast<long long>(r.depth), static_cast<long long>(r.width),
                 static_cast<long long>(r.grid.t), static_cast<long long>(r.grid.h), static_cast<long long>(r.grid.w),
-                static_cast<long long>(r.tokens), r.preprocess_ms, r.median_ms, r.min_ms, r.median_cpu_ms);
+                static_cast<long long>(r.tokens), r.preprocess_ms, r.median_ms, r.min_ms, r.median_cpu_ms,
+                1e3 / r.median_ms);
   }
 
   if (!json_out.empty()) {
@@ -191,11 +222,13 @@ int Run(int argc, char** argv) {
     doc["schema"] = "epd-bench-checkpoint-tower/1";
     doc["photo"] = photo;
     doc["load_average"] = load[0];
+    doc["device"] = device;
     doc["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
       doc["rows"].push_back({{"arch", r.arch},
-                             {"dtype", "f32"},
+                             {"dtype", dtype},
                              {"threads", r.threads},
+                             {"batch", r.batch},
                              {"grid_thw", {r.grid.t, r.grid.h, r.grid.w}},
                              {"patches", r.patches},
                              {"tokens", r.tokens},
