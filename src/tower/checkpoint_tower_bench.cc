@@ -34,11 +34,10 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "epd/checkpoint.h"
 #include "epd/checkpoint_tower.h"
