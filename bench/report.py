@@ -662,6 +662,21 @@ def render_server(ctx: Context) -> str | None:
     return "\n".join(lines).strip() + "\n"
 
 
+def render_checkpoint(ctx: Context) -> str | None:
+    """docs/BENCHMARKS-checkpoint.md: the tiny checkpoint towers against the
+    Python reference (src/tower/checkpoint_tower_bench and
+    bench/checkpoint_reference_bench.py, run by hand; commands inside), included
+    as written, its own "## " heading dropped."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-checkpoint.md")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        lines = f.read().splitlines()
+    if lines and lines[0].startswith("## "):
+        lines = lines[1:]
+    return "\n".join(lines).strip() + "\n"
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -708,6 +723,7 @@ SECTIONS = [
     ("EncodeScheduler", render_scheduler),
     ("End to end: replay against the Python reference worker", render_e2e),
     ("Server", render_server),
+    ("Checkpoint towers: C++ against the Python reference", render_checkpoint),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),
