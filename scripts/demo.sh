@@ -13,7 +13,7 @@
 # a realistic miss rate. A second run reuses everything under demo-data.
 #
 # The replay honours the trace's arrival times (--realtime, 15 requests/s,
-# so later requests find earlier images cached) and gives L1 only 16 MB, so
+# so later requests find earlier images cached) and gives L1 only 4 MB, so
 # the summary shows every path: L1 hits, L2 hits (promotions), in-flight
 # joins and misses.
 #
@@ -23,7 +23,7 @@
 #          replayed; the download and originals go to $DEMO_DATA, default
 #          ${TMPDIR:-/tmp}/epd-demo-data). scripts/gpu-check.sh --stage uses it.
 # Environment: DEMO_REQUESTS (200), DEMO_ZIPF (1.0), DEMO_SEED (42),
-#              DEMO_RATE (15 requests/s), DEMO_CACHE_MB (16, L1),
+#              DEMO_RATE (15 requests/s), DEMO_CACHE_MB (4, L1),
 #              DEMO_VARIANTS (6 derived images per photograph).
 set -euo pipefail
 
@@ -43,7 +43,7 @@ requests="${DEMO_REQUESTS:-200}"
 zipf="${DEMO_ZIPF:-1.0}"
 seed="${DEMO_SEED:-42}"
 rate="${DEMO_RATE:-15}"
-cache_mb="${DEMO_CACHE_MB:-16}"
+cache_mb="${DEMO_CACHE_MB:-4}"
 variants="${DEMO_VARIANTS:-6}"
 py=/usr/bin/python3
 script_start=$(date +%s.%N)
