@@ -229,44 +229,50 @@ StatusOr<TierEmbeddingPtr> OnboardEmbedding(Device& device, const TierEmbeddingP
   return TierEmbedding::CopyBetweenTiers(device, src, MemoryKind::kDevice, "OnboardEmbedding");
 }
 
-TierCopyFn MakeOffloadFn(Device& device, DeviceTierStats* stats) {
-  return [&device, stats](const TierEmbeddingPtr& v) -> TierEmbeddingPtr {
-    if (v == nullptr || v->where() == MemoryKind::kPinnedHost) return v;
-    StatusOr<TierEmbeddingPtr> out = OffloadEmbedding(device, v);
+namespace {
+
+// One tier move for both directions: an embedding already in `to` passes
+// through; a copy that lands is counted in `moves` / `bytes`; a full target
+// (kResourceExhausted) is counted in `full` and answered by `when_full`
+// (nullptr: the victim is dropped; the source: it is served from where it
+// is); any other failure throws, for the worker's fence.
+using Counter = std::uint64_t DeviceTierStats::*;
+using CopyFn = StatusOr<TierEmbeddingPtr> (*)(Device&, const TierEmbeddingPtr&);
+TierCopyFn MakeTierMoveFn(Device& device, DeviceTierStats* stats, MemoryKind to, CopyFn copy, Counter moves,
+                          Counter bytes, Counter full, bool keep_source_when_full) {
+  return [&device, stats, to, copy, moves, bytes, full, keep_source_when_full](
+             const TierEmbeddingPtr& v) -> TierEmbeddingPtr {
+    if (v == nullptr || v->where() == to) return v;
+    StatusOr<TierEmbeddingPtr> out = copy(device, v);
     if (out.ok()) {
       if (stats != nullptr) {
-        ++stats->offloads;
-        stats->offload_bytes += v->nbytes();
+        ++(stats->*moves);
+        stats->*bytes += v->nbytes();
       }
       return std::move(out).value();
     }
     if (out.status().code() == StatusCode::kResourceExhausted) {
-      // Treated as an L2 too small: the tiered cache drops a null demotion.
-      if (stats != nullptr) ++stats->offload_dropped;
-      return nullptr;
+      if (stats != nullptr) ++(stats->*full);
+      return keep_source_when_full ? v : nullptr;
     }
     throw Error(out.status());
   };
 }
 
+}  // namespace
+
+// An L2 too small for a victim: the tiered cache drops a null demotion.
+TierCopyFn MakeOffloadFn(Device& device, DeviceTierStats* stats) {
+  return MakeTierMoveFn(device, stats, MemoryKind::kPinnedHost, &OffloadEmbedding, &DeviceTierStats::offloads,
+                        &DeviceTierStats::offload_bytes, &DeviceTierStats::offload_dropped,
+                        /*keep_source_when_full=*/false);
+}
+
+// No VRAM for a promoted entry: serve it from pinned memory rather than lose it.
 TierCopyFn MakeOnboardFn(Device& device, DeviceTierStats* stats) {
-  return [&device, stats](const TierEmbeddingPtr& v) -> TierEmbeddingPtr {
-    if (v == nullptr || v->where() == MemoryKind::kDevice) return v;
-    StatusOr<TierEmbeddingPtr> out = OnboardEmbedding(device, v);
-    if (out.ok()) {
-      if (stats != nullptr) {
-        ++stats->onboards;
-        stats->onboard_bytes += v->nbytes();
-      }
-      return std::move(out).value();
-    }
-    if (out.status().code() == StatusCode::kResourceExhausted) {
-      // No VRAM for it: serve it from pinned memory rather than lose it.
-      if (stats != nullptr) ++stats->onboard_fallbacks;
-      return v;
-    }
-    throw Error(out.status());
-  };
+  return MakeTierMoveFn(device, stats, MemoryKind::kDevice, &OnboardEmbedding, &DeviceTierStats::onboards,
+                        &DeviceTierStats::onboard_bytes, &DeviceTierStats::onboard_fallbacks,
+                        /*keep_source_when_full=*/true);
 }
 
 StatusOr<TierEmbeddingPtr> AdoptDeviceRows(Device& device, const DeviceRows& rows) {
