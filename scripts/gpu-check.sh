@@ -16,10 +16,19 @@
 #      make_default_tower.py) and runs tower_gpu_bench on it (items/s by
 #      batch size, output to host and kept on the device); if the worker was
 #      built too, gpu_replay_bench (a Zipf replay of the staged images with
-#      L1 in VRAM and L2 pinned, against the tower-only limit).
-# Exits non-zero if the build, a test, the sanitizer or the replay fails.
-# Budget: about 4 minutes on 16 cores, each step capped so the whole stays
-# under 8.
+#      L1 in VRAM and L2 pinned, against the tower-only limit);
+#   5. with torch + worker (which build epd::model, epd::checkpoint_tower and
+#      checkpoint_tower_bench): writes the real-size Qwen2.5-VL-7B checkpoint
+#      (random weights, bf16, ~1.6 GB, scripts/make_tiny_checkpoint.py --size
+#      7b; python3 + numpy on the device) under the build directory and runs
+#      checkpoint_tower_bench on cuda in bf16 at batch 1, 8 and 32 on the
+#      staged 512x512 astronaut.png, then scripts/tower_mfu.py prints the MFU
+#      (docs/GPU.md "Real-size checkpoint tower"; the peak from the GPU's
+#      name: H200 SXM 989.4, H200 NVL 835 dense bf16 TFLOP/s).
+# Exits non-zero if the build, a test, the sanitizer, the replay or the
+# checkpoint step (numpy missing included) fails.
+# Budget: about 4-6 minutes on 16 cores, each step capped so the whole stays
+# under 9.
 #
 # Usage:
 #   scripts/gpu-check.sh --stage   on the development machine, before the run,
@@ -37,7 +46,9 @@
 #                                    src/gpu's -DEPD_GPU_WITH_WORKER=ON;
 #                                  images/      the demo's photographs and
 #                                    derived variants (scripts/demo.sh
-#                                    --images-only), for the replay benchmark.
+#                                    --images-only), for the replay benchmark
+#                                    and (astronaut.png, 512x512) the 7B
+#                                    checkpoint tower benchmark.
 #   scripts/gpu-check.sh           on the device machine (OUT is set by the
 #                                  device tool; default build-gpucheck-out/;
 #                                  GPU_CHECK_BUILD_DIR overrides build-gpucheck/)
@@ -316,6 +327,70 @@ if [[ $with_worker == 1 && -f "$models/gpu_tower.pt" && -d "$carry_dir/images" ]
   grep -E '^(device:|tower:|trace:|\|)' "$replay_log" >>"$summary" || true
 else
   note "- gpu_replay_bench: not run (worker or tower not built, no staged images, or out of time)"
+fi
+
+note ""
+
+# --- 5. the real-size Qwen2.5-VL-7B checkpoint tower (issue 11) ----------------
+ckpt_log="$out/checkpoint_tower_bench.md"
+ckpt_bench="$benches/checkpoint_tower_bench"
+ckpt_dir="$models/qwen2_5_vl-7b-bf16"
+photo="$carry_dir/images/astronaut.png"
+if [[ ! -x "$ckpt_bench" ]]; then
+  note "- checkpoint_tower_bench: not built (needs the torch tower and the worker's sysroot), not run"
+elif ! "$python_bin" -c 'import numpy' >>"$ckpt_log" 2>&1; then
+  note "- checkpoint_tower_bench: FAILED: python3 has no numpy, so scripts/make_tiny_checkpoint.py cannot write the 7B checkpoint (see checkpoint_tower_bench.md)"
+  failed=1
+elif [[ ! -f "$photo" ]]; then
+  note "- checkpoint_tower_bench: not run: no staged $photo (scripts/gpu-check.sh --stage)"
+elif (($(elapsed) > 300)); then
+  note "- checkpoint_tower_bench: skipped, $(elapsed) s spent already"
+else
+  t0=$SECONDS
+  # Kept after the run (outside $OUT, so it does not come back) for a
+  # follow-up command on the same warm machine; .complete marks a whole write.
+  made=1
+  if [[ ! -f "$ckpt_dir/.complete" ]]; then
+    rm -rf "$ckpt_dir"
+    if capped 90 "$ckpt_log" "$python_bin" "$root/scripts/make_tiny_checkpoint.py" --arch qwen2_5_vl --size 7b \
+         --dtype bf16 --out "$ckpt_dir"; then
+      touch "$ckpt_dir/.complete"
+    else
+      made=0
+    fi
+  fi
+  if [[ $made == 0 ]]; then
+    note "- making the 7B checkpoint: FAILED (see checkpoint_tower_bench.md)"
+    failed=1
+  else
+    note "## Qwen2.5-VL-7B checkpoint tower on the GPU (random weights, bf16, 512x512 astronaut.png)"
+    note "- checkpoint $ckpt_dir ready in $((SECONDS - t0)) s ($(du -sh "$ckpt_dir" | cut -f1))"
+    if capped 120 "$ckpt_log" "$ckpt_bench" --model "$ckpt_dir" --device cuda --dtype bf16 --threads 1 \
+         --batches 1,8,32 --repeats 10 --photo "$photo" --json "$out/checkpoint_tower_bench.json"; then
+      grep -E '^\|' "$ckpt_log" >>"$summary" || true
+      gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+      # NVIDIA's dense bf16 Tensor Core peaks (docs/GPU.md): H200 SXM 989.4,
+      # H200 NVL 835 TFLOP/s; any other device gets TFLOP/s without MFU.
+      peak=0
+      case "$gpu_name" in
+        *H200*NVL*) peak=835 ;;
+        *H200*) peak=989.4 ;;
+      esac
+      note ""
+      if "$python_bin" "$root/scripts/tower_mfu.py" --config "$ckpt_dir/config.json" \
+           --bench "$out/checkpoint_tower_bench.json" --peak-tflops "$peak" --peak-name "${gpu_name:-unknown GPU}" \
+           >"$out/checkpoint_tower_mfu.md" 2>>"$ckpt_log"; then
+        cat "$out/checkpoint_tower_mfu.md" >>"$summary"
+        cat "$out/checkpoint_tower_mfu.md"
+      else
+        note "- tower_mfu.py: FAILED (see checkpoint_tower_bench.md)"
+        failed=1
+      fi
+    else
+      note "- checkpoint_tower_bench: FAILED (see checkpoint_tower_bench.md)"
+      failed=1
+    fi
+  fi
 fi
 
 note ""

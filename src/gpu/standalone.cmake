@@ -1,6 +1,7 @@
 # Standalone build of src/gpu for scripts/gpu-check.sh: epd::core, GoogleTest,
-# CUDA and, optionally, the torch tower and epd::media + epd::worker, each
-# from its own library.cmake, and nothing else (no gRPC or Python); then
+# CUDA and, optionally, the torch tower and epd::media + epd::worker +
+# epd::model (+ epd::checkpoint_tower and checkpoint_tower_bench with the
+# torch tower), each from its own library.cmake, and nothing else (no gRPC or Python); then
 # src/gpu/CMakeLists.txt adds the tier and bench/gpu.
 #
 #   cmake -S src/gpu -B build-gpucheck -G Ninja \
@@ -132,3 +133,16 @@ set(STB_INCLUDE_DIR ${_epd_sysroot_inc})
 
 include(${EPD_ROOT}/src/media/library.cmake)
 include(${EPD_ROOT}/src/worker/library.cmake)
+
+# --- epd::model, epd::checkpoint_tower and checkpoint_tower_bench -------------
+# The real checkpoint loader (header-only nlohmann-json from the sysroot, and
+# epd::media above) and, with the torch tower, the checkpoint towers and their
+# benchmark (docs/GPU.md "Real-size checkpoint tower"), built into bench-gpu/
+# beside the other GPU benchmarks.
+include(${EPD_ROOT}/src/model/library.cmake)
+if(EPD_GPU_WITH_TORCH)
+  include(${EPD_ROOT}/src/tower/checkpoint_library.cmake)
+  add_executable(checkpoint_tower_bench ${EPD_ROOT}/src/tower/checkpoint_tower_bench.cc)
+  target_link_libraries(checkpoint_tower_bench PRIVATE epd::checkpoint_tower nlohmann_json::nlohmann_json)
+  set_target_properties(checkpoint_tower_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench-gpu)
+endif()
