@@ -648,11 +648,10 @@ def render_e2e(ctx: Context) -> str | None:
     return mod.render_body(data, img_prefix=img + "/")
 
 
-def render_server(ctx: Context) -> str | None:
-    """docs/BENCHMARKS-server.md, measured by src/server/bench_server.sh (about
-    9 minutes, so not part of `make bench`); included as written, its own
-    "## Server" heading dropped."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-server.md")
+def _included_section(name: str) -> str | None:
+    """docs/<name> as written, its own "## " heading dropped (the report adds
+    its own); None when the file does not exist."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", name)
     if not os.path.isfile(path):
         return None
     with open(path) as f:
@@ -660,21 +659,19 @@ def render_server(ctx: Context) -> str | None:
     if lines and lines[0].startswith("## "):
         lines = lines[1:]
     return "\n".join(lines).strip() + "\n"
+
+
+def render_server(ctx: Context) -> str | None:
+    """docs/BENCHMARKS-server.md, measured by src/server/bench_server.sh (about
+    9 minutes, so not part of `make bench`)."""
+    return _included_section("BENCHMARKS-server.md")
 
 
 def render_checkpoint(ctx: Context) -> str | None:
     """docs/BENCHMARKS-checkpoint.md: the tiny checkpoint towers against the
     Python reference (src/tower/checkpoint_tower_bench and
-    bench/checkpoint_reference_bench.py, run by hand; commands inside), included
-    as written, its own "## " heading dropped."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-checkpoint.md")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        lines = f.read().splitlines()
-    if lines and lines[0].startswith("## "):
-        lines = lines[1:]
-    return "\n".join(lines).strip() + "\n"
+    bench/checkpoint_reference_bench.py, run by hand; commands inside)."""
+    return _included_section("BENCHMARKS-checkpoint.md")
 
 
 def render_findings(ctx: Context) -> str | None:
