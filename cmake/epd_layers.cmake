@@ -31,7 +31,7 @@ set(EPD_LAYER_core_HEADERS
 
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
-set(EPD_LAYER_media_HEADERS content_key.h image.h preprocess.h)
+set(EPD_LAYER_media_HEADERS content_key.h image.h preprocess.h video.h)
 
 set(EPD_LAYER_model_TARGET epd_model)
 set(EPD_LAYER_model_USES core media)
