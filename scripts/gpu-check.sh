@@ -25,6 +25,9 @@
 #      staged 512x512 astronaut.png, then scripts/tower_mfu.py prints the MFU
 #      (docs/GPU.md "Real-size checkpoint tower"; the peak from the GPU's
 #      name: H200 SXM 989.4, H200 NVL 835 dense bf16 TFLOP/s).
+# GPU_CHECK_STEPS (comma-separated, default "all") picks the steps after the
+# build: tests, sanitizer, bench, checkpoint; e.g. GPU_CHECK_STEPS=checkpoint
+# spends a short device lease on step 5 alone.
 # Exits non-zero if the build, a test, the sanitizer, the replay or the
 # checkpoint step (numpy missing included) fails.
 # Budget: about 4-6 minutes on 16 cores, each step capped so the whole stays
@@ -147,6 +150,9 @@ start=$SECONDS
 failed=0
 
 note() { echo "$*" | tee -a "$summary"; }
+steps=",${GPU_CHECK_STEPS:-all},"
+# True when step $1 was asked for (GPU_CHECK_STEPS).
+want() { [[ $steps == *",all,"* || $steps == *",$1,"* ]]; }
 elapsed() { echo $((SECONDS - start)); }
 # Runs "$@" with a time cap, appending stdout+stderr to a log; returns its status.
 capped() {
@@ -238,15 +244,17 @@ note "- build: ok in $(elapsed) s (tower: $([[ $with_torch == 1 ]] && echo built
 
 # --- 2. tests -----------------------------------------------------------------
 test_log="$out/ctest.log"
-if capped 180 "$test_log" ctest --test-dir "$build" --output-on-failure -j 8; then
+if ! want tests; then
+  note "- tests: not asked for (GPU_CHECK_STEPS=${GPU_CHECK_STEPS:-all})"
+elif capped 180 "$test_log" ctest --test-dir "$build" --output-on-failure -j 8; then
   note "- tests: $(grep -oE '[0-9]+% tests passed.*' "$test_log" | tail -n 1)"
 else
   note "- tests: FAILED (see ctest.log): $(grep -E 'tests failed|\*\*\*Failed|\(Failed\)' "$test_log" | head -n 5 | tr '\n' ' ')"
   failed=1
 fi
 # On a GPU machine the CUDA tests must run, not skip.
-capped 120 "$test_log" "$build/cuda_device_test" || true
-if grep -q '\[  SKIPPED \] Cuda/' "$test_log"; then
+want tests && { capped 120 "$test_log" "$build/cuda_device_test" || true; }
+if want tests && grep -q '\[  SKIPPED \] Cuda/' "$test_log"; then
   note "- cuda_device_test: SKIPPED its device tests: no usable device (see ctest.log)"
   failed=1
 fi
@@ -259,7 +267,9 @@ sanitizer="$(command -v compute-sanitizer || true)"
 if [[ -z "$sanitizer" && -x /usr/local/cuda/bin/compute-sanitizer ]]; then
   sanitizer=/usr/local/cuda/bin/compute-sanitizer
 fi
-if [[ -z "$sanitizer" ]]; then
+if ! want sanitizer; then
+  note "- compute-sanitizer: not asked for"
+elif [[ -z "$sanitizer" ]]; then
   note "- compute-sanitizer: not found, not run"
 elif capped 150 "$san_log" "$sanitizer" --tool memcheck --leak-check full --error-exitcode 1 \
        "$build/cuda_device_test" \
@@ -272,7 +282,9 @@ fi
 
 # --- 4. benchmarks (each skipped when time runs short) --------------------------
 note ""
-if (($(elapsed) < 240)); then
+if ! want bench; then
+  note "- gpu_tier_bench: not asked for"
+elif (($(elapsed) < 240)); then
   if capped 120 "$out/gpu_tier_bench.md" "$benches/gpu_tier_bench" --total-mb 1024 --reps 5 \
        --json "$out/gpu_tier_bench.json"; then
     note "## Tier copies"
@@ -291,7 +303,7 @@ tower_log="$out/tower_gpu_bench.md"
 # The GPU tower: ViT-L-like width (1024), 12 blocks, 2048-wide output with
 # 2 deepstack taps, about 230M parameters, made deterministically here.
 gpu_tower_args=(--embed-dim 1024 --depth 12 --heads 4 --hidden 2048 --deepstack-layers 2)
-if [[ $with_torch == 1 ]] && (($(elapsed) < 270)); then
+if want bench && [[ $with_torch == 1 ]] && (($(elapsed) < 270)); then
   if capped 150 "$tower_log" "$python_bin" "$root/scripts/make_default_tower.py" --out "$models/gpu_tower.pt" \
        "${gpu_tower_args[@]}"; then
     note "## Tower on the GPU (items/s by batch size)"
@@ -315,7 +327,7 @@ else
 fi
 note ""
 replay_log="$out/gpu_replay_bench.md"
-if [[ $with_worker == 1 && -f "$models/gpu_tower.pt" && -d "$carry_dir/images" ]] && (($(elapsed) < 330)); then
+if want bench && [[ $with_worker == 1 && -f "$models/gpu_tower.pt" && -d "$carry_dir/images" ]] && (($(elapsed) < 330)); then
   if capped 150 "$replay_log" "$benches/gpu_replay_bench" --model "$models/gpu_tower.pt" --images "$carry_dir/images" \
        --requests 600 --zipf 1.0 --seed 1 --window 8 --l1-mb 128 --l2-mb 1024 --decode-threads 12 \
        --json "$out/gpu_replay_bench.json"; then
@@ -336,7 +348,9 @@ ckpt_log="$out/checkpoint_tower_bench.md"
 ckpt_bench="$benches/checkpoint_tower_bench"
 ckpt_dir="$models/qwen2_5_vl-7b-bf16"
 photo="$carry_dir/images/astronaut.png"
-if [[ ! -x "$ckpt_bench" ]]; then
+if ! want checkpoint; then
+  note "- checkpoint_tower_bench: not asked for"
+elif [[ ! -x "$ckpt_bench" ]]; then
   note "- checkpoint_tower_bench: not built (needs the torch tower and the worker's sysroot), not run"
 elif ! "$python_bin" -c 'import numpy' >>"$ckpt_log" 2>&1; then
   note "- checkpoint_tower_bench: FAILED: python3 has no numpy, so scripts/make_tiny_checkpoint.py cannot write the 7B checkpoint (see checkpoint_tower_bench.md)"
