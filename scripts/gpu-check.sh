@@ -22,7 +22,8 @@
 #      (random weights, bf16, ~1.6 GB, scripts/make_tiny_checkpoint.py --size
 #      7b; python3 + numpy on the device) under the build directory and runs
 #      checkpoint_tower_bench on cuda in bf16 at batch 1, 8 and 32 on the
-#      staged 512x512 astronaut.png, then scripts/tower_mfu.py prints the MFU
+#      staged 512x512 astronaut.png, then scripts/tower_mfu.py prints the MFU,
+#      and once more at batch 8 with --attention unfused (the fused gain)
 #      (docs/GPU.md "Real-size checkpoint tower"; the peak from the GPU's
 #      name: H200 SXM 989.4, H200 NVL 835 dense bf16 TFLOP/s).
 # GPU_CHECK_STEPS (comma-separated, default "all") picks the steps after the
@@ -398,6 +399,17 @@ else
         cat "$out/checkpoint_tower_mfu.md"
       else
         note "- tower_mfu.py: FAILED (see checkpoint_tower_bench.md)"
+        failed=1
+      fi
+      # The same forward with the explicit matmul + softmax attention instead
+      # of SDPA, at batch 8: the fused path's gain.
+      note ""
+      if capped 90 "$ckpt_log" "$ckpt_bench" --model "$ckpt_dir" --device cuda --dtype bf16 --threads 1 \
+           --batches 8 --repeats 5 --attention unfused --photo "$photo" --json "$out/checkpoint_tower_unfused.json"; then
+        note "### Unfused attention (matmul + float32 softmax + matmul), batch 8"
+        grep -E '^\| qwen2_5_vl' "$ckpt_log" | tail -n 1 >>"$summary" || true
+      else
+        note "- checkpoint_tower_bench --attention unfused: FAILED (see checkpoint_tower_bench.md)"
         failed=1
       fi
     else

@@ -95,6 +95,11 @@ struct CheckpointTowerOptions {
   bool output_on_device = false;
   // As TorchTowerOptions::tune_malloc.
   bool tune_malloc = true;
+  // CUDA with libtorch >= 2 only: attention through
+  // at::scaled_dot_product_attention (flash / memory-efficient kernels).
+  // false keeps the explicit matmul + float32 softmax + matmul, the path a
+  // CPU or libtorch 1.x build always takes (for benchmarks comparing the two).
+  bool fused_attention = true;
 };
 
 // Opens options.dir and builds its tower. Describe() gives e.g.

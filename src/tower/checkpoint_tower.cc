@@ -9,9 +9,14 @@
 //   apart is the attention segments, each inside one frame of one item. So
 //   batch-vs-alone equality holds by construction, up to the reassociation
 //   of matmuls whose row count differs.
-// * Segments of equal length that follow each other (the frames or windows
-//   of same-sized images) are stacked into one [g, heads, n, head_dim]
-//   batch: one batched matmul instead of g small ones.
+// * Segments of equal length (the frames or windows of same-sized images)
+//   are stacked into one [g, heads, n, head_dim] batch, wherever they sit in
+//   the packed sequence: an AttentionPlan, made once per forward, groups the
+//   segments by length (gathering rows with index_select when a group is
+//   not one contiguous run). A block's attention is then one batched call
+//   per distinct length (3 for Qwen2.5-VL's windows of any number of
+//   same-sized images), not one per run: on a GPU the forward is otherwise
+//   bound by kernel launches (docs/GPU.md, "Real-size checkpoint tower").
 // * Qwen2.5-VL's window order: tokens are permuted merge block by merge
 //   block (the m*m patches of a block stay together), window after window,
 //   so that each window is a contiguous segment; the merger then folds
@@ -113,6 +118,55 @@ struct Segment {
   std::int64_t length;
 };
 
+// Segments grouped by length, for one batched attention call per group.
+// A group whose segments are one contiguous run of rows is read with narrow
+// (no copy); otherwise `rows` (int64, on the tower's device) lists its rows,
+// segment after segment.
+struct AttentionGroup {
+  std::int64_t length = 0;  // rows per segment
+  std::int64_t count = 0;   // segments
+  std::int64_t begin = -1;  // first row when contiguous, else -1
+  Tensor rows;              // [count * length] when not contiguous
+};
+using AttentionPlan = std::vector<AttentionGroup>;
+
+// Groups `segments` by length, in order of first appearance. O(rows).
+AttentionPlan PlanAttention(const std::vector<Segment>& segments, const c10::Device& device) {
+  std::vector<std::int64_t> lengths;
+  std::vector<std::vector<const Segment*>> members;
+  for (const Segment& s : segments) {
+    const auto it = std::find(lengths.begin(), lengths.end(), s.length);
+    const std::size_t k = static_cast<std::size_t>(it - lengths.begin());
+    if (it == lengths.end()) {
+      lengths.push_back(s.length);
+      members.emplace_back();
+    }
+    members[k].push_back(&s);
+  }
+  AttentionPlan plan;
+  for (std::size_t k = 0; k < lengths.size(); ++k) {
+    AttentionGroup g;
+    g.length = lengths[k];
+    g.count = static_cast<std::int64_t>(members[k].size());
+    bool contiguous = true;
+    for (std::size_t i = 1; i < members[k].size(); ++i) {
+      contiguous = contiguous && members[k][i]->begin == members[k][i - 1]->begin + g.length;
+    }
+    if (contiguous) {
+      g.begin = members[k].front()->begin;
+    } else {
+      std::vector<std::int64_t> rows;
+      rows.reserve(static_cast<std::size_t>(g.count * g.length));
+      for (const Segment* s : members[k]) {
+        for (std::int64_t r = 0; r < g.length; ++r) rows.push_back(s->begin + r);
+      }
+      g.rows = at::tensor(rows, at::kLong).to(device);
+    }
+    plan.push_back(std::move(g));
+  }
+  return plan;
+}
+
 Tensor RotateHalf(const Tensor& x) {
   const std::int64_t half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -153,7 +207,7 @@ class CheckpointTower final : public VisionTower {
   void Windows(std::span<const TowerItem> items, std::vector<std::int64_t>* order,
                std::vector<Segment>* segments) const;
   Tensor Attention(const Block& b, const Tensor& x, const Tensor& cos, const Tensor& sin,
-                   const std::vector<Segment>& segments) const;
+                   const AttentionPlan& plan) const;
   Tensor Mlp(const Block& b, const Tensor& x) const;
   // Runs the tower on packed patches; returns (main, deepstack).
   std::pair<Tensor, Tensor> Forward(std::span<const TowerItem> items, const Tensor& pixels) const;
@@ -165,6 +219,7 @@ class CheckpointTower final : public VisionTower {
   int num_threads_ = 1;
   DType output_dtype_ = DType::kFloat32;
   bool output_on_device_ = false;
+  bool fused_attention_ = true;
   Act act_ = Act::kGelu;
 
   Linear patch_embed_;  // [width, patch_dim]; bias for Qwen3-VL only
@@ -238,6 +293,7 @@ void CheckpointTower::Build(const Checkpoint& ck, const CheckpointTowerOptions& 
   num_threads_ = threads;
   output_dtype_ = options.output_dtype;
   output_on_device_ = options.output_on_device;
+  fused_attention_ = options.fused_attention;
   const std::string& a = cfg_.hidden_act;
   act_ = a == "quick_gelu" ? Act::kQuickGelu : a == "silu" ? Act::kSilu : a == "gelu_pytorch_tanh" ? Act::kGeluTanh
                                                                                                    : Act::kGelu;
@@ -382,7 +438,7 @@ void CheckpointTower::Windows(std::span<const TowerItem> items, std::vector<std:
 }
 
 Tensor CheckpointTower::Attention(const Block& b, const Tensor& x, const Tensor& cos, const Tensor& sin,
-                                  const std::vector<Segment>& segments) const {
+                                  const AttentionPlan& plan) const {
   const std::int64_t n = x.size(0);
   const std::int64_t heads = cfg_.num_heads;
   const std::int64_t hd = cfg_.head_dim();
@@ -396,23 +452,20 @@ Tensor CheckpointTower::Attention(const Block& b, const Tensor& x, const Tensor&
   const Tensor k = rotate(qkv.select(1, 1));
   const Tensor v = qkv.select(1, 2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  std::vector<Tensor> outputs;
-  outputs.reserve(segments.size());
-  for (std::size_t i = 0; i < segments.size();) {
-    // A run of g consecutive segments of one length becomes one batch.
-    std::size_t j = i + 1;
-    while (j < segments.size() && segments[j].length == segments[i].length) ++j;
-    const std::int64_t g = static_cast<std::int64_t>(j - i);
-    const std::int64_t len = segments[i].length;
-    auto group = [&](const Tensor& t) {  // [g * len, H, hd] -> [g, H, len, hd]
-      return t.narrow(0, segments[i].begin, g * len).view({g, len, heads, hd}).permute({0, 2, 1, 3});
+  // One group: its segments' rows, stacked [g, H, len, hd].
+  auto run = [&](const AttentionGroup& group) {
+    const std::int64_t g = group.count;
+    const std::int64_t len = group.length;
+    auto stack = [&](const Tensor& t) {  // [rows, H, hd] -> [g, H, len, hd]
+      const Tensor r = group.begin >= 0 ? t.narrow(0, group.begin, g * len) : t.index_select(0, group.rows);
+      return r.view({g, len, heads, hd}).permute({0, 2, 1, 3});
     };
-    const Tensor qs = group(q);
-    const Tensor ks = group(k);
-    const Tensor vs = group(v);
+    const Tensor qs = stack(q);
+    const Tensor ks = stack(k);
+    const Tensor vs = stack(v);
     Tensor o;
 #if TORCH_VERSION_MAJOR >= 2
-    if (device_.is_cuda()) {
+    if (device_.is_cuda() && fused_attention_) {
       o = at::scaled_dot_product_attention(qs, ks, vs);  // fused (flash / memory-efficient) kernels
     }
 #endif
@@ -421,10 +474,23 @@ Tensor CheckpointTower::Attention(const Block& b, const Tensor& x, const Tensor&
       const Tensor probs = at::softmax(scores, -1, at::kFloat).to(compute_);
       o = at::matmul(probs, vs);
     }
-    outputs.push_back(o.permute({0, 2, 1, 3}).reshape({g * len, heads * hd}));
-    i = j;
+    return o.permute({0, 2, 1, 3}).reshape({g * len, heads * hd});
+  };
+  Tensor out;
+  if (plan.size() == 1 && plan[0].begin == 0 && plan[0].count * plan[0].length == n) {
+    out = run(plan[0]);
+  } else {
+    out = at::empty({n, heads * hd}, q.options());
+    for (const AttentionGroup& group : plan) {
+      const Tensor o = run(group);
+      if (group.begin >= 0) {
+        out.narrow(0, group.begin, o.size(0)).copy_(o);
+      } else {
+        out.index_copy_(0, group.rows, o);
+      }
+    }
   }
-  return b.proj(outputs.size() == 1 ? outputs[0] : at::cat(outputs, 0));
+  return b.proj(out);
 }
 
 Tensor CheckpointTower::Mlp(const Block& b, const Tensor& x) const {
@@ -460,13 +526,15 @@ std::pair<Tensor, Tensor> CheckpointTower::Forward(std::span<const TowerItem> it
     cos = permute(cos);
     sin = permute(sin);
   }
+  const AttentionPlan frame_plan = PlanAttention(frames, device_);
+  const AttentionPlan window_plan = windows.empty() ? AttentionPlan{} : PlanAttention(windows, device_);
   const std::vector<std::int64_t>& full = cfg_.fullatt_block_indexes;
   const std::vector<std::int64_t>& taps = cfg_.deepstack_visual_indexes;
   std::vector<Tensor> deep(taps.size());
   for (std::int64_t i = 0; i < cfg_.depth; ++i) {
     const Block& b = blocks_[static_cast<std::size_t>(i)];
     const bool windowed = cfg_.arch == VisionArch::kQwen25VL && std::find(full.begin(), full.end(), i) == full.end();
-    x = x + Attention(b, b.norm1(x), cos, sin, windowed ? windows : frames);
+    x = x + Attention(b, b.norm1(x), cos, sin, windowed ? window_plan : frame_plan);
     x = x + Mlp(b, b.norm2(x));
     for (std::size_t j = 0; j < taps.size(); ++j) {
       if (taps[j] == i) deep[j] = deepstack_[j](x, unit);

@@ -6,6 +6,7 @@
 //   checkpoint_tower_bench [--models DIR | --model DIR] [--photo FILE]
 //                          [--repeats N] [--threads 1,2] [--batches 1]
 //                          [--device cpu] [--dtype f32|bf16] [--json OUT.json]
+//                          [--attention fused|unfused]
 //
 // Workload: for each tiny-<arch> checkpoint under --models (default
 // build/models, written by the tiny_checkpoints target), the photo (default
@@ -21,7 +22,9 @@
 // checkpoint instead of the three tiny ones; --batches 1,8,32 encodes B copies
 // of the image in one Encode call and reports the call's time divided by B
 // (per image) and images/s; --device cuda and --dtype bf16 set
-// CheckpointTowerOptions::device / compute_dtype. The output is copied to host
+// CheckpointTowerOptions::device / compute_dtype; --attention unfused turns
+// CheckpointTowerOptions::fused_attention off (CUDA with libtorch >= 2 only;
+// elsewhere both are the unfused path). The output is copied to host
 // memory, so each timed call ends after the device finished.
 //
 // Exit status 0 on success; any error goes to stderr with status 1.
@@ -98,6 +101,7 @@ bool ParseInt(const std::string& s, int min, int* out) {
 
 int Run(int argc, char** argv) {
   std::string models = "build/models", model, photo = kDefaultPhoto, json_out, device = "cpu", dtype = "f32";
+  bool fused_attention = true;
   int repeats = 5;
   std::vector<int> thread_counts = {1, 2};
   std::vector<int> batches = {1};
@@ -120,6 +124,9 @@ int Run(int argc, char** argv) {
     } else if (arg == "--dtype") {
       if (value != "f32" && value != "bf16") return Fail("--dtype must be f32 or bf16");
       dtype = value;
+    } else if (arg == "--attention") {
+      if (value != "fused" && value != "unfused") return Fail("--attention must be fused or unfused");
+      fused_attention = value == "fused";
     } else if (arg == "--threads" || arg == "--batches") {
       std::vector<int>& list = arg == "--threads" ? thread_counts : batches;
       list.clear();
@@ -166,6 +173,7 @@ int Run(int argc, char** argv) {
       opts.num_threads = threads;
       opts.device = device;
       opts.compute_dtype = dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
+      opts.fused_attention = fused_attention;
       auto tower = epd::LoadCheckpointTower(*checkpoint, opts);
       if (!tower.ok()) return Fail(tower.status().ToString());
       for (int batch : batches) {
@@ -202,8 +210,8 @@ int Run(int argc, char** argv) {
   double load[1] = {0};
   if (getloadavg(load, 1) != 1) load[0] = -1;
   const std::string base = photo.substr(photo.find_last_of('/') + 1);
-  std::printf("C++ checkpoint towers (epd/checkpoint_tower.h, %s on %s), %s, %zu bytes, load average %.2f\n\n",
-              dtype.c_str(), device.c_str(), base.c_str(), bytes.size(), load[0]);
+  std::printf("C++ checkpoint towers (epd/checkpoint_tower.h, %s on %s, %s attention), %s, %zu bytes, load average %.2f\n\n",
+              dtype.c_str(), device.c_str(), fused_attention ? "fused" : "unfused", base.c_str(), bytes.size(), load[0]);
   std::printf(
       "| arch | threads | batch | depth x width | grid (t,h,w) | tokens | preprocess ms | forward ms/image (median) | "
       "min | CPU ms (median) | images/s (median) |\n");
