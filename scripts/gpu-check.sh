@@ -23,7 +23,9 @@
 #      7b; python3 + numpy on the device) under the build directory and runs
 #      checkpoint_tower_bench on cuda in bf16 at batch 1, 8 and 32 on the
 #      staged 512x512 astronaut.png, then scripts/tower_mfu.py prints the MFU,
-#      and once more at batch 8 with --attention unfused (the fused gain)
+#      and once more at batch 8 with --attention unfused (the fused gain),
+#      then transformers' own tower on the same checkpoint when the device's
+#      python3 has it (scripts/hf_tower_bench.py, the peer figure)
 #      (docs/GPU.md "Real-size checkpoint tower"; the peak from the GPU's
 #      name: H200 SXM 989.4, H200 NVL 835 dense bf16 TFLOP/s).
 # GPU_CHECK_STEPS (comma-separated, default "all") picks the steps after the
@@ -411,6 +413,20 @@ else
       else
         note "- checkpoint_tower_bench --attention unfused: FAILED (see checkpoint_tower_bench.md)"
         failed=1
+      fi
+      # The peer: transformers' own vision tower on the same checkpoint, where
+      # the device's python3 has transformers (a figure, not a check).
+      note ""
+      if "$python_bin" -c 'import transformers, safetensors' 2>/dev/null; then
+        if capped 150 "$out/hf_tower_bench.md" "$python_bin" "$root/scripts/hf_tower_bench.py" --model "$ckpt_dir" \
+             --batches 1,8,32 --repeats 10; then
+          note "### transformers' Qwen2.5-VL vision tower on the same checkpoint (sdpa, bf16)"
+          grep -E '^(\||batch .* under)' "$out/hf_tower_bench.md" >>"$summary" || true
+        else
+          note "- hf_tower_bench.py: failed (see hf_tower_bench.md); not a check"
+        fi
+      else
+        note "- hf_tower_bench.py: not run (python3 has no transformers/safetensors)"
       fi
     else
       note "- checkpoint_tower_bench: FAILED (see checkpoint_tower_bench.md)"
