@@ -480,15 +480,18 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
     }
   };
 
-  int err;
-  while (next < indices.size() && (err = av_read_frame(d.fmt(), pkt.get())) >= 0) {
+  while (next < indices.size() && av_read_frame(d.fmt(), pkt.get()) >= 0) {
     if (pkt->stream_index != d.stream()->index) {
       av_packet_unref(pkt.get());
       continue;
     }
-    const int send = avcodec_send_packet(codec.get(), pkt.get());
+    int send;
+    // EAGAIN: the decoder's output is full; drain it and send again.
+    while ((send = avcodec_send_packet(codec.get(), pkt.get())) == AVERROR(EAGAIN)) {
+      if (Status s = drain(); !s.ok()) return s;
+    }
     av_packet_unref(pkt.get());
-    if (send < 0 && send != AVERROR(EAGAIN)) {
+    if (send < 0) {
       return InvalidArgument("corrupt video stream at frame " + std::to_string(decoded) + " (" + AvError(send) +
                              FfmpegSays() + ")");
     }
