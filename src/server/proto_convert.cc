@@ -178,6 +178,8 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_shm_released(s.shm.released);
   out->set_shm_expired(s.shm.expired);
   out->set_shm_refused_releases(s.shm.refused_releases);
+  out->set_shm_reused(s.shm.reused);
+  out->set_shm_evicted(s.shm.evicted);
 }
 
 ServerStats FromProto(const v1::StatsResponse& m) {
@@ -224,6 +226,8 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   s.shm.released = m.shm_released();
   s.shm.expired = m.shm_expired();
   s.shm.refused_releases = m.shm_refused_releases();
+  s.shm.reused = m.shm_reused();
+  s.shm.evicted = m.shm_evicted();
   return s;
 }
 

@@ -157,8 +157,9 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     }
     std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload;
     if (req->delivery() == v1::DELIVERY_SHM && arena != nullptr) {
+      // ToProto has set out->key() (the content key) before it offers the rows.
       place_payload = [this](const Embedding& e, v1::EncodedItem* out) {
-        return internal::PlaceInArena(*arena, e, out);
+        return internal::PlaceInArena(*arena, out->key(), e, out);
       };
     }
 

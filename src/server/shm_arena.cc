@@ -83,61 +83,112 @@ void ShmArena::FreeLocked(std::uint64_t offset, std::uint64_t size) {
   free_.emplace(offset, size);
 }
 
+void ShmArena::UnrefLocked(std::uint64_t offset) {
+  auto it = spans_.find(offset);
+  SpanState& span = it->second;
+  if (--span.refs > 0) return;
+  stats_.leased_bytes -= static_cast<std::int64_t>(span.size);
+  if (span.published) {
+    span.idle_at = idle_.insert(idle_.end(), offset);
+    return;
+  }
+  FreeLocked(offset, span.size);
+  spans_.erase(it);
+}
+
 void ShmArena::SweepLocked(Clock::time_point now) {
   while (!expiry_.empty() && expiry_.front().deadline <= now) {
-    const Expiry e = expiry_.front();
+    const std::uint64_t generation = expiry_.front().generation;
     expiry_.pop_front();
-    auto it = leases_.find(e.offset);
-    if (it == leases_.end() || it->second.generation != e.generation) continue;  // released already
-    const std::uint64_t size = it->second.size;
+    auto it = leases_.find(generation);
+    if (it == leases_.end()) continue;  // released already
+    const std::uint64_t offset = it->second;
     leases_.erase(it);
-    FreeLocked(e.offset, size);
-    stats_.leased_bytes -= static_cast<std::int64_t>(size);
     --stats_.leases;
     ++stats_.expired;
+    UnrefLocked(offset);
   }
 }
 
-std::optional<ShmArena::Span> ShmArena::Allocate(std::uint64_t length) {
-  const std::uint64_t size = RoundUp(std::max<std::uint64_t>(length, 1));
-  const Clock::time_point now = Now();
-  std::lock_guard<std::mutex> lock(mu_);
-  SweepLocked(now);
+std::optional<std::uint64_t> ShmArena::FirstFitLocked(std::uint64_t size) {
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < size) continue;
     const std::uint64_t offset = it->first, left = it->second - size;
     free_.erase(it);
     if (left > 0) free_.emplace(offset + size, left);
-    const std::uint64_t generation = next_generation_++;
-    leases_.emplace(offset, Lease{size, generation});
-    expiry_.push_back(Expiry{now + lease_, offset, generation});
-    stats_.leased_bytes += static_cast<std::int64_t>(size);
-    ++stats_.leases;
-    ++stats_.items;
-    return Span{offset, length, generation, base_ + offset};
+    return offset;
   }
   return std::nullopt;
+}
+
+ShmArena::Span ShmArena::LeaseLocked(std::uint64_t offset, std::uint64_t length, bool fresh, Clock::time_point now) {
+  SpanState& span = spans_.at(offset);
+  if (span.refs++ == 0) {
+    if (!fresh) idle_.erase(span.idle_at);
+    stats_.leased_bytes += static_cast<std::int64_t>(span.size);
+  }
+  const std::uint64_t generation = next_generation_++;
+  leases_.emplace(generation, offset);
+  expiry_.push_back(Expiry{now + lease_, generation});
+  ++stats_.leases;
+  ++stats_.items;
+  return Span{offset, length, generation, base_ + offset, fresh};
+}
+
+std::optional<ShmArena::Span> ShmArena::Acquire(const std::string& key, std::uint64_t length) {
+  const std::uint64_t size = RoundUp(std::max<std::uint64_t>(length, 1));
+  const Clock::time_point now = Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  SweepLocked(now);
+  if (!key.empty()) {
+    if (auto hit = by_key_.find(key); hit != by_key_.end()) {
+      ++stats_.reused;
+      return LeaseLocked(hit->second, length, /*fresh=*/false, now);
+    }
+  }
+  std::optional<std::uint64_t> offset = FirstFitLocked(size);
+  // Evict idle spans, least recently used first, until one block fits.
+  while (!offset.has_value() && !idle_.empty()) {
+    const std::uint64_t victim = idle_.front();
+    idle_.pop_front();
+    auto it = spans_.find(victim);
+    by_key_.erase(it->second.key);
+    FreeLocked(victim, it->second.size);
+    spans_.erase(it);
+    ++stats_.evicted;
+    offset = FirstFitLocked(size);
+  }
+  if (!offset.has_value()) return std::nullopt;
+  spans_.emplace(*offset, SpanState{size, key, false, 0, {}});
+  return LeaseLocked(*offset, length, /*fresh=*/true, now);
+}
+
+void ShmArena::Publish(const Span& span) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = spans_.find(span.offset);
+  if (it == spans_.end() || it->second.key.empty() || it->second.published) return;
+  // Two writers of one key can race; the first to finish is the one shared,
+  // the other span ends with its own leases.
+  if (!by_key_.emplace(it->second.key, span.offset).second) return;
+  it->second.published = true;
+  if (it->second.refs == 0) it->second.idle_at = idle_.insert(idle_.end(), span.offset);
 }
 
 Status ShmArena::Release(std::uint64_t offset, std::uint64_t generation) {
   const Clock::time_point now = Now();
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked(now);
-  auto it = leases_.find(offset);
-  if (it == leases_.end() || it->second.generation != generation) {
+  auto it = leases_.find(generation);
+  if (it == leases_.end() || it->second != offset) {
     ++stats_.refused_releases;
     return Status(StatusCode::kFailedPrecondition,
                   "no lease at offset " + std::to_string(offset) + " with generation " + std::to_string(generation) +
-                      (it == leases_.end() ? "" : " (the span is leased again, under generation " +
-                                                      std::to_string(it->second.generation) + ")") +
                       ": released already, expired, or never handed out");
   }
-  const std::uint64_t size = it->second.size;
   leases_.erase(it);
-  FreeLocked(offset, size);
-  stats_.leased_bytes -= static_cast<std::int64_t>(size);
   --stats_.leases;
   ++stats_.released;
+  UnrefLocked(offset);
   return Status::Ok();
 }
 

@@ -1,21 +1,26 @@
 // src/server/shm_arena.h (internal to epd::server): the shared-memory arena
 // behind DELIVERY_SHM (docs/SHM.md).
 //
-// One memfd of a fixed size, mapped read-write by the server. Each item sent
-// by reference gets a span of it (Allocate), the server copies the rows in
-// once, and the span is leased to the client under (offset, generation)
-// until the client releases it or the lease's deadline passes; then the span
-// returns to the free list and may be overwritten. The bytes under lease are
-// therefore bounded by the arena's size: when no free span is large enough,
-// Allocate says so and the caller sends the bytes inline (and counts it).
+// One memfd of a fixed size, mapped read-write by the server. An item's rows
+// are written into a span of it once per content key, and every reply that
+// delivers that key while the span lives leases the same span (Acquire): a
+// repeat hit costs the server no copy at all. Embeddings are immutable per
+// key, so sharing is safe. Each lease is (offset, generation), generations
+// unique per lease, and ends when the client releases it or its deadline
+// passes. A span with no lease left stays in the arena, idle, for the next
+// hit on its key, until space is needed: idle spans are evicted least
+// recently used first. Bytes under lease are bounded by the arena's size:
+// when neither a free block nor evicting idle spans makes room, Acquire says
+// so and the caller sends the bytes inline (and counts it).
 //
-// Invariant: every byte of the arena is in exactly one of two places, a free
-// block (free_, keyed by offset, neighbours coalesced) or a lease (leases_,
-// keyed by offset). Expiry walks a FIFO of (deadline, offset, generation):
-// the lease time is one constant, so deadlines grow in allocation order and
-// the FIFO is sorted; an entry whose lease was released earlier (its
-// generation no longer matches) is skipped. Expired leases are swept at the
-// start of every Allocate, Release and Stats.
+// Invariant: every byte of the arena is in exactly one free block (free_,
+// keyed by offset, neighbours coalesced) or one span (spans_). A span is
+// either leased (refs > 0) or idle (refs == 0, on the LRU list idle_, and
+// findable by key); a span still being written is leased by its writer and
+// not yet findable. Expiry walks a FIFO of (deadline, generation): the lease
+// time is one constant, so deadlines grow in lease order and the FIFO is
+// sorted; entries of leases released earlier are skipped. Expired leases are
+// swept at the start of every Acquire, Release and Stats.
 //
 // Security: the memfd has mode 0600 and no name in any file system. A client
 // opens it as /proc/<server pid>/fd/<fd>, which the kernel allows only to a
@@ -23,8 +28,9 @@
 // checks the inode's mode. Its size is sealed (F_SEAL_GROW/SHRINK), so no
 // mapping can be cut short under a reader.
 //
-// Complexity: Allocate O(log f + e), Release O(log f + log l), where f is the
-// number of free blocks, l of leases, e of leases that expire in the sweep.
+// Complexity: Acquire of a key with a live span O(1 + e); of a new key
+// O(f + v log f + e); Release O(log f + e); f free blocks, v idle spans
+// evicted, e leases that expire in the sweep.
 // Thread safety: thread-safe (one mutex); the returned span's bytes are the
 // caller's to write until it returns them to a client.
 #pragma once
@@ -36,11 +42,13 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "epd/server_stats.h"
 #include "epd/status.h"
@@ -59,6 +67,9 @@ class ShmArena {
     std::uint64_t length = 0;  // as asked, not rounded
     std::uint64_t generation = 0;
     std::byte* data = nullptr;  // the server's writable view of the span
+    // True: a new span; the caller writes the rows, then calls Publish. False:
+    // the key's rows are there already (nothing to write).
+    bool fresh = false;
   };
 
   // A fresh memfd of `capacity_bytes` (rounded up to kGranule), mapped and
@@ -73,9 +84,13 @@ class ShmArena {
   ShmArena(const ShmArena&) = delete;
   ShmArena& operator=(const ShmArena&) = delete;
 
-  // A span of `length` bytes leased until now + lease, or nullopt when no
-  // free block is large enough (nothing changes then).
-  std::optional<Span> Allocate(std::uint64_t length);
+  // A lease, until now + lease, on the span holding `key`'s rows (`length`
+  // bytes), or on a new span for them; nullopt when there is no room even
+  // after evicting every idle span. An empty key is never shared.
+  // REQUIRES: every call with the same key passes the same length.
+  std::optional<Span> Acquire(const std::string& key, std::uint64_t length);
+  // The rows of a fresh span are written: later Acquires of its key share it.
+  void Publish(const Span& span);
 
   // Ends the lease at `offset` if its generation is `generation`.
   // kFailedPrecondition otherwise (released already, expired, or never
@@ -97,13 +112,15 @@ class ShmArena {
   const std::string& name() const { return name_; }
 
  private:
-  struct Lease {
+  struct SpanState {
     std::uint64_t size = 0;  // rounded to kGranule
-    std::uint64_t generation = 0;
+    std::string key;         // empty: never shared
+    bool published = false;  // findable in by_key_
+    std::int64_t refs = 0;   // leases on it
+    std::list<std::uint64_t>::iterator idle_at;  // valid iff refs == 0
   };
   struct Expiry {
     Clock::time_point deadline;
-    std::uint64_t offset = 0;
     std::uint64_t generation = 0;
   };
 
@@ -111,6 +128,11 @@ class ShmArena {
   Clock::time_point Now() const { return now_ ? now_() : Clock::now(); }
   void SweepLocked(Clock::time_point now);
   void FreeLocked(std::uint64_t offset, std::uint64_t size);
+  // One lease fewer on the span at `offset`; the last one makes it idle (or
+  // frees it when it is not findable by key).
+  void UnrefLocked(std::uint64_t offset);
+  std::optional<std::uint64_t> FirstFitLocked(std::uint64_t size);
+  Span LeaseLocked(std::uint64_t offset, std::uint64_t length, bool fresh, Clock::time_point now);
 
   int fd_ = -1;
   pid_t pid_ = 0;
@@ -122,9 +144,12 @@ class ShmArena {
   std::function<Clock::time_point()> now_;
 
   std::mutex mu_;
-  std::map<std::uint64_t, std::uint64_t> free_;  // offset -> size; guarded by mu_
-  std::map<std::uint64_t, Lease> leases_;        // guarded by mu_
-  std::deque<Expiry> expiry_;                    // guarded by mu_
+  std::map<std::uint64_t, std::uint64_t> free_;              // offset -> size; guarded by mu_
+  std::map<std::uint64_t, SpanState> spans_;                 // by offset; guarded by mu_
+  std::unordered_map<std::string, std::uint64_t> by_key_;    // published spans; guarded by mu_
+  std::list<std::uint64_t> idle_;                            // idle spans, least recently used first; guarded by mu_
+  std::unordered_map<std::uint64_t, std::uint64_t> leases_;  // generation -> offset; guarded by mu_
+  std::deque<Expiry> expiry_;                                // guarded by mu_
   std::uint64_t next_generation_ = 1;            // guarded by mu_
   ShmStats stats_;                               // guarded by mu_ (leased_bytes, leases kept current)
 };

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "shm_mapping.h"
@@ -38,8 +39,8 @@ std::unique_ptr<ShmArena> MakeArena(std::int64_t bytes, milliseconds lease, Manu
 TEST(ShmArenaTest, SpansAreDisjointAlignedAndReadableThroughAReadOnlyMapping) {
   auto arena = MakeArena(4096, milliseconds(1000), nullptr);
   ASSERT_NE(arena, nullptr);
-  auto a = arena->Allocate(100);  // 2 granules
-  auto b = arena->Allocate(64);
+  auto a = arena->Acquire("", 100);  // 2 granules
+  auto b = arena->Acquire("", 64);
   ASSERT_TRUE(a.has_value() && b.has_value());
   EXPECT_EQ(a->offset, 0u);
   EXPECT_EQ(b->offset, 128u);
@@ -68,9 +69,9 @@ TEST(ShmArenaTest, LeaseExpiresAtItsDeadlineAndItsSpanIsReused) {
   ManualClock clock;
   auto arena = MakeArena(256, milliseconds(100), &clock);
   ASSERT_NE(arena, nullptr);
-  auto a = arena->Allocate(256);
+  auto a = arena->Acquire("", 256);
   ASSERT_TRUE(a.has_value());
-  EXPECT_FALSE(arena->Allocate(64).has_value());  // full
+  EXPECT_FALSE(arena->Acquire("", 64).has_value());  // full
   clock.now += milliseconds(99);
   EXPECT_EQ(arena->Stats().leases, 1);
   clock.now += milliseconds(1);
@@ -78,7 +79,7 @@ TEST(ShmArenaTest, LeaseExpiresAtItsDeadlineAndItsSpanIsReused) {
   EXPECT_EQ(s.leases, 0);
   EXPECT_EQ(s.leased_bytes, 0);
   EXPECT_EQ(s.expired, 1u);
-  auto b = arena->Allocate(256);
+  auto b = arena->Acquire("", 256);
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(b->offset, a->offset);
   // The expired lease's release is refused, and does not end the new one.
@@ -91,7 +92,7 @@ TEST(ShmArenaTest, ReleaseTwiceOrWithAWrongGenerationIsRefusedAndCounted) {
   ManualClock clock;
   auto arena = MakeArena(1024, milliseconds(1000), &clock);
   ASSERT_NE(arena, nullptr);
-  auto a = arena->Allocate(64);
+  auto a = arena->Acquire("", 64);
   ASSERT_TRUE(a.has_value());
   Status wrong = arena->Release(a->offset, a->generation + 1);
   EXPECT_EQ(wrong.code(), StatusCode::kFailedPrecondition);
@@ -111,16 +112,78 @@ TEST(ShmArenaTest, FullArenaRefusesUntilNeighboursAreReleasedAndCoalesced) {
   ManualClock clock;
   auto arena = MakeArena(4 * 64, milliseconds(1000), &clock);
   ASSERT_NE(arena, nullptr);
-  auto s0 = arena->Allocate(64), s1 = arena->Allocate(64), s2 = arena->Allocate(64), s3 = arena->Allocate(64);
+  auto s0 = arena->Acquire("", 64), s1 = arena->Acquire("", 64), s2 = arena->Acquire("", 64), s3 = arena->Acquire("", 64);
   ASSERT_TRUE(s0 && s1 && s2 && s3);
-  EXPECT_FALSE(arena->Allocate(1).has_value());
+  EXPECT_FALSE(arena->Acquire("", 1).has_value());
   ASSERT_TRUE(arena->Release(s1->offset, s1->generation).ok());
-  EXPECT_FALSE(arena->Allocate(128).has_value());  // one free granule only
+  EXPECT_FALSE(arena->Acquire("", 128).has_value());  // one free granule only
   ASSERT_TRUE(arena->Release(s2->offset, s2->generation).ok());
-  auto big = arena->Allocate(128);  // s1 and s2, merged
+  auto big = arena->Acquire("", 128);  // s1 and s2, merged
   ASSERT_TRUE(big.has_value());
   EXPECT_EQ(big->offset, 64u);
   EXPECT_EQ(arena->Stats().leased_bytes, 256);
+}
+
+TEST(ShmArenaTest, OneKeySharesOneSpanWrittenOnce) {
+  ManualClock clock;
+  auto arena = MakeArena(4 * 64, milliseconds(1000), &clock);
+  ASSERT_NE(arena, nullptr);
+  auto a = arena->Acquire("A", 64);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_TRUE(a->fresh);
+  // Not findable until published: a second writer gets its own span.
+  auto a_unpublished = arena->Acquire("A", 64);
+  ASSERT_TRUE(a_unpublished.has_value());
+  EXPECT_TRUE(a_unpublished->fresh);
+  EXPECT_NE(a_unpublished->offset, a->offset);
+  ASSERT_TRUE(arena->Release(a_unpublished->offset, a_unpublished->generation).ok());
+  arena->Publish(*a);
+  auto b = arena->Acquire("A", 64);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_FALSE(b->fresh);
+  EXPECT_EQ(b->offset, a->offset);
+  EXPECT_NE(b->generation, a->generation);
+  ShmStats s = arena->Stats();
+  EXPECT_EQ(s.leases, 2);
+  EXPECT_EQ(s.leased_bytes, 64);  // one span, however many leases
+  EXPECT_EQ(s.reused, 1u);
+  ASSERT_TRUE(arena->Release(a->offset, a->generation).ok());
+  EXPECT_EQ(arena->Release(a->offset, a->generation).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(arena->Release(b->offset, b->generation).ok());
+  s = arena->Stats();
+  EXPECT_EQ(s.leases, 0);
+  EXPECT_EQ(s.leased_bytes, 0);
+  // Idle, not freed: the next hit on A leases it again without a write.
+  auto c = arena->Acquire("A", 64);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FALSE(c->fresh);
+  EXPECT_EQ(c->offset, a->offset);
+}
+
+TEST(ShmArenaTest, IdleSpansAreEvictedLeastRecentlyUsedFirstAndLeasedOnesNever) {
+  ManualClock clock;
+  auto arena = MakeArena(3 * 64, milliseconds(1000), &clock);
+  ASSERT_NE(arena, nullptr);
+  std::map<std::string, ShmArena::Span> spans;
+  for (const char* k : {"A", "B", "C"}) {
+    auto s = arena->Acquire(k, 64);
+    ASSERT_TRUE(s.has_value() && s->fresh);
+    arena->Publish(*s);
+    spans[k] = *s;
+  }
+  // Idle in the order B, A; C stays leased.
+  ASSERT_TRUE(arena->Release(spans["B"].offset, spans["B"].generation).ok());
+  ASSERT_TRUE(arena->Release(spans["A"].offset, spans["A"].generation).ok());
+  auto d = arena->Acquire("D", 64);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->offset, spans["B"].offset);  // B was idle longest
+  EXPECT_EQ(arena->Stats().evicted, 1u);
+  auto a = arena->Acquire("A", 64);  // still there
+  ASSERT_TRUE(a.has_value());
+  EXPECT_FALSE(a->fresh);
+  // Everything leased now (A, C, D): a new key finds no room.
+  EXPECT_FALSE(arena->Acquire("E", 64).has_value());
+  EXPECT_EQ(arena->Stats().evicted, 1u);
 }
 
 TEST(ShmArenaTest, RejectsNonPositiveSizeOrLease) {

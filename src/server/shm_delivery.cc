@@ -5,17 +5,21 @@
 
 namespace epd::internal {
 
-bool PlaceInArena(ShmArena& arena, const Embedding& e, v1::EncodedItem* out) {
+bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v1::EncodedItem* out) {
   const std::uint64_t length = e.main.size() + e.deepstack.size();
-  std::optional<ShmArena::Span> span = arena.Allocate(length);
+  std::optional<ShmArena::Span> span = arena.Acquire(key, length);
   if (!span.has_value()) {
     arena.CountFallback();
     return false;
   }
-  // The one copy on the server side, as for inline bytes (into the message
-  // there); here the client reads these bytes where they are.
-  if (!e.main.empty()) std::memcpy(span->data, e.main.data(), e.main.size());
-  if (!e.deepstack.empty()) std::memcpy(span->data + e.main.size(), e.deepstack.data(), e.deepstack.size());
+  // The one copy on the server side, once per key while its span lives
+  // (inline bytes are copied into every message); the client reads these
+  // bytes where they are.
+  if (span->fresh) {
+    if (!e.main.empty()) std::memcpy(span->data, e.main.data(), e.main.size());
+    if (!e.deepstack.empty()) std::memcpy(span->data + e.main.size(), e.deepstack.data(), e.deepstack.size());
+    arena.Publish(*span);
+  }
   v1::ShmRef* ref = out->mutable_shm();
   ref->set_segment(arena.segment());
   ref->set_pid(arena.pid());

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "epd/embedding.h"
 #include "epd/status.h"
@@ -11,11 +12,13 @@
 
 namespace epd::internal {
 
-// Copies `e`'s rows (main, then deepstack) into a fresh span of `arena` and
-// describes it in out->shm. False when the arena has no room: nothing is
-// written, the fallback is counted, and the caller sends the bytes inline.
-// REQUIRES: e is on the host.
-bool PlaceInArena(ShmArena& arena, const Embedding& e, v1::EncodedItem* out);
+// Leases the span of `arena` holding the rows of content key `key` (32 key
+// bytes; empty = never shared), copying `e`'s rows (main, then deepstack)
+// into a new span when none holds them, and describes it in out->shm. False
+// when the arena has no room: nothing is written, the fallback is counted,
+// and the caller sends the bytes inline. REQUIRES: e is on the host and is
+// the embedding of `key`.
+bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v1::EncodedItem* out);
 
 // Releases each lease. Returns how many matched; `first_refusal` gets the
 // first refusal's status (OK when every lease matched). A null arena refuses

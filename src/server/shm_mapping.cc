@@ -44,7 +44,10 @@ StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Open(pid_t pid, int fd, 
     return Status(StatusCode::kFailedPrecondition, path + " is smaller than the " + std::to_string(segment_bytes) +
                                                        " bytes the server announced");
   }
-  void* p = mmap(nullptr, segment_bytes, PROT_READ, MAP_SHARED, f, 0);
+  // Pre-faulted: the arena is mapped once per client and then read at every
+  // reply, so its page-table entries are better paid for here, at once,
+  // than one minor fault per 4 KiB page on the first read of each span.
+  void* p = mmap(nullptr, segment_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, f, 0);
   const int err = errno;
   close(f);  // the mapping keeps the memfd alive
   if (p == MAP_FAILED) {

@@ -79,6 +79,21 @@ TEST(ShmDeliveryTest, ShmRowsEqualTheInlineBytes) {
   EXPECT_EQ(s.shm.leased_bytes, static_cast<std::int64_t>((rows.size() + 63) / 64 * 64));
 }
 
+TEST(ShmDeliveryTest, RepeatHitsShareTheSpanWrittenOnce) {
+  TestServer t = StartShmServer(8 << 20);
+  const std::string img = Png(56, 56, 6);
+  RawCall first = CallEncode(*t.stub, ShmRequest("a", {img}));
+  RawCall second = CallEncode(*t.stub, ShmRequest("b", {img}));
+  ASSERT_TRUE(first.status.ok() && second.status.ok());
+  EXPECT_EQ(second.items[0].shm().offset(), first.items[0].shm().offset());
+  EXPECT_NE(second.items[0].shm().generation(), first.items[0].shm().generation());
+  EXPECT_EQ(RowsOf(second.items[0]), AsString(Expected(img).main) + AsString(Expected(img).deepstack));
+  const ServerStats s = t.server->Stats();
+  EXPECT_EQ(s.shm.items, 2u);
+  EXPECT_EQ(s.shm.reused, 1u);
+  EXPECT_EQ(s.shm.leases, 2);
+}
+
 TEST(ShmDeliveryTest, ReleaseEndsTheLeaseAndRefusesWrongGenerationsAndRepeats) {
   TestServer t = StartShmServer(8 << 20);
   RawCall call = CallEncode(*t.stub, ShmRequest("r", {Png(56, 56, 1)}));
