@@ -2,7 +2,10 @@
 // EncodeServer over FakeTower, the raw stub and the client library. Expected
 // rows come from FakeTower::Reference over an independent decode
 // (worker_test_util.h) and from the same server's inline replies.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -138,6 +141,34 @@ TEST(ShmDeliveryTest, FullArenaFallsBackToInlineBytesAndCountsIt) {
   const ServerStats s = t.server->Stats();
   EXPECT_EQ(s.shm.items, 1u);
   EXPECT_EQ(s.shm.fallbacks, 1u);
+}
+
+// The counters reach Prometheus too: scrape the metrics endpoint after one
+// reference and one fallback.
+TEST(ShmDeliveryTest, MetricsCountReferencesAndFallbacks) {
+  const std::string a = Png(56, 56, 1), b = Png(56, 56, 2);
+  TestServerOptions o;
+  o.server.shm_arena_bytes = static_cast<std::int64_t>(Expected(a).nbytes());
+  o.server.metrics_port = 0;
+  o.server.metrics_address = "127.0.0.1";
+  TestServer t = StartTestServer(o);
+  ASSERT_TRUE(CallEncode(*t.stub, ShmRequest("1", {a})).status.ok());
+  ASSERT_TRUE(CallEncode(*t.stub, ShmRequest("2", {b})).status.ok());
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(t.server->metrics_port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(write(fd, get.data(), get.size()), static_cast<ssize_t>(get.size()));
+  std::string page;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) page.append(buf, static_cast<std::size_t>(n));
+  close(fd);
+  EXPECT_NE(page.find("epd_shm_items_total 1\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("epd_shm_fallbacks_total 1\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("epd_shm_leases 1\n"), std::string::npos) << page;
 }
 
 TEST(ShmDeliveryTest, WithoutAnArenaShmRequestsGetInlineBytes) {
