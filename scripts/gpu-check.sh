@@ -10,6 +10,8 @@
 #      builds it, with the GPU benchmarks of bench/gpu/;
 #   2. runs the tests (ctest): the CPU tests and cuda_device_test, which must
 #      not skip here;
+#   2b. runs cuda_ipc_check: device rows exported by CUDA IPC in one process,
+#      imported and compared byte for byte in another (docs/SHM.md);
 #   3. runs compute-sanitizer --tool memcheck over the CUDA round-trip tests;
 #   4. runs gpu_tier_bench (offload/onboard GB/s vs the pinned-copy peak); if
 #      the tower was built, makes a ViT-L-sized tower (scripts/
@@ -259,6 +261,19 @@ fi
 want tests && { capped 120 "$test_log" "$build/cuda_device_test" || true; }
 if want tests && grep -q '\[  SKIPPED \] Cuda/' "$test_log"; then
   note "- cuda_device_test: SKIPPED its device tests: no usable device (see ctest.log)"
+  failed=1
+fi
+
+# --- 2b. CUDA IPC across two processes -------------------------------------------
+# cuda_ipc_check (src/gpu/ipc_two_process_check.cc) exports 2 MiB of device
+# rows with Device::ExportIpc, spawns itself as the importer, which maps them
+# with cudaIpcOpenMemHandle, waits on the interprocess event and compares the
+# bytes; non-zero exit on a mismatch or any CUDA error.
+ipc_log="$out/cuda_ipc.log"
+if capped 60 "$ipc_log" "$build/cuda_ipc_check" --device cuda --bytes $((2 << 20)); then
+  note "- CUDA IPC two-process check: ok ($(grep -m1 'importer (pid' "$ipc_log"))"
+else
+  note "- CUDA IPC two-process check: FAILED (see cuda_ipc.log): $(grep -m1 'FAIL' "$ipc_log")"
   failed=1
 fi
 

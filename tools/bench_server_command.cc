@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fmt/format.h>
@@ -52,6 +53,7 @@ struct BenchFlags {
   double timeout_s = 10;
   int server_pid = 0;
   int connections = 0;
+  bool shm = false;
   bool json = false;
 };
 
@@ -82,6 +84,7 @@ std::string SyntheticJpeg(int size, std::uint64_t seed) {
 }
 
 bool IsLoopback(const std::string& target) {
+  if (target.starts_with("unix:")) return true;  // a Unix socket is on this host by construction
   std::string host = target.substr(0, target.rfind(':'));
   if (host.starts_with("ipv4:")) host = host.substr(5);
   return host == "localhost" || host == "[::1]" || host == "::1" || host.starts_with("127.");
@@ -99,7 +102,8 @@ double RssMb(int pid) {
 int RunBench(const BenchFlags& f) {
   TuneMalloc(MallocUse::kMessages);
   if (!IsLoopback(f.server)) {
-    Fail(1, "bench-server only loads servers on loopback (127.0.0.0/8, localhost, ::1); got " + f.server);
+    Fail(1, "bench-server only loads servers on loopback (127.0.0.0/8, localhost, ::1, unix:/path); got " +
+                f.server);
   }
   std::vector<std::string> images;
   if (!f.images.empty()) {
@@ -117,6 +121,7 @@ int RunBench(const BenchFlags& f) {
   ClientOptions co;
   co.target = f.server;
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
+  co.delivery = f.shm ? Delivery::kShm : Delivery::kInline;
   // Callers share `connections` clients (one HTTP/2 connection each),
   // round robin by caller.
   const int n_conn = f.connections > 0 ? f.connections : std::min(f.concurrency, 4);
@@ -149,6 +154,8 @@ int RunBench(const BenchFlags& f) {
     std::vector<double> latency_ms;
     std::map<std::string, std::uint64_t> errors;
     std::map<std::string, std::uint64_t> sources;
+    std::uint64_t by_shm = 0;  // replies that came by reference
+    double checksum = 0;       // keeps the reads of the rows from being optimised away
   };
   std::vector<PerThread> per(static_cast<std::size_t>(f.concurrency));
   std::atomic<std::uint64_t> ticket{0};
@@ -187,6 +194,32 @@ int RunBench(const BenchFlags& f) {
         const std::size_t i = std::min<std::size_t>(
             static_cast<std::size_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin()), images.size() - 1);
         EncodeResult r = clients[static_cast<std::size_t>(t % n_conn)]->Encode({ClientItem{images[i], std::nullopt, 0}});
+        // A caller reads every row it receives, either way, so inline and
+        // shared-memory delivery are compared doing the same work: a sum
+        // over one float per 64-byte line touches every cache line once.
+        if (r.status.ok()) {
+          const ClientItemResult& item = r.items[0];
+          const std::byte* rows = item.shm != nullptr ? item.shm->main() : item.embedding->main.data();
+          const std::size_t n = item.shm != nullptr ? item.shm->main_bytes() + item.shm->deepstack_bytes()
+                                                    : item.embedding->main.size();
+          float sum = 0;
+          for (std::size_t b = 0; b + sizeof(float) <= n; b += 64) {
+            float v;
+            std::memcpy(&v, rows + b, sizeof(v));
+            sum += v;
+          }
+          if (item.embedding != nullptr) {
+            const std::vector<std::byte>& d = item.embedding->deepstack;
+            for (std::size_t b = 0; b + sizeof(float) <= d.size(); b += 64) {
+              float v;
+              std::memcpy(&v, d.data() + b, sizeof(v));
+              sum += v;
+            }
+          }
+          me.checksum += sum;
+          if (item.shm != nullptr) ++me.by_shm;
+          r.items[0].shm.reset();  // done reading: the release rides on this caller's next call
+        }
         me.latency_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - scheduled).count());
         if (!r.status.ok()) {
           ++me.errors[GrpcStatusName(r.status.code())];
@@ -203,8 +236,11 @@ int RunBench(const BenchFlags& f) {
 
   std::vector<double> lat;
   std::map<std::string, std::uint64_t> errors, sources;
-  std::uint64_t n_errors = 0;
+  std::uint64_t n_errors = 0, by_shm = 0;
+  double checksum = 0;
   for (PerThread& p : per) {
+    by_shm += p.by_shm;
+    checksum += p.checksum;
     lat.insert(lat.end(), p.latency_ms.begin(), p.latency_ms.end());
     for (auto& [k, v] : p.errors) errors[k] += v, n_errors += v;
     for (auto& [k, v] : p.sources) sources[k] += v;
@@ -221,7 +257,9 @@ int RunBench(const BenchFlags& f) {
                         {"sources", sources},        {"req_per_s", static_cast<double>(n) / wall_s},
                         {"p50_ms", p50},             {"p90_ms", p90},
                         {"p99_ms", p99},             {"max_ms", max},
-                        {"images", images.size()},   {"image_bytes", images.empty() ? 0 : images[0].size()}};
+                        {"images", images.size()},   {"image_bytes", images.empty() ? 0 : images[0].size()},
+                        {"delivery", f.shm ? "shm" : "inline"}, {"replies_by_shm", by_shm},
+                        {"checksum", checksum}};
     if (f.server_pid > 0) j["server_rss_mb"] = {{"start", rss_start}, {"max", rss_max}, {"end", rss_end}};
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -229,6 +267,8 @@ int RunBench(const BenchFlags& f) {
                 f.rate > 0 ? fmt::format(" at {:.0f} req/s", f.rate).c_str() : "", f.concurrency, wall_s);
     std::printf("requests %zu  errors %llu  req_per_s %.1f\n", n, static_cast<unsigned long long>(n_errors),
                 static_cast<double>(n) / wall_s);
+    std::printf("delivery %s  replies_by_shm %llu  checksum %g\n", f.shm ? "shm" : "inline",
+                static_cast<unsigned long long>(by_shm), checksum);
     std::printf("latency_ms p50 %.3f  p90 %.3f  p99 %.3f  max %.3f\n", p50, p90, p99, max);
     std::string src;
     for (auto& [k, v] : sources) src += fmt::format(" {} {}", k, v);
@@ -245,7 +285,7 @@ int RunBench(const BenchFlags& f) {
 void RegisterBenchServerCommand(CLI::App& app) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench-server", "load a server on loopback for a bounded time");
-  cmd->add_option("--server", f->server, "HOST:PORT on loopback")->required();
+  cmd->add_option("--server", f->server, "HOST:PORT on loopback, or unix:/path")->required();
   cmd->add_option("--concurrency", f->concurrency, "callers (closed loop) or in-flight cap (open loop)")
       ->capture_default_str()->check(Integer(1, 4096));
   cmd->add_option("--duration-s", f->duration_s, "how long to send, seconds")->capture_default_str()
@@ -267,6 +307,9 @@ void RegisterBenchServerCommand(CLI::App& app) {
       ->check(Integer(1));
   cmd->add_option("--connections", f->connections, "HTTP/2 connections to spread callers over [min(concurrency, 4)]")
       ->check(Integer(1, 256));
+  cmd->add_flag("--shm", f->shm,
+                "ask for shared-memory delivery (the server needs --shm-arena-mb); each caller reads the rows in "
+                "place and releases them with its next call");
   cmd->add_flag("--json", f->json, "print one JSON object instead of text");
   cmd->callback([f] {
     if (int rc = RunBench(*f); rc != 0) throw CLI::RuntimeError(rc);

@@ -56,6 +56,9 @@ struct ServeFlags {
   double max_request_mb = 64;
   double max_buffered_mb = 256;
   int max_rpc_threads = 256;
+  std::vector<std::string> listen;
+  double shm_arena_mb = 0;
+  std::int64_t shm_lease_ms = 5000;
   ServerSecurityFlags security;
 };
 
@@ -83,6 +86,9 @@ int RunServe(const ServeFlags& f) {
   so.max_request_bytes = static_cast<std::int64_t>(f.max_request_mb * (1 << 20));
   so.max_buffered_bytes = static_cast<std::int64_t>(f.max_buffered_mb * (1 << 20));
   so.max_rpc_threads = f.max_rpc_threads;
+  so.extra_addresses = f.listen;
+  so.shm_arena_bytes = static_cast<std::int64_t>(f.shm_arena_mb * (1 << 20));
+  so.shm_lease = std::chrono::milliseconds(f.shm_lease_ms);
   if (Status s = ApplyServerSecurityFlags(f.security, so); !s.ok()) Fail(1, s.message());
   so.log = [](const std::string& line) { spdlog::warn("{}", line); };
   const std::string tower = parts->tower->Describe();
@@ -90,8 +96,12 @@ int RunServe(const ServeFlags& f) {
       EncodeServer::Start(so, std::move(parts->options), std::move(parts->tower));
   if (!server.ok()) Fail(1, "cannot start the server: " + server.status().ToString());
 
-  spdlog::info("serving {} on {}:{} as '{}' (metrics: {})", tower, f.host, (*server)->port(),
+  std::string also;
+  for (const std::string& a : f.listen) also += " and " + a;
+  spdlog::info("serving {} on {}:{}{} as '{}' (shared memory: {}; metrics: {})", tower, f.host, (*server)->port(), also,
                (*server)->server_id(),
+               so.shm_arena_bytes > 0 ? fmt::format("{:.0f} MiB arena, {} ms leases", f.shm_arena_mb, f.shm_lease_ms)
+                                      : std::string("off"),
                (*server)->metrics_port() < 0 ? std::string("off")
                                             : fmt::format("http://{}:{}/metrics", so.metrics_address,
                                                           (*server)->metrics_port()));
@@ -123,6 +133,7 @@ struct ClientFlags {
   std::string out;
   double timeout_s = 30;
   bool no_route = false;
+  bool shm = false;
   std::string request_id;
   ClientSecurityFlags security;
 };
@@ -139,6 +150,7 @@ int RunClient(const ClientFlags& f) {
   co.target = f.server;
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
   co.route_by_key = !f.no_route;
+  co.delivery = f.shm ? Delivery::kShm : Delivery::kInline;
   if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) Fail(1, s.message());
   StatusOr<std::unique_ptr<EncodeClient>> client = EncodeClient::Connect(co);
   if (!client.ok()) Fail(1, client.status().ToString());
@@ -155,12 +167,13 @@ int RunClient(const ClientFlags& f) {
       }
       continue;
     }
-    const Embedding& e = *item.embedding;
-    std::printf("index=%lld key=%s tokens=%lld hidden=%lld source=%s ms=%.3f server=%s\n",
+    // Rows sent by reference are copied out of the arena only for --out.
+    const EmbeddingShape& e = item.shm != nullptr ? item.shm->shape() : item.embedding->shape();
+    std::printf("index=%lld key=%s tokens=%lld hidden=%lld source=%s ms=%.3f server=%s delivery=%s\n",
                 static_cast<long long>(item.index), item.key.Hex().c_str(), static_cast<long long>(e.tokens),
                 static_cast<long long>(e.hidden), std::string(ItemSourceName(item.source)).c_str(), item.total_ms,
-                item.server_id.c_str());
-    out.push_back({item.key, item.embedding});
+                item.server_id.c_str(), item.shm != nullptr ? "shm" : "inline");
+    if (!f.out.empty()) out.push_back({item.key, item.shm != nullptr ? item.shm->Copy() : item.embedding});
   }
   std::fflush(stdout);
   if (!f.out.empty() && !out.empty()) {
@@ -204,6 +217,15 @@ void RegisterServerCommands(CLI::App& app) {
         ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
     cmd->add_option("--max-rpc-threads", f->max_rpc_threads, "most gRPC handler threads (one per call in flight)")
         ->capture_default_str()->check(Integer(2, 100000));
+    cmd->add_option("--listen", f->listen,
+                    "also listen here: unix:/path (a Unix domain socket, for clients on this host) or host:port; "
+                    "repeatable");
+    cmd->add_option("--shm-arena-mb", f->shm_arena_mb,
+                    "shared-memory arena for clients on this host that ask for it (docs/SHM.md), MiB; 0 = off")
+        ->capture_default_str()->check(Number(0, 1 << 20, "MiB"));
+    cmd->add_option("--shm-lease-ms", f->shm_lease_ms,
+                    "how long a shared-memory reference stays valid without a release, ms")
+        ->capture_default_str()->check(Integer(10, 3600000));
     AddServerSecurityFlags(*cmd, f->security);
     cmd->callback([f] {
       if (int rc = RunServe(*f); rc != 0) throw CLI::RuntimeError(rc);
@@ -212,13 +234,16 @@ void RegisterServerCommands(CLI::App& app) {
   {
     auto f = std::make_shared<ClientFlags>();
     CLI::App* cmd = app.add_subcommand("client", "encode image files with a running server");
-    cmd->add_option("--server", f->server, "HOST:PORT of a server or of the nginx front")->required();
+    cmd->add_option("--server", f->server, "HOST:PORT of a server or of the nginx front, or unix:/path")
+        ->required();
     cmd->add_option("images", f->images, "JPEG/PNG files")->required()->check(CLI::ExistingFile);
     cmd->add_option("--out", f->out, "write the embeddings to this safetensors file");
     cmd->add_option("--timeout-s", f->timeout_s, "deadline of each call, seconds")->capture_default_str()
         ->check(Number(0, 1e6, "s", /*lo_open=*/true));
     cmd->add_flag("--no-route", f->no_route, "one call for all images, without the x-epd-route header");
     cmd->add_option("--request-id", f->request_id, "request id [random]");
+    cmd->add_flag("--shm", f->shm,
+                  "ask for the rows by shared memory (a server on this host, same user, with --shm-arena-mb)");
     AddClientSecurityFlags(*cmd, f->security);
     cmd->callback([f] {
       if (int rc = RunClient(*f); rc != 0) throw CLI::RuntimeError(rc);

@@ -50,9 +50,22 @@
 
 namespace epd {
 
+// How the server sends an item's rows (proto Delivery, docs/SHM.md).
+enum class Delivery {
+  kInline,  // bytes in the reply, copied into ClientItemResult::embedding
+  // A reference into the server's shared-memory arena, read in place through
+  // ClientItemResult::shm. Needs the server on the same host, run by the same
+  // user, with --shm-arena-mb; otherwise (or when its arena is full) items
+  // come inline.
+  kShm,
+};
+
 struct ClientOptions {
-  // "host:port" of a server or of the nginx front.
+  // "host:port" of a server or of the nginx front, or "unix:/path" (a Unix
+  // domain socket; also "unix:///abs/path").
   std::string target;
+  // Asked for on every Encode call.
+  Delivery delivery = Delivery::kInline;
   // Deadline of each call (Encode's per-key calls, Health, Stats).
   std::chrono::milliseconds timeout{30000};
   // Split requests per content key and set "x-epd-route" (see above).
@@ -95,14 +108,68 @@ struct ClientItem {
   std::int64_t expected_tokens = 0;       // 0 = unknown
 };
 
+struct ShmLeaseLink;  // internal: the client's release queue, shared with its leases
+
+// An item's rows read in place from the server's shared-memory arena, under a
+// lease (docs/SHM.md). main() is [tokens, hidden] and deepstack() is [tokens,
+// hidden * deepstack_layers], row-major, in shape().dtype, valid until the
+// lease is released or expires (the server's --shm-lease-ms after the reply;
+// lease_deadline()). Read or copy them before then: past it, the server may
+// overwrite the span. The mapping itself stays valid as long as this object
+// lives (so a late read returns wrong bytes, never a fault).
+//
+// Destroying the lease queues its release; the queue rides on the client's
+// next Encode call, or goes at once with EncodeClient::FlushReleases (and at
+// the client's destruction). Release() sends it now.
+// Thread safety: thread-compatible; the bytes are read-only.
+class ShmLease {
+ public:
+  ShmLease(std::shared_ptr<const void> mapping, const std::byte* rows, EmbeddingShape shape, GridTHW grid,
+           std::uint64_t offset, std::uint64_t generation, std::chrono::steady_clock::time_point deadline,
+           std::shared_ptr<ShmLeaseLink> link);
+  ~ShmLease();
+  ShmLease(const ShmLease&) = delete;
+  ShmLease& operator=(const ShmLease&) = delete;
+
+  const std::byte* main() const { return rows_; }
+  std::size_t main_bytes() const { return shape_.main_bytes(); }
+  const std::byte* deepstack() const { return rows_ + shape_.main_bytes(); }
+  std::size_t deepstack_bytes() const { return shape_.deepstack_bytes(); }
+  const EmbeddingShape& shape() const { return shape_; }
+  const GridTHW& grid() const { return grid_; }
+  std::uint64_t offset() const { return offset_; }
+  std::uint64_t generation() const { return generation_; }
+  std::chrono::steady_clock::time_point lease_deadline() const { return deadline_; }
+
+  // An owned host copy of the rows (one copy of nbytes).
+  EmbeddingPtr Copy() const;
+  // Sends the release now (a Release call). kFailedPrecondition when the
+  // server refused it (the lease expired, or was released already: a second
+  // Release() asks again and is refused); the call's error otherwise.
+  Status Release();
+
+ private:
+  std::shared_ptr<const void> mapping_;  // keeps the arena mapped
+  const std::byte* rows_;
+  EmbeddingShape shape_;
+  GridTHW grid_;
+  std::uint64_t offset_, generation_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::shared_ptr<ShmLeaseLink> link_;
+  bool released_ = false;
+};
+
 struct ClientItemResult {
   std::int64_t index = 0;
   Status status;           // OK or why this item has no embedding
   ContentKey key;          // as the server reported it (client-derived if the call failed)
-  // Non-null iff status.ok(); owned by the result. embedding->grid is the
+  // Non-null iff status.ok() and the rows came inline; owned by the result. embedding->grid is the
   // image's (t, h, w) patch grid as the server sent it (EncodedItem.grid_thw;
   // {0, 0, 0} from a server too old to send it).
+  // With Delivery::kShm and a reply by reference, `embedding` is null and
+  // `shm` holds the rows instead (shm->Copy() gives an owned Embedding).
   EmbeddingPtr embedding;
+  std::shared_ptr<ShmLease> shm;
   ItemSource source = ItemSource::kMiss;
   double queue_ms = 0, tower_ms = 0, total_ms = 0;  // server-side, see ItemResult
   std::string server_id;   // which server answered
@@ -134,6 +201,12 @@ class EncodeClient {
   // call fetches Health once to learn the key inputs (an error there fails
   // every item with it).
   EncodeResult Encode(std::vector<ClientItem> items, const std::string& request_id = "");
+
+  // Sends the releases of destroyed ShmLeases still queued (one Release
+  // call; none when the queue is empty). The server's refusals
+  // (kFailedPrecondition, e.g. leases that expired meanwhile) are returned
+  // but change nothing.
+  Status FlushReleases();
 
   // The content key the server will use for `item`, from Health's inputs.
   StatusOr<ContentKey> KeyFor(const ClientItem& item);

@@ -44,6 +44,7 @@
 //   device.ReleaseAfter(*done, std::make_shared<DeviceBuffer>(std::move(*host)));
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -130,6 +131,46 @@ struct DeviceMemoryStats {
   std::size_t pending_releases = 0;  // holds waiting on an event
 };
 
+// Cross-process sharing of device rows (CUDA IPC; docs/SHM.md, "CUDA IPC").
+// An IpcHandle is plain bytes a process sends to another process on the same
+// node (e.g. in a reply); that process's Device::ImportIpc maps the rows.
+// For CUDA, `memory` and `event` are cudaIpcMemHandle_t and
+// cudaIpcEventHandle_t (64 bytes each, CUDA Runtime API, "Interprocess
+// communication"); for FakeDevice they name a memfd (see fake_device.h).
+struct IpcHandle {
+  static constexpr std::size_t kHandleBytes = 64;
+  std::array<std::uint8_t, kHandleBytes> memory{};
+  std::array<std::uint8_t, kHandleBytes> event{};  // all zero: ready at export, nothing to wait for
+  std::uint64_t bytes = 0;                         // the shared rows' length
+
+  // 2 * (64 + 64) + 16 lowercase hex digits (bytes as uint64 big-endian last).
+  std::string Hex() const;
+  // kInvalidArgument unless `hex` is exactly what Hex() writes.
+  static StatusOr<IpcHandle> FromHex(std::string_view hex);
+};
+
+// The exporter's side: keeps the shared copy of the rows alive. Destroying it
+// ends the sharing (an importer must be done with the rows by then: the
+// lease rule). Thread-compatible.
+class IpcExport {
+ public:
+  virtual ~IpcExport() = default;
+  virtual const IpcHandle& handle() const = 0;
+};
+
+// The importer's side: the rows mapped into this process, as device memory of
+// this process's Device (host-addressable for FakeDevice only). Destroying it
+// unmaps them. Thread-compatible.
+class IpcImport {
+ public:
+  virtual ~IpcImport() = default;
+  virtual const std::byte* data() const = 0;
+  virtual std::size_t size() const = 0;
+  // Blocks until the exporter's copy into the shared rows has landed (the
+  // handle's event). kInternal for a device failure.
+  virtual Status WaitReady() const = 0;
+};
+
 class Device {
  public:
   virtual ~Device();
@@ -168,6 +209,21 @@ class Device {
 
   // Counters kept here plus the implementation's capacities and pool figures.
   DeviceMemoryStats memory_stats() const;
+
+  // Copies `bytes` of this device's memory at `device_src` into a fresh
+  // allocation another process on the node can import, and returns its
+  // handle. The copy is enqueued on Stream::kOnboard after the work already
+  // there; the handle's event completes when it has landed. Cost: one
+  // device-to-device copy of `bytes` and one allocation, outside the
+  // device's capacity accounting. kFailedPrecondition on a device that
+  // cannot share memory (the default); kInvalidArgument for a null source
+  // or 0 bytes; kInternal for a device failure.
+  virtual StatusOr<std::unique_ptr<IpcExport>> ExportIpc(const void* device_src, std::size_t bytes);
+  // Maps rows another process exported. kFailedPrecondition on a device that
+  // cannot (the default) or for a handle of another kind of device;
+  // kPermissionDenied when the kernel refuses (another user's FakeDevice);
+  // kInternal for a device failure (e.g. a handle from another node).
+  virtual StatusOr<std::unique_ptr<IpcImport>> ImportIpc(const IpcHandle& handle);
 
  protected:
   Device() = default;

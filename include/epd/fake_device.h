@@ -23,6 +23,14 @@
 // kFreedPoison, so bytes read before a copy lands, or after a buffer was
 // released early, differ from any payload a test writes.
 //
+// IPC (ExportIpc/ImportIpc, epd/device.h) works across processes on CPU:
+// ExportIpc copies the source bytes, as they are at the call (REQUIRES the
+// copies into them have landed), into a fresh memfd of mode 0600, and the
+// handle names it by (pid, fd, random id); ImportIpc maps it read-only
+// through /proc/<pid>/fd/<fd> (the exporter's user only, as for the shared-
+// memory arena, docs/SHM.md). The handle has no event: the rows are ready at
+// export.
+//
 // Thread safety: thread-safe, like every Device.
 //
 // Example:
@@ -76,6 +84,8 @@ class FakeDevice final : public Device {
   ~FakeDevice() override;
 
   std::string Describe() const override;
+  StatusOr<std::unique_ptr<IpcExport>> ExportIpc(const void* device_src, std::size_t bytes) override;
+  StatusOr<std::unique_ptr<IpcImport>> ImportIpc(const IpcHandle& handle) override;
   Status CopyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream stream) override;
   // kInvalidArgument for an event of another device type.
   Status StreamWaitEvent(Stream stream, const Event& event) override;

@@ -69,6 +69,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "epd/encode_worker.h"
 #include "epd/server_stats.h"
@@ -78,8 +79,21 @@
 namespace epd {
 
 struct ServerOptions {
-  // "host:port" to listen on. Port 0 picks a free port (see port()).
+  // "host:port" to listen on. Port 0 picks a free port (see port()). Or
+  // "unix:/path" for a Unix domain socket (port() is then 0).
   std::string address = "0.0.0.0:50051";
+  // More addresses served alongside `address`, same forms (e.g. a Unix
+  // socket for co-located clients next to TCP for the rest). A Unix socket's
+  // path must not exist yet; it is the caller's to remove after Shutdown.
+  std::vector<std::string> extra_addresses{};
+  // Shared-memory delivery (docs/SHM.md): the size of the memfd arena that
+  // holds rows sent by reference, bytes; 0 = off (clients asking for it get
+  // inline bytes). The memory is committed at Start. Bytes under lease never
+  // exceed it: past it, items go inline and are counted (ShmStats::fallbacks).
+  std::int64_t shm_arena_bytes = 0;
+  // How long a reference stays valid without a Release; then its span may be
+  // overwritten. A crashed client's leases end this way.
+  std::chrono::milliseconds shm_lease{5000};
   // Reported in every EncodedItem and in Health/Stats; empty = "<host>:<port>"
   // with the machine's host name and the bound port.
   std::string server_id;

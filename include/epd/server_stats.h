@@ -18,6 +18,20 @@
 
 namespace epd {
 
+// Shared-memory delivery (docs/SHM.md); all 0 when the server has no arena.
+struct ShmStats {
+  std::int64_t capacity_bytes = 0;     // the arena's size
+  std::int64_t leased_bytes = 0;       // spans under lease now (a span shared by leases counts once), in granules
+  std::int64_t leases = 0;             // leases held now
+  std::uint64_t items = 0;             // items delivered through the arena
+  std::uint64_t reused = 0;            // of those, served from a span already holding the key (no copy)
+  std::uint64_t evicted = 0;           // idle spans evicted to make room
+  std::uint64_t fallbacks = 0;         // asked for shared memory, sent inline (arena full)
+  std::uint64_t released = 0;          // leases ended by a release
+  std::uint64_t expired = 0;           // leases ended by their deadline
+  std::uint64_t refused_releases = 0;  // releases that matched no lease (twice, stale, expired)
+};
+
 struct ServerStats {
   std::string server_id;
   WorkerStats worker;
@@ -31,6 +45,7 @@ struct ServerStats {
   std::map<StatusCode, std::uint64_t> rpc_errors;
   // Bytes of results queued on calls and not yet written.
   std::int64_t buffered_bytes = 0;
+  ShmStats shm;
 };
 
 }  // namespace epd

@@ -50,6 +50,25 @@ transparently: results keep the request's order and indices, and identical
 images are still encoded once (the server joins them across calls). Set
 ``max_items_per_call`` to the server's limit when it differs.
 
+Shared memory (docs/SHM.md): with ``EncodeClient(..., shm=True)`` (or
+``encode(..., shm=True)``) a server on the same host, run by the same user
+with ``--shm-arena-mb``, places each item's rows in its memfd arena instead of
+the reply. ``main`` and ``deepstack`` are then read-only memoryviews on this
+process's mapping of that arena and ``main_array()`` (float32) is a numpy view
+on them, with no copy. The rows are leased: call ``r.release()`` (or
+``client.release(results)``, or use the result as a context manager) when done
+with them; an unreleased lease expires after the server's ``--shm-lease-ms``,
+and after that the span may be overwritten. ``r.lease`` is None for items
+that came inline (no arena, the arena full, or not asked for)::
+
+    with EncodeClient("unix:/run/epd.sock", shm=True) as c:
+        [r] = c.encode([jpeg])
+        with r:
+            x = r.main_array()   # np.ndarray view on the shared rows
+            prefill(x)           # use before release (or copy)
+
+Targets: ``host:port`` or ``unix:/path`` (a Unix domain socket).
+
 Thread safety: an EncodeClient may be shared by threads (grpc channels are).
 """
 
@@ -58,7 +77,10 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import itertools
+import mmap
+import os
 import struct
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -81,6 +103,7 @@ _DTYPES = {
     encoder_pb2.DTYPE_BFLOAT16: "bfloat16",
     encoder_pb2.DTYPE_FLOAT16: "float16",
 }
+_DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -192,6 +215,24 @@ class ItemResult:
     # t * h * w // merge_size**2. None when the item failed or the server
     # predates EncodedItem.grid_thw.
     grid_thw: Optional[Tuple[int, int, int]] = None
+    # Set when the rows came by shared memory: main/deepstack are then
+    # read-only memoryviews on the arena, valid until release() or expiry.
+    lease: Optional["ShmLease"] = field(default=None, repr=False, compare=False)
+
+    def release(self) -> None:
+        """Ends this item's shared-memory lease now (a Release call); a no-op
+        for an item that came inline. Raises EncodeError with
+        FAILED_PRECONDITION when the server refuses it (released already, or
+        expired). Views from main_array() must not be used afterwards."""
+        if self.lease is not None:
+            self.lease.release()
+
+    def __enter__(self) -> "ItemResult":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lease is not None and not self.lease.released:
+            self.lease.release()
 
     def main_array(self):
         """main as a float32 numpy array [tokens, hidden] (bf16/f16 widened)."""
@@ -234,6 +275,46 @@ def _to_float32(data: bytes, dtype: str, shape):
         # bf16 is the high half of a float32.
         return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
     raise ValueError(f"unknown dtype {dtype!r}")
+
+
+class ShmLease:
+    """A lease on one span of a server's shared-memory arena."""
+
+    def __init__(self, client: "EncodeClient", offset: int, generation: int, lease_ms: int):
+        self._client = client
+        self.offset = offset
+        self.generation = generation
+        self.lease_ms = lease_ms
+        self.released = False
+
+    def release(self) -> None:
+        self.released = True
+        self._client._release([(self.offset, self.generation)])
+
+
+def _map_arena(ref) -> mmap.mmap:
+    """The server's arena ``ref`` points into, mapped read-only. Raises
+    EncodeError: PERMISSION_DENIED for another user's server,
+    FAILED_PRECONDITION when /proc/<pid>/fd/<fd> is not that arena."""
+    path = f"/proc/{ref.pid}/fd/{ref.fd}"
+    name = f"epd-shm-{ref.segment:016x}"
+    try:
+        link = os.readlink(path)
+        if name not in link:
+            raise FileNotFoundError(path)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except PermissionError as e:
+        raise EncodeError(grpc.StatusCode.PERMISSION_DENIED,
+                          f"cannot open {path}: {e.strerror}; the shared-memory arena opens only for the "
+                          "server's own user") from None
+    except OSError:
+        raise EncodeError(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{path} is not the server's shared-memory arena {name} (a server on another host or "
+                          "in another PID namespace?)") from None
+    try:
+        return mmap.mmap(fd, ref.segment_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
 
 
 # The name the prefill docs use for one image's result.
@@ -326,9 +407,12 @@ class EncodeClient:
                  max_response_bytes: int = 256 << 20, max_items_per_call: int = 256, *, tls: bool = False,
                  root_certificates: Optional[bytes] = None, certificate_chain: Optional[bytes] = None,
                  private_key: Optional[bytes] = None, server_name: Optional[str] = None,
-                 auth_token: Optional[str] = None):
+                 auth_token: Optional[str] = None, shm: bool = False):
         if not target:
-            raise ValueError("target is empty; pass host:port")
+            raise ValueError("target is empty; pass host:port or unix:/path")
+        self.shm = shm
+        self._arenas: Dict[int, mmap.mmap] = {}  # segment -> mapping
+        self._arenas_lock = threading.Lock()
         if isinstance(max_items_per_call, bool) or not isinstance(max_items_per_call, int) or max_items_per_call < 1:
             raise ValueError(f"max_items_per_call must be an int >= 1, got {max_items_per_call!r}")
         if (certificate_chain is None) != (private_key is None):
@@ -405,14 +489,43 @@ class EncodeClient:
         return self._info
 
     # --- Encode -------------------------------------------------------------
+    def release(self, results: Sequence[ItemResult]) -> None:
+        """Ends the shared-memory leases of ``results`` in one Release call
+        (items that came inline, or are released already, are skipped).
+        Raises EncodeError with FAILED_PRECONDITION when the server refused
+        any (expired meanwhile); the others are released all the same."""
+        leases = [r.lease for r in results if r.lease is not None and not r.lease.released]
+        for lease in leases:
+            lease.released = True
+        if leases:
+            self._release([(lease.offset, lease.generation) for lease in leases])
+
+    def _release(self, spans: List[Tuple[int, int]]) -> None:
+        req = encoder_pb2.ReleaseRequest()
+        for offset, generation in spans:
+            req.leases.add(offset=offset, generation=generation)
+        try:
+            self._stub.Release(req, timeout=self.timeout, metadata=self._auth)
+        except grpc.RpcError as e:
+            raise EncodeError(e.code(), e.details()) from None
+
+    def _arena(self, ref) -> mmap.mmap:
+        with self._arenas_lock:
+            m = self._arenas.get(ref.segment)
+            if m is None or len(m) < ref.segment_bytes:
+                m = self._arenas[ref.segment] = _map_arena(ref)
+            return m
+
     def encode(self, items: Sequence[Union[bytes, Item]], request_id: Optional[str] = None,
-               check: bool = True) -> List[ItemResult]:
+               check: bool = True, shm: Optional[bool] = None) -> List[ItemResult]:
         """Encodes ``items`` (bytes-like or Item). Returns results by index.
         With ``check`` (default), raises EncodeError carrying the lowest-index
         failure (and every result) when any item failed. Raises TypeError for
         an item of another type. More than ``max_items_per_call`` items (of
         one key, or of the request when not routing by key) go in several
-        calls; see the module docstring."""
+        calls; see the module docstring. ``shm`` overrides the client's
+        ``shm`` for this request (shared-memory delivery, see above)."""
+        use_shm = self.shm if shm is None else shm
         items = [_as_item(i, n) for n, i in enumerate(items)]
         if not items:
             raise EncodeError(grpc.StatusCode.INVALID_ARGUMENT, "the request has no items; send at least one image")
@@ -443,7 +556,7 @@ class EncodeClient:
         def call(n: int) -> None:
             route, indices = groups[n]
             rid = request_id if len(groups) == 1 else f"{request_id}/{n}"
-            self._call(rid, route, [items[i] for i in indices], indices, results)
+            self._call(rid, route, [items[i] for i in indices], indices, results, use_shm)
 
         futures = [self._pool.submit(call, n) for n in range(1, len(groups))]
         call(0)
@@ -457,8 +570,10 @@ class EncodeClient:
         return out
 
     def _call(self, rid: str, route: str, items: List[Item], indices: List[int],
-              results: List[Optional[ItemResult]]) -> None:
+              results: List[Optional[ItemResult]], use_shm: bool = False) -> None:
         req = encoder_pb2.EncodeRequest(id=rid)
+        if use_shm:
+            req.delivery = encoder_pb2.DELIVERY_SHM
         for it in items:
             m = req.items.add()
             m.image = bytes(it.image)
@@ -473,7 +588,8 @@ class EncodeClient:
                 if m.index < 0 or m.index >= len(indices) or m.index in got:
                     continue
                 got.add(m.index)
-                results[indices[m.index]] = _from_proto(m, indices[m.index])
+                results[indices[m.index]] = self._from_shm(m, indices[m.index]) if m.HasField("shm") \
+                    else _from_proto(m, indices[m.index])
         except grpc.RpcError as e:
             code, message = e.code(), e.details()
         for local, index in enumerate(indices):
@@ -481,6 +597,34 @@ class EncodeClient:
                 if code == grpc.StatusCode.OK:
                     code, message = grpc.StatusCode.INTERNAL, f"the server ended the call without item {index}"
                 results[index] = ItemResult(index=index, ok=False, code=code, message=message)
+
+
+    def _from_shm(self, m, index: int) -> ItemResult:
+        """An item sent by reference: main/deepstack are views on the arena."""
+        r = _from_proto(m, index)
+        if not r.ok:
+            return r
+        ref = m.shm
+        main_bytes = r.tokens * r.hidden * _DTYPE_SIZES.get(r.dtype, 0)
+        if (ref.length != main_bytes * (1 + r.deepstack_layers) or ref.offset > ref.segment_bytes
+                or ref.length > ref.segment_bytes - ref.offset):
+            return ItemResult(index=index, ok=False, code=grpc.StatusCode.INTERNAL,
+                              message=f"server sent item {index} by reference with {ref.length} bytes at offset "
+                                      f"{ref.offset} of a {ref.segment_bytes}-byte arena, for shape "
+                                      f"[{r.tokens}, {r.hidden}] x {1 + r.deepstack_layers}")
+        lease = ShmLease(self, ref.offset, ref.generation, ref.lease_ms)
+        try:
+            rows = memoryview(self._arena(ref))[ref.offset:ref.offset + ref.length]
+        except EncodeError as e:
+            try:
+                lease.release()  # hand the span back now rather than at expiry
+            except EncodeError:
+                pass
+            return ItemResult(index=index, ok=False, code=e.code, message=f"item {index}: {e.message}")
+        r.main = rows[:main_bytes]
+        r.deepstack = rows[main_bytes:]
+        r.lease = lease
+        return r
 
 
 def _as_item(item, index: int) -> Item:

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -76,6 +77,57 @@ class CudaEvent final : public Event {
   const cudaEvent_t event_;
 };
 
+// IPC (epd/device.h). The exported rows live in their own cudaMalloc
+// allocation: memory from the stream-ordered pool cannot be shared with
+// cudaIpcGetMemHandle, and a private copy also lets the L1 entry be evicted
+// while an importer still reads. The interprocess event marks the copy's
+// completion on the onboard stream.
+class CudaIpcExport final : public IpcExport {
+ public:
+  CudaIpcExport(int device, void* rows, cudaEvent_t event, IpcHandle handle)
+      : device_(device), rows_(rows), event_(event), handle_(handle) {}
+  ~CudaIpcExport() override {
+    DeviceGuard guard(device_);
+    if (event_ != nullptr) {
+      cudaEventSynchronize(event_);  // the copy into rows_ must land before the free
+      cudaEventDestroy(event_);
+    }
+    if (rows_ != nullptr) cudaFree(rows_);
+  }
+  const IpcHandle& handle() const override { return handle_; }
+
+ private:
+  const int device_;
+  void* const rows_;
+  const cudaEvent_t event_;
+  const IpcHandle handle_;
+};
+
+class CudaIpcImport final : public IpcImport {
+ public:
+  CudaIpcImport(int device, void* rows, std::size_t bytes, cudaEvent_t event)
+      : device_(device), rows_(rows), bytes_(bytes), event_(event) {}
+  ~CudaIpcImport() override {
+    DeviceGuard guard(device_);
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    cudaIpcCloseMemHandle(rows_);
+  }
+  const std::byte* data() const override { return static_cast<const std::byte*>(rows_); }
+  std::size_t size() const override { return bytes_; }
+  Status WaitReady() const override {
+    if (event_ == nullptr) return Status::Ok();
+    DeviceGuard guard(device_);
+    const cudaError_t err = cudaEventSynchronize(event_);
+    return err == cudaSuccess ? Status::Ok() : CudaError(err, "cudaEventSynchronize (IPC event)");
+  }
+
+ private:
+  const int device_;
+  void* const rows_;
+  const std::size_t bytes_;
+  const cudaEvent_t event_;
+};
+
 class CudaDevice final : public Device {
  public:
   static StatusOr<std::unique_ptr<Device>> Open(const CudaDeviceOptions& options) {
@@ -131,6 +183,70 @@ class CudaDevice final : public Device {
     DeviceGuard guard(options_.device_index);
     const cudaError_t err = cudaStreamSynchronize(*StreamSlot(streams_, stream));
     return err == cudaSuccess ? Status::Ok() : CudaError(err, "cudaStreamSynchronize");
+  }
+
+  StatusOr<std::unique_ptr<IpcExport>> ExportIpc(const void* device_src, std::size_t bytes) override {
+    static_assert(sizeof(cudaIpcMemHandle_t) == IpcHandle::kHandleBytes);
+    static_assert(sizeof(cudaIpcEventHandle_t) == IpcHandle::kHandleBytes);
+    if (device_src == nullptr || bytes == 0) return InvalidArgument("ExportIpc needs a non-null source and bytes > 0");
+    DeviceGuard guard(options_.device_index);
+    cudaStream_t onboard = *StreamSlot(streams_, Stream::kOnboard);
+    void* rows = nullptr;
+    cudaError_t err = cudaMalloc(&rows, bytes);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return CudaError(err, "cudaMalloc (IPC export)");
+    }
+    cudaEvent_t event = nullptr;
+    err = cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+      cudaFree(rows);
+      return CudaError(err, "cudaEventCreateWithFlags (interprocess)");
+    }
+    // From here on the export owns rows and event (its destructor frees them).
+    IpcHandle handle;
+    handle.bytes = bytes;
+    auto fail = [&](cudaError_t e, const char* what) -> Status {
+      CudaIpcExport cleanup(options_.device_index, rows, event, handle);
+      return CudaError(e, what);
+    };
+    if ((err = cudaMemcpyAsync(rows, device_src, bytes, cudaMemcpyDeviceToDevice, onboard)) != cudaSuccess) {
+      return fail(err, "cudaMemcpyAsync (IPC export)");
+    }
+    if ((err = cudaEventRecord(event, onboard)) != cudaSuccess) return fail(err, "cudaEventRecord (IPC export)");
+    cudaIpcMemHandle_t mem{};
+    if ((err = cudaIpcGetMemHandle(&mem, rows)) != cudaSuccess) return fail(err, "cudaIpcGetMemHandle");
+    cudaIpcEventHandle_t ev{};
+    if ((err = cudaIpcGetEventHandle(&ev, event)) != cudaSuccess) return fail(err, "cudaIpcGetEventHandle");
+    std::memcpy(handle.memory.data(), &mem, sizeof(mem));
+    std::memcpy(handle.event.data(), &ev, sizeof(ev));
+    return std::unique_ptr<IpcExport>(new CudaIpcExport(options_.device_index, rows, event, handle));
+  }
+
+  StatusOr<std::unique_ptr<IpcImport>> ImportIpc(const IpcHandle& handle) override {
+    if (handle.bytes == 0) return InvalidArgument("ImportIpc: the handle shares 0 bytes");
+    DeviceGuard guard(options_.device_index);
+    cudaIpcMemHandle_t mem{};
+    std::memcpy(&mem, handle.memory.data(), sizeof(mem));
+    void* rows = nullptr;
+    cudaError_t err = cudaIpcOpenMemHandle(&rows, mem, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return CudaError(err, "cudaIpcOpenMemHandle");
+    }
+    cudaEvent_t event = nullptr;
+    bool has_event = false;
+    for (std::uint8_t b : handle.event) has_event = has_event || b != 0;
+    if (has_event) {
+      cudaIpcEventHandle_t ev{};
+      std::memcpy(&ev, handle.event.data(), sizeof(ev));
+      err = cudaIpcOpenEventHandle(&event, ev);
+      if (err != cudaSuccess) {
+        cudaIpcCloseMemHandle(rows);
+        return CudaError(err, "cudaIpcOpenEventHandle");
+      }
+    }
+    return std::unique_ptr<IpcImport>(new CudaIpcImport(options_.device_index, rows, handle.bytes, event));
   }
 
  protected:

@@ -8,6 +8,7 @@
 // destroyed while the lock is held.
 #include "epd/device.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,51 @@ DeviceMemoryStats Device::memory_stats() const {
   }
   AddMemoryStats(&s);
   return s;
+}
+
+StatusOr<std::unique_ptr<IpcExport>> Device::ExportIpc(const void*, std::size_t) {
+  return FailedPrecondition(Describe() + " cannot share memory with other processes");
+}
+
+StatusOr<std::unique_ptr<IpcImport>> Device::ImportIpc(const IpcHandle&) {
+  return FailedPrecondition(Describe() + " cannot map memory of other processes");
+}
+
+std::string IpcHandle::Hex() const {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * (2 * kHandleBytes + 8));
+  auto put = [&](std::uint8_t b) {
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  };
+  for (std::uint8_t b : memory) put(b);
+  for (std::uint8_t b : event) put(b);
+  for (int i = 7; i >= 0; --i) put(static_cast<std::uint8_t>(bytes >> (8 * i)));
+  return out;
+}
+
+StatusOr<IpcHandle> IpcHandle::FromHex(std::string_view hex) {
+  constexpr std::size_t kDigitsWanted = 2 * (2 * kHandleBytes + 8);
+  if (hex.size() != kDigitsWanted) {
+    return InvalidArgument("an IPC handle is " + std::to_string(kDigitsWanted) + " hex digits, got " +
+                           std::to_string(hex.size()));
+  }
+  std::vector<std::uint8_t> raw(hex.size() / 2);
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    int v = 0;
+    for (char c : hex.substr(2 * i, 2)) {
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return InvalidArgument("an IPC handle has a character that is not a lowercase hex digit");
+      v = v * 16 + d;
+    }
+    raw[i] = static_cast<std::uint8_t>(v);
+  }
+  IpcHandle h;
+  std::copy(raw.begin(), raw.begin() + kHandleBytes, h.memory.begin());
+  std::copy(raw.begin() + kHandleBytes, raw.begin() + 2 * kHandleBytes, h.event.begin());
+  for (std::size_t i = 2 * kHandleBytes; i < raw.size(); ++i) h.bytes = (h.bytes << 8) | raw[i];
+  return h;
 }
 
 }  // namespace epd

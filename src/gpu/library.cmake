@@ -11,6 +11,7 @@ add_library(epd_gpu
   ${CMAKE_CURRENT_LIST_DIR}/device.cc
   ${CMAKE_CURRENT_LIST_DIR}/device_tier.cc
   ${CMAKE_CURRENT_LIST_DIR}/fake_device.cc
+  ${CMAKE_CURRENT_LIST_DIR}/fake_device_ipc.cc
   ${CMAKE_CURRENT_LIST_DIR}/host_memory_pool.cc
 )
 add_library(epd::gpu ALIAS epd_gpu)

@@ -17,6 +17,7 @@
 #include "epd/v1/encoder.grpc.pb.h"
 #include "client_convert.h"
 #include "proto_convert.h"
+#include "shm_mapping.h"
 
 namespace epd {
 namespace {
@@ -36,7 +37,80 @@ struct Group {
   std::vector<std::int64_t> indices;
 };
 
+void SetCallOptions(const ClientOptions& options, grpc::ClientContext& ctx) {
+  ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
+  if (!options.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.auth_token);
+}
+
 }  // namespace
+
+// What a ShmLease needs to release itself, shared with the client (and
+// outliving it while leases do): the channel and the queue of releases not
+// yet sent.
+struct ShmLeaseLink {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Encoder::Stub> stub;
+  std::mutex mu;
+  std::vector<v1::ShmLease> pending;  // guarded by mu
+
+  void Queue(std::uint64_t offset, std::uint64_t generation) {
+    v1::ShmLease l;
+    l.set_offset(offset);
+    l.set_generation(generation);
+    std::lock_guard<std::mutex> lock(mu);
+    pending.push_back(l);
+  }
+
+  std::vector<v1::ShmLease> Take() {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::exchange(pending, {});
+  }
+
+  Status Send(const std::vector<v1::ShmLease>& leases) {
+    if (leases.empty()) return Status::Ok();
+    v1::ReleaseRequest req;
+    for (const v1::ShmLease& l : leases) *req.add_leases() = l;
+    grpc::ClientContext ctx;
+    SetCallOptions(options, ctx);
+    v1::ReleaseResponse resp;
+    return internal::FromGrpc(stub->Release(&ctx, req, &resp));
+  }
+};
+
+ShmLease::ShmLease(std::shared_ptr<const void> mapping, const std::byte* rows, EmbeddingShape shape, GridTHW grid,
+                   std::uint64_t offset, std::uint64_t generation, std::chrono::steady_clock::time_point deadline,
+                   std::shared_ptr<ShmLeaseLink> link)
+    : mapping_(std::move(mapping)),
+      rows_(rows),
+      shape_(shape),
+      grid_(grid),
+      offset_(offset),
+      generation_(generation),
+      deadline_(deadline),
+      link_(std::move(link)) {}
+
+ShmLease::~ShmLease() {
+  if (!released_ && link_ != nullptr) link_->Queue(offset_, generation_);
+}
+
+EmbeddingPtr ShmLease::Copy() const {
+  auto e = std::make_shared<Embedding>();
+  static_cast<EmbeddingShape&>(*e) = shape_;
+  e->grid = grid_;
+  e->main.assign(main(), main() + main_bytes());
+  e->deepstack.assign(deepstack(), deepstack() + deepstack_bytes());
+  return e;
+}
+
+Status ShmLease::Release() {
+  released_ = true;
+  if (link_ == nullptr) return Status::Ok();
+  v1::ShmLease l;
+  l.set_offset(offset_);
+  l.set_generation(generation_);
+  return link_->Send({l});
+}
 
 struct EncodeClient::Impl {
   ClientOptions options;
@@ -46,12 +120,43 @@ struct EncodeClient::Impl {
   std::atomic<std::uint64_t> next_id{1};
   std::mutex info_mu;
   std::optional<ServerInfo> info;  // guarded by info_mu; Health's answer, fetched once
+  std::shared_ptr<ShmLeaseLink> link;
+  std::mutex map_mu;
+  std::map<std::uint64_t, std::shared_ptr<const internal::ShmMapping>> mappings;  // by segment; guarded by map_mu
+
+  // The arena `ref` points into, mapped on first use.
+  StatusOr<std::shared_ptr<const internal::ShmMapping>> Mapping(const v1::ShmRef& ref) {
+    std::lock_guard<std::mutex> lock(map_mu);
+    auto it = mappings.find(ref.segment());
+    if (it != mappings.end() && it->second->size() >= ref.segment_bytes()) return it->second;
+    StatusOr<std::shared_ptr<const internal::ShmMapping>> m =
+        internal::ShmMapping::Open(static_cast<pid_t>(ref.pid()), ref.fd(), ref.segment(), ref.segment_bytes());
+    if (m.ok()) mappings[ref.segment()] = *m;
+    return m;
+  }
+
+  // An item sent by reference, as a result whose `shm` reads it in place.
+  ClientItemResult FromShm(const v1::EncodedItem& msg) {
+    const auto now = std::chrono::steady_clock::now();
+    EmbeddingShape shape;
+    GridTHW grid;
+    ClientItemResult r = internal::FromProtoShm(msg, &shape, &grid);
+    if (!r.status.ok()) return r;
+    const v1::ShmRef& ref = msg.shm();
+    StatusOr<std::shared_ptr<const internal::ShmMapping>> m = Mapping(ref);
+    if (!m.ok()) {
+      // The server holds the span until the lease ends; hand it back now.
+      link->Queue(ref.offset(), ref.generation());
+      r.status = m.status();
+      return r;
+    }
+    r.shm = std::make_shared<ShmLease>(*m, (*m)->data() + ref.offset(), shape, grid, ref.offset(), ref.generation(),
+                                       now + std::chrono::milliseconds(ref.lease_ms()), link);
+    return r;
+  }
 
   // Every call's deadline and, when set, the bearer token.
-  void SetDeadline(grpc::ClientContext& ctx) const {
-    ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
-    if (!options.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.auth_token);
-  }
+  void SetDeadline(grpc::ClientContext& ctx) const { SetCallOptions(options, ctx); }
 
   StatusOr<ServerInfo> FetchHealth() {
     grpc::ClientContext ctx;
@@ -95,6 +200,8 @@ struct EncodeClient::Impl {
             std::vector<ClientItemResult>& out) {
     v1::EncodeRequest req;
     req.set_id(id);
+    if (options.delivery == Delivery::kShm) req.set_delivery(v1::DELIVERY_SHM);
+    for (v1::ShmLease& l : link->Take()) *req.add_release() = std::move(l);
     for (std::int64_t i : group.indices) {
       v1::EncodeItem* m = req.add_items();
       m->set_image(items[i].image);
@@ -111,7 +218,7 @@ struct EncodeClient::Impl {
       const std::int64_t local = msg.index();
       if (local < 0 || local >= static_cast<std::int64_t>(group.indices.size()) || got[local]) continue;
       got[local] = true;
-      ClientItemResult r = internal::FromProto(msg);
+      ClientItemResult r = msg.has_shm() ? FromShm(msg) : internal::FromProto(msg);
       r.index = group.indices[local];
       // The server's message says what is wrong; name the item by its place
       // in the caller's request (not in this per-key call).
@@ -132,10 +239,14 @@ struct EncodeClient::Impl {
 };
 
 EncodeClient::EncodeClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-EncodeClient::~EncodeClient() = default;
+EncodeClient::~EncodeClient() {
+  if (impl_ != nullptr && impl_->link != nullptr) (void)FlushReleases();
+}
+
+Status EncodeClient::FlushReleases() { return impl_->link->Send(impl_->link->Take()); }
 
 StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions options) {
-  if (options.target.empty()) return InvalidArgument("client target is empty; pass host:port");
+  if (options.target.empty()) return InvalidArgument("client target is empty; pass host:port or unix:/path");
   if (options.timeout.count() <= 0) return InvalidArgument("client timeout must be > 0");
   if (options.max_response_bytes <= 0 || options.max_response_bytes > std::int64_t{2047} << 20) {
     return InvalidArgument("max_response_bytes must be in (0, 2047 MiB]");
@@ -165,6 +276,10 @@ StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions opti
   }
   impl->channel = grpc::CreateCustomChannel(options.target, credentials, args);
   impl->stub = v1::Encoder::NewStub(impl->channel);
+  impl->link = std::make_shared<ShmLeaseLink>();
+  impl->link->options = options;
+  impl->link->channel = impl->channel;
+  impl->link->stub = v1::Encoder::NewStub(impl->channel);
   return std::unique_ptr<EncodeClient>(new EncodeClient(std::move(impl)));
 }
 

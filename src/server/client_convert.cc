@@ -9,7 +9,11 @@
 
 namespace epd::internal {
 
-ClientItemResult FromProto(const v1::EncodedItem& m) {
+namespace {
+
+// The non-payload part shared by both deliveries: index, key, source, times,
+// server id, and the error if the item failed.
+ClientItemResult Header(const v1::EncodedItem& m) {
   ClientItemResult r;
   r.index = m.index();
   if (m.key().size() == r.key.bytes.size()) std::memcpy(r.key.bytes.data(), m.key().data(), r.key.bytes.size());
@@ -18,10 +22,29 @@ ClientItemResult FromProto(const v1::EncodedItem& m) {
   r.tower_ms = m.tower_ms();
   r.total_ms = m.total_ms();
   r.server_id = m.server_id();
-  if (m.error_code() != 0) {
-    r.status = Status(static_cast<StatusCode>(m.error_code()), m.error_message());
-    return r;
+  if (m.error_code() != 0) r.status = Status(static_cast<StatusCode>(m.error_code()), m.error_message());
+  return r;
+}
+
+// An empty grid_thw (an older server) leaves the grid unknown; a present one
+// must be 3 positive values.
+Status GridFromProto(const v1::EncodedItem& m, GridTHW* grid) {
+  if (m.grid_thw_size() == 0) return Status::Ok();
+  if (m.grid_thw_size() != 3 || m.grid_thw(0) <= 0 || m.grid_thw(1) <= 0 || m.grid_thw(2) <= 0) {
+    std::string got;
+    for (std::int64_t v : m.grid_thw()) got += (got.empty() ? "" : ", ") + std::to_string(v);
+    return Internal("server sent item " + std::to_string(m.index()) + " with grid_thw [" + got +
+                    "]; expected 3 positive values [t, h, w]");
   }
+  *grid = {m.grid_thw(0), m.grid_thw(1), m.grid_thw(2)};
+  return Status::Ok();
+}
+
+}  // namespace
+
+ClientItemResult FromProto(const v1::EncodedItem& m) {
+  ClientItemResult r = Header(m);
+  if (!r.status.ok()) return r;
   StatusOr<DType> dtype = FromProto(m.dtype());
   if (!dtype.ok()) {
     r.status = Internal("server sent item " + std::to_string(m.index()) + " with " + dtype.status().message());
@@ -44,19 +67,34 @@ ClientItemResult FromProto(const v1::EncodedItem& m) {
                         std::to_string(e->hidden) + "] x " + std::to_string(1 + e->deepstack_layers));
     return r;
   }
-  // An empty grid_thw (an older server) leaves the grid unknown; a present
-  // one must be 3 positive values.
-  if (m.grid_thw_size() != 0) {
-    if (m.grid_thw_size() != 3 || m.grid_thw(0) <= 0 || m.grid_thw(1) <= 0 || m.grid_thw(2) <= 0) {
-      std::string got;
-      for (std::int64_t v : m.grid_thw()) got += (got.empty() ? "" : ", ") + std::to_string(v);
-      r.status = Internal("server sent item " + std::to_string(m.index()) + " with grid_thw [" + got +
-                          "]; expected 3 positive values [t, h, w]");
-      return r;
-    }
-    e->grid = {m.grid_thw(0), m.grid_thw(1), m.grid_thw(2)};
+  if (Status g = GridFromProto(m, &e->grid); !g.ok()) {
+    r.status = g;
+    return r;
   }
   r.embedding = std::move(e);
+  return r;
+}
+
+ClientItemResult FromProtoShm(const v1::EncodedItem& m, EmbeddingShape* shape, GridTHW* grid) {
+  ClientItemResult r = Header(m);
+  if (!r.status.ok()) return r;
+  StatusOr<DType> dtype = FromProto(m.dtype());
+  if (!dtype.ok()) {
+    r.status = Internal("server sent item " + std::to_string(m.index()) + " with " + dtype.status().message());
+    return r;
+  }
+  *shape = EmbeddingShape{m.tokens(), m.hidden(), m.deepstack_layers(), *dtype};
+  const v1::ShmRef& ref = m.shm();
+  if (shape->tokens < 0 || shape->hidden < 0 || shape->deepstack_layers < 0 || ref.length() != shape->nbytes() ||
+      ref.offset() > ref.segment_bytes() || ref.length() > ref.segment_bytes() - ref.offset()) {
+    r.status = Internal("server sent item " + std::to_string(m.index()) + " by reference: " +
+                        std::to_string(ref.length()) + " bytes at offset " + std::to_string(ref.offset()) + " of a " +
+                        std::to_string(ref.segment_bytes()) + "-byte arena, for shape [" +
+                        std::to_string(shape->tokens) + ", " + std::to_string(shape->hidden) + "] x " +
+                        std::to_string(1 + shape->deepstack_layers));
+    return r;
+  }
+  if (Status g = GridFromProto(m, grid); !g.ok()) r.status = g;
   return r;
 }
 

@@ -14,4 +14,10 @@ namespace epd::internal {
 // failed keeps the server's code and message.
 ClientItemResult FromProto(const v1::EncodedItem& m);
 
+// For an item sent by reference (m.has_shm()): the result without its rows
+// (embedding and shm null), plus the rows' shape and grid. kInternal item
+// status when the span does not fit the arena or its length disagrees with
+// the shape; the server's status when the item failed.
+ClientItemResult FromProtoShm(const v1::EncodedItem& m, EmbeddingShape* shape, GridTHW* grid);
+
 }  // namespace epd::internal

@@ -126,6 +126,19 @@ class StatsCollectable : public prometheus::Collectable {
             static_cast<double>(w.sink_full_stalls));
     gauge("epd_buffered_bytes", "Result bytes waiting to be written to clients",
           static_cast<double>(s.buffered_bytes));
+    // Shared-memory delivery (docs/SHM.md); all 0 without an arena.
+    gauge("epd_shm_capacity_bytes", "Size of the shared-memory arena", static_cast<double>(s.shm.capacity_bytes));
+    gauge("epd_shm_leased_bytes", "Arena bytes under lease (each shared span once)",
+          static_cast<double>(s.shm.leased_bytes));
+    gauge("epd_shm_leases", "Shared-memory leases held by clients", static_cast<double>(s.shm.leases));
+    counter("epd_shm_items_total", "Items delivered by reference into the arena", static_cast<double>(s.shm.items));
+    counter("epd_shm_reused_total", "Items delivered from a span already holding the key (no copy)",
+            static_cast<double>(s.shm.reused));
+    counter("epd_shm_fallbacks_total", "Items asked for by shared memory but sent inline (arena full)",
+            static_cast<double>(s.shm.fallbacks));
+    counter("epd_shm_expired_total", "Shared-memory leases ended by their deadline", static_cast<double>(s.shm.expired));
+    counter("epd_shm_refused_releases_total", "Releases that matched no lease (repeated, stale or expired)",
+            static_cast<double>(s.shm.refused_releases));
 
     out.push_back(Family("epd_item_errors_total", "Failed items, by status code", MetricType::Counter));
     for (const auto& [code, n] : w.errors) {

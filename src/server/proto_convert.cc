@@ -94,6 +94,11 @@ StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p) {
 }
 
 void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem* out) {
+  ToProto(r, server_id, out, nullptr);
+}
+
+void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem* out,
+             const std::function<bool(const Embedding&, v1::EncodedItem*)>& place_payload) {
   out->set_index(r.index);
   out->set_key(reinterpret_cast<const char*>(r.key.bytes.data()), r.key.bytes.size());
   out->set_source(ToProto(r.source));
@@ -125,6 +130,7 @@ void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem*
     out->add_grid_thw(e.grid.h);
     out->add_grid_thw(e.grid.w);
   }
+  if (place_payload && place_payload(e, out)) return;
   out->set_main(reinterpret_cast<const char*>(e.main.data()), e.main.size());
   out->set_deepstack(reinterpret_cast<const char*>(e.deepstack.data()), e.deepstack.size());
 }
@@ -164,6 +170,16 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_l2_capacity_bytes(s.l2_capacity_bytes);
   for (const auto& [code, n] : s.rpc_errors) (*out->mutable_rpc_errors())[GrpcCodeName(static_cast<int>(code))] = n;
   out->set_buffered_bytes(s.buffered_bytes);
+  out->set_shm_capacity_bytes(s.shm.capacity_bytes);
+  out->set_shm_leased_bytes(s.shm.leased_bytes);
+  out->set_shm_leases(s.shm.leases);
+  out->set_shm_items(s.shm.items);
+  out->set_shm_fallbacks(s.shm.fallbacks);
+  out->set_shm_released(s.shm.released);
+  out->set_shm_expired(s.shm.expired);
+  out->set_shm_refused_releases(s.shm.refused_releases);
+  out->set_shm_reused(s.shm.reused);
+  out->set_shm_evicted(s.shm.evicted);
 }
 
 ServerStats FromProto(const v1::StatsResponse& m) {
@@ -202,6 +218,16 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   s.l2_capacity_bytes = m.l2_capacity_bytes();
   for (const auto& [name, n] : m.rpc_errors()) s.rpc_errors[CodeFromName(name)] += n;
   s.buffered_bytes = m.buffered_bytes();
+  s.shm.capacity_bytes = m.shm_capacity_bytes();
+  s.shm.leased_bytes = m.shm_leased_bytes();
+  s.shm.leases = m.shm_leases();
+  s.shm.items = m.shm_items();
+  s.shm.fallbacks = m.shm_fallbacks();
+  s.shm.released = m.shm_released();
+  s.shm.expired = m.shm_expired();
+  s.shm.refused_releases = m.shm_refused_releases();
+  s.shm.reused = m.shm_reused();
+  s.shm.evicted = m.shm_evicted();
   return s;
 }
 

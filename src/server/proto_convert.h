@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -38,6 +39,12 @@ StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p);
 // Fills `out` from a delivered item: the embedding's bytes are copied into
 // the message (the one copy on the server side), or error_code/message set.
 void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem* out);
+// The same, except that a successful item's host embedding is first offered
+// to `place_payload` (e.g. shared-memory delivery, shm_delivery.h): when it
+// returns true it has placed the rows elsewhere and described them in `out`,
+// and no bytes are copied into the message; false = inline bytes as above.
+void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem* out,
+             const std::function<bool(const Embedding&, v1::EncodedItem*)>& place_payload);
 void ToProto(const ServerStats& s, v1::StatsResponse* out);
 ServerStats FromProto(const v1::StatsResponse& m);
 

@@ -41,6 +41,8 @@
 #include "metrics.h"
 #include "proto_convert.h"
 #include "request_id.h"
+#include "shm_arena.h"
+#include "shm_delivery.h"
 #include "standard_services.h"
 #include "tls.h"
 
@@ -83,6 +85,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
   std::unique_ptr<internal::TokenCheck> auth;
   std::unique_ptr<internal::CallOutcomes> outcomes;  // outlives `server`, whose interceptor uses it
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<internal::ShmArena> arena;  // null = no shared-memory delivery
   int port = 0;
 
   std::atomic<bool> serving{false};
@@ -99,6 +102,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     s.l2_capacity_bytes = worker_options.l2_capacity_bytes;
     s.rpc_errors = outcomes->Errors();
     s.buffered_bytes = buffered_bytes.load();
+    if (arena != nullptr) s.shm = arena->Stats();
     return s;
   }
 
@@ -147,6 +151,17 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     if (!serving.load()) return Finish(Status(StatusCode::kUnavailable, "the server is shutting down"), start);
     if (Status s = Validate(*req); !s.ok()) return Finish(s, start);
     if (Status s = internal::CheckClientRequestId(req->id()); !s.ok()) return Finish(s, start);
+    if (req->release_size() > 0) {
+      Status ignored;  // refusals are counted in ShmStats, never fail the call
+      internal::ReleaseLeases(arena.get(), req->release(), &ignored);
+    }
+    std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload;
+    if (req->delivery() == v1::DELIVERY_SHM && arena != nullptr) {
+      // ToProto has set out->key() (the content key) before it offers the rows.
+      place_payload = [this](const Embedding& e, v1::EncodedItem* out) {
+        return internal::PlaceInArena(*arena, out->key(), e, out);
+      };
+    }
 
     EncodeRequest request;
     // Assigned ids use a prefix client ids may not (request_id.h).
@@ -212,7 +227,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
           }
         }
         msg.Clear();
-        internal::ToProto(r, options.server_id, &msg);
+        internal::ToProto(r, options.server_id, &msg, place_payload);
         r.embedding.reset();
         const bool ok = give_up.ok() && writer->Write(msg);
         Unbuffer(bytes);
@@ -273,6 +288,17 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req, v1::ReleaseResponse* out) override {
+    if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
+    Status refusal;
+    out->set_released(internal::ReleaseLeases(arena.get(), req->leases(), &refusal));
+    if (!refusal.ok() && req->leases_size() > 1) {
+      refusal = Status(refusal.code(), refusal.message() + " (" + std::to_string(out->released()) + " of " +
+                                           std::to_string(req->leases_size()) + " leases were released)");
+    }
+    return internal::ToGrpc(refusal);
+  }
+
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest*, v1::StatsResponse* out) override {
     if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
     internal::ToProto(Snapshot(), out);
@@ -285,8 +311,18 @@ EncodeServer::~EncodeServer() { Shutdown(std::chrono::milliseconds(0)); }
 
 StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions options, WorkerOptions worker_options,
                                                             std::unique_ptr<VisionTower> tower) {
-  if (options.address.find(':') == std::string::npos) {
-    return InvalidArgument("server address '" + options.address + "' is not host:port");
+  std::vector<std::string> addresses = {options.address};
+  addresses.insert(addresses.end(), options.extra_addresses.begin(), options.extra_addresses.end());
+  for (const std::string& a : addresses) {
+    if (a.starts_with("unix:") ? a.size() == 5 : a.find(':') == std::string::npos) {
+      return InvalidArgument("server address '" + a + "' is neither host:port nor unix:/path");
+    }
+  }
+  if (options.shm_arena_bytes < 0) {
+    return InvalidArgument("shm_arena_bytes must be >= 0 (0 = off), got " + std::to_string(options.shm_arena_bytes));
+  }
+  if (options.shm_lease.count() <= 0) {
+    return InvalidArgument("shm_lease must be > 0 ms, got " + std::to_string(options.shm_lease.count()));
   }
   if (options.max_items_per_request <= 0) {
     return InvalidArgument("max_items_per_request must be > 0, got " + std::to_string(options.max_items_per_request));
@@ -317,6 +353,12 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->metrics = std::make_shared<internal::ServerMetrics>([self] { return self->Snapshot(); });
   self->outcomes = std::make_unique<internal::CallOutcomes>(options.log);
   self->auth = std::make_unique<internal::TokenCheck>(options.auth_token);
+  if (options.shm_arena_bytes > 0) {
+    StatusOr<std::unique_ptr<internal::ShmArena>> arena =
+        internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);
+    if (!arena.ok()) return arena.status();
+    self->arena = std::move(*arena);
+  }
 
   std::function<bool()> user_sink_full = std::move(worker_options.sink_full);
   worker_options.sink_full = [self, user_sink_full] {
@@ -332,6 +374,10 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   internal::EnableStandardServices();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, *credentials, &self->port);
+  std::vector<int> extra_ports(options.extra_addresses.size(), 0);
+  for (std::size_t i = 0; i < options.extra_addresses.size(); ++i) {
+    builder.AddListeningPort(options.extra_addresses[i], *credentials, &extra_ports[i]);
+  }
   // gRPC sets SO_REUSEPORT by default, so a second server on a busy port would
   // start and silently share its traffic; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -356,12 +402,24 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   interceptors.push_back(self->outcomes->MakeInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   self->server = builder.BuildAndStart();
-  if (self->server == nullptr || self->port == 0) {
-    self->loop->Shutdown(std::chrono::milliseconds(0));
-    return Status(StatusCode::kUnavailable, "cannot listen on " + options.address +
-                                                " (address in use, or not a local address?)");
+  // gRPC reports a bound Unix socket as a non-zero "port" too; 0 = not bound.
+  std::string unbound;
+  if (self->port == 0) unbound = options.address;
+  for (std::size_t i = 0; i < extra_ports.size(); ++i) {
+    if (extra_ports[i] == 0 && unbound.empty()) unbound = options.extra_addresses[i];
   }
-  if (self->options.server_id.empty()) self->options.server_id = HostName() + ":" + std::to_string(self->port);
+  if (self->server == nullptr || !unbound.empty()) {
+    if (self->server != nullptr) self->server->Shutdown(std::chrono::system_clock::now());
+    self->loop->Shutdown(std::chrono::milliseconds(0));
+    return Status(StatusCode::kUnavailable, "cannot listen on " + (unbound.empty() ? options.address : unbound) +
+                                                " (address in use, not a local address, or a socket path that "
+                                                "exists already?)");
+  }
+  if (options.address.starts_with("unix:")) self->port = 0;
+  if (self->options.server_id.empty()) {
+    self->options.server_id =
+        HostName() + ":" + (options.address.starts_with("unix:") ? options.address : std::to_string(self->port));
+  }
   if (options.metrics_port >= 0) {
     if (Status s = self->metrics->Serve(options.metrics_address, options.metrics_port); !s.ok()) {
       self->server->Shutdown(std::chrono::system_clock::now());

@@ -1,0 +1,58 @@
+#include "shm_delivery.h"
+
+#include <cstring>
+#include <string>
+
+namespace epd::internal {
+
+bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v1::EncodedItem* out) {
+  const std::uint64_t length = e.main.size() + e.deepstack.size();
+  std::optional<ShmArena::Span> span = arena.Acquire(key, length);
+  if (!span.has_value()) {
+    arena.CountFallback();
+    return false;
+  }
+  // The one copy on the server side, once per key while its span lives
+  // (inline bytes are copied into every message); the client reads these
+  // bytes where they are.
+  if (span->fresh) {
+    if (!e.main.empty()) std::memcpy(span->data, e.main.data(), e.main.size());
+    if (!e.deepstack.empty()) std::memcpy(span->data + e.main.size(), e.deepstack.data(), e.deepstack.size());
+    arena.Publish(*span);
+  }
+  v1::ShmRef* ref = out->mutable_shm();
+  ref->set_segment(arena.segment());
+  ref->set_pid(arena.pid());
+  ref->set_fd(arena.fd());
+  ref->set_segment_bytes(arena.capacity());
+  ref->set_offset(span->offset);
+  ref->set_length(length);
+  ref->set_generation(span->generation);
+  ref->set_lease_ms(arena.lease().count());
+  return true;
+}
+
+std::uint32_t ReleaseLeases(ShmArena* arena, const google::protobuf::RepeatedPtrField<v1::ShmLease>& leases,
+                            Status* first_refusal) {
+  *first_refusal = Status::Ok();
+  if (arena == nullptr) {
+    if (!leases.empty()) {
+      *first_refusal = Status(StatusCode::kFailedPrecondition,
+                              "this server has no shared-memory arena (start it with --shm-arena-mb); "
+                              "there is nothing to release");
+    }
+    return 0;
+  }
+  std::uint32_t released = 0;
+  for (const v1::ShmLease& l : leases) {
+    Status s = arena->Release(l.offset(), l.generation());
+    if (s.ok()) {
+      ++released;
+    } else if (first_refusal->ok()) {
+      *first_refusal = s;
+    }
+  }
+  return released;
+}
+
+}  // namespace epd::internal

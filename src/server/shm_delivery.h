@@ -1,0 +1,29 @@
+// src/server/shm_delivery.h (internal to epd::server): what DELIVERY_SHM adds
+// to the Encode and Release RPCs, between the proto messages and ShmArena.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "epd/embedding.h"
+#include "epd/status.h"
+#include "epd/v1/encoder.pb.h"
+#include "shm_arena.h"
+
+namespace epd::internal {
+
+// Leases the span of `arena` holding the rows of content key `key` (32 key
+// bytes; empty = never shared), copying `e`'s rows (main, then deepstack)
+// into a new span when none holds them, and describes it in out->shm. False
+// when the arena has no room: nothing is written, the fallback is counted,
+// and the caller sends the bytes inline. REQUIRES: e is on the host and is
+// the embedding of `key`.
+bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v1::EncodedItem* out);
+
+// Releases each lease. Returns how many matched; `first_refusal` gets the
+// first refusal's status (OK when every lease matched). A null arena refuses
+// every lease.
+std::uint32_t ReleaseLeases(ShmArena* arena, const google::protobuf::RepeatedPtrField<v1::ShmLease>& leases,
+                            Status* first_refusal);
+
+}  // namespace epd::internal

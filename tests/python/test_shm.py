@@ -1,0 +1,208 @@
+"""Shared-memory delivery and Unix sockets with real server processes
+(docs/SHM.md): the Python client's zero-copy numpy views equal the inline
+bytes, leases end by release or expiry, a client killed with leases held
+loses them, another user cannot map the arena, and the CLI client's --shm."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+import server_harness as h
+
+if h.missing_reason():
+    pytest.skip(h.missing_reason(), allow_module_level=True)
+try:
+    import grpc
+    import numpy as np
+    from epd import client as ec
+except ImportError as e:  # stubs not generated, or no numpy
+    pytest.skip(f"epd.client or numpy is not importable ({e})", allow_module_level=True)
+
+
+def wait_for(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    d = tempfile.mkdtemp(prefix="epd-shm-test-")
+    sock = os.path.join(d, "epd.sock")
+    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--shm-arena-mb", "8", "--listen", f"unix:{sock}"])
+    yield {"tcp": f"127.0.0.1:{port}", "unix": f"unix:{sock}", "pid": proc.pid}
+    assert h.stop_server(proc) == 0
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_shm_views_equal_inline_bytes_without_a_copy(server):
+    img = h.png(84, 56, 1)
+    with ec.EncodeClient(server["tcp"]) as c:
+        [want] = c.encode([img])
+        assert want.lease is None
+    with ec.EncodeClient(server["unix"], shm=True) as c:
+        [r] = c.encode([img])
+        assert r.lease is not None and r.source == "l1"
+        assert (r.tokens, r.hidden, r.grid_thw) == (want.tokens, want.hidden, want.grid_thw)
+        main = r.main_array()
+        assert main.shape == (want.tokens, want.hidden)
+        assert not main.flags.writeable
+        assert np.array_equal(main, want.main_array())
+        assert np.array_equal(r.deepstack_array(), want.deepstack_array())
+        # A view on the mapping: its data pointer lies at the lease's offset
+        # into this process's mapping of the arena.
+        arena = np.frombuffer(c._arenas[next(iter(c._arenas))], dtype=np.uint8)
+        assert main.__array_interface__["data"][0] == arena.__array_interface__["data"][0] + r.lease.offset
+        before = c.stats()
+        r.release()
+        after = c.stats()
+        assert after["shm_leases"] == before["shm_leases"] - 1
+        assert after["shm_released"] == before["shm_released"] + 1
+        with pytest.raises(ec.EncodeError) as e:
+            r.lease.release()  # twice: refused, harmless
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert c.stats()["shm_refused_releases"] == after["shm_refused_releases"] + 1
+
+
+def test_context_manager_and_batch_release(server):
+    imgs = [h.png(56, 56, 10 + i) for i in range(3)]
+    with ec.EncodeClient(server["tcp"], shm=True) as c:
+        base = c.stats()["shm_leases"]
+        rs = c.encode(imgs)
+        assert all(r.lease is not None for r in rs)
+        assert c.stats()["shm_leases"] == base + 3
+        with rs[0]:
+            pass
+        assert c.stats()["shm_leases"] == base + 2
+        c.release(rs)  # rs[0] is skipped: released already
+        assert c.stats()["shm_leases"] == base
+        # Per-call override: inline bytes from a shm client.
+        [r] = c.encode([imgs[0]], shm=False)
+        assert r.lease is None and isinstance(r.main, bytes)
+
+
+def test_unix_socket_serves_inline_too(server):
+    img = h.png(56, 84, 4)
+    with ec.EncodeClient(server["unix"]) as c, ec.EncodeClient(server["tcp"]) as t:
+        [a] = c.encode([img])
+        [b] = t.encode([img])
+        assert a.lease is None and a.main == b.main and a.deepstack == b.deepstack
+
+
+HOLDER = r"""
+import sys, time
+from epd import client as ec
+import server_harness as h
+c = ec.EncodeClient(sys.argv[1], shm=True)
+rs = c.encode([h.png(56, 56, 100 + i) for i in range(2)])
+assert all(r.lease is not None for r in rs), "expected shared-memory replies"
+print("HELD", sum(len(r.main) + len(r.deepstack) for r in rs), flush=True)
+time.sleep(600)
+"""
+
+
+def test_killed_client_loses_its_leases_and_the_memory_is_reclaimed():
+    d = tempfile.mkdtemp(prefix="epd-shm-kill-")
+    sock = os.path.join(d, "epd.sock")
+    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--shm-arena-mb", "1", "--shm-lease-ms", "1000",
+                                                          "--listen", f"unix:{sock}"])
+    try:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, f"unix:{sock}"], stdout=subprocess.PIPE, text=True,
+                                  env=env)
+        line = holder.stdout.readline()
+        assert line.startswith("HELD"), line
+        held = int(line.split()[1])
+        with ec.EncodeClient(f"127.0.0.1:{port}") as c:
+            s = c.stats()
+            assert s["shm_leases"] == 2
+            assert s["shm_leased_bytes"] >= held
+            holder.kill()  # SIGKILL: no release is ever sent
+            holder.wait()
+            holder.stdout.close()
+            assert wait_for(lambda: c.stats()["shm_leases"] == 0)
+            s = c.stats()
+            assert s["shm_leased_bytes"] == 0
+            assert s["shm_expired"] == 2 and s["shm_released"] == 0
+        # The reclaimed memory serves new references.
+        with ec.EncodeClient(f"unix:{sock}", shm=True) as c:
+            [r] = c.encode([h.png(56, 56, 100)])
+            assert r.lease is not None
+            r.release()
+    finally:
+        assert h.stop_server(proc) == 0
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_full_arena_falls_back_to_inline_and_counts_it():
+    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--shm-arena-mb", "0.02"])  # ~20 KB
+    try:
+        with ec.EncodeClient(f"127.0.0.1:{port}", shm=True) as c:
+            # A 56x56 image: 4 tokens x 64 x (1 + 1 deepstack) x 4 bytes = 2 KB per item.
+            rs = c.encode([h.png(56, 56, 200 + i) for i in range(12)])
+            by_ref = [r for r in rs if r.lease is not None]
+            inline = [r for r in rs if r.lease is None]
+            s = c.stats()
+            assert len(by_ref) + len(inline) == 12
+            assert len(inline) > 0 and s["shm_fallbacks"] == len(inline)
+            assert s["shm_items"] == len(by_ref)
+            with ec.EncodeClient(f"127.0.0.1:{port}") as plain:
+                for r, w in zip(rs, plain.encode([h.png(56, 56, 200 + i) for i in range(12)])):
+                    assert bytes(r.main) == w.main and bytes(r.deepstack) == w.deepstack
+            c.release(by_ref)
+    finally:
+        assert h.stop_server(proc) == 0
+
+
+OTHER_USER = r"""
+import sys
+import grpc
+from epd import client as ec
+c = ec.EncodeClient(sys.argv[1], shm=True)
+rs = c.encode([bytes.fromhex(sys.argv[2])], check=False)
+print(rs[0].code.name, rs[0].message, flush=True)
+"""
+
+
+def test_another_user_cannot_map_the_arena(server):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the client as another user (nobody)")
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) is not installed")
+    pythonpath = os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])
+    r = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", OTHER_USER,
+                        server["tcp"], h.png(56, 56, 300).hex()],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=pythonpath))
+    if r.returncode != 0 and "Permission denied" in r.stderr and "PERMISSION_DENIED" not in r.stdout:
+        pytest.skip(f"nobody cannot run the client from this checkout: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("PERMISSION_DENIED"), r.stdout
+    assert "own user" in r.stdout
+
+
+def run_cli(*args):
+    return subprocess.run([h.encode_binary(), "client", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_client_shm_writes_the_same_embeddings_as_inline(server):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "img.png")
+        with open(path, "wb") as f:
+            f.write(h.png(84, 56, 400))
+        outs = {}
+        for mode, extra in (("inline", []), ("shm", ["--shm"])):
+            outs[mode] = os.path.join(d, f"{mode}.safetensors")
+            r = run_cli("--server", server["tcp"], "--out", outs[mode], *extra, path)
+            assert r.returncode == 0, r.stderr
+            assert f"delivery={mode}" in r.stdout, r.stdout
+        with open(outs["inline"], "rb") as a, open(outs["shm"], "rb") as b:
+            assert a.read() == b.read()
