@@ -118,6 +118,14 @@ class EncodeScheduler {
   // O(k log n).
   std::vector<Key> PeekBatch() const;
 
+  // A pending item's place in line, for work done ahead of its batch (the
+  // worker's decode prefetch): kFifo and kFair serve pending items in
+  // ascending rank, and a pending item's rank never changes; kByKey gives
+  // arrival order. Unique among pending items. REQUIRES: Contains(key).
+  // O(log n).
+  using Rank = std::pair<__int128, std::uint64_t>;
+  Rank RankOf(const Key& key) const;
+
   std::size_t pending_size() const { return items_.size(); }
   std::int64_t pending_tokens() const { return pending_tokens_; }
   std::int64_t max_tokens_per_batch() const { return max_tokens_per_batch_; }

@@ -147,6 +147,11 @@ std::vector<EncodeScheduler::ItemMap::const_iterator> EncodeScheduler::Select() 
   return batch;
 }
 
+EncodeScheduler::Rank EncodeScheduler::RankOf(const Key& key) const {
+  const Slot& slot = items_.at(key);
+  return {order_ == ScheduleOrder::kFair ? slot.finish : Tag{0}, slot.seq};
+}
+
 std::vector<EncodeScheduler::Key> EncodeScheduler::PeekBatch() const {
   std::vector<Key> keys;
   for (ItemMap::const_iterator it : Select()) keys.push_back(it->first);
