@@ -56,7 +56,10 @@ struct ServeFlags {
   double max_request_mb = 64;
   double max_buffered_mb = 256;
   int max_rpc_threads = 256;
+  double max_inflight_request_mb = 1024;
+  std::string tenant_header = ServerOptions{}.tenant_metadata;
   ServerSecurityFlags security;
+  ServeFlags() { worker.order = "fair"; }  // a server has many clients
 };
 
 int RunServe(const ServeFlags& f) {
@@ -83,6 +86,9 @@ int RunServe(const ServeFlags& f) {
   so.max_request_bytes = static_cast<std::int64_t>(f.max_request_mb * (1 << 20));
   so.max_buffered_bytes = static_cast<std::int64_t>(f.max_buffered_mb * (1 << 20));
   so.max_rpc_threads = f.max_rpc_threads;
+  so.max_inflight_request_bytes = static_cast<std::int64_t>(f.max_inflight_request_mb * (1 << 20));
+  so.on_requests_drained = ReleaseFreeMemory;
+  so.tenant_metadata = f.tenant_header;
   if (Status s = ApplyServerSecurityFlags(f.security, so); !s.ok()) Fail(1, s.message());
   so.log = [](const std::string& line) { spdlog::warn("{}", line); };
   const std::string tower = parts->tower->Describe();
@@ -204,6 +210,13 @@ void RegisterServerCommands(CLI::App& app) {
         ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
     cmd->add_option("--max-rpc-threads", f->max_rpc_threads, "most gRPC handler threads (one per call in flight)")
         ->capture_default_str()->check(Integer(2, 100000));
+    cmd->add_option("--max-inflight-request-mb", f->max_inflight_request_mb,
+                    "request bytes admitted and not yet finished, MB; a request past it waits briefly, then gets "
+                    "RESOURCE_EXHAUSTED (>= --max-request-mb)")
+        ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
+    cmd->add_option("--tenant-header", f->tenant_header,
+                    "metadata key naming a client's fair share under --order fair; empty = by client address only")
+        ->capture_default_str();
     AddServerSecurityFlags(*cmd, f->security);
     cmd->callback([f] {
       if (int rc = RunServe(*f); rc != 0) throw CLI::RuntimeError(rc);
