@@ -26,6 +26,7 @@
 #include "commands.h"
 #include "epd/client.h"
 #include "flag_checks.h"
+#include "security_flags.h"
 #include "trace.h"
 
 namespace epd::cli {
@@ -53,6 +54,7 @@ struct BenchFlags {
   int server_pid = 0;
   int connections = 0;
   bool json = false;
+  ClientSecurityFlags security;
 };
 
 // A size x size JPEG (quality 90, 4:2:0, as cameras and browsers send them)
@@ -117,6 +119,7 @@ int RunBench(const BenchFlags& f) {
   ClientOptions co;
   co.target = f.server;
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
+  if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) Fail(1, s.message());
   // Callers share `connections` clients (one HTTP/2 connection each),
   // round robin by caller.
   const int n_conn = f.connections > 0 ? f.connections : std::min(f.concurrency, 4);
@@ -268,6 +271,7 @@ void RegisterBenchServerCommand(CLI::App& app) {
   cmd->add_option("--connections", f->connections, "HTTP/2 connections to spread callers over [min(concurrency, 4)]")
       ->check(Integer(1, 256));
   cmd->add_flag("--json", f->json, "print one JSON object instead of text");
+  AddClientSecurityFlags(*cmd, f->security);  // a server with TLS or a token is loaded the same way
   cmd->callback([f] {
     if (int rc = RunBench(*f); rc != 0) throw CLI::RuntimeError(rc);
   });

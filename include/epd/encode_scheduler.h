@@ -12,7 +12,8 @@
 // until the next one would push the batch past max_tokens_per_batch or
 // max_items_per_batch; the first item that does not fit ends the batch (no
 // skipping ahead, which would reorder work). An item whose cost alone exceeds
-// the token budget is returned alone, so it always makes progress. An empty
+// the token budget is returned alone, so it always makes progress. kFair may
+// also bound a batch's share costs (max_share_per_batch). An empty
 // batch comes back only when nothing is pending.
 //
 // Two orders:
@@ -100,8 +101,13 @@ class EncodeScheduler {
 
   // Throws epd::Error(kInvalidArgument) naming the argument when either bound
   // is <= 0.
+  // `max_share_per_batch` (kFair only; 0 = unbounded) bounds a batch's sum
+  // of PendingEncodeItem::share() the way max_tokens_per_batch bounds its
+  // tokens (the first item always fits). The worker sets it so that an item
+  // whose decode is expensive is not batched with cheap ones, which would
+  // make them wait for its decode.
   EncodeScheduler(std::int64_t max_tokens_per_batch, std::int64_t max_items_per_batch,
-                  ScheduleOrder order = ScheduleOrder::kFifo);
+                  ScheduleOrder order = ScheduleOrder::kFifo, std::int64_t max_share_per_batch = 0);
 
   // Adds or overwrites the item under item.key(). Throws
   // epd::Error(kInvalidArgument) for a cost < 0 or share_cost < 0, or a
@@ -150,6 +156,7 @@ class EncodeScheduler {
   std::int64_t max_tokens_per_batch_;
   std::int64_t max_items_per_batch_;
   ScheduleOrder order_;
+  std::int64_t max_share_per_batch_;
   using ItemMap = std::map<Key, Slot>;
   ItemMap items_;  // ordered by key: the kByKey order
   // seq -> the item's node in items_ (std::map iterators stay valid until

@@ -17,8 +17,15 @@
 namespace epd {
 
 EncodeScheduler::EncodeScheduler(std::int64_t max_tokens_per_batch, std::int64_t max_items_per_batch,
-                                 ScheduleOrder order)
-    : max_tokens_per_batch_(max_tokens_per_batch), max_items_per_batch_(max_items_per_batch), order_(order) {
+                                 ScheduleOrder order, std::int64_t max_share_per_batch)
+    : max_tokens_per_batch_(max_tokens_per_batch),
+      max_items_per_batch_(max_items_per_batch),
+      order_(order),
+      max_share_per_batch_(max_share_per_batch) {
+  if (max_share_per_batch < 0) {
+    throw Error(StatusCode::kInvalidArgument,
+                "max_share_per_batch must be >= 0 (0 = unbounded), got " + std::to_string(max_share_per_batch));
+  }
   if (max_tokens_per_batch <= 0) {
     throw Error(StatusCode::kInvalidArgument,
                 "max_tokens_per_batch must be > 0, got " + std::to_string(max_tokens_per_batch));
@@ -118,15 +125,19 @@ std::vector<EncodeScheduler::ItemMap::const_iterator> EncodeScheduler::Select() 
   std::vector<ItemMap::const_iterator> batch;
   // 128-bit so that a sum of huge costs cannot wrap and pass the budget check
   // (the reference's Python ints never overflow).
-  __int128 used = 0;
+  __int128 used = 0, shared = 0;
+  const bool bound_share = order_ == ScheduleOrder::kFair && max_share_per_batch_ > 0;
   // Takes the item at `it` unless it would overflow a non-empty batch.
   auto admit = [&](ItemMap::const_iterator it) {
     const std::int64_t cost = it->second.item.cost;
+    const std::int64_t share = it->second.item.share();
     if (!batch.empty() && (used + cost > max_tokens_per_batch_ ||
-                           static_cast<std::int64_t>(batch.size()) >= max_items_per_batch_)) {
+                           static_cast<std::int64_t>(batch.size()) >= max_items_per_batch_ ||
+                           (bound_share && shared + share > max_share_per_batch_))) {
       return false;
     }
     used += cost;
+    shared += share;
     batch.push_back(it);
     return true;
   };

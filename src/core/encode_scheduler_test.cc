@@ -280,6 +280,23 @@ TEST(EncodeSchedulerFairTest, RemovedItemsAreNotRefundedAndReAddKeepsTheTags) {
   EXPECT_EQ(last[0].cost, 1);
 }
 
+TEST(EncodeSchedulerFairTest, ShareBoundKeepsAnExpensiveItemOutOfACheapBatch) {
+  // By hand: tokens budget 1000, share budget 100. cheap: cost 10, share 20
+  // (finish 20, 40); dear: cost 10, share 5000 (finish 5000), queued between
+  // them by arrival but last by tag. Batch 1 = c0 c1 (share 40); dear alone
+  // next (over the share bound, but first in its batch).
+  EncodeScheduler s(1000, 8, ScheduleOrder::kFair, /*max_share_per_batch=*/100);
+  s.Add(Item("cheap", "c", 0, 10, 20));
+  s.Add(Item("dear", "d", 0, 10, 5000));
+  s.Add(Item("cheap", "c", 1, 10, 20));
+  s.Add(Item("cheap2", "e", 0, 10, 50));  // finish 50: fits (40 + 50 <= 100)
+  s.Add(Item("cheap2", "e", 1, 10, 50));  // finish 100: would make 140
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("c/0", "c/1", "e/0"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("e/1"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("d/0"));
+  EXPECT_THROW(EncodeScheduler(10, 2, ScheduleOrder::kFair, -1), Error);
+}
+
 TEST(EncodeSchedulerFairTest, RejectsNegativeShareCost) {
   EncodeScheduler s(10, 2, ScheduleOrder::kFair);
   EXPECT_THROW(s.Add(Item("t", "r", 0, 1, -1)), Error);

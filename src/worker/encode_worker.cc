@@ -115,6 +115,16 @@ std::int64_t FairShareCost(const ImageInfo& info, std::int64_t tokens, const Pre
   return tokens + std::int64_t{info.width} * info.height / std::max<std::int64_t>(pixels_per_token, 1);
 }
 
+// kFair's bound on a batch's share costs: twice the token budget. An image
+// stored at about its resized size costs about 2 x its tokens (tokens plus as
+// many pixel units), so such batches are bounded by tokens as before; an
+// image whose decode dwarfs its tokens (an 8000x8000 PNG: ~83,000 units for
+// 1,280 tokens) runs in a batch of its own instead of making the cheap images
+// batched with it wait for its decode.
+std::int64_t FairShareBound(const WorkerOptions& o) {
+  return o.order == ScheduleOrder::kFair ? 2 * o.max_tokens_per_batch : 0;
+}
+
 }  // namespace
 
 bool RequestResult::all_ok() const {
@@ -156,7 +166,8 @@ struct EncodeWorker::Impl {
       : options(std::move(opt)),
         tower(std::move(t)),
         cache(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device),
-        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order),
+        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order,
+                  FairShareBound(options)),
         decoder(options.preprocess, options.limits, options.decode_threads,
                 options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch,
                 /*fair=*/options.order == ScheduleOrder::kFair),
