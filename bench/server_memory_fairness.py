@@ -5,8 +5,9 @@ A benchmark run by hand, not a test: it starts real `epd-encode serve`
 processes on loopback and reports what it measured.
 
 memory    48 simultaneous requests of 60 MB each (one 56x56 PNG padded with
-          zeros to 60 MB, so the header probes and the worker queues it) from
-          48 client threads. Reports the server's peak RSS (VmHWM), its RSS
+          zeros to 60 MB, so the header probes and the worker queues it; the
+          same message each time, the server assigning the ids) from 48
+          client threads. Reports the server's peak RSS (VmHWM), its RSS
           after 5 s idle, and how many calls succeeded or were refused.
           Run once per binary: --before (e.g. main's build, no budget) and
           --binary (this one, with --max-inflight-request-mb).
@@ -113,13 +114,11 @@ def call(stub, request, tenant, timeout=120):
 def memory_run(binary, model, extra, n=48, mb=60):
     server = Server(binary, ["--model", model, "--threads", "1", "--max-request-mb", "64", *extra])
     try:
-        base = png(56, 56, seed=1)
-        requests = []
-        for i in range(n):
-            body = png(56, 56, colour=(i, 255 - i, 7)) 
-            body += b"\0" * (mb * 1000 * 1000 - len(body))
-            requests.append(pb.EncodeRequest(id=f"big-{i}", items=[pb.EncodeItem(image=body)]))
-        del base
+        # One message sent 48 times (the server assigns the ids): the server
+        # holds each call's copy all the same, and the client stays small.
+        body = png(56, 56, colour=(1, 254, 7))
+        body += b"\0" * (mb * 1000 * 1000 - len(body))
+        requests = [pb.EncodeRequest(items=[pb.EncodeItem(image=body)])] * n
         results = [None] * n
         stubs = [pb_grpc.EncoderStub(server.channel()) for _ in range(n)]
         start = threading.Barrier(n)
@@ -127,8 +126,10 @@ def memory_run(binary, model, extra, n=48, mb=60):
         def send(i):
             start.wait()
             results[i] = call(stubs[i], requests[i], f"mem-{i}")
+            print(f"  call {i}: {results[i]} at {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+        print(f"memory run: {n} x {mb} MB requests built", file=sys.stderr, flush=True)
         t0 = time.time()
         for t in threads:
             t.start()
@@ -226,13 +227,16 @@ def main():
     ap.add_argument("--duration-s", type=float, default=40)
     ap.add_argument("--heavy-depth", type=int, default=2, help="calls each heavy client keeps in flight")
     ap.add_argument("--decode-threads", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--request-mb", type=int, default=60)
     ap.add_argument("--skip", choices=["memory", "fairness"], action="append", default=[])
     a = ap.parse_args()
     report = {"cpus": os.cpu_count()}
     if "memory" not in a.skip:
         if a.before:
-            report["memory_before"] = memory_run(a.before, a.model, [])
-        report["memory_after"] = memory_run(a.binary, a.model, ["--max-inflight-request-mb", str(a.budget_mb)])
+            report["memory_before"] = memory_run(a.before, a.model, [], a.requests, a.request_mb)
+        report["memory_after"] = memory_run(a.binary, a.model, ["--max-inflight-request-mb", str(a.budget_mb)],
+                                            a.requests, a.request_mb)
     if "fairness" not in a.skip:
         runs = []
         for order in ("fifo", "fair"):
