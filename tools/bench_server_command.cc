@@ -27,6 +27,7 @@
 #include "commands.h"
 #include "epd/client.h"
 #include "flag_checks.h"
+#include "security_flags.h"
 #include "trace.h"
 
 namespace epd::cli {
@@ -55,6 +56,7 @@ struct BenchFlags {
   int connections = 0;
   bool shm = false;
   bool json = false;
+  ClientSecurityFlags security;
 };
 
 // A size x size JPEG (quality 90, 4:2:0, as cameras and browsers send them)
@@ -121,6 +123,7 @@ int RunBench(const BenchFlags& f) {
   ClientOptions co;
   co.target = f.server;
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
+  if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) Fail(1, s.message());
   co.delivery = f.shm ? Delivery::kShm : Delivery::kInline;
   // Callers share `connections` clients (one HTTP/2 connection each),
   // round robin by caller.
@@ -311,6 +314,7 @@ void RegisterBenchServerCommand(CLI::App& app) {
                 "ask for shared-memory delivery (the server needs --shm-arena-mb); each caller reads the rows in "
                 "place and releases them with its next call");
   cmd->add_flag("--json", f->json, "print one JSON object instead of text");
+  AddClientSecurityFlags(*cmd, f->security);  // a server with TLS or a token is loaded the same way
   cmd->callback([f] {
     if (int rc = RunBench(*f); rc != 0) throw CLI::RuntimeError(rc);
   });

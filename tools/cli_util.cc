@@ -35,4 +35,10 @@ void TuneMalloc(MallocUse use) {
 #endif
 }
 
+void ReleaseFreeMemory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 }  // namespace epd::cli

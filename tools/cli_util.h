@@ -63,4 +63,10 @@ enum class MallocUse {
 // off so that this stays the only setting).
 void TuneMalloc(MallocUse use);
 
+// Hands free heap pages back to the OS (glibc's malloc_trim(0), which also
+// trims the arenas of other threads); a no-op elsewhere. Costs a walk of the
+// heap (milliseconds for gigabytes), so call it after a burst, not per
+// request: serve passes it as ServerOptions::on_requests_drained.
+void ReleaseFreeMemory();
+
 }  // namespace epd::cli

@@ -59,7 +59,10 @@ struct ServeFlags {
   std::vector<std::string> listen;
   double shm_arena_mb = 0;
   std::int64_t shm_lease_ms = 5000;
+  double max_inflight_request_mb = 1024;
+  std::string tenant_header = ServerOptions{}.tenant_metadata;
   ServerSecurityFlags security;
+  ServeFlags() { worker.order = "fair"; }  // a server has many clients
 };
 
 int RunServe(const ServeFlags& f) {
@@ -89,6 +92,9 @@ int RunServe(const ServeFlags& f) {
   so.extra_addresses = f.listen;
   so.shm_arena_bytes = static_cast<std::int64_t>(f.shm_arena_mb * (1 << 20));
   so.shm_lease = std::chrono::milliseconds(f.shm_lease_ms);
+  so.max_inflight_request_bytes = static_cast<std::int64_t>(f.max_inflight_request_mb * (1 << 20));
+  so.on_requests_drained = ReleaseFreeMemory;
+  so.tenant_metadata = f.tenant_header;
   if (Status s = ApplyServerSecurityFlags(f.security, so); !s.ok()) Fail(1, s.message());
   so.log = [](const std::string& line) { spdlog::warn("{}", line); };
   const std::string tower = parts->tower->Describe();
@@ -226,6 +232,13 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--shm-lease-ms", f->shm_lease_ms,
                     "how long a shared-memory reference stays valid without a release, ms")
         ->capture_default_str()->check(Integer(10, 3600000));
+    cmd->add_option("--max-inflight-request-mb", f->max_inflight_request_mb,
+                    "request bytes admitted and not yet finished, MB; a request past it waits briefly, then gets "
+                    "RESOURCE_EXHAUSTED (>= --max-request-mb)")
+        ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
+    cmd->add_option("--tenant-header", f->tenant_header,
+                    "metadata key naming a client's fair share under --order fair; empty = by client address only")
+        ->capture_default_str();
     AddServerSecurityFlags(*cmd, f->security);
     cmd->callback([f] {
       if (int rc = RunServe(*f); rc != 0) throw CLI::RuntimeError(rc);

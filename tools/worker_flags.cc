@@ -63,8 +63,8 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str()->check(Integer(1));
   cmd.add_option("--max-items-per-batch", f.max_items_per_batch, "tower batch item bound")
       ->capture_default_str()->check(Integer(1));
-  cmd.add_option("--order", f.order, "scheduler order")->capture_default_str()
-      ->check(CLI::IsMember({"fifo", "by_key"}));
+  cmd.add_option("--order", f.order, "scheduler order: fifo, by_key (the reference) or fair (across clients, docs/SERVER.md)")->capture_default_str()
+      ->check(CLI::IsMember({"fifo", "by_key", "fair"}));
   cmd.add_option("--max-pixels", f.max_pixels,
                  "preprocessing area cap, pixels [a checkpoint's max_pixels; 1003520 for TorchScript]")
       ->check(Integer(1));
@@ -168,7 +168,9 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.max_tokens_per_batch = f.max_tokens_per_batch;
   o.max_items_per_batch = f.max_items_per_batch;
   o.decode_threads = f.decode_threads;
-  o.order = f.order == "by_key" ? ScheduleOrder::kByKey : ScheduleOrder::kFifo;
+  o.order = f.order == "by_key" ? ScheduleOrder::kByKey
+            : f.order == "fair"   ? ScheduleOrder::kFair
+                                  : ScheduleOrder::kFifo;
 #ifdef EPD_HAVE_CUDA_TIER
   if (gpu_tier) {
     StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), static_cast<std::size_t>(o.l1_capacity_bytes),

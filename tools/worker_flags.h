@@ -27,7 +27,7 @@
 //   --no-cache                caching and in-flight dedup off (baselines)
 //   --max-tokens-per-batch N  tower batch token budget [8192]
 //   --max-items-per-batch N   tower batch item bound [16]
-//   --order fifo|by_key       scheduler order [fifo]
+//   --order fifo|by_key|fair  scheduler order [fifo; serve: fair]
 //   --max-pixels N            preprocessing area cap, pixels [a checkpoint's
 //                             preprocessor_config.json; 1003520, Qwen2-VL's
 //                             default, for TorchScript]. A checkpoint's other

@@ -26,11 +26,13 @@
 //      header gives (ProbeGrid) without decoding. A bad
 //      header (unknown format, zero size, more pixels than DecodeLimits
 //      allows) fails only this item at once, kInvalidArgument.
-// Helper threads decode and preprocess queued misses in arrival order while
+// Helper threads decode and preprocess queued misses in the order the
+// scheduler will serve them (arrival order, or the fair order for kFair) while
 // the tower runs (at most decode_lookahead finished ahead), so decoding
 // overlaps the tower instead of adding to it. Batches depend only on the
 // sequence of Submit/Cancel/StartBatch calls and the header costs, never on
-// decode timing.
+// decode timing (with kFair, decode timing decides only WHEN StartBatch
+// succeeds, not what the batch holds).
 //
 // A batch runs in two halves, so the owning thread can keep submitting while
 // the tower works (WorkerLoop does):
@@ -172,6 +174,15 @@ struct WorkerOptions {
   // 1-megapixel images, or 25 at 512x512 (324 tokens each).
   std::int64_t max_tokens_per_batch = 8192;
   std::int64_t max_items_per_batch = 16;
+  // kFifo: first come, first served across all requests. kFair: fair across
+  // EncodeRequest::tenant, each miss charged its post-merge tokens plus its
+  // decoded pixels / (patch_size * merge_size)^2, i.e. the decode of the
+  // stored image in token-sized units (an 8000x8000 PNG: 81,632 units on top
+  // of its tokens). kFair also orders the decode prefetch that way, keeps one
+  // helper free of any tenant already decoding, and (with decode_threads > 0)
+  // starts a batch only once its items are decoded, so another tenant's
+  // expensive decode never holds up the tower (docs/SERVER.md, "Fairness").
+  // Batches still depend only on the sequence of calls.
   ScheduleOrder order = ScheduleOrder::kFifo;
   // Most items queued on the scheduler at once; a request that would exceed
   // it is rejected whole with kResourceExhausted, or kInvalidArgument when
@@ -246,6 +257,10 @@ struct EncodeItemInput {
 struct EncodeRequest {
   std::string id;  // unique among in-flight requests; non-empty
   std::vector<EncodeItemInput> items;
+  // Whose request this is, for ScheduleOrder::kFair (e.g. the client's
+  // address, or a tenant id it sent); ignored by the other orders. Requests
+  // with the same tenant share one fair share; "" is a tenant like any other.
+  std::string tenant{};
 };
 
 struct RequestResult {

@@ -108,6 +108,24 @@ struct ServerOptions {
   // this: messages beyond that are refused by gRPC before the server sees
   // them, so only those go uncounted. Default 64 MiB.
   std::int64_t max_request_bytes = std::int64_t{64} << 20;
+  // Request bytes admitted into the server and not yet finished (the
+  // in-flight request budget). A call whose message would pass it waits up
+  // to admission_wait for room, then gets RESOURCE_EXHAUSTED naming the
+  // budget (counted and logged). It also sizes gRPC's ResourceQuota, which
+  // bounds the transport's own buffers. Must be >= max_request_bytes.
+  // Default 1 GiB. See docs/SERVER.md, "Memory".
+  std::int64_t max_inflight_request_bytes = std::int64_t{1} << 30;
+  std::chrono::milliseconds admission_wait{100};
+  // Runs (on a gRPC thread) when the admitted request bytes fall back to 0
+  // after a burst of at least max_inflight_request_bytes / 4, e.g. to return
+  // freed heap to the OS (the CLI calls malloc_trim). Null = nothing.
+  std::function<void()> on_requests_drained{};
+  // The fair share a call is charged to under ScheduleOrder::kFair (see
+  // WorkerOptions::order): this metadata key's value when the client sends
+  // it ("tenant:<value>"), else the client's address without its port.
+  // Empty = by address only (use that when clients are not trusted to name
+  // themselves: a client could otherwise claim a share per made-up name).
+  std::string tenant_metadata = "x-epd-tenant";
   // Results waiting for slow clients, bytes, above which the worker starts no
   // new tower batch (see Backpressure above). Default 256 MiB.
   std::int64_t max_buffered_bytes = std::int64_t{256} << 20;

@@ -3,7 +3,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -23,8 +26,10 @@ std::vector<std::string> Ids(const std::vector<PendingEncodeItem>& batch) {
 }
 
 class SchedulerOrderTest : public ::testing::TestWithParam<ScheduleOrder> {};
-INSTANTIATE_TEST_SUITE_P(BothOrders, SchedulerOrderTest,
-                         ::testing::Values(ScheduleOrder::kByKey, ScheduleOrder::kFifo));
+// kFair with every item in one tenant ("") is kFifo, so it meets the same
+// contract.
+INSTANTIATE_TEST_SUITE_P(EveryOrder, SchedulerOrderTest,
+                         ::testing::Values(ScheduleOrder::kByKey, ScheduleOrder::kFifo, ScheduleOrder::kFair));
 
 TEST_P(SchedulerOrderTest, RejectsNonPositiveBoundsNamingTheArgument) {
   try {
@@ -193,6 +198,229 @@ TEST(EncodeSchedulerTest, FifoWaitIsBoundedByWorkQueuedAhead) {
     for (const auto& it : s.NextBatch()) done |= it.request_id == "zzz";
   }
   EXPECT_EQ(batches, 21);
+}
+
+// ---------------------------------------------------------------- kFair ---
+
+PendingEncodeItem Item(std::string tenant, std::string id, std::int64_t index, std::int64_t cost,
+                       std::int64_t share_cost = 0) {
+  PendingEncodeItem p{std::move(id), index, cost};
+  p.tenant = std::move(tenant);
+  p.share_cost = share_cost;
+  return p;
+}
+
+// Issue 15, item 7: one tenant queues a long run of expensive items first;
+// FIFO serves them all before the other tenant's first item.
+TEST(EncodeSchedulerFairTest, LateTenantIsServedInTheNextBatchNotAfterTheRun) {
+  // By hand, budget 1000 tokens / 4 items. "heavy" queues six items of 500:
+  // tags [start, finish) = [0,500) [500,1000) [1000,1500) [1500,2000)
+  // [2000,2500) [2500,3000). Batch 1 (finish order) = h0 + h1 = 1000 tokens;
+  // V becomes h1's start, 500. "light" then queues three items of 100:
+  // start = max(V, 0) = 500, so [500,600) [600,700) [700,800). Pending by
+  // finish: l0 600, l1 700, l2 800, h2 1500, h3 2000, ... Batch 2 = l0 l1 l2
+  // (300 tokens) + h2 (800 tokens, 4 items); the rest is heavy's.
+  EncodeScheduler s(1000, 4, ScheduleOrder::kFair);
+  for (int i = 0; i < 6; ++i) s.Add(Item("heavy", "h", i, 500));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("h/0", "h/1"));
+  for (int i = 0; i < 3; ++i) s.Add(Item("light", "l", i, 100));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("l/0", "l/1", "l/2", "h/2"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("h/3", "h/4"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("h/5"));
+  EXPECT_TRUE(s.NextBatch().empty());
+
+  // The same calls in FIFO order: light waits behind the whole run.
+  EncodeScheduler fifo(1000, 4, ScheduleOrder::kFifo);
+  for (int i = 0; i < 6; ++i) fifo.Add(Item("heavy", "h", i, 500));
+  fifo.NextBatch();
+  for (int i = 0; i < 3; ++i) fifo.Add(Item("light", "l", i, 100));
+  EXPECT_THAT(Ids(fifo.NextBatch()), ::testing::ElementsAre("h/2", "h/3"));
+  EXPECT_THAT(Ids(fifo.NextBatch()), ::testing::ElementsAre("h/4", "h/5"));
+  EXPECT_THAT(Ids(fifo.NextBatch()), ::testing::ElementsAre("l/0", "l/1", "l/2"));
+}
+
+// The share cost (tokens + decoded pixels in the worker), not the token
+// count, decides the share: "png" items cost few tokens but a large decode.
+TEST(EncodeSchedulerFairTest, ShareCostWeighsTheTenants) {
+  // By hand, 2 items a batch. png: share 1000 each, tags finish 1000, 2000,
+  // 3000; jpg (added after): share 10, finish 10, 20, 30. Finish order:
+  // j0 j1 | j2 p0 | p1 p2.
+  EncodeScheduler s(1 << 20, 2, ScheduleOrder::kFair);
+  for (int i = 0; i < 3; ++i) s.Add(Item("png", "p", i, 10, 1000));
+  for (int i = 0; i < 3; ++i) s.Add(Item("jpg", "j", i, 10, 10));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("j/0", "j/1"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("j/2", "p/0"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("p/1", "p/2"));
+
+  // Charged by tokens alone (share_cost 0 = cost 10) the tags tie (10, 20,
+  // 30 each) and arrival breaks the ties: p0 j0 | p1 j1 | p2 j2.
+  EncodeScheduler by_tokens(1 << 20, 2, ScheduleOrder::kFair);
+  for (int i = 0; i < 3; ++i) by_tokens.Add(Item("png", "p", i, 10));
+  for (int i = 0; i < 3; ++i) by_tokens.Add(Item("jpg", "j", i, 10));
+  EXPECT_THAT(Ids(by_tokens.NextBatch()), ::testing::ElementsAre("p/0", "j/0"));
+  EXPECT_THAT(Ids(by_tokens.NextBatch()), ::testing::ElementsAre("p/1", "j/1"));
+  EXPECT_THAT(Ids(by_tokens.NextBatch()), ::testing::ElementsAre("p/2", "j/2"));
+}
+
+TEST(EncodeSchedulerFairTest, RemovedItemsAreNotRefundedAndReAddKeepsTheTags) {
+  // a: [0,100) [100,200); b: [0,50). Removing a0 leaves a1's tag at 200.
+  EncodeScheduler s(1 << 20, 1, ScheduleOrder::kFair);
+  s.Add(Item("a", "a", 0, 100));
+  s.Add(Item("a", "a", 1, 100));
+  s.Add(Item("b", "b", 0, 50));
+  EXPECT_TRUE(s.Remove({"a", 0}));
+  // A re-add with another tenant and cost keeps the tag (200) and tenant a.
+  s.Add(Item("b", "a", 1, 1));
+  s.Add(Item("b", "b", 1, 100));  // b: [50,150)
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("b/0"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("b/1"));
+  const std::vector<PendingEncodeItem> last = s.NextBatch();
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].tenant, "a");
+  EXPECT_EQ(last[0].cost, 1);
+}
+
+TEST(EncodeSchedulerFairTest, ShareBoundKeepsAnExpensiveItemOutOfACheapBatch) {
+  // By hand: tokens budget 1000, share budget 100. cheap: cost 10, share 20
+  // (finish 20, 40); dear: cost 10, share 5000 (finish 5000), queued between
+  // them by arrival but last by tag. Batch 1 = c0 c1 (share 40); dear alone
+  // next (over the share bound, but first in its batch).
+  EncodeScheduler s(1000, 8, ScheduleOrder::kFair, /*max_share_per_batch=*/100);
+  s.Add(Item("cheap", "c", 0, 10, 20));
+  s.Add(Item("dear", "d", 0, 10, 5000));
+  s.Add(Item("cheap", "c", 1, 10, 20));
+  s.Add(Item("cheap2", "e", 0, 10, 50));  // finish 50: fits (40 + 50 <= 100)
+  s.Add(Item("cheap2", "e", 1, 10, 50));  // finish 100: would make 140
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("c/0", "c/1", "e/0"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("e/1"));
+  EXPECT_THAT(Ids(s.NextBatch()), ::testing::ElementsAre("d/0"));
+  EXPECT_THROW(EncodeScheduler(10, 2, ScheduleOrder::kFair, -1), Error);
+}
+
+TEST(EncodeSchedulerFairTest, RejectsNegativeShareCost) {
+  EncodeScheduler s(10, 2, ScheduleOrder::kFair);
+  EXPECT_THROW(s.Add(Item("t", "r", 0, 1, -1)), Error);
+  EXPECT_EQ(s.pending_size(), 0u);
+}
+
+TEST(EncodeSchedulerFairTest, PeekBatchIsTheNextBatchWithoutPopping) {
+  EncodeScheduler s(300, 3, ScheduleOrder::kFair);
+  for (int i = 0; i < 4; ++i) s.Add(Item("a", "a", i, 100));
+  s.Add(Item("b", "b", 0, 100));
+  const std::vector<EncodeScheduler::Key> peeked = s.PeekBatch();
+  EXPECT_EQ(s.pending_size(), 5u);
+  std::vector<EncodeScheduler::Key> popped;
+  for (const PendingEncodeItem& p : s.NextBatch()) popped.push_back(p.key());
+  EXPECT_EQ(peeked, popped);
+  // a0 [0,100) b0 [0,100) a1 [100,200): ties by arrival.
+  EXPECT_THAT(popped, ::testing::ElementsAre(EncodeScheduler::Key{"a", 0}, EncodeScheduler::Key{"b", 0},
+                                             EncodeScheduler::Key{"a", 1}));
+}
+
+// An independent model of start-time fair queueing: every tenant is
+// remembered until the queue empties, tags are recomputed from the written
+// rule, and each batch is picked by scanning all pending items. The
+// scheduler forgets idle tenants early; this checks that doing so never
+// changes a tag, and that batches follow only the call sequence.
+struct FairModel {
+  struct P {
+    PendingEncodeItem item;
+    long long start, finish;
+    std::uint64_t seq;
+  };
+  std::int64_t max_tokens = 0, max_items = 0;
+  std::vector<P> pending{};
+  std::map<std::string, long long> finish{};
+  long long v = 0;
+  std::uint64_t seq = 0;
+
+  void Add(const PendingEncodeItem& p) {
+    for (P& q : pending) {
+      if (q.item.key() == p.key()) {
+        q.item.cost = p.cost;
+        return;
+      }
+    }
+    const long long start = std::max(v, finish[p.tenant]);
+    const long long share = p.share_cost > 0 ? p.share_cost : std::max<std::int64_t>(p.cost, 1);
+    finish[p.tenant] = start + share;
+    pending.push_back({p, start, start + share, seq++});
+  }
+  void Remove(const EncodeScheduler::Key& k) {
+    std::erase_if(pending, [&](const P& q) { return q.item.key() == k; });
+    if (pending.empty()) Reset();
+  }
+  void Reset() {
+    finish.clear();
+    v = 0;
+  }
+  std::vector<EncodeScheduler::Key> Next() {
+    std::sort(pending.begin(), pending.end(),
+              [](const P& a, const P& b) { return std::tie(a.finish, a.seq) < std::tie(b.finish, b.seq); });
+    std::vector<EncodeScheduler::Key> out;
+    std::int64_t used = 0;
+    std::size_t n = 0;
+    for (; n < pending.size(); ++n) {
+      const std::int64_t c = pending[n].item.cost;
+      if (!out.empty() && (used + c > max_tokens || static_cast<std::int64_t>(out.size()) >= max_items)) break;
+      used += c;
+      v = std::max(v, pending[n].start);
+      out.push_back(pending[n].item.key());
+    }
+    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+    if (pending.empty()) Reset();
+    return out;
+  }
+};
+
+TEST(EncodeSchedulerFairTest, MatchesAnIndependentModelOnRandomCallSequences) {
+  for (std::uint32_t seed = 1; seed <= 40; ++seed) {
+    std::mt19937 rng(seed);
+    EncodeScheduler s(600, 5, ScheduleOrder::kFair);
+    EncodeScheduler again(600, 5, ScheduleOrder::kFair);
+    FairModel model;
+    model.max_tokens = 600;
+    model.max_items = 5;
+    for (int step = 0; step < 400; ++step) {
+      const int op = static_cast<int>(rng() % 10);
+      if (op < 6) {
+        PendingEncodeItem p = Item("t" + std::to_string(rng() % 5), "r" + std::to_string(rng() % 40),
+                                   static_cast<std::int64_t>(rng() % 3), static_cast<std::int64_t>(rng() % 400),
+                                   (rng() % 2) ? static_cast<std::int64_t>(rng() % 5000) : 0);
+        s.Add(p);
+        again.Add(p);
+        model.Add(p);
+      } else if (op < 7) {
+        const EncodeScheduler::Key k{"r" + std::to_string(rng() % 40), static_cast<std::int64_t>(rng() % 3)};
+        EXPECT_EQ(s.Remove(k), again.Remove(k));
+        model.Remove(k);
+      } else {
+        std::vector<EncodeScheduler::Key> got;
+        for (const PendingEncodeItem& p : s.NextBatch()) got.push_back(p.key());
+        std::vector<EncodeScheduler::Key> got_again;
+        for (const PendingEncodeItem& p : again.NextBatch()) got_again.push_back(p.key());
+        ASSERT_EQ(got, model.Next()) << "seed " << seed << " step " << step;
+        ASSERT_EQ(got, got_again);
+      }
+      ASSERT_EQ(s.pending_size(), model.pending.size());
+    }
+  }
+}
+
+TEST(EncodeSchedulerFairTest, OneTenantIsFifo) {
+  std::mt19937 rng(7);
+  EncodeScheduler fair(500, 4, ScheduleOrder::kFair);
+  EncodeScheduler fifo(500, 4, ScheduleOrder::kFifo);
+  for (int step = 0; step < 500; ++step) {
+    if (rng() % 3 != 0) {
+      PendingEncodeItem p = Item("only", "r" + std::to_string(rng() % 60), 0, static_cast<std::int64_t>(rng() % 300),
+                                 static_cast<std::int64_t>(rng() % 900));
+      fair.Add(p);
+      fifo.Add(p);
+    } else {
+      ASSERT_EQ(fair.NextBatch(), fifo.NextBatch());
+    }
+  }
 }
 
 }  // namespace

@@ -36,6 +36,7 @@
 #include "epd/v1/encoder.grpc.pb.h"
 #include "epd/version.h"
 #include "epd/worker_loop.h"
+#include "admission.h"
 #include "auth.h"
 #include "call_outcomes.h"
 #include "metrics.h"
@@ -83,6 +84,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
   std::shared_ptr<internal::ServerMetrics> metrics;
   std::unique_ptr<WorkerLoop> loop;
   std::unique_ptr<internal::TokenCheck> auth;
+  std::unique_ptr<internal::RequestBudget> budget;
   std::unique_ptr<internal::CallOutcomes> outcomes;  // outlives `server`, whose interceptor uses it
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<internal::ShmArena> arena;  // null = no shared-memory delivery
@@ -151,6 +153,18 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     if (!serving.load()) return Finish(Status(StatusCode::kUnavailable, "the server is shutting down"), start);
     if (Status s = Validate(*req); !s.ok()) return Finish(s, start);
     if (Status s = internal::CheckClientRequestId(req->id()); !s.ok()) return Finish(s, start);
+    StatusOr<std::string> tenant = internal::TenantOf(*ctx, options.tenant_metadata);
+    if (!tenant.ok()) return Finish(tenant.status(), start);
+    // The in-flight request budget (admission.h): wait briefly, else refuse.
+    const auto message_bytes = static_cast<std::int64_t>(req->ByteSizeLong());
+    // (No deadline reads as gpr_inf_future; the clamp keeps the sum finite.)
+    const auto to_deadline = std::min<std::chrono::system_clock::duration>(
+        ctx->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1));
+    const Clock::time_point admit_by =
+        Clock::now() + std::min<Clock::duration>(options.admission_wait,
+                                                 std::chrono::duration_cast<Clock::duration>(to_deadline));
+    if (Status s = budget->Acquire(message_bytes, admit_by); !s.ok()) return Finish(s, start);
+    const std::shared_ptr<void> release(nullptr, [this, message_bytes](void*) { budget->Release(message_bytes); });
     if (req->release_size() > 0) {
       Status ignored;  // refusals are counted in ShmStats, never fail the call
       internal::ReleaseLeases(arena.get(), req->release(), &ignored);
@@ -166,10 +180,15 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     EncodeRequest request;
     // Assigned ids use a prefix client ids may not (request_id.h).
     request.id = req->id().empty() ? internal::AutoRequestId(next_auto_id++) : req->id();
+    request.tenant = std::move(*tenant);
     request.items.reserve(req->items_size());
-    for (const v1::EncodeItem& item : req->items()) {
+    // The image bytes move out of the message instead of being copied, so a
+    // request's bytes are held once, not twice, while it is in flight. gRPC
+    // hands the handler a message it destroys unread once the handler
+    // returns, so taking its strings changes nothing it sees.
+    for (v1::EncodeItem& item : *const_cast<v1::EncodeRequest*>(req)->mutable_items()) {
       EncodeItemInput in;
-      in.media = item.image();
+      in.media = std::move(*item.mutable_image());
       if (!item.caller_key().empty()) in.caller_key = item.caller_key();
       in.expected_tokens = item.expected_tokens();
       request.items.push_back(std::move(in));
@@ -331,6 +350,12 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     return InvalidArgument("max_request_bytes must be in (0, 2047 MiB], got " +
                            std::to_string(options.max_request_bytes));
   }
+  if (options.max_inflight_request_bytes < options.max_request_bytes) {
+    return InvalidArgument("max_inflight_request_bytes (" + std::to_string(options.max_inflight_request_bytes) +
+                           ") must be >= max_request_bytes (" + std::to_string(options.max_request_bytes) +
+                           "): a request of the largest accepted size must fit the budget");
+  }
+  if (options.admission_wait.count() < 0) return InvalidArgument("admission_wait must be >= 0");
   if (options.max_buffered_bytes <= 0) {
     return InvalidArgument("max_buffered_bytes must be > 0, got " + std::to_string(options.max_buffered_bytes));
   }
@@ -353,6 +378,8 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->metrics = std::make_shared<internal::ServerMetrics>([self] { return self->Snapshot(); });
   self->outcomes = std::make_unique<internal::CallOutcomes>(options.log);
   self->auth = std::make_unique<internal::TokenCheck>(options.auth_token);
+  self->budget = std::make_unique<internal::RequestBudget>(
+      options.max_inflight_request_bytes, options.max_inflight_request_bytes / 4, options.on_requests_drained);
   if (options.shm_arena_bytes > 0) {
     StatusOr<std::unique_ptr<internal::ShmArena>> arena =
         internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);
@@ -397,6 +424,12 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 200);
   grpc::ResourceQuota quota("epd-encode-server");
   quota.SetMaxThreads(options.max_rpc_threads);
+  // The transport's buffers (received messages among them) are charged to
+  // this quota; past it gRPC shrinks its flow-control windows and, under
+  // severe pressure, cancels streams. Twice the handler budget, so that the
+  // budget (counted, logged, with a clear message) is what a burst normally
+  // meets, and the quota only backs it up.
+  quota.Resize(static_cast<std::size_t>(2 * options.max_inflight_request_bytes));
   builder.SetResourceQuota(quota);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(self->outcomes->MakeInterceptorFactory());

@@ -107,6 +107,24 @@ Status CheckExpectedTokens(const EncodeItemInput& item, HeaderProbe& header, std
                          ")");
 }
 
+// What a miss costs its tenant under kFair: its post-merge tokens (the
+// tower's work) plus its stored pixels in token-sized units (decode and
+// resize work, which for a huge image dwarfs the tower's).
+std::int64_t FairShareCost(const ImageInfo& info, std::int64_t tokens, const PreprocessConfig& p) {
+  const std::int64_t pixels_per_token = p.factor() * p.factor();
+  return tokens + std::int64_t{info.width} * info.height / std::max<std::int64_t>(pixels_per_token, 1);
+}
+
+// kFair's bound on a batch's share costs: twice the token budget. An image
+// stored at about its resized size costs about 2 x its tokens (tokens plus as
+// many pixel units), so such batches are bounded by tokens as before; an
+// image whose decode dwarfs its tokens (an 8000x8000 PNG: ~83,000 units for
+// 1,280 tokens) runs in a batch of its own instead of making the cheap images
+// batched with it wait for its decode.
+std::int64_t FairShareBound(const WorkerOptions& o) {
+  return o.order == ScheduleOrder::kFair ? 2 * o.max_tokens_per_batch : 0;
+}
+
 }  // namespace
 
 bool RequestResult::all_ok() const {
@@ -129,6 +147,7 @@ struct EncodeWorker::Impl {
   };
   struct Request {
     std::string id;
+    std::string tenant;  // EncodeRequest::tenant
     RequestCallbacks callbacks;
     std::vector<ItemResult> results;
     std::vector<std::uint64_t> job;  // per item: the job it waits on, 0 = none
@@ -147,9 +166,11 @@ struct EncodeWorker::Impl {
       : options(std::move(opt)),
         tower(std::move(t)),
         cache(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device),
-        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order),
+        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order,
+                  FairShareBound(options)),
         decoder(options.preprocess, options.limits, options.decode_threads,
-                options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch),
+                options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch,
+                /*fair=*/options.order == ScheduleOrder::kFair),
         runner(*tower, decoder) {}
 
   WorkerOptions options;
@@ -365,6 +386,22 @@ struct EncodeWorker::Impl {
                  ItemResult& res);
   bool StartBatch(std::function<void()> on_finished);
   std::int64_t FinishBatch();
+
+  // kFair with decode helpers: true once every item of the next batch is
+  // decoded (marking the rest as needed), so the tower thread never decodes,
+  // or waits on, an expensive image while other tenants' work could run.
+  // Other orders: always true (the tower thread decodes what is missing).
+  bool NextBatchDecoded() {
+    if (options.order != ScheduleOrder::kFair || decoder.threads() == 0) return true;
+    bool ready = true;
+    for (const EncodeScheduler::Key& k : scheduler.PeekBatch()) {
+      const Job& job = jobs.at(job_by_sched.at(k));
+      if (decoder.Ready(job.decode)) continue;
+      decoder.Need(job.decode);
+      ready = false;
+    }
+    return ready;
+  }
 };
 
 EncodeWorker::EncodeWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -419,6 +456,7 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
   request_ids.emplace(request.id, rid);
   Request& r = requests[rid];
   r.id = request.id;
+  r.tenant = std::move(request.tenant);
   r.callbacks = std::move(callbacks);
   r.results.resize(n);
   r.job.assign(n, 0);
@@ -546,8 +584,14 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
   job.key = res.key;
   job.sched_key = {sched_id, i};
   job.waiters.push_back({rid, i, arrived});
-  job.decode = decoder.Enqueue(std::move(item.media));  // `header` is not used after this
-  scheduler.Add({job.sched_key.first, job.sched_key.second, tokens});
+  PendingEncodeItem pending{job.sched_key.first, job.sched_key.second, tokens};
+  if (options.order == ScheduleOrder::kFair) {
+    pending.tenant = r.tenant;
+    pending.share_cost = FairShareCost(probed->info, tokens, options.preprocess);
+  }
+  scheduler.Add(std::move(pending));
+  // `header` is not used after this.
+  job.decode = decoder.Enqueue(std::move(item.media), scheduler.RankOf(job.sched_key), r.tenant);
   job_by_sched.emplace(job.sched_key, job_id);
   if (options.dedup_in_flight) job_by_key[res.key] = job_id;
   r.job[i] = job_id;
@@ -572,6 +616,7 @@ bool EncodeWorker::Impl::StartBatch(std::function<void()> on_finished) {
     ++stats.sink_full_stalls;
     return false;
   }
+  if (!NextBatchDecoded()) return false;
   auto b = std::make_unique<Batch>();
   for (const PendingEncodeItem& p : scheduler.NextBatch()) {
     auto it = job_by_sched.find(p.key());

@@ -1,8 +1,8 @@
 // Task states, all changed under mu_:
-//   kQueued   in queue_, no one decoding it
+//   kQueued   in queue_ (under its rank), no one decoding it
 //   kRunning  a helper (or, for an inline Take, the caller) is decoding it
 //   kDone     a helper finished; result holds it and it counts in ready_
-//   kGone     taken or dropped; stale queue_ entries in this state are skipped
+//   kGone     taken or dropped (and out of queue_)
 // A helper that finishes a task dropped while running discards the result
 // without counting it in ready_.
 #include "prefetch_decoder.h"
@@ -15,13 +15,17 @@ namespace epd::internal {
 struct PrefetchDecoder::Task {
   enum class State { kQueued, kRunning, kDone, kGone };
   MediaBytes media;
+  Rank rank;
+  std::string tenant;
+  bool needed = false;
   State state = State::kQueued;
   bool dropped = false;
   std::optional<StatusOr<PreprocessedImage>> result;
 };
 
-PrefetchDecoder::PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead)
-    : config_(config), limits_(limits), lookahead_(lookahead) {
+PrefetchDecoder::PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead,
+                                 bool fair)
+    : config_(config), limits_(limits), lookahead_(lookahead), fair_(fair) {
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
 }
 
@@ -34,16 +38,43 @@ PrefetchDecoder::~PrefetchDecoder() {
   for (std::thread& t : threads_) t.join();
 }
 
-std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(MediaBytes media) {
+std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(MediaBytes media, Rank rank, std::string tenant) {
   auto task = std::make_shared<Task>();
   task->media = std::move(media);
+  task->rank = rank;
+  task->tenant = std::move(tenant);
   if (threads_.empty()) return task;  // decoded by Take
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(task);
+    queue_.emplace(rank, task);
   }
-  work_cv_.notify_one();
+  // The reserve rule can leave a helper idle for one task and not another.
+  fair_ ? work_cv_.notify_all() : work_cv_.notify_one();
   return task;
+}
+
+bool PrefetchDecoder::Ready(const std::shared_ptr<Task>& task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return task->state == Task::State::kDone;
+}
+
+void PrefetchDecoder::Need(const std::shared_ptr<Task>& task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (task->needed || task->state != Task::State::kQueued) return;
+    task->needed = true;
+  }
+  work_cv_.notify_all();
+}
+
+std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::PickLocked() const {
+  const bool reserve = fair_ && busy_ + 1 >= static_cast<int>(threads_.size()) && threads_.size() > 1;
+  for (const auto& [rank, task] : queue_) {
+    if (ready_ >= lookahead_ && !task->needed) continue;
+    if (reserve && running_.count(task->tenant) != 0) continue;
+    return task;
+  }
+  return nullptr;
 }
 
 StatusOr<PreprocessedImage> PrefetchDecoder::Decode(const MediaBytes& media) const {
@@ -55,6 +86,7 @@ StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& t
   if (task->state == Task::State::kQueued) {
     // No helper has started it: decode here rather than wait behind others.
     task->state = Task::State::kGone;
+    if (!threads_.empty()) queue_.erase(task->rank);
     lock.unlock();
     StatusOr<PreprocessedImage> r = Decode(task->media);
     task->media = MediaBytes();
@@ -75,6 +107,7 @@ void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
   switch (task->state) {
     case Task::State::kQueued:
       task->state = Task::State::kGone;
+      if (!threads_.empty()) queue_.erase(task->rank);
       task->media = MediaBytes();
       break;
     case Task::State::kRunning:
@@ -95,17 +128,25 @@ void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
 void PrefetchDecoder::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
+    std::shared_ptr<Task> task;
     work_cv_.wait(lock, [&] {
-      while (!queue_.empty() && queue_.front()->state != Task::State::kQueued) queue_.pop_front();
-      return stop_ || (!queue_.empty() && ready_ < lookahead_);
+      if (stop_) return true;
+      task = PickLocked();
+      return task != nullptr;
     });
     if (stop_) return;
-    std::shared_ptr<Task> task = std::move(queue_.front());
-    queue_.pop_front();
+    queue_.erase(task->rank);
     task->state = Task::State::kRunning;
+    ++busy_;
+    if (fair_) ++running_[task->tenant];
     lock.unlock();
     StatusOr<PreprocessedImage> r = Decode(task->media);
     lock.lock();
+    --busy_;
+    if (fair_) {
+      if (auto it = running_.find(task->tenant); --it->second == 0) running_.erase(it);
+      work_cv_.notify_all();  // the reserve rule may now admit a waiting task
+    }
     task->media = MediaBytes();
     if (task->dropped) {
       task->state = Task::State::kGone;

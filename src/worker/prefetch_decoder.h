@@ -13,6 +13,16 @@
 //
 // With threads == 0 no helper runs and Take() decodes on the caller.
 //
+// Order: helpers take the queued task of lowest rank (the scheduler's
+// EncodeScheduler::RankOf, so decoding follows the order batches will be
+// served in: arrival for kFifo, the fair order for kFair). With `fair` set:
+//   - the last idle helper only takes a task whose tenant has no decode
+//     running, so one tenant's expensive decodes never occupy every helper
+//     while another tenant's work waits (with one helper the rule is void);
+//   - Need() marks a task the next batch needs: it is taken even when
+//     `lookahead` results are already waiting (they are speculative, it is
+//     not), so a batch gated on Ready() always makes progress.
+//
 // Thread safety: Enqueue and Drop are called by the worker's owning thread,
 // Take by its tower thread (TowerRunner); the helpers and those two
 // synchronise through one mutex. A task is taken or dropped at most once.
@@ -20,7 +30,7 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,13 +48,23 @@ class PrefetchDecoder {
  public:
   struct Task;  // opaque; owned jointly by the worker and the decoder
 
-  PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead);
+  using Rank = EncodeScheduler::Rank;
+
+  PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead,
+                  bool fair = false);
   ~PrefetchDecoder();  // stops and joins the helpers; pending tasks are abandoned
   PrefetchDecoder(const PrefetchDecoder&) = delete;
   PrefetchDecoder& operator=(const PrefetchDecoder&) = delete;
 
-  // Queues `media` for decoding; the returned handle is passed to Take or Drop.
-  std::shared_ptr<Task> Enqueue(MediaBytes media);
+  // Queues `media` for decoding at `rank` (unique among queued tasks) for
+  // `tenant`; the returned handle is passed to Take or Drop.
+  std::shared_ptr<Task> Enqueue(MediaBytes media, Rank rank, std::string tenant = {});
+
+  // True when a helper has finished the task (Take will not wait or decode).
+  bool Ready(const std::shared_ptr<Task>& task);
+  // Marks the task as needed by the next batch (see Order above).
+  void Need(const std::shared_ptr<Task>& task);
+  int threads() const { return static_cast<int>(threads_.size()); }
 
   // The decoded and preprocessed image, or the decode error (kInvalidArgument).
   StatusOr<PreprocessedImage> Take(const std::shared_ptr<Task>& task);
@@ -56,16 +76,21 @@ class PrefetchDecoder {
  private:
   void Run();
   StatusOr<PreprocessedImage> Decode(const MediaBytes& media) const;
+  // The queued task a helper may start now, or null. REQUIRES: mu_ held.
+  std::shared_ptr<Task> PickLocked() const;
 
   const PreprocessConfig config_;
   const DecodeLimits limits_;
   const std::int64_t lookahead_;
+  const bool fair_;
 
   std::mutex mu_;
   std::condition_variable work_cv_;  // helpers: a task or room appeared, or stop
   std::condition_variable done_cv_;  // Take: a running task finished
-  std::deque<std::shared_ptr<Task>> queue_;
+  std::map<Rank, std::shared_ptr<Task>> queue_;  // exactly the kQueued tasks
   std::int64_t ready_ = 0;  // finished results not yet taken
+  int busy_ = 0;            // helpers decoding
+  std::map<std::string, int> running_;  // fair_: decodes running per tenant
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
