@@ -47,7 +47,7 @@ L3_FLAGS = {
     "url": "--l3",
     "ttl_s": "--l3-ttl-s",
     "timeout_ms": "--l3-timeout-ms",
-    "single_flight": "--l3-single-flight",
+    "no_single_flight": "--l3-no-single-flight",
 }
 
 
@@ -452,7 +452,7 @@ class Cluster:
 
     serve_args: flags for every server (model, threads, cache sizes).
     l3: start a redis-server and pass --l3 <its url> to every server.
-    l3_args: further L3 flags (e.g. [L3_FLAGS["single_flight"]]).
+    l3_args: further L3 flags (e.g. [L3_FLAGS["no_single_flight"]]).
     redis_maxmemory_mb: redis maxmemory with allkeys-lru (None: unlimited).
     """
 
