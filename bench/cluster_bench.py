@@ -356,6 +356,7 @@ def main() -> int:
         return 0
     build = os.path.abspath(args.build)
     os.environ.setdefault("EPD_BUILD_DIR", build)
+    sys.path.insert(0, os.path.join(build, "python"))  # epd.client
     import cluster_harness as ch
 
     reason = ch.missing_reason()
