@@ -40,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "epd/content_key.h"
 #include "epd/embedding.h"
 #include "epd/embedding_cache.h"
@@ -97,6 +99,18 @@ Flags ParseFlags(int argc, char** argv) {
       for (std::string part; std::getline(ss, part, ',');) f.sizes_mib.push_back(std::atof(part.c_str()));
     } else {
       Usage("unknown argument '" + a + "'");
+    }
+  }
+  if (f.redis_server.find('/') == std::string::npos) {
+    // RedisServer execs a path: look the name up on PATH.
+    const char* path = std::getenv("PATH");
+    std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+    for (std::string dir; std::getline(dirs, dir, ':');) {
+      const std::string candidate = dir + "/" + f.redis_server;
+      if (access(candidate.c_str(), X_OK) == 0) {
+        f.redis_server = candidate;
+        break;
+      }
     }
   }
   if (f.samples < 10) Usage("--samples must be >= 10");
