@@ -110,7 +110,7 @@ def run_sizes(build: str, duration: float, tower_duration: float) -> list:
     with ch.Cluster(common, l3=True) as c:
         try:
             # Separate L3 flags per server: build the three by hand.
-            url = [ch.L3_FLAGS["url"], c.redis.url]
+            url = [ch.L3_FLAGS["url"], c.redis.url] + ch.PATIENT_L3
             servers = {
                 "l1": ch.EncodeServer("l1", common + ["--cache-mb", "256"] + url, os.path.join(c.dir, "logs")),
                 "l3": ch.EncodeServer("l3", common + ["--cache-mb", "0.25", "--host-cache-mb", "0"] + url,
@@ -224,7 +224,7 @@ def run_cluster(keys: int, requests: int, burst_images: int) -> list:
     rows = []
     serve = ["--threads", "1", "--cache-mb", "256", "--host-cache-mb", "0"]
     for label, l3, single_flight in CONFIGS:
-        l3_args = [] if single_flight or not l3 else [ch.L3_FLAGS["no_single_flight"]]
+        l3_args = ch.PATIENT_L3 if single_flight or not l3 else ch.NO_SINGLE_FLIGHT + ch.PATIENT_L3
         with ch.Cluster(serve, l3=l3, l3_args=l3_args) as c:
             try:
                 c.start_servers(["s0", "s1", "s2"])

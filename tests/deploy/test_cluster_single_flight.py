@@ -64,7 +64,7 @@ def burst(cluster, clients, image):
 
 def run(single_flight: bool, images, warmup):
     label = "single flight" if single_flight else "no single flight"
-    l3_args = [] if single_flight else [ch.L3_FLAGS["no_single_flight"]]
+    l3_args = ch.PATIENT_L3 if single_flight else ch.NO_SINGLE_FLIGHT + ch.PATIENT_L3
     with ch.Cluster(h.tiny_serve_args() + SERVE, l3=True, l3_args=l3_args) as c:
         try:
             c.start_servers(NAMES)
@@ -112,7 +112,7 @@ def main():
     if reason:
         print(f"SKIP: {reason}")
         return 77
-    for flag in (ch.L3_FLAGS["url"], ch.L3_FLAGS["no_single_flight"]):
+    for flag in (ch.L3_FLAGS["url"], ch.L3_FLAGS["lease_ms"]):
         if not ch.serve_supports(flag):
             print(f"FAIL: this epd-encode serve has no {flag} flag (built without epd::l3?)")
             return 1

@@ -22,9 +22,9 @@ killed outright. Each Cluster keeps its state (nginx config and logs, redis
 dir, server logs) in one temporary directory, removed on close unless
 keep_dir is set or EPD_KEEP_CLUSTER_DIR=1.
 
-The L3 flags (--l3 redis://HOST:PORT, --l3-ttl-s, --l3-timeout-ms, and the
-single-flight switch) are the ones `epd-encode serve --help` documents; the
-names live in L3_FLAGS below, in one place.
+The L3 flags (--l3 redis://HOST:PORT, --l3-timeout-ms, --l3-lease-ms 0 for
+no single flight, ...) are those of tools/l3_flags.h; their spelling lives in
+L3_FLAGS below, in one place.
 """
 
 import atexit
@@ -42,13 +42,20 @@ import server_harness as h
 
 NGINX_TEMPLATE = os.path.join(h.REPO, "deploy", "nginx", "nginx.conf.template")
 
-# The serve flags of the L3 tier (issue 14): one home for their spelling.
+# The serve flags of the L3 tier (issue 14, tools/l3_flags.h): one home for
+# their spelling here.
 L3_FLAGS = {
     "url": "--l3",
     "ttl_s": "--l3-ttl-s",
     "timeout_ms": "--l3-timeout-ms",
-    "no_single_flight": "--l3-no-single-flight",
+    "lease_ms": "--l3-lease-ms",
 }
+# Single flight off: no cluster lease (--l3-lease-ms 0).
+NO_SINGLE_FLIGHT = [L3_FLAGS["lease_ms"], "0"]
+# Tests and benchmarks are not about Redis timeouts: on this shared machine a
+# GET can stall past the 50 ms default, which would turn an L3 hit into a
+# tower run. Fault tests that want timeouts pass their own.
+PATIENT_L3 = [L3_FLAGS["timeout_ms"], "2000"]
 
 
 def redis_binary() -> Optional[str]:
@@ -452,11 +459,11 @@ class Cluster:
 
     serve_args: flags for every server (model, threads, cache sizes).
     l3: start a redis-server and pass --l3 <its url> to every server.
-    l3_args: further L3 flags (e.g. [L3_FLAGS["no_single_flight"]]).
+    l3_args: further L3 flags (default PATIENT_L3; e.g. NO_SINGLE_FLIGHT + PATIENT_L3).
     redis_maxmemory_mb: redis maxmemory with allkeys-lru (None: unlimited).
     """
 
-    def __init__(self, serve_args: Sequence[str], l3: bool = True, l3_args: Sequence[str] = (),
+    def __init__(self, serve_args: Sequence[str], l3: bool = True, l3_args: Sequence[str] = tuple(PATIENT_L3),
                  redis_maxmemory_mb: Optional[float] = None, keep_dir: bool = False, prefix: str = "epd-cluster-"):
         self.dir = tempfile.mkdtemp(prefix=prefix)
         self.keep_dir = keep_dir or os.environ.get("EPD_KEEP_CLUSTER_DIR") == "1"
