@@ -10,8 +10,8 @@ tests/python/cluster_harness.py starts and stops them by PID):
             real Redis, by entry size (0.5, 2, 8 MiB), beside an L1 hit and
             the value codec alone (see bench/l3_bench.cc).
   sizes     the same through the server, by entry size, with the default
-            model (hidden 512, 2 deepstack layers, float32: 6 KiB per
-            post-merge token), one synthetic JPEG per size whose tokens give
+            TorchScript tower (models/default_tower.pt: hidden 512, 2
+            deepstack layers, float32: 6 KiB per post-merge token), one synthetic JPEG per size whose tokens give
             about 0.5, 2 and 8 MB (252, 504 and 1008 px square: 81, 324 and
             1296 tokens). `epd-encode bench-server` (C++ client, one caller,
             closed loop) against three servers that share one Redis:
@@ -52,7 +52,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 SCHEMA = "epd-bench-l3/1"
 
-# (name, side px): post-merge tokens (side/28)^2 = 81, 324, 1296 with the default model
+# (name, side px): post-merge tokens (side/28)^2 = 81, 324, 1296
 SIZES = [("0.5 MB", 252), ("2 MB", 504), ("8 MB", 1008)]
 CONFIGS = [("no L3", False, True), ("L3, no lease", True, False), ("L3 + single flight", True, True)]
 
@@ -106,16 +106,19 @@ def run_sizes(build: str, duration: float, tower_duration: float) -> list:
     import cluster_harness as ch
 
     rows = []
-    common = ["--threads", "2"]
+    # The TorchScript default tower (hidden 512, 2 deepstack layers: 6 KiB per
+    # token in float32, as in docs/BENCHMARKS-server.md); the default
+    # checkpoint (Qwen2.5-VL) has no deepstack, so its entries are 3x smaller.
+    common = ["--model", os.path.join(build, "models", "default_tower.pt"), "--threads", "2"]
     with ch.Cluster(common, l3=True) as c:
         try:
             # Separate L3 flags per server: build the three by hand.
             url = [ch.L3_FLAGS["url"], c.redis.url] + ch.PATIENT_L3
             servers = {
                 "l1": ch.EncodeServer("l1", common + ["--cache-mb", "256"] + url, os.path.join(c.dir, "logs")),
-                "l3": ch.EncodeServer("l3", common + ["--cache-mb", "0.25", "--host-cache-mb", "0"] + url,
+                "l3": ch.EncodeServer("l3", common + ["--cache-mb", "0.01", "--host-cache-mb", "0"] + url,
                                       os.path.join(c.dir, "logs")),
-                "tower": ch.EncodeServer("tower", common + ["--cache-mb", "0.25", "--host-cache-mb", "0"],
+                "tower": ch.EncodeServer("tower", common + ["--cache-mb", "0.01", "--host-cache-mb", "0"],
                                          os.path.join(c.dir, "logs")),
             }
             c.servers.update(servers)
@@ -302,7 +305,8 @@ def render_body(data: dict) -> str:
         out.append("\n".join(rows) + "\n")
     sizes = data.get("sizes")
     if sizes:
-        out.append("**Through the server, by entry size** (default model, one synthetic JPEG per size; "
+        out.append("**Through the server, by entry size** (the default TorchScript tower, hidden 512 with 2 deepstack "
+                   "layers, float32; one synthetic JPEG per size; "
                    "`epd-encode bench-server`, one caller, closed loop; milliseconds at the client, so each "
                    "includes moving the embedding over gRPC). The L3 row's server answered every request from L3 "
                    "(its L1 is smaller than the entry, it has no L2); the tower row ran the tower every time.\n")

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include "epd/content_key.h"
@@ -194,14 +196,27 @@ std::string Json(const Summary& s) {
   return buf;
 }
 
+// The redis-server child, so that no way out leaves it running: Die and
+// SIGINT/SIGTERM kill it by PID (a destructor does not run on those paths).
+volatile pid_t g_redis_pid = -1;
+
+void KillRedisAndExit(int sig) {
+  if (g_redis_pid > 0) ::kill(g_redis_pid, SIGKILL);
+  ::_exit(128 + sig);
+}
+
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "l3_bench: %s\n", what.c_str());
+  if (g_redis_pid > 0) ::kill(g_redis_pid, SIGKILL);
   std::exit(1);
 }
 
 int Run(int argc, char** argv) {
   const Flags f = ParseFlags(argc, argv);
   test_util::RedisServer redis(f.redis_server);
+  g_redis_pid = redis.pid();
+  std::signal(SIGINT, KillRedisAndExit);
+  std::signal(SIGTERM, KillRedisAndExit);
   std::string version = redis.Cli({"INFO", "server"});
   if (auto p = version.find("redis_version:"); p != std::string::npos) {
     version = version.substr(p + 14, version.find('\r', p) - p - 14);
