@@ -353,6 +353,8 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="[BUILD/bench-results/l3.json]")
     ap.add_argument("--docs-copy", default=os.path.join(REPO, "docs", "BENCHMARKS-l3.json"))
     ap.add_argument("--render", metavar="JSON", help="print the markdown of this file and exit")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the parts not run from the existing --out file (rerun one part)")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
@@ -377,6 +379,13 @@ def main() -> int:
         "machine": f"{os.cpu_count()} cores, {platform.machine()}",
         "redis_version": next((w.split("=")[1] for w in redis_v.split() if w.startswith("v=")), "?"),
         "load_before": loadavg()}}
+    if args.merge and os.path.isfile(out):
+        with open(out) as f:
+            old = json.load(f)
+        for part in ("micro", "sizes", "cluster"):
+            if part not in parts and part in old:
+                data[part] = old[part]
+        data["meta"]["merged_from"] = old["meta"]
     if "micro" in parts:
         data["micro"] = run_micro(build, args.samples)
     if "sizes" in parts:
