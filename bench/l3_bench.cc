@@ -26,6 +26,10 @@
 // Usage: l3_bench [--redis-server PATH] [--out FILE] [--samples N] [--warmup N]
 //                 [--sizes-mib 0.5,2,8] [--hidden 512] [--deepstack 1]
 
+#include <malloc.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,10 +45,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <malloc.h>
-#include <signal.h>
-#include <unistd.h>
 
 #include "epd/content_key.h"
 #include "epd/embedding.h"
@@ -192,8 +192,9 @@ Summary Time(int warmup, int samples, F&& f) {
 
 std::string Json(const Summary& s) {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "{\"p50_us\": %.2f, \"p90_us\": %.2f, \"p99_us\": %.2f, \"mean_us\": %.2f, \"n\": %d}",
-                s.p50, s.p90, s.p99, s.mean, s.n);
+  std::snprintf(buf, sizeof(buf),
+                "{\"p50_us\": %.2f, \"p90_us\": %.2f, \"p99_us\": %.2f, \"mean_us\": %.2f, \"n\": %d}", s.p50, s.p90,
+                s.p99, s.mean, s.n);
   return buf;
 }
 
@@ -301,8 +302,8 @@ int Run(int argc, char** argv) {
 
     if (rows.tellp() > 0) rows << ",\n";
     rows << "    {\"mib\": " << mib << ", \"bytes\": " << e->nbytes() << ", \"value_bytes\": " << value.size()
-         << ", \"tokens\": " << tokens << ",\n     \"l1_hit\": " << Json(l1_hit) << ",\n     \"l3_get\": "
-         << Json(get) << ",\n     \"l3_decode\": " << Json(decode) << ",\n     \"l3_encode\": " << Json(encode)
+         << ", \"tokens\": " << tokens << ",\n     \"l1_hit\": " << Json(l1_hit) << ",\n     \"l3_get\": " << Json(get)
+         << ",\n     \"l3_decode\": " << Json(decode) << ",\n     \"l3_encode\": " << Json(encode)
          << ",\n     \"l3_put_visible\": " << Json(put) << "}";
     std::fprintf(stderr, "%.1f MiB: L1 hit p50 %.2f us; L3 get p50 %.0f us p99 %.0f us; decode p50 %.0f us\n", mib,
                  l1_hit.p50, get.p50, get.p99, decode.p50);
@@ -311,12 +312,14 @@ int Run(int argc, char** argv) {
   std::ostringstream out;
   out << "{\n  \"schema\": \"epd-bench-l3/1\",\n  \"redis_version\": \"" << version << "\",\n  \"hidden\": " << f.hidden
       << ",\n  \"deepstack_layers\": " << f.deepstack << ",\n  \"dtype\": \"float32\",\n  \"samples\": " << f.samples
-      << ",\n  \"tier_errors\": " << [&] {
-           std::uint64_t n = 0;
-           for (const auto& [k, v] : st.errors) n += v;
-           return n;
-         }()
-      << ",\n  \"sizes\": [\n" << rows.str() << "\n  ]\n}\n";
+      << ",\n  \"tier_errors\": " <<
+      [&] {
+        std::uint64_t n = 0;
+        for (const auto& [k, v] : st.errors) n += v;
+        return n;
+      }()
+      << ",\n  \"sizes\": [\n"
+      << rows.str() << "\n  ]\n}\n";
   if (f.out.empty()) {
     std::cout << out.str();
   } else {
