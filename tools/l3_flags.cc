@@ -17,16 +17,21 @@ void AddL3Flags(CLI::App& cmd, L3Flags& f) {
                  "shared L3 tier: redis://[[user]:password@]host[:port][/db]; repeat to spread keys over several "
                  "Redis servers (docs/L3.md)");
   cmd.add_option("--l3-ttl-s", f.ttl_s, "lifetime of an L3 entry, seconds; 0 = none")
-      ->capture_default_str()->check(Integer(0));
+      ->capture_default_str()
+      ->check(Integer(0));
   cmd.add_option("--l3-timeout-ms", f.timeout_ms, "longest one Redis command may take, ms")
-      ->capture_default_str()->check(Integer(1, 600000));
+      ->capture_default_str()
+      ->check(Integer(1, 600000));
   cmd.add_option("--l3-lease-ms", f.lease_ms,
                  "cluster-wide single-flight lease, ms (must exceed one encode); 0 = no single flight")
-      ->capture_default_str()->check(Integer(0));
+      ->capture_default_str()
+      ->check(Integer(0));
   cmd.add_option("--l3-wait-ms", f.wait_ms, "longest wait for another server's lease before encoding here, ms")
-      ->capture_default_str()->check(Integer(0));
+      ->capture_default_str()
+      ->check(Integer(0));
   cmd.add_option("--l3-write-queue-mb", f.write_queue_mb, "embeddings queued for writing to L3 at most, MB")
-      ->capture_default_str()->check(NonNegative("MB"));
+      ->capture_default_str()
+      ->check(NonNegative("MB"));
   cmd.add_option("--l3-threads", f.threads, "L3 lookup threads")->capture_default_str()->check(Integer(1, 256));
   cmd.add_option("--l3-prefix", f.prefix, "prefix of every Redis key")->capture_default_str();
 }

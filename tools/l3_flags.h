@@ -1,5 +1,5 @@
 // tools/l3_flags.h: the shared-tier (L3) flags of every subcommand that runs
-// an EncodeWorker (serve, bench-server, replay), and the one function that
+// an EncodeWorker (serve, replay), and the one function that
 // turns them into WorkerOptions::shared_tier (docs/L3.md).
 //
 // Flags (defaults in brackets):

@@ -63,14 +63,14 @@ struct LeaseWaitPolicy {
 
 // Counters since start (monotonic) and the tier's state now.
 struct SharedTierStats {
-  bool degraded = false;           // now: the last operation on some shard failed
-  std::uint64_t gets = 0;          // Get calls
-  std::uint64_t hits = 0;          // Gets that returned a valid value
-  std::uint64_t misses = 0;        // Gets that found no value
-  std::uint64_t corrupt = 0;       // values rejected (header, checksum, key); also misses
-  std::uint64_t writes = 0;        // values written
-  std::uint64_t write_bytes = 0;   // their encoded bytes
-  std::uint64_t write_drops = 0;   // writes dropped: queue full or the tier failed
+  bool degraded = false;          // now: the last operation on some shard failed
+  std::uint64_t gets = 0;         // Get calls
+  std::uint64_t hits = 0;         // Gets that returned a valid value
+  std::uint64_t misses = 0;       // Gets that found no value
+  std::uint64_t corrupt = 0;      // values rejected (header, checksum, key); also misses
+  std::uint64_t writes = 0;       // values written
+  std::uint64_t write_bytes = 0;  // their encoded bytes
+  std::uint64_t write_drops = 0;  // writes dropped: queue full or the tier failed
   std::uint64_t leases_acquired = 0;
   std::uint64_t leases_released = 0;  // compare-and-delete that found our lease
   // Filled by the caller's wait loop (WorkerLoop), not by the tier:

@@ -98,10 +98,10 @@ StatusOr<EmbeddingPtr> DecodeL3Value(std::string_view value, const ContentKey& k
   e->grid.w = static_cast<std::int64_t>(GetLe(h + kOffGrid + 16, 8));
   // Bounded so the byte count below cannot overflow: 2^24 rows or columns,
   // 2^10 deepstack layers are far beyond any vision tower.
-  if (e->tokens < 0 || e->hidden < 0 || e->deepstack_layers < 0 || e->tokens > (1 << 24) ||
-      e->hidden > (1 << 24) || e->deepstack_layers > (1 << 10) || e->grid.t < 0 || e->grid.h < 0 || e->grid.w < 0) {
-    return Corrupt("shape out of range (tokens " + std::to_string(e->tokens) + ", hidden " +
-                   std::to_string(e->hidden) + ", deepstack layers " + std::to_string(e->deepstack_layers) + ")");
+  if (e->tokens < 0 || e->hidden < 0 || e->deepstack_layers < 0 || e->tokens > (1 << 24) || e->hidden > (1 << 24) ||
+      e->deepstack_layers > (1 << 10) || e->grid.t < 0 || e->grid.h < 0 || e->grid.w < 0) {
+    return Corrupt("shape out of range (tokens " + std::to_string(e->tokens) + ", hidden " + std::to_string(e->hidden) +
+                   ", deepstack layers " + std::to_string(e->deepstack_layers) + ")");
   }
   const std::uint64_t payload = GetLe(h + kOffPayload, 8);
   if (payload != e->ExpectedBytes()) {

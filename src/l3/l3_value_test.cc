@@ -2,14 +2,14 @@
 // byte, the header sits at the documented offsets with an XXH3-64 checksum
 // computed here independently, and every kind of damage is rejected.
 #define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "epd/l3_value.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cstring>
 
 #include "epd/content_key.h"
-#include "epd/l3_value.h"
 
 namespace epd {
 namespace {

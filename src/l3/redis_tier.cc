@@ -70,7 +70,8 @@ struct CommandResult {
 
 std::string ReplyErrorKind(std::string_view message) {
   if (message.rfind("OOM", 0) == 0) return "oom";
-  if (message.rfind("NOAUTH", 0) == 0 || message.rfind("WRONGPASS", 0) == 0 || message.find("AUTH") != std::string_view::npos)
+  if (message.rfind("NOAUTH", 0) == 0 || message.rfind("WRONGPASS", 0) == 0 ||
+      message.find("AUTH") != std::string_view::npos)
     return "auth";
   return "reply";
 }
@@ -141,8 +142,8 @@ class Shard {
  private:
   static std::string IoKind(const redisContext* c) {
     const std::string_view e(c->errstr);
-    if (c->err == REDIS_ERR_IO && (e.find("temporarily unavailable") != std::string_view::npos ||
-                                   e.find("timed out") != std::string_view::npos))
+    if (c->err == REDIS_ERR_IO &&
+        (e.find("temporarily unavailable") != std::string_view::npos || e.find("timed out") != std::string_view::npos))
       return "timeout";
     return "io";
   }
@@ -216,9 +217,9 @@ class Shard {
   const std::string name_;
   const RedisTierOptions& opt_;
   mutable std::mutex mu_;
-  std::vector<redisContext*> idle_;  // guarded by mu_
-  bool down_ = false;                // guarded by mu_
-  Clock::time_point retry_at_;       // guarded by mu_
+  std::vector<redisContext*> idle_;    // guarded by mu_
+  bool down_ = false;                  // guarded by mu_
+  Clock::time_point retry_at_;         // guarded by mu_
   std::chrono::milliseconds backoff_;  // guarded by mu_
 };
 
@@ -307,9 +308,7 @@ class RedisTier final : public SharedTier {
     return LeaseResult::kHeldByOther;
   }
 
-  void PutAsync(const ContentKey& key, EmbeddingPtr embedding) override {
-    Enqueue(key, std::move(embedding));
-  }
+  void PutAsync(const ContentKey& key, EmbeddingPtr embedding) override { Enqueue(key, std::move(embedding)); }
   void ReleaseAsync(const ContentKey& key) override {
     {
       std::lock_guard<std::mutex> lock(held_mu_);
@@ -484,9 +483,9 @@ class RedisTier final : public SharedTier {
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
-  std::deque<WriteJob> queue_;       // guarded by queue_mu_
-  std::int64_t queued_bytes_ = 0;    // guarded by queue_mu_
-  bool stopping_ = false;            // guarded by queue_mu_
+  std::deque<WriteJob> queue_;     // guarded by queue_mu_
+  std::int64_t queued_bytes_ = 0;  // guarded by queue_mu_
+  bool stopping_ = false;          // guarded by queue_mu_
   std::thread writer_;
 };
 
@@ -524,7 +523,8 @@ StatusOr<RedisUrl> ParseRedisUrl(std::string_view url) {
     if (!db.empty() && !ParsePort(db, 0, 65535, &out.db)) return bad("database must be a number in 0..65535");
   }
   std::string_view host = rest;
-  if (const std::size_t colon = rest.rfind(':'); colon != std::string_view::npos && rest.find(']') == std::string_view::npos) {
+  if (const std::size_t colon = rest.rfind(':');
+      colon != std::string_view::npos && rest.find(']') == std::string_view::npos) {
     host = rest.substr(0, colon);
     if (!ParsePort(rest.substr(colon + 1), 1, 65535, &out.port)) return bad("port must be in 1..65535");
   }

@@ -3,13 +3,14 @@
 // one tier are read by another, leases are exclusive and released by
 // compare-and-delete, and every failure (Redis killed, restarted, full,
 // wrong password, a corrupt value) is counted and survived.
+#include "epd/redis_tier.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "epd/content_key.h"
 #include "epd/l3_value.h"
-#include "epd/redis_tier.h"
 #include "redis_server.h"
 
 namespace epd {
@@ -206,6 +207,23 @@ TEST(RedisTier, KilledRedisIsCountedDegradedThenReconnected) {
   }
   EXPECT_TRUE(back) << "the tier did not reconnect";
   EXPECT_FALSE(t->Stats().degraded);
+}
+
+TEST(RedisTier, StalledRedisTimesOutAndIsUsedAgainOnceItAnswers) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto t = Open({redis.url()}, "a");  // 500 ms timeout
+  ASSERT_TRUE(t->Get(KeyOf(8)).ok());
+  redis.Pause();  // accepts connections (kernel backlog) but never answers
+  EXPECT_FALSE(t->Get(KeyOf(8)).ok());
+  EXPECT_GE(t->Stats().errors.count("timeout"), 1u);
+  EXPECT_TRUE(t->Stats().degraded);
+  redis.Resume();
+  bool back = false;
+  for (int i = 0; i < 400 && !back; ++i) {
+    back = t->Get(KeyOf(8)).ok();
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(back);
 }
 
 TEST(RedisTier, FullRedisRefusesWritesAndReadsGoOn) {

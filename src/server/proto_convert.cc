@@ -34,7 +34,8 @@ v1::Source ToProto(ItemSource s) {
     case ItemSource::kL2: return v1::SOURCE_L2;
     case ItemSource::kMiss: return v1::SOURCE_MISS;
     case ItemSource::kJoined: return v1::SOURCE_JOINED;
-    case ItemSource::kL3: return v1::SOURCE_L3;
+    case ItemSource::kL3:
+      return v1::SOURCE_L3;
   }
   return v1::SOURCE_UNSPECIFIED;
 }
@@ -44,7 +45,8 @@ ItemSource FromProto(v1::Source s) {
     case v1::SOURCE_L1: return ItemSource::kL1;
     case v1::SOURCE_L2: return ItemSource::kL2;
     case v1::SOURCE_JOINED: return ItemSource::kJoined;
-    case v1::SOURCE_L3: return ItemSource::kL3;
+    case v1::SOURCE_L3:
+      return ItemSource::kL3;
     default: return ItemSource::kMiss;
   }
 }

@@ -274,9 +274,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     out->set_deepstack_layers(tower_deepstack);
     out->set_dtype(internal::ToProto(tower_dtype));
     out->set_version(std::string(kVersion));
-    out->set_l3(!loop->has_shared_tier()                     ? "off"
-                : loop->SharedTierStatsSnapshot().degraded ? "degraded"
-                                                           : "ok");
+    out->set_l3(!loop->has_shared_tier() ? "off" : loop->SharedTierStatsSnapshot().degraded ? "degraded" : "ok");
     return grpc::Status::OK;
   }
 

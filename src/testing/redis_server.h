@@ -140,9 +140,11 @@ class RedisServer {
   }
 
   void Start() {
-    std::vector<std::string> args = {binary_, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--dir", dir_,
-                                      "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile",
-                                      dir_ + "/redis.log"};
+    std::vector<std::string> args = {binary_,        "--port",    std::to_string(port_),
+                                     "--bind",       "127.0.0.1", "--dir",
+                                     dir_,           "--save",    "",
+                                     "--appendonly", "no",        "--daemonize",
+                                     "no",           "--logfile", dir_ + "/redis.log"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     pid_ = ::fork();
     if (pid_ == 0) {

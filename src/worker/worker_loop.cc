@@ -195,24 +195,23 @@ RequestCallbacks WorkerLoop::WithSharedTier(RequestCallbacks callbacks) {
   std::shared_ptr<SharedTier> tier = worker_->options().shared_tier;
   auto user_item = std::move(callbacks.on_item);
   auto user_done = std::move(callbacks.on_done);
-  return RequestCallbacks{
-      [tier, user_item](const ItemResult& r) {
-        if (r.source == ItemSource::kMiss) {
-          if (r.status.ok() && r.embedding != nullptr) {
-            tier->PutAsync(r.key, r.embedding);  // releases our lease after the write
-          } else {
-            tier->ReleaseAsync(r.key);
-          }
-        }
-        if (user_item) user_item(r);
-      },
-      [tier, user_done](const RequestResult& r) {
-        // Items never delivered (cancelled): their leases, if ours.
-        for (const ItemResult& item : r.items) {
-          if (!item.status.ok()) tier->ReleaseAsync(item.key);
-        }
-        if (user_done) user_done(r);
-      }};
+  return RequestCallbacks{[tier, user_item](const ItemResult& r) {
+                            if (r.source == ItemSource::kMiss) {
+                              if (r.status.ok() && r.embedding != nullptr) {
+                                tier->PutAsync(r.key, r.embedding);  // releases our lease after the write
+                              } else {
+                                tier->ReleaseAsync(r.key);
+                              }
+                            }
+                            if (user_item) user_item(r);
+                          },
+                          [tier, user_done](const RequestResult& r) {
+                            // Items never delivered (cancelled): their leases, if ours.
+                            for (const ItemResult& item : r.items) {
+                              if (!item.status.ok()) tier->ReleaseAsync(item.key);
+                            }
+                            if (user_done) user_done(r);
+                          }};
 }
 
 SharedTierStats WorkerLoop::SharedTierStatsSnapshot() const {
