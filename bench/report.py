@@ -648,6 +648,28 @@ def render_e2e(ctx: Context) -> str | None:
     return mod.render_body(data, img_prefix=img + "/")
 
 
+def render_l3(ctx: Context) -> str | None:
+    """l3.json from bench/cluster_bench.py (the L3 tier and the cluster,
+    issue 14), rendered by that script's render_body; falls back to the copy
+    of the last run committed in docs/BENCHMARKS-l3.json."""
+    path = os.path.join(ctx.results, "l3.json")
+    if not os.path.isfile(path):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-l3.json")
+        if not os.path.isfile(path):
+            return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cluster_bench",
+                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster_bench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(path) as f:
+        data = json.load(f)
+    for what, goal, value, met, margin in mod.targets(data):
+        ctx.target(what, goal, value, met, margin)
+    return mod.render_body(data)
+
+
 def _included_section(name: str) -> str | None:
     """docs/<name> as written, its own "## " heading dropped (the report adds
     its own); None when the file does not exist."""
@@ -720,6 +742,7 @@ SECTIONS = [
     ("EncodeScheduler", render_scheduler),
     ("End to end: replay against the Python reference worker", render_e2e),
     ("Server", render_server),
+    ("L3 and the cluster", render_l3),
     ("Checkpoint towers: C++ against the Python reference", render_checkpoint),
     ("Findings", render_findings),
     ("Other results", render_other),

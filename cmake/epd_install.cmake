@@ -12,7 +12,7 @@
 #                                   epd::media, epd::video, epd::model,
 #                                   epd::gpu,
 #                                   epd::gpu_cuda, epd::torch_tower,
-#                                   epd::checkpoint_tower, epd::worker,
+#                                   epd::checkpoint_tower, epd::worker, epd::l3,
 #                                   epd::server, epd::client (and the
 #                                   internal epd::proto they link)
 #   lib/cmake/epd/                  epdConfig.cmake, epdConfigVersion.cmake
@@ -47,6 +47,7 @@ set(_epd_components
   "torch_tower|epd_torch_tower|core"
   "checkpoint_tower|epd_checkpoint_tower|model,torch_tower"
   "worker|epd_worker|core,media"
+  "l3|epd_l3|core,media"
   "proto|epd_proto|core,media"
   "server|epd_server|worker,proto"
   "client|epd_client|media,proto")

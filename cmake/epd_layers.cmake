@@ -21,13 +21,13 @@
 # "rpc" is the internal epd_proto (generated gRPC code and the conversions);
 # its one public header, the stats both ends report, is shared by server and
 # client.
-set(EPD_LAYERS core media video model gpu gpu_cuda torch_tower checkpoint_tower worker rpc server client python)
+set(EPD_LAYERS core media video model gpu gpu_cuda torch_tower checkpoint_tower worker l3 rpc server client python)
 
 set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
 set(EPD_LAYER_core_HEADERS
   concurrent_cache.h content_key_type.h embedding.h embedding_cache.h encode_scheduler.h encode_types.h
-  grid.h status.h tiered_cache.h version.h vision_tower.h)
+  grid.h shared_tier.h status.h tiered_cache.h version.h vision_tower.h)
 
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
@@ -61,6 +61,10 @@ set(EPD_LAYER_checkpoint_tower_HEADERS checkpoint_tower.h)
 set(EPD_LAYER_worker_TARGET epd_worker)
 set(EPD_LAYER_worker_USES core media)
 set(EPD_LAYER_worker_HEADERS encode_worker.h safetensors.h worker_loop.h)
+
+set(EPD_LAYER_l3_TARGET epd_l3)
+set(EPD_LAYER_l3_USES core media)
+set(EPD_LAYER_l3_HEADERS l3_ring.h l3_value.h redis_tier.h)
 
 set(EPD_LAYER_rpc_TARGET epd_proto)
 set(EPD_LAYER_rpc_USES core media)

@@ -31,7 +31,7 @@ cd "$root"
 build="${1:-build}"
 results="$build/bench-results"
 py=/usr/bin/python3
-SECTIONS=(core e2e)
+SECTIONS=(core e2e l3)
 if [[ -n "${EPD_BENCH_SECTIONS:-}" ]]; then read -r -a SECTIONS <<<"$EPD_BENCH_SECTIONS"; fi
 mkdir -p "$results"
 
@@ -105,6 +105,16 @@ section_e2e() {
   local e2e_args=(--build "$build")
   if [[ -n "${EPD_REFERENCE_DIR:-}" ]]; then e2e_args+=(--reference "$EPD_REFERENCE_DIR"); fi
   run "$py" bench/e2e_bench.py "${e2e_args[@]}"
+}
+
+# The L3 tier and the cluster (issue 14): bench/l3_bench against a
+# redis-server of its own, entry sizes through the server, and the cluster
+# trace (3 servers behind nginx, a scale event, a same-image burst) without
+# L3, with L3 and with L3 + single flight (bench/cluster_bench.py; about 5
+# minutes on 2 cores). Writes l3.json and docs/BENCHMARKS-l3.json.
+section_l3() {
+  run cmake --build "$build" --target epd-encode l3_bench epd_python_stubs epd_python_files epd_python_core
+  run "$py" bench/cluster_bench.py --build "$build"
 }
 
 if [[ -z "${EPD_BENCH_REPORT_ONLY:-}" ]]; then

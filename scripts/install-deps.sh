@@ -3,7 +3,7 @@
 # Idempotent: a second run installs nothing and makes no network call.
 #
 # Usage: scripts/install-deps.sh [build|bench|all]   (default: build)
-#   build  what `make demo` and `make test` need (compilers, libraries, torch, gRPC, nginx, fuzzer)
+#   build  what `make demo` and `make test` need (compilers, libraries, torch, gRPC, nginx, Redis, fuzzer)
 #   bench  build, plus the peer caches and plotting used by `make bench`
 set -euo pipefail
 
@@ -20,6 +20,7 @@ build_pkgs=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl openssl
+  libhiredis-dev redis-server
   clang libclang-rt-14-dev
 )
 bench_pkgs=(libleveldb-dev librocksdb-dev python3-pil gnuplot-nox)

@@ -179,6 +179,7 @@ int RunReplay(const ReplayFlags& f) {
   loop.Shutdown(std::chrono::milliseconds(0));
   if (bar) bar->Stop();
   const WorkerStats s = loop.Stats();
+  const SharedTierStats l3 = loop.SharedTierStatsSnapshot();
 
   // Summary.
   std::vector<double> latency;
@@ -237,6 +238,7 @@ int RunReplay(const ReplayFlags& f) {
         {"distinct_keys", distinct.size()},
         {"hits_l1", s.hits_l1},
         {"hits_l2", s.hits_l2},
+        {"hits_l3", s.hits_l3},
         {"joins", s.joins},
         {"misses", s.misses},
         {"shape_mismatches", s.shape_mismatches},
@@ -260,12 +262,31 @@ int RunReplay(const ReplayFlags& f) {
         {"promotions", s.promotions},
         {"model_id", model_id},
     };
+    if (loop.has_shared_tier()) {
+      j["l3"] = {{"hits", l3.hits},
+                 {"misses", l3.misses},
+                 {"corrupt", l3.corrupt},
+                 {"writes", l3.writes},
+                 {"write_drops", l3.write_drops},
+                 {"lease_waits", l3.lease_waits},
+                 {"lease_takeovers", l3.lease_takeovers},
+                 {"degraded", l3.degraded},
+                 {"errors", l3.errors}};
+    }
     std::fputs((j.dump() + "\n").c_str(), stdout);
   } else {
     std::string o;
     o += fmt::format("replay: {} requests, {} items, {} distinct keys\n", n, items, distinct.size());
-    o += fmt::format("  served     L1 hits {}, L2 hits {}, in-flight joins {}, misses {} ({} shape mismatches)\n",
-                     s.hits_l1, s.hits_l2, s.joins, s.misses, s.shape_mismatches);
+    o += fmt::format(
+        "  served     L1 hits {}, L2 hits {}, L3 hits {}, in-flight joins {}, misses {} ({} shape mismatches)\n",
+        s.hits_l1, s.hits_l2, s.hits_l3, s.joins, s.misses, s.shape_mismatches);
+    if (loop.has_shared_tier()) {
+      std::uint64_t errors = 0;
+      for (const auto& [kind, count] : l3.errors) errors += count;
+      o += fmt::format(
+          "  l3         {} gets, {} hits, {} corrupt, {} writes ({} dropped), {} lease waits, {} errors{}\n", l3.gets,
+          l3.hits, l3.corrupt, l3.writes, l3.write_drops, l3.lease_waits, errors, l3.degraded ? " (degraded)" : "");
+    }
     o += fmt::format("  tower      {} batches, {} items, {:.1f} tokens per batch, {:.3f} s\n", s.tower_batches,
                      s.tower_items, mean_batch_tokens, s.tower_seconds);
     o += fmt::format("  latency    p50 {:.1f} ms, p99 {:.1f} ms\n", p50, p99);

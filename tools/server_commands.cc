@@ -7,7 +7,7 @@
 //                 "READY port=<p> metrics_port=<m> server_id=<id>" on stdout
 //                 once it accepts calls, so scripts can wait for it.
 //   client        encodes image files; one stdout line per item:
-//                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|miss|joined> ms=<server ms> server=<id>
+//                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|l3|miss|joined> ms=<server ms> server=<id>
 //                 --out FILE writes the embeddings as safetensors
 //                 (epd/safetensors.h). A failure prints "<CODE_NAME>: <message>"
 //                 on stderr and exits 1.
@@ -126,8 +126,8 @@ int RunServe(const ServeFlags& f) {
     (*server)->Shutdown(grace);
   }
   const ServerStats s = (*server)->Stats();
-  spdlog::info("stopped after {} requests ({} items: {} l1, {} l2, {} miss, {} joined)", s.worker.requests,
-               s.worker.items, s.worker.hits_l1, s.worker.hits_l2, s.worker.misses, s.worker.joins);
+  spdlog::info("stopped after {} requests ({} items: {} l1, {} l2, {} l3, {} miss, {} joined)", s.worker.requests,
+               s.worker.items, s.worker.hits_l1, s.worker.hits_l2, s.worker.hits_l3, s.worker.misses, s.worker.joins);
   return 0;
 }
 

@@ -86,6 +86,7 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--max-decode-pixels", f.max_decode_pixels,
                  "largest stored image accepted, pixels (decompression-bomb guard; default Pillow's error threshold)")
       ->capture_default_str()->check(Integer(1));
+  AddL3Flags(cmd, f.l3);
 }
 
 #ifdef EPD_HAVE_CUDA_TIER
@@ -171,6 +172,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.order = f.order == "by_key" ? ScheduleOrder::kByKey
             : f.order == "fair"   ? ScheduleOrder::kFair
                                   : ScheduleOrder::kFifo;
+  if (Status s = ApplyL3Flags(f.l3, o); !s.ok()) return s;
 #ifdef EPD_HAVE_CUDA_TIER
   if (gpu_tier) {
     StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), static_cast<std::size_t>(o.l1_capacity_bytes),

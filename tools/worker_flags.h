@@ -42,6 +42,7 @@
 //   --max-decode-pixels N     largest stored image accepted, pixels
 //                             [178956970, Pillow's DecompressionBombError
 //                             threshold]; not in the key
+//   --l3 URL, --l3-*          the shared L3 tier on Redis (l3_flags.h)
 //
 // Thread safety: not thread-safe (parse-time helpers).
 #pragma once
@@ -53,6 +54,7 @@
 
 #include "epd/encode_worker.h"
 #include "epd/status.h"
+#include "l3_flags.h"
 
 namespace epd::cli {
 
@@ -73,6 +75,7 @@ struct WorkerFlags {
   std::string exif_orientation = "on";
   std::string rgba_background = "white";
   std::int64_t max_decode_pixels = DecodeLimits{}.max_pixels;
+  L3Flags l3;
 };
 
 // The tower used when --model is not given; empty when this build has none.

@@ -99,6 +99,7 @@ struct ServerInfo {
   std::int64_t deepstack_layers = 0;
   DType dtype = DType::kFloat32;
   std::string version;  // the server's epd-encode version (epd/version.h); empty if it reports none
+  std::string l3;       // the shared tier: "off", "ok" or "degraded" (docs/L3.md); empty from older servers
 };
 
 // One image to encode (mirrors EncodeItemInput).

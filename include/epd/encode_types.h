@@ -33,8 +33,9 @@ enum class ItemSource : std::uint8_t {
   kL2 = 1,      // L2 cache hit, promoted to L1
   kMiss = 2,    // ran the tower (or failed before it)
   kJoined = 3,  // shared another item's in-flight computation
+  kL3 = 4,      // found in the shared tier (L3, epd/shared_tier.h), promoted to L1
 };
-// "l1", "l2", "miss", "joined".
+// "l1", "l2", "miss", "joined", "l3".
 std::string_view ItemSourceName(ItemSource source);
 
 struct ItemResult {
@@ -60,15 +61,17 @@ struct ItemResult {
 
 struct WorkerStats {
   // Accepted requests and their items. Every accepted item is counted in
-  // exactly one of hits_l1, hits_l2, joins, misses (a bad image is a miss
+  // exactly one of hits_l1, hits_l2, hits_l3, joins, misses (a bad image is a miss
   // that failed before the tower; a cancelled item keeps its class).
   std::uint64_t requests = 0;
   std::uint64_t items = 0;
   std::uint64_t hits_l1 = 0;
   std::uint64_t hits_l2 = 0;
+  std::uint64_t hits_l3 = 0;  // valid values from the shared tier, now in L1
   std::uint64_t misses = 0;
   std::uint64_t joins = 0;
-  // Hits whose shape differed from the request's; also counted in misses.
+  // Hits (L1, L2 or L3) whose shape differed from the request's; also
+  // counted in misses.
   std::uint64_t shape_mismatches = 0;
   // Requests refused by Submit (not counted in `requests`), and cancelled.
   std::uint64_t rejected_requests = 0;

@@ -126,6 +126,7 @@
 #include "epd/encode_types.h"
 #include "epd/image.h"
 #include "epd/preprocess.h"
+#include "epd/shared_tier.h"
 #include "epd/status.h"
 #include "epd/vision_tower.h"
 
@@ -207,6 +208,14 @@ struct WorkerOptions {
   // must not throw.
   std::function<bool()> sink_full;
 
+  // The shared tier (L3) behind L1/L2, e.g. OpenRedisTier (epd/redis_tier.h);
+  // null = none. The worker itself never calls it (its calls block on the
+  // network): WorkerLoop looks up the keys L1/L2 miss on its own threads,
+  // hands valid values in as EncodeItemInput::ready, takes the cluster-wide
+  // lease before a miss is encoded, and writes tower results back
+  // (epd/worker_loop.h). A plain EncodeWorker only serves `ready` values.
+  std::shared_ptr<SharedTier> shared_tier;
+
   // OK, or kInvalidArgument naming the first bad field: empty model_id,
   // invalid preprocess config, max_pixels <= 0, negative capacity,
   // non-positive batch bounds, negative max_pending_items, decode_threads or
@@ -252,6 +261,12 @@ struct EncodeItemInput {
   // (the header's count is used to check hits). Negative, or different from
   // what the image header gives, fails the item (kInvalidArgument).
   std::int64_t expected_tokens = 0;
+  // A value for this item's key found in the shared tier (L3) by WorkerLoop;
+  // null otherwise. When the key is neither joinable nor in L1/L2, the worker
+  // checks it against the expected shape like any hit and, if it matches,
+  // caches it in L1 (through to_device when set) and delivers it as
+  // ItemSource::kL3; a mismatch counts in shape_mismatches and is encoded.
+  EmbeddingPtr ready;
 };
 
 struct EncodeRequest {
@@ -334,6 +349,11 @@ class EncodeWorker {
 
   // True when the scheduler holds computations for StartBatch().
   bool HasQueuedWork() const;
+
+  // True when an item with this key would be served here without the shared
+  // tier: it is cached in L1 or L2, or queued or running (joinable). Does not
+  // touch the LRU order. O(1).
+  bool HasLocal(const ContentKey& key) const;
 
   // Cancels the in-flight request `id`; false when there is none.
   bool Cancel(const std::string& id);

@@ -2,9 +2,9 @@
 // EncodeServer::Stats, EncodeClient::Stats).
 //
 // They are WorkerStats (epd/encode_types.h: every accepted item is counted
-// in exactly one of hits_l1, hits_l2, joins, misses) plus what only the
-// server sees: cache capacities, calls that ended with an error, and result
-// bytes waiting for slow clients.
+// in exactly one of hits_l1, hits_l2, hits_l3, joins, misses) plus what only
+// the server sees: cache capacities, calls that ended with an error, result
+// bytes waiting for slow clients, and the shared tier's (L3) counters.
 //
 // Thread safety: value type; thread-compatible.
 #pragma once
@@ -14,6 +14,7 @@
 #include <string>
 
 #include "epd/encode_types.h"
+#include "epd/shared_tier.h"
 #include "epd/status.h"
 
 namespace epd {
@@ -46,6 +47,10 @@ struct ServerStats {
   // Bytes of results queued on calls and not yet written.
   std::int64_t buffered_bytes = 0;
   ShmStats shm;
+  // The shared tier (L3, epd/shared_tier.h): whether the server has one, and
+  // its counters (all zero without one).
+  bool l3_enabled = false;
+  SharedTierStats l3;
 };
 
 }  // namespace epd

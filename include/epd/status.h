@@ -32,6 +32,7 @@ enum class StatusCode : int {
   kFailedPrecondition = 9,
   kInternal = 13,
   kUnavailable = 14,
+  kDataLoss = 15,  // stored bytes failed their check (e.g. a corrupt L3 value)
   kUnauthenticated = 16,
 };
 

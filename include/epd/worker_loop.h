@@ -36,6 +36,26 @@
 // still in flight with kUnavailable and joins the thread. The destructor calls
 // Shutdown(0) when it has not run.
 //
+// Shared tier (WorkerOptions::shared_tier set): the worker thread checks
+// each submitted request's keys against L1/L2 and in-flight work
+// (EncodeWorker::HasLocal). A request with a key found nowhere there is
+// parked: the loop's lookup threads ask the shared tier about those keys,
+// taking or waiting on the cluster-wide lease (src/worker/
+// shared_tier_lookup.h: Get, SET NX PX, poll with backoff until the value
+// appears, the lease lapses and is taken over, or LeaseWaitPolicy::wait
+// passes). The request then goes to the worker with the values found as
+// EncodeItemInput::ready (served as ItemSource::kL3 after the worker's shape
+// check); the rest are encoded. Every successful tower result (ItemSource::
+// kMiss) is queued for writing to the tier, which then releases this
+// process's lease; a failed or cancelled miss releases it at once. A request
+// all of whose keys are local never waits on the network. Cancel reaches a
+// parked request too: its waits end, and it is cancelled in the worker as
+// soon as it arrives there. Parking makes the order requests reach the
+// worker depend on the tier's response times, so batches stay a function of
+// the worker's command sequence but that sequence is no longer the submit
+// order. A tier that is down costs each parked request one failed call
+// (fast while the tier backs off).
+//
 // Every Submit's on_done fires exactly once and its future becomes ready
 // exactly once; a request the worker refuses completes with the refusal
 // (kAlreadyExists, kResourceExhausted, kInvalidArgument) as
@@ -55,6 +75,7 @@
 #include <condition_variable>
 #include <deque>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -63,6 +84,10 @@
 #include "epd/encode_worker.h"
 
 namespace epd {
+namespace internal {
+class SharedTierLookup;
+struct LookupBatch;
+}  // namespace internal
 
 class WorkerLoop {
  public:
@@ -92,12 +117,21 @@ class WorkerLoop {
   // See the header comment. Idempotent; blocks until the thread has exited.
   void Shutdown(std::chrono::milliseconds grace);
 
+  // The shared tier's counters plus this loop's lease waits; all zero when
+  // WorkerOptions::shared_tier is null (see has_shared_tier()).
+  SharedTierStats SharedTierStatsSnapshot() const;
+  bool has_shared_tier() const { return lookup_ != nullptr; }
+
   // The options the worker was created with (immutable).
   const WorkerOptions& options() const { return worker_->options(); }
 
  private:
   struct Command {
     bool cancel = false;
+    // Back from the shared tier's lookup: submit as it is. `cancelled`: a
+    // Cancel arrived while it was parked.
+    bool resolved = false;
+    bool cancelled = false;
     EncodeRequest request;  // request.id is the id to cancel when `cancel`
     RequestCallbacks callbacks;
     std::vector<StatusOr<ContentKey>> keys;
@@ -106,13 +140,23 @@ class WorkerLoop {
 
   void Run();
   void Process(Command& command);
+  // Parks `c` for the shared tier when some of its keys are not local; true
+  // when parked (the command comes back through the inbox, `resolved`).
+  bool Park(Command& c);
+  // Wraps the callbacks so tower results are written to the shared tier and
+  // leases of failed misses released.
+  RequestCallbacks WithSharedTier(RequestCallbacks callbacks);
   void Publish();
 
   std::unique_ptr<EncodeWorker> worker_;  // touched only by thread_ (options() excepted)
+  // Null without a shared tier. Stopped by Shutdown before the thread.
+  std::unique_ptr<internal::SharedTierLookup> lookup_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Command> inbox_;                    // guarded by mu_
+  // Parked requests by id, for Cancel.
+  std::map<std::string, std::shared_ptr<internal::LookupBatch>> parked_;  // guarded by mu_
   bool accepting_ = true;                        // guarded by mu_
   bool stopping_ = false;                        // guarded by mu_
   bool woken_ = false;                           // guarded by mu_

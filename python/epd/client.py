@@ -97,6 +97,7 @@ _SOURCES = {
     encoder_pb2.SOURCE_L2: "l2",
     encoder_pb2.SOURCE_MISS: "miss",
     encoder_pb2.SOURCE_JOINED: "joined",
+    encoder_pb2.SOURCE_L3: "l3",
 }
 _DTYPES = {
     encoder_pb2.DTYPE_FLOAT32: "float32",
@@ -179,6 +180,7 @@ class ServerInfo:
     deepstack_layers: int
     dtype: str
     version: str = ""  # the server's epd-encode version ("" if it reports none)
+    l3: str = ""       # the shared tier: "off", "ok" or "degraded" ("" from an older server)
 
 
 @dataclass
@@ -205,7 +207,7 @@ class ItemResult:
     dtype: str = ""
     main: bytes = b""        # [tokens, hidden] row-major little-endian
     deepstack: bytes = b""   # [tokens, hidden * deepstack_layers]
-    source: str = ""         # "l1", "l2", "miss", "joined"
+    source: str = ""         # "l1", "l2", "l3", "miss", "joined"
     queue_ms: float = 0.0
     tower_ms: float = 0.0
     total_ms: float = 0.0
@@ -461,7 +463,7 @@ class EncodeClient:
                                tuple(p.mean), tuple(p.std), p.resample, p.apply_exif_orientation,
                                p.rgba_composite, tuple(p.rgba_background))
         return ServerInfo(r.serving, r.server_id, r.model_id, cfg, r.key_mode, r.tower, r.hidden,
-                          r.deepstack_layers, _DTYPES.get(r.dtype, "unknown"), r.version)
+                          r.deepstack_layers, _DTYPES.get(r.dtype, "unknown"), r.version, r.l3)
 
     def stats(self) -> Dict[str, object]:
         """The Stats RPC as a dict (field names as in StatsResponse)."""

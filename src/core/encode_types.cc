@@ -9,6 +9,7 @@ std::string_view ItemSourceName(ItemSource source) {
     case ItemSource::kL2: return "l2";
     case ItemSource::kMiss: return "miss";
     case ItemSource::kJoined: return "joined";
+    case ItemSource::kL3: return "l3";
   }
   return "unknown";
 }

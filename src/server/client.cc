@@ -178,6 +178,7 @@ struct EncodeClient::Impl {
     StatusOr<DType> dtype = internal::FromProto(resp.dtype());
     info.dtype = dtype.ok() ? *dtype : DType::kFloat32;
     info.version = resp.version();
+    info.l3 = resp.l3();
     return info;
   }
 

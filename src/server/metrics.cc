@@ -67,6 +67,32 @@ void Add(MetricFamily& f, double value, std::vector<ClientMetric::Label> labels 
   f.metric.push_back(std::move(m));
 }
 
+// The shared tier's (L3) families, present only when the server has one.
+void AddSharedTier(const SharedTierStats& l3, std::vector<MetricFamily>& out) {
+  out.push_back(Family("epd_l3_degraded", "1 while the last operation on some L3 Redis failed", MetricType::Gauge));
+  Add(out.back(), l3.degraded ? 1 : 0);
+  const std::pair<const char*, std::uint64_t> counters[] = {
+      {"epd_l3_gets_total", l3.gets},
+      {"epd_l3_hits_total", l3.hits},
+      {"epd_l3_misses_total", l3.misses},
+      {"epd_l3_corrupt_total", l3.corrupt},
+      {"epd_l3_writes_total", l3.writes},
+      {"epd_l3_write_bytes_total", l3.write_bytes},
+      {"epd_l3_write_drops_total", l3.write_drops},
+      {"epd_l3_leases_acquired_total", l3.leases_acquired},
+      {"epd_l3_leases_released_total", l3.leases_released},
+      {"epd_l3_lease_waits_total", l3.lease_waits},
+      {"epd_l3_lease_wait_hits_total", l3.lease_wait_hits},
+      {"epd_l3_lease_takeovers_total", l3.lease_takeovers},
+      {"epd_l3_lease_wait_timeouts_total", l3.lease_wait_timeouts}};
+  for (const auto& [name, value] : counters) {
+    out.push_back(Family(name, "L3 shared tier (docs/L3.md)", MetricType::Counter));
+    Add(out.back(), static_cast<double>(value));
+  }
+  out.push_back(Family("epd_l3_errors_total", "Failed L3 operations, by kind", MetricType::Counter));
+  for (const auto& [kind, n] : l3.errors) Add(out.back(), static_cast<double>(n), {{"kind", kind}});
+}
+
 // Builds the counter and gauge families from a ServerStats snapshot.
 class StatsCollectable : public prometheus::Collectable {
  public:
@@ -91,6 +117,8 @@ class StatsCollectable : public prometheus::Collectable {
     };
     per_tier("epd_cache_hits_total", "Items served from the cache, by tier", MetricType::Counter,
              static_cast<double>(w.hits_l1), static_cast<double>(w.hits_l2));
+    Add(out.back(), static_cast<double>(w.hits_l3), {{"tier", "l3"}});
+    if (s.l3_enabled) AddSharedTier(s.l3, out);
     counter("epd_cache_misses_total", "Items that missed the cache (ran the tower or failed before it)",
             static_cast<double>(w.misses));
     counter("epd_joins_total", "Items that joined a computation already queued or running",

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
+#include <vector>
 
 namespace epd::internal {
 
@@ -32,6 +34,8 @@ v1::Source ToProto(ItemSource s) {
     case ItemSource::kL2: return v1::SOURCE_L2;
     case ItemSource::kMiss: return v1::SOURCE_MISS;
     case ItemSource::kJoined: return v1::SOURCE_JOINED;
+    case ItemSource::kL3:
+      return v1::SOURCE_L3;
   }
   return v1::SOURCE_UNSPECIFIED;
 }
@@ -41,6 +45,8 @@ ItemSource FromProto(v1::Source s) {
     case v1::SOURCE_L1: return ItemSource::kL1;
     case v1::SOURCE_L2: return ItemSource::kL2;
     case v1::SOURCE_JOINED: return ItemSource::kJoined;
+    case v1::SOURCE_L3:
+      return ItemSource::kL3;
     default: return ItemSource::kMiss;
   }
 }
@@ -135,6 +141,24 @@ void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem*
   out->set_deepstack(reinterpret_cast<const char*>(e.deepstack.data()), e.deepstack.size());
 }
 
+// The shared tier's counters by their StatsResponse.l3_counters names; the
+// one list both directions use.
+static std::vector<std::pair<const char*, std::uint64_t SharedTierStats::*>> L3CounterFields() {
+  return {{"gets", &SharedTierStats::gets},
+          {"hits", &SharedTierStats::hits},
+          {"misses", &SharedTierStats::misses},
+          {"corrupt", &SharedTierStats::corrupt},
+          {"writes", &SharedTierStats::writes},
+          {"write_bytes", &SharedTierStats::write_bytes},
+          {"write_drops", &SharedTierStats::write_drops},
+          {"leases_acquired", &SharedTierStats::leases_acquired},
+          {"leases_released", &SharedTierStats::leases_released},
+          {"lease_waits", &SharedTierStats::lease_waits},
+          {"lease_wait_hits", &SharedTierStats::lease_wait_hits},
+          {"lease_takeovers", &SharedTierStats::lease_takeovers},
+          {"lease_wait_timeouts", &SharedTierStats::lease_wait_timeouts}};
+}
+
 void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   const WorkerStats& w = s.worker;
   out->set_server_id(s.server_id);
@@ -180,6 +204,13 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_shm_refused_releases(s.shm.refused_releases);
   out->set_shm_reused(s.shm.reused);
   out->set_shm_evicted(s.shm.evicted);
+  out->set_hits_l3(w.hits_l3);
+  out->set_l3_enabled(s.l3_enabled);
+  out->set_l3_degraded(s.l3.degraded);
+  if (s.l3_enabled) {
+    for (const auto& [name, field] : L3CounterFields()) (*out->mutable_l3_counters())[name] = s.l3.*field;
+    for (const auto& [kind, n] : s.l3.errors) (*out->mutable_l3_errors())[kind] = n;
+  }
 }
 
 ServerStats FromProto(const v1::StatsResponse& m) {
@@ -228,6 +259,13 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   s.shm.refused_releases = m.shm_refused_releases();
   s.shm.reused = m.shm_reused();
   s.shm.evicted = m.shm_evicted();
+  w.hits_l3 = m.hits_l3();
+  s.l3_enabled = m.l3_enabled();
+  s.l3.degraded = m.l3_degraded();
+  for (const auto& [name, field] : L3CounterFields()) {
+    if (auto it = m.l3_counters().find(name); it != m.l3_counters().end()) s.l3.*field = it->second;
+  }
+  for (const auto& [kind, n] : m.l3_errors()) s.l3.errors[kind] = n;
   return s;
 }
 

@@ -99,7 +99,11 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
   ServerStats Snapshot() const {
     ServerStats s;
     s.server_id = options.server_id;
-    if (loop != nullptr) s.worker = loop->Stats();
+    if (loop != nullptr) {
+      s.worker = loop->Stats();
+      s.l3_enabled = loop->has_shared_tier();
+      s.l3 = loop->SharedTierStatsSnapshot();
+    }
     s.l1_capacity_bytes = worker_options.l1_capacity_bytes;
     s.l2_capacity_bytes = worker_options.l2_capacity_bytes;
     s.rpc_errors = outcomes->Errors();
@@ -304,6 +308,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     out->set_deepstack_layers(tower_deepstack);
     out->set_dtype(internal::ToProto(tower_dtype));
     out->set_version(std::string(kVersion));
+    out->set_l3(!loop->has_shared_tier() ? "off" : loop->SharedTierStatsSnapshot().degraded ? "degraded" : "ok");
     return grpc::Status::OK;
   }
 

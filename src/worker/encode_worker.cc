@@ -338,6 +338,27 @@ struct EncodeWorker::Impl {
       return std::nullopt;
     }
   }
+  // A value the shared tier (L3) supplied: checked like any hit, then cached
+  // in L1 (moved to the device first when the tiers live there). nullopt when
+  // its shape differs (counted) or the copy fails; the item is then encoded.
+  std::optional<EmbeddingPtr> AdoptReady(const ContentKey& key, EmbeddingPtr ready, const EncodeItemInput& item,
+                                         HeaderProbe& header) {
+    if (!ShapeMatches(*ready, item, header)) {
+      ++stats.shape_mismatches;
+      return std::nullopt;
+    }
+    if (options.to_device) {
+      try {
+        ready = options.to_device(ready);
+      } catch (...) {
+        ++stats.cache_errors;
+        return std::nullopt;
+      }
+    }
+    CachePut(key, ready);
+    return ready;
+  }
+
   // A put cannot throw from a tier copy: its only copies are demotions and
   // the L2 placement, fenced by HostCopy.
   void CachePut(const ContentKey& key, const EmbeddingPtr& e) {
@@ -561,6 +582,13 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
       return false;
     }
     ++stats.shape_mismatches;
+  } else if (item.ready != nullptr) {
+    if (std::optional<EmbeddingPtr> l3 = AdoptReady(res.key, std::move(item.ready), item, header)) {
+      ++stats.hits_l3;
+      res.source = ItemSource::kL3;
+      res.embedding = std::move(*l3);
+      return false;
+    }
   }
 
   ++stats.misses;
@@ -672,6 +700,10 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
 }
 
 bool EncodeWorker::HasQueuedWork() const { return impl_->scheduler.pending_size() != 0; }
+
+bool EncodeWorker::HasLocal(const ContentKey& key) const {
+  return impl_->cache.Contains(key) || impl_->job_by_key.count(key) != 0;
+}
 
 bool EncodeWorker::Cancel(const std::string& id) {
   auto it = impl_->request_ids.find(id);

@@ -11,6 +11,7 @@ add_library(epd_worker
   ${CMAKE_CURRENT_LIST_DIR}/prefetch_decoder.cc
   ${CMAKE_CURRENT_LIST_DIR}/worker_loop.cc
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cc
+  ${CMAKE_CURRENT_LIST_DIR}/shared_tier_lookup.cc
   ${CMAKE_CURRENT_LIST_DIR}/tower_runner.cc
   ${CMAKE_CURRENT_LIST_DIR}/worker_options.cc
 )

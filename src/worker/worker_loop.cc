@@ -8,8 +8,11 @@
 // (and their decoding started) without waiting for the batch.
 #include "epd/worker_loop.h"
 
+#include <algorithm>
 #include <cassert>
 #include <utility>
+
+#include "shared_tier_lookup.h"
 
 namespace epd {
 namespace {
@@ -33,6 +36,9 @@ void Finish(const std::function<void(const RequestResult&)>& on_done, std::promi
 WorkerLoop::WorkerLoop(std::unique_ptr<EncodeWorker> worker) : worker_(std::move(worker)) {
   assert(worker_ != nullptr);
   stats_ = worker_->stats();
+  if (worker_->options().shared_tier != nullptr) {
+    lookup_ = std::make_unique<internal::SharedTierLookup>(worker_->options().shared_tier);
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -46,7 +52,12 @@ std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCall
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (accepting_) {
-      inbox_.push_back(Command{false, std::move(request), std::move(callbacks), std::move(keys), promise});
+      Command c;
+      c.request = std::move(request);
+      c.callbacks = std::move(callbacks);
+      c.keys = std::move(keys);
+      c.promise = promise;
+      inbox_.push_back(std::move(c));
       cv_.notify_one();
       return future;
     }
@@ -62,6 +73,9 @@ std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCall
 
 void WorkerLoop::Cancel(std::string id) {
   std::lock_guard<std::mutex> lock(mu_);
+  // A parked request: end its waits; it is cancelled in the worker when it
+  // arrives there (the lookup's `done` reads the flag under mu_).
+  if (auto p = parked_.find(id); p != parked_.end()) p->second->cancelled = true;
   Command c;
   c.cancel = true;
   c.request.id = std::move(id);
@@ -86,6 +100,12 @@ void WorkerLoop::Shutdown(std::chrono::milliseconds grace) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     accepting_ = false;
+  }
+  // Parked requests come back (with the values found so far) before the
+  // thread is told to stop, so the drain below submits them.
+  if (lookup_ != nullptr) lookup_->Stop();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     deadline_ = Clock::now() + grace;
     cv_.notify_one();
@@ -98,6 +118,10 @@ void WorkerLoop::Process(Command& c) {
     worker_->Cancel(c.request.id);
     return;
   }
+  if (lookup_ != nullptr && !c.resolved) {
+    c.callbacks = WithSharedTier(std::move(c.callbacks));
+    if (Park(c)) return;
+  }
   std::shared_ptr<std::promise<RequestResult>> promise = std::move(c.promise);
   std::function<void(const RequestResult&)> user_done = std::move(c.callbacks.on_done);
   // Publish before completing, so Stats() already counts a request its caller saw finish.
@@ -106,7 +130,9 @@ void WorkerLoop::Process(Command& c) {
                                Finish(user_done, *promise, r);
                              }};
   std::string id = c.request.id;
+  const bool cancelled = c.cancelled;
   Status s = worker_->Submit(std::move(c.request), std::move(callbacks), std::move(c.keys));
+  if (s.ok() && cancelled) worker_->Cancel(id);
   if (!s.ok()) {
     try {
       Finish(user_done, *promise, RequestResult{std::move(id), std::move(s), {}});
@@ -114,6 +140,82 @@ void WorkerLoop::Process(Command& c) {
       // A throwing callback must not take the worker thread down.
     }
   }
+}
+
+bool WorkerLoop::Park(Command& c) {
+  // The keys no local tier can serve, each once, and the items they belong to.
+  std::vector<ContentKey> keys;
+  std::vector<std::pair<std::size_t, std::size_t>> item_key;  // (item, index into keys)
+  for (std::size_t i = 0; i < c.keys.size() && i < c.request.items.size(); ++i) {
+    if (!c.keys[i].ok() || c.request.items[i].ready != nullptr || worker_->HasLocal(*c.keys[i])) continue;
+    auto k = std::find(keys.begin(), keys.end(), *c.keys[i]);
+    if (k == keys.end()) k = keys.insert(k, *c.keys[i]);
+    item_key.emplace_back(i, static_cast<std::size_t>(k - keys.begin()));
+  }
+  if (keys.empty()) return false;
+  const std::string id = c.request.id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (parked_.count(id) != 0) {
+      Status dup = AlreadyExists("request '" + id + "' is already in flight");
+      try {
+        Finish(c.callbacks.on_done, *c.promise, RequestResult{id, std::move(dup), {}});
+      } catch (...) {
+      }
+      return true;
+    }
+  }
+  auto parked = std::make_shared<Command>(std::move(c));
+  auto batch = std::make_shared<internal::LookupBatch>();
+  batch->keys = std::move(keys);
+  internal::LookupBatch* b = batch.get();  // the lookup's tasks own `batch` until `done` has run
+  batch->done = [this, parked, b, item_key = std::move(item_key), id] {
+    for (const auto& [item, k] : item_key) parked->request.items[item].ready = b->values[k];
+    parked->resolved = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    parked->cancelled = b->cancelled.load();
+    parked_.erase(id);
+    inbox_.push_back(std::move(*parked));
+    cv_.notify_one();
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_[id] = batch;
+  }
+  if (!lookup_->Submit(batch)) {  // stopping: submit it as it is
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.erase(id);
+    c = std::move(*parked);
+    return false;
+  }
+  return true;
+}
+
+RequestCallbacks WorkerLoop::WithSharedTier(RequestCallbacks callbacks) {
+  std::shared_ptr<SharedTier> tier = worker_->options().shared_tier;
+  auto user_item = std::move(callbacks.on_item);
+  auto user_done = std::move(callbacks.on_done);
+  return RequestCallbacks{[tier, user_item](const ItemResult& r) {
+                            if (r.source == ItemSource::kMiss) {
+                              if (r.status.ok() && r.embedding != nullptr) {
+                                tier->PutAsync(r.key, r.embedding);  // releases our lease after the write
+                              } else {
+                                tier->ReleaseAsync(r.key);
+                              }
+                            }
+                            if (user_item) user_item(r);
+                          },
+                          [tier, user_done](const RequestResult& r) {
+                            // Items never delivered (cancelled): their leases, if ours.
+                            for (const ItemResult& item : r.items) {
+                              if (!item.status.ok()) tier->ReleaseAsync(item.key);
+                            }
+                            if (user_done) user_done(r);
+                          }};
+}
+
+SharedTierStats WorkerLoop::SharedTierStatsSnapshot() const {
+  return lookup_ != nullptr ? lookup_->Stats() : SharedTierStats{};
 }
 
 void WorkerLoop::Publish() {

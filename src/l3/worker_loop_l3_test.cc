@@ -1,0 +1,279 @@
+// WorkerLoop with a shared tier on a real redis-server (each test starts its
+// own): several loops stand for several encode servers. What one encodes,
+// another serves as an L3 hit with the exact bytes FakeTower gives that
+// image; the cluster-wide lease makes one loop encode a key that several ask
+// for at once; a lapsed lease is taken over; and a Redis that is killed,
+// full or holding a corrupt value never fails a request.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "epd/content_key.h"
+#include "epd/l3_value.h"
+#include "epd/redis_tier.h"
+#include "epd/worker_loop.h"
+#include "redis_server.h"
+#include "worker_test_util.h"
+
+namespace epd {
+namespace {
+
+using test_util::RedisServer;
+using testing::Expected;
+using testing::ExpectSameEmbedding;
+using testing::FakeTower;
+using testing::FakeTowerState;
+using testing::Png;
+using testing::Request;
+
+struct Node {
+  std::shared_ptr<FakeTowerState> tower = std::make_shared<FakeTowerState>();
+  std::shared_ptr<SharedTier> tier;
+  std::unique_ptr<WorkerLoop> loop;
+};
+
+RedisTierOptions TierOptions(const RedisServer& redis, const std::string& owner) {
+  RedisTierOptions o;
+  o.urls = {redis.url()};
+  o.owner_id = owner;
+  o.timeout = std::chrono::milliseconds(500);
+  o.lease = std::chrono::milliseconds(30000);
+  o.wait.wait = std::chrono::milliseconds(30000);
+  o.reconnect_min = std::chrono::milliseconds(1);
+  o.reconnect_max = std::chrono::milliseconds(20);
+  return o;
+}
+
+std::unique_ptr<Node> MakeNode(RedisTierOptions o) {
+  auto n = std::make_unique<Node>();
+  StatusOr<std::shared_ptr<SharedTier>> tier = OpenRedisTier(std::move(o));
+  EXPECT_TRUE(tier.ok()) << tier.status().ToString();
+  n->tier = *tier;
+  WorkerOptions wo;
+  wo.model_id = "test-model";
+  wo.shared_tier = n->tier;
+  auto w = EncodeWorker::Create(std::move(wo), std::make_unique<FakeTower>(testing::FakeTowerOptions{}, n->tower));
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  n->loop = std::make_unique<WorkerLoop>(std::move(*w));
+  return n;
+}
+
+ContentKey KeyOf(const std::string& media) {
+  WorkerOptions wo;
+  wo.model_id = "test-model";
+  auto w = EncodeWorker::Create(wo, std::make_unique<FakeTower>());
+  return *(*w)->ItemKeys(Request("k", {media}))[0];
+}
+
+RequestResult EncodeOne(Node& n, const std::string& id, const std::string& media) {
+  return n.loop->Submit(Request(id, {media})).get();
+}
+
+// Bounded wait for the node's writer to have written `n` values.
+void AwaitWrites(const Node& node, std::uint64_t n) {
+  for (int i = 0; i < 2000 && node.loop->SharedTierStatsSnapshot().writes < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(node.loop->SharedTierStatsSnapshot().writes, n);
+}
+
+TEST(WorkerLoopL3, SecondServerServesWhatTheFirstEncodedAsAnL3Hit) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  auto b = MakeNode(TierOptions(redis, "b"));
+  const std::string img = Png(56, 84, 1);
+  RequestResult ra = EncodeOne(*a, "r1", img);
+  ASSERT_TRUE(ra.all_ok()) << ra.status.ToString();
+  EXPECT_EQ(ra.items[0].source, ItemSource::kMiss);
+  AwaitWrites(*a, 1);
+  RequestResult rb = EncodeOne(*b, "r1", img);
+  ASSERT_TRUE(rb.all_ok()) << rb.items[0].status.ToString();
+  EXPECT_EQ(rb.items[0].source, ItemSource::kL3);
+  ExpectSameEmbedding(*rb.items[0].embedding, Expected(img));
+  EXPECT_EQ(b->tower->items_encoded(), 0);
+  // Promoted into b's L1: the next request is a local hit, no Redis call.
+  const std::uint64_t gets = b->loop->SharedTierStatsSnapshot().gets;
+  RequestResult again = EncodeOne(*b, "r2", img);
+  EXPECT_EQ(again.items[0].source, ItemSource::kL1);
+  EXPECT_EQ(b->loop->SharedTierStatsSnapshot().gets, gets);
+  const WorkerStats ws = b->loop->Stats();
+  EXPECT_EQ(ws.hits_l3, 1u);
+  EXPECT_EQ(ws.hits_l1, 1u);
+  EXPECT_EQ(ws.misses, 0u);
+}
+
+TEST(WorkerLoopL3, WaiterGetsTheLeaseHoldersValueAndItsTowerNeverRuns) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  auto b = MakeNode(TierOptions(redis, "b"));
+  auto c = MakeNode(TierOptions(redis, "c"));
+  const std::string img = Png(56, 56, 2);
+  a->tower->Close();  // a holds the lease while its tower is stuck
+  std::future<RequestResult> fa = a->loop->Submit(Request("r", {img}));
+  a->tower->WaitForEncodes(1);
+  std::future<RequestResult> fb = b->loop->Submit(Request("r", {img}));
+  std::future<RequestResult> fc = c->loop->Submit(Request("r", {img}));
+  // Both wait on a's lease (bounded wait for them to be seen waiting).
+  for (int i = 0; i < 2000; ++i) {
+    if (b->loop->SharedTierStatsSnapshot().lease_waits == 1 && c->loop->SharedTierStatsSnapshot().lease_waits == 1)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(b->loop->SharedTierStatsSnapshot().lease_waits, 1u);
+  a->tower->Open();
+  RequestResult ra = fa.get(), rb = fb.get(), rc = fc.get();
+  ASSERT_TRUE(ra.all_ok() && rb.all_ok() && rc.all_ok());
+  EXPECT_EQ(ra.items[0].source, ItemSource::kMiss);
+  EXPECT_EQ(rb.items[0].source, ItemSource::kL3);
+  EXPECT_EQ(rc.items[0].source, ItemSource::kL3);
+  ExpectSameEmbedding(*rc.items[0].embedding, Expected(img));
+  EXPECT_EQ(a->tower->items_encoded() + b->tower->items_encoded() + c->tower->items_encoded(), 1);
+  EXPECT_EQ(b->loop->SharedTierStatsSnapshot().lease_wait_hits, 1u);
+}
+
+TEST(WorkerLoopL3, SameImagesSentToThreeServersAtOnceAreEncodedOnceInTotal) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (const char* id : {"a", "b", "c"}) nodes.push_back(MakeNode(TierOptions(redis, id)));
+  std::vector<std::string> images;
+  for (int i = 0; i < 6; ++i) images.push_back(Png(56, 56, 10 + i));
+  std::vector<std::future<RequestResult>> futures;
+  for (int i = 0; i < 6; ++i) {
+    for (auto& n : nodes) futures.push_back(n->loop->Submit(Request("r" + std::to_string(i), {images[i]})));
+  }
+  for (auto& f : futures) ASSERT_TRUE(f.get().all_ok());
+  std::uint64_t misses = 0, l3 = 0;
+  std::int64_t encoded = 0;
+  for (auto& n : nodes) {
+    misses += n->loop->Stats().misses;
+    l3 += n->loop->Stats().hits_l3;
+    encoded += n->tower->items_encoded();
+  }
+  EXPECT_EQ(misses, 6u) << "each distinct image must run the tower exactly once in the cluster";
+  EXPECT_EQ(encoded, 6);
+  EXPECT_EQ(l3, 12u);
+}
+
+TEST(WorkerLoopL3, LapsedLeaseOfACrashedHolderIsTakenOver) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 3);
+  // A holder that died: its lease lapses after 300 ms (Redis's clock).
+  redis.Cli({"SET", "epd:lease:" + KeyOf(img).Hex(), "crashed-server", "PX", "300"});
+  auto b = MakeNode(TierOptions(redis, "b"));
+  RequestResult rb = EncodeOne(*b, "r", img);
+  ASSERT_TRUE(rb.all_ok());
+  EXPECT_EQ(rb.items[0].source, ItemSource::kMiss);
+  ExpectSameEmbedding(*rb.items[0].embedding, Expected(img));
+  const SharedTierStats s = b->loop->SharedTierStatsSnapshot();
+  EXPECT_EQ(s.lease_waits, 1u);
+  EXPECT_EQ(s.lease_takeovers, 1u);
+  EXPECT_EQ(s.lease_wait_timeouts, 0u);
+}
+
+TEST(WorkerLoopL3, WaitEndsAfterThePolicysDeadlineAndEncodesLocally) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 4);
+  redis.Cli({"SET", "epd:lease:" + KeyOf(img).Hex(), "stuck-server", "PX", "600000"});
+  RedisTierOptions o = TierOptions(redis, "b");
+  o.wait.wait = std::chrono::milliseconds(100);
+  auto b = MakeNode(o);
+  RequestResult rb = EncodeOne(*b, "r", img);
+  ASSERT_TRUE(rb.all_ok());
+  EXPECT_EQ(rb.items[0].source, ItemSource::kMiss);
+  EXPECT_EQ(b->loop->SharedTierStatsSnapshot().lease_wait_timeouts, 1u);
+}
+
+TEST(WorkerLoopL3, CancelEndsAWaitOnAnotherServersLease) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 5);
+  redis.Cli({"SET", "epd:lease:" + KeyOf(img).Hex(), "stuck-server", "PX", "600000"});
+  auto b = MakeNode(TierOptions(redis, "b"));  // would wait 30 s
+  std::future<RequestResult> f = b->loop->Submit(Request("r", {img}));
+  for (int i = 0; i < 2000 && b->loop->SharedTierStatsSnapshot().lease_waits == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  b->loop->Cancel("r");
+  RequestResult r = f.get();
+  EXPECT_EQ(r.status.code(), StatusCode::kCancelled);
+  EXPECT_EQ(b->tower->items_encoded(), 0);
+}
+
+TEST(WorkerLoopL3, CorruptValueIsRejectedReencodedAndRewritten) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 6);
+  const ContentKey key = KeyOf(img);
+  std::string bad = EncodeL3Value(key, Expected(img), kContentKeyVersion);
+  bad[bad.size() / 2] ^= 0x40;
+  redis.Cli({"SET", "epd:v:" + key.Hex(), bad});
+  auto a = MakeNode(TierOptions(redis, "a"));
+  RequestResult ra = EncodeOne(*a, "r", img);
+  ASSERT_TRUE(ra.all_ok());
+  EXPECT_EQ(ra.items[0].source, ItemSource::kMiss);
+  ExpectSameEmbedding(*ra.items[0].embedding, Expected(img));
+  EXPECT_EQ(a->loop->SharedTierStatsSnapshot().corrupt, 1u);
+  AwaitWrites(*a, 1);
+  auto b = MakeNode(TierOptions(redis, "b"));
+  RequestResult rb = EncodeOne(*b, "r", img);
+  EXPECT_EQ(rb.items[0].source, ItemSource::kL3);
+  ExpectSameEmbedding(*rb.items[0].embedding, Expected(img));
+}
+
+TEST(WorkerLoopL3, KilledRedisFallsBackToTheLocalTiersAndRestartedRedisIsUsedAgain) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  const std::string warm = Png(56, 56, 7);
+  ASSERT_TRUE(EncodeOne(*a, "w", warm).all_ok());
+  redis.Kill();
+  // Served by L1 and by the tower; nothing fails.
+  RequestResult hit = EncodeOne(*a, "h", warm);
+  ASSERT_TRUE(hit.all_ok());
+  EXPECT_EQ(hit.items[0].source, ItemSource::kL1);
+  for (int i = 0; i < 3; ++i) {
+    RequestResult r = EncodeOne(*a, "m" + std::to_string(i), Png(56, 56, 20 + i));
+    ASSERT_TRUE(r.all_ok()) << r.items[0].status.ToString();
+    EXPECT_EQ(r.items[0].source, ItemSource::kMiss);
+  }
+  SharedTierStats down = a->loop->SharedTierStatsSnapshot();
+  EXPECT_TRUE(down.degraded);
+  std::uint64_t errors = 0;
+  for (const auto& [kind, n] : down.errors) errors += n;
+  EXPECT_GT(errors, 0u);
+
+  redis.Restart();  // empty: nothing was persisted
+  const std::string fresh = Png(56, 56, 30);
+  // The first call after the backoff reconnects; retry until a write lands.
+  for (int i = 0; i < 200 && a->loop->SharedTierStatsSnapshot().writes == 0; ++i) {
+    ASSERT_TRUE(EncodeOne(*a, "f" + std::to_string(i), Png(56, 56, 40 + i)).all_ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(EncodeOne(*a, "fresh", fresh).all_ok());
+  AwaitWrites(*a, 2);
+  auto b = MakeNode(TierOptions(redis, "b"));
+  RequestResult rb = EncodeOne(*b, "fresh", fresh);
+  EXPECT_EQ(rb.items[0].source, ItemSource::kL3);
+  EXPECT_FALSE(a->loop->SharedTierStatsSnapshot().degraded);
+}
+
+TEST(WorkerLoopL3, FullRedisRefusesWritesAndServingGoesOn) {
+  RedisServer redis(EPD_REDIS_SERVER, {"--maxmemory-policy", "noeviction"});
+  // 4 MB of other data, then a 1 MB limit: every write is refused (OOM).
+  const std::string filler(200 * 1024, 'x');
+  for (int i = 0; i < 20; ++i) redis.Cli({"SET", "filler" + std::to_string(i), filler});
+  ASSERT_EQ(redis.Cli({"CONFIG", "SET", "maxmemory", "1mb"}), "+OK\r\n");
+  auto a = MakeNode(TierOptions(redis, "a"));
+  for (int i = 0; i < 4; ++i) {
+    RequestResult r = EncodeOne(*a, "r" + std::to_string(i), Png(56, 56, 50 + i));
+    ASSERT_TRUE(r.all_ok());
+  }
+  for (int i = 0; i < 2000 && a->loop->SharedTierStatsSnapshot().write_drops < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const SharedTierStats s = a->loop->SharedTierStatsSnapshot();
+  EXPECT_EQ(s.write_drops, 4u);
+  EXPECT_EQ(s.writes, 0u);
+  EXPECT_GT(s.errors.count("oom"), 0u);
+  EXPECT_EQ(a->loop->Stats().misses, 4u);
+}
+
+}  // namespace
+}  // namespace epd

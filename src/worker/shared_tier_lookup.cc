@@ -1,0 +1,148 @@
+// SharedTierLookup (shared_tier_lookup.h). The queue holds every unfinished
+// lookup, due now or later; a thread takes the earliest due one, runs one
+// step outside the lock and either ends it or puts it back with a later due
+// time. Stop() flips `stopping_`, after which every step ends its lookup at
+// once, so the threads drain the queue quickly and exit.
+#include "shared_tier_lookup.h"
+
+#include <algorithm>
+
+namespace epd::internal {
+
+SharedTierLookup::SharedTierLookup(std::shared_ptr<SharedTier> tier)
+    : tier_(std::move(tier)), policy_(tier_->wait_policy()) {
+  const int n = std::max(1, policy_.lookup_threads);
+  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
+}
+
+SharedTierLookup::~SharedTierLookup() { Stop(); }
+
+bool SharedTierLookup::Submit(const std::shared_ptr<LookupBatch>& batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return false;
+  batch->values.assign(batch->keys.size(), nullptr);
+  batch->remaining = batch->keys.size();
+  const Clock::time_point now = Clock::now();
+  for (std::size_t i = 0; i < batch->keys.size(); ++i) {
+    Task t;
+    t.batch = batch;
+    t.index = i;
+    t.due = now;
+    t.seq = next_seq_++;
+    queue_.push(std::move(t));
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void SharedTierLookup::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+SharedTierStats SharedTierLookup::Stats() const {
+  SharedTierStats s = tier_->Stats();
+  s.lease_waits = lease_waits_.load();
+  s.lease_wait_hits = lease_wait_hits_.load();
+  s.lease_takeovers = lease_takeovers_.load();
+  s.lease_wait_timeouts = lease_wait_timeouts_.load();
+  return s;
+}
+
+void SharedTierLookup::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (queue_.empty()) {
+      if (stopping_) return;
+      cv_.wait(lock);
+      continue;
+    }
+    // A stopping lookup is due at once: it only ends.
+    if (!stopping_ && queue_.top().due > Clock::now()) {
+      cv_.wait_until(lock, queue_.top().due);
+      continue;
+    }
+    Task t = queue_.top();
+    queue_.pop();
+    const bool stopping = stopping_;
+    lock.unlock();
+    bool ended = true;
+    if (stopping || t.batch->cancelled.load()) {
+      End(t, nullptr);
+    } else {
+      ended = Run(t);
+    }
+    lock.lock();
+    if (!ended) {
+      t.seq = next_seq_++;
+      queue_.push(std::move(t));
+    }
+  }
+}
+
+bool SharedTierLookup::Run(Task& t) {
+  const ContentKey& key = t.batch->keys[t.index];
+  StatusOr<EmbeddingPtr> got = tier_->Get(key);
+  if (!got.ok()) {
+    End(t, nullptr);
+    return true;
+  }
+  if (*got != nullptr) {
+    if (t.waited) ++lease_wait_hits_;
+    End(t, *std::move(got));
+    return true;
+  }
+  if (!policy_.single_flight) {
+    End(t, nullptr);
+    return true;
+  }
+  switch (tier_->TryLease(key)) {
+    case LeaseResult::kAcquired: {
+      StatusOr<EmbeddingPtr> again = tier_->Get(key);
+      if (again.ok() && *again != nullptr) {
+        tier_->ReleaseAsync(key);
+        if (t.waited) ++lease_wait_hits_;
+        End(t, *std::move(again));
+        return true;
+      }
+      if (t.waited) ++lease_takeovers_;
+      End(t, nullptr);
+      return true;
+    }
+    case LeaseResult::kHeldByUs:
+    case LeaseResult::kError:
+      End(t, nullptr);
+      return true;
+    case LeaseResult::kHeldByOther:
+      break;
+  }
+  const Clock::time_point now = Clock::now();
+  if (!t.waited) {
+    t.waited = true;
+    t.wait_start = now;
+    t.backoff = policy_.poll_initial;
+    ++lease_waits_;
+  } else {
+    t.backoff = std::min(t.backoff * 2, policy_.poll_max);
+  }
+  if (now - t.wait_start >= policy_.wait) {
+    ++lease_wait_timeouts_;
+    End(t, nullptr);
+    return true;
+  }
+  t.due = std::min(now + t.backoff, t.wait_start + policy_.wait);
+  return false;
+}
+
+void SharedTierLookup::End(Task& t, EmbeddingPtr value) {
+  t.batch->values[t.index] = std::move(value);
+  if (t.batch->remaining.fetch_sub(1) == 1 && t.batch->done) t.batch->done();
+}
+
+}  // namespace epd::internal

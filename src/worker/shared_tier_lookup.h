@@ -1,0 +1,100 @@
+// src/worker/shared_tier_lookup.h (internal to epd::worker): the threads on
+// which WorkerLoop asks the shared tier (L3) about keys its L1/L2 miss, and
+// waits on other processes' leases, so the worker thread never blocks on the
+// network.
+//
+// A lookup of one key (Run below):
+//   1. Get: a valid value ends it (the item is served as an L3 hit).
+//   2. Without single flight, or when the tier errs: ends it with no value
+//      (the item is encoded here).
+//   3. TryLease. kAcquired: Get once more (the holder before us may have
+//      written its value and released its lease between our Get and our SET
+//      NX), and end with that value (releasing the lease) or none (we encode
+//      and our write releases it). kHeldByUs / kError: end with none.
+//      kHeldByOther: wait, i.e. reschedule the lookup after a backoff
+//      (poll_initial doubling to poll_max) and go back to 1; so when the
+//      holder's lease lapses without a value (it crashed), step 3 takes it
+//      over. After LeaseWaitPolicy::wait, or when the request is cancelled,
+//      end with none.
+// Waiting holds no thread: a waiting lookup sits in a queue ordered by when
+// it is due, and lookup_threads threads run whatever is due.
+//
+// Thread safety: thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <vector>
+
+#include "epd/shared_tier.h"
+
+namespace epd::internal {
+
+// The keys of one request that L1/L2 missed, and what the tier gave for
+// each. `done` runs exactly once, on a lookup thread (or in Stop), after every
+// key has ended; values[i] is then the value for keys[i] or null.
+struct LookupBatch {
+  std::vector<ContentKey> keys;
+  std::vector<EmbeddingPtr> values;
+  std::atomic<bool> cancelled{false};  // set by the caller: end waits at once
+  std::function<void()> done;
+  std::atomic<std::size_t> remaining{0};
+};
+
+class SharedTierLookup {
+ public:
+  explicit SharedTierLookup(std::shared_ptr<SharedTier> tier);
+  ~SharedTierLookup();  // Stop()
+
+  // Starts the lookups of `batch` (its values are sized here). False, and
+  // nothing started, once Stop has begun.
+  bool Submit(const std::shared_ptr<LookupBatch>& batch);
+  // Ends every lookup now (without a value), runs the `done`s still due, and
+  // joins the threads. Idempotent.
+  void Stop();
+
+  // The tier's counters plus the waits counted here.
+  SharedTierStats Stats() const;
+  SharedTier& tier() const { return *tier_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Task {
+    std::shared_ptr<LookupBatch> batch;
+    std::size_t index = 0;
+    Clock::time_point due;
+    std::uint64_t seq = 0;  // FIFO among equally due tasks
+    bool waited = false;
+    Clock::time_point wait_start;
+    std::chrono::milliseconds backoff{0};
+  };
+  struct Later {
+    bool operator()(const Task& a, const Task& b) const { return a.due != b.due ? a.due > b.due : a.seq > b.seq; }
+  };
+
+  void Loop();
+  // One step of the key's lookup; true when it ended (value set or not).
+  bool Run(Task& t);
+  void End(Task& t, EmbeddingPtr value);
+
+  const std::shared_ptr<SharedTier> tier_;
+  const LeaseWaitPolicy policy_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::priority_queue<Task, std::vector<Task>, Later> queue_;  // guarded by mu_
+  std::uint64_t next_seq_ = 0;                                 // guarded by mu_
+  bool stopping_ = false;                                      // guarded by mu_
+  std::vector<std::thread> threads_;
+
+  std::atomic<std::uint64_t> lease_waits_{0}, lease_wait_hits_{0}, lease_takeovers_{0}, lease_wait_timeouts_{0};
+};
+
+}  // namespace epd::internal
