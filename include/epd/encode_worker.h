@@ -26,6 +26,19 @@
 //      header gives (ProbeGrid) without decoding. A bad
 //      header (unknown format, zero size, more pixels than DecodeLimits
 //      allows) fails only this item at once, kInvalidArgument.
+// A video item (EncodeItemInput::video; docs/VIDEO.md) takes a path of its own:
+// its whole-video key (ComputeVideoKey over its bytes and sampling) hit in
+// L1/L2 is delivered inside Submit without a decode; otherwise it is decoded
+// and sampled inside Submit (on the owning thread), cut into temporal chunks
+// (temporal_patch_size frames each, keyed by ComputeVideoChunkKey), and each
+// chunk is served as an image would be (hit, join, or a scheduler job of
+// grid (1, h, w) costing its post-merge tokens). When its last chunk is
+// ready the chunks' rows are concatenated in order (grid (t, h, w)), cached
+// under the whole-video key and delivered with ItemResult::video. A failed
+// chunk fails the video (naming the chunk). Video items need a tower with
+// temporal_chunks_independent() (else kFailedPrecondition). For
+// max_pending_items a video counts as one job (its chunks are only known
+// after the decode).
 // Helper threads decode and preprocess queued misses in arrival order while
 // the tower runs (at most decode_lookahead finished ahead), so decoding
 // overlaps the tower instead of adding to it. Batches depend only on the
@@ -125,6 +138,7 @@
 #include "epd/image.h"
 #include "epd/preprocess.h"
 #include "epd/status.h"
+#include "epd/video.h"
 #include "epd/vision_tower.h"
 
 namespace epd {
@@ -188,6 +202,23 @@ struct WorkerOptions {
   // max_items_per_batch (the next batch plus one).
   std::int64_t decode_lookahead = 0;
 
+  // Videos (docs/VIDEO.md). decode_video decodes and samples a container
+  // (epd::video's DecodeVideo, set by the CLI and server when that library
+  // is built); empty = a video item given as container bytes fails with
+  // kFailedPrecondition (frame lists still work). video_sampling is the default a
+  // request's VideoInput::sampling overrides; video_limits bound every decode.
+  // Video items need a tower whose temporal_chunks_independent() is true;
+  // with another tower they fail with kFailedPrecondition.
+  std::function<StatusOr<SampledVideo>(std::span<const std::uint8_t>, const VideoSampling&, const PreprocessConfig&,
+                                       const VideoLimits&)>
+      decode_video;
+  VideoSampling video_sampling;
+  VideoLimits video_limits;
+  // Whole-video hits need the video's timing (VideoTiming) without a decode;
+  // the worker keeps it for this many whole-video keys (oldest forgotten
+  // first; a forgotten one costs a decode on its next hit, whose chunks hit).
+  std::int64_t max_video_timings = 65536;
+
   // Backpressure: while it returns true, Step()/StartBatch() start no tower
   // batch (e.g. the transfer ring towards the prefill stage is full). Empty =
   // never full. Checked when a batch starts, which may be before the previous
@@ -228,7 +259,17 @@ class MediaBytes {
   std::shared_ptr<const std::string> bytes_;
 };
 
-// One image of a request.
+// A video item's input: the container bytes (MP4/H.264, WebM/VP9, ...:
+// what WorkerOptions::decode_video reads) or a list of encoded frame images
+// (SampleFrameList), exactly one of the two; and optional sampling options
+// (default WorkerOptions::video_sampling).
+struct VideoInput {
+  MediaBytes container;
+  std::vector<MediaBytes> frames;
+  std::optional<VideoSampling> sampling;
+};
+
+// One image or video of a request.
 struct EncodeItemInput {
   // Encoded bytes (JPEG, PNG, WebP, GIF or BMP) as received.
   MediaBytes media;
@@ -241,6 +282,13 @@ struct EncodeItemInput {
   // (the header's count is used to check hits). Negative, or different from
   // what the image header gives, fails the item (kInvalidArgument).
   std::int64_t expected_tokens = 0;
+  // Set for a video item (then `media` and `caller_key` must be empty): it is
+  // decoded and sampled, cut into temporal chunks and answered from them
+  // (docs/VIDEO.md). expected_tokens, when > 0, must equal the video's
+  // post-merge tokens.
+  std::optional<VideoInput> video;
+
+  bool is_video() const { return video.has_value(); }
 };
 
 struct EncodeRequest {

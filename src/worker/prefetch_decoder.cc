@@ -15,6 +15,7 @@ namespace epd::internal {
 struct PrefetchDecoder::Task {
   enum class State { kQueued, kRunning, kDone, kGone };
   MediaBytes media;
+  std::function<StatusOr<PreprocessedImage>()> make;  // instead of media, when set
   State state = State::kQueued;
   bool dropped = false;
   std::optional<StatusOr<PreprocessedImage>> result;
@@ -37,6 +38,16 @@ PrefetchDecoder::~PrefetchDecoder() {
 std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(MediaBytes media) {
   auto task = std::make_shared<Task>();
   task->media = std::move(media);
+  return Push(std::move(task));
+}
+
+std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(std::function<StatusOr<PreprocessedImage>()> make) {
+  auto task = std::make_shared<Task>();
+  task->make = std::move(make);
+  return Push(std::move(task));
+}
+
+std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Push(std::shared_ptr<Task> task) {
   if (threads_.empty()) return task;  // decoded by Take
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -46,8 +57,9 @@ std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(MediaBytes media
   return task;
 }
 
-StatusOr<PreprocessedImage> PrefetchDecoder::Decode(const MediaBytes& media) const {
-  return DecodeAndPreprocess(media.span(), config_, limits_);
+StatusOr<PreprocessedImage> PrefetchDecoder::Decode(Task& task) const {
+  if (task.make) return task.make();
+  return DecodeAndPreprocess(task.media.span(), config_, limits_);
 }
 
 StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& task) {
@@ -56,8 +68,9 @@ StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& t
     // No helper has started it: decode here rather than wait behind others.
     task->state = Task::State::kGone;
     lock.unlock();
-    StatusOr<PreprocessedImage> r = Decode(task->media);
+    StatusOr<PreprocessedImage> r = Decode(*task);
     task->media = MediaBytes();
+    task->make = nullptr;
     return r;
   }
   done_cv_.wait(lock, [&] { return task->state == Task::State::kDone; });
@@ -76,6 +89,7 @@ void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
     case Task::State::kQueued:
       task->state = Task::State::kGone;
       task->media = MediaBytes();
+      task->make = nullptr;
       break;
     case Task::State::kRunning:
       task->dropped = true;
@@ -104,9 +118,10 @@ void PrefetchDecoder::Run() {
     queue_.pop_front();
     task->state = Task::State::kRunning;
     lock.unlock();
-    StatusOr<PreprocessedImage> r = Decode(task->media);
+    StatusOr<PreprocessedImage> r = Decode(*task);
     lock.lock();
     task->media = MediaBytes();
+    task->make = nullptr;
     if (task->dropped) {
       task->state = Task::State::kGone;
       continue;

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +46,9 @@ class PrefetchDecoder {
 
   // Queues `media` for decoding; the returned handle is passed to Take or Drop.
   std::shared_ptr<Task> Enqueue(MediaBytes media);
+  // Queues a computation that makes the rows itself (a video's temporal
+  // chunk: PreprocessChunk over frames already decoded), run like a decode.
+  std::shared_ptr<Task> Enqueue(std::function<StatusOr<PreprocessedImage>()> make);
 
   // The decoded and preprocessed image, or the decode error (kInvalidArgument).
   StatusOr<PreprocessedImage> Take(const std::shared_ptr<Task>& task);
@@ -55,7 +59,8 @@ class PrefetchDecoder {
 
  private:
   void Run();
-  StatusOr<PreprocessedImage> Decode(const MediaBytes& media) const;
+  StatusOr<PreprocessedImage> Decode(Task& task) const;
+  std::shared_ptr<Task> Push(std::shared_ptr<Task> task);
 
   const PreprocessConfig config_;
   const DecodeLimits limits_;
