@@ -9,7 +9,8 @@
 #                                   generated epd/version.h
 #   lib/libepd_*.a                  the libraries (static, position
 #                                   independent), exported as epd::core,
-#                                   epd::media, epd::model, epd::gpu,
+#                                   epd::media, epd::video, epd::model,
+#                                   epd::gpu,
 #                                   epd::gpu_cuda, epd::torch_tower,
 #                                   epd::checkpoint_tower, epd::worker,
 #                                   epd::server, epd::client (and the
@@ -39,6 +40,7 @@ set(EPD_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/epd CACHE STRING
 set(_epd_components
   "core|epd_core|"
   "media|epd_media|core"
+  "video|epd_video|media"
   "model|epd_model|core,media"
   "gpu|epd_gpu|core"
   "gpu_cuda|epd_gpu_cuda|gpu"

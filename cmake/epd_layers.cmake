@@ -21,7 +21,7 @@
 # "rpc" is the internal epd_proto (generated gRPC code and the conversions);
 # its one public header, the stats both ends report, is shared by server and
 # client.
-set(EPD_LAYERS core media model gpu gpu_cuda torch_tower checkpoint_tower worker rpc server client python)
+set(EPD_LAYERS core media video model gpu gpu_cuda torch_tower checkpoint_tower worker rpc server client python)
 
 set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
@@ -32,6 +32,11 @@ set(EPD_LAYER_core_HEADERS
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
 set(EPD_LAYER_media_HEADERS content_key.h image.h preprocess.h video.h)
+
+# FFmpeg's edge: container decoding (EPD_WITH_VIDEO).
+set(EPD_LAYER_video_TARGET epd_video)
+set(EPD_LAYER_video_USES core media)
+set(EPD_LAYER_video_HEADERS video_decoder.h)
 
 set(EPD_LAYER_model_TARGET epd_model)
 set(EPD_LAYER_model_USES core media)

@@ -49,6 +49,16 @@ struct VideoSampling {
   std::optional<std::int64_t> resized_height;
   std::optional<std::int64_t> resized_width;
 
+  // The qwen-vl-utils defaults for a checkpoint of ViT patch `patch_size`
+  // (spatial merge 2, so factor f = 2 * patch_size): min_pixels 128 f^2,
+  // max_pixels 768 f^2, total_pixels 128000 f^2 * 0.9 = 115200 f^2; the
+  // frame options are the defaults above. Patch 14 (Qwen2-VL, Qwen2.5-VL)
+  // gives the defaults above; patch 16 (Qwen3-VL) gives 131072, 786432 and
+  // 117964800. Source: qwen-vl-utils fetch_video(image_patch_size=...)
+  // (QwenLM/Qwen3-VL, VIDEO_MIN_TOKEN_NUM, VIDEO_MAX_TOKEN_NUM,
+  // MODEL_SEQ_LEN). REQUIRES: 1 <= patch_size <= 1024.
+  static VideoSampling ForPatchSize(int patch_size);
+
   // kInvalidArgument naming the field unless fps > 0 and finite, nframes
   // (when set) >= 1, 1 <= min_frames <= max_frames, 1 <= min_pixels <=
   // max_pixels, total_pixels >= 1, resized sizes both set or neither and >= 1.

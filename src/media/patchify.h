@@ -1,13 +1,19 @@
 // src/media/patchify.h (internal to epd::media): the Qwen2-VL patch layout,
-// separated from resize/normalise so a test can feed it distinct floats.
+// separated from resize/normalise so a test can feed it distinct floats, and
+// the pieces of Preprocess that the video path (video_sampling.cc) shares
+// with the image path, so a video chunk's rows are made by the same code as
+// an image's.
 //
-// Thread safety: pure function; thread-safe.
+// Thread safety: pure functions; thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "epd/image.h"
 #include "epd/preprocess.h"
+#include "epd/status.h"
 
 namespace epd::internal {
 
@@ -17,5 +23,24 @@ namespace epd::internal {
 // REQUIRES: cfg valid; height and width multiples of cfg.factor();
 // planar.size() == 3 * height * width.
 std::vector<float> Patchify(const std::vector<float>& planar, int height, int width, const PreprocessConfig& cfg);
+
+// The same layout over T distinct frames: frames[t] is temporal frame t of
+// every row (Qwen2-VL's video patches). Patchify(planar) equals
+// PatchifyFrames of T pointers to planar.
+// REQUIRES: frames.size() == cfg.temporal_patch_size, each as for Patchify.
+std::vector<float> PatchifyFrames(std::span<const std::vector<float>* const> frames, int height, int width,
+                                  const PreprocessConfig& cfg);
+
+// Step 3 of Preprocess: x / 255, then (x - mean[c]) / std[c], into planar
+// [3, H, W] float32. REQUIRES: image well formed (pixels.size() == W*H*3).
+std::vector<float> NormalizeToPlanar(const RgbImage& image, const PreprocessConfig& cfg);
+
+// smart_resize with explicit bounds (double, as the Python original's may be
+// floats: qwen-vl-utils' video max_pixels is total_pixels / nframes * 2).
+// Same formula and errors as epd::SmartResize, which calls it with
+// cfg.min_pixels / cfg.max_pixels. REQUIRES: cfg valid, 0 < min_pixels <=
+// max_pixels.
+StatusOr<ResizedSize> SmartResizeWithBounds(std::int64_t height, std::int64_t width, const PreprocessConfig& cfg,
+                                            double min_pixels, double max_pixels);
 
 }  // namespace epd::internal

@@ -99,6 +99,14 @@ Status PreprocessConfig::Validate() const {
 
 StatusOr<ResizedSize> SmartResize(std::int64_t height, std::int64_t width, const PreprocessConfig& cfg) {
   if (Status s = cfg.Validate(); !s.ok()) return s;
+  return internal::SmartResizeWithBounds(height, width, cfg, static_cast<double>(cfg.min_pixels),
+                                         static_cast<double>(cfg.max_pixels));
+}
+
+namespace internal {
+
+StatusOr<ResizedSize> SmartResizeWithBounds(std::int64_t height, std::int64_t width, const PreprocessConfig& cfg,
+                                            double min_pixels, double max_pixels) {
   if (height < 1 || width < 1) return InvalidArgument("zero-sized image: " + Dims(height, width) + " (HxW)");
   if (height > kMaxSide || width > kMaxSide) {
     return InvalidArgument("image side too large: " + Dims(height, width) + " (HxW), limit 2^31-1");
@@ -113,17 +121,19 @@ StatusOr<ResizedSize> SmartResize(std::int64_t height, std::int64_t width, const
   const double h = static_cast<double>(height), w = static_cast<double>(width);
   double h_bar = std::max(f, RoundHalfEven(h / f) * f);
   double w_bar = std::max(f, RoundHalfEven(w / f) * f);
-  if (h_bar * w_bar > static_cast<double>(cfg.max_pixels)) {
-    const double beta = std::sqrt(h * w / static_cast<double>(cfg.max_pixels));
+  if (h_bar * w_bar > max_pixels) {
+    const double beta = std::sqrt(h * w / max_pixels);
     h_bar = std::max(f, std::floor(h / beta / f) * f);
     w_bar = std::max(f, std::floor(w / beta / f) * f);
-  } else if (h_bar * w_bar < static_cast<double>(cfg.min_pixels)) {
-    const double beta = std::sqrt(static_cast<double>(cfg.min_pixels) / (h * w));
+  } else if (h_bar * w_bar < min_pixels) {
+    const double beta = std::sqrt(min_pixels / (h * w));
     h_bar = std::ceil(h * beta / f) * f;
     w_bar = std::ceil(w * beta / f) * f;
   }
   return ResizedSize{static_cast<std::int64_t>(h_bar), static_cast<std::int64_t>(w_bar)};
 }
+
+}  // namespace internal
 
 StatusOr<GridTHW> GridForImage(std::int64_t height, std::int64_t width, const PreprocessConfig& cfg) {
   auto size = SmartResize(height, width, cfg);
@@ -184,6 +194,13 @@ StatusOr<RgbImage> ResizeRgb(const RgbImage& src, int width, int height, Resampl
 namespace internal {
 
 std::vector<float> Patchify(const std::vector<float>& planar, int height, int width, const PreprocessConfig& cfg) {
+  // A still image: every temporal frame is the same.
+  const std::vector<const std::vector<float>*> frames(static_cast<std::size_t>(cfg.temporal_patch_size), &planar);
+  return PatchifyFrames(frames, height, width, cfg);
+}
+
+std::vector<float> PatchifyFrames(std::span<const std::vector<float>* const> frames, int height, int width,
+                                  const PreprocessConfig& cfg) {
   const std::int64_t P = cfg.patch_size, m = cfg.merge_size, T = cfg.temporal_patch_size;
   const std::int64_t gh = height / P, gw = width / P;
   const std::int64_t plane = std::int64_t{height} * width;
@@ -198,16 +215,13 @@ std::vector<float> Patchify(const std::vector<float>& planar, int height, int wi
         for (std::int64_t mx = 0; mx < m; ++mx) {
           const std::int64_t y0 = (by * m + my) * P, x0 = (bx * m + mx) * P;
           for (std::int64_t c = 0; c < 3; ++c) {
-            float* frame0 = dst;
-            for (std::int64_t py = 0; py < P; ++py) {
-              const float* src = planar.data() + c * plane + (y0 + py) * width + x0;
-              std::memcpy(dst, src, static_cast<std::size_t>(P) * sizeof(float));
-              dst += P;
-            }
-            // A still image: every temporal frame is the same.
-            for (std::int64_t t = 1; t < T; ++t) {
-              std::memcpy(dst, frame0, static_cast<std::size_t>(P * P) * sizeof(float));
-              dst += P * P;
+            for (std::int64_t t = 0; t < T; ++t) {
+              const float* frame = frames[static_cast<std::size_t>(t)]->data();
+              for (std::int64_t py = 0; py < P; ++py) {
+                const float* src = frame + c * plane + (y0 + py) * width + x0;
+                std::memcpy(dst, src, static_cast<std::size_t>(P) * sizeof(float));
+                dst += P;
+              }
             }
           }
         }
@@ -215,6 +229,27 @@ std::vector<float> Patchify(const std::vector<float>& planar, int height, int wi
     }
   }
   return out;
+}
+
+std::vector<float> NormalizeToPlanar(const RgbImage& image, const PreprocessConfig& cfg) {
+  // x / 255 in double then rounded to float, then (x - mean) / std in float:
+  // the Hugging Face rescale (float64 multiply, cast) and normalize (float32).
+  std::array<std::array<float, 256>, 3> lut;
+  for (int c = 0; c < 3; ++c) {
+    for (int v = 0; v < 256; ++v) {
+      const float x = static_cast<float>(v * (1.0 / 255.0));
+      lut[c][v] = (x - cfg.mean[c]) / cfg.std[c];
+    }
+  }
+  const std::size_t plane = static_cast<std::size_t>(image.height) * static_cast<std::size_t>(image.width);
+  std::vector<float> planar(plane * 3);
+  const std::uint8_t* px = image.pixels.data();
+  for (std::size_t i = 0; i < plane; ++i) {
+    planar[i] = lut[0][px[3 * i]];
+    planar[plane + i] = lut[1][px[3 * i + 1]];
+    planar[2 * plane + i] = lut[2][px[3 * i + 2]];
+  }
+  return planar;
 }
 
 }  // namespace internal
@@ -231,24 +266,8 @@ StatusOr<PreprocessedImage> Preprocess(const RgbImage& image, const PreprocessCo
   auto resized = ResizeRgb(image, static_cast<int>(size->width), static_cast<int>(size->height), cfg.resample);
   if (!resized.ok()) return resized.status();
 
-  // x / 255 in double then rounded to float, then (x - mean) / std in float:
-  // the Hugging Face rescale (float64 multiply, cast) and normalize (float32).
-  std::array<std::array<float, 256>, 3> lut;
-  for (int c = 0; c < 3; ++c) {
-    for (int v = 0; v < 256; ++v) {
-      const float x = static_cast<float>(v * (1.0 / 255.0));
-      lut[c][v] = (x - cfg.mean[c]) / cfg.std[c];
-    }
-  }
   const int H = resized->height, W = resized->width;
-  const std::size_t plane = static_cast<std::size_t>(H) * static_cast<std::size_t>(W);
-  std::vector<float> planar(plane * 3);
-  const std::uint8_t* px = resized->pixels.data();
-  for (std::size_t i = 0; i < plane; ++i) {
-    planar[i] = lut[0][px[3 * i]];
-    planar[plane + i] = lut[1][px[3 * i + 1]];
-    planar[2 * plane + i] = lut[2][px[3 * i + 2]];
-  }
+  const std::vector<float> planar = internal::NormalizeToPlanar(*resized, cfg);
 
   PreprocessedImage out;
   out.grid = GridTHW{1, H / cfg.patch_size, W / cfg.patch_size};

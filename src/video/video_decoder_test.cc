@@ -1,0 +1,271 @@
+// Tests of epd::ProbeVideo / epd::DecodeVideo on files Debian's ffmpeg makes
+// at build time (make_video_fixtures.py, in EPD_VIDEO_FIXTURES). Expected
+// frame counts, indices and sizes are worked by hand from qwen-vl-utils'
+// formulas in the comments; pixels are checked against the image path.
+#include "epd/video_decoder.h"
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace epd {
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+
+Bytes Fixture(const std::string& name) {
+  std::ifstream in(std::string(EPD_VIDEO_FIXTURES) + "/" + name, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "missing fixture " << name;
+  return Bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::vector<double> Times(std::initializer_list<int> idx, double fps) {
+  std::vector<double> t;
+  for (int i : idx) t.push_back(i / fps);
+  return t;
+}
+
+// `tol`: the container's time base (Matroska stores milliseconds).
+void ExpectTimestamps(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-9) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "frame " << i;
+}
+
+TEST(ProbeVideoTest, ReadsTheH264Mp4Header) {
+  auto info = ProbeVideo(Fixture("h264.mp4"));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_NE(info->container.find("mp4"), std::string::npos) << info->container;
+  EXPECT_EQ(info->codec, "h264");
+  EXPECT_EQ(info->width, 160);
+  EXPECT_EQ(info->height, 120);
+  EXPECT_EQ(info->frames, 20);
+  EXPECT_DOUBLE_EQ(info->fps, 10.0);
+  EXPECT_NEAR(info->duration_s, 2.0, 1e-6);
+}
+
+TEST(ProbeVideoTest, ReadsTheVp9WebmHeaderAndEstimatesFrames) {
+  // WebM has no frame count: 1 s * 12 fps.
+  auto info = ProbeVideo(Fixture("vp9.webm"));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_NE(info->container.find("webm"), std::string::npos) << info->container;
+  EXPECT_EQ(info->codec, "vp9");
+  EXPECT_EQ(info->width, 160);
+  EXPECT_EQ(info->height, 120);
+  EXPECT_DOUBLE_EQ(info->fps, 12.0);
+  EXPECT_EQ(info->frames, 12);
+}
+
+TEST(DecodeVideoTest, SamplesH264Mp4AsQwenVlUtils) {
+  // 20 frames at 10 fps: 20 / 10 * 2 = 4 frames; linspace(0, 19, 4) = 0,
+  // 6.33, 12.67, 19 -> 0, 6, 13, 19. 120x160: 112x168 = 18816 < 100352;
+  // beta = sqrt(100352 / 19200) = 2.286; 120 * 2.286 / 28 = 9.8 -> 280,
+  // 160 * 2.286 / 28 = 13.06 -> 392. Grid (2, 20, 28).
+  auto v = DecodeVideo(Fixture("h264.mp4"), {}, {});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  ASSERT_EQ(v->frames.size(), 4u);
+  for (const RgbImage& f : v->frames) {
+    EXPECT_EQ(f.width, 392);
+    EXPECT_EQ(f.height, 280);
+    EXPECT_EQ(f.pixels.size(), 392u * 280u * 3u);
+  }
+  EXPECT_EQ(v->grid, (GridTHW{2, 20, 28}));
+  ExpectTimestamps(v->timestamps_s, Times({0, 6, 13, 19}, 10));
+  EXPECT_EQ(v->source_frames, 20);
+  EXPECT_DOUBLE_EQ(v->source_fps, 10.0);
+  EXPECT_DOUBLE_EQ(v->sample_fps, 2.0);          // 4 / 20 * 10
+  EXPECT_DOUBLE_EQ(v->seconds_per_grid_t, 1.0);  // 2 / 2.0
+  // testsrc draws a moving pattern: the sampled frames differ.
+  EXPECT_NE(v->frames[0].pixels, v->frames[3].pixels);
+}
+
+TEST(DecodeVideoTest, ExactFrameCountPicksLinspaceIndices) {
+  // nframes 8: linspace(0, 19, 8) = 19 i / 7 -> 0, 3, 5, 8, 11, 14, 16, 19.
+  VideoSampling s;
+  s.nframes = 8;
+  auto v = DecodeVideo(Fixture("h264.mp4"), s, {});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->grid.t, 4);
+  ExpectTimestamps(v->timestamps_s, Times({0, 3, 5, 8, 11, 14, 16, 19}, 10));
+  EXPECT_DOUBLE_EQ(v->sample_fps, 4.0);  // 8 / 20 * 10
+}
+
+TEST(DecodeVideoTest, MoovAtTheEndDecodesLikeFaststart) {
+  auto a = DecodeVideo(Fixture("h264.mp4"), {}, {});
+  auto b = DecodeVideo(Fixture("h264_moov_end.mp4"), {}, {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(a->frames.size(), b->frames.size());
+  for (std::size_t i = 0; i < a->frames.size(); ++i) EXPECT_EQ(a->frames[i].pixels, b->frames[i].pixels);
+}
+
+TEST(DecodeVideoTest, SamplesVp9Webm) {
+  // 12 frames at 12 fps: 2 -> min 4; linspace(0, 11, 4) = 0, 3.67, 7.33, 11.
+  auto v = DecodeVideo(Fixture("vp9.webm"), {}, {});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->source_frames, 12);
+  EXPECT_EQ(v->grid, (GridTHW{2, 20, 28}));
+  ExpectTimestamps(v->timestamps_s, Times({0, 4, 7, 11}, 12), 0.0005);
+  EXPECT_DOUBLE_EQ(v->sample_fps, 4.0);          // 4 / 12 * 12
+  EXPECT_DOUBLE_EQ(v->seconds_per_grid_t, 0.5);  // 2 / 4.0
+}
+
+TEST(DecodeVideoTest, SamplesMpeg4Avi) {
+  // 8 frames at 8 fps -> 4; linspace(0, 7, 4) = 0, 2.33, 4.67, 7. 64x96:
+  // beta = sqrt(100352 / 6144) = 4.041; 64 * 4.041 / 28 = 9.2 -> 280,
+  // 96 * 4.041 / 28 = 13.9 -> 392.
+  auto v = DecodeVideo(Fixture("mpeg4.avi"), {}, {});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->source_frames, 8);
+  EXPECT_EQ(v->grid, (GridTHW{2, 20, 28}));
+  ExpectTimestamps(v->timestamps_s, Times({0, 2, 5, 7}, 8));
+}
+
+TEST(DecodeVideoTest, LosslessFrameEqualsTheImagePathPixelForPixel) {
+  // FFV1 RGB is lossless, so sampled frame 2 (source frame 13) is exactly
+  // ffmpeg's PNG of frame 13 after the image path's resize (112x168 ->
+  // 280x392, as SamplesMpeg4Avi's arithmetic with beta = sqrt(100352 /
+  // 18816) = 2.309).
+  const Bytes png = Fixture("lossless_frame13.png");
+  auto image = DecodeImage(png);
+  ASSERT_TRUE(image.ok()) << image.status().ToString();
+  ASSERT_EQ(image->width, 168);
+  auto want = ResizeRgb(*image, 392, 280, Resample::kBicubic);
+  ASSERT_TRUE(want.ok());
+  auto v = DecodeVideo(Fixture("lossless.mkv"), {}, {});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  ASSERT_EQ(v->frames.size(), 4u);
+  EXPECT_EQ(v->frames[2].pixels, want->pixels);
+  // And with no resize at all (resized 112x168 is already a multiple of 28).
+  VideoSampling same;
+  same.resized_height = 112;
+  same.resized_width = 168;
+  auto raw = DecodeVideo(Fixture("lossless.mkv"), same, {});
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  EXPECT_EQ(raw->frames[2].pixels, image->pixels);
+  EXPECT_EQ(raw->grid, (GridTHW{2, 8, 12}));
+}
+
+TEST(DecodeVideoTest, Patch16CheckpointUsesFactor32) {
+  // Qwen3-VL: 120x160 with min 131072: 128x160 = 20480 < 131072; beta =
+  // sqrt(131072 / 19200) = 2.613; 120 * 2.613 / 32 = 9.8 -> 320, 160 * 2.613
+  // / 32 = 13.06 -> 448. Grid (2, 20, 28) in patches of 16.
+  PreprocessConfig cfg;
+  cfg.patch_size = 16;
+  auto v = DecodeVideo(Fixture("h264.mp4"), VideoSampling::ForPatchSize(16), cfg);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->frames[0].height, 320);
+  EXPECT_EQ(v->frames[0].width, 448);
+  EXPECT_EQ(v->grid, (GridTHW{2, 20, 28}));
+}
+
+// --- bad input: each a clean kInvalidArgument naming the problem ------------
+
+struct BadCase {
+  const char* file;
+  const char* says;  // substring of the message
+};
+
+class BadVideoTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadVideoTest, IsInvalidArgumentNamingTheProblem) {
+  const Bytes bytes = Fixture(GetParam().file);
+  auto v = DecodeVideo(bytes, {}, {});
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument) << v.status().ToString();
+  EXPECT_NE(v.status().message().find(GetParam().says), std::string::npos) << v.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, BadVideoTest,
+    ::testing::Values(BadCase{"truncated.mp4", "truncated"}, BadCase{"truncated_moov.mp4", "truncated"},
+                      BadCase{"audio.wav", "no video stream"}, BadCase{"zero_frames.y4m", "no frames"},
+                      BadCase{"huge.y4m", "10000x10000"},
+                      BadCase{"invalid_size.y4m", "100000x100000"}, BadCase{"huge_stsd.mp4", "65535x65535"},
+                      BadCase{"ten_hours.mp4", "36000 s"}, BadCase{"unknown_codec.mp4", "zzzz"},
+                      BadCase{"garbage.bin", "not a readable video container"}),
+    [](const auto& info) {
+      std::string n = info.param.file;
+      for (char& c : n) {
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      return n;
+    });
+
+TEST(ProbeVideoTest, RefusesLyingHeadersBeforeDecoding) {
+  auto huge = ProbeVideo(Fixture("huge.y4m"));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("max_source_pixels"), std::string::npos) << huge.status().message();
+  auto longer = ProbeVideo(Fixture("ten_hours.mp4"));
+  ASSERT_FALSE(longer.ok());
+  EXPECT_NE(longer.status().message().find("max_duration_s"), std::string::npos) << longer.status().message();
+  auto unknown = ProbeVideo(Fixture("unknown_codec.mp4"));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("unsupported video codec"), std::string::npos);
+}
+
+TEST(DecodeVideoTest, EmptyInputIsInvalidArgument) {
+  auto v = DecodeVideo({}, {}, {});
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(v.status().message().find("empty"), std::string::npos);
+}
+
+TEST(DecodeVideoTest, LimitsAreEnforcedAndNamed) {
+  const Bytes mp4 = Fixture("h264.mp4");
+  VideoLimits frames;
+  frames.max_source_frames = 10;  // the header claims 20
+  auto a = DecodeVideo(mp4, {}, {}, frames);
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("max_source_frames"), std::string::npos) << a.status().message();
+
+  VideoLimits bytes;
+  bytes.max_decoded_bytes = 1'000'000;  // 4 * 280 * 392 * 3 = 1317120
+  auto b = DecodeVideo(mp4, {}, {}, bytes);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("max_decoded_bytes"), std::string::npos) << b.status().message();
+  bytes.max_decoded_bytes = 1'317'120;  // exactly enough
+  EXPECT_TRUE(DecodeVideo(mp4, {}, {}, bytes).ok());
+
+  VideoLimits duration;
+  duration.max_duration_s = 1.5;  // the video is 2 s
+  auto c = DecodeVideo(mp4, {}, {}, duration);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("max_duration_s"), std::string::npos) << c.status().message();
+
+  VideoLimits pixels;
+  pixels.max_source_pixels = 160 * 120 - 1;
+  auto d = DecodeVideo(mp4, {}, {}, pixels);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("160x120"), std::string::npos) << d.status().message();
+}
+
+TEST(DecodeVideoTest, EveryPrefixIsDecodedOrRefusedCleanly) {
+  // Never a crash or another code, whatever the cut.
+  const Bytes mp4 = Fixture("h264.mp4");
+  for (std::size_t n = 0; n < mp4.size(); n += 211) {
+    auto v = DecodeVideo(std::span<const std::uint8_t>(mp4.data(), n), {}, {});
+    if (!v.ok()) {
+      EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument) << n << ": " << v.status().ToString();
+    }
+  }
+}
+
+TEST(DecodeVideoTest, CorruptedPayloadIsDecodedOrRefusedCleanly) {
+  // Flip bytes across the file (headers and frames), deterministically.
+  const Bytes webm = Fixture("vp9.webm");
+  for (std::size_t pos = 0; pos < webm.size(); pos += 173) {
+    Bytes bad = webm;
+    bad[pos] ^= 0xA5;
+    if (pos + 7 < bad.size()) bad[pos + 7] ^= 0x3C;
+    auto v = DecodeVideo(bad, {}, {});
+    if (!v.ok()) {
+      EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument) << pos << ": " << v.status().ToString();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace epd
