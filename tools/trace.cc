@@ -49,12 +49,17 @@ StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const st
       }
       r.arrival_ms = j["arrival_ms"].get<double>();
     }
-    if (!j.contains("images") || !j["images"].is_array() || j["images"].empty()) {
-      return error("images must be a non-empty array of strings");
+    for (const char* field : {"images", "videos"}) {
+      if (!j.contains(field)) continue;
+      const std::string what = std::string(field) + " must be an array of non-empty strings";
+      if (!j[field].is_array()) return error(what);
+      for (const json& p : j[field]) {
+        if (!p.is_string() || p.get<std::string>().empty()) return error(what);
+        (std::string(field) == "images" ? r.images : r.videos).push_back(p.get<std::string>());
+      }
     }
-    for (const json& p : j["images"]) {
-      if (!p.is_string() || p.get<std::string>().empty()) return error("images must be a non-empty array of strings");
-      r.images.push_back(p.get<std::string>());
+    if (r.images.empty() && r.videos.empty()) {
+      return error("images must be a non-empty array of strings (or videos name at least one video)");
     }
     out.push_back(std::move(r));
   }
@@ -71,6 +76,7 @@ std::string TraceToJsonLines(const std::vector<TraceRequest>& trace) {
   std::string out;
   for (const TraceRequest& r : trace) {
     json j = {{"id", r.id}, {"arrival_ms", r.arrival_ms}, {"images", r.images}};
+    if (!r.videos.empty()) j["videos"] = r.videos;
     out += j.dump();
     out += '\n';
   }

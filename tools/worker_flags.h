@@ -73,6 +73,11 @@ struct WorkerFlags {
   std::string exif_orientation = "on";
   std::string rgba_background = "white";
   std::int64_t max_decode_pixels = DecodeLimits{}.max_pixels;
+  // Videos (docs/VIDEO.md): the default sampling (the rest is qwen-vl-utils'
+  // for the model's patch size, VideoSampling::ForPatchSize) and limits.
+  double video_fps = VideoSampling{}.fps;
+  std::int64_t video_max_frames = VideoSampling{}.max_frames;
+  double video_max_seconds = VideoLimits{}.max_duration_s;
 };
 
 // The tower used when --model is not given; empty when this build has none.

@@ -35,8 +35,10 @@
 // grid (1, h, w) costing its post-merge tokens). When its last chunk is
 // ready the chunks' rows are concatenated in order (grid (t, h, w)), cached
 // under the whole-video key and delivered with ItemResult::video. A failed
-// chunk fails the video (naming the chunk). Video items need a tower with
-// temporal_chunks_independent() (else kFailedPrecondition). For
+// chunk fails the video (naming the chunk). With a tower that does not
+// declare temporal_chunks_independent() (or video_chunk_cache off) a video
+// is one job of grid (t, h, w) instead, joined and cached by its whole-video
+// key only. For
 // max_pending_items a video counts as one job (its chunks are only known
 // after the decode).
 // Helper threads decode and preprocess queued misses in arrival order while
@@ -207,8 +209,11 @@ struct WorkerOptions {
   // is built); empty = a video item given as container bytes fails with
   // kFailedPrecondition (frame lists still work). video_sampling is the default a
   // request's VideoInput::sampling overrides; video_limits bound every decode.
-  // Video items need a tower whose temporal_chunks_independent() is true;
-  // with another tower they fail with kFailedPrecondition.
+  // Chunk caching needs a tower whose temporal_chunks_independent() is
+  // true; with another tower (or video_chunk_cache off) a video is encoded
+  // whole, as one tower item of grid (t, h, w), cached and joined only under
+  // its whole-video key.
+  bool video_chunk_cache = true;
   std::function<StatusOr<SampledVideo>(std::span<const std::uint8_t>, const VideoSampling&, const PreprocessConfig&,
                                        const VideoLimits&)>
       decode_video;

@@ -56,6 +56,13 @@ ClientItemResult FromProto(const v1::EncodedItem& m) {
     }
     e->grid = {m.grid_thw(0), m.grid_thw(1), m.grid_thw(2)};
   }
+  if (m.timestamps_s_size() != 0 || m.seconds_per_grid_t() != 0) {
+    auto timing = std::make_shared<VideoTiming>();
+    timing->timestamps_s.assign(m.timestamps_s().begin(), m.timestamps_s().end());
+    timing->sample_fps = m.sample_fps();
+    timing->seconds_per_grid_t = m.seconds_per_grid_t();
+    r.video = std::move(timing);
+  }
   r.embedding = std::move(e);
   return r;
 }

@@ -126,9 +126,18 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     for (int i = 0; i < req.items_size(); ++i) {
       const v1::EncodeItem& item = req.items(i);
       const std::string at = "item " + std::to_string(i);
-      if (item.image().empty() && item.caller_key().empty()) {
-        return InvalidArgument(at + " is empty: set `image` to JPEG or PNG bytes, or `caller_key` to a key "
-                                    "this server has cached");
+      const bool is_video = !item.video().empty() || item.has_video_frames();
+      if (is_video) {
+        if (!item.image().empty() || !item.caller_key().empty() || (!item.video().empty() && item.has_video_frames())) {
+          return InvalidArgument(at + " mixes kinds: a video item sets exactly one of `video` and `video_frames`, "
+                                      "and neither `image` nor `caller_key`");
+        }
+        if (item.has_video_frames() && item.video_frames().frames_size() == 0) {
+          return InvalidArgument(at + " has `video_frames` without frames");
+        }
+      } else if (item.image().empty() && item.caller_key().empty()) {
+        return InvalidArgument(at + " is empty: set `image` to JPEG or PNG bytes, `caller_key` to a key "
+                                    "this server has cached, or `video` / `video_frames`");
       }
     }
     return Status::Ok();
@@ -154,9 +163,18 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     request.items.reserve(req->items_size());
     for (const v1::EncodeItem& item : req->items()) {
       EncodeItemInput in;
+      in.expected_tokens = item.expected_tokens();
+      if (!item.video().empty() || item.has_video_frames()) {
+        VideoInput v;
+        v.container = item.video();
+        for (const std::string& f : item.video_frames().frames()) v.frames.emplace_back(f);
+        if (item.has_sampling()) v.sampling = internal::FromProto(item.sampling(), worker_options.video_sampling);
+        in.video = std::move(v);
+        request.items.push_back(std::move(in));
+        continue;
+      }
       in.media = item.image();
       if (!item.caller_key().empty()) in.caller_key = item.caller_key();
-      in.expected_tokens = item.expected_tokens();
       request.items.push_back(std::move(in));
     }
 

@@ -29,7 +29,7 @@ ContentKey KeyOf(const std::string& image) {
   return ComputeContentKey("test-model", PreprocessConfig{}, ToBytes(image));
 }
 
-ClientItem Img(std::string image) { return ClientItem{std::move(image), std::nullopt, 0}; }
+ClientItem Img(std::string image) { return ClientItem{.image = std::move(image)}; }
 
 std::string KeyBytes(const std::string& image) {
   const ContentKey k = KeyOf(image);

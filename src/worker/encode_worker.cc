@@ -147,6 +147,9 @@ struct EncodeWorker::Impl {
     EncodeScheduler::Key sched_key;
     std::vector<Waiter> waiters;
     bool running = false;
+    // A whole video's job (grid (t, h, w)): its timing, delivered to every
+    // waiter and kept for whole-video hits. Null for images and chunks.
+    std::shared_ptr<const VideoTiming> video_timing;
   };
   struct Request {
     std::string id;
@@ -370,6 +373,7 @@ struct EncodeWorker::Impl {
       res.index = w.index;
       res.key = job.key;
       res.source = requests.at(w.request).results[w.index].source;
+      if (embedding != nullptr) res.video = job.video_timing;
       res.queue_ms = std::max(0.0, Ms(b.start - w.arrived));
       res.tower_ms = b.tower_ms;
       res.total_ms = Ms(now - w.arrived);
@@ -601,13 +605,6 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
   ++stats.video_items;
   const std::int64_t i = res.index;
   const std::int64_t merge = options.preprocess.merge_size;
-  if (!tower->temporal_chunks_independent()) {
-    ++stats.misses;
-    res.status = FailedPrecondition("the vision tower '" + tower->Describe() +
-                                    "' does not declare temporal_chunks_independent, so videos cannot be encoded "
-                                    "chunk by chunk (docs/VIDEO.md)");
-    return false;
-  }
   if (item.expected_tokens < 0) {
     ++stats.misses;
     res.status = InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) +
@@ -631,6 +628,18 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
       ++stats.shape_mismatches;
     }
   }
+  Request& r = requests.at(rid);
+  const bool chunked = options.video_chunk_cache && tower->temporal_chunks_independent();
+  if (!chunked && options.dedup_in_flight) {
+    if (auto j = job_by_key.find(res.key); j != job_by_key.end()) {  // the same video, queued or running whole
+      ++stats.joins;
+      jobs.at(j->second).waiters.push_back({rid, i, arrived});
+      r.job[i] = j->second;
+      r.results[i] = std::move(res);
+      r.results[i].source = ItemSource::kJoined;
+      return true;
+    }
+  }
   ++stats.misses;
   res.source = ItemSource::kMiss;
   ++stats.video_decodes;
@@ -648,6 +657,38 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
     return false;
   }
 
+  char item_tag[24];
+  std::snprintf(item_tag, sizeof(item_tag), "%020lld", static_cast<long long>(i));
+  // Video jobs' scheduler keys: (sched_id + '\1' + item index, chunk index),
+  // unique per submission, item and chunk, and ordered after the request's
+  // image items under kByKey.
+  const std::string video_sched = sched_id + '\1' + item_tag;
+  auto new_job = [&](const ContentKey& key, std::int64_t c, std::int64_t cost,
+                     std::function<StatusOr<PreprocessedImage>()> make) {
+    const std::uint64_t job_id = next_job++;
+    Job& job = jobs[job_id];
+    job.key = key;
+    job.sched_key = {video_sched, c};
+    job.decode = decoder.Enqueue(std::move(make));
+    scheduler.Add({job.sched_key.first, job.sched_key.second, cost});
+    job_by_sched.emplace(job.sched_key, job_id);
+    if (options.dedup_in_flight) job_by_key[key] = job_id;
+    return job_id;
+  };
+  if (!chunked) {
+    // The whole video as one tower item of grid (t, h, w).
+    const std::uint64_t job_id =
+        new_job(res.key, 0, tokens, [video = prepared->video, cfg = options.preprocess] {
+          return internal::PreprocessWholeVideo(*video, cfg);
+        });
+    Job& job = jobs.at(job_id);
+    job.video_timing = prepared->timing;
+    job.waiters.push_back({rid, i, arrived});
+    r.job[i] = job_id;
+    r.results[i] = std::move(res);
+    return true;
+  }
+
   VideoAssembly a;
   a.whole_key = res.key;
   a.grid = prepared->grid;
@@ -655,12 +696,6 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
   a.chunks.resize(static_cast<std::size_t>(a.grid.t));
   const GridTHW chunk_grid{1, a.grid.h, a.grid.w};
   const std::int64_t chunk_tokens = chunk_grid.tokens(merge);
-  char item_tag[24];
-  std::snprintf(item_tag, sizeof(item_tag), "%020lld", static_cast<long long>(i));
-  // Chunk jobs' scheduler keys: (sched_id + '\1' + item index, chunk index),
-  // unique per submission, item and chunk, and ordered after the request's
-  // image items under kByKey.
-  const std::string chunk_sched = sched_id + '' + item_tag;
   auto wait_on = [&](std::uint64_t job_id, std::int64_t c) {
     jobs.at(job_id).waiters.push_back({rid, i, arrived, c});
     if (std::find(a.jobs.begin(), a.jobs.end(), job_id) == a.jobs.end()) a.jobs.push_back(job_id);
@@ -686,23 +721,14 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
       ++stats.shape_mismatches;
     }
     ++stats.chunk_misses;
-    const std::uint64_t job_id = next_job++;
-    Job& job = jobs[job_id];
-    job.key = key;
-    job.sched_key = {chunk_sched, c};
-    job.decode = decoder.Enqueue([video = prepared->video, c, cfg = options.preprocess] {
-      return PreprocessChunk(*video, c, cfg);
-    });
-    scheduler.Add({job.sched_key.first, job.sched_key.second, chunk_tokens});
-    job_by_sched.emplace(job.sched_key, job_id);
-    if (options.dedup_in_flight) job_by_key[key] = job_id;
-    wait_on(job_id, c);
+    wait_on(new_job(key, c, chunk_tokens,
+                    [video = prepared->video, c, cfg = options.preprocess] { return PreprocessChunk(*video, c, cfg); }),
+            c);
   }
   if (a.remaining == 0) {  // every chunk was cached
     FinishVideo(a, res);
     return false;
   }
-  Request& r = requests.at(rid);
   r.results[i] = std::move(res);
   r.videos.emplace(i, std::move(a));
   return true;
@@ -817,6 +843,7 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
       if (rows.ok()) {
         embedding = std::move(*rows);
         CachePut(job.key, embedding);
+        if (job.video_timing != nullptr) video_timings.Put(job.key, job.video_timing);
       } else {
         status = rows.status();
       }

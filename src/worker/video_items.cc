@@ -114,6 +114,20 @@ StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoIn
   return out;
 }
 
+StatusOr<PreprocessedImage> PreprocessWholeVideo(const SampledVideo& video, const PreprocessConfig& cfg) {
+  PreprocessedImage out;
+  out.grid = video.grid;
+  out.merge_size = cfg.merge_size;
+  out.patch_dim = cfg.patch_dim();
+  out.patches.reserve(static_cast<std::size_t>(video.grid.patches() * cfg.patch_dim()));
+  for (std::int64_t t = 0; t < video.grid.t; ++t) {
+    StatusOr<PreprocessedImage> chunk = PreprocessChunk(video, t, cfg);
+    if (!chunk.ok()) return chunk.status();
+    out.patches.insert(out.patches.end(), chunk->patches.begin(), chunk->patches.end());
+  }
+  return out;
+}
+
 StatusOr<EmbeddingPtr> ConcatChunks(std::span<const EmbeddingPtr> chunks, const GridTHW& grid,
                                     std::int64_t merge_size) {
   if (chunks.empty()) return Internal("a video without chunks");

@@ -53,6 +53,11 @@ struct PreparedVideo {
 // breaks the SampledVideo contract (frame count, sizes, grid).
 StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input);
 
+// The patch rows of the whole video as ONE tower item of grid (t, h, w):
+// the chunks' rows (PreprocessChunk) in order. For the whole-video path
+// (a tower without temporal_chunks_independent, or chunk caching off).
+StatusOr<PreprocessedImage> PreprocessWholeVideo(const SampledVideo& video, const PreprocessConfig& cfg);
+
 // The video's embedding: the chunks' main rows concatenated in order, the
 // deepstack rows likewise, grid `grid`. Chunks held in device or pinned
 // memory are copied to the host first. Errors: a chunk whose shape differs

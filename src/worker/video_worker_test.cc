@@ -300,14 +300,34 @@ TEST_P(VideoWorkerTest, WrongExpectedTokensFailsTheVideo) {
   EXPECT_TRUE(c_.done["ok"].all_ok());
 }
 
-TEST_P(VideoWorkerTest, TowerWithoutChunkIndependenceRefusesVideos) {
+TEST_P(VideoWorkerTest, TowerWithoutChunkIndependenceEncodesVideosWholeWithoutChunkCaching) {
   FakeTowerOptions t;
   t.temporal_chunks_independent = false;
   auto w = Make(Options(), t);
-  ASSERT_TRUE(w->Submit(Req("r", {VideoItem(Clip(0, 2))}), c_.For("r")).ok());
-  EXPECT_EQ(Item("r").status.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(Item("r").status.message().find("temporal_chunks_independent"), std::string::npos);
-  EXPECT_EQ(decodes_.load(), 0);
+  ASSERT_TRUE(w->Submit(Req("a", {VideoItem(Clip(0, 3))}), c_.For("a")).ok());
+  ASSERT_TRUE(w->Submit(Req("b", {VideoItem(Clip(0, 3))}), c_.For("b")).ok());  // joins a's job
+  ASSERT_TRUE(w->Submit(Req("c", {VideoItem(Clip(1, 3))}), c_.For("c")).ok());  // overlaps, shares nothing
+  Drain(*w);
+  ASSERT_TRUE(c_.done["a"].all_ok()) << Item("a").status.ToString();
+  testing::ExpectSameEmbedding(*Item("a").embedding, WantClip(0, 3));
+  testing::ExpectSameEmbedding(*Item("b").embedding, WantClip(0, 3));
+  testing::ExpectSameEmbedding(*Item("c").embedding, WantClip(1, 3));
+  EXPECT_EQ(Item("b").source, ItemSource::kJoined);
+  ASSERT_NE(Item("b").video, nullptr);
+  // Two tower items, each a whole video of grid (3, 4, 4).
+  std::vector<GridTHW> grids;
+  for (const auto& batch : state_->batches) grids.insert(grids.end(), batch.begin(), batch.end());
+  EXPECT_EQ(grids, (std::vector<GridTHW>{{3, 4, 4}, {3, 4, 4}}));
+  WorkerStats s = w->stats();
+  EXPECT_EQ(s.chunk_misses + s.chunk_hits + s.chunk_joins, 0u);
+  EXPECT_EQ(s.joins, 1u);
+  EXPECT_EQ(decodes_.load(), 2);
+  // A repeat is a whole-video hit, with its timing, and no decode.
+  ASSERT_TRUE(w->Submit(Req("d", {VideoItem(Clip(1, 3))}), c_.For("d")).ok());
+  EXPECT_EQ(Item("d").source, ItemSource::kL1);
+  ASSERT_NE(Item("d").video, nullptr);
+  EXPECT_EQ(Item("d").video->timestamps_s.front(), 1.0);
+  EXPECT_EQ(decodes_.load(), 2);
 }
 
 TEST_P(VideoWorkerTest, ContainerWithoutDecoderFailsAndFrameListsWork) {
