@@ -95,6 +95,8 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str()->check(Integer(2));
   cmd.add_option("--video-max-seconds", f.video_max_seconds, "videos: longest duration a container may claim, s")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_flag("--no-video-chunk-cache", f.no_video_chunk_cache,
+               "videos: encode and cache each video whole, not per temporal chunk (to measure what chunks save)");
 }
 
 #ifdef EPD_HAVE_CUDA_TIER
@@ -183,6 +185,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.video_sampling.max_frames = f.video_max_frames;
   o.video_sampling.min_frames = std::min(o.video_sampling.min_frames, f.video_max_frames);
   o.video_limits.max_duration_s = f.video_max_seconds;
+  o.video_chunk_cache = !f.no_video_chunk_cache;
 #ifdef EPD_HAVE_VIDEO
   o.decode_video = [](std::span<const std::uint8_t> bytes, const VideoSampling& s, const PreprocessConfig& cfg,
                       const VideoLimits& limits) { return DecodeVideo(bytes, s, cfg, limits); };

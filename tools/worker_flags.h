@@ -78,6 +78,7 @@ struct WorkerFlags {
   double video_fps = VideoSampling{}.fps;
   std::int64_t video_max_frames = VideoSampling{}.max_frames;
   double video_max_seconds = VideoLimits{}.max_duration_s;
+  bool no_video_chunk_cache = false;  // WorkerOptions::video_chunk_cache off (to measure what it saves)
 };
 
 // The tower used when --model is not given; empty when this build has none.
