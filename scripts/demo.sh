@@ -17,12 +17,19 @@
 # the summary shows every path: L1 hits, L2 hits (promotions), in-flight
 # joins and misses.
 #
+# One short video is made from two of the photographs with Debian's ffmpeg
+# (a slow zoom over one, then a pan across another: 4 s, 10 fps, 448x448,
+# H.264 in MP4, or MPEG-4 part 2 when this ffmpeg has no libx264), into
+# $DEMO_VIDEOS (default <demo-data>/videos/pan.mp4). Without ffmpeg the demo
+# runs without it (a warning).
+#
 # Usage: scripts/demo.sh [BUILD_DIR]   (default: build)
 #        scripts/demo.sh --images-only DIR
 #          only prepares the same images, into DIR (nothing is built or
 #          replayed; the download and originals go to $DEMO_DATA, default
 #          ${TMPDIR:-/tmp}/epd-demo-data). scripts/gpu-check.sh --stage uses it.
 # Environment: DEMO_REQUESTS (200), DEMO_ZIPF (1.0), DEMO_SEED (42),
+#              DEMO_VIDEOS (where pan.mp4 goes),
 #              DEMO_RATE (15 requests/s), DEMO_CACHE_MB (4, L1),
 #              DEMO_VARIANTS (6 derived images per photograph).
 set -euo pipefail
@@ -45,6 +52,7 @@ seed="${DEMO_SEED:-42}"
 rate="${DEMO_RATE:-15}"
 cache_mb="${DEMO_CACHE_MB:-4}"
 variants="${DEMO_VARIANTS:-6}"
+videos="${DEMO_VIDEOS:-$data/videos}"
 py=/usr/bin/python3
 script_start=$(date +%s.%N)
 
@@ -136,6 +144,41 @@ for k in range(60):
 EOF
 }
 
+# The demo video: ~4 s at 10 fps, 448x448. Each photograph is cropped to a
+# centred square and upscaled to 896x896 so the zoompan window moves
+# smoothly; the first is zoomed into (1.0 -> 1.4), the second panned left to
+# right at zoom 1.5; the two 20-frame clips are concatenated. Deterministic
+# for a given ffmpeg build. Prints its path; returns non-zero without ffmpeg.
+make_video() {
+  local out="$videos/pan.mp4"
+  [[ -s "$out" ]] && return 0
+  command -v ffmpeg >/dev/null || return 1
+  local a b codec
+  if [[ -f "$data/originals/astronaut.png" && -f "$data/originals/coffee.png" ]]; then
+    a="$data/originals/astronaut.png"
+    b="$data/originals/coffee.png"
+  else  # the synthetic fallback: any two images
+    a=$(find "$images" -maxdepth 1 -name '*.png' | sort | sed -n 1p)
+    b=$(find "$images" -maxdepth 1 -name '*.png' | sort | sed -n 2p)
+  fi
+  [[ -n "$a" && -n "$b" ]] || return 1
+  local encoders
+  encoders=$(ffmpeg -hide_banner -encoders 2>/dev/null || true)  # no grep -q under pipefail: SIGPIPE
+  if [[ "$encoders" == *" libx264 "* ]]; then
+    codec=(-c:v libx264 -preset medium -crf 23 -pix_fmt yuv420p)
+  else
+    codec=(-c:v mpeg4 -q:v 4 -pix_fmt yuv420p)
+  fi
+  mkdir -p "$videos"
+  local square="crop='min(iw,ih)':'min(iw,ih)',scale=896:896,setsar=1"
+  ffmpeg -v error -nostdin -y -i "$a" -i "$b" -filter_complex \
+    "[0:v]$square,zoompan=z='1+0.4*on/19':x='iw/2-iw/zoom/2':y='ih/2-ih/zoom/2':d=20:s=448x448:fps=10[z];
+     [1:v]$square,zoompan=z=1.5:x='(iw-iw/zoom)*on/19':y='ih/2-ih/zoom/2':d=20:s=448x448:fps=10[p];
+     [z][p]concat=n=2:v=1:a=0,format=yuv420p[v]" \
+    -map '[v]' -frames:v 40 -r 10 "${codec[@]}" -movflags +faststart "$out.tmp.mp4" &&
+    mv "$out.tmp.mp4" "$out"
+}
+
 mkdir -p "$data"
 marker="$images/.complete-v$variants"
 if [[ ! -f "$marker" ]]; then
@@ -147,6 +190,12 @@ if [[ ! -f "$marker" ]]; then
     synthetic_images
   fi
   touch "$marker"
+fi
+
+if make_video; then
+  echo "demo: video in $videos/pan.mp4"
+else
+  echo "demo.sh: WARNING: ffmpeg missing or failed; no demo video" >&2
 fi
 
 count=$(find "$images" -maxdepth 1 -type f \( -name '*.jpg' -o -name '*.png' \) | wc -l)

@@ -16,6 +16,7 @@ build_pkgs=(
   libtorch-dev libopenblas0-openmp python3-torch
   libssl-dev libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev libstb-dev libxxhash-dev
   libwebp-dev libgif-dev libjpeg-turbo-progs
+  libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl openssl

@@ -99,7 +99,10 @@ StatusOr<std::int64_t> SampleFrameCount(const VideoSampling& s, std::int64_t tot
                                         std::int64_t temporal_patch_size);
 
 // Uniform indices over [0, total_frames - 1]: round(linspace(0, total-1, n)),
-// rounding half to even as torch.round does.
+// rounding half to even as torch.round does. Computed exactly in integers
+// ((total - 1) * i / (n - 1)); qwen-vl-utils' float32 torch.linspace agrees
+// below 8,374 frames and may differ by one frame above (docs/VIDEO.md).
+// Empty when nframes < 1 or total_frames < 1. O(nframes).
 std::vector<std::int64_t> SampleFrameIndices(std::int64_t total_frames, std::int64_t nframes);
 
 // The one resized (height, width) for every frame of a video of nframes
