@@ -31,7 +31,7 @@ cd "$root"
 build="${1:-build}"
 results="$build/bench-results"
 py=/usr/bin/python3
-SECTIONS=(core e2e)
+SECTIONS=(core e2e video)
 if [[ -n "${EPD_BENCH_SECTIONS:-}" ]]; then read -r -a SECTIONS <<<"$EPD_BENCH_SECTIONS"; fi
 mkdir -p "$results"
 
@@ -105,6 +105,14 @@ section_e2e() {
   local e2e_args=(--build "$build")
   if [[ -n "${EPD_REFERENCE_DIR:-}" ]]; then e2e_args+=(--reference "$EPD_REFERENCE_DIR"); fi
   run "$py" bench/e2e_bench.py "${e2e_args[@]}"
+}
+
+# Videos: overlapping clips (a sliding window, a growing stream's prefixes)
+# through replay with chunk caching, whole-video caching only, and the limit
+# (bench/video_bench.py; about a minute). Writes docs/BENCHMARKS-video.md.
+section_video() {
+  run cmake --build "$build" --target epd-encode
+  run "$py" bench/video_bench.py --build "$build"
 }
 
 if [[ -z "${EPD_BENCH_REPORT_ONLY:-}" ]]; then

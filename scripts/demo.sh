@@ -210,4 +210,20 @@ start=$(date +%s.%N)
   --write-trace "$data/trace.jsonl" --out "$data/embeddings.safetensors"
 end=$(date +%s.%N)
 echo "demo: trace in $data/trace.jsonl, embeddings in $data/embeddings.safetensors (which image is which key: $data/embeddings.manifest.jsonl)"
+
+# Videos (docs/VIDEO.md): pan.mp4, the same file again 1.5 s later (a
+# whole-video hit, no decode), and its first 2 s cut by stream copy (same
+# decoded frames; its first temporal chunk is the full video's first chunk,
+# a chunk hit).
+if [[ -f "$videos/pan.mp4" ]] && command -v ffmpeg >/dev/null; then
+  ffmpeg -y -loglevel error -i "$videos/pan.mp4" -t 2 -c copy "$videos/pan_first2s.mp4"
+  cat >"$data/video_trace.jsonl" <<EOT
+{"id": "video-full", "arrival_ms": 0, "videos": ["pan.mp4"]}
+{"id": "video-again", "arrival_ms": 1500, "videos": ["pan.mp4"]}
+{"id": "video-prefix", "arrival_ms": 3000, "videos": ["pan_first2s.mp4"]}
+EOT
+  echo "demo: 3 video requests (pan.mp4, pan.mp4 again, its first 2 s) from $data/video_trace.jsonl"
+  "$bin" replay --trace "$data/video_trace.jsonl" --images "$videos" --realtime
+fi
+end=$(date +%s.%N)
 "$py" -c "print('demo: replay %.1f s, whole demo %.1f s' % ($end - $start, $end - $script_start))"
