@@ -171,6 +171,7 @@ class MeteredTower : public VisionTower {
   std::int64_t deepstack_layers() const override { return inner_->deepstack_layers(); }
   DType dtype() const override { return inner_->dtype(); }
   bool output_on_device() const override { return inner_->output_on_device(); }
+  bool temporal_chunks_independent() const override { return inner_->temporal_chunks_independent(); }
   std::string Describe() const override { return inner_->Describe(); }
 
  private:

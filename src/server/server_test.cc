@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <optional>
+
 #include <cstring>
 #include <future>
 #include <set>
@@ -29,7 +31,13 @@ ContentKey KeyOf(const std::string& image) {
   return ComputeContentKey("test-model", PreprocessConfig{}, ToBytes(image));
 }
 
-ClientItem Img(std::string image) { return ClientItem{.image = std::move(image)}; }
+ClientItem Img(std::string image, std::optional<std::string> caller_key = std::nullopt, std::int64_t tokens = 0) {
+  ClientItem c;
+  c.image = std::move(image);
+  c.caller_key = std::move(caller_key);
+  c.expected_tokens = tokens;
+  return c;
+}
 
 std::string KeyBytes(const std::string& image) {
   const ContentKey k = KeyOf(image);
@@ -236,7 +244,7 @@ TEST(EncodeClientTest, KeyForMatchesTheServersKey) {
   StatusOr<ContentKey> k = (*client)->KeyFor(Img(a));
   ASSERT_TRUE(k.ok());
   EXPECT_EQ(*k, KeyOf(a));
-  StatusOr<ContentKey> ck = (*client)->KeyFor({"", std::string("gateway-hash-1"), 0});
+  StatusOr<ContentKey> ck = (*client)->KeyFor(Img("", std::string("gateway-hash-1")));
   ASSERT_TRUE(ck.ok());
   EXPECT_EQ(*ck, *CallerContentKey("test-model", PreprocessConfig{}, "gateway-hash-1"));
 }
@@ -253,8 +261,8 @@ TEST(EncodeClientTest, CallerKeyHitNeedsNoImageBytes) {
   TestServer t = StartTestServer();
   auto client = EncodeClient::Connect({.target = t.target});
   const std::string img = Png(56, 56, 16);
-  ASSERT_TRUE((*client)->Encode({{img, std::string("gw-16"), 0}}).status.ok());
-  EncodeResult r = (*client)->Encode({{"", std::string("gw-16"), 4}});
+  ASSERT_TRUE((*client)->Encode({Img(img, std::string("gw-16"))}).status.ok());
+  EncodeResult r = (*client)->Encode({Img("", std::string("gw-16"), 4)});
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_EQ(r.items[0].source, ItemSource::kL1);
   ExpectSameEmbedding(*r.items[0].embedding, Expected(img));
