@@ -6,8 +6,8 @@ video file recognised by its magic bytes.
 
 Independent values: the MP4 is 2 s of 160x120 at 10 fps, so qwen-vl-utils
 samples 4 frames at 2 fps (2 s * 2 fps, at least FPS_MIN_FRAMES 4): 2
-temporal patches, sample rate 2 fps, 1 s per temporal patch, timestamps 0,
-0.5, 1, 1.5 s at most one source frame off."""
+temporal patches, sample rate 2 fps, 1 s per temporal patch, at source frames
+round(linspace(0, 19, 4)) = 0, 6, 13, 19, i.e. 0, 0.6, 1.3, 1.9 s."""
 
 import os
 import shutil
@@ -56,8 +56,8 @@ def test_video_comes_back_with_grid_timing_and_vllm_inputs(server, mp4):
         assert r.tokens == t * gh * gw // 4
         assert r.sample_fps == 2.0 and r.seconds_per_grid_t == 1.0
         assert len(r.timestamps_s) == 4
-        for got, want in zip(r.timestamps_s, [0, 0.5, 1.0, 1.5]):
-            assert abs(got - want) <= 0.1 + 1e-9
+        for got, want in zip(r.timestamps_s, [0, 0.6, 1.3, 1.9]):
+            assert abs(got - want) <= 1e-6
         info = c.health()
         assert r.key == ec.video_key(info.model_id, info.preprocess, ec.VideoSampling(), video=data)
         assert r.key == c.key_for(ec.Item(video=data))
