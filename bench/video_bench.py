@@ -124,6 +124,7 @@ def main():
                          "tower_s_median": statistics.median(r["tower_s"] for r in runs),
                          "tower_s_runs": [r["tower_s"] for r in runs],
                          "tower_items": runs[0]["tower_items"], "tower_tokens": runs[0]["tower_tokens"],
+                         "tower_batches": [r["tower_batches"] for r in runs],
                          "chunk_hits": runs[0].get("chunk_hits", 0), "chunk_joins": runs[0].get("chunk_joins", 0),
                          "chunk_misses": runs[0].get("chunk_misses", 0), "failed_items": runs[0]["failed_items"]}
         row["chunks_over_limit"] = row["chunks"]["tower_s"] / row["limit"]["tower_s"]
@@ -160,8 +161,10 @@ def write(r, out_md):
                      f"{t['limit']['tower_s_median']:.3f} |")
     lines += ["", "Tower items (chunks sent to the tower) per mode: " + "; ".join(
         f"{name}: chunks {t['chunks']['tower_items']} (hits {t['chunks']['chunk_hits']}, joins "
-        f"{t['chunks']['chunk_joins']}, misses {t['chunks']['chunk_misses']}), whole {t['whole']['tower_items']} "
-        f"videos, limit {t['limit']['tower_items']}" for name, t in r["traces"].items()) + ".", "",
+        f"{t['chunks']['chunk_joins']}, misses {t['chunks']['chunk_misses']}; {t['chunks']['tower_tokens']} tokens in "
+        f"{'/'.join(map(str, t['chunks']['tower_batches']))} batches), whole {t['whole']['tower_items']} videos "
+        f"({t['whole']['tower_tokens']} tokens), limit {t['limit']['tower_items']} ({t['limit']['tower_tokens']} tokens "
+        f"in {'/'.join(map(str, t['limit']['tower_batches']))} batches)" for name, t in r["traces"].items()) + ".", "",
               "Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(r["commands"])), ""]
     with open(out_md, "w") as f:
         f.write("\n".join(lines))

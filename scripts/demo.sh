@@ -211,18 +211,22 @@ start=$(date +%s.%N)
 end=$(date +%s.%N)
 echo "demo: trace in $data/trace.jsonl, embeddings in $data/embeddings.safetensors (which image is which key: $data/embeddings.manifest.jsonl)"
 
-# Videos (docs/VIDEO.md): pan.mp4, the same file again 1.5 s later (a
-# whole-video hit, no decode), and its first 2 s cut by stream copy (same
-# decoded frames; its first temporal chunk is the full video's first chunk,
-# a chunk hit).
-if [[ -f "$videos/pan.mp4" ]] && command -v ffmpeg >/dev/null; then
-  ffmpeg -y -loglevel error -i "$videos/pan.mp4" -t 2 -c copy "$videos/pan_first2s.mp4"
+# Videos (docs/VIDEO.md). pan.mp4 re-encoded losslessly (H.264 -qp 0, every
+# frame a keyframe) and its first 2 s encoded the same way, so both decode to
+# the same pixels; the trace sends the video, the same file again 4 s later
+# (a whole-video hit, no decode) and the 2 s prefix (its first temporal chunk
+# is the full video's first: a chunk hit).
+if [[ -f "$videos/pan.mp4" ]] && command -v ffmpeg >/dev/null &&
+  ffmpeg -y -loglevel error -i "$videos/pan.mp4" -c:v libx264 -preset ultrafast -qp 0 -g 1 \
+    "$videos/pan_lossless.mp4" &&
+  ffmpeg -y -loglevel error -i "$videos/pan.mp4" -frames:v 20 -c:v libx264 -preset ultrafast -qp 0 -g 1 \
+    "$videos/pan_lossless_first2s.mp4"; then
   cat >"$data/video_trace.jsonl" <<EOT
-{"id": "video-full", "arrival_ms": 0, "videos": ["pan.mp4"]}
-{"id": "video-again", "arrival_ms": 1500, "videos": ["pan.mp4"]}
-{"id": "video-prefix", "arrival_ms": 3000, "videos": ["pan_first2s.mp4"]}
+{"id": "video-full", "arrival_ms": 0, "videos": ["pan_lossless.mp4"]}
+{"id": "video-again", "arrival_ms": 4000, "videos": ["pan_lossless.mp4"]}
+{"id": "video-prefix", "arrival_ms": 5000, "videos": ["pan_lossless_first2s.mp4"]}
 EOT
-  echo "demo: 3 video requests (pan.mp4, pan.mp4 again, its first 2 s) from $data/video_trace.jsonl"
+  echo "demo: 3 video requests (a video, the same again, its first 2 s) from $data/video_trace.jsonl"
   "$bin" replay --trace "$data/video_trace.jsonl" --images "$videos" --realtime
 fi
 end=$(date +%s.%N)
