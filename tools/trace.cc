@@ -49,18 +49,19 @@ StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const st
       }
       r.arrival_ms = j["arrival_ms"].get<double>();
     }
+    const char* const kImagesRule = "images must be a non-empty array of strings";
     for (const char* field : {"images", "videos"}) {
       if (!j.contains(field)) continue;
-      const std::string what = std::string(field) + " must be an array of non-empty strings";
+      const bool images = std::string(field) == "images";
+      const std::string what = images ? kImagesRule : "videos must be an array of non-empty strings";
       if (!j[field].is_array()) return error(what);
       for (const json& p : j[field]) {
         if (!p.is_string() || p.get<std::string>().empty()) return error(what);
-        (std::string(field) == "images" ? r.images : r.videos).push_back(p.get<std::string>());
+        (images ? r.images : r.videos).push_back(p.get<std::string>());
       }
     }
-    if (r.images.empty() && r.videos.empty()) {
-      return error("images must be a non-empty array of strings (or videos name at least one video)");
-    }
+    // A line without videos needs images (the rule before videos existed).
+    if (r.images.empty() && r.videos.empty()) return error(kImagesRule);
     out.push_back(std::move(r));
   }
   return out;
