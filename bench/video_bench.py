@@ -165,10 +165,22 @@ def write(r, out_md):
         f"{'/'.join(map(str, t['chunks']['tower_batches']))} batches), whole {t['whole']['tower_items']} videos "
         f"({t['whole']['tower_tokens']} tokens), limit {t['limit']['tower_items']} ({t['limit']['tower_tokens']} tokens "
         f"in {'/'.join(map(str, t['limit']['tower_batches']))} batches)" for name, t in r["traces"].items()) + ".", "",
+              ] + [
+        f"{name}: chunk caching sent the tower " + ("exactly the limit's work (the same items and tokens)"
+                                                   if t["chunks"]["tower_tokens"] == t["limit"]["tower_tokens"]
+                                                   and t["chunks"]["tower_items"] == t["limit"]["tower_items"]
+                                                   else "more than the limit's work") +
+        f"; whole-video caching {t['whole']['tower_tokens'] / t['limit']['tower_tokens']:.2f}x the limit's tokens."
+        for name, t in r["traces"].items()] + ["",
+              "Where the work is equal, a time ratio away from 1.00x is measurement noise (every run's time is in "
+              "the JSON beside this file).", "",
               "Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(r["commands"])), ""]
     with open(out_md, "w") as f:
         f.write("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--render":  # re-render a saved JSON: --render FILE.json
+        write(json.load(open(sys.argv[2])), os.path.splitext(sys.argv[2])[0] + ".md")
+    else:
+        main()
