@@ -122,7 +122,8 @@ Status VideoSampling::Validate() const {
 StatusOr<std::int64_t> SampleFrameCount(const VideoSampling& s, std::int64_t total_frames, double video_fps,
                                         std::int64_t temporal_patch_size) {
   if (Status st = s.Validate(); !st.ok()) return st;
-  if (total_frames < 1) return InvalidArgument("video has no frames (total_frames " + std::to_string(total_frames) + ")");
+  if (total_frames < 1)
+    return InvalidArgument("video has no frames (total_frames " + std::to_string(total_frames) + ")");
   if (!std::isfinite(video_fps) || !(video_fps > 0)) {
     return InvalidArgument("video frame rate " + Num(video_fps) + " fps is not finite and positive");
   }
@@ -190,16 +191,16 @@ StatusOr<ResizedSize> VideoFrameSize(std::int64_t height, std::int64_t width, st
   // nframes * FRAME_FACTOR), int(min_pixels * 1.05)); a float in Python,
   // kept a double here because smart_resize's beta uses it unrounded.
   const double min_pixels = static_cast<double>(s.min_pixels);
-  const double budget = static_cast<double>(s.total_pixels) / static_cast<double>(nframes) *
-                        static_cast<double>(cfg.temporal_patch_size);
+  const double budget =
+      static_cast<double>(s.total_pixels) / static_cast<double>(nframes) * static_cast<double>(cfg.temporal_patch_size);
   const double max_pixels =
       std::max(std::min(static_cast<double>(s.max_pixels), budget), std::trunc(min_pixels * 1.05));
   return internal::SmartResizeWithBounds(height, width, cfg, min_pixels, max_pixels);
 }
 
-StatusOr<SampledVideo> SampleFrameList(std::span<const std::span<const std::uint8_t>> frames,
-                                       const VideoSampling& s, const PreprocessConfig& cfg,
-                                       const DecodeLimits& limits, const VideoLimits& video_limits) {
+StatusOr<SampledVideo> SampleFrameList(std::span<const std::span<const std::uint8_t>> frames, const VideoSampling& s,
+                                       const PreprocessConfig& cfg, const DecodeLimits& limits,
+                                       const VideoLimits& video_limits) {
   if (Status st = s.Validate(); !st.ok()) return st;
   if (Status st = cfg.Validate(); !st.ok()) return st;
   if (frames.empty()) return InvalidArgument("video frame list is empty");
@@ -226,11 +227,11 @@ StatusOr<SampledVideo> SampleFrameList(std::span<const std::span<const std::uint
       if (!sz.ok()) return sz.status();
       size = *sz;
       // All frames are resized to `size`; refuse before holding them.
-      const double bytes = static_cast<double>(padded) * static_cast<double>(size.height) *
-                           static_cast<double>(size.width) * 3.0;
+      const double bytes =
+          static_cast<double>(padded) * static_cast<double>(size.height) * static_cast<double>(size.width) * 3.0;
       if (bytes > static_cast<double>(video_limits.max_decoded_bytes)) {
-        return InvalidArgument("video of " + std::to_string(padded) + " frames at " + std::to_string(size.width) +
-                               "x" + std::to_string(size.height) + " is " + Num(bytes) +
+        return InvalidArgument("video of " + std::to_string(padded) + " frames at " + std::to_string(size.width) + "x" +
+                               std::to_string(size.height) + " is " + Num(bytes) +
                                " bytes of RGB8, over max_decoded_bytes " +
                                std::to_string(video_limits.max_decoded_bytes));
       }
@@ -258,8 +259,8 @@ StatusOr<PreprocessedImage> PreprocessChunk(const SampledVideo& video, std::int6
   const std::int64_t T = cfg.temporal_patch_size;
   const std::int64_t n = static_cast<std::int64_t>(video.frames.size());
   if (n == 0 || n % T != 0) {
-    return InvalidArgument("video has " + std::to_string(n) + " frames, not a positive multiple of temporal_patch_size " +
-                           std::to_string(T));
+    return InvalidArgument("video has " + std::to_string(n) +
+                           " frames, not a positive multiple of temporal_patch_size " + std::to_string(T));
   }
   if (t < 0 || t >= n / T) {
     return InvalidArgument("temporal chunk " + std::to_string(t) + " is out of range [0, " + std::to_string(n / T) +

@@ -2,14 +2,13 @@
 // expected value is worked by hand in the comment beside it from the
 // formulas of vision_process.py (smart_nframes, fetch_video, smart_resize),
 // not taken from the code's output.
-#include "epd/video.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "epd/video.h"
 #include "test_images.h"
 
 namespace epd {
@@ -305,7 +304,8 @@ TEST(PreprocessChunkTest, ChunkOfTwoEqualFramesEqualsPreprocessOfTheImage) {
   ASSERT_TRUE(resized.ok());
 
   SampledVideo video;
-  video.frames = {*resized, *resized, testing::ConstantImage(112, 56, 0, 0, 0), testing::ConstantImage(112, 56, 0, 0, 0)};
+  video.frames = {*resized, *resized, testing::ConstantImage(112, 56, 0, 0, 0),
+                  testing::ConstantImage(112, 56, 0, 0, 0)};
   video.grid = GridTHW{2, 4, 8};
   auto chunk = PreprocessChunk(video, 0, cfg);
   ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();

@@ -222,9 +222,8 @@ Status Demuxer::CheckHeader(const VideoLimits& limits) const {
                              Num(limits.max_duration_s) + " s (max_duration_s)");
     }
     if (st->nb_frames > limits.max_source_frames) {
-      return InvalidArgument("video stream claims " + std::to_string(st->nb_frames) +
-                             " frames, over the limit of " + std::to_string(limits.max_source_frames) +
-                             " (max_source_frames)");
+      return InvalidArgument("video stream claims " + std::to_string(st->nb_frames) + " frames, over the limit of " +
+                             std::to_string(limits.max_source_frames) + " (max_source_frames)");
     }
   }
   return Status::Ok();
@@ -248,8 +247,8 @@ Status Demuxer::Open(std::span<const std::uint8_t> bytes, const VideoLimits& lim
   fmt_->flags |= AVFMT_FLAG_CUSTOM_IO;
   // Reads the header only (on failure FFmpeg frees fmt_ and nulls it).
   if (int err = avformat_open_input(&fmt_, nullptr, nullptr, nullptr); err < 0) {
-    return InvalidArgument("not a readable video container: corrupt, truncated or an unknown format (" +
-                           AvError(err) + FfmpegSays() + ")");
+    return InvalidArgument("not a readable video container: corrupt, truncated or an unknown format (" + AvError(err) +
+                           FfmpegSays() + ")");
   }
   if (Status s = CheckHeader(limits); !s.ok()) return s;
 
@@ -295,9 +294,8 @@ Status Demuxer::Open(std::span<const std::uint8_t> bytes, const VideoLimits& lim
     return InvalidArgument("video stream has no frame rate");
   }
   if (info_.frames > limits.max_source_frames) {
-    return InvalidArgument("video stream claims about " + std::to_string(info_.frames) +
-                           " frames, over the limit of " + std::to_string(limits.max_source_frames) +
-                           " (max_source_frames)");
+    return InvalidArgument("video stream claims about " + std::to_string(info_.frames) + " frames, over the limit of " +
+                           std::to_string(limits.max_source_frames) + " (max_source_frames)");
   }
   return Status::Ok();
 }
@@ -326,14 +324,13 @@ StatusOr<std::int64_t> CountPackets(Demuxer& d, const VideoLimits& limits) {
   }
   av_packet_free(&pkt);
   if (err != AVERROR_EOF) {
-    return InvalidArgument("corrupt or truncated video container after " + std::to_string(count) +
-                           " frames (" + AvError(err) + FfmpegSays() + ")");
+    return InvalidArgument("corrupt or truncated video container after " + std::to_string(count) + " frames (" +
+                           AvError(err) + FfmpegSays() + ")");
   }
   // A sample table (MP4) that lists more frames than the file holds: cut.
   if (d.stream()->nb_frames > 0 && count < d.stream()->nb_frames) {
     return InvalidArgument("corrupt or truncated video container: the header lists " +
-                           std::to_string(d.stream()->nb_frames) + " frames, the file holds " +
-                           std::to_string(count));
+                           std::to_string(d.stream()->nb_frames) + " frames, the file holds " + std::to_string(count));
   }
   return count;
 }
@@ -367,8 +364,8 @@ StatusOr<RgbImage> ToRgb(const AVFrame* frame, std::unique_ptr<SwsContext, SwsDe
   // and range.
   const int cs = frame->colorspace == AVCOL_SPC_UNSPECIFIED ? SWS_CS_DEFAULT : static_cast<int>(frame->colorspace);
   const int src_range = frame->color_range == AVCOL_RANGE_JPEG ? 1 : 0;
-  sws_setColorspaceDetails(ctx, sws_getCoefficients(cs), src_range, sws_getCoefficients(SWS_CS_DEFAULT), 1, 0,
-                           1 << 16, 1 << 16);
+  sws_setColorspaceDetails(ctx, sws_getCoefficients(cs), src_range, sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16,
+                           1 << 16);
   RgbImage out;
   out.width = frame->width;
   out.height = frame->height;
@@ -480,15 +477,18 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
     }
   };
 
-  int err;
-  while (next < indices.size() && (err = av_read_frame(d.fmt(), pkt.get())) >= 0) {
+  while (next < indices.size() && av_read_frame(d.fmt(), pkt.get()) >= 0) {
     if (pkt->stream_index != d.stream()->index) {
       av_packet_unref(pkt.get());
       continue;
     }
-    const int send = avcodec_send_packet(codec.get(), pkt.get());
+    int send;
+    // EAGAIN: the decoder's output is full; drain it and send again.
+    while ((send = avcodec_send_packet(codec.get(), pkt.get())) == AVERROR(EAGAIN)) {
+      if (Status s = drain(); !s.ok()) return s;
+    }
     av_packet_unref(pkt.get());
-    if (send < 0 && send != AVERROR(EAGAIN)) {
+    if (send < 0) {
       return InvalidArgument("corrupt video stream at frame " + std::to_string(decoded) + " (" + AvError(send) +
                              FfmpegSays() + ")");
     }

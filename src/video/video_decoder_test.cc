@@ -182,10 +182,9 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, BadVideoTest,
     ::testing::Values(BadCase{"truncated.mp4", "truncated"}, BadCase{"truncated_moov.mp4", "truncated"},
                       BadCase{"audio.wav", "no video stream"}, BadCase{"zero_frames.y4m", "no frames"},
-                      BadCase{"huge.y4m", "10000x10000"},
-                      BadCase{"invalid_size.y4m", "100000x100000"}, BadCase{"huge_stsd.mp4", "65535x65535"},
-                      BadCase{"ten_hours.mp4", "36000 s"}, BadCase{"unknown_codec.mp4", "zzzz"},
-                      BadCase{"garbage.bin", "not a readable video container"}),
+                      BadCase{"huge.y4m", "10000x10000"}, BadCase{"invalid_size.y4m", "100000x100000"},
+                      BadCase{"huge_stsd.mp4", "65535x65535"}, BadCase{"ten_hours.mp4", "36000 s"},
+                      BadCase{"unknown_codec.mp4", "zzzz"}, BadCase{"garbage.bin", "not a readable video container"}),
     [](const auto& info) {
       std::string n = info.param.file;
       for (char& c : n) {

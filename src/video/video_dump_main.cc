@@ -105,19 +105,20 @@ int main(int argc, char** argv) {
   };
   auto info = epd::ProbeVideo(bytes);
   if (!info.ok()) return fail(info.status());
-  std::printf("container %s\ncodec %s\nsource_size %lld %lld\nheader_frames %lld\nsource_fps %.17g\n"
-              "duration_s %.17g\n",
-              info->container.c_str(), info->codec.c_str(), static_cast<long long>(info->width),
-              static_cast<long long>(info->height), static_cast<long long>(info->frames), info->fps,
-              info->duration_s);
+  std::printf(
+      "container %s\ncodec %s\nsource_size %lld %lld\nheader_frames %lld\nsource_fps %.17g\n"
+      "duration_s %.17g\n",
+      info->container.c_str(), info->codec.c_str(), static_cast<long long>(info->width),
+      static_cast<long long>(info->height), static_cast<long long>(info->frames), info->fps, info->duration_s);
   auto video = epd::DecodeVideo(bytes, s, cfg);
   if (!video.ok()) return fail(video.status());
   const epd::RgbImage& f0 = video->frames.front();
-  std::printf("source_frames %lld\nframes %zu\nresized %d %d\ngrid %lld %lld %lld\nsample_fps %.17g\n"
-              "seconds_per_grid_t %.17g\ntimestamps",
-              static_cast<long long>(video->source_frames), video->frames.size(), f0.height, f0.width,
-              static_cast<long long>(video->grid.t), static_cast<long long>(video->grid.h),
-              static_cast<long long>(video->grid.w), video->sample_fps, video->seconds_per_grid_t);
+  std::printf(
+      "source_frames %lld\nframes %zu\nresized %d %d\ngrid %lld %lld %lld\nsample_fps %.17g\n"
+      "seconds_per_grid_t %.17g\ntimestamps",
+      static_cast<long long>(video->source_frames), video->frames.size(), f0.height, f0.width,
+      static_cast<long long>(video->grid.t), static_cast<long long>(video->grid.h),
+      static_cast<long long>(video->grid.w), video->sample_fps, video->seconds_per_grid_t);
   for (double t : video->timestamps_s) std::printf(" %.17g", t);
   std::printf("\n");
   if (!out_dir.empty()) {
