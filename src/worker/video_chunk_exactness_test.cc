@@ -109,8 +109,7 @@ TEST_P(VideoChunkExactnessTest, VideoEqualsItsChunksAndLongerClipReusesThem) {
   const std::vector<RgbImage> stream =
       RandomFrames(5 * cfg.temporal_patch_size, c.rows_blocks * f, c.cols_blocks * f, 11);
   const SampledVideo long_clip = Video(stream, cfg);
-  const SampledVideo short_clip =
-      Video({stream.begin(), stream.begin() + 3 * cfg.temporal_patch_size}, cfg);
+  const SampledVideo short_clip = Video({stream.begin(), stream.begin() + 3 * cfg.temporal_patch_size}, cfg);
 
   WorkerOptions o;
   o.model_id = (*ckpt)->model_id();
@@ -130,7 +129,8 @@ TEST_P(VideoChunkExactnessTest, VideoEqualsItsChunksAndLongerClipReusesThem) {
     r.items.back().video = VideoInput{MediaBytes(std::string(name)), {}, std::nullopt};
     EmbeddingPtr e;
     ASSERT_TRUE((*worker)
-                    ->Submit(std::move(r), {nullptr, [&](const RequestResult& res) {
+                    ->Submit(std::move(r), {nullptr,
+                                            [&](const RequestResult& res) {
                                               ASSERT_TRUE(res.all_ok()) << res.items[0].status.ToString();
                                               e = res.items[0].embedding;
                                             }})

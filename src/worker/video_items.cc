@@ -42,8 +42,8 @@ Status CheckSampled(const SampledVideo& v, const PreprocessConfig& cfg) {
   }
   const RgbImage& f0 = v.frames.front();
   if (f0.width <= 0 || f0.height <= 0 || f0.width % cfg.factor() != 0 || f0.height % cfg.factor() != 0) {
-    return InvalidArgument("the decoder gave frames of " + std::to_string(f0.width) + "x" +
-                           std::to_string(f0.height) + ", not positive multiples of " + std::to_string(cfg.factor()));
+    return InvalidArgument("the decoder gave frames of " + std::to_string(f0.width) + "x" + std::to_string(f0.height) +
+                           ", not positive multiples of " + std::to_string(cfg.factor()));
   }
   const GridTHW want{n / T, f0.height / cfg.patch_size, f0.width / cfg.patch_size};
   if (!(v.grid == want)) {
@@ -79,8 +79,8 @@ StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoIn
   if (!input.container.empty()) {
     if (!options.decode_video) {
       return FailedPrecondition(
-                    "this worker decodes no video containers (built without epd::video); send the video as a "
-                    "list of frame images");
+          "this worker decodes no video containers (built without epd::video); send the video as a "
+          "list of frame images");
     }
     sampled = options.decode_video(input.container.span(), sampling, cfg, options.video_limits);
   } else {
@@ -103,10 +103,9 @@ StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoIn
   const std::span<const RgbImage> frames(sampled->frames);
   out.chunk_keys.reserve(static_cast<std::size_t>(out.grid.t));
   for (std::int64_t t = 0; t < out.grid.t; ++t) {
-    StatusOr<ContentKey> key =
-        ComputeVideoChunkKey(options.model_id, cfg, frames.subspan(static_cast<std::size_t>(t * T),
-                                                                   static_cast<std::size_t>(T)),
-                             options.key_mode);
+    StatusOr<ContentKey> key = ComputeVideoChunkKey(
+        options.model_id, cfg, frames.subspan(static_cast<std::size_t>(t * T), static_cast<std::size_t>(T)),
+        options.key_mode);
     if (!key.ok()) return key.status();
     out.chunk_keys.push_back(*key);
   }

@@ -63,8 +63,7 @@ StatusOr<PreprocessedImage> PreprocessWholeVideo(const SampledVideo& video, cons
 // memory are copied to the host first. Errors: a chunk whose shape differs
 // from the first's or whose rows do not sum to grid's tokens (kInternal),
 // ToHost's errors.
-StatusOr<EmbeddingPtr> ConcatChunks(std::span<const EmbeddingPtr> chunks, const GridTHW& grid,
-                                    std::int64_t merge_size);
+StatusOr<EmbeddingPtr> ConcatChunks(std::span<const EmbeddingPtr> chunks, const GridTHW& grid, std::int64_t merge_size);
 
 // Timings of videos cached whole, for at most `capacity` keys (the oldest
 // inserted is forgotten first). A forgotten timing only costs the next
