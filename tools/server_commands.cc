@@ -186,8 +186,8 @@ int RunClient(const ClientFlags& f) {
     if (item.video != nullptr) {
       std::printf("index=%lld grid=%lldx%lldx%lld frames=%zu seconds_per_grid_t=%.6g\n",
                   static_cast<long long>(item.index), static_cast<long long>(e.grid.t),
-                  static_cast<long long>(e.grid.h), static_cast<long long>(e.grid.w),
-                  item.video->timestamps_s.size(), item.video->seconds_per_grid_t);
+                  static_cast<long long>(e.grid.h), static_cast<long long>(e.grid.w), item.video->timestamps_s.size(),
+                  item.video->seconds_per_grid_t);
     }
     out.push_back({item.key, item.embedding});
   }
@@ -243,7 +243,8 @@ void RegisterServerCommands(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("client", "encode image and video files with a running server");
     cmd->add_option("--server", f->server, "HOST:PORT of a server or of the nginx front")->required();
     cmd->add_option("images", f->images, "image files (JPEG, PNG, ...) and video files (MP4, WebM, AVI)")
-        ->required()->check(CLI::ExistingFile);
+        ->required()
+        ->check(CLI::ExistingFile);
     cmd->add_flag("--video", f->video, "send every file as a video (default: by its magic bytes)");
     cmd->add_option("--video-fps", f->video_fps, "videos: sampled frames per second [server's default]")
         ->check(Number(0, 1e3, "fps", /*lo_open=*/true));

@@ -53,9 +53,10 @@ TEST(TraceTest, JsonLinesRoundTrip) {
 }
 
 TEST(TraceTest, VideosAreItemsAfterTheImages) {
-  auto t = ParseTrace("{\"id\": \"v\", \"images\": [\"a.png\"], \"videos\": [\"c.mp4\", \"d.webm\"]}\n"
-                      "{\"id\": \"w\", \"videos\": [\"c.mp4\"]}\n",
-                      "t.jsonl");
+  auto t = ParseTrace(
+      "{\"id\": \"v\", \"images\": [\"a.png\"], \"videos\": [\"c.mp4\", \"d.webm\"]}\n"
+      "{\"id\": \"w\", \"videos\": [\"c.mp4\"]}\n",
+      "t.jsonl");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   const TraceRequest& v = (*t)[0];
   EXPECT_EQ(v.paths(), (std::vector<std::string>{"a.png", "c.mp4", "d.webm"}));

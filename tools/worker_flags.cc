@@ -90,11 +90,14 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
                  "largest stored image accepted, pixels (decompression-bomb guard; default Pillow's error threshold)")
       ->capture_default_str()->check(Integer(1));
   cmd.add_option("--video-fps", f.video_fps, "videos: default sampled frames per second (a request may override)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--video-max-frames", f.video_max_frames, "videos: default most sampled frames per video")
-      ->capture_default_str()->check(Integer(2));
+      ->capture_default_str()
+      ->check(Integer(2));
   cmd.add_option("--video-max-seconds", f.video_max_seconds, "videos: longest duration a container may claim, s")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_flag("--no-video-chunk-cache", f.no_video_chunk_cache,
                "videos: encode and cache each video whole, not per temporal chunk (to measure what chunks save)");
 }

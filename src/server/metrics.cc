@@ -101,7 +101,8 @@ class StatsCollectable : public prometheus::Collectable {
             static_cast<double>(w.video_items));
     counter("epd_video_decodes_total", "Video items decoded (not served whole from the cache)",
             static_cast<double>(w.video_decodes));
-    out.push_back(Family("epd_video_chunks_total", "Temporal chunks of decoded videos, by outcome", MetricType::Counter));
+    out.push_back(
+        Family("epd_video_chunks_total", "Temporal chunks of decoded videos, by outcome", MetricType::Counter));
     Add(out.back(), static_cast<double>(w.chunk_hits), {{"outcome", "hit"}});
     Add(out.back(), static_cast<double>(w.chunk_misses), {{"outcome", "miss"}});
     Add(out.back(), static_cast<double>(w.chunk_joins), {{"outcome", "joined"}});

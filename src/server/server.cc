@@ -129,15 +129,17 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
       const bool is_video = !item.video().empty() || item.has_video_frames();
       if (is_video) {
         if (!item.image().empty() || !item.caller_key().empty() || (!item.video().empty() && item.has_video_frames())) {
-          return InvalidArgument(at + " mixes kinds: a video item sets exactly one of `video` and `video_frames`, "
-                                      "and neither `image` nor `caller_key`");
+          return InvalidArgument(at +
+                                 " mixes kinds: a video item sets exactly one of `video` and `video_frames`, "
+                                 "and neither `image` nor `caller_key`");
         }
         if (item.has_video_frames() && item.video_frames().frames_size() == 0) {
           return InvalidArgument(at + " has `video_frames` without frames");
         }
       } else if (item.image().empty() && item.caller_key().empty()) {
-        return InvalidArgument(at + " is empty: set `image` to JPEG or PNG bytes, `caller_key` to a key "
-                                    "this server has cached, or `video` / `video_frames`");
+        return InvalidArgument(at +
+                               " is empty: set `image` to JPEG or PNG bytes, `caller_key` to a key "
+                               "this server has cached, or `video` / `video_frames`");
       }
     }
     return Status::Ok();

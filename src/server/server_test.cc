@@ -8,16 +8,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <optional>
-
 #include <cstring>
 #include <future>
+#include <optional>
 #include <set>
 #include <thread>
 
+#include "client_convert.h"
 #include "epd/client.h"
 #include "epd/content_key.h"
-#include "client_convert.h"
 #include "proto_convert.h"
 #include "test_server.h"
 #include "worker_test_util.h"

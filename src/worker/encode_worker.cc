@@ -64,8 +64,9 @@ std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRe
   for (const EncodeItemInput& item : request.items) {
     if (item.is_video()) {
       if (item.caller_key.has_value() || !item.media.empty()) {
-        keys.push_back(InvalidArgument("a video item carries image bytes or a caller_key; a video is keyed by its "
-                                       "own bytes and sampling"));
+        keys.push_back(
+            InvalidArgument("a video item carries image bytes or a caller_key; a video is keyed by its "
+                            "own bytes and sampling"));
       } else {
         keys.push_back(internal::VideoItemKey(o, *item.video));
       }
@@ -650,10 +651,10 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
   }
   const std::int64_t tokens = prepared->grid.tokens(merge);
   if (item.expected_tokens > 0 && item.expected_tokens != tokens) {
-    res.status = InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) +
-                                 " but the video gives " + std::to_string(tokens) + " tokens (grid " +
-                                 std::to_string(prepared->grid.t) + "x" + std::to_string(prepared->grid.h) + "x" +
-                                 std::to_string(prepared->grid.w) + ")");
+    res.status =
+        InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) + " but the video gives " +
+                        std::to_string(tokens) + " tokens (grid " + std::to_string(prepared->grid.t) + "x" +
+                        std::to_string(prepared->grid.h) + "x" + std::to_string(prepared->grid.w) + ")");
     return false;
   }
 
@@ -677,10 +678,9 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
   };
   if (!chunked) {
     // The whole video as one tower item of grid (t, h, w).
-    const std::uint64_t job_id =
-        new_job(res.key, 0, tokens, [video = prepared->video, cfg = options.preprocess] {
-          return internal::PreprocessWholeVideo(*video, cfg);
-        });
+    const std::uint64_t job_id = new_job(res.key, 0, tokens, [video = prepared->video, cfg = options.preprocess] {
+      return internal::PreprocessWholeVideo(*video, cfg);
+    });
     Job& job = jobs.at(job_id);
     job.video_timing = prepared->timing;
     job.waiters.push_back({rid, i, arrived});
@@ -740,8 +740,8 @@ bool EncodeWorker::Impl::TakeChunk(Request& r, Delivery& d) {
   if (d.result.status.ok()) {
     a.chunks[static_cast<std::size_t>(d.chunk)] = std::move(d.result.embedding);
   } else if (a.failure.ok()) {
-    a.failure = Status(d.result.status.code(),
-                       "temporal chunk " + std::to_string(d.chunk) + ": " + d.result.status.message());
+    a.failure =
+        Status(d.result.status.code(), "temporal chunk " + std::to_string(d.chunk) + ": " + d.result.status.message());
   }
   a.queue_ms = std::max(a.queue_ms, d.result.queue_ms);
   a.tower_ms = std::max(a.tower_ms, d.result.tower_ms);
