@@ -42,7 +42,7 @@ TEST(TraceTest, ErrorsNameTheLine) {
 }
 
 TEST(TraceTest, JsonLinesRoundTrip) {
-  std::vector<TraceRequest> t = {{"a", 1.5, {"x.png", "y.png"}}, {"b", 0, {"x.png"}}};
+  std::vector<TraceRequest> t = {{"a", 1.5, {"x.png", "y.png"}, {}}, {"b", 0, {"x.png"}, {}}};
   auto back = ParseTrace(TraceToJsonLines(t), "rt");
   ASSERT_TRUE(back.ok());
   ASSERT_EQ(back->size(), 2u);
