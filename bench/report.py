@@ -696,6 +696,13 @@ def render_checkpoint(ctx: Context) -> str | None:
     return _included_section("BENCHMARKS-checkpoint.md")
 
 
+def render_video(ctx: Context) -> str | None:
+    """docs/BENCHMARKS-video.md, written by bench/video_bench.py (section
+    `video` of scripts/bench.sh): tower time on overlapping clips with chunk
+    caching, whole-video caching only, and the limit."""
+    return _included_section("BENCHMARKS-video.md")
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -744,6 +751,7 @@ SECTIONS = [
     ("Server", render_server),
     ("L3 and the cluster", render_l3),
     ("Checkpoint towers: C++ against the Python reference", render_checkpoint),
+    ("Video: chunk caching on overlapping clips", render_video),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),

@@ -31,7 +31,7 @@ cd "$root"
 build="${1:-build}"
 results="$build/bench-results"
 py=/usr/bin/python3
-SECTIONS=(core e2e l3)
+SECTIONS=(core e2e l3 video)
 if [[ -n "${EPD_BENCH_SECTIONS:-}" ]]; then read -r -a SECTIONS <<<"$EPD_BENCH_SECTIONS"; fi
 mkdir -p "$results"
 
@@ -115,6 +115,14 @@ section_e2e() {
 section_l3() {
   run cmake --build "$build" --target epd-encode l3_bench epd_python_stubs epd_python_files epd_python_core
   run "$py" bench/cluster_bench.py --build "$build"
+}
+
+# Videos: overlapping clips (a sliding window, a growing stream's prefixes)
+# through replay with chunk caching, whole-video caching only, and the limit
+# (bench/video_bench.py; about a minute). Writes docs/BENCHMARKS-video.md.
+section_video() {
+  run cmake --build "$build" --target epd-encode
+  run "$py" bench/video_bench.py --build "$build"
 }
 
 if [[ -z "${EPD_BENCH_REPORT_ONLY:-}" ]]; then

@@ -210,4 +210,24 @@ start=$(date +%s.%N)
   --write-trace "$data/trace.jsonl" --out "$data/embeddings.safetensors"
 end=$(date +%s.%N)
 echo "demo: trace in $data/trace.jsonl, embeddings in $data/embeddings.safetensors (which image is which key: $data/embeddings.manifest.jsonl)"
+
+# Videos (docs/VIDEO.md). pan.mp4 re-encoded losslessly (H.264 -qp 0, every
+# frame a keyframe) and its first 2 s encoded the same way, so both decode to
+# the same pixels; the trace sends the video, the same file again 4 s later
+# (a whole-video hit, no decode) and the 2 s prefix (its first temporal chunk
+# is the full video's first: a chunk hit).
+if [[ -f "$videos/pan.mp4" ]] && command -v ffmpeg >/dev/null &&
+  ffmpeg -y -loglevel error -i "$videos/pan.mp4" -c:v libx264 -preset ultrafast -qp 0 -g 1 \
+    "$videos/pan_lossless.mp4" &&
+  ffmpeg -y -loglevel error -i "$videos/pan.mp4" -frames:v 20 -c:v libx264 -preset ultrafast -qp 0 -g 1 \
+    "$videos/pan_lossless_first2s.mp4"; then
+  cat >"$data/video_trace.jsonl" <<EOT
+{"id": "video-full", "arrival_ms": 0, "videos": ["pan_lossless.mp4"]}
+{"id": "video-again", "arrival_ms": 4000, "videos": ["pan_lossless.mp4"]}
+{"id": "video-prefix", "arrival_ms": 5000, "videos": ["pan_lossless_first2s.mp4"]}
+EOT
+  echo "demo: 3 video requests (a video, the same again, its first 2 s) from $data/video_trace.jsonl"
+  "$bin" replay --trace "$data/video_trace.jsonl" --images "$videos" --realtime
+fi
+end=$(date +%s.%N)
 "$py" -c "print('demo: replay %.1f s, whole demo %.1f s' % ($end - $start, $end - $script_start))"

@@ -33,6 +33,12 @@
 namespace epd::cli {
 namespace {
 
+ClientItem ImageItem(const std::string& image) {
+  ClientItem item;
+  item.image = image;
+  return item;
+}
+
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void Fail(int code, const std::string& message) {
@@ -142,7 +148,7 @@ int RunBench(const BenchFlags& f) {
     // Warm-up, not measured: afterwards every request is a cache hit (if the
     // caches hold the whole set).
     for (std::size_t i = 0; i < images.size(); ++i) {
-      EncodeResult r = (*client)->Encode({ClientItem{images[i], std::nullopt, 0}});
+      EncodeResult r = (*client)->Encode({ImageItem(images[i])});
       if (!r.status.ok()) Fail(1, "warm-up of image " + std::to_string(i) + " failed: " + r.status.ToString());
     }
   }
@@ -196,7 +202,7 @@ int RunBench(const BenchFlags& f) {
         const double u = rng.Unit();
         const std::size_t i = std::min<std::size_t>(
             static_cast<std::size_t>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin()), images.size() - 1);
-        EncodeResult r = clients[static_cast<std::size_t>(t % n_conn)]->Encode({ClientItem{images[i], std::nullopt, 0}});
+        EncodeResult r = clients[static_cast<std::size_t>(t % n_conn)]->Encode({ImageItem(images[i])});
         // A caller reads every row it receives, either way, so inline and
         // shared-memory delivery are compared doing the same work: a sum
         // over one float per 64-byte line touches every cache line once.

@@ -128,7 +128,7 @@ int RunReplay(const ReplayFlags& f) {
   // trace repeats it.
   std::map<std::string, MediaBytes> media;
   for (const TraceRequest& r : *trace) {
-    for (const std::string& p : r.images) {
+    for (const std::string& p : r.paths()) {
       std::filesystem::path path(p);
       if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
       if (media.count(p) != 0) continue;
@@ -162,8 +162,17 @@ int RunReplay(const ReplayFlags& f) {
                                                 std::chrono::duration<double, std::milli>(t.arrival_ms)));
     }
     EncodeRequest req{t.id, {}};
-    req.items.reserve(t.images.size());
-    for (const std::string& p : t.images) req.items.push_back({media[p], std::nullopt, 0});
+    const std::vector<std::string> paths = t.paths();
+    req.items.reserve(paths.size());
+    for (std::size_t k = 0; k < paths.size(); ++k) {
+      EncodeItemInput item;
+      if (t.is_video(k)) {
+        item.video = VideoInput{media[paths[k]], {}, std::nullopt};
+      } else {
+        item.media = media[paths[k]];
+      }
+      req.items.push_back(std::move(item));
+    }
     submitted[i] = Clock::now();
     // finished[i] is written on the worker thread and read after the future
     // is ready, which orders the two.
@@ -197,7 +206,7 @@ int RunReplay(const ReplayFlags& f) {
       ++failed_requests;
       if (first_failure.empty()) first_failure = "request '" + r.id + "': " + r.status.ToString();
     }
-    items += static_cast<std::int64_t>((*trace)[i].images.size());
+    items += static_cast<std::int64_t>((*trace)[i].paths().size());
     for (const ItemResult& it : r.items) {
       if (it.status.ok()) {
         distinct.insert(it.key);
@@ -260,6 +269,11 @@ int RunReplay(const ReplayFlags& f) {
         {"l2_bytes", s.l2_used_bytes},
         {"demotions", s.demotions},
         {"promotions", s.promotions},
+        {"video_items", s.video_items},
+        {"video_decodes", s.video_decodes},
+        {"chunk_hits", s.chunk_hits},
+        {"chunk_misses", s.chunk_misses},
+        {"chunk_joins", s.chunk_joins},
         {"model_id", model_id},
     };
     if (loop.has_shared_tier()) {
@@ -286,6 +300,10 @@ int RunReplay(const ReplayFlags& f) {
       o += fmt::format(
           "  l3         {} gets, {} hits, {} corrupt, {} writes ({} dropped), {} lease waits, {} errors{}\n", l3.gets,
           l3.hits, l3.corrupt, l3.writes, l3.write_drops, l3.lease_waits, errors, l3.degraded ? " (degraded)" : "");
+    }
+    if (s.video_items > 0) {
+      o += fmt::format("  videos     {} items, {} decoded; chunks: {} hits, {} joins, {} misses\n", s.video_items,
+                       s.video_decodes, s.chunk_hits, s.chunk_joins, s.chunk_misses);
     }
     o += fmt::format("  tower      {} batches, {} items, {:.1f} tokens per batch, {:.3f} s\n", s.tower_batches,
                      s.tower_items, mean_batch_tokens, s.tower_seconds);

@@ -26,9 +26,10 @@ std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::sp
   for (std::size_t r = 0; r < trace.size() && r < results.size(); ++r) {
     const TraceRequest& req = trace[r];
     const RequestResult& res = results[r];
-    for (std::size_t i = 0; i < req.images.size(); ++i) {
+    const std::vector<std::string> paths = req.paths();
+    for (std::size_t i = 0; i < paths.size(); ++i) {
       // ordered_json keeps the documented field order.
-      nlohmann::ordered_json line = {{"request", req.id}, {"item", i}, {"media", req.images[i]}};
+      nlohmann::ordered_json line = {{"request", req.id}, {"item", i}, {"media", paths[i]}};
       const ItemResult* item = i < res.items.size() ? &res.items[i] : nullptr;
       if (item != nullptr && item->status.ok() && item->embedding != nullptr) {
         const Embedding& e = *item->embedding;

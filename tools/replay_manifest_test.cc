@@ -28,7 +28,7 @@ ItemResult Served(std::int64_t index, std::uint8_t key, GridTHW grid, std::int64
 }
 
 TEST(ReplayManifestTest, OneLinePerItemNamingKeyGridAndFile) {
-  const std::vector<TraceRequest> trace = {{"r1", 0, {"a.png", "b.png"}}, {"r2", 5, {"a.png"}}};
+  const std::vector<TraceRequest> trace = {{"r1", 0, {"a.png", "b.png"}, {}}, {"r2", 5, {"a.png"}, {}}};
   std::vector<RequestResult> results(2);
   results[0].id = "r1";
   results[0].items = {Served(0, 0xaa, {1, 4, 6}, 6, ItemSource::kMiss), Served(1, 0xbb, {2, 2, 2}, 2, ItemSource::kMiss)};
@@ -47,7 +47,7 @@ TEST(ReplayManifestTest, OneLinePerItemNamingKeyGridAndFile) {
 }
 
 TEST(ReplayManifestTest, FailedItemsCarryTheirErrorAndAKeyOnlyWhenDerived) {
-  const std::vector<TraceRequest> trace = {{"r1", 0, {"bad.png", "ok.png"}}, {"r2", 0, {"c.png"}}};
+  const std::vector<TraceRequest> trace = {{"r1", 0, {"bad.png", "ok.png"}, {}}, {"r2", 0, {"c.png"}, {}}};
   std::vector<RequestResult> results(2);
   results[0].items.resize(2);
   results[0].items[0].index = 0;

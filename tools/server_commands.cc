@@ -6,8 +6,11 @@
 //                 down gracefully (--grace-s) and exits 0. Prints one line
 //                 "READY port=<p> metrics_port=<m> server_id=<id>" on stdout
 //                 once it accepts calls, so scripts can wait for it.
-//   client        encodes image files; one stdout line per item:
-//                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|l3|miss|joined> ms=<server ms> server=<id>
+//   client        encodes image and video files (a video is recognised by
+//                 its container's magic bytes, MP4/MOV, WebM/Matroska, AVI,
+//                 or forced with --video); one stdout line per item:
+//                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|l3|miss|joined> ms=<server ms> server=<id> delivery=<inline|shm>
+//                 and for a video also grid=<t>x<h>x<w> frames=<n> seconds_per_grid_t=<s>
 //                 --out FILE writes the embeddings as safetensors
 //                 (epd/safetensors.h). A failure prints "<CODE_NAME>: <message>"
 //                 on stderr and exits 1.
@@ -141,8 +144,18 @@ struct ClientFlags {
   bool no_route = false;
   bool shm = false;
   std::string request_id;
+  bool video = false;
+  double video_fps = 0;  // 0: the server's default
   ClientSecurityFlags security;
 };
+
+// A video container by its magic bytes: ISO BMFF (MP4, MOV: "ftyp" at byte
+// 4), EBML (WebM, Matroska: 1A 45 DF A3), RIFF AVI.
+bool LooksLikeVideo(const std::string& b) {
+  if (b.size() >= 8 && b.compare(4, 4, "ftyp") == 0) return true;
+  if (b.size() >= 4 && b.compare(0, 4, "\x1a\x45\xdf\xa3") == 0) return true;
+  return b.size() >= 12 && b.compare(0, 4, "RIFF") == 0 && b.compare(8, 4, "AVI ") == 0;
+}
 
 int RunClient(const ClientFlags& f) {
   TuneMalloc(MallocUse::kMessages);
@@ -150,7 +163,17 @@ int RunClient(const ClientFlags& f) {
   for (const std::string& path : f.images) {
     StatusOr<std::string> bytes = ReadFile(path);
     if (!bytes.ok()) Fail(1, bytes.status().message());
-    items.push_back(ClientItem{std::move(*bytes), std::nullopt, 0});
+    ClientItem item;
+    if (f.video || LooksLikeVideo(*bytes)) {
+      item.video = std::move(*bytes);
+      if (f.video_fps > 0) {
+        item.sampling = VideoSampling{};
+        item.sampling->fps = f.video_fps;
+      }
+    } else {
+      item.image = std::move(*bytes);
+    }
+    items.push_back(std::move(item));
   }
   ClientOptions co;
   co.target = f.server;
@@ -179,6 +202,12 @@ int RunClient(const ClientFlags& f) {
                 static_cast<long long>(item.index), item.key.Hex().c_str(), static_cast<long long>(e.tokens),
                 static_cast<long long>(e.hidden), std::string(ItemSourceName(item.source)).c_str(), item.total_ms,
                 item.server_id.c_str(), item.shm != nullptr ? "shm" : "inline");
+    if (item.video != nullptr) {
+      const GridTHW& g = item.shm != nullptr ? item.shm->grid() : item.embedding->grid;
+      std::printf("index=%lld grid=%lldx%lldx%lld frames=%zu seconds_per_grid_t=%.6g\n",
+                  static_cast<long long>(item.index), static_cast<long long>(g.t), static_cast<long long>(g.h),
+                  static_cast<long long>(g.w), item.video->timestamps_s.size(), item.video->seconds_per_grid_t);
+    }
     if (!f.out.empty()) out.push_back({item.key, item.shm != nullptr ? item.shm->Copy() : item.embedding});
   }
   std::fflush(stdout);
@@ -246,10 +275,15 @@ void RegisterServerCommands(CLI::App& app) {
   }
   {
     auto f = std::make_shared<ClientFlags>();
-    CLI::App* cmd = app.add_subcommand("client", "encode image files with a running server");
+    CLI::App* cmd = app.add_subcommand("client", "encode image and video files with a running server");
     cmd->add_option("--server", f->server, "HOST:PORT of a server or of the nginx front, or unix:/path")
         ->required();
-    cmd->add_option("images", f->images, "JPEG/PNG files")->required()->check(CLI::ExistingFile);
+    cmd->add_option("images", f->images, "image files (JPEG, PNG, ...) and video files (MP4, WebM, AVI)")
+        ->required()
+        ->check(CLI::ExistingFile);
+    cmd->add_flag("--video", f->video, "send every file as a video (default: by its magic bytes)");
+    cmd->add_option("--video-fps", f->video_fps, "videos: sampled frames per second [server's default]")
+        ->check(Number(0, 1e3, "fps", /*lo_open=*/true));
     cmd->add_option("--out", f->out, "write the embeddings to this safetensors file");
     cmd->add_option("--timeout-s", f->timeout_s, "deadline of each call, seconds")->capture_default_str()
         ->check(Number(0, 1e6, "s", /*lo_open=*/true));

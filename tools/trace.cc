@@ -49,13 +49,19 @@ StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const st
       }
       r.arrival_ms = j["arrival_ms"].get<double>();
     }
-    if (!j.contains("images") || !j["images"].is_array() || j["images"].empty()) {
-      return error("images must be a non-empty array of strings");
+    const char* const kImagesRule = "images must be a non-empty array of strings";
+    for (const char* field : {"images", "videos"}) {
+      if (!j.contains(field)) continue;
+      const bool images = std::string(field) == "images";
+      const std::string what = images ? kImagesRule : "videos must be an array of non-empty strings";
+      if (!j[field].is_array()) return error(what);
+      for (const json& p : j[field]) {
+        if (!p.is_string() || p.get<std::string>().empty()) return error(what);
+        (images ? r.images : r.videos).push_back(p.get<std::string>());
+      }
     }
-    for (const json& p : j["images"]) {
-      if (!p.is_string() || p.get<std::string>().empty()) return error("images must be a non-empty array of strings");
-      r.images.push_back(p.get<std::string>());
-    }
+    // A line without videos needs images (the rule before videos existed).
+    if (r.images.empty() && r.videos.empty()) return error(kImagesRule);
     out.push_back(std::move(r));
   }
   return out;
@@ -71,6 +77,7 @@ std::string TraceToJsonLines(const std::vector<TraceRequest>& trace) {
   std::string out;
   for (const TraceRequest& r : trace) {
     json j = {{"id", r.id}, {"arrival_ms", r.arrival_ms}, {"images", r.images}};
+    if (!r.videos.empty()) j["videos"] = r.videos;
     out += j.dump();
     out += '\n';
   }

@@ -6,8 +6,11 @@
 //   id          string, unique within the trace [default "line-<N>"]
 //   arrival_ms  number >= 0, when the request arrives, relative to the
 //               start of the replay [default 0]
-//   images      non-empty array of paths; relative ones are resolved against
+//   images      array of image paths; relative ones are resolved against
 //               the --images directory (or the working directory without it)
+//   videos      array of video paths (MP4, WebM, ...), resolved likewise;
+//               each is one video item after the images (docs/VIDEO.md).
+//               A request needs at least one image or video.
 // Errors name the line: "trace.jsonl:7: images must be a non-empty array of strings".
 //
 // Generator (GenerateTrace), a pure function of its arguments:
@@ -38,6 +41,15 @@ struct TraceRequest {
   std::string id;
   double arrival_ms = 0;
   std::vector<std::string> images;
+  std::vector<std::string> videos;
+
+  // Every item's path, in item order: the images, then the videos.
+  std::vector<std::string> paths() const {
+    std::vector<std::string> all = images;
+    all.insert(all.end(), videos.begin(), videos.end());
+    return all;
+  }
+  bool is_video(std::size_t item) const { return item >= images.size(); }
 };
 
 // Parses a JSON Lines trace; `name` prefixes error messages.

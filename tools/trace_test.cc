@@ -28,6 +28,8 @@ TEST(TraceTest, ErrorsNameTheLine) {
       {"[1]\n", "t.jsonl:1: expected a JSON object"},
       {"{\"images\": []}\n", "t.jsonl:1: images must be a non-empty array of strings"},
       {"{\"images\": [3]}\n", "t.jsonl:1: images must be a non-empty array of strings"},
+      {"{\"videos\": [\"\"]}\n", "t.jsonl:1: videos must be an array of non-empty strings"},
+      {"{\"images\": [], \"videos\": []}\n", "t.jsonl:1: images must be a non-empty array of strings"},
       {"{\"images\": [\"a\"], \"arrival_ms\": -1}\n", "t.jsonl:1: arrival_ms must be a number >= 0"},
       {"{\"id\": \"x\", \"images\": [\"a\"]}\n{\"id\": \"x\", \"images\": [\"b\"]}\n",
        "t.jsonl:2: duplicate request id 'x'"},
@@ -40,7 +42,7 @@ TEST(TraceTest, ErrorsNameTheLine) {
 }
 
 TEST(TraceTest, JsonLinesRoundTrip) {
-  std::vector<TraceRequest> t = {{"a", 1.5, {"x.png", "y.png"}}, {"b", 0, {"x.png"}}};
+  std::vector<TraceRequest> t = {{"a", 1.5, {"x.png", "y.png"}, {}}, {"b", 0, {"x.png"}, {}}};
   auto back = ParseTrace(TraceToJsonLines(t), "rt");
   ASSERT_TRUE(back.ok());
   ASSERT_EQ(back->size(), 2u);
@@ -48,6 +50,24 @@ TEST(TraceTest, JsonLinesRoundTrip) {
   EXPECT_EQ((*back)[0].arrival_ms, 1.5);
   EXPECT_EQ((*back)[0].images, t[0].images);
   EXPECT_EQ((*back)[1].images, t[1].images);
+}
+
+TEST(TraceTest, VideosAreItemsAfterTheImages) {
+  auto t = ParseTrace(
+      "{\"id\": \"v\", \"images\": [\"a.png\"], \"videos\": [\"c.mp4\", \"d.webm\"]}\n"
+      "{\"id\": \"w\", \"videos\": [\"c.mp4\"]}\n",
+      "t.jsonl");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const TraceRequest& v = (*t)[0];
+  EXPECT_EQ(v.paths(), (std::vector<std::string>{"a.png", "c.mp4", "d.webm"}));
+  EXPECT_FALSE(v.is_video(0));
+  EXPECT_TRUE(v.is_video(1));
+  EXPECT_TRUE(v.is_video(2));
+  EXPECT_TRUE((*t)[1].images.empty());
+  auto back = ParseTrace(TraceToJsonLines(*t), "rt");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ((*back)[0].videos, v.videos);
+  EXPECT_EQ((*back)[1].videos, (std::vector<std::string>{"c.mp4"}));
 }
 
 TEST(TraceTest, GeneratorIsDeterministicAndFollowsItsBounds) {

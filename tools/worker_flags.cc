@@ -11,6 +11,9 @@
 #ifdef EPD_HAVE_TORCH_TOWER
 #include "epd/checkpoint_tower.h"
 #endif
+#ifdef EPD_HAVE_VIDEO
+#include "epd/video_decoder.h"
+#endif
 #ifdef EPD_HAVE_CUDA_TIER
 #include <cstdlib>
 #include <mutex>
@@ -87,6 +90,17 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
                  "largest stored image accepted, pixels (decompression-bomb guard; default Pillow's error threshold)")
       ->capture_default_str()->check(Integer(1));
   AddL3Flags(cmd, f.l3);
+  cmd.add_option("--video-fps", f.video_fps, "videos: default sampled frames per second (a request may override)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--video-max-frames", f.video_max_frames, "videos: default most sampled frames per video")
+      ->capture_default_str()
+      ->check(Integer(2));
+  cmd.add_option("--video-max-seconds", f.video_max_seconds, "videos: longest duration a container may claim, s")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_flag("--no-video-chunk-cache", f.no_video_chunk_cache,
+               "videos: encode and cache each video whole, not per temporal chunk (to measure what chunks save)");
 }
 
 #ifdef EPD_HAVE_CUDA_TIER
@@ -173,6 +187,16 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
             : f.order == "fair"   ? ScheduleOrder::kFair
                                   : ScheduleOrder::kFifo;
   if (Status s = ApplyL3Flags(f.l3, o); !s.ok()) return s;
+  o.video_sampling = VideoSampling::ForPatchSize(o.preprocess.patch_size);
+  o.video_sampling.fps = f.video_fps;
+  o.video_sampling.max_frames = f.video_max_frames;
+  o.video_sampling.min_frames = std::min(o.video_sampling.min_frames, f.video_max_frames);
+  o.video_limits.max_duration_s = f.video_max_seconds;
+  o.video_chunk_cache = !f.no_video_chunk_cache;
+#ifdef EPD_HAVE_VIDEO
+  o.decode_video = [](std::span<const std::uint8_t> bytes, const VideoSampling& s, const PreprocessConfig& cfg,
+                      const VideoLimits& limits) { return DecodeVideo(bytes, s, cfg, limits); };
+#endif
 #ifdef EPD_HAVE_CUDA_TIER
   if (gpu_tier) {
     StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), static_cast<std::size_t>(o.l1_capacity_bytes),

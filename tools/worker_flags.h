@@ -76,6 +76,12 @@ struct WorkerFlags {
   std::string rgba_background = "white";
   std::int64_t max_decode_pixels = DecodeLimits{}.max_pixels;
   L3Flags l3;
+  // Videos (docs/VIDEO.md): the default sampling (the rest is qwen-vl-utils'
+  // for the model's patch size, VideoSampling::ForPatchSize) and limits.
+  double video_fps = VideoSampling{}.fps;
+  std::int64_t video_max_frames = VideoSampling{}.max_frames;
+  double video_max_seconds = VideoLimits{}.max_duration_s;
+  bool no_video_chunk_cache = false;  // WorkerOptions::video_chunk_cache off (to measure what it saves)
 };
 
 // The tower used when --model is not given; empty when this build has none.

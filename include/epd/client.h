@@ -47,6 +47,7 @@
 #include "epd/preprocess.h"
 #include "epd/server_stats.h"
 #include "epd/status.h"
+#include "epd/video.h"
 
 namespace epd {
 
@@ -102,11 +103,21 @@ struct ServerInfo {
   std::string l3;       // the shared tier: "off", "ok" or "degraded" (docs/L3.md); empty from older servers
 };
 
-// One image to encode (mirrors EncodeItemInput).
+// One image or video to encode (mirrors EncodeItemInput). A video sets
+// `video` (container bytes) or `video_frames` (encoded frame images), not
+// `image` or `caller_key`. Its route key is ComputeVideoKey over its bytes
+// with `sampling` (or VideoSampling{} when unset): deterministic, so a repeat
+// reaches the server that cached it; it equals the server's own content key
+// when the server's default sampling is VideoSampling{}.
 struct ClientItem {
   std::string image;                      // JPEG, PNG, WebP, GIF or BMP bytes
   std::optional<std::string> caller_key;  // see EncodeItemInput::caller_key (epd/encode_worker.h)
   std::int64_t expected_tokens = 0;       // 0 = unknown
+  std::string video;                      // MP4, WebM, ... bytes (docs/VIDEO.md)
+  std::vector<std::string> video_frames;  // or a video as its frames
+  std::optional<VideoSampling> sampling;  // per-request sampling; unset = the server's default
+
+  bool is_video() const { return !video.empty() || !video_frames.empty(); }
 };
 
 struct ShmLeaseLink;  // internal: the client's release queue, shared with its leases
@@ -174,6 +185,9 @@ struct ClientItemResult {
   ItemSource source = ItemSource::kMiss;
   double queue_ms = 0, tower_ms = 0, total_ms = 0;  // server-side, see ItemResult
   std::string server_id;   // which server answered
+  // Videos: the sampled frames' timestamps, sample rate and seconds per
+  // temporal grid step (EncodedItem fields 17-19); null for an image.
+  std::shared_ptr<const VideoTiming> video;
 };
 
 struct EncodeResult {

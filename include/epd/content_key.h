@@ -10,7 +10,8 @@
 // would make a collision (one image served another's embedding) likely at
 // about 2^32 images (birthday bound), which a fleet reaches.
 //
-// Three namespaces, each with its own domain tag, so a key of one kind can
+// Three namespaces for images (and two for videos: ComputeVideoKey,
+// ComputeVideoChunkKey below), each with its own domain tag, so a key of one kind can
 // never equal a key of another (short of a SHA-256 collision):
 //   ComputeContentKey   encoded media bytes (JPEG, PNG, WebP, GIF, BMP as sent);
 //   ComputeRawPixelKey  raw pixels, with width/height/channels in the key so
@@ -61,6 +62,8 @@
 namespace epd {
 
 struct PreprocessConfig;  // epd/preprocess.h
+struct RgbImage;          // epd/image.h
+struct VideoSampling;     // epd/video.h
 
 // Version of the byte encoding hashed into every key. Bump on any change.
 // 2: the model id of a Hugging Face checkpoint is derived from its vision
@@ -99,6 +102,25 @@ StatusOr<ContentKey> ComputeRawPixelKey(std::string_view model_id, const Preproc
 // would otherwise share one cache entry).
 StatusOr<ContentKey> CallerContentKey(std::string_view model_id, const PreprocessConfig& cfg,
                                       std::string_view caller_key);
+
+// Key of a whole video as received (domain "epd/key/video"): the model id,
+// cfg, every VideoSampling field, and either the container bytes (one part,
+// frame_list false) or the encoded frame images in order (frame_list true).
+// Computed before decoding, so an exact repeat of a video with the same
+// sampling costs one lookup and no decode. Cost: one pass over the bytes.
+ContentKey ComputeVideoKey(std::string_view model_id, const PreprocessConfig& cfg, const VideoSampling& sampling,
+                           std::span<const std::span<const std::uint8_t>> parts, bool frame_list,
+                           KeyMode mode = KeyMode::kSha256);
+
+// Key of one temporal chunk of a video (domain "epd/key/video-chunk"): the
+// RGB8 pixels of its temporal_patch_size sampled frames after resize, their
+// size and count, with the model id and cfg. Two videos (or two clips of one
+// video) whose chunks have the same resized pixels share the chunk's entry,
+// whatever the container, timestamps or sampling that produced them.
+// Errors (kInvalidArgument): no frames, a frame of size < 1, frames of
+// different sizes or with a pixel buffer that is not width * height * 3.
+StatusOr<ContentKey> ComputeVideoChunkKey(std::string_view model_id, const PreprocessConfig& cfg,
+                                          std::span<const RgbImage> frames, KeyMode mode = KeyMode::kSha256);
 
 // True when `key` carries kFastKeyMarker, i.e. came from KeyMode::kXxh3Fast.
 bool IsFastContentKey(const ContentKey& key);

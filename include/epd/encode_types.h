@@ -19,7 +19,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string_view>
+#include <vector>
 
 #include "epd/content_key_type.h"
 #include "epd/embedding.h"
@@ -38,6 +40,15 @@ enum class ItemSource : std::uint8_t {
 // "l1", "l2", "miss", "joined", "l3".
 std::string_view ItemSourceName(ItemSource source);
 
+// What prefill needs besides the rows for a video item (docs/PREFILL.md):
+// Qwen2.5-VL's M-RoPE advances its temporal position by
+// seconds_per_grid_t * tokens_per_second per temporal patch.
+struct VideoTiming {
+  std::vector<double> timestamps_s;  // presentation time of each sampled frame, seconds
+  double sample_fps = 0;             // sampled frames per second of video
+  double seconds_per_grid_t = 0;     // temporal_patch_size / sample_fps (second_per_grid_ts)
+};
+
 struct ItemResult {
   std::int64_t index = 0;  // position in EncodeRequest::items
   // OK, or why this item has no embedding. The message says what is wrong,
@@ -52,6 +63,9 @@ struct ItemResult {
   // misses (what Qwen-VL prefill needs for its M-RoPE positions).
   EmbeddingPtr embedding;
   ItemSource source = ItemSource::kMiss;
+  // Set for a video item that succeeded (embedding->grid is then (t, h, w)
+  // with t temporal patches); null for an image. Shared, immutable.
+  std::shared_ptr<const VideoTiming> video;
   // Milliseconds: submit -> batch start, the batch's tower call, submit ->
   // delivery. Hits have queue_ms = tower_ms = 0.
   double queue_ms = 0;
@@ -73,6 +87,16 @@ struct WorkerStats {
   // Hits (L1, L2 or L3) whose shape differed from the request's; also
   // counted in misses.
   std::uint64_t shape_mismatches = 0;
+  // Video items (also counted above: a whole-video hit in hits_l1/hits_l2,
+  // anything else in misses), the decodes they needed, and their temporal
+  // chunks: each chunk of a decoded video counts in exactly one of
+  // chunk_hits (L1 or L2), chunk_joins (an identical chunk already queued or
+  // running) and chunk_misses (queued for the tower, or failed).
+  std::uint64_t video_items = 0;
+  std::uint64_t video_decodes = 0;
+  std::uint64_t chunk_hits = 0;
+  std::uint64_t chunk_misses = 0;
+  std::uint64_t chunk_joins = 0;
   // Requests refused by Submit (not counted in `requests`), and cancelled.
   std::uint64_t rejected_requests = 0;
   std::uint64_t cancelled_requests = 0;

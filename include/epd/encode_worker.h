@@ -26,6 +26,21 @@
 //      header gives (ProbeGrid) without decoding. A bad
 //      header (unknown format, zero size, more pixels than DecodeLimits
 //      allows) fails only this item at once, kInvalidArgument.
+// A video item (EncodeItemInput::video; docs/VIDEO.md) takes a path of its own:
+// its whole-video key (ComputeVideoKey over its bytes and sampling) hit in
+// L1/L2 is delivered inside Submit without a decode; otherwise it is decoded
+// and sampled inside Submit (on the owning thread), cut into temporal chunks
+// (temporal_patch_size frames each, keyed by ComputeVideoChunkKey), and each
+// chunk is served as an image would be (hit, join, or a scheduler job of
+// grid (1, h, w) costing its post-merge tokens). When its last chunk is
+// ready the chunks' rows are concatenated in order (grid (t, h, w)), cached
+// under the whole-video key and delivered with ItemResult::video. A failed
+// chunk fails the video (naming the chunk). With a tower that does not
+// declare temporal_chunks_independent() (or video_chunk_cache off) a video
+// is one job of grid (t, h, w) instead, joined and cached by its whole-video
+// key only. For
+// max_pending_items a video counts as one job (its chunks are only known
+// after the decode).
 // Helper threads decode and preprocess queued misses in the order the
 // scheduler will serve them (arrival order, or the fair order for kFair) while
 // the tower runs (at most decode_lookahead finished ahead), so decoding
@@ -128,6 +143,7 @@
 #include "epd/preprocess.h"
 #include "epd/shared_tier.h"
 #include "epd/status.h"
+#include "epd/video.h"
 #include "epd/vision_tower.h"
 
 namespace epd {
@@ -200,6 +216,26 @@ struct WorkerOptions {
   // max_items_per_batch (the next batch plus one).
   std::int64_t decode_lookahead = 0;
 
+  // Videos (docs/VIDEO.md). decode_video decodes and samples a container
+  // (epd::video's DecodeVideo, set by the CLI and server when that library
+  // is built); empty = a video item given as container bytes fails with
+  // kFailedPrecondition (frame lists still work). video_sampling is the default a
+  // request's VideoInput::sampling overrides; video_limits bound every decode.
+  // Chunk caching needs a tower whose temporal_chunks_independent() is
+  // true; with another tower (or video_chunk_cache off) a video is encoded
+  // whole, as one tower item of grid (t, h, w), cached and joined only under
+  // its whole-video key.
+  bool video_chunk_cache = true;
+  std::function<StatusOr<SampledVideo>(std::span<const std::uint8_t>, const VideoSampling&, const PreprocessConfig&,
+                                       const VideoLimits&)>
+      decode_video;
+  VideoSampling video_sampling;
+  VideoLimits video_limits;
+  // Whole-video hits need the video's timing (VideoTiming) without a decode;
+  // the worker keeps it for this many whole-video keys (oldest forgotten
+  // first; a forgotten one costs a decode on its next hit, whose chunks hit).
+  std::int64_t max_video_timings = 65536;
+
   // Backpressure: while it returns true, Step()/StartBatch() start no tower
   // batch (e.g. the transfer ring towards the prefill stage is full). Empty =
   // never full. Checked when a batch starts, which may be before the previous
@@ -248,7 +284,17 @@ class MediaBytes {
   std::shared_ptr<const std::string> bytes_;
 };
 
-// One image of a request.
+// A video item's input: the container bytes (MP4/H.264, WebM/VP9, ...:
+// what WorkerOptions::decode_video reads) or a list of encoded frame images
+// (SampleFrameList), exactly one of the two; and optional sampling options
+// (default WorkerOptions::video_sampling).
+struct VideoInput {
+  MediaBytes container;
+  std::vector<MediaBytes> frames;
+  std::optional<VideoSampling> sampling;
+};
+
+// One image or video of a request.
 struct EncodeItemInput {
   // Encoded bytes (JPEG, PNG, WebP, GIF or BMP) as received.
   MediaBytes media;
@@ -267,6 +313,13 @@ struct EncodeItemInput {
   // caches it in L1 (through to_device when set) and delivers it as
   // ItemSource::kL3; a mismatch counts in shape_mismatches and is encoded.
   EmbeddingPtr ready;
+  // Set for a video item (then `media` and `caller_key` must be empty): it is
+  // decoded and sampled, cut into temporal chunks and answered from them
+  // (docs/VIDEO.md). expected_tokens, when > 0, must equal the video's
+  // post-merge tokens.
+  std::optional<VideoInput> video;
+
+  bool is_video() const { return video.has_value(); }
 };
 
 struct EncodeRequest {

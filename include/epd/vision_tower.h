@@ -99,6 +99,16 @@ class VisionTower {
   // True when Encode leaves its output in device memory (TowerOutput::
   // on_device()); such a tower needs a worker with a GPU tier.
   virtual bool output_on_device() const { return false; }
+  // True when no patch of temporal slice t ever influences another slice's
+  // rows: attention segments (full and windowed) stay within one frame pair,
+  // positions depend on (h, w) only and the merger folds patches of one slice.
+  // Then an item of grid (t, h, w) encodes to the concatenation of t items of
+  // grid (1, h, w), one per temporal patch, and the worker may cache a video
+  // per temporal chunk (docs/VIDEO.md). True for the Qwen2-VL, Qwen2.5-VL and
+  // Qwen3-VL checkpoint towers; a TorchScript tower declares it with the
+  // attribute `temporal_chunks_independent: bool = True` (docs/TOWER.md).
+  // False (the default) makes the worker refuse video items.
+  virtual bool temporal_chunks_independent() const { return false; }
   // A short human-readable description, e.g. "torchscript:/path/model.pt (cpu, 2 threads)".
   virtual std::string Describe() const = 0;
 };

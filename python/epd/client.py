@@ -169,6 +169,43 @@ def caller_content_key(model_id: str, cfg: PreprocessConfig, caller_key: Union[s
 
 
 @dataclass
+class VideoSampling:
+    """epd::VideoSampling (qwen-vl-utils' defaults for patch 14). In a request,
+    a field set to 0 / None takes the server's default (its --video-* flags)."""
+
+    fps: float = 2.0
+    nframes: Optional[int] = None
+    min_frames: int = 4
+    max_frames: int = 768
+    min_pixels: int = 128 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    total_pixels: int = 90316800
+    resized_height: Optional[int] = None
+    resized_width: Optional[int] = None
+
+
+def video_key(model_id: str, cfg: PreprocessConfig, sampling: VideoSampling, video: bytes = b"",
+              frames: Sequence[bytes] = ()) -> bytes:
+    """epd::ComputeVideoKey (SHA-256 mode): the key of a whole video, over the
+    container bytes (or the frame images, in order) and the sampling."""
+    s = sampling
+    h = hashlib.sha256(_key_prefix(b"epd/key/video", model_id, cfg))
+    ints = [(0x41, -1 if s.nframes is None else s.nframes), (0x42, s.min_frames), (0x43, s.max_frames),
+            (0x44, s.min_pixels), (0x45, s.max_pixels), (0x46, s.total_pixels),
+            (0x47, -1 if s.resized_height is None else s.resized_height),
+            (0x48, -1 if s.resized_width is None else s.resized_width)]
+    h.update(_field(0x40, struct.pack("<d", s.fps)))  # the double's bits, as the int64 the C++ writes
+    for tag, v in ints:
+        h.update(_field(tag, struct.pack("<q", v)))
+    if video:
+        h.update(_field(0x33, bytes(video)))
+    else:
+        for f in frames:
+            h.update(_field(0x34, bytes(f)))
+    return h.digest()
+
+
+@dataclass
 class ServerInfo:
     serving: bool
     server_id: str
@@ -190,6 +227,16 @@ class Item:
     image: bytes = b""
     caller_key: Optional[Union[str, bytes]] = None
     expected_tokens: int = 0
+    # A video instead of an image (docs/VIDEO.md): container bytes (MP4,
+    # WebM, ...) or its frames as encoded images; sampling None = the
+    # server's defaults.
+    video: bytes = b""
+    video_frames: Sequence[bytes] = ()
+    sampling: Optional[VideoSampling] = None
+
+    @property
+    def is_video(self) -> bool:
+        return bool(self.video) or bool(self.video_frames)
 
 
 @dataclass
@@ -217,6 +264,11 @@ class ItemResult:
     # t * h * w // merge_size**2. None when the item failed or the server
     # predates EncodedItem.grid_thw.
     grid_thw: Optional[Tuple[int, int, int]] = None
+    # Videos only: the sampled frames' timestamps (s), the sample rate, and
+    # seconds per temporal grid step (Qwen2.5-VL's second_per_grid_ts).
+    timestamps_s: Optional[List[float]] = None
+    sample_fps: float = 0.0
+    seconds_per_grid_t: float = 0.0
     # Set when the rows came by shared memory: main/deepstack are then
     # read-only memoryviews on the arena, valid until release() or expiry.
     lease: Optional["ShmLease"] = field(default=None, repr=False, compare=False)
@@ -262,8 +314,24 @@ class ItemResult:
         Both are torch tensors when torch is importable (a copy of the bytes;
         CPU), else numpy arrays, with bfloat16 widened to float32 (numpy has no
         bfloat16). Raises ValueError for a failed item or one without a grid.
+
+        A video's result gives vLLM's video names instead:
+        ``{"video_embeds": E, "video_grid_thw": G, "second_per_grid_ts": S}``
+        with S float [1] = [seconds_per_grid_t] (docs/PREFILL.md), for
+        ``multi_modal_data={"video": ...}``.
         """
-        return to_vllm_batch([self], deepstack=deepstack)
+        out = to_vllm_batch([self], deepstack=deepstack)
+        if self.timestamps_s is None:
+            return out
+        seconds = [self.seconds_per_grid_t]
+        try:
+            import torch
+            seconds = torch.tensor(seconds, dtype=torch.float64)
+        except ImportError:
+            import numpy as np
+            seconds = np.array(seconds, dtype=np.float64)
+        return {"video_embeds": out["image_embeds"], "video_grid_thw": out["image_grid_thw"],
+                "second_per_grid_ts": seconds}
 
 
 def _to_float32(data: bytes, dtype: str, shape):
@@ -481,6 +549,11 @@ class EncodeClient:
         """The key the server will use for ``item`` (from Health's inputs)."""
         info = self._server_info()
         item = item if isinstance(item, Item) else Item(image=item)
+        if item.is_video:
+            # The route key; the server's content key when its default
+            # sampling is VideoSampling() (see epd/client.h).
+            return video_key(info.model_id, info.preprocess, item.sampling or VideoSampling(), item.video,
+                             item.video_frames)
         if item.caller_key is not None:
             return caller_content_key(info.model_id, info.preprocess, item.caller_key)
         return content_key(info.model_id, info.preprocess, item.image)
@@ -582,6 +655,21 @@ class EncodeClient:
             if it.caller_key is not None:
                 m.caller_key = it.caller_key.encode("utf-8") if isinstance(it.caller_key, str) else it.caller_key
             m.expected_tokens = it.expected_tokens
+            if it.video:
+                m.video = bytes(it.video)
+            for f in it.video_frames:
+                m.video_frames.frames.append(bytes(f))
+            if it.sampling is not None:
+                s = it.sampling
+                m.sampling.fps = s.fps
+                m.sampling.nframes = s.nframes or 0
+                m.sampling.min_frames = s.min_frames
+                m.sampling.max_frames = s.max_frames
+                m.sampling.min_pixels = s.min_pixels
+                m.sampling.max_pixels = s.max_pixels
+                m.sampling.total_pixels = s.total_pixels
+                m.sampling.resized_height = s.resized_height or 0
+                m.sampling.resized_width = s.resized_width or 0
         metadata = ([(ROUTE_HEADER, route)] if route else []) + self._auth
         got = set()
         code, message = grpc.StatusCode.OK, ""
@@ -654,4 +742,5 @@ def _from_proto(m, index: int) -> ItemResult:
                           **common)
     return ItemResult(ok=True, tokens=m.tokens, hidden=m.hidden, deepstack_layers=m.deepstack_layers,
                       dtype=_DTYPES.get(m.dtype, "unknown"), main=m.main, deepstack=m.deepstack,
-                      grid_thw=grid or None, **common)
+                      grid_thw=grid or None, timestamps_s=list(m.timestamps_s) or None,
+                      sample_fps=m.sample_fps, seconds_per_grid_t=m.seconds_per_grid_t, **common)

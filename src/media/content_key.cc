@@ -15,6 +15,13 @@
 //                 background R, G, B (all 0 when composite is 0) (v2)
 //   raw pixels only: 0x20 width, 0x21 height, 0x22 channels (int64 LE)
 //   payload: 0x30 encoded media | 0x31 raw pixels | 0x32 caller key
+// Video keys (same version) add, after the header:
+//   "epd/key/video":        0x40..0x48 the VideoSampling fields (fps as the
+//                           IEEE-754 bits of the double; absent optionals as
+//                           -1), then 0x33 the container bytes, or 0x34 once
+//                           per frame image (each length-prefixed, in order)
+//   "epd/key/video-chunk":  0x20 width, 0x21 height, 0x23 frame count, then
+//                           0x35 once per frame's RGB8 pixels, in order
 // Because every value carries its length, the encoding is injective: two
 // different (domain, fields...) tuples never produce the same byte string, so
 // distinct inputs can collide only through the hash itself. Floats are hashed
@@ -28,7 +35,9 @@
 #include <string>
 
 #include "digest.h"
+#include "epd/image.h"
 #include "epd/preprocess.h"
+#include "epd/video.h"
 
 namespace epd {
 namespace {
@@ -53,11 +62,26 @@ enum Tag : std::uint8_t {
   kTagEncodedMedia = 0x30,
   kTagRawPixels = 0x31,
   kTagCallerKey = 0x32,
+  kTagVideoContainer = 0x33,
+  kTagVideoFrameImage = 0x34,
+  kTagChunkFramePixels = 0x35,
+  kTagFrames = 0x23,
+  kTagSampleFps = 0x40,
+  kTagSampleNframes = 0x41,
+  kTagSampleMinFrames = 0x42,
+  kTagSampleMaxFrames = 0x43,
+  kTagSampleMinPixels = 0x44,
+  kTagSampleMaxPixels = 0x45,
+  kTagSampleTotalPixels = 0x46,
+  kTagSampleResizedHeight = 0x47,
+  kTagSampleResizedWidth = 0x48,
 };
 
 constexpr std::string_view kDomainEncoded = "epd/key/encoded";
 constexpr std::string_view kDomainRawPixels = "epd/key/raw-pixels";
 constexpr std::string_view kDomainCaller = "epd/key/caller";
+constexpr std::string_view kDomainVideo = "epd/key/video";
+constexpr std::string_view kDomainVideoChunk = "epd/key/video-chunk";
 
 void PutLe(std::uint64_t v, int n, std::uint8_t* out) {
   for (int i = 0; i < n; ++i) out[i] = static_cast<std::uint8_t>(v >> (8 * i));
@@ -172,6 +196,52 @@ StatusOr<ContentKey> CallerContentKey(std::string_view model_id, const Preproces
   enc.Header(kDomainCaller, model_id, cfg);
   enc.Text(kTagCallerKey, caller_key);
   return enc.Finish(KeyMode::kSha256);
+}
+
+ContentKey ComputeVideoKey(std::string_view model_id, const PreprocessConfig& cfg, const VideoSampling& sampling,
+                           std::span<const std::span<const std::uint8_t>> parts, bool frame_list, KeyMode mode) {
+  KeyEncoder enc(NewDigest(mode));
+  enc.Header(kDomainVideo, model_id, cfg);
+  enc.Int(kTagSampleFps, static_cast<std::int64_t>(std::bit_cast<std::uint64_t>(sampling.fps)));
+  enc.Int(kTagSampleNframes, sampling.nframes.value_or(-1));
+  enc.Int(kTagSampleMinFrames, sampling.min_frames);
+  enc.Int(kTagSampleMaxFrames, sampling.max_frames);
+  enc.Int(kTagSampleMinPixels, sampling.min_pixels);
+  enc.Int(kTagSampleMaxPixels, sampling.max_pixels);
+  enc.Int(kTagSampleTotalPixels, sampling.total_pixels);
+  enc.Int(kTagSampleResizedHeight, sampling.resized_height.value_or(-1));
+  enc.Int(kTagSampleResizedWidth, sampling.resized_width.value_or(-1));
+  for (std::span<const std::uint8_t> part : parts) {
+    enc.Bytes(frame_list ? kTagVideoFrameImage : kTagVideoContainer, part);
+  }
+  return enc.Finish(mode);
+}
+
+StatusOr<ContentKey> ComputeVideoChunkKey(std::string_view model_id, const PreprocessConfig& cfg,
+                                          std::span<const RgbImage> frames, KeyMode mode) {
+  if (frames.empty()) return InvalidArgument("video chunk key: no frames");
+  const RgbImage& first = frames.front();
+  if (first.width < 1 || first.height < 1) {
+    return InvalidArgument("video chunk key: frame size " + std::to_string(first.width) + "x" +
+                           std::to_string(first.height) + " is not positive");
+  }
+  const std::size_t bytes = static_cast<std::size_t>(first.width) * static_cast<std::size_t>(first.height) * 3;
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    const RgbImage& f = frames[i];
+    if (f.width != first.width || f.height != first.height || f.pixels.size() != bytes) {
+      return InvalidArgument("video chunk key: frame " + std::to_string(i) + " is " + std::to_string(f.width) + "x" +
+                             std::to_string(f.height) + " with " + std::to_string(f.pixels.size()) +
+                             " bytes, expected " + std::to_string(first.width) + "x" + std::to_string(first.height) +
+                             " RGB8");
+    }
+  }
+  KeyEncoder enc(NewDigest(mode));
+  enc.Header(kDomainVideoChunk, model_id, cfg);
+  enc.Int(kTagWidth, first.width);
+  enc.Int(kTagHeight, first.height);
+  enc.Int(kTagFrames, static_cast<std::int64_t>(frames.size()));
+  for (const RgbImage& f : frames) enc.Bytes(kTagChunkFramePixels, f.pixels);
+  return enc.Finish(mode);
 }
 
 bool IsFastContentKey(const ContentKey& key) {

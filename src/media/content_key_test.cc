@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "digest.h"
+#include "epd/image.h"
 #include "epd/preprocess.h"
+#include "epd/video.h"
 
 namespace epd {
 namespace {
@@ -250,6 +252,87 @@ TEST(ContentKeyTest, DecodeOptionsChangeTheKey) {
   PreprocessConfig drop_black = drop;
   drop_black.decode.alpha.background = {0, 0, 0};
   EXPECT_EQ(ComputeContentKey("m", drop_black, B("xyz")), ComputeContentKey("m", drop, B("xyz")));
+}
+
+}  // namespace
+}  // namespace epd
+
+namespace epd {
+namespace {
+
+std::span<const std::uint8_t> AsSpan(const std::string& s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+TEST(VideoKeyTest, EverySamplingFieldChangesTheKey) {
+  const PreprocessConfig cfg;
+  const std::string mp4 = "not really an mp4";
+  const std::vector<std::span<const std::uint8_t>> parts = {AsSpan(mp4)};
+  std::set<std::string> keys;
+  auto add = [&](const VideoSampling& s) { keys.insert(ComputeVideoKey("m", cfg, s, parts, false).Hex()); };
+  VideoSampling s;
+  add(s);
+  s = {};
+  s.fps = 1.0;
+  add(s);
+  s = {};
+  s.nframes = 8;
+  add(s);
+  s = {};
+  s.min_frames = 2;
+  add(s);
+  s = {};
+  s.max_frames = 100;
+  add(s);
+  s = {};
+  s.min_pixels = 1000;
+  add(s);
+  s = {};
+  s.max_pixels = 200000;
+  add(s);
+  s = {};
+  s.total_pixels = 1000000;
+  add(s);
+  s = {};
+  s.resized_height = 224;
+  s.resized_width = 224;
+  add(s);
+  EXPECT_EQ(keys.size(), 9u);
+}
+
+TEST(VideoKeyTest, ContainerFrameListAndImageKeysOfTheSameBytesDiffer) {
+  const PreprocessConfig cfg;
+  const std::string bytes = "same bytes";
+  const std::vector<std::span<const std::uint8_t>> one = {AsSpan(bytes)};
+  const ContentKey container = ComputeVideoKey("m", cfg, {}, one, false);
+  const ContentKey frames = ComputeVideoKey("m", cfg, {}, one, true);
+  const ContentKey image = ComputeContentKey("m", cfg, AsSpan(bytes));
+  EXPECT_NE(container, frames);
+  EXPECT_NE(container, image);
+  EXPECT_NE(frames, image);
+  // Frame boundaries are part of the key: ("ab", "c") is not ("a", "bc").
+  const std::string a = "ab", b = "c", c = "a", d = "bc";
+  const std::vector<std::span<const std::uint8_t>> split1 = {AsSpan(a), AsSpan(b)};
+  const std::vector<std::span<const std::uint8_t>> split2 = {AsSpan(c), AsSpan(d)};
+  EXPECT_NE(ComputeVideoKey("m", cfg, {}, split1, true), ComputeVideoKey("m", cfg, {}, split2, true));
+}
+
+TEST(VideoKeyTest, ChunkKeyIsThePixelsSizeAndOrderOfItsFrames) {
+  const PreprocessConfig cfg;
+  auto frame = [](int w, int h, std::uint8_t v) { return RgbImage{w, h, std::vector<std::uint8_t>(w * h * 3, v)}; };
+  const std::vector<RgbImage> ab = {frame(4, 2, 1), frame(4, 2, 2)};
+  const std::vector<RgbImage> ba = {frame(4, 2, 2), frame(4, 2, 1)};
+  const std::vector<RgbImage> tall = {frame(2, 4, 1), frame(2, 4, 2)};
+  StatusOr<ContentKey> k1 = ComputeVideoChunkKey("m", cfg, ab);
+  StatusOr<ContentKey> k2 = ComputeVideoChunkKey("m", cfg, ab);
+  ASSERT_TRUE(k1.ok() && k2.ok());
+  EXPECT_EQ(*k1, *k2);
+  EXPECT_NE(*k1, *ComputeVideoChunkKey("m", cfg, ba));
+  EXPECT_NE(*k1, *ComputeVideoChunkKey("m", cfg, tall));
+  EXPECT_NE(*k1, *ComputeVideoChunkKey("other", cfg, ab));
+  const std::vector<RgbImage> mixed = {frame(4, 2, 1), frame(2, 4, 1)};
+  EXPECT_EQ(ComputeVideoChunkKey("m", cfg, mixed).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeVideoChunkKey("m", cfg, {}).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -191,6 +191,20 @@ struct EncodeClient::Impl {
   }
 
   static StatusOr<ContentKey> Key(const ServerInfo& info, const ClientItem& item) {
+    if (item.is_video()) {
+      std::vector<std::span<const std::uint8_t>> parts;
+      auto span = [](const std::string& s) {
+        return std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data()), s.size());
+      };
+      const bool frames = item.video.empty();
+      if (frames) {
+        for (const std::string& f : item.video_frames) parts.push_back(span(f));
+      } else {
+        parts.push_back(span(item.video));
+      }
+      return ComputeVideoKey(info.model_id, info.preprocess, item.sampling.value_or(VideoSampling{}), parts, frames,
+                             info.key_mode);
+    }
     if (item.caller_key.has_value()) return CallerContentKey(info.model_id, info.preprocess, *item.caller_key);
     const auto* p = reinterpret_cast<const std::uint8_t*>(item.image.data());
     return ComputeContentKey(info.model_id, info.preprocess, {p, item.image.size()}, info.key_mode);
@@ -208,6 +222,11 @@ struct EncodeClient::Impl {
       m->set_image(items[i].image);
       if (items[i].caller_key.has_value()) m->set_caller_key(*items[i].caller_key);
       m->set_expected_tokens(items[i].expected_tokens);
+      m->set_video(items[i].video);
+      if (!items[i].video_frames.empty()) {
+        for (const std::string& f : items[i].video_frames) m->mutable_video_frames()->add_frames(f);
+      }
+      if (items[i].sampling.has_value()) internal::ToProto(*items[i].sampling, m->mutable_sampling());
     }
     grpc::ClientContext ctx;
     SetDeadline(ctx);

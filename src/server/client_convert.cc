@@ -71,6 +71,13 @@ ClientItemResult FromProto(const v1::EncodedItem& m) {
     r.status = g;
     return r;
   }
+  if (m.timestamps_s_size() != 0 || m.seconds_per_grid_t() != 0) {
+    auto timing = std::make_shared<VideoTiming>();
+    timing->timestamps_s.assign(m.timestamps_s().begin(), m.timestamps_s().end());
+    timing->sample_fps = m.sample_fps();
+    timing->seconds_per_grid_t = m.seconds_per_grid_t();
+    r.video = std::move(timing);
+  }
   r.embedding = std::move(e);
   return r;
 }

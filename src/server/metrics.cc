@@ -125,6 +125,15 @@ class StatsCollectable : public prometheus::Collectable {
             static_cast<double>(w.joins));
     counter("epd_shape_mismatches_total", "Cache hits whose shape differed from the request's",
             static_cast<double>(w.shape_mismatches));
+    counter("epd_video_items_total", "Video items (also counted as cache hits or misses above)",
+            static_cast<double>(w.video_items));
+    counter("epd_video_decodes_total", "Video items decoded (not served whole from the cache)",
+            static_cast<double>(w.video_decodes));
+    out.push_back(
+        Family("epd_video_chunks_total", "Temporal chunks of decoded videos, by outcome", MetricType::Counter));
+    Add(out.back(), static_cast<double>(w.chunk_hits), {{"outcome", "hit"}});
+    Add(out.back(), static_cast<double>(w.chunk_misses), {{"outcome", "miss"}});
+    Add(out.back(), static_cast<double>(w.chunk_joins), {{"outcome", "joined"}});
     counter("epd_cache_errors_total", "Cache operations whose tier copy failed (served as a miss, or the victim dropped)",
             static_cast<double>(w.cache_errors));
     per_tier("epd_cache_evictions_total", "Capacity victims, by tier", MetricType::Counter,
@@ -204,6 +213,7 @@ class MeteredTower : public VisionTower {
   std::int64_t deepstack_layers() const override { return inner_->deepstack_layers(); }
   DType dtype() const override { return inner_->dtype(); }
   bool output_on_device() const override { return inner_->output_on_device(); }
+  bool temporal_chunks_independent() const override { return inner_->temporal_chunks_independent(); }
   std::string Describe() const override { return inner_->Describe(); }
 
  private:

@@ -136,6 +136,11 @@ void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem*
     out->add_grid_thw(e.grid.h);
     out->add_grid_thw(e.grid.w);
   }
+  if (r.video != nullptr) {
+    for (double ts : r.video->timestamps_s) out->add_timestamps_s(ts);
+    out->set_sample_fps(r.video->sample_fps);
+    out->set_seconds_per_grid_t(r.video->seconds_per_grid_t);
+  }
   if (place_payload && place_payload(e, out)) return;
   out->set_main(reinterpret_cast<const char*>(e.main.data()), e.main.size());
   out->set_deepstack(reinterpret_cast<const char*>(e.deepstack.data()), e.deepstack.size());
@@ -211,6 +216,11 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
     for (const auto& [name, field] : L3CounterFields()) (*out->mutable_l3_counters())[name] = s.l3.*field;
     for (const auto& [kind, n] : s.l3.errors) (*out->mutable_l3_errors())[kind] = n;
   }
+  out->set_video_items(w.video_items);
+  out->set_video_decodes(w.video_decodes);
+  out->set_chunk_hits(w.chunk_hits);
+  out->set_chunk_misses(w.chunk_misses);
+  out->set_chunk_joins(w.chunk_joins);
 }
 
 ServerStats FromProto(const v1::StatsResponse& m) {
@@ -266,7 +276,38 @@ ServerStats FromProto(const v1::StatsResponse& m) {
     if (auto it = m.l3_counters().find(name); it != m.l3_counters().end()) s.l3.*field = it->second;
   }
   for (const auto& [kind, n] : m.l3_errors()) s.l3.errors[kind] = n;
+  w.video_items = m.video_items();
+  w.video_decodes = m.video_decodes();
+  w.chunk_hits = m.chunk_hits();
+  w.chunk_misses = m.chunk_misses();
+  w.chunk_joins = m.chunk_joins();
   return s;
+}
+
+VideoSampling FromProto(const v1::VideoSampling& p, const VideoSampling& defaults) {
+  VideoSampling s = defaults;
+  if (p.fps() != 0) s.fps = p.fps();
+  if (p.nframes() != 0) s.nframes = p.nframes();
+  if (p.min_frames() != 0) s.min_frames = p.min_frames();
+  if (p.max_frames() != 0) s.max_frames = p.max_frames();
+  if (p.min_pixels() != 0) s.min_pixels = p.min_pixels();
+  if (p.max_pixels() != 0) s.max_pixels = p.max_pixels();
+  if (p.total_pixels() != 0) s.total_pixels = p.total_pixels();
+  if (p.resized_height() != 0) s.resized_height = p.resized_height();
+  if (p.resized_width() != 0) s.resized_width = p.resized_width();
+  return s;
+}
+
+void ToProto(const VideoSampling& s, v1::VideoSampling* out) {
+  out->set_fps(s.fps);
+  if (s.nframes.has_value()) out->set_nframes(*s.nframes);
+  out->set_min_frames(s.min_frames);
+  out->set_max_frames(s.max_frames);
+  out->set_min_pixels(s.min_pixels);
+  out->set_max_pixels(s.max_pixels);
+  out->set_total_pixels(s.total_pixels);
+  if (s.resized_height.has_value()) out->set_resized_height(*s.resized_height);
+  if (s.resized_width.has_value()) out->set_resized_width(*s.resized_width);
 }
 
 grpc::Status ToGrpc(const Status& s) {

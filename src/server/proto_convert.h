@@ -18,6 +18,7 @@
 #include "epd/server_stats.h"
 #include "epd/status.h"
 #include "epd/v1/encoder.pb.h"
+#include "epd/video.h"
 
 namespace epd::internal {
 
@@ -47,6 +48,11 @@ void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem*
              const std::function<bool(const Embedding&, v1::EncodedItem*)>& place_payload);
 void ToProto(const ServerStats& s, v1::StatsResponse* out);
 ServerStats FromProto(const v1::StatsResponse& m);
+
+// A request's sampling over the server's defaults: each field left 0 (proto3's
+// unset) keeps the default. Validation is the worker's (VideoSampling::Validate).
+VideoSampling FromProto(const v1::VideoSampling& p, const VideoSampling& defaults);
+void ToProto(const VideoSampling& s, v1::VideoSampling* out);
 
 grpc::Status ToGrpc(const Status& s);
 Status FromGrpc(const grpc::Status& s);

@@ -136,9 +136,20 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     for (int i = 0; i < req.items_size(); ++i) {
       const v1::EncodeItem& item = req.items(i);
       const std::string at = "item " + std::to_string(i);
-      if (item.image().empty() && item.caller_key().empty()) {
-        return InvalidArgument(at + " is empty: set `image` to JPEG or PNG bytes, or `caller_key` to a key "
-                                    "this server has cached");
+      const bool is_video = !item.video().empty() || item.has_video_frames();
+      if (is_video) {
+        if (!item.image().empty() || !item.caller_key().empty() || (!item.video().empty() && item.has_video_frames())) {
+          return InvalidArgument(at +
+                                 " mixes kinds: a video item sets exactly one of `video` and `video_frames`, "
+                                 "and neither `image` nor `caller_key`");
+        }
+        if (item.has_video_frames() && item.video_frames().frames_size() == 0) {
+          return InvalidArgument(at + " has `video_frames` without frames");
+        }
+      } else if (item.image().empty() && item.caller_key().empty()) {
+        return InvalidArgument(at +
+                               " is empty: set `image` to JPEG or PNG bytes, `caller_key` to a key "
+                               "this server has cached, or `video` / `video_frames`");
       }
     }
     return Status::Ok();
@@ -192,9 +203,18 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     // returns, so taking its strings changes nothing it sees.
     for (v1::EncodeItem& item : *const_cast<v1::EncodeRequest*>(req)->mutable_items()) {
       EncodeItemInput in;
+      in.expected_tokens = item.expected_tokens();
+      if (!item.video().empty() || item.has_video_frames()) {
+        VideoInput v;
+        v.container = std::move(*item.mutable_video());
+        for (const std::string& f : item.video_frames().frames()) v.frames.emplace_back(f);
+        if (item.has_sampling()) v.sampling = internal::FromProto(item.sampling(), worker_options.video_sampling);
+        in.video = std::move(v);
+        request.items.push_back(std::move(in));
+        continue;
+      }
       in.media = std::move(*item.mutable_image());
       if (!item.caller_key().empty()) in.caller_key = item.caller_key();
-      in.expected_tokens = item.expected_tokens();
       request.items.push_back(std::move(in));
     }
 

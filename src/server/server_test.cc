@@ -10,12 +10,13 @@
 
 #include <cstring>
 #include <future>
+#include <optional>
 #include <set>
 #include <thread>
 
+#include "client_convert.h"
 #include "epd/client.h"
 #include "epd/content_key.h"
-#include "client_convert.h"
 #include "proto_convert.h"
 #include "test_server.h"
 #include "worker_test_util.h"
@@ -29,7 +30,13 @@ ContentKey KeyOf(const std::string& image) {
   return ComputeContentKey("test-model", PreprocessConfig{}, ToBytes(image));
 }
 
-ClientItem Img(std::string image) { return ClientItem{std::move(image), std::nullopt, 0}; }
+ClientItem Img(std::string image, std::optional<std::string> caller_key = std::nullopt, std::int64_t tokens = 0) {
+  ClientItem c;
+  c.image = std::move(image);
+  c.caller_key = std::move(caller_key);
+  c.expected_tokens = tokens;
+  return c;
+}
 
 std::string KeyBytes(const std::string& image) {
   const ContentKey k = KeyOf(image);
@@ -236,7 +243,7 @@ TEST(EncodeClientTest, KeyForMatchesTheServersKey) {
   StatusOr<ContentKey> k = (*client)->KeyFor(Img(a));
   ASSERT_TRUE(k.ok());
   EXPECT_EQ(*k, KeyOf(a));
-  StatusOr<ContentKey> ck = (*client)->KeyFor({"", std::string("gateway-hash-1"), 0});
+  StatusOr<ContentKey> ck = (*client)->KeyFor(Img("", std::string("gateway-hash-1")));
   ASSERT_TRUE(ck.ok());
   EXPECT_EQ(*ck, *CallerContentKey("test-model", PreprocessConfig{}, "gateway-hash-1"));
 }
@@ -253,8 +260,8 @@ TEST(EncodeClientTest, CallerKeyHitNeedsNoImageBytes) {
   TestServer t = StartTestServer();
   auto client = EncodeClient::Connect({.target = t.target});
   const std::string img = Png(56, 56, 16);
-  ASSERT_TRUE((*client)->Encode({{img, std::string("gw-16"), 0}}).status.ok());
-  EncodeResult r = (*client)->Encode({{"", std::string("gw-16"), 4}});
+  ASSERT_TRUE((*client)->Encode({Img(img, std::string("gw-16"))}).status.ok());
+  EncodeResult r = (*client)->Encode({Img("", std::string("gw-16"), 4)});
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_EQ(r.items[0].source, ItemSource::kL1);
   ExpectSameEmbedding(*r.items[0].embedding, Expected(img));

@@ -182,6 +182,10 @@ class CheckpointTower final : public VisionTower {
   std::int64_t deepstack_layers() const override { return cfg_.deepstack_layers(); }
   DType dtype() const override { return output_dtype_; }
   bool output_on_device() const override { return output_on_device_; }
+  // Every block attends within a frame (full attention) or within a window
+  // of a frame (Qwen2.5-VL); rotary and learned positions use (row, column)
+  // only and repeat per frame; the merger folds m*m patches of one frame.
+  bool temporal_chunks_independent() const override { return true; }
   std::string Describe() const override {
     return "checkpoint:" + dir_ + " (" + std::string(VisionArchName(cfg_.arch)) + ", " + device_.str() + ", " +
            std::to_string(num_threads_) + (num_threads_ == 1 ? " thread" : " threads") + ", hidden " +

@@ -58,7 +58,23 @@ struct Metadata {
   std::int64_t merge_size = 0;
   std::int64_t hidden = 0;
   std::int64_t deepstack_layers = 0;
+  bool temporal_chunks_independent = false;  // optional bool attribute, default false
 };
+
+// The optional attribute `temporal_chunks_independent` (VisionTower's
+// declaration of per-frame independence): absent = false; present, it must
+// be a bool.
+Status ReadChunkAttribute(const torch::jit::Module& module, const std::string& path, bool* out) {
+  const char* name = "temporal_chunks_independent";
+  if (!module.hasattr(name)) return Status::Ok();
+  c10::IValue v = module.attr(name);
+  if (!v.isBool()) {
+    return InvalidArgument("TorchScript tower " + path + ": attribute '" + name + "' must be a bool, got " +
+                           v.tagKind());
+  }
+  *out = v.toBool();
+  return Status::Ok();
+}
 
 // Reads one int attribute of the contract; `min` is its smallest valid value.
 Status ReadIntAttribute(const torch::jit::Module& module, const std::string& path,
@@ -101,6 +117,7 @@ class TorchScriptTower final : public VisionTower {
   std::int64_t deepstack_layers() const override { return meta_.deepstack_layers; }
   DType dtype() const override { return dtype_; }
   bool output_on_device() const override { return output_on_device_; }
+  bool temporal_chunks_independent() const override { return meta_.temporal_chunks_independent; }
   std::string Describe() const override {
     return "torchscript:" + path_ + " (" + device_.str() + ", " + std::to_string(num_threads_) +
            (num_threads_ == 1 ? " thread" : " threads") + ", hidden " +
@@ -264,6 +281,7 @@ StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOpti
         !s.ok()) {
       return s;
     }
+    if (Status s = ReadChunkAttribute(module, path, &meta.temporal_chunks_independent); !s.ok()) return s;
     auto forward = module.find_method("forward");
     if (!forward) return InvalidArgument("TorchScript tower " + path + " has no forward method");
     // The schema counts `self`.

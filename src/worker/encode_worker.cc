@@ -48,6 +48,7 @@
 #include "epd/tiered_cache.h"
 #include "prefetch_decoder.h"
 #include "tower_runner.h"
+#include "video_items.h"
 
 namespace epd {
 namespace {
@@ -61,7 +62,15 @@ std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRe
   std::vector<StatusOr<ContentKey>> keys;
   keys.reserve(request.items.size());
   for (const EncodeItemInput& item : request.items) {
-    if (item.caller_key.has_value()) {
+    if (item.is_video()) {
+      if (item.caller_key.has_value() || !item.media.empty()) {
+        keys.push_back(
+            InvalidArgument("a video item carries image bytes or a caller_key; a video is keyed by its "
+                            "own bytes and sampling"));
+      } else {
+        keys.push_back(internal::VideoItemKey(o, *item.video));
+      }
+    } else if (item.caller_key.has_value()) {
       keys.push_back(CallerContentKey(o.model_id, o.preprocess, *item.caller_key));
     } else {
       keys.push_back(ComputeContentKey(o.model_id, o.preprocess, item.media.span(), o.key_mode));
@@ -137,6 +146,19 @@ struct EncodeWorker::Impl {
     std::uint64_t request;
     std::int64_t index;
     Clock::time_point arrived;
+    std::int64_t chunk = -1;  // >= 0: the item is a video and this job is its temporal chunk `chunk`
+  };
+  // A video item waiting on its chunks (video_items.h).
+  struct VideoAssembly {
+    ContentKey whole_key;
+    GridTHW grid;
+    std::shared_ptr<const VideoTiming> timing;
+    std::vector<EmbeddingPtr> chunks;  // by temporal index; null until ready
+    std::vector<std::uint64_t> jobs;   // the jobs it waits on (each once)
+    std::int64_t remaining = 0;        // chunks not ready yet
+    Status failure;                    // the first chunk's failure
+    double queue_ms = 0;               // its slowest chunk's
+    double tower_ms = 0;
   };
   struct Job {
     ContentKey key;
@@ -144,6 +166,9 @@ struct EncodeWorker::Impl {
     EncodeScheduler::Key sched_key;
     std::vector<Waiter> waiters;
     bool running = false;
+    // A whole video's job (grid (t, h, w)): its timing, delivered to every
+    // waiter and kept for whole-video hits. Null for images and chunks.
+    std::shared_ptr<const VideoTiming> video_timing;
   };
   struct Request {
     std::string id;
@@ -153,6 +178,7 @@ struct EncodeWorker::Impl {
     std::vector<std::uint64_t> job;  // per item: the job it waits on, 0 = none
     std::vector<bool> delivered;
     std::int64_t remaining = 0;
+    std::map<std::int64_t, VideoAssembly> videos;  // by item index, until delivered
   };
   using Batch = internal::Batch;
   using BatchEntry = internal::BatchEntry;
@@ -160,6 +186,7 @@ struct EncodeWorker::Impl {
   struct Delivery {
     std::uint64_t request;
     ItemResult result;
+    std::int64_t chunk = -1;  // >= 0: one temporal chunk of video item result.index
   };
 
   Impl(WorkerOptions opt, std::unique_ptr<VisionTower> t)
@@ -171,7 +198,8 @@ struct EncodeWorker::Impl {
         decoder(options.preprocess, options.limits, options.decode_threads,
                 options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch,
                 /*fair=*/options.order == ScheduleOrder::kFair),
-        runner(*tower, decoder) {}
+        runner(*tower, decoder),
+        video_timings(options.max_video_timings) {}
 
   WorkerOptions options;
   std::unique_ptr<VisionTower> tower;
@@ -192,6 +220,7 @@ struct EncodeWorker::Impl {
   // Last: its destructor waits for started batches' tower calls, which use
   // the tower and the decoder above.
   internal::TowerRunner runner;
+  internal::VideoTimingCache video_timings;
 
   // Tokens a hit must have for this item; 0 when unknown (no expected count
   // and no readable header, e.g. a caller key sent without the media).
@@ -216,6 +245,7 @@ struct EncodeWorker::Impl {
       if (it == requests.end()) continue;  // unreachable: aborts fire nothing
       Request& r = it->second;
       const std::int64_t i = d.result.index;
+      if (d.chunk >= 0 && !TakeChunk(r, d)) continue;  // the video still waits on other chunks
       r.results[i] = std::move(d.result);
       r.delivered[i] = true;
       r.job[i] = 0;
@@ -260,7 +290,10 @@ struct EncodeWorker::Impl {
     Request& r = it->second;
     for (std::size_t i = 0; i < r.results.size(); ++i) {
       if (r.delivered[i]) continue;
-      if (const std::uint64_t j = r.job[i]; j != 0) {
+      std::vector<std::uint64_t> waited;
+      if (r.job[i] != 0) waited.push_back(r.job[i]);
+      if (auto v = r.videos.find(static_cast<std::int64_t>(i)); v != r.videos.end()) waited = v->second.jobs;
+      for (const std::uint64_t j : waited) {
         Job& job = jobs.at(j);
         std::erase_if(job.waiters, [&](const Waiter& w) {
           return w.request == request_id && w.index == static_cast<std::int64_t>(i);
@@ -383,6 +416,7 @@ struct EncodeWorker::Impl {
       res.index = w.index;
       res.key = job.key;
       res.source = requests.at(w.request).results[w.index].source;
+      if (embedding != nullptr) res.video = job.video_timing;
       res.queue_ms = std::max(0.0, Ms(b.start - w.arrived));
       res.tower_ms = b.tower_ms;
       res.total_ms = Ms(now - w.arrived);
@@ -390,9 +424,9 @@ struct EncodeWorker::Impl {
         res.embedding = embedding;
       } else {
         res.status = status;
-        CountError(res.status.code());
+        if (w.chunk < 0) CountError(res.status.code());  // a video counts once, when it completes
       }
-      ready.push_back({w.request, std::move(res)});
+      ready.push_back({w.request, std::move(res), w.chunk});
     }
   }
 
@@ -405,6 +439,17 @@ struct EncodeWorker::Impl {
   // (res moved into the request); false when `res` is ready to deliver.
   bool ServeItem(std::uint64_t rid, const std::string& sched_id, EncodeItemInput& item, Clock::time_point arrived,
                  ItemResult& res);
+  // ServeItem for a video item: a whole-video hit, or its chunks each served
+  // as an image is (hit, join or a new job). True when it waits on jobs.
+  bool ServeVideo(std::uint64_t rid, const std::string& sched_id, EncodeItemInput& item, Clock::time_point arrived,
+                  ItemResult& res);
+  // Fire's step for a chunk delivery `d`: records the chunk in its video's
+  // assembly; when it was the last one, turns d.result into the video's
+  // result and returns true (deliver it), else false.
+  bool TakeChunk(Request& r, Delivery& d);
+  // The video's result from its complete assembly: the chunks concatenated
+  // (cached under the whole-video key) or the first chunk failure.
+  void FinishVideo(VideoAssembly& a, ItemResult& res);
   bool StartBatch(std::function<void()> on_finished);
   std::int64_t FinishBatch();
 
@@ -555,6 +600,7 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
                                    Clock::time_point arrived, ItemResult& res) {
   Request& r = requests.at(rid);
   const std::int64_t i = res.index;
+  if (item.is_video()) return ServeVideo(rid, sched_id, item, arrived, res);
   HeaderProbe header(item.media, options);
   if (Status s = CheckExpectedTokens(item, header, options.preprocess.merge_size); !s.ok()) {
     ++stats.misses;
@@ -627,6 +673,191 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
   return true;
 }
 
+bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_id, EncodeItemInput& item,
+                                    Clock::time_point arrived, ItemResult& res) {
+  ++stats.video_items;
+  const std::int64_t i = res.index;
+  const std::int64_t merge = options.preprocess.merge_size;
+  if (item.expected_tokens < 0) {
+    ++stats.misses;
+    res.status = InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) +
+                                 "; it must be >= 0 (0 = unknown)");
+    return false;
+  }
+  // An exact repeat: one lookup, no decode.
+  CacheTier tier = CacheTier::kMiss;
+  if (std::shared_ptr<const VideoTiming> timing = video_timings.Find(res.key); timing != nullptr) {
+    std::optional<EmbeddingPtr> hit = CacheGet(res.key, &tier);
+    if (hit.has_value()) {
+      const Embedding& e = **hit;
+      const bool tokens_ok = item.expected_tokens == 0 || item.expected_tokens == e.tokens;
+      if (tokens_ok && e.shape() == tower->OutputShape(e.tokens) && e.nbytes() == e.ExpectedBytes()) {
+        tier == CacheTier::kL1 ? ++stats.hits_l1 : ++stats.hits_l2;
+        res.source = tier == CacheTier::kL1 ? ItemSource::kL1 : ItemSource::kL2;
+        res.embedding = std::move(*hit);
+        res.video = std::move(timing);
+        return false;
+      }
+      ++stats.shape_mismatches;
+    }
+  }
+  Request& r = requests.at(rid);
+  const bool chunked = options.video_chunk_cache && tower->temporal_chunks_independent();
+  if (!chunked && options.dedup_in_flight) {
+    if (auto j = job_by_key.find(res.key); j != job_by_key.end()) {  // the same video, queued or running whole
+      ++stats.joins;
+      jobs.at(j->second).waiters.push_back({rid, i, arrived});
+      r.job[i] = j->second;
+      r.results[i] = std::move(res);
+      r.results[i].source = ItemSource::kJoined;
+      return true;
+    }
+  }
+  ++stats.misses;
+  res.source = ItemSource::kMiss;
+  ++stats.video_decodes;
+  StatusOr<internal::PreparedVideo> prepared = internal::PrepareVideo(options, *item.video);
+  if (!prepared.ok()) {
+    res.status = prepared.status();
+    return false;
+  }
+  const std::int64_t tokens = prepared->grid.tokens(merge);
+  if (item.expected_tokens > 0 && item.expected_tokens != tokens) {
+    res.status =
+        InvalidArgument("expected_tokens is " + std::to_string(item.expected_tokens) + " but the video gives " +
+                        std::to_string(tokens) + " tokens (grid " + std::to_string(prepared->grid.t) + "x" +
+                        std::to_string(prepared->grid.h) + "x" + std::to_string(prepared->grid.w) + ")");
+    return false;
+  }
+
+  char item_tag[24];
+  std::snprintf(item_tag, sizeof(item_tag), "%020lld", static_cast<long long>(i));
+  // Video jobs' scheduler keys: (sched_id + '\1' + item index, chunk index),
+  // unique per submission, item and chunk, and ordered after the request's
+  // image items under kByKey.
+  const std::string video_sched = sched_id + '\1' + item_tag;
+  auto new_job = [&](const ContentKey& key, std::int64_t c, std::int64_t cost,
+                     std::function<StatusOr<PreprocessedImage>()> make) {
+    const std::uint64_t job_id = next_job++;
+    Job& job = jobs[job_id];
+    job.key = key;
+    job.sched_key = {video_sched, c};
+    PendingEncodeItem pending{job.sched_key.first, job.sched_key.second, cost};
+    // Under kFair a chunk's share is its tokens: its frames are decoded already.
+    if (options.order == ScheduleOrder::kFair) pending.tenant = r.tenant;
+    scheduler.Add(std::move(pending));
+    job.decode = decoder.Enqueue(std::move(make), scheduler.RankOf(job.sched_key), r.tenant);
+    job_by_sched.emplace(job.sched_key, job_id);
+    if (options.dedup_in_flight) job_by_key[key] = job_id;
+    return job_id;
+  };
+  if (!chunked) {
+    // The whole video as one tower item of grid (t, h, w).
+    const std::uint64_t job_id = new_job(res.key, 0, tokens, [video = prepared->video, cfg = options.preprocess] {
+      return internal::PreprocessWholeVideo(*video, cfg);
+    });
+    Job& job = jobs.at(job_id);
+    job.video_timing = prepared->timing;
+    job.waiters.push_back({rid, i, arrived});
+    r.job[i] = job_id;
+    r.results[i] = std::move(res);
+    return true;
+  }
+
+  VideoAssembly a;
+  a.whole_key = res.key;
+  a.grid = prepared->grid;
+  a.timing = prepared->timing;
+  a.chunks.resize(static_cast<std::size_t>(a.grid.t));
+  const GridTHW chunk_grid{1, a.grid.h, a.grid.w};
+  const std::int64_t chunk_tokens = chunk_grid.tokens(merge);
+  auto wait_on = [&](std::uint64_t job_id, std::int64_t c) {
+    jobs.at(job_id).waiters.push_back({rid, i, arrived, c});
+    if (std::find(a.jobs.begin(), a.jobs.end(), job_id) == a.jobs.end()) a.jobs.push_back(job_id);
+    ++a.remaining;
+  };
+  for (std::int64_t c = 0; c < a.grid.t; ++c) {
+    const ContentKey& key = prepared->chunk_keys[static_cast<std::size_t>(c)];
+    if (options.dedup_in_flight) {
+      if (auto j = job_by_key.find(key); j != job_by_key.end()) {
+        ++stats.chunk_joins;
+        wait_on(j->second, c);
+        continue;
+      }
+    }
+    CacheTier chunk_tier = CacheTier::kMiss;
+    if (std::optional<EmbeddingPtr> hit = CacheGet(key, &chunk_tier); hit.has_value()) {
+      const Embedding& e = **hit;
+      if (e.shape() == tower->OutputShape(chunk_tokens) && e.nbytes() == e.ExpectedBytes()) {
+        ++stats.chunk_hits;
+        a.chunks[static_cast<std::size_t>(c)] = std::move(*hit);
+        continue;
+      }
+      ++stats.shape_mismatches;
+    }
+    ++stats.chunk_misses;
+    wait_on(new_job(key, c, chunk_tokens,
+                    [video = prepared->video, c, cfg = options.preprocess] { return PreprocessChunk(*video, c, cfg); }),
+            c);
+  }
+  if (a.remaining == 0) {  // every chunk was cached
+    FinishVideo(a, res);
+    return false;
+  }
+  r.results[i] = std::move(res);
+  r.videos.emplace(i, std::move(a));
+  return true;
+}
+
+bool EncodeWorker::Impl::TakeChunk(Request& r, Delivery& d) {
+  const std::int64_t i = d.result.index;
+  VideoAssembly& a = r.videos.at(i);
+  if (d.result.status.ok()) {
+    a.chunks[static_cast<std::size_t>(d.chunk)] = std::move(d.result.embedding);
+  } else if (a.failure.ok()) {
+    a.failure =
+        Status(d.result.status.code(), "temporal chunk " + std::to_string(d.chunk) + ": " + d.result.status.message());
+  }
+  a.queue_ms = std::max(a.queue_ms, d.result.queue_ms);
+  a.tower_ms = std::max(a.tower_ms, d.result.tower_ms);
+  if (--a.remaining > 0) return false;
+  ItemResult res = std::move(r.results[i]);  // key and source set by ServeVideo
+  res.queue_ms = a.queue_ms;
+  res.tower_ms = a.tower_ms;
+  res.total_ms = d.result.total_ms;
+  FinishVideo(a, res);
+  if (!res.status.ok()) CountError(res.status.code());
+  d.result = std::move(res);
+  r.videos.erase(i);
+  return true;
+}
+
+void EncodeWorker::Impl::FinishVideo(VideoAssembly& a, ItemResult& res) {
+  if (!a.failure.ok()) {
+    res.status = a.failure;
+    return;
+  }
+  StatusOr<EmbeddingPtr> whole = internal::ConcatChunks(a.chunks, a.grid, options.preprocess.merge_size);
+  if (!whole.ok()) {
+    res.status = whole.status();
+    return;
+  }
+  EmbeddingPtr e = std::move(*whole);
+  if (options.to_device) {
+    // With a GPU tier L1 holds device embeddings; the concatenation was
+    // made on the host. A failed copy serves (and caches) the host one.
+    try {
+      if (EmbeddingPtr d = options.to_device(e); d != nullptr) e = std::move(d);
+    } catch (...) {
+      ++stats.cache_errors;
+    }
+  }
+  CachePut(a.whole_key, e);
+  video_timings.Put(a.whole_key, a.timing);
+  res.embedding = std::move(e);
+  res.video = a.timing;
+}
+
 std::int64_t EncodeWorker::Step() {
   if (impl_->runner.Outstanding() == 0 && !impl_->StartBatch(nullptr)) return 0;
   return impl_->FinishBatch();
@@ -688,6 +919,7 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
       if (rows.ok()) {
         embedding = std::move(*rows);
         CachePut(job.key, embedding);
+        if (job.video_timing != nullptr) video_timings.Put(job.key, job.video_timing);
       } else {
         status = rows.status();
       }

@@ -32,6 +32,9 @@ struct FakeTowerOptions {
   // heap block the output owns, as a GPU backend with output_on_device does;
   // a FakeDevice copies from it like from VRAM.
   bool output_on_device = false;
+  // VisionTower::temporal_chunks_independent(): true, since every token
+  // depends on its own four patch rows only (so on one temporal slice).
+  bool temporal_chunks_independent = true;
 };
 
 // What the test sees of a FakeTower the worker owns.
@@ -77,6 +80,7 @@ class FakeTower : public VisionTower {
   std::int64_t deepstack_layers() const override { return options_.deepstack_layers; }
   DType dtype() const override { return options_.dtype; }
   bool output_on_device() const override { return options_.output_on_device; }
+  bool temporal_chunks_independent() const override { return options_.temporal_chunks_independent; }
   std::string Describe() const override { return "fake"; }
 
   const std::shared_ptr<FakeTowerState>& state() const { return state_; }

@@ -13,6 +13,7 @@ add_library(epd_worker
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cc
   ${CMAKE_CURRENT_LIST_DIR}/shared_tier_lookup.cc
   ${CMAKE_CURRENT_LIST_DIR}/tower_runner.cc
+  ${CMAKE_CURRENT_LIST_DIR}/video_items.cc
   ${CMAKE_CURRENT_LIST_DIR}/worker_options.cc
 )
 add_library(epd::worker ALIAS epd_worker)

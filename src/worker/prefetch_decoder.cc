@@ -15,6 +15,7 @@ namespace epd::internal {
 struct PrefetchDecoder::Task {
   enum class State { kQueued, kRunning, kDone, kGone };
   MediaBytes media;
+  std::function<StatusOr<PreprocessedImage>()> make;  // instead of media, when set
   Rank rank;
   std::string tenant;
   bool needed = false;
@@ -43,10 +44,23 @@ std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(MediaBytes media
   task->media = std::move(media);
   task->rank = rank;
   task->tenant = std::move(tenant);
+  return Push(std::move(task));
+}
+
+std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(std::function<StatusOr<PreprocessedImage>()> make,
+                                                                Rank rank, std::string tenant) {
+  auto task = std::make_shared<Task>();
+  task->make = std::move(make);
+  task->rank = rank;
+  task->tenant = std::move(tenant);
+  return Push(std::move(task));
+}
+
+std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Push(std::shared_ptr<Task> task) {
   if (threads_.empty()) return task;  // decoded by Take
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.emplace(rank, task);
+    queue_.emplace(task->rank, task);
   }
   // The reserve rule can leave a helper idle for one task and not another.
   fair_ ? work_cv_.notify_all() : work_cv_.notify_one();
@@ -77,8 +91,9 @@ std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::PickLocked() const {
   return nullptr;
 }
 
-StatusOr<PreprocessedImage> PrefetchDecoder::Decode(const MediaBytes& media) const {
-  return DecodeAndPreprocess(media.span(), config_, limits_);
+StatusOr<PreprocessedImage> PrefetchDecoder::Decode(Task& task) const {
+  if (task.make) return task.make();
+  return DecodeAndPreprocess(task.media.span(), config_, limits_);
 }
 
 StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& task) {
@@ -88,8 +103,9 @@ StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& t
     task->state = Task::State::kGone;
     if (!threads_.empty()) queue_.erase(task->rank);
     lock.unlock();
-    StatusOr<PreprocessedImage> r = Decode(task->media);
+    StatusOr<PreprocessedImage> r = Decode(*task);
     task->media = MediaBytes();
+    task->make = nullptr;
     return r;
   }
   done_cv_.wait(lock, [&] { return task->state == Task::State::kDone; });
@@ -109,6 +125,7 @@ void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
       task->state = Task::State::kGone;
       if (!threads_.empty()) queue_.erase(task->rank);
       task->media = MediaBytes();
+      task->make = nullptr;
       break;
     case Task::State::kRunning:
       task->dropped = true;
@@ -140,7 +157,7 @@ void PrefetchDecoder::Run() {
     ++busy_;
     if (fair_) ++running_[task->tenant];
     lock.unlock();
-    StatusOr<PreprocessedImage> r = Decode(task->media);
+    StatusOr<PreprocessedImage> r = Decode(*task);
     lock.lock();
     --busy_;
     if (fair_) {
@@ -148,6 +165,7 @@ void PrefetchDecoder::Run() {
       work_cv_.notify_all();  // the reserve rule may now admit a waiting task
     }
     task->media = MediaBytes();
+    task->make = nullptr;
     if (task->dropped) {
       task->state = Task::State::kGone;
       continue;

@@ -30,6 +30,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,6 +60,11 @@ class PrefetchDecoder {
   // Queues `media` for decoding at `rank` (unique among queued tasks) for
   // `tenant`; the returned handle is passed to Take or Drop.
   std::shared_ptr<Task> Enqueue(MediaBytes media, Rank rank, std::string tenant = {});
+  // Queues a computation that makes the rows itself (a video's temporal
+  // chunk: PreprocessChunk over frames already decoded), run like a decode,
+  // under the same rank and tenant rules.
+  std::shared_ptr<Task> Enqueue(std::function<StatusOr<PreprocessedImage>()> make, Rank rank,
+                                std::string tenant = {});
 
   // True when a helper has finished the task (Take will not wait or decode).
   bool Ready(const std::shared_ptr<Task>& task);
@@ -75,7 +81,8 @@ class PrefetchDecoder {
 
  private:
   void Run();
-  StatusOr<PreprocessedImage> Decode(const MediaBytes& media) const;
+  std::shared_ptr<Task> Push(std::shared_ptr<Task> task);
+  StatusOr<PreprocessedImage> Decode(Task& task) const;
   // The queued task a helper may start now, or null. REQUIRES: mu_ held.
   std::shared_ptr<Task> PickLocked() const;
 

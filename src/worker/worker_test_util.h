@@ -62,7 +62,11 @@ struct Collector {
 
 inline EncodeRequest Request(std::string id, std::vector<std::string> media) {
   EncodeRequest r{std::move(id), {}};
-  for (std::string& m : media) r.items.push_back({std::move(m), std::nullopt, 0});
+  for (std::string& m : media) {
+    EncodeItemInput in;
+    in.media = std::move(m);
+    r.items.push_back(std::move(in));
+  }
   return r;
 }
 

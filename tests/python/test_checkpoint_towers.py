@@ -445,3 +445,24 @@ def test_tool_rejects_a_broken_checkpoint_with_a_message(breakage, tmp_path):
     assert proc.stderr.strip(), "no message on stderr"
     for name in must_name:
         assert name in proc.stderr, f"stderr does not name {name!r}: {proc.stderr.strip()}"
+
+
+@pytest.mark.parametrize("arch", ref.ARCHS)
+def test_tower_video_equals_its_temporal_chunks_encoded_one_by_one(arch, tmp_path):
+    """docs/VIDEO.md, "Caching": the C++ tower given a t=3 video as three
+    items of grid (1, h, w), one per temporal patch, gives the rows the
+    independent reference gives for the whole video as one item of grid
+    (3, h, w) (Qwen2.5-VL's 7 x 5-block frames cut its windows short)."""
+    tower = Tower.get(tiny_checkpoint(arch))
+    f = tower.pre.factor
+    names = ["astronaut.png", "coffee.png", "chelsea.png", "coffee.png", "astronaut.png", "chelsea.png"]
+    pixel_values, grid = tower.pre.video([photo(n) for n in names], size=(7 * f, 5 * f))
+    t, h, w = grid
+    assert t == 3
+    rows = h * w
+    chunks = [(pixel_values[k * rows:(k + 1) * rows], (1, h, w)) for k in range(t)]
+    got_main, got_ds = tower.tool(chunks, tmp_path)
+    want_main, want_ds = tower.reference([(pixel_values, tuple(grid))])
+    assert_close(got_main, want_main, f"{arch} video t=3 as chunks: main")
+    if want_ds is not None:
+        assert_close(got_ds, want_ds, f"{arch} video t=3 as chunks: deepstack")
