@@ -163,7 +163,7 @@ int RunReplay(const ReplayFlags& f) {
     }
     EncodeRequest req{t.id, {}};
     req.items.reserve(t.images.size());
-    for (const std::string& p : t.images) req.items.push_back({media[p], std::nullopt, 0});
+    for (const std::string& p : t.images) req.items.push_back({media[p], std::nullopt, 0, nullptr});
     submitted[i] = Clock::now();
     // finished[i] is written on the worker thread and read after the future
     // is ready, which orders the two.

@@ -187,7 +187,7 @@ RunResult Run(const std::string& name, const Args& a, epd::Device& device, epd::
       // clients each waiting for its answer before sending the next.
       if (a.window > 0 && i >= static_cast<std::size_t>(a.window)) collect(futures[collected++]);
       epd::EncodeRequest req{name + "-" + std::to_string(i), {}};
-      req.items.push_back({media[order[i]], std::nullopt, 0});
+      req.items.push_back({media[order[i]], std::nullopt, 0, nullptr});
       futures.push_back(loop.Submit(std::move(req)));
     }
     while (collected < futures.size()) collect(futures[collected++]);

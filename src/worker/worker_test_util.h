@@ -62,7 +62,7 @@ struct Collector {
 
 inline EncodeRequest Request(std::string id, std::vector<std::string> media) {
   EncodeRequest r{std::move(id), {}};
-  for (std::string& m : media) r.items.push_back({std::move(m), std::nullopt, 0});
+  for (std::string& m : media) r.items.push_back({std::move(m), std::nullopt, 0, nullptr});
   return r;
 }
 
