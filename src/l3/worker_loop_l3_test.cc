@@ -110,6 +110,28 @@ TEST(WorkerLoopL3, SecondServerServesWhatTheFirstEncodedAsAnL3Hit) {
   EXPECT_EQ(ws.misses, 0u);
 }
 
+TEST(WorkerLoopL3, ManyRequestsForOneNewKeyCostOneLookup) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  auto b = MakeNode(TierOptions(redis, "b"));
+  const std::string img = Png(56, 56, 8);
+  ASSERT_TRUE(EncodeOne(*a, "w", img).all_ok());
+  AwaitWrites(*a, 1);
+  std::vector<std::future<RequestResult>> futures;
+  for (int i = 0; i < 8; ++i) futures.push_back(b->loop->Submit(Request(test_util::Name("r", i), {img})));
+  for (auto& f : futures) {
+    RequestResult r = f.get();
+    ASSERT_TRUE(r.all_ok());
+    ExpectSameEmbedding(*r.items[0].embedding, Expected(img));
+  }
+  // Whether the later requests came while the first was looked up (they
+  // follow its lookup) or after (L1 hits), Redis is asked once.
+  EXPECT_EQ(b->loop->SharedTierStatsSnapshot().gets, 1u);
+  EXPECT_EQ(b->loop->Stats().hits_l3, 1u);
+  EXPECT_EQ(b->loop->Stats().hits_l1, 7u);
+  EXPECT_EQ(b->tower->items_encoded(), 0);
+}
+
 TEST(WorkerLoopL3, WaiterGetsTheLeaseHoldersValueAndItsTowerNeverRuns) {
   RedisServer redis(EPD_REDIS_SERVER);
   auto a = MakeNode(TierOptions(redis, "a"));
