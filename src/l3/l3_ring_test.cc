@@ -62,7 +62,9 @@ TEST(HashRing, RemovingAShardMovesOnlyItsKeys) {
   for (const ContentKey& k : RandomKeys(20000)) {
     const std::string before = four.names()[four.ShardFor(k)];
     const std::string after = three.names()[three.ShardFor(k)];
-    if (before != Names(4)[1]) EXPECT_EQ(before, after);
+    if (before != Names(4)[1]) {
+      EXPECT_EQ(before, after);
+    }
   }
 }
 

@@ -12,11 +12,19 @@
 #include "epd/content_key.h"
 #include "epd/l3_value.h"
 #include "redis_server.h"
+#include "test_names.h"
 
 namespace epd {
 namespace {
 
 using test_util::RedisServer;
+
+// "<prefix><key hex>", built by appending (GCC 12 mis-warns on literal + string).
+std::string RedisKey(const char* prefix, const ContentKey& key) {
+  std::string s(prefix);
+  s += key.Hex();
+  return s;
+}
 
 ContentKey KeyOf(std::uint8_t seed) {
   ContentKey k;
@@ -121,7 +129,7 @@ TEST(RedisTier, ValueWrittenByOneProcessIsReadByAnother) {
   EXPECT_EQ(sb.misses, 1u);
   EXPECT_FALSE(sb.degraded);
   // The stored key and TTL are the documented ones (24 h by default).
-  const std::string ttl = redis.Cli({"PTTL", "epd:v:" + KeyOf(1).Hex()});
+  const std::string ttl = redis.Cli({"PTTL", RedisKey("epd:v:", KeyOf(1))});
   ASSERT_EQ(ttl[0], ':') << ttl;
   const long ms = std::stol(ttl.substr(1));
   EXPECT_GT(ms, 23L * 3600 * 1000);
@@ -134,12 +142,12 @@ TEST(RedisTier, CorruptValueIsCountedAndServedAsAMiss) {
   auto t = Open({redis.url()}, "a", &log);
   std::string v = EncodeL3Value(KeyOf(2), *Rows(2, 2, 7), kContentKeyVersion);
   v[v.size() - 1] ^= 0x10;
-  redis.Cli({"SET", "epd:v:" + KeyOf(2).Hex(), v});
+  redis.Cli({"SET", RedisKey("epd:v:", KeyOf(2)), v});
   StatusOr<EmbeddingPtr> got = t->Get(KeyOf(2));
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(*got, nullptr);
   EXPECT_EQ(t->Stats().corrupt, 1u);
-  EXPECT_EQ(redis.Cli({"EXISTS", "epd:v:" + KeyOf(2).Hex()}), ":0\r\n");  // deleted
+  EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(2))}), ":0\r\n");  // deleted
   EXPECT_EQ(t->Stats().misses, 1u);
   ASSERT_EQ(log.size(), 1u);
   EXPECT_NE(log[0].find("checksum"), std::string::npos) << log[0];
@@ -156,7 +164,7 @@ TEST(RedisTier, LeaseIsExclusiveAndReleasedOnlyByItsHolder) {
   EXPECT_EQ(a->TryLease(KeyOf(3)), LeaseResult::kAcquired);
   EXPECT_EQ(a->TryLease(KeyOf(3)), LeaseResult::kHeldByUs);
   EXPECT_EQ(b->TryLease(KeyOf(3)), LeaseResult::kHeldByOther);
-  EXPECT_EQ(redis.Cli({"GET", "epd:lease:" + KeyOf(3).Hex()}), "$8\r\nserver-a\r\n");
+  EXPECT_EQ(redis.Cli({"GET", RedisKey("epd:lease:", KeyOf(3))}), "$8\r\nserver-a\r\n");
   // b never held it: its release deletes nothing.
   b->ReleaseAsync(KeyOf(3));
   // a writes its value, then releases.
@@ -166,7 +174,7 @@ TEST(RedisTier, LeaseIsExclusiveAndReleasedOnlyByItsHolder) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(a->Stats().leases_released, 1u);
-  EXPECT_EQ(redis.Cli({"EXISTS", "epd:lease:" + KeyOf(3).Hex()}), ":0\r\n");
+  EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:lease:", KeyOf(3))}), ":0\r\n");
   EXPECT_EQ(b->TryLease(KeyOf(3)), LeaseResult::kAcquired);
 }
 
@@ -175,12 +183,12 @@ TEST(RedisTier, LapsedLeaseTakenByAnotherIsNotDeletedByTheFirst) {
   auto a = Open({redis.url()}, "server-a");
   EXPECT_EQ(a->TryLease(KeyOf(4)), LeaseResult::kAcquired);
   // The lease lapses (simulated: deleted) and another process takes it.
-  redis.Cli({"DEL", "epd:lease:" + KeyOf(4).Hex()});
-  redis.Cli({"SET", "epd:lease:" + KeyOf(4).Hex(), "server-c"});
+  redis.Cli({"DEL", RedisKey("epd:lease:", KeyOf(4))});
+  redis.Cli({"SET", RedisKey("epd:lease:", KeyOf(4)), "server-c"});
   a->ReleaseAsync(KeyOf(4));
   a->PutAsync(KeyOf(5), Rows(1, 1, 1));  // queued after the release: done means the release ran
   AwaitWrites(*a, 1);
-  EXPECT_EQ(redis.Cli({"GET", "epd:lease:" + KeyOf(4).Hex()}), "$8\r\nserver-c\r\n");
+  EXPECT_EQ(redis.Cli({"GET", RedisKey("epd:lease:", KeyOf(4))}), "$8\r\nserver-c\r\n");
   EXPECT_EQ(a->Stats().leases_released, 0u);
 }
 
@@ -229,7 +237,7 @@ TEST(RedisTier, StalledRedisTimesOutAndIsUsedAgainOnceItAnswers) {
 TEST(RedisTier, FullRedisRefusesWritesAndReadsGoOn) {
   RedisServer redis(EPD_REDIS_SERVER, {"--maxmemory-policy", "noeviction"});
   const std::string filler(200 * 1024, 'x');
-  for (int i = 0; i < 20; ++i) redis.Cli({"SET", "filler" + std::to_string(i), filler});
+  for (int i = 0; i < 20; ++i) redis.Cli({"SET", test_util::Name("filler", i), filler});
   ASSERT_EQ(redis.Cli({"CONFIG", "SET", "maxmemory", "1mb"}), "+OK\r\n");
   auto t = Open({redis.url()}, "a");
   for (int i = 0; i < 10; ++i) t->PutAsync(KeyOf(static_cast<std::uint8_t>(100 + i)), Rows(16, 16, 1));
@@ -238,19 +246,18 @@ TEST(RedisTier, FullRedisRefusesWritesAndReadsGoOn) {
   EXPECT_EQ(s.write_drops, 10u);
   EXPECT_EQ(s.writes, 0u);
   EXPECT_EQ(s.errors.at("oom"), 10u);
-  EXPECT_EQ(redis.Cli({"EXISTS", "epd:v:" + KeyOf(100).Hex()}), ":0\r\n");
+  EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(100))}), ":0\r\n");
   EXPECT_TRUE(t->Get(KeyOf(1)).ok());  // reads still answer
 }
 
 TEST(RedisTier, PasswordFromTheUrlIsUsedAndAWrongOneIsAnAuthError) {
   RedisServer redis(EPD_REDIS_SERVER, {"--requirepass", "pw123"});
-  const std::string host = "127.0.0.1:" + std::to_string(redis.port());
-  auto good = Open({"redis://:pw123@" + host}, "a");
+  auto good = Open({test_util::Name("redis://:pw123@127.0.0.1:", redis.port())}, "a");
   EXPECT_TRUE(good->Get(KeyOf(7)).ok());
-  auto bad = Open({"redis://:nope@" + host}, "b");
+  auto bad = Open({test_util::Name("redis://:nope@127.0.0.1:", redis.port())}, "b");
   EXPECT_FALSE(bad->Get(KeyOf(7)).ok());
   EXPECT_GT(bad->Stats().errors.count("auth"), 0u);
-  auto none = Open({"redis://" + host}, "c");
+  auto none = Open({test_util::Name("redis://127.0.0.1:", redis.port())}, "c");
   EXPECT_FALSE(none->Get(KeyOf(7)).ok());
 }
 

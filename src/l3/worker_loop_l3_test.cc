@@ -13,12 +13,20 @@
 #include "epd/redis_tier.h"
 #include "epd/worker_loop.h"
 #include "redis_server.h"
+#include "test_names.h"
 #include "worker_test_util.h"
 
 namespace epd {
 namespace {
 
 using test_util::RedisServer;
+
+// "<prefix><key hex>", built by appending (GCC 12 mis-warns on literal + string).
+std::string RedisKey(const char* prefix, const ContentKey& key) {
+  std::string s(prefix);
+  s += key.Hex();
+  return s;
+}
 using testing::Expected;
 using testing::ExpectSameEmbedding;
 using testing::FakeTower;
@@ -102,6 +110,28 @@ TEST(WorkerLoopL3, SecondServerServesWhatTheFirstEncodedAsAnL3Hit) {
   EXPECT_EQ(ws.misses, 0u);
 }
 
+TEST(WorkerLoopL3, ManyRequestsForOneNewKeyCostOneLookup) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  auto b = MakeNode(TierOptions(redis, "b"));
+  const std::string img = Png(56, 56, 8);
+  ASSERT_TRUE(EncodeOne(*a, "w", img).all_ok());
+  AwaitWrites(*a, 1);
+  std::vector<std::future<RequestResult>> futures;
+  for (int i = 0; i < 8; ++i) futures.push_back(b->loop->Submit(Request(test_util::Name("r", i), {img})));
+  for (auto& f : futures) {
+    RequestResult r = f.get();
+    ASSERT_TRUE(r.all_ok());
+    ExpectSameEmbedding(*r.items[0].embedding, Expected(img));
+  }
+  // Whether the later requests came while the first was looked up (they
+  // follow its lookup) or after (L1 hits), Redis is asked once.
+  EXPECT_EQ(b->loop->SharedTierStatsSnapshot().gets, 1u);
+  EXPECT_EQ(b->loop->Stats().hits_l3, 1u);
+  EXPECT_EQ(b->loop->Stats().hits_l1, 7u);
+  EXPECT_EQ(b->tower->items_encoded(), 0);
+}
+
 TEST(WorkerLoopL3, WaiterGetsTheLeaseHoldersValueAndItsTowerNeverRuns) {
   RedisServer redis(EPD_REDIS_SERVER);
   auto a = MakeNode(TierOptions(redis, "a"));
@@ -139,7 +169,7 @@ TEST(WorkerLoopL3, SameImagesSentToThreeServersAtOnceAreEncodedOnceInTotal) {
   for (int i = 0; i < 6; ++i) images.push_back(Png(56, 56, 10 + i));
   std::vector<std::future<RequestResult>> futures;
   for (int i = 0; i < 6; ++i) {
-    for (auto& n : nodes) futures.push_back(n->loop->Submit(Request("r" + std::to_string(i), {images[i]})));
+    for (auto& n : nodes) futures.push_back(n->loop->Submit(Request(test_util::Name("r", i), {images[i]})));
   }
   for (auto& f : futures) ASSERT_TRUE(f.get().all_ok());
   std::uint64_t misses = 0, l3 = 0;
@@ -158,7 +188,7 @@ TEST(WorkerLoopL3, LapsedLeaseOfACrashedHolderIsTakenOver) {
   RedisServer redis(EPD_REDIS_SERVER);
   const std::string img = Png(56, 56, 3);
   // A holder that died: its lease lapses after 300 ms (Redis's clock).
-  redis.Cli({"SET", "epd:lease:" + KeyOf(img).Hex(), "crashed-server", "PX", "300"});
+  redis.Cli({"SET", RedisKey("epd:lease:", KeyOf(img)), "crashed-server", "PX", "300"});
   auto b = MakeNode(TierOptions(redis, "b"));
   RequestResult rb = EncodeOne(*b, "r", img);
   ASSERT_TRUE(rb.all_ok());
@@ -173,7 +203,7 @@ TEST(WorkerLoopL3, LapsedLeaseOfACrashedHolderIsTakenOver) {
 TEST(WorkerLoopL3, WaitEndsAfterThePolicysDeadlineAndEncodesLocally) {
   RedisServer redis(EPD_REDIS_SERVER);
   const std::string img = Png(56, 56, 4);
-  redis.Cli({"SET", "epd:lease:" + KeyOf(img).Hex(), "stuck-server", "PX", "600000"});
+  redis.Cli({"SET", RedisKey("epd:lease:", KeyOf(img)), "stuck-server", "PX", "600000"});
   RedisTierOptions o = TierOptions(redis, "b");
   o.wait.wait = std::chrono::milliseconds(100);
   auto b = MakeNode(o);
@@ -186,7 +216,7 @@ TEST(WorkerLoopL3, WaitEndsAfterThePolicysDeadlineAndEncodesLocally) {
 TEST(WorkerLoopL3, CancelEndsAWaitOnAnotherServersLease) {
   RedisServer redis(EPD_REDIS_SERVER);
   const std::string img = Png(56, 56, 5);
-  redis.Cli({"SET", "epd:lease:" + KeyOf(img).Hex(), "stuck-server", "PX", "600000"});
+  redis.Cli({"SET", RedisKey("epd:lease:", KeyOf(img)), "stuck-server", "PX", "600000"});
   auto b = MakeNode(TierOptions(redis, "b"));  // would wait 30 s
   std::future<RequestResult> f = b->loop->Submit(Request("r", {img}));
   for (int i = 0; i < 2000 && b->loop->SharedTierStatsSnapshot().lease_waits == 0; ++i) {
@@ -204,7 +234,7 @@ TEST(WorkerLoopL3, CorruptValueIsRejectedReencodedAndRewritten) {
   const ContentKey key = KeyOf(img);
   std::string bad = EncodeL3Value(key, Expected(img), kContentKeyVersion);
   bad[bad.size() / 2] ^= 0x40;
-  redis.Cli({"SET", "epd:v:" + key.Hex(), bad});
+  redis.Cli({"SET", RedisKey("epd:v:", key), bad});
   auto a = MakeNode(TierOptions(redis, "a"));
   RequestResult ra = EncodeOne(*a, "r", img);
   ASSERT_TRUE(ra.all_ok());
@@ -229,7 +259,7 @@ TEST(WorkerLoopL3, KilledRedisFallsBackToTheLocalTiersAndRestartedRedisIsUsedAga
   ASSERT_TRUE(hit.all_ok());
   EXPECT_EQ(hit.items[0].source, ItemSource::kL1);
   for (int i = 0; i < 3; ++i) {
-    RequestResult r = EncodeOne(*a, "m" + std::to_string(i), Png(56, 56, 20 + i));
+    RequestResult r = EncodeOne(*a, test_util::Name("m", i), Png(56, 56, 20 + i));
     ASSERT_TRUE(r.all_ok()) << r.items[0].status.ToString();
     EXPECT_EQ(r.items[0].source, ItemSource::kMiss);
   }
@@ -243,7 +273,7 @@ TEST(WorkerLoopL3, KilledRedisFallsBackToTheLocalTiersAndRestartedRedisIsUsedAga
   const std::string fresh = Png(56, 56, 30);
   // The first call after the backoff reconnects; retry until a write lands.
   for (int i = 0; i < 200 && a->loop->SharedTierStatsSnapshot().writes == 0; ++i) {
-    ASSERT_TRUE(EncodeOne(*a, "f" + std::to_string(i), Png(56, 56, 40 + i)).all_ok());
+    ASSERT_TRUE(EncodeOne(*a, test_util::Name("f", i), Png(56, 56, 40 + i)).all_ok());
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(EncodeOne(*a, "fresh", fresh).all_ok());
@@ -258,11 +288,11 @@ TEST(WorkerLoopL3, FullRedisRefusesWritesAndServingGoesOn) {
   RedisServer redis(EPD_REDIS_SERVER, {"--maxmemory-policy", "noeviction"});
   // 4 MB of other data, then a 1 MB limit: every write is refused (OOM).
   const std::string filler(200 * 1024, 'x');
-  for (int i = 0; i < 20; ++i) redis.Cli({"SET", "filler" + std::to_string(i), filler});
+  for (int i = 0; i < 20; ++i) redis.Cli({"SET", test_util::Name("filler", i), filler});
   ASSERT_EQ(redis.Cli({"CONFIG", "SET", "maxmemory", "1mb"}), "+OK\r\n");
   auto a = MakeNode(TierOptions(redis, "a"));
   for (int i = 0; i < 4; ++i) {
-    RequestResult r = EncodeOne(*a, "r" + std::to_string(i), Png(56, 56, 50 + i));
+    RequestResult r = EncodeOne(*a, test_util::Name("r", i), Png(56, 56, 50 + i));
     ASSERT_TRUE(r.all_ok());
   }
   for (int i = 0; i < 2000 && a->loop->SharedTierStatsSnapshot().write_drops < 4; ++i) {

@@ -24,6 +24,11 @@ bool SharedTierLookup::Submit(const std::shared_ptr<LookupBatch>& batch) {
   batch->remaining = batch->keys.size();
   const Clock::time_point now = Clock::now();
   for (std::size_t i = 0; i < batch->keys.size(); ++i) {
+    auto [leader, fresh] = leaders_.try_emplace(batch->keys[i]);
+    if (!fresh) {
+      leader->second.emplace_back(batch, i);
+      continue;
+    }
     Task t;
     t.batch = batch;
     t.index = i;
@@ -141,8 +146,23 @@ bool SharedTierLookup::Run(Task& t) {
 }
 
 void SharedTierLookup::End(Task& t, EmbeddingPtr value) {
-  t.batch->values[t.index] = std::move(value);
-  if (t.batch->remaining.fetch_sub(1) == 1 && t.batch->done) t.batch->done();
+  std::vector<std::pair<std::shared_ptr<LookupBatch>, std::size_t>> followers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = leaders_.find(t.batch->keys[t.index]);
+    if (it != leaders_.end()) {
+      followers = std::move(it->second);
+      leaders_.erase(it);
+    }
+  }
+  // Outside mu_: `done` takes the WorkerLoop's lock.
+  for (auto& [batch, index] : followers) Settle(*batch, index, value);
+  Settle(*t.batch, t.index, std::move(value));
+}
+
+void SharedTierLookup::Settle(LookupBatch& batch, std::size_t index, EmbeddingPtr value) {
+  batch.values[index] = std::move(value);
+  if (batch.remaining.fetch_sub(1) == 1 && batch.done) batch.done();
 }
 
 }  // namespace epd::internal

@@ -18,6 +18,10 @@
 //      end with none.
 // Waiting holds no thread: a waiting lookup sits in a queue ordered by when
 // it is due, and lookup_threads threads run whatever is due.
+// One lookup per key at a time: a key asked for again while its lookup runs
+// (another request of this process) follows that lookup and gets its value,
+// so N requests for one new key cost one GET, not N. A follower whose
+// request is cancelled still ends with its leader.
 //
 // Thread safety: thread-safe.
 #pragma once
@@ -27,6 +31,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <queue>
@@ -84,6 +89,9 @@ class SharedTierLookup {
   bool Run(Task& t);
   void End(Task& t, EmbeddingPtr value);
 
+  // Ends one key of `batch` with `value`; runs `done` when it was the last.
+  static void Settle(LookupBatch& batch, std::size_t index, EmbeddingPtr value);
+
   const std::shared_ptr<SharedTier> tier_;
   const LeaseWaitPolicy policy_;
 
@@ -92,6 +100,9 @@ class SharedTierLookup {
   std::priority_queue<Task, std::vector<Task>, Later> queue_;  // guarded by mu_
   std::uint64_t next_seq_ = 0;                                 // guarded by mu_
   bool stopping_ = false;                                      // guarded by mu_
+  // Keys with a lookup running -> the (batch, index) waiting on it besides
+  // the leader's own.
+  std::map<ContentKey, std::vector<std::pair<std::shared_ptr<LookupBatch>, std::size_t>>> leaders_;  // guarded by mu_
   std::vector<std::thread> threads_;
 
   std::atomic<std::uint64_t> lease_waits_{0}, lease_wait_hits_{0}, lease_takeovers_{0}, lease_wait_timeouts_{0};
