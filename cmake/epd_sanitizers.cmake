@@ -1,0 +1,78 @@
+# Sanitizer builds (docs/SANITIZERS.md). Included by the top-level
+# CMakeLists.txt before any directory, so every target and every test sees it.
+#
+# EPD_ASAN: AddressSanitizer + UndefinedBehaviorSanitizer over the whole
+# project (`make asan` builds it in build-asan/ and runs the whole ctest suite).
+# EPD_TSAN: ThreadSanitizer (`make tsan`, build-tsan/).
+#
+# The tests that run a Python interpreter (add_test with a python COMMAND)
+# load our ASan-instrumented module, or start our instrumented CLI, from an
+# uninstrumented /usr/bin/python3. The ASan runtime must be the first library
+# in such a process, so under EPD_ASAN each of those tests gets
+#   LD_PRELOAD=<gcc's libasan.so>   (libubsan comes in as the module's
+#                                    DT_NEEDED; it need not be first)
+#   ASAN_OPTIONS=...                (see EPD_ASAN_PYTHON_OPTIONS below)
+# through ENVIRONMENT_MODIFICATION, which ctest applies after a test's own
+# ENVIRONMENT, so the directories that register Python tests need not know.
+option(EPD_ASAN "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
+option(EPD_TSAN "Build with ThreadSanitizer" OFF)
+
+if(EPD_ASAN AND EPD_TSAN)
+  message(FATAL_ERROR "EPD_ASAN and EPD_TSAN cannot be combined (use two build directories)")
+endif()
+
+if(EPD_ASAN)
+  # -fno-sanitize-recover=all: the first UBSan report aborts the process, so
+  # a report fails its test instead of scrolling past in the log.
+  # -O1 -g1: line numbers in the reports at a bearable compile time
+  # (the torch translation units dominate it).
+  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=all
+                      -fno-omit-frame-pointer -O1 -g1)
+  add_link_options(-fsanitize=address,undefined)
+
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
+                  OUTPUT_VARIABLE EPD_LIBASAN OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT IS_ABSOLUTE "${EPD_LIBASAN}" OR NOT EXISTS "${EPD_LIBASAN}")
+    message(FATAL_ERROR "EPD_ASAN: ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so gave '${EPD_LIBASAN}'; "
+                        "install the compiler's libasan (Debian: libgcc-12-dev)")
+  endif()
+
+  # Options for the Python processes (and every child they start, e.g. the
+  # epd-encode server in the client tests):
+  # - detect_leaks=0: CPython does not free its interned objects and module
+  #   state at exit, and libtorch keeps its allocator caches; LeakSanitizer
+  #   would report those at every exit. The C++ tests keep leak detection.
+  # - alloc_dealloc_mismatch=0: libtorch and CPython are not instrumented and
+  #   are built against a different operator new/delete pairing than ASan
+  #   expects in places (e.g. a buffer from malloc released by operator
+  #   delete inside libtorch_cpu); ASan reports those as mismatches although
+  #   neither side is our code.
+  set(EPD_ASAN_PYTHON_OPTIONS "detect_leaks=0:alloc_dealloc_mismatch=0" CACHE STRING
+      "ASAN_OPTIONS for the ctest tests that run a Python interpreter under EPD_ASAN")
+
+  # Wraps the builtin add_test: a test whose command is a Python interpreter
+  # gets the preload. Arguments are passed on one by one (bracket-quoted), so
+  # an argument that is itself a list (install_test's header list) stays one.
+  function(add_test)
+    set(_args "")
+    math(EXPR _last "${ARGC} - 1")
+    foreach(_i RANGE 0 ${_last})
+      string(APPEND _args " [==[${ARGV${_i}}]==]")
+    endforeach()
+    cmake_language(EVAL CODE "_add_test(${_args})")
+    if(ARGC GREATER 3 AND ARGV0 STREQUAL "NAME" AND ARGV2 STREQUAL "COMMAND")
+      get_filename_component(_exe "${ARGV3}" NAME)
+      if(_exe MATCHES "^python")
+        set_property(TEST ${ARGV1} APPEND PROPERTY ENVIRONMENT_MODIFICATION
+                     "LD_PRELOAD=set:${EPD_LIBASAN}"
+                     "ASAN_OPTIONS=set:${EPD_ASAN_PYTHON_OPTIONS}"
+                     "UBSAN_OPTIONS=set:print_stacktrace=1")
+      endif()
+    endif()
+  endfunction()
+endif()
+
+if(EPD_TSAN)
+  add_compile_options(-fsanitize=thread -O1 -g1)
+  add_link_options(-fsanitize=thread)
+endif()
