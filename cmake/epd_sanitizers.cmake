@@ -21,14 +21,19 @@ if(EPD_ASAN AND EPD_TSAN)
   message(FATAL_ERROR "EPD_ASAN and EPD_TSAN cannot be combined (use two build directories)")
 endif()
 
+# The link flags an instrumented library needs in whoever links it (empty
+# without a sanitizer); see epd_sanitizer_propagate.
+set(EPD_SANITIZER_LINK_FLAGS "")
+
 if(EPD_ASAN)
+  set(EPD_SANITIZER_LINK_FLAGS -fsanitize=address,undefined)
   # -fno-sanitize-recover=all: the first UBSan report aborts the process, so
   # a report fails its test instead of scrolling past in the log.
   # -O1 -g1: line numbers in the reports at a bearable compile time
   # (the torch translation units dominate it).
   add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=all
                       -fno-omit-frame-pointer -O1 -g1)
-  add_link_options(-fsanitize=address,undefined)
+  add_link_options(${EPD_SANITIZER_LINK_FLAGS})
 
   execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
                   OUTPUT_VARIABLE EPD_LIBASAN OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -71,6 +76,17 @@ if(EPD_ASAN)
 endif()
 
 if(EPD_TSAN)
+  set(EPD_SANITIZER_LINK_FLAGS -fsanitize=thread)
   add_compile_options(-fsanitize=thread -O1 -g1)
-  add_link_options(-fsanitize=thread)
+  add_link_options(${EPD_SANITIZER_LINK_FLAGS})
 endif()
+
+# An instrumented static library calls into its sanitizer's runtime, so a
+# program that links the installed copy must link that runtime too: the
+# exported target carries the flags (the build tree has them globally), and
+# epd.pc's Libs gets them (cmake/epd_install.cmake).
+function(epd_sanitizer_propagate target)
+  if(EPD_SANITIZER_LINK_FLAGS)
+    target_link_options(${target} INTERFACE $<INSTALL_INTERFACE:${EPD_SANITIZER_LINK_FLAGS}>)
+  endif()
+endfunction()
