@@ -9,8 +9,8 @@
 # load our ASan-instrumented module, or start our instrumented CLI, from an
 # uninstrumented /usr/bin/python3. The ASan runtime must be the first library
 # in such a process, so under EPD_ASAN each of those tests gets
-#   LD_PRELOAD=<gcc's libasan.so>   (libubsan comes in as the module's
-#                                    DT_NEEDED; it need not be first)
+#   LD_PRELOAD=<gcc's libasan.so> <libstdc++.so>   (libubsan comes in as
+#                                    the module's DT_NEEDED; it need not be first)
 #   ASAN_OPTIONS=...                (see EPD_ASAN_PYTHON_OPTIONS below)
 # through ENVIRONMENT_MODIFICATION, which ctest applies after a test's own
 # ENVIRONMENT, so the directories that register Python tests need not know.
@@ -35,12 +35,22 @@ if(EPD_ASAN)
                       -fno-omit-frame-pointer -O1 -g1)
   add_link_options(${EPD_SANITIZER_LINK_FLAGS})
 
-  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
-                  OUTPUT_VARIABLE EPD_LIBASAN OUTPUT_STRIP_TRAILING_WHITESPACE)
-  if(NOT IS_ABSOLUTE "${EPD_LIBASAN}" OR NOT EXISTS "${EPD_LIBASAN}")
-    message(FATAL_ERROR "EPD_ASAN: ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so gave '${EPD_LIBASAN}'; "
-                        "install the compiler's libasan (Debian: libgcc-12-dev)")
-  endif()
+  # The compiler's own runtimes, by path. libstdc++ is preloaded right after
+  # libasan: ASan looks up the real __cxa_throw when it starts, and
+  # /usr/bin/python3 does not link libstdc++, so without it the module's first
+  # C++ exception (e.g. a ValueError translated from epd::Error) stops the
+  # process with "CHECK failed: ... real___cxa_throw".
+  set(EPD_ASAN_PRELOAD "")
+  foreach(_lib libasan libstdc++)
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=${_lib}.so
+                    OUTPUT_VARIABLE _path OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT IS_ABSOLUTE "${_path}" OR NOT EXISTS "${_path}")
+      message(FATAL_ERROR "EPD_ASAN: ${CMAKE_CXX_COMPILER} -print-file-name=${_lib}.so gave '${_path}'; "
+                          "install the compiler's ${_lib} (Debian: libgcc-12-dev, libstdc++-12-dev)")
+    endif()
+    list(APPEND EPD_ASAN_PRELOAD ${_path})
+  endforeach()
+  list(JOIN EPD_ASAN_PRELOAD " " EPD_ASAN_PRELOAD)
 
   # Options for the Python processes (and every child they start, e.g. the
   # epd-encode server in the client tests):
@@ -67,7 +77,7 @@ if(EPD_ASAN)
       get_filename_component(_exe "${ARGV3}" NAME)
       if(_exe MATCHES "^python")
         set_property(TEST ${ARGV1} APPEND PROPERTY ENVIRONMENT_MODIFICATION
-                     "LD_PRELOAD=set:${EPD_LIBASAN}"
+                     "LD_PRELOAD=set:${EPD_ASAN_PRELOAD}"
                      "ASAN_OPTIONS=set:${EPD_ASAN_PYTHON_OPTIONS}"
                      "UBSAN_OPTIONS=set:print_stacktrace=1")
       endif()
