@@ -54,7 +54,9 @@ std::vector<float> Patches(const GridTHW& grid, std::int64_t patch_dim, unsigned
 
 std::vector<float> Floats(const std::vector<std::byte>& bytes) {
   std::vector<float> f(bytes.size() / 4);
-  std::memcpy(f.data(), bytes.data(), bytes.size());
+  // An empty vector's data() may be null, and memcpy from null is undefined
+  // even for 0 bytes (UBSan reported it: towers without deepstack rows).
+  if (!bytes.empty()) std::memcpy(f.data(), bytes.data(), bytes.size());
   return f;
 }
 

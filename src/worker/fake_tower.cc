@@ -46,6 +46,7 @@ void Emit(const float* patches, std::int64_t tokens, const FakeTowerOptions& o, 
 }  // namespace
 
 std::int64_t FakeTowerState::items_encoded() const {
+  std::lock_guard<std::mutex> lock(gate_mu_);
   std::int64_t n = 0;
   for (const auto& b : batches) n += static_cast<std::int64_t>(b.size());
   return n;
@@ -85,8 +86,11 @@ StatusOr<TowerOutput> FakeTower::Encode(std::span<const TowerItem> items) {
     grids.push_back(it.grid);
     ids.push_back(TokenSum(it.patches, 0));
   }
-  state_->batches.push_back(grids);
-  state_->batch_ids.push_back(ids);
+  {
+    std::lock_guard<std::mutex> lock(state_->gate_mu_);
+    state_->batches.push_back(grids);
+    state_->batch_ids.push_back(ids);
+  }
   if (state_->fail_next.has_value()) {
     Status s = *state_->fail_next;
     state_->fail_next.reset();

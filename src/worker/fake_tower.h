@@ -51,6 +51,8 @@ struct FakeTowerState {
   // (a real backend may reuse its buffers between batches).
   std::vector<std::byte> buffer;
 
+  // Items over all Encode calls so far. Thread-safe: it may be read while
+  // the worker's tower thread encodes (TSan reported the unguarded read).
   std::int64_t items_encoded() const;
 
   // A gate Encode waits at while closed, so a test can hold the tower busy
@@ -62,7 +64,7 @@ struct FakeTowerState {
 
  private:
   friend class FakeTower;
-  std::mutex gate_mu_;
+  mutable std::mutex gate_mu_;  // also guards `batches` and `batch_ids` as Encode appends
   std::condition_variable gate_cv_;
   bool gate_closed_ = false;
   int encodes_started_ = 0;

@@ -54,16 +54,48 @@ STRESS = textwrap.dedent(
     def on_evict(key, value, nbytes):
         check(value[0] == key and value[1] == nbytes, f"on_evict({key!r}, {value!r}, {nbytes})")
 
+    # The "reentrant" kinds add callbacks that call back into the same cache
+    # while other threads use it: every value's __del__, on_evict, and the
+    # tiered cache's copy functions look up another key. Off once the threads
+    # are done, so the final accounting below pops a still cache.
+    reenter = KIND.startswith("reentrant")
+    def touch(seed):
+        if reenter:
+            other = SHARED_KEYS[seed % len(SHARED_KEYS)]
+            got = cache.get(other)
+            check(got is None or got[0] == other, f"re-entrant get({other!r}) -> {got!r}")
+            len(cache)
+
+    class Toucher:  # a value part whose __del__ re-enters the cache
+        def __init__(self, seed):
+            self.seed = seed
+        def __del__(self):
+            touch(self.seed)
+
+    def on_evict_reentrant(key, value, nbytes):
+        on_evict(key, value, nbytes)
+        key in cache
+        touch(nbytes * 31 + 1)
+
+    def copy(v):
+        touch(v[3])
+        return v
+
     if KIND == "tiered":
         cache = epd.TieredEmbeddingCache(CAPACITY, 2 * CAPACITY, to_host=lambda v: v, to_device=lambda v: v)
+    elif KIND == "reentrant-tiered":
+        cache = epd.TieredEmbeddingCache(CAPACITY, 2 * CAPACITY, to_host=copy, to_device=copy)
     elif KIND == "hooked":
         cache = epd.EmbeddingCache(CAPACITY, on_evict=on_evict)
+    elif KIND == "reentrant":
+        cache = epd.EmbeddingCache(CAPACITY, on_evict=on_evict_reentrant)
     else:
         cache = epd.EmbeddingCache(CAPACITY)
 
     SHARED = -1
     def keys_of(owner):
         return [Key(owner, n) for n in range(200)] + [ListKey(owner, n) for n in range(40)]
+    SHARED_KEYS = keys_of(SHARED)
 
     def work(me):
         rng = random.Random(me)
@@ -75,7 +107,7 @@ STRESS = textwrap.dedent(
             op = rng.random()
             if op < 0.45:
                 nbytes = rng.randrange(0, 10)
-                value = (key, nbytes, me, step)
+                value = (key, nbytes, me, step, Toucher(step)) if reenter else (key, nbytes, me, step)
                 cache.put(key, value, nbytes)
                 if own:
                     last[key] = value
@@ -84,7 +116,7 @@ STRESS = textwrap.dedent(
                 check(got is None or got[0] == key, f"get({key!r}) -> {got!r}")
                 if own:
                     check(got is None or got == last.get(key), f"get({key!r}) -> {got!r}, put {last.get(key)!r}")
-            elif op < 0.95 and KIND != "tiered":
+            elif op < 0.95 and "tiered" not in KIND:
                 got = cache.pop(key)
                 check(got is None or (got[0][0] == key and got[0][1] == got[1]), f"pop({key!r}) -> {got!r}")
                 if own:
@@ -99,9 +131,11 @@ STRESS = textwrap.dedent(
     for t in threads:
         t.join()
 
+    reenter = False
     every_key = [k for owner in [SHARED] + list(range(THREADS)) for k in keys_of(owner)]
-    tiers = [cache.l1, cache.l2] if KIND == "tiered" else [cache]
-    if KIND == "tiered":
+    tiered = "tiered" in KIND
+    tiers = [cache.l1, cache.l2] if tiered else [cache]
+    if tiered:
         check(len(cache) == len(cache.l1) + len(cache.l2), "len(tiered) != len(l1) + len(l2)")
         check(not any(k in cache.l1 and k in cache.l2 for k in every_key), "a key in both tiers")
     for tier in tiers:
@@ -265,11 +299,14 @@ def test_a_thread_switch_inside_a_callback_cannot_interleave_with_the_call(scena
     assert run.stdout.strip() == "ok"
 
 
-@pytest.mark.parametrize("kind", ["plain", "hooked", "tiered"])
+@pytest.mark.parametrize("kind", ["plain", "hooked", "tiered", "reentrant", "reentrant-tiered"])
 @pytest.mark.parametrize("threads", [2, 4])
 def test_threads_sharing_a_cache_with_python_hashed_keys_stay_consistent_and_live(threads, kind):
     """Random put/get/pop from several threads on frozen-dataclass and other
-    Python-hashed keys; a fixed number of operations per thread."""
+    Python-hashed keys; a fixed number of operations per thread. The
+    "reentrant" kinds also call back into the cache from every value's
+    __del__, from on_evict and from the copy functions, while the other
+    threads run: re-entry and thread switches at once."""
     run = run_child(STRESS, threads, 8000 // threads, 20, kind)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip() == "ok"
