@@ -147,6 +147,10 @@ bool WorkerLoop::Park(Command& c) {
   std::vector<ContentKey> keys;
   std::vector<std::pair<std::size_t, std::size_t>> item_key;  // (item, index into keys)
   for (std::size_t i = 0; i < c.keys.size() && i < c.request.items.size(); ++i) {
+    // Videos stay local: their whole-video value carries sampling timestamps
+    // the shared tier does not hold, and their chunk keys exist only after
+    // the decode on the worker thread (docs/L3.md, known limits).
+    if (c.request.items[i].is_video()) continue;
     if (!c.keys[i].ok() || c.request.items[i].ready != nullptr || worker_->HasLocal(*c.keys[i])) continue;
     auto k = std::find(keys.begin(), keys.end(), *c.keys[i]);
     if (k == keys.end()) k = keys.insert(k, *c.keys[i]);
@@ -196,7 +200,9 @@ RequestCallbacks WorkerLoop::WithSharedTier(RequestCallbacks callbacks) {
   auto user_item = std::move(callbacks.on_item);
   auto user_done = std::move(callbacks.on_done);
   return RequestCallbacks{[tier, user_item](const ItemResult& r) {
-                            if (r.source == ItemSource::kMiss) {
+                            // A video (ItemResult::video set) is not looked up in L3 (Park), so it
+                            // holds no lease and its value is not written either.
+                            if (r.source == ItemSource::kMiss && r.video == nullptr) {
                               if (r.status.ok() && r.embedding != nullptr) {
                                 tier->PutAsync(r.key, r.embedding);  // releases our lease after the write
                               } else {
