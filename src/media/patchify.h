@@ -7,6 +7,7 @@
 // Thread safety: pure functions; thread-safe.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -16,6 +17,16 @@
 #include "epd/status.h"
 
 namespace epd::internal {
+
+// Python's round(): the nearest integer, ties to even (smart_resize's and
+// qwen-vl-utils' round_by_factor's rounding).
+inline double RoundHalfEven(double x) {
+  const double fl = std::floor(x);
+  const double diff = x - fl;
+  if (diff > 0.5) return fl + 1;
+  if (diff < 0.5) return fl;
+  return std::fmod(fl, 2.0) == 0.0 ? fl : fl + 1;
+}
 
 // `planar` is one normalised frame, [3, height, width] float32 (channel
 // planes). Returns [gh * gw, 3 * T * P * P] rows in the layout documented at

@@ -28,15 +28,6 @@ constexpr std::int64_t kMaxSide = std::numeric_limits<std::int32_t>::max();
 // Qwen2-VL's MAX_RATIO.
 constexpr std::int64_t kMaxAspectRatio = 200;
 
-// Python's round(): nearest integer, ties to even.
-double RoundHalfEven(double x) {
-  const double fl = std::floor(x);
-  const double diff = x - fl;
-  if (diff > 0.5) return fl + 1;
-  if (diff < 0.5) return fl;
-  return std::fmod(fl, 2.0) == 0.0 ? fl : fl + 1;
-}
-
 std::string Dims(std::int64_t h, std::int64_t w) { return std::to_string(h) + "x" + std::to_string(w); }
 
 Status CheckImage(const RgbImage& img) {
@@ -119,8 +110,8 @@ StatusOr<ResizedSize> SmartResizeWithBounds(std::int64_t height, std::int64_t wi
   // All quantities are < 2^62 and the doubles exact where Python's are.
   const double f = static_cast<double>(cfg.factor());
   const double h = static_cast<double>(height), w = static_cast<double>(width);
-  double h_bar = std::max(f, RoundHalfEven(h / f) * f);
-  double w_bar = std::max(f, RoundHalfEven(w / f) * f);
+  double h_bar = std::max(f, internal::RoundHalfEven(h / f) * f);
+  double w_bar = std::max(f, internal::RoundHalfEven(w / f) * f);
   if (h_bar * w_bar > max_pixels) {
     const double beta = std::sqrt(h * w / max_pixels);
     h_bar = std::max(f, std::floor(h / beta / f) * f);

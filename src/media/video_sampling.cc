@@ -36,18 +36,9 @@
 namespace epd {
 namespace {
 
-// Python's round(): nearest integer, ties to even.
-double RoundHalfEven(double x) {
-  const double fl = std::floor(x);
-  const double diff = x - fl;
-  if (diff > 0.5) return fl + 1;
-  if (diff < 0.5) return fl;
-  return std::fmod(fl, 2.0) == 0.0 ? fl : fl + 1;
-}
-
 // qwen-vl-utils round_by_factor / ceil_by_factor / floor_by_factor, on
 // doubles as in Python (number / factor is a true division there).
-double RoundByFactor(double number, double factor) { return RoundHalfEven(number / factor) * factor; }
+double RoundByFactor(double number, double factor) { return internal::RoundHalfEven(number / factor) * factor; }
 double CeilByFactor(double number, double factor) { return std::ceil(number / factor) * factor; }
 double FloorByFactor(double number, double factor) { return std::floor(number / factor) * factor; }
 

@@ -374,6 +374,22 @@ struct EncodeWorker::Impl {
   // A value the shared tier (L3) supplied: checked like any hit, then cached
   // in L1 (moved to the device first when the tiers live there). nullopt when
   // its shape differs (counted) or the copy fails; the item is then encoded.
+  // Joins the job already computing res.key (queued or running), if there is
+  // one: the item becomes one of its waiters (ItemSource::kJoined) and
+  // r.results takes `res`. Returns false, leaving `res`, when there is none.
+  bool JoinInFlight(std::uint64_t rid, ItemResult& res, Clock::time_point arrived) {
+    const auto j = job_by_key.find(res.key);
+    if (j == job_by_key.end()) return false;
+    Request& r = requests.at(rid);
+    const std::int64_t i = res.index;
+    ++stats.joins;
+    jobs.at(j->second).waiters.push_back({rid, i, arrived});
+    r.job[i] = j->second;
+    r.results[i] = std::move(res);
+    r.results[i].source = ItemSource::kJoined;
+    return true;
+  }
+
   std::optional<EmbeddingPtr> AdoptReady(const ContentKey& key, EmbeddingPtr ready, const EncodeItemInput& item,
                                          HeaderProbe& header) {
     if (!ShapeMatches(*ready, item, header)) {
@@ -607,16 +623,7 @@ bool EncodeWorker::Impl::ServeItem(std::uint64_t rid, const std::string& sched_i
     res.status = std::move(s);
     return false;
   }
-  if (options.dedup_in_flight) {
-    if (auto j = job_by_key.find(res.key); j != job_by_key.end()) {
-      ++stats.joins;
-      jobs.at(j->second).waiters.push_back({rid, i, arrived});
-      r.job[i] = j->second;
-      r.results[i] = std::move(res);
-      r.results[i].source = ItemSource::kJoined;
-      return true;
-    }
-  }
+  if (options.dedup_in_flight && JoinInFlight(rid, res, arrived)) return true;
 
   CacheTier tier = CacheTier::kMiss;
   std::optional<EmbeddingPtr> hit = CacheGet(res.key, &tier);
@@ -703,16 +710,8 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
   }
   Request& r = requests.at(rid);
   const bool chunked = options.video_chunk_cache && tower->temporal_chunks_independent();
-  if (!chunked && options.dedup_in_flight) {
-    if (auto j = job_by_key.find(res.key); j != job_by_key.end()) {  // the same video, queued or running whole
-      ++stats.joins;
-      jobs.at(j->second).waiters.push_back({rid, i, arrived});
-      r.job[i] = j->second;
-      r.results[i] = std::move(res);
-      r.results[i].source = ItemSource::kJoined;
-      return true;
-    }
-  }
+  // The same video, queued or running whole.
+  if (!chunked && options.dedup_in_flight && JoinInFlight(rid, res, arrived)) return true;
   ++stats.misses;
   res.source = ItemSource::kMiss;
   ++stats.video_decodes;
