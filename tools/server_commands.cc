@@ -81,7 +81,7 @@ int RunServe(const ServeFlags& f) {
   WorkerOptions wo;
   wo.max_pending_items = f.max_queue;
   StatusOr<WorkerParts> parts = MakeWorkerParts(f.worker, wo);
-  if (!parts.ok()) Fail(1, "cannot load the tower: " + parts.status().ToString());
+  if (!parts.ok()) Fail(1, "cannot set up the worker (model, caches, --l3): " + parts.status().ToString());
 
   ServerOptions so;
   so.address = f.host + ":" + std::to_string(f.port);
