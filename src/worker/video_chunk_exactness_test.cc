@@ -53,7 +53,9 @@ SampledVideo Video(std::vector<RgbImage> frames, const PreprocessConfig& cfg) {
 
 std::vector<float> Floats(const std::vector<std::byte>& bytes) {
   std::vector<float> f(bytes.size() / 4);
-  std::memcpy(f.data(), bytes.data(), bytes.size());
+  // No deepstack rows: both vectors are empty and data() may be null, which
+  // memcpy must not get even for 0 bytes (UBSan under make asan).
+  if (!bytes.empty()) std::memcpy(f.data(), bytes.data(), bytes.size());
   return f;
 }
 
