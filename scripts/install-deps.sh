@@ -18,7 +18,7 @@ build_pkgs=(
   libwebp-dev libgif-dev libjpeg-turbo-progs
   libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev libabsl-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl openssl
   libhiredis-dev redis-server
   clang libclang-rt-14-dev

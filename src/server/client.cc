@@ -130,7 +130,7 @@ struct EncodeClient::Impl {
     auto it = mappings.find(ref.segment());
     if (it != mappings.end() && it->second->size() >= ref.segment_bytes()) return it->second;
     StatusOr<std::shared_ptr<const internal::ShmMapping>> m =
-        internal::ShmMapping::Open(static_cast<pid_t>(ref.pid()), ref.fd(), ref.segment(), ref.segment_bytes());
+        internal::ShmMapping::Shared(static_cast<pid_t>(ref.pid()), ref.fd(), ref.segment(), ref.segment_bytes());
     if (m.ok()) mappings[ref.segment()] = *m;
     return m;
   }

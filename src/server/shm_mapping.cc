@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace epd::internal {
@@ -58,6 +60,23 @@ StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Open(pid_t pid, int fd, 
   m->size_ = segment_bytes;
   m->segment_ = segment;
   return std::shared_ptr<const ShmMapping>(std::move(m));
+}
+
+StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Shared(pid_t pid, int fd, std::uint64_t segment,
+                                                               std::uint64_t segment_bytes) {
+  // Leaked on purpose: clients may outlive static destruction order.
+  static auto* mu = new std::mutex;
+  static auto* live = new std::map<std::uint64_t, std::weak_ptr<const ShmMapping>>;  // by segment; guarded by mu
+  std::lock_guard<std::mutex> lock(*mu);
+  for (auto it = live->begin(); it != live->end();) {  // forget mappings nobody holds any more
+    it = it->second.expired() ? live->erase(it) : std::next(it);
+  }
+  if (auto it = live->find(segment); it != live->end()) {
+    if (std::shared_ptr<const ShmMapping> m = it->second.lock(); m != nullptr && m->size() >= segment_bytes) return m;
+  }
+  StatusOr<std::shared_ptr<const ShmMapping>> m = Open(pid, fd, segment, segment_bytes);
+  if (m.ok()) (*live)[segment] = *m;
+  return m;
 }
 
 ShmMapping::~ShmMapping() {

@@ -23,6 +23,15 @@ class ShmMapping {
   // for other failures of open or mmap (the message names errno).
   static StatusOr<std::shared_ptr<const ShmMapping>> Open(pid_t pid, int fd, std::uint64_t segment,
                                                           std::uint64_t segment_bytes);
+  // Open, but once per process: while any holder keeps the mapping of
+  // `segment` (at least `segment_bytes` long) alive, every caller gets that
+  // same mapping. So the clients of one process (e.g. one per connection)
+  // pay for mapping and pre-faulting the arena once, not once each: the
+  // first reply to each new client would otherwise stall for the
+  // MAP_POPULATE of the whole arena (tens of ms for 256 MiB). Errors as Open.
+  // Thread-safe; concurrent first calls for one segment map it once.
+  static StatusOr<std::shared_ptr<const ShmMapping>> Shared(pid_t pid, int fd, std::uint64_t segment,
+                                                            std::uint64_t segment_bytes);
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
   ShmMapping& operator=(const ShmMapping&) = delete;
