@@ -11,7 +11,9 @@
 #   2. runs the tests (ctest): the CPU tests and cuda_device_test, which must
 #      not skip here;
 #   2b. runs cuda_ipc_check: device rows exported by CUDA IPC in one process,
-#      imported and compared byte for byte in another (docs/SHM.md);
+#      imported and compared byte for byte in another (docs/SHM.md); once from
+#      a plain device buffer and once (--from-l1) from an L1 entry of the GPU
+#      tier, as the server's CUDA IPC delivery exports;
 #   2c. with GPU_CHECK_SERVE_BUILD (a full build directory with gRPC and
 #      EPD_WITH_CUDA=ON, made where the -dev packages exist): starts
 #      `epd-encode serve --device cuda --ipc-export-mb 64` on the default
@@ -283,6 +285,14 @@ if capped 60 "$ipc_log" "$build/cuda_ipc_check" --device cuda --bytes $((2 << 20
   note "- CUDA IPC two-process check: ok ($(grep -m1 'importer (pid' "$ipc_log"))"
 else
   note "- CUDA IPC two-process check: FAILED (see cuda_ipc.log): $(grep -m1 'FAIL' "$ipc_log")"
+  failed=1
+fi
+# Again from an L1 entry of the GPU tier, dropped before the importer reads:
+# the export source of the server's CUDA IPC delivery (src/server/ipc_delivery.cc).
+if capped 60 "$ipc_log" "$build/cuda_ipc_check" --device cuda --bytes $((2 << 20)) --from-l1; then
+  note "- CUDA IPC two-process check from an L1 entry: ok"
+else
+  note "- CUDA IPC two-process check from an L1 entry: FAILED (see cuda_ipc.log): $(grep 'FAIL' "$ipc_log" | tail -n 1)"
   failed=1
 fi
 
