@@ -73,26 +73,25 @@ bool ToProtoByIpc(IpcLeases& ipc, const std::string& device, const ItemResult& r
 
 std::uint32_t ReleaseAnyLeases(ShmArena* arena, IpcLeases* ipc,
                                const google::protobuf::RepeatedPtrField<v1::ShmLease>& leases, Status* first_refusal) {
-  google::protobuf::RepeatedPtrField<v1::ShmLease> shm;
   std::uint32_t released = 0;
   *first_refusal = Status::Ok();
-  Status ipc_refusal;
   for (const v1::ShmLease& l : leases) {
-    if (l.kind() != v1::LEASE_KIND_CUDA_IPC) {
-      *shm.Add() = l;
-      continue;
+    Status s;
+    if (l.kind() == v1::LEASE_KIND_CUDA_IPC) {
+      s = ipc != nullptr ? ipc->Release(l.generation())
+                         : FailedPrecondition("this server has no CUDA IPC delivery (start it with --ipc-export-mb "
+                                              "and a GPU tier); there is nothing to release");
+    } else {
+      google::protobuf::RepeatedPtrField<v1::ShmLease> one;
+      *one.Add() = l;
+      ReleaseLeases(arena, one, &s);
     }
-    Status s = ipc != nullptr ? ipc->Release(l.generation())
-                              : FailedPrecondition("this server has no CUDA IPC delivery (start it with "
-                                                   "--ipc-export-mb and a GPU tier); there is nothing to release");
     if (s.ok()) {
       ++released;
-    } else if (ipc_refusal.ok()) {
-      ipc_refusal = s;
+    } else if (first_refusal->ok()) {
+      *first_refusal = s;
     }
   }
-  if (!shm.empty()) released += ReleaseLeases(arena, shm, first_refusal);
-  if (first_refusal->ok()) *first_refusal = ipc_refusal;
   return released;
 }
 

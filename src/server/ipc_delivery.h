@@ -35,7 +35,8 @@ bool ToProtoByIpc(IpcLeases& ipc, const std::string& device, const ItemResult& r
 // Releases each lease with the store its kind names (shared-memory spans in
 // `arena`, CUDA IPC exports in `ipc`; either may be null, which refuses the
 // leases of its kind). Returns how many matched; `first_refusal` gets the
-// first refusal's status (OK when every lease matched).
+// status of the first refused lease in request order (OK when every lease
+// matched). O(leases).
 std::uint32_t ReleaseAnyLeases(ShmArena* arena, IpcLeases* ipc,
                                const google::protobuf::RepeatedPtrField<v1::ShmLease>& leases, Status* first_refusal);
 
