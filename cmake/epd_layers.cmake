@@ -71,11 +71,11 @@ set(EPD_LAYER_rpc_USES core media)
 set(EPD_LAYER_rpc_HEADERS server_stats.h)
 
 set(EPD_LAYER_server_TARGET epd_server)
-set(EPD_LAYER_server_USES core media worker rpc)
+set(EPD_LAYER_server_USES core media gpu worker rpc)
 set(EPD_LAYER_server_HEADERS server.h)
 
 set(EPD_LAYER_client_TARGET epd_client)
-set(EPD_LAYER_client_USES core media rpc)
+set(EPD_LAYER_client_USES core media gpu rpc)
 set(EPD_LAYER_client_HEADERS client.h)
 
 set(EPD_LAYER_python_TARGET epd_python_core)

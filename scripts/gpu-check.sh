@@ -11,7 +11,18 @@
 #   2. runs the tests (ctest): the CPU tests and cuda_device_test, which must
 #      not skip here;
 #   2b. runs cuda_ipc_check: device rows exported by CUDA IPC in one process,
-#      imported and compared byte for byte in another (docs/SHM.md);
+#      imported and compared byte for byte in another (docs/SHM.md); once from
+#      a plain device buffer and once (--from-l1) from an L1 entry of the GPU
+#      tier, as the server's CUDA IPC delivery exports;
+#   2c. with GPU_CHECK_SERVE_BUILD (a full build directory with gRPC and
+#      EPD_WITH_CUDA=ON, made where the -dev packages exist): starts
+#      `epd-encode serve --device cuda --ipc-export-mb 64` on the default
+#      tower, and cuda_ipc_fetch_check (src/server/ipc_fetch_check.cc)
+#      encodes a staged image inline (warming L1 in VRAM), fetches it again
+#      by CUDA IPC from this second process, imports it on cuda:0 and
+#      compares the bytes with inline (docs/SHM.md, "CUDA IPC"). Without
+#      GPU_CHECK_SERVE_BUILD it is skipped and says so: the standalone
+#      src/gpu build of step 1 has no gRPC, hence no server;
 #   3. runs compute-sanitizer --tool memcheck over the CUDA round-trip tests;
 #   4. runs gpu_tier_bench (offload/onboard GB/s vs the pinned-copy peak); if
 #      the tower was built, makes a ViT-L-sized tower (scripts/
@@ -31,7 +42,7 @@
 #      (docs/GPU.md "Real-size checkpoint tower"; the peak from the GPU's
 #      name: H200 SXM 989.4, H200 NVL 835 dense bf16 TFLOP/s).
 # GPU_CHECK_STEPS (comma-separated, default "all") picks the steps after the
-# build: tests, sanitizer, bench, checkpoint; e.g. GPU_CHECK_STEPS=checkpoint
+# build: tests, serve_ipc, sanitizer, bench, checkpoint; e.g. GPU_CHECK_STEPS=checkpoint
 # spends a short device lease on step 5 alone.
 # Exits non-zero if the build, a test, the sanitizer, the replay or the
 # checkpoint step (numpy missing included) fails.
@@ -275,6 +286,58 @@ if capped 60 "$ipc_log" "$build/cuda_ipc_check" --device cuda --bytes $((2 << 20
 else
   note "- CUDA IPC two-process check: FAILED (see cuda_ipc.log): $(grep -m1 'FAIL' "$ipc_log")"
   failed=1
+fi
+# Again from an L1 entry of the GPU tier, dropped before the importer reads:
+# the export source of the server's CUDA IPC delivery (src/server/ipc_delivery.cc).
+if capped 60 "$ipc_log" "$build/cuda_ipc_check" --device cuda --bytes $((2 << 20)) --from-l1; then
+  note "- CUDA IPC two-process check from an L1 entry: ok"
+else
+  note "- CUDA IPC two-process check from an L1 entry: FAILED (see cuda_ipc.log): $(grep 'FAIL' "$ipc_log" | tail -n 1)"
+  failed=1
+fi
+
+# --- 2c. The server's CUDA IPC delivery, from a second process -------------------
+# An L1 hit of `epd-encode serve --device cuda` delivered by CUDA IPC to
+# cuda_ipc_fetch_check, which compares it with the inline bytes of the same
+# image (exit 0 only when they are equal and came by CUDA IPC).
+serve_build="${GPU_CHECK_SERVE_BUILD:-}"
+serve_log="$out/serve_ipc.log"
+ipc_image="$carry_dir/images/astronaut.png"
+if ! want serve_ipc; then
+  note "- serve CUDA IPC check: not asked for"
+elif [[ -z "$serve_build" ]]; then
+  note "- serve CUDA IPC check: skipped (set GPU_CHECK_SERVE_BUILD to a build with gRPC and EPD_WITH_CUDA=ON)"
+elif [[ ! -x "$serve_build/tools/epd-encode" || ! -x "$serve_build/src/server/cuda_ipc_fetch_check" ]]; then
+  note "- serve CUDA IPC check: FAILED: $serve_build lacks tools/epd-encode or src/server/cuda_ipc_fetch_check"
+  failed=1
+elif [[ ! -f "$ipc_image" ]]; then
+  note "- serve CUDA IPC check: FAILED: no $ipc_image (run scripts/gpu-check.sh --stage)"
+  failed=1
+else
+  : >"$serve_log"
+  serve_out="$out/serve_ipc.stdout"
+  "$serve_build/tools/epd-encode" serve --host 127.0.0.1 --port 0 --device cuda --cache-mb 256 \
+    --host-cache-mb 256 --ipc-export-mb 64 >"$serve_out" 2>>"$serve_log" &
+  serve_pid=$!
+  serve_port=""
+  for _ in $(seq 1 240); do  # up to 120 s for the tower to load
+    serve_port="$(grep -oE '^READY port=[0-9]+' "$serve_out" 2>/dev/null | cut -d= -f2 || true)"
+    [[ -n "$serve_port" ]] && break
+    kill -0 "$serve_pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  if [[ -z "$serve_port" ]]; then
+    note "- serve CUDA IPC check: FAILED: the server did not become ready (see serve_ipc.log)"
+    failed=1
+  elif capped 120 "$serve_log" "$serve_build/src/server/cuda_ipc_fetch_check" --server "127.0.0.1:$serve_port" \
+         --device cuda --image "$ipc_image"; then
+    note "- serve CUDA IPC check: ok ($(grep -m1 '^ipc_bytes=' "$serve_log"))"
+  else
+    note "- serve CUDA IPC check: FAILED (see serve_ipc.log): $(grep -m1 -E 'ipc_fetch_check:|same_as_inline' "$serve_log")"
+    failed=1
+  fi
+  kill -TERM "$serve_pid" 2>/dev/null || true
+  wait "$serve_pid" 2>/dev/null || true
 fi
 
 # --- 3. compute-sanitizer -------------------------------------------------------

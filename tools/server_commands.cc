@@ -62,6 +62,8 @@ struct ServeFlags {
   std::vector<std::string> listen;
   double shm_arena_mb = 0;
   std::int64_t shm_lease_ms = 5000;
+  double ipc_export_mb = 0;       // CUDA IPC delivery's export bound; 0 = off
+  std::int64_t ipc_lease_ms = 0;  // 0 = --shm-lease-ms
   double max_inflight_request_mb = 1024;
   std::string tenant_header = ServerOptions{}.tenant_metadata;
   ServerSecurityFlags security;
@@ -95,6 +97,16 @@ int RunServe(const ServeFlags& f) {
   so.extra_addresses = f.listen;
   so.shm_arena_bytes = static_cast<std::int64_t>(f.shm_arena_mb * (1 << 20));
   so.shm_lease = std::chrono::milliseconds(f.shm_lease_ms);
+  if (f.ipc_export_mb > 0) {
+    // CUDA IPC exports device-resident rows: only the GPU tier has them.
+    if (parts->device == nullptr) {
+      Fail(1, "--ipc-export-mb needs the GPU tier (--device cuda in a build with EPD_WITH_CUDA); "
+              "this server keeps its rows in host memory");
+    }
+    so.ipc_device = parts->device;
+    so.ipc_export_bytes = static_cast<std::int64_t>(f.ipc_export_mb * (1 << 20));
+    so.ipc_lease = std::chrono::milliseconds(f.ipc_lease_ms);
+  }
   so.max_inflight_request_bytes = static_cast<std::int64_t>(f.max_inflight_request_mb * (1 << 20));
   so.on_requests_drained = ReleaseFreeMemory;
   so.tenant_metadata = f.tenant_header;
@@ -107,10 +119,11 @@ int RunServe(const ServeFlags& f) {
 
   std::string also;
   for (const std::string& a : f.listen) also += " and " + a;
-  spdlog::info("serving {} on {}:{}{} as '{}' (shared memory: {}; metrics: {})", tower, f.host, (*server)->port(), also,
-               (*server)->server_id(),
+  spdlog::info("serving {} on {}:{}{} as '{}' (shared memory: {}; CUDA IPC: {}; metrics: {})", tower, f.host,
+               (*server)->port(), also, (*server)->server_id(),
                so.shm_arena_bytes > 0 ? fmt::format("{:.0f} MiB arena, {} ms leases", f.shm_arena_mb, f.shm_lease_ms)
                                       : std::string("off"),
+               so.ipc_export_bytes > 0 ? fmt::format("{:.0f} MiB of exports", f.ipc_export_mb) : std::string("off"),
                (*server)->metrics_port() < 0 ? std::string("off")
                                             : fmt::format("http://{}:{}/metrics", so.metrics_address,
                                                           (*server)->metrics_port()));
@@ -261,6 +274,13 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--shm-lease-ms", f->shm_lease_ms,
                     "how long a shared-memory reference stays valid without a release, ms")
         ->capture_default_str()->check(Integer(10, 3600000));
+    cmd->add_option("--ipc-export-mb", f->ipc_export_mb,
+                    "CUDA IPC delivery of device-resident rows to clients on this GPU node that ask for it "
+                    "(docs/SHM.md), MiB of live exports at most; 0 = off; needs --device cuda with the GPU tier")
+        ->capture_default_str()->check(Number(0, 1 << 20, "MiB"));
+    cmd->add_option("--ipc-lease-ms", f->ipc_lease_ms,
+                    "how long a CUDA IPC reference stays valid without a release, ms; 0 = --shm-lease-ms")
+        ->capture_default_str()->check(Integer(0, 3600000));
     cmd->add_option("--max-inflight-request-mb", f->max_inflight_request_mb,
                     "request bytes admitted and not yet finished, MB; a request past it waits briefly, then gets "
                     "RESOURCE_EXHAUSTED (>= --max-request-mb)")

@@ -206,6 +206,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
     o.to_host = std::move(hooks.to_host);
     o.to_device = std::move(hooks.to_device);
     o.adopt_device_rows = std::move(hooks.adopt_device_rows);
+    return WorkerParts{std::move(o), std::move(loaded->tower), *dev};
   }
 #endif
   return WorkerParts{std::move(o), std::move(loaded->tower)};

@@ -52,6 +52,7 @@
 #include <memory>
 #include <string>
 
+#include "epd/device.h"
 #include "epd/encode_worker.h"
 #include "epd/status.h"
 #include "l3_flags.h"
@@ -97,6 +98,10 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& flags);
 struct WorkerParts {
   WorkerOptions options;
   std::unique_ptr<VisionTower> tower;
+  // The GPU tier's device (--device cuda in a CUDA build; never closed, see
+  // worker_flags.cc); null when the tiers live in host memory. For CUDA IPC
+  // delivery (ServerOptions::ipc_device).
+  Device* device = nullptr;
 };
 StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& flags, WorkerOptions options = {});
 

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "epd/content_key.h"
+#include "epd/device.h"
 #include "epd/embedding.h"
 #include "epd/encode_types.h"
 #include "epd/preprocess.h"
@@ -59,6 +60,13 @@ enum class Delivery {
   // user, with --shm-arena-mb; otherwise (or when its arena is full) items
   // come inline.
   kShm,
+  // A CUDA IPC reference to a copy of the rows in the server's GPU memory,
+  // imported through ClientOptions::ipc_device into ClientItemResult::ipc
+  // (docs/SHM.md, "CUDA IPC"). Needs a server on the same GPU node with a
+  // GPU tier and --ipc-export-mb. Rows that are not device-resident, or
+  // past the server's export bound, come by shared memory (when
+  // ipc_fallback_shm and the server has an arena) or inline.
+  kCudaIpc,
 };
 
 struct ClientOptions {
@@ -86,6 +94,15 @@ struct ClientOptions {
   std::string tls_server_name{};
   // Non-empty: sent on every call as "authorization: Bearer <auth_token>".
   std::string auth_token{};
+  // Delivery::kCudaIpc: the Device that imports the rows (a CUDA device of
+  // this node, or a FakeDevice for a server running on one). Not owned; it
+  // must outlive the client and every IpcLease it returns. Required for
+  // kCudaIpc (Connect: kInvalidArgument without it).
+  Device* ipc_device = nullptr;
+  // Delivery::kCudaIpc: items that cannot go by CUDA IPC come by shared
+  // memory (ClientItemResult::shm) when the server has an arena, rather than
+  // inline.
+  bool ipc_fallback_shm = true;
 };
 
 // What Health reports, and what key derivation needs.
@@ -171,6 +188,61 @@ class ShmLease {
   bool released_ = false;
 };
 
+// An item's rows imported by CUDA IPC from the server's GPU memory, under a
+// lease (docs/SHM.md, "CUDA IPC"). data() is device memory of
+// ClientOptions::ipc_device (host-addressable only for a FakeDevice):
+// main() is [tokens, hidden] and deepstack() [tokens, hidden *
+// deepstack_layers], row-major, in shape().dtype. Call WaitReady() before
+// the first read (it waits for the server's copy into the shared memory);
+// the rows stay valid until the lease is released or expires (the server's
+// lease time after the reply; lease_deadline()), then the server frees them.
+// Two leases on the same export share one import.
+//
+// Destroying the lease unmaps the rows (when no other lease shares the
+// import) and queues its release, as ShmLease does; Release() sends it now.
+// Thread safety: thread-compatible; the rows are read-only.
+class IpcLease {
+ public:
+  IpcLease(std::shared_ptr<const IpcImport> imported, EmbeddingShape shape, GridTHW grid, std::uint64_t generation,
+           std::chrono::steady_clock::time_point deadline, std::string device, std::shared_ptr<ShmLeaseLink> link);
+  ~IpcLease();
+  IpcLease(const IpcLease&) = delete;
+  IpcLease& operator=(const IpcLease&) = delete;
+
+  // The rows: main then deepstack, nbytes() in all, in device memory.
+  const std::byte* data() const { return imported_->data(); }
+  std::size_t nbytes() const { return shape_.nbytes(); }
+  const std::byte* main() const { return data(); }
+  std::size_t main_bytes() const { return shape_.main_bytes(); }
+  const std::byte* deepstack() const { return data() + shape_.main_bytes(); }
+  std::size_t deepstack_bytes() const { return shape_.deepstack_bytes(); }
+  const EmbeddingShape& shape() const { return shape_; }
+  DType dtype() const { return shape_.dtype; }
+  const GridTHW& grid() const { return grid_; }
+  std::uint64_t generation() const { return generation_; }
+  std::chrono::steady_clock::time_point lease_deadline() const { return deadline_; }
+  // The exporting device as the server names it (CudaIpcRef.device).
+  const std::string& server_device() const { return device_; }
+
+  // Blocks until the server's copy of the rows has landed (IpcImport::
+  // WaitReady; kInternal for a device failure).
+  Status WaitReady() const { return imported_->WaitReady(); }
+  // Sends the release now (a Release call). kFailedPrecondition when the
+  // server refused it (expired, or released already); the call's error
+  // otherwise.
+  Status Release();
+
+ private:
+  std::shared_ptr<const IpcImport> imported_;
+  EmbeddingShape shape_;
+  GridTHW grid_;
+  std::uint64_t generation_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::string device_;
+  std::shared_ptr<ShmLeaseLink> link_;
+  bool released_ = false;
+};
+
 struct ClientItemResult {
   std::int64_t index = 0;
   Status status;           // OK or why this item has no embedding
@@ -182,6 +254,9 @@ struct ClientItemResult {
   // `shm` holds the rows instead (shm->Copy() gives an owned Embedding).
   EmbeddingPtr embedding;
   std::shared_ptr<ShmLease> shm;
+  // With Delivery::kCudaIpc and a reply by CUDA IPC: the imported rows
+  // (`embedding` and `shm` are then null).
+  std::shared_ptr<IpcLease> ipc;
   ItemSource source = ItemSource::kMiss;
   double queue_ms = 0, tower_ms = 0, total_ms = 0;  // server-side, see ItemResult
   std::string server_id;   // which server answered

@@ -71,6 +71,7 @@
 #include <string>
 #include <vector>
 
+#include "epd/device.h"
 #include "epd/encode_worker.h"
 #include "epd/server_stats.h"
 #include "epd/status.h"
@@ -94,6 +95,17 @@ struct ServerOptions {
   // How long a reference stays valid without a Release; then its span may be
   // overwritten. A crashed client's leases end this way.
   std::chrono::milliseconds shm_lease{5000};
+  // CUDA IPC delivery (docs/SHM.md, "CUDA IPC"): the Device whose memory
+  // holds the GPU tier's L1 rows (the one MakeEmbeddingTierHooks was given;
+  // a FakeDevice in tests). Null = off (clients asking for it get shared
+  // memory or inline bytes). Not owned; it must outlive the server.
+  Device* ipc_device = nullptr;
+  // Bound on the bytes of live CUDA IPC exports (each a private device copy
+  // of an item's rows, outside the tier's capacity), bytes; past it items
+  // fall back (IpcStats::fallbacks). 0 = off even with ipc_device.
+  std::int64_t ipc_export_bytes = 0;
+  // Lease time of a CUDA IPC reference; 0 = shm_lease.
+  std::chrono::milliseconds ipc_lease{0};
   // Reported in every EncodedItem and in Health/Stats; empty = "<host>:<port>"
   // with the machine's host name and the bound port.
   std::string server_id;

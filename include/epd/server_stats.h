@@ -33,6 +33,21 @@ struct ShmStats {
   std::uint64_t refused_releases = 0;  // releases that matched no lease (twice, stale, expired)
 };
 
+// CUDA IPC delivery (docs/SHM.md, "CUDA IPC"); all 0 without it.
+struct IpcStats {
+  std::int64_t capacity_bytes = 0;     // the bound on exported bytes (ServerOptions::ipc_export_bytes)
+  std::int64_t exported_bytes = 0;     // bytes of live exports now (an export shared by leases counts once)
+  std::int64_t leases = 0;             // leases held now
+  std::int64_t exports = 0;            // live exports now
+  std::uint64_t items = 0;             // items delivered by CUDA IPC
+  std::uint64_t reused = 0;            // of those, served from a live export of the key (no copy)
+  std::uint64_t fallbacks = 0;         // asked for CUDA IPC, sent otherwise: bound reached or export failed
+  std::uint64_t not_resident = 0;      // asked for CUDA IPC, sent otherwise: rows not in device memory
+  std::uint64_t released = 0;          // leases ended by a release
+  std::uint64_t expired = 0;           // leases ended by their deadline
+  std::uint64_t refused_releases = 0;  // releases that matched no lease (twice, stale, expired)
+};
+
 struct ServerStats {
   std::string server_id;
   WorkerStats worker;
@@ -47,6 +62,7 @@ struct ServerStats {
   // Bytes of results queued on calls and not yet written.
   std::int64_t buffered_bytes = 0;
   ShmStats shm;
+  IpcStats ipc;
   // The shared tier (L3, epd/shared_tier.h): whether the server has one, and
   // its counters (all zero without one).
   bool l3_enabled = false;

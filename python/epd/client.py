@@ -67,6 +67,27 @@ that came inline (no arena, the arena full, or not asked for)::
             x = r.main_array()   # np.ndarray view on the shared rows
             prefill(x)           # use before release (or copy)
 
+CUDA IPC (docs/SHM.md, "CUDA IPC"): with ``EncodeClient(..., cuda_ipc=True)``
+(or ``encode(..., cuda_ipc=True)``) a server on the same GPU node with a GPU
+tier and ``--ipc-export-mb`` answers items whose rows are in its GPU memory
+with a CUDA IPC reference instead of bytes: ``r.cuda_ipc`` (a CudaIpcRef)
+carries the 64-byte ``cudaIpcMemHandle_t`` and ``cudaIpcEventHandle_t``, the
+length, the deepstack offset, the server's device, a generation and the lease
+time, and ``main``/``deepstack`` are empty. This module does not import the
+memory: Debian's python3-torch is built without CUDA, and mapping a handle
+takes the CUDA runtime (``cudaIpcOpenMemHandle``, e.g. through cupy's
+``cupy.cuda.runtime.ipcOpenMemHandle``) in the consuming process. The lease
+works as for shared memory: ``r.release()``, ``client.release(results)`` or
+the result as a context manager end it; otherwise it expires after the
+server's lease time, and the server frees the rows. Items that cannot come by
+CUDA IPC come by shared memory when ``shm=True`` as well, else inline::
+
+    with EncodeClient("unix:/run/epd.sock", cuda_ipc=True, shm=True) as c:
+        [r] = c.encode([jpeg])
+        with r:
+            if r.cuda_ipc is not None:
+                rows = open_with_cuda(r.cuda_ipc.memory_handle, r.cuda_ipc.length)
+
 Targets: ``host:port`` or ``unix:/path`` (a Unix domain socket).
 
 Thread safety: an EncodeClient may be shared by threads (grpc channels are).
@@ -272,6 +293,9 @@ class ItemResult:
     # Set when the rows came by shared memory: main/deepstack are then
     # read-only memoryviews on the arena, valid until release() or expiry.
     lease: Optional["ShmLease"] = field(default=None, repr=False, compare=False)
+    # Set when the rows came by CUDA IPC (main/deepstack empty; see the
+    # module docstring); `lease` is then a CudaIpcLease.
+    cuda_ipc: Optional["CudaIpcRef"] = field(default=None, repr=False, compare=False)
 
     def release(self) -> None:
         """Ends this item's shared-memory lease now (a Release call); a no-op
@@ -290,11 +314,19 @@ class ItemResult:
 
     def main_array(self):
         """main as a float32 numpy array [tokens, hidden] (bf16/f16 widened)."""
+        self._check_on_host()
         return _to_float32(self.main, self.dtype, (self.tokens, self.hidden))
 
     def deepstack_array(self):
         """deepstack as float32 [tokens, hidden * deepstack_layers]."""
+        self._check_on_host()
         return _to_float32(self.deepstack, self.dtype, (self.tokens, self.hidden * self.deepstack_layers))
+
+    def _check_on_host(self) -> None:
+        if self.cuda_ipc is not None:
+            raise ValueError(f"item {self.index}: the rows are in the server's GPU memory (CUDA IPC, "
+                             f"{self.cuda_ipc.device}); map r.cuda_ipc.memory_handle with the CUDA runtime, "
+                             "or ask for shared memory or inline bytes")
 
     def to_vllm(self, deepstack: bool = True) -> Dict[str, object]:
         """This image as vLLM's precomputed image embeddings for Qwen-VL models:
@@ -360,6 +392,43 @@ class ShmLease:
     def release(self) -> None:
         self.released = True
         self._client._release([(self.offset, self.generation)])
+
+
+@dataclass(frozen=True)
+class CudaIpcRef:
+    """A CUDA IPC reference to an item's rows (EncodedItem.cuda_ipc):
+    ``length`` bytes, main at byte 0 and deepstack at ``deepstack_offset``,
+    in the item's dtype, in a copy the server made in its GPU memory."""
+
+    memory_handle: bytes   # 64 bytes, cudaIpcMemHandle_t
+    event_handle: bytes    # 64 bytes, cudaIpcEventHandle_t; all zero = nothing to wait on
+    length: int
+    deepstack_offset: int
+    device: str            # the server's device, e.g. "cuda:0 (NVIDIA H200, ...)"
+    device_index: int      # its CUDA ordinal; -1 for a non-CUDA stand-in
+    pid: int               # the server's process id
+    generation: int
+    lease_ms: int
+
+
+class CudaIpcLease:
+    """A lease on one CUDA IPC export of a server (release kind CUDA IPC)."""
+
+    def __init__(self, client: "EncodeClient", generation: int, lease_ms: int):
+        self._client = client
+        self.generation = generation
+        self.lease_ms = lease_ms
+        self.released = False
+
+    def release(self) -> None:
+        self.released = True
+        self._client._release([(0, self.generation, encoder_pb2.LEASE_KIND_CUDA_IPC)])
+
+
+def _lease_tuple(lease) -> Tuple[int, int, int]:
+    if isinstance(lease, CudaIpcLease):
+        return (0, lease.generation, encoder_pb2.LEASE_KIND_CUDA_IPC)
+    return (lease.offset, lease.generation, encoder_pb2.LEASE_KIND_SHM)
 
 
 def _map_arena(ref) -> mmap.mmap:
@@ -477,10 +546,11 @@ class EncodeClient:
                  max_response_bytes: int = 256 << 20, max_items_per_call: int = 256, *, tls: bool = False,
                  root_certificates: Optional[bytes] = None, certificate_chain: Optional[bytes] = None,
                  private_key: Optional[bytes] = None, server_name: Optional[str] = None,
-                 auth_token: Optional[str] = None, shm: bool = False):
+                 auth_token: Optional[str] = None, shm: bool = False, cuda_ipc: bool = False):
         if not target:
             raise ValueError("target is empty; pass host:port or unix:/path")
         self.shm = shm
+        self.cuda_ipc = cuda_ipc
         self._arenas: Dict[int, mmap.mmap] = {}  # segment -> mapping
         self._arenas_lock = threading.Lock()
         if isinstance(max_items_per_call, bool) or not isinstance(max_items_per_call, int) or max_items_per_call < 1:
@@ -573,12 +643,15 @@ class EncodeClient:
         for lease in leases:
             lease.released = True
         if leases:
-            self._release([(lease.offset, lease.generation) for lease in leases])
+            self._release([_lease_tuple(lease) for lease in leases])
 
-    def _release(self, spans: List[Tuple[int, int]]) -> None:
+    def _release(self, spans: List[Tuple[int, ...]]) -> None:
+        """(offset, generation) or (offset, generation, kind) per lease."""
         req = encoder_pb2.ReleaseRequest()
-        for offset, generation in spans:
-            req.leases.add(offset=offset, generation=generation)
+        for span in spans:
+            offset, generation = span[0], span[1]
+            kind = span[2] if len(span) > 2 else encoder_pb2.LEASE_KIND_SHM
+            req.leases.add(offset=offset, generation=generation, kind=kind)
         try:
             self._stub.Release(req, timeout=self.timeout, metadata=self._auth)
         except grpc.RpcError as e:
@@ -592,15 +665,18 @@ class EncodeClient:
             return m
 
     def encode(self, items: Sequence[Union[bytes, Item]], request_id: Optional[str] = None,
-               check: bool = True, shm: Optional[bool] = None) -> List[ItemResult]:
+               check: bool = True, shm: Optional[bool] = None,
+               cuda_ipc: Optional[bool] = None) -> List[ItemResult]:
         """Encodes ``items`` (bytes-like or Item). Returns results by index.
         With ``check`` (default), raises EncodeError carrying the lowest-index
         failure (and every result) when any item failed. Raises TypeError for
         an item of another type. More than ``max_items_per_call`` items (of
         one key, or of the request when not routing by key) go in several
         calls; see the module docstring. ``shm`` overrides the client's
-        ``shm`` for this request (shared-memory delivery, see above)."""
+        ``shm`` for this request (shared-memory delivery, see above), and
+        ``cuda_ipc`` the client's ``cuda_ipc`` (CUDA IPC delivery)."""
         use_shm = self.shm if shm is None else shm
+        use_ipc = self.cuda_ipc if cuda_ipc is None else cuda_ipc
         items = [_as_item(i, n) for n, i in enumerate(items)]
         if not items:
             raise EncodeError(grpc.StatusCode.INVALID_ARGUMENT, "the request has no items; send at least one image")
@@ -631,7 +707,7 @@ class EncodeClient:
         def call(n: int) -> None:
             route, indices = groups[n]
             rid = request_id if len(groups) == 1 else f"{request_id}/{n}"
-            self._call(rid, route, [items[i] for i in indices], indices, results, use_shm)
+            self._call(rid, route, [items[i] for i in indices], indices, results, use_shm, use_ipc)
 
         futures = [self._pool.submit(call, n) for n in range(1, len(groups))]
         call(0)
@@ -645,10 +721,13 @@ class EncodeClient:
         return out
 
     def _call(self, rid: str, route: str, items: List[Item], indices: List[int],
-              results: List[Optional[ItemResult]], use_shm: bool = False) -> None:
+              results: List[Optional[ItemResult]], use_shm: bool = False, use_ipc: bool = False) -> None:
         req = encoder_pb2.EncodeRequest(id=rid)
         if use_shm:
             req.delivery = encoder_pb2.DELIVERY_SHM
+        if use_ipc:
+            req.delivery = encoder_pb2.DELIVERY_CUDA_IPC
+            req.ipc_fallback_shm = use_shm
         for it in items:
             m = req.items.add()
             m.image = bytes(it.image)
@@ -678,8 +757,12 @@ class EncodeClient:
                 if m.index < 0 or m.index >= len(indices) or m.index in got:
                     continue
                 got.add(m.index)
-                results[indices[m.index]] = self._from_shm(m, indices[m.index]) if m.HasField("shm") \
-                    else _from_proto(m, indices[m.index])
+                if m.HasField("cuda_ipc"):
+                    results[indices[m.index]] = self._from_ipc(m, indices[m.index])
+                elif m.HasField("shm"):
+                    results[indices[m.index]] = self._from_shm(m, indices[m.index])
+                else:
+                    results[indices[m.index]] = _from_proto(m, indices[m.index])
         except grpc.RpcError as e:
             code, message = e.code(), e.details()
         for local, index in enumerate(indices):
@@ -688,6 +771,36 @@ class EncodeClient:
                     code, message = grpc.StatusCode.INTERNAL, f"the server ended the call without item {index}"
                 results[index] = ItemResult(index=index, ok=False, code=code, message=message)
 
+
+    def _from_ipc(self, m, index: int) -> ItemResult:
+        """An item sent by CUDA IPC: the reference and its lease, no bytes."""
+        r = _from_proto(m, index)
+        if not r.ok:
+            return r
+        ref = m.cuda_ipc
+        lease = CudaIpcLease(self, ref.generation, ref.lease_ms)
+        main_bytes = r.tokens * r.hidden * _DTYPE_SIZES.get(r.dtype, 0)
+        problem = ""
+        if len(ref.memory_handle) != 64 or len(ref.event_handle) != 64:
+            problem = (f"a {len(ref.memory_handle)}-byte memory handle and a {len(ref.event_handle)}-byte event "
+                       "handle; both must be 64 bytes")
+        elif ref.length == 0 or ref.length != main_bytes * (1 + r.deepstack_layers) \
+                or ref.deepstack_offset != main_bytes:
+            problem = (f"{ref.length} bytes, deepstack at byte {ref.deepstack_offset}, for shape "
+                       f"[{r.tokens}, {r.hidden}] x {1 + r.deepstack_layers}")
+        if problem:
+            try:
+                lease.release()  # the server holds the export until then
+            except EncodeError:
+                pass
+            return ItemResult(index=index, ok=False, code=grpc.StatusCode.INTERNAL,
+                              message=f"server sent item {index} by CUDA IPC with {problem}")
+        r.cuda_ipc = CudaIpcRef(memory_handle=bytes(ref.memory_handle), event_handle=bytes(ref.event_handle),
+                                length=ref.length, deepstack_offset=ref.deepstack_offset, device=ref.device,
+                                device_index=ref.device_index, pid=ref.pid, generation=ref.generation,
+                                lease_ms=ref.lease_ms)
+        r.lease = lease
+        return r
 
     def _from_shm(self, m, index: int) -> ItemResult:
         """An item sent by reference: main/deepstack are views on the arena."""

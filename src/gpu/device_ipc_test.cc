@@ -1,6 +1,7 @@
 // Device IPC on FakeDevice (CPU): the handle's text form, export/import in
 // one process, refusals, and the two-process check (ipc_two_process_check).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -78,6 +79,17 @@ TEST(FakeDeviceIpcTest, RefusesEmptyExportsForeignHandlesAndEndedExports) {
 TEST(FakeDeviceIpcTest, TwoProcessesShareTheRows) {
   const std::string cmd = std::string(EPD_IPC_CHECK_BIN) + " --device fake --bytes 3000000";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// The same, exporting from an L1 entry of the GPU tier that is dropped before
+// the importer reads (the server's CUDA IPC delivery, docs/SHM.md).
+TEST(FakeDeviceIpcTest, TwoProcessesShareRowsExportedFromAnL1Entry) {
+  const std::string cmd = std::string(EPD_IPC_CHECK_BIN) + " --device fake --bytes 2097152 --from-l1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  // Sizes that are not whole rows are refused (exit status 2).
+  const std::string bad = std::string(EPD_IPC_CHECK_BIN) + " --device fake --bytes 3000 --from-l1 2>/dev/null";
+  const int rc = std::system(bad.c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
 }
 
 }  // namespace

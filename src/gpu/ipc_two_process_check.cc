@@ -1,7 +1,7 @@
 // ipc_two_process_check: Device::ExportIpc in one process, ImportIpc in
 // another, bytes compared (docs/SHM.md, "CUDA IPC").
 //
-//   ipc_two_process_check --device fake|cuda [--bytes N]
+//   ipc_two_process_check --device fake|cuda [--bytes N] [--from-l1]
 //
 // The exporter (this invocation) fills N bytes of device memory with a
 // pattern through a host-to-device copy, exports them, and starts a second
@@ -13,6 +13,14 @@
 // cuda` exists only in builds with EPD_IPC_CHECK_WITH_CUDA (src/gpu's
 // standalone CUDA build, run by scripts/gpu-check.sh); FakeDevice works
 // everywhere (a memfd shared through /proc, fake_device.h).
+//
+// --from-l1 exports the rows as the server's CUDA IPC delivery does
+// (src/server/ipc_delivery.cc): the pattern is the main + deepstack rows of
+// an Embedding (float32, hidden 256, 1 deepstack layer; N must be a multiple
+// of 2048) uploaded into an L1 entry of the GPU tier (UploadEmbedding), and
+// the export copies from the entry's ResidentBytes::data() after Wait(). The
+// entry is then dropped before the importer runs, as an L1 eviction may do
+// while a client holds its lease.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +34,7 @@
 #include <vector>
 
 #include "epd/device.h"
+#include "epd/device_tier.h"
 #include "epd/fake_device.h"
 #ifdef EPD_IPC_CHECK_WITH_CUDA
 #include "epd/cuda_device.h"
@@ -88,7 +97,37 @@ int Import(epd::Device& dev, const std::string& hex) {
   return 0;
 }
 
-int Export(epd::Device& dev, const std::string& kind, std::size_t n) {
+int Spawn(epd::Device& dev, const std::string& kind, std::size_t n, const epd::IpcExport& shared, const char* from);
+
+// The rows of an L1 entry holding the pattern, exported from the entry.
+epd::StatusOr<std::unique_ptr<epd::IpcExport>> ExportFromL1(epd::Device& dev, std::size_t n) {
+  auto e = std::make_shared<epd::Embedding>();
+  e->hidden = 256;
+  e->deepstack_layers = 1;
+  e->dtype = epd::DType::kFloat32;
+  e->tokens = static_cast<std::int64_t>(n / (2 * 256 * 4));
+  e->main.resize(n / 2);
+  e->deepstack.resize(n / 2);
+  for (std::size_t i = 0; i < n / 2; ++i) {
+    e->main[i] = std::byte{Pattern(i)};
+    e->deepstack[i] = std::byte{Pattern(n / 2 + i)};
+  }
+  epd::StatusOr<epd::TierEmbeddingPtr> l1 = epd::UploadEmbedding(dev, e);
+  if (!l1.ok()) return l1.status();
+  if ((*l1)->where() != epd::MemoryKind::kDevice) return epd::Internal("the L1 entry is not in device memory");
+  if (epd::Status s = (*l1)->Wait(); !s.ok()) return s;
+  epd::StatusOr<std::unique_ptr<epd::IpcExport>> shared = dev.ExportIpc((*l1)->data(), (*l1)->nbytes());
+  l1 = epd::TierEmbeddingPtr();  // evicted: the export keeps its own copy
+  dev.Poll();
+  return shared;
+}
+
+int Export(epd::Device& dev, const std::string& kind, std::size_t n, bool from_l1) {
+  if (from_l1) {
+    epd::StatusOr<std::unique_ptr<epd::IpcExport>> shared = ExportFromL1(dev, n);
+    if (!shared.ok()) return Fail("exporter", shared.status());
+    return Spawn(dev, kind, n, **shared, "from an L1 entry");
+  }
   epd::StatusOr<epd::DeviceBuffer> host = dev.AllocatePinnedHost(n);
   epd::StatusOr<epd::DeviceBuffer> vram = dev.Allocate(n);
   if (!host.ok()) return Fail("exporter", host.status());
@@ -111,7 +150,12 @@ int Export(epd::Device& dev, const std::string& kind, std::size_t n) {
       !s.ok()) {
     return Fail("exporter", s);
   }
-  const std::string hex = (*shared)->handle().Hex();
+  return Spawn(dev, kind, n, **shared, "from a device buffer");
+}
+
+// Runs the importer on `shared`'s handle while it lives; 0 when it matched.
+int Spawn(epd::Device& dev, const std::string& kind, std::size_t n, const epd::IpcExport& shared, const char* from) {
+  const std::string hex = shared.handle().Hex();
   std::vector<std::string> args = {"/proc/self/exe", "--device", kind, "--import", hex};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -125,8 +169,8 @@ int Export(epd::Device& dev, const std::string& kind, std::size_t n) {
   int status = 0;
   if (waitpid(child, &status, 0) != child) return Fail("exporter", epd::Internal("waitpid"));
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  std::printf("exporter (pid %d, %s): %zu bytes exported; importer %s\n", static_cast<int>(getpid()),
-              dev.Describe().c_str(), n, ok ? "matched them" : "FAILED");
+  std::printf("exporter (pid %d, %s): %zu bytes exported %s; importer %s\n", static_cast<int>(getpid()),
+              dev.Describe().c_str(), n, from, ok ? "matched them" : "FAILED");
   return ok ? 0 : 1;
 }
 
@@ -134,6 +178,7 @@ int Export(epd::Device& dev, const std::string& kind, std::size_t n) {
 
 int main(int argc, char** argv) {
   std::string kind = "fake", import_hex;
+  bool from_l1 = false;
   std::size_t bytes = std::size_t{2} << 20;  // a 512x512 float32 embedding's main rows
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -141,10 +186,12 @@ int main(int argc, char** argv) {
       kind = argv[++i];
     } else if (a == "--import" && i + 1 < argc) {
       import_hex = argv[++i];
+    } else if (a == "--from-l1") {
+      from_l1 = true;
     } else if (a == "--bytes" && i + 1 < argc) {
       bytes = std::strtoull(argv[++i], nullptr, 10);
     } else {
-      std::fprintf(stderr, "usage: %s --device fake|cuda [--bytes N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --device fake|cuda [--bytes N] [--from-l1]\n", argv[0]);
       return 2;
     }
   }
@@ -152,7 +199,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--bytes must be > 0\n");
     return 2;
   }
+  if (from_l1 && bytes % 2048 != 0) {
+    std::fprintf(stderr, "--from-l1: --bytes must be a multiple of 2048 (main + deepstack rows of 256 floats)\n");
+    return 2;
+  }
   epd::StatusOr<std::unique_ptr<epd::Device>> dev = OpenDevice(kind);
   if (!dev.ok()) return Fail(import_hex.empty() ? "exporter" : "importer", dev.status());
-  return import_hex.empty() ? Export(**dev, kind, bytes) : Import(**dev, import_hex);
+  return import_hex.empty() ? Export(**dev, kind, bytes, from_l1) : Import(**dev, import_hex);
 }

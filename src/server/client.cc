@@ -62,6 +62,15 @@ struct ShmLeaseLink {
     pending.push_back(l);
   }
 
+  // A CUDA IPC lease's release (ShmLease of kind LEASE_KIND_CUDA_IPC).
+  void QueueIpc(std::uint64_t generation) {
+    v1::ShmLease l;
+    l.set_generation(generation);
+    l.set_kind(v1::LEASE_KIND_CUDA_IPC);
+    std::lock_guard<std::mutex> lock(mu);
+    pending.push_back(l);
+  }
+
   std::vector<v1::ShmLease> Take() {
     std::lock_guard<std::mutex> lock(mu);
     return std::exchange(pending, {});
@@ -112,6 +121,30 @@ Status ShmLease::Release() {
   return link_->Send({l});
 }
 
+IpcLease::IpcLease(std::shared_ptr<const IpcImport> imported, EmbeddingShape shape, GridTHW grid,
+                   std::uint64_t generation, std::chrono::steady_clock::time_point deadline, std::string device,
+                   std::shared_ptr<ShmLeaseLink> link)
+    : imported_(std::move(imported)),
+      shape_(shape),
+      grid_(grid),
+      generation_(generation),
+      deadline_(deadline),
+      device_(std::move(device)),
+      link_(std::move(link)) {}
+
+IpcLease::~IpcLease() {
+  if (!released_ && link_ != nullptr) link_->QueueIpc(generation_);
+}
+
+Status IpcLease::Release() {
+  released_ = true;
+  if (link_ == nullptr) return Status::Ok();
+  v1::ShmLease l;
+  l.set_generation(generation_);
+  l.set_kind(v1::LEASE_KIND_CUDA_IPC);
+  return link_->Send({l});
+}
+
 struct EncodeClient::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
@@ -152,6 +185,52 @@ struct EncodeClient::Impl {
     }
     r.shm = std::make_shared<ShmLease>(*m, (*m)->data() + ref.offset(), shape, grid, ref.offset(), ref.generation(),
                                        now + std::chrono::milliseconds(ref.lease_ms()), link);
+    return r;
+  }
+
+  // Live imports by handle (memory handle bytes and length), so that leases
+  // on one export share one mapping (a CUDA context may open a handle once).
+  std::mutex import_mu;
+  std::map<std::string, std::weak_ptr<const IpcImport>> imports;  // guarded by import_mu
+
+  StatusOr<std::shared_ptr<const IpcImport>> Import(const IpcHandle& handle) {
+    std::string id(reinterpret_cast<const char*>(handle.memory.data()), handle.memory.size());
+    id += std::to_string(handle.bytes);
+    std::lock_guard<std::mutex> lock(import_mu);
+    for (auto it = imports.begin(); it != imports.end();) {  // drop entries of closed imports
+      it = it->second.expired() ? imports.erase(it) : std::next(it);
+    }
+    if (auto it = imports.find(id); it != imports.end()) {
+      if (std::shared_ptr<const IpcImport> live = it->second.lock()) return live;
+    }
+    StatusOr<std::unique_ptr<IpcImport>> imported = options.ipc_device->ImportIpc(handle);
+    if (!imported.ok()) return imported.status();
+    std::shared_ptr<const IpcImport> shared(std::move(*imported));
+    imports[id] = shared;
+    return shared;
+  }
+
+  // An item sent by CUDA IPC, as a result whose `ipc` holds the import.
+  ClientItemResult FromIpc(const v1::EncodedItem& msg) {
+    const auto now = std::chrono::steady_clock::now();
+    EmbeddingShape shape;
+    GridTHW grid;
+    IpcHandle handle;
+    ClientItemResult r = internal::FromProtoIpc(msg, &shape, &grid, &handle);
+    const v1::CudaIpcRef& ref = msg.cuda_ipc();
+    if (!r.status.ok()) {
+      if (msg.error_code() == 0) link->QueueIpc(ref.generation());  // the server holds a lease: hand it back
+      return r;
+    }
+    StatusOr<std::shared_ptr<const IpcImport>> imported = Import(handle);
+    if (!imported.ok()) {
+      link->QueueIpc(ref.generation());
+      r.status = Status(imported.status().code(), "importing the CUDA IPC rows from " + ref.device() + " (pid " +
+                                                      std::to_string(ref.pid()) + "): " + imported.status().message());
+      return r;
+    }
+    r.ipc = std::make_shared<IpcLease>(*imported, shape, grid, ref.generation(),
+                                       now + std::chrono::milliseconds(ref.lease_ms()), ref.device(), link);
     return r;
   }
 
@@ -216,6 +295,10 @@ struct EncodeClient::Impl {
     v1::EncodeRequest req;
     req.set_id(id);
     if (options.delivery == Delivery::kShm) req.set_delivery(v1::DELIVERY_SHM);
+    if (options.delivery == Delivery::kCudaIpc) {
+      req.set_delivery(v1::DELIVERY_CUDA_IPC);
+      req.set_ipc_fallback_shm(options.ipc_fallback_shm);
+    }
     for (v1::ShmLease& l : link->Take()) *req.add_release() = std::move(l);
     for (std::int64_t i : group.indices) {
       v1::EncodeItem* m = req.add_items();
@@ -238,7 +321,7 @@ struct EncodeClient::Impl {
       const std::int64_t local = msg.index();
       if (local < 0 || local >= static_cast<std::int64_t>(group.indices.size()) || got[local]) continue;
       got[local] = true;
-      ClientItemResult r = msg.has_shm() ? FromShm(msg) : internal::FromProto(msg);
+      ClientItemResult r = msg.has_cuda_ipc() ? FromIpc(msg) : msg.has_shm() ? FromShm(msg) : internal::FromProto(msg);
       r.index = group.indices[local];
       // The server's message says what is wrong; name the item by its place
       // in the caller's request (not in this per-key call).
@@ -270,6 +353,9 @@ StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions opti
   if (options.timeout.count() <= 0) return InvalidArgument("client timeout must be > 0");
   if (options.max_response_bytes <= 0 || options.max_response_bytes > std::int64_t{2047} << 20) {
     return InvalidArgument("max_response_bytes must be in (0, 2047 MiB]");
+  }
+  if (options.delivery == Delivery::kCudaIpc && options.ipc_device == nullptr) {
+    return InvalidArgument("Delivery::kCudaIpc needs ClientOptions::ipc_device, the Device that imports the rows");
   }
   if (options.tls_client_cert_pem.empty() != options.tls_client_key_pem.empty()) {
     return InvalidArgument("mutual TLS needs both the client certificate and its key; one is missing");

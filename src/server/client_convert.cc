@@ -106,3 +106,38 @@ ClientItemResult FromProtoShm(const v1::EncodedItem& m, EmbeddingShape* shape, G
 }
 
 }  // namespace epd::internal
+
+namespace epd::internal {
+
+ClientItemResult FromProtoIpc(const v1::EncodedItem& m, EmbeddingShape* shape, GridTHW* grid, IpcHandle* handle) {
+  ClientItemResult r = Header(m);
+  if (!r.status.ok()) return r;
+  const std::string at = "server sent item " + std::to_string(m.index()) + " by CUDA IPC ";
+  StatusOr<DType> dtype = FromProto(m.dtype());
+  if (!dtype.ok()) {
+    r.status = Internal(at + "with " + dtype.status().message());
+    return r;
+  }
+  *shape = EmbeddingShape{m.tokens(), m.hidden(), m.deepstack_layers(), *dtype};
+  const v1::CudaIpcRef& ref = m.cuda_ipc();
+  if (ref.memory_handle().size() != IpcHandle::kHandleBytes || ref.event_handle().size() != IpcHandle::kHandleBytes) {
+    r.status = Internal(at + "with a " + std::to_string(ref.memory_handle().size()) + "-byte memory handle and a " +
+                        std::to_string(ref.event_handle().size()) + "-byte event handle; both must be " +
+                        std::to_string(IpcHandle::kHandleBytes) + " bytes");
+    return r;
+  }
+  if (shape->tokens < 0 || shape->hidden < 0 || shape->deepstack_layers < 0 || ref.length() == 0 ||
+      ref.length() != shape->nbytes() || ref.deepstack_offset() != shape->main_bytes()) {
+    r.status = Internal(at + "with " + std::to_string(ref.length()) + " bytes, deepstack at byte " +
+                        std::to_string(ref.deepstack_offset()) + ", for shape [" + std::to_string(shape->tokens) +
+                        ", " + std::to_string(shape->hidden) + "] x " + std::to_string(1 + shape->deepstack_layers));
+    return r;
+  }
+  std::memcpy(handle->memory.data(), ref.memory_handle().data(), IpcHandle::kHandleBytes);
+  std::memcpy(handle->event.data(), ref.event_handle().data(), IpcHandle::kHandleBytes);
+  handle->bytes = ref.length();
+  if (Status g = GridFromProto(m, grid); !g.ok()) r.status = g;
+  return r;
+}
+
+}  // namespace epd::internal

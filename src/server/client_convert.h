@@ -21,3 +21,13 @@ ClientItemResult FromProto(const v1::EncodedItem& m);
 ClientItemResult FromProtoShm(const v1::EncodedItem& m, EmbeddingShape* shape, GridTHW* grid);
 
 }  // namespace epd::internal
+
+namespace epd::internal {
+
+// For an item sent by CUDA IPC (m.has_cuda_ipc()): the result without its
+// rows, plus the rows' shape and grid and the handle to import. kInternal
+// item status when a handle is not 64 bytes, or the length or deepstack
+// offset disagrees with the shape; the server's status when the item failed.
+ClientItemResult FromProtoIpc(const v1::EncodedItem& m, EmbeddingShape* shape, GridTHW* grid, IpcHandle* handle);
+
+}  // namespace epd::internal

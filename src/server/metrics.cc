@@ -176,6 +176,21 @@ class StatsCollectable : public prometheus::Collectable {
     counter("epd_shm_expired_total", "Shared-memory leases ended by their deadline", static_cast<double>(s.shm.expired));
     counter("epd_shm_refused_releases_total", "Releases that matched no lease (repeated, stale or expired)",
             static_cast<double>(s.shm.refused_releases));
+    // CUDA IPC delivery (docs/SHM.md, "CUDA IPC"); all 0 without it.
+    gauge("epd_ipc_capacity_bytes", "Bound on bytes of live CUDA IPC exports", static_cast<double>(s.ipc.capacity_bytes));
+    gauge("epd_ipc_exported_bytes", "Bytes of live CUDA IPC exports (each shared export once)",
+          static_cast<double>(s.ipc.exported_bytes));
+    gauge("epd_ipc_leases", "CUDA IPC leases held by clients", static_cast<double>(s.ipc.leases));
+    counter("epd_ipc_items_total", "Items delivered by CUDA IPC", static_cast<double>(s.ipc.items));
+    counter("epd_ipc_reused_total", "Items delivered from a live export of their key (no copy)",
+            static_cast<double>(s.ipc.reused));
+    counter("epd_ipc_fallbacks_total", "Items asked for by CUDA IPC but sent otherwise (bound reached, export failed)",
+            static_cast<double>(s.ipc.fallbacks));
+    counter("epd_ipc_not_resident_total", "Items asked for by CUDA IPC whose rows were not in device memory",
+            static_cast<double>(s.ipc.not_resident));
+    counter("epd_ipc_expired_total", "CUDA IPC leases ended by their deadline", static_cast<double>(s.ipc.expired));
+    counter("epd_ipc_refused_releases_total", "CUDA IPC releases that matched no lease",
+            static_cast<double>(s.ipc.refused_releases));
 
     out.push_back(Family("epd_item_errors_total", "Failed items, by status code", MetricType::Counter));
     for (const auto& [code, n] : w.errors) {

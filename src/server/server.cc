@@ -39,6 +39,8 @@
 #include "admission.h"
 #include "auth.h"
 #include "call_outcomes.h"
+#include "ipc_delivery.h"
+#include "ipc_leases.h"
 #include "metrics.h"
 #include "proto_convert.h"
 #include "request_id.h"
@@ -91,6 +93,8 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
   std::unique_ptr<internal::CallOutcomes> outcomes;  // outlives `server`, whose interceptor uses it
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<internal::ShmArena> arena;  // null = no shared-memory delivery
+  std::unique_ptr<internal::IpcLeases> ipc;   // null = no CUDA IPC delivery
+  std::string ipc_device_name;                // ipc's Device::Describe(), sent in every CudaIpcRef
   int port = 0;
 
   std::atomic<bool> serving{false};
@@ -112,6 +116,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     s.rpc_errors = outcomes->Errors();
     s.buffered_bytes = buffered_bytes.load();
     if (arena != nullptr) s.shm = arena->Stats();
+    if (ipc != nullptr) s.ipc = ipc->Stats();
     return s;
   }
 
@@ -185,10 +190,15 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     const std::shared_ptr<void> release(nullptr, [this, message_bytes](void*) { budget->Release(message_bytes); });
     if (req->release_size() > 0) {
       Status ignored;  // refusals are counted in ShmStats, never fail the call
-      internal::ReleaseLeases(arena.get(), req->release(), &ignored);
+      internal::ReleaseAnyLeases(arena.get(), ipc.get(), req->release(), &ignored);
     }
+    // CUDA IPC for device-resident rows; the rest (and the overflow) by
+    // shared memory when the call allows it, else inline (ipc_delivery.h).
+    const bool by_ipc = req->delivery() == v1::DELIVERY_CUDA_IPC && ipc != nullptr;
+    const bool by_shm =
+        req->delivery() == v1::DELIVERY_SHM || (req->delivery() == v1::DELIVERY_CUDA_IPC && req->ipc_fallback_shm());
     std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload;
-    if (req->delivery() == v1::DELIVERY_SHM && arena != nullptr) {
+    if (by_shm && arena != nullptr) {
       // ToProto has set out->key() (the content key) before it offers the rows.
       place_payload = [this](const Embedding& e, v1::EncodedItem* out) {
         return internal::PlaceInArena(*arena, out->key(), e, out);
@@ -273,7 +283,9 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
           }
         }
         msg.Clear();
-        internal::ToProto(r, options.server_id, &msg, place_payload);
+        if (!by_ipc || !internal::ToProtoByIpc(*ipc, ipc_device_name, r, options.server_id, &msg)) {
+          internal::ToProto(r, options.server_id, &msg, place_payload);
+        }
         r.embedding.reset();
         // The last item goes out with the call's status in one batch
         // (WriteLast buffers it until the handler returns, which it does as
@@ -351,7 +363,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req, v1::ReleaseResponse* out) override {
     if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
     Status refusal;
-    out->set_released(internal::ReleaseLeases(arena.get(), req->leases(), &refusal));
+    out->set_released(internal::ReleaseAnyLeases(arena.get(), ipc.get(), req->leases(), &refusal));
     if (!refusal.ok() && req->leases_size() > 1) {
       refusal = Status(refusal.code(), refusal.message() + " (" + std::to_string(out->released()) + " of " +
                                            std::to_string(req->leases_size()) + " leases were released)");
@@ -383,6 +395,12 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   }
   if (options.shm_lease.count() <= 0) {
     return InvalidArgument("shm_lease must be > 0 ms, got " + std::to_string(options.shm_lease.count()));
+  }
+  if (options.ipc_export_bytes < 0) {
+    return InvalidArgument("ipc_export_bytes must be >= 0 (0 = off), got " + std::to_string(options.ipc_export_bytes));
+  }
+  if (options.ipc_lease.count() < 0) {
+    return InvalidArgument("ipc_lease must be >= 0 ms (0 = shm_lease), got " + std::to_string(options.ipc_lease.count()));
   }
   if (options.max_items_per_request <= 0) {
     return InvalidArgument("max_items_per_request must be > 0, got " + std::to_string(options.max_items_per_request));
@@ -426,6 +444,14 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
         internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);
     if (!arena.ok()) return arena.status();
     self->arena = std::move(*arena);
+  }
+  if (options.ipc_device != nullptr && options.ipc_export_bytes > 0) {
+    StatusOr<std::unique_ptr<internal::IpcLeases>> ipc = internal::IpcLeases::Create(
+        options.ipc_device, options.ipc_export_bytes,
+        options.ipc_lease.count() > 0 ? options.ipc_lease : options.shm_lease);
+    if (!ipc.ok()) return ipc.status();
+    self->ipc = std::move(*ipc);
+    self->ipc_device_name = options.ipc_device->Describe();
   }
 
   std::function<bool()> user_sink_full = std::move(worker_options.sink_full);
