@@ -62,6 +62,7 @@ struct ServeFlags {
   std::vector<std::string> listen;
   double shm_arena_mb = 0;
   std::int64_t shm_lease_ms = 5000;
+  std::int64_t shm_max_sessions = ServerOptions{}.shm_max_sessions;
   double max_inflight_request_mb = 1024;
   std::string tenant_header = ServerOptions{}.tenant_metadata;
   ServerSecurityFlags security;
@@ -95,6 +96,7 @@ int RunServe(const ServeFlags& f) {
   so.extra_addresses = f.listen;
   so.shm_arena_bytes = static_cast<std::int64_t>(f.shm_arena_mb * (1 << 20));
   so.shm_lease = std::chrono::milliseconds(f.shm_lease_ms);
+  so.shm_max_sessions = f.shm_max_sessions;
   so.max_inflight_request_bytes = static_cast<std::int64_t>(f.max_inflight_request_mb * (1 << 20));
   so.on_requests_drained = ReleaseFreeMemory;
   so.tenant_metadata = f.tenant_header;
@@ -261,6 +263,10 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--shm-lease-ms", f->shm_lease_ms,
                     "how long a shared-memory reference stays valid without a release, ms")
         ->capture_default_str()->check(Integer(10, 3600000));
+    cmd->add_option("--shm-max-sessions", f->shm_max_sessions,
+                    "most lease sessions open at once (one per shared-memory client; its leases are released "
+                    "when it disconnects); one more is refused")
+        ->capture_default_str()->check(Integer(1, 1 << 20));
     cmd->add_option("--max-inflight-request-mb", f->max_inflight_request_mb,
                     "request bytes admitted and not yet finished, MB; a request past it waits briefly, then gets "
                     "RESOURCE_EXHAUSTED (>= --max-request-mb)")

@@ -92,8 +92,13 @@ struct ServerOptions {
   // exceed it: past it, items go inline and are counted (ShmStats::fallbacks).
   std::int64_t shm_arena_bytes = 0;
   // How long a reference stays valid without a Release; then its span may be
-  // overwritten. A crashed client's leases end this way.
+  // overwritten. A crashed client's leases end this way, or sooner when it
+  // held them under a lease session.
   std::chrono::milliseconds shm_lease{5000};
+  // Most lease sessions (the Session RPC, docs/SHM.md "Crashed clients")
+  // open at once; one more is refused with RESOURCE_EXHAUSTED naming this
+  // cap. A session holds no RPC thread (callback API), only a stream.
+  std::int64_t shm_max_sessions = 1024;
   // Reported in every EncodedItem and in Health/Stats; empty = "<host>:<port>"
   // with the machine's host name and the bound port.
   std::string server_id;

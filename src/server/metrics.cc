@@ -176,6 +176,9 @@ class StatsCollectable : public prometheus::Collectable {
     counter("epd_shm_expired_total", "Shared-memory leases ended by their deadline", static_cast<double>(s.shm.expired));
     counter("epd_shm_refused_releases_total", "Releases that matched no lease (repeated, stale or expired)",
             static_cast<double>(s.shm.refused_releases));
+    gauge("epd_shm_sessions", "Lease sessions open now", static_cast<double>(s.shm.sessions));
+    counter("epd_shm_session_reclaimed_total", "Shared-memory leases ended because their session ended",
+            static_cast<double>(s.shm.session_reclaimed));
 
     out.push_back(Family("epd_item_errors_total", "Failed items, by status code", MetricType::Counter));
     for (const auto& [code, n] : w.errors) {

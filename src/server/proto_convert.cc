@@ -209,6 +209,11 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_shm_refused_releases(s.shm.refused_releases);
   out->set_shm_reused(s.shm.reused);
   out->set_shm_evicted(s.shm.evicted);
+  out->set_shm_sessions(s.shm.sessions);
+  out->set_shm_sessions_opened(s.shm.sessions_opened);
+  out->set_shm_sessions_refused(s.shm.sessions_refused);
+  out->set_shm_session_reclaimed(s.shm.session_reclaimed);
+  out->set_shm_session_unknown(s.shm.session_unknown);
   out->set_hits_l3(w.hits_l3);
   out->set_l3_enabled(s.l3_enabled);
   out->set_l3_degraded(s.l3.degraded);
@@ -269,6 +274,11 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   s.shm.refused_releases = m.shm_refused_releases();
   s.shm.reused = m.shm_reused();
   s.shm.evicted = m.shm_evicted();
+  s.shm.sessions = m.shm_sessions();
+  s.shm.sessions_opened = m.shm_sessions_opened();
+  s.shm.sessions_refused = m.shm_sessions_refused();
+  s.shm.session_reclaimed = m.shm_session_reclaimed();
+  s.shm.session_unknown = m.shm_session_unknown();
   w.hits_l3 = m.hits_l3();
   s.l3_enabled = m.l3_enabled();
   s.l3.degraded = m.l3_degraded();
