@@ -44,12 +44,10 @@
 #include "epd/server_stats.h"
 #include "epd/status.h"
 #include "epd/v1/encoder.pb.h"
+#include "proto_convert.h"  // kSessionHeader
 #include "shm_arena.h"
 
 namespace epd::internal {
-
-// The Encode metadata header naming the caller's session.
-inline constexpr char kSessionHeader[] = "x-epd-session";
 
 class ShmSessions {
  public:
