@@ -7,8 +7,7 @@
 
 namespace epd::internal {
 
-StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(v1::Encoder::Stub& stub,
-                                                             const std::string& authorization,
+StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(v1::Encoder::Stub& stub, const std::string& authorization,
                                                              std::chrono::milliseconds timeout) {
   std::unique_ptr<ClientSession> s(new ClientSession());
   s->timeout_ = timeout;

@@ -357,7 +357,8 @@ struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session
     const auto& md = ctx->client_metadata();
     const auto bearer = md.find("authorization");
     Status admission = auth->CheckHeader(
-        bearer == md.end() ? std::nullopt : std::optional<std::string>(std::string(bearer->second.data(), bearer->second.size())));
+        bearer == md.end() ? std::nullopt
+                           : std::optional<std::string>(std::string(bearer->second.data(), bearer->second.size())));
     if (admission.ok() && sessions == nullptr) {
       admission = Status(StatusCode::kFailedPrecondition,
                          "this server has no shared-memory arena (start it with --shm-arena-mb); a lease session "

@@ -24,7 +24,8 @@ StatusOr<std::string> RandomId() {
     const ssize_t n = getrandom(bytes + got, kIdBytes - got, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Status(StatusCode::kUnavailable, std::string("getrandom for a session id failed: ") + std::strerror(errno));
+      return Status(StatusCode::kUnavailable,
+                    std::string("getrandom for a session id failed: ") + std::strerror(errno));
     }
     got += static_cast<std::size_t>(n);
   }
@@ -203,7 +204,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionMessage, 
 }  // namespace
 
 grpc::ServerBidiReactor<v1::SessionMessage, v1::SessionEvent>* StartSessionReactor(ShmSessions* sessions,
-                                                                                  Status admission) {
+                                                                                   Status admission) {
   auto reactor = std::make_shared<SessionReactor>(sessions);
   SessionReactor* raw = reactor.get();
   raw->Begin(std::move(reactor), std::move(admission));

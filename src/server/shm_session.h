@@ -100,8 +100,8 @@ class ShmSessions {
   ShmArena& arena_;
   const std::int64_t max_sessions_;
   std::mutex mu_;
-  std::unordered_map<std::string, Entry> open_;  // by id; guarded by mu_
-  bool closed_ = false;                          // EndAll ran; guarded by mu_
+  std::unordered_map<std::string, Entry> open_;           // by id; guarded by mu_
+  bool closed_ = false;                                   // EndAll ran; guarded by mu_
   std::uint64_t opened_ = 0, refused_ = 0, unknown_ = 0;  // guarded by mu_
 };
 
@@ -112,6 +112,6 @@ class ShmSessions {
 // closes the session when the stream ends. `sessions` may be null only when
 // `admission` is not OK. The reactor deletes itself when gRPC is done with it.
 grpc::ServerBidiReactor<v1::SessionMessage, v1::SessionEvent>* StartSessionReactor(ShmSessions* sessions,
-                                                                                  Status admission);
+                                                                                   Status admission);
 
 }  // namespace epd::internal

@@ -36,7 +36,8 @@ TEST(ShmArenaOwnerTest, ReleaseOwnerEndsOnlyItsOwnLiveLeasesAndRetiresTheOwner) 
   const std::uint64_t mine = arena->OpenOwner(), other = arena->OpenOwner();
   EXPECT_NE(mine, 0u);
   EXPECT_NE(mine, other);
-  auto a = arena->Acquire("", 256), b = arena->Acquire("", 256), c = arena->Acquire("", 256), d = arena->Acquire("", 256);
+  auto a = arena->Acquire("", 256), b = arena->Acquire("", 256), c = arena->Acquire("", 256),
+       d = arena->Acquire("", 256);
   ASSERT_TRUE(a && b && c && d);
   EXPECT_FALSE(arena->Acquire("", 64).has_value());  // 4 x 256 = the whole arena
   EXPECT_TRUE(arena->Adopt(a->generation, mine));
@@ -265,8 +266,7 @@ TEST(ShmSessionTest, SessionsPastTheCapAreRefusedNamingIt) {
   EXPECT_FALSE(c.named);
   const grpc::Status refused = c.Drain();
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_NE(refused.error_message().find("cap (2, --shm-max-sessions)"), std::string::npos)
-      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("cap (2, --shm-max-sessions)"), std::string::npos) << refused.error_message();
   EXPECT_EQ(t.server->Stats().shm.sessions_refused, 1u);
   // Room again once one ends.
   ASSERT_TRUE(a.stream->WritesDone());
