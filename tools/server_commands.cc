@@ -64,6 +64,7 @@ struct ServeFlags {
   std::int64_t shm_lease_ms = 5000;
   double ipc_export_mb = 0;       // CUDA IPC delivery's export bound; 0 = off
   std::int64_t ipc_lease_ms = 0;  // 0 = --shm-lease-ms
+  std::int64_t shm_max_sessions = ServerOptions{}.shm_max_sessions;
   double max_inflight_request_mb = 1024;
   std::string tenant_header = ServerOptions{}.tenant_metadata;
   ServerSecurityFlags security;
@@ -107,6 +108,7 @@ int RunServe(const ServeFlags& f) {
     so.ipc_export_bytes = static_cast<std::int64_t>(f.ipc_export_mb * (1 << 20));
     so.ipc_lease = std::chrono::milliseconds(f.ipc_lease_ms);
   }
+  so.shm_max_sessions = f.shm_max_sessions;
   so.max_inflight_request_bytes = static_cast<std::int64_t>(f.max_inflight_request_mb * (1 << 20));
   so.on_requests_drained = ReleaseFreeMemory;
   so.tenant_metadata = f.tenant_header;
@@ -281,6 +283,10 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--ipc-lease-ms", f->ipc_lease_ms,
                     "how long a CUDA IPC reference stays valid without a release, ms; 0 = --shm-lease-ms")
         ->capture_default_str()->check(Integer(0, 3600000));
+    cmd->add_option("--shm-max-sessions", f->shm_max_sessions,
+                    "most lease sessions open at once (one per shared-memory client; its leases are released "
+                    "when it disconnects); one more is refused")
+        ->capture_default_str()->check(Integer(1, 1 << 20));
     cmd->add_option("--max-inflight-request-mb", f->max_inflight_request_mb,
                     "request bytes admitted and not yet finished, MB; a request past it waits briefly, then gets "
                     "RESOURCE_EXHAUSTED (>= --max-request-mb)")

@@ -58,7 +58,9 @@ enum class Delivery {
   // A reference into the server's shared-memory arena, read in place through
   // ClientItemResult::shm. Needs the server on the same host, run by the same
   // user, with --shm-arena-mb; otherwise (or when its arena is full) items
-  // come inline.
+  // come inline. The client holds a lease session (docs/SHM.md, "Crashed
+  // clients") for its leases: opened before its first call, so if this
+  // process dies the server reclaims them at once rather than at expiry.
   kShm,
   // A CUDA IPC reference to a copy of the rows in the server's GPU memory,
   // imported through ClientOptions::ipc_device into ClientItemResult::ipc
@@ -149,7 +151,10 @@ struct ShmLeaseLink;  // internal: the client's release queue, shared with its l
 //
 // Destroying the lease queues its release; the queue rides on the client's
 // next Encode call, or goes at once with EncodeClient::FlushReleases (and at
-// the client's destruction). Release() sends it now.
+// the client's destruction). Release() sends it now. Destroying the
+// EncodeClient ends its lease session, which ends every lease it still holds:
+// a ShmLease that outlives its client keeps its mapping, but the server may
+// overwrite its rows at once (copy them first, Copy()).
 // Thread safety: thread-compatible; the bytes are read-only.
 class ShmLease {
  public:
@@ -278,6 +283,10 @@ class EncodeClient {
   // Errors: kInvalidArgument for an empty target, non-positive limits, or a
   // client certificate without its key (or the reverse).
   static StatusOr<std::unique_ptr<EncodeClient>> Connect(ClientOptions options);
+  // Sends the queued releases (FlushReleases), then, with Delivery::kShm,
+  // closes the lease session: the server releases every lease this client
+  // still holds (its ShmLeases' rows may be overwritten from then on). Waits
+  // for the server's answer at most `timeout`.
   ~EncodeClient();
   EncodeClient(const EncodeClient&) = delete;
   EncodeClient& operator=(const EncodeClient&) = delete;
@@ -286,7 +295,12 @@ class EncodeClient {
   StatusOr<ServerStats> Stats();
 
   // Encodes `items`; see the header comment. No items: kInvalidArgument,
-  // nothing sent. `request_id` empty = a fresh
+  // nothing sent. With Delivery::kShm, the first call opens the client's
+  // lease session (one Session stream; an extra round trip, once) and every
+  // call names it in the "x-epd-session" header. When the server refuses a
+  // session (no arena, its --shm-max-sessions cap, a server older than the
+  // Session RPC) calls go without one, their leases ending by release or
+  // expiry only, and the next call tries again after a second. `request_id` empty = a fresh
   // random id (per-key calls get "<id>/<n>"). With route_by_key, the first
   // call fetches Health once to learn the key inputs (an error there fails
   // every item with it).

@@ -93,7 +93,8 @@ struct ServerOptions {
   // exceed it: past it, items go inline and are counted (ShmStats::fallbacks).
   std::int64_t shm_arena_bytes = 0;
   // How long a reference stays valid without a Release; then its span may be
-  // overwritten. A crashed client's leases end this way.
+  // overwritten. A crashed client's leases end this way, or sooner when it
+  // held them under a lease session.
   std::chrono::milliseconds shm_lease{5000};
   // CUDA IPC delivery (docs/SHM.md, "CUDA IPC"): the Device whose memory
   // holds the GPU tier's L1 rows (the one MakeEmbeddingTierHooks was given;
@@ -106,6 +107,10 @@ struct ServerOptions {
   std::int64_t ipc_export_bytes = 0;
   // Lease time of a CUDA IPC reference; 0 = shm_lease.
   std::chrono::milliseconds ipc_lease{0};
+  // Most lease sessions (the Session RPC, docs/SHM.md "Crashed clients")
+  // open at once; one more is refused with RESOURCE_EXHAUSTED naming this
+  // cap. A session holds no RPC thread (callback API), only a stream.
+  std::int64_t shm_max_sessions = 1024;
   // Reported in every EncodedItem and in Health/Stats; empty = "<host>:<port>"
   // with the machine's host name and the bound port.
   std::string server_id;

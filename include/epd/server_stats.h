@@ -31,6 +31,13 @@ struct ShmStats {
   std::uint64_t released = 0;          // leases ended by a release
   std::uint64_t expired = 0;           // leases ended by their deadline
   std::uint64_t refused_releases = 0;  // releases that matched no lease (twice, stale, expired)
+  // Lease sessions (docs/SHM.md, "Crashed clients"): a client's Session
+  // stream, whose end releases the leases made under it.
+  std::int64_t sessions = 0;            // open now
+  std::uint64_t sessions_opened = 0;    // ever opened
+  std::uint64_t sessions_refused = 0;   // refused at ServerOptions::shm_max_sessions
+  std::uint64_t session_reclaimed = 0;  // leases ended because their session ended
+  std::uint64_t session_unknown = 0;    // Encode calls that named a session not open here
 };
 
 // CUDA IPC delivery (docs/SHM.md, "CUDA IPC"); all 0 without it.

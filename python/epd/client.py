@@ -87,6 +87,15 @@ CUDA IPC come by shared memory when ``shm=True`` as well, else inline::
         with r:
             if r.cuda_ipc is not None:
                 rows = open_with_cuda(r.cuda_ipc.memory_handle, r.cuda_ipc.length)
+Lease session (docs/SHM.md, "Crashed clients"): before its first
+shared-memory call the client opens a Session stream and names it on every
+such call (the ``x-epd-session`` header), so if this process dies the server
+releases its leases at once instead of at their expiry. ``close()`` (or
+leaving the ``with`` block) ends the session, and the server then releases
+every lease the client still holds: views from it must not be used after
+``close()``. When the server refuses a session (no arena, its
+``--shm-max-sessions`` cap, an older server), calls still work, their leases
+ending by release or expiry only, and the client tries again a second later.
 
 Targets: ``host:port`` or ``unix:/path`` (a Unix domain socket).
 
@@ -102,6 +111,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -111,6 +121,10 @@ import grpc
 from epd.v1 import encoder_pb2, encoder_pb2_grpc
 
 ROUTE_HEADER = "x-epd-route"
+SESSION_HEADER = "x-epd-session"
+# After the server refuses a lease session (no arena, its cap, an older
+# server), shared-memory calls go without one; the next try waits this long.
+SESSION_RETRY_S = 1.0
 KEY_VERSION = 2
 
 _SOURCES = {
@@ -429,6 +443,65 @@ def _lease_tuple(lease) -> Tuple[int, int, int]:
     if isinstance(lease, CudaIpcLease):
         return (0, lease.generation, encoder_pb2.LEASE_KIND_CUDA_IPC)
     return (lease.offset, lease.generation, encoder_pb2.LEASE_KIND_SHM)
+class _Session:
+    """The client's end of a lease session: a Session stream kept open until
+    close(). A daemon thread reads it to its end, so ``live`` turns False as
+    soon as the server ends it (e.g. shuts down)."""
+
+    def __init__(self, stub, metadata, timeout: float):
+        self._stop = threading.Event()
+        self._named = threading.Event()
+        self._ended = threading.Event()
+        self.id = ""
+        self._error: Optional[grpc.RpcError] = None
+        self._timeout = timeout
+
+        def requests():
+            # Nothing to send; returning half-closes the stream, which ends
+            # the session on the server.
+            self._stop.wait()
+            return
+            yield  # pragma: no cover (makes this a generator)
+
+        self._responses = stub.Session(requests(), metadata=metadata)
+        self._reader = threading.Thread(target=self._read, name="epd-session", daemon=True)
+        self._reader.start()
+        if not self._named.wait(timeout) and not self._ended.is_set():
+            self._responses.cancel()
+            self._stop.set()
+            raise EncodeError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"the server did not name a lease session within {timeout} s")
+        if not self.id:
+            self._stop.set()
+            e = self._error
+            if e is not None:
+                raise EncodeError(e.code(), e.details())
+            raise EncodeError(grpc.StatusCode.INTERNAL, "the server ended the lease session without naming it")
+
+    def _read(self) -> None:
+        try:
+            for event in self._responses:
+                if not self.id:
+                    self.id = event.session_id
+                    self._named.set()
+        except grpc.RpcError as e:
+            self._error = e
+        finally:
+            self._ended.set()
+            self._named.set()
+
+    @property
+    def live(self) -> bool:
+        return bool(self.id) and not self._ended.is_set()
+
+    def close(self) -> None:
+        """Half-closes the stream and waits (at most the client's timeout)
+        for the server to finish it, having released the session's leases;
+        then cancels, which ends the session all the same."""
+        self._stop.set()
+        if not self._ended.wait(self._timeout):
+            self._responses.cancel()
+        self._reader.join(self._timeout)
 
 
 def _map_arena(ref) -> mmap.mmap:
@@ -579,10 +652,39 @@ class EncodeClient:
         self._prefix = "py-" + uuid.uuid4().hex[:12] + "-"
         self._ids = itertools.count(1)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
+        self._session: Optional[_Session] = None
+        self._session_retry_at = 0.0
+        self._session_lock = threading.Lock()
 
     def close(self) -> None:
+        """Ends the lease session, if any (the server releases every lease
+        this client still holds: its shared-memory views must not be used
+        afterwards), and the channel."""
         self._pool.shutdown(wait=True)
+        with self._session_lock:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
         self._channel.close()
+
+    def _session_id(self) -> str:
+        """The lease session's id for ``x-epd-session``, opening (or
+        reopening) the session first; "" when the server refused one."""
+        with self._session_lock:
+            if self._session is not None and self._session.live:
+                return self._session.id
+            if self._session is not None:  # ended, e.g. the server restarted
+                self._session.close()
+                self._session = None
+            now = time.monotonic()
+            if now < self._session_retry_at:
+                return ""
+            try:
+                self._session = _Session(self._stub, self._auth, self.timeout)
+            except EncodeError:
+                self._session_retry_at = now + SESSION_RETRY_S
+                return ""
+            return self._session.id
 
     def __enter__(self) -> "EncodeClient":
         return self
@@ -750,6 +852,10 @@ class EncodeClient:
                 m.sampling.resized_height = s.resized_height or 0
                 m.sampling.resized_width = s.resized_width or 0
         metadata = ([(ROUTE_HEADER, route)] if route else []) + self._auth
+        if use_shm:
+            session_id = self._session_id()
+            if session_id:
+                metadata.append((SESSION_HEADER, session_id))
         got = set()
         code, message = grpc.StatusCode.OK, ""
         try:

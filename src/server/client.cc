@@ -16,6 +16,7 @@
 
 #include "epd/v1/encoder.grpc.pb.h"
 #include "client_convert.h"
+#include "client_session.h"
 #include "proto_convert.h"
 #include "shm_mapping.h"
 
@@ -156,6 +157,31 @@ struct EncodeClient::Impl {
   std::shared_ptr<ShmLeaseLink> link;
   std::mutex map_mu;
   std::map<std::uint64_t, std::shared_ptr<const internal::ShmMapping>> mappings;  // by segment; guarded by map_mu
+  // The lease session (docs/SHM.md, "Crashed clients"), opened before the
+  // first shared-memory call and reopened after it ends; after a refusal
+  // (no arena, the server's cap, an older server) calls go without one and
+  // the next try waits kSessionRetry.
+  static constexpr std::chrono::seconds kSessionRetry{1};
+  std::mutex session_mu;
+  std::unique_ptr<internal::ClientSession> session;          // guarded by session_mu
+  std::chrono::steady_clock::time_point session_retry_at{};  // guarded by session_mu
+
+  // The id to send in "x-epd-session"; empty when there is no session.
+  std::string SessionId() {
+    std::lock_guard<std::mutex> lock(session_mu);
+    if (session != nullptr && session->live()) return session->id();
+    const auto now = std::chrono::steady_clock::now();
+    if (now < session_retry_at) return "";
+    session.reset();  // ended (e.g. the server restarted): closes its stream
+    StatusOr<std::unique_ptr<internal::ClientSession>> opened = internal::ClientSession::Open(
+        *stub, options.auth_token.empty() ? "" : "Bearer " + options.auth_token, options.timeout);
+    if (!opened.ok()) {
+      session_retry_at = now + kSessionRetry;
+      return "";
+    }
+    session = std::move(*opened);
+    return session->id();
+  }
 
   // The arena `ref` points into, mapped on first use.
   StatusOr<std::shared_ptr<const internal::ShmMapping>> Mapping(const v1::ShmRef& ref) {
@@ -314,6 +340,11 @@ struct EncodeClient::Impl {
     grpc::ClientContext ctx;
     SetDeadline(ctx);
     if (!group.route.empty()) ctx.AddMetadata(internal::kRouteHeader, group.route);
+    if (options.delivery == Delivery::kShm) {
+      if (const std::string session_id = SessionId(); !session_id.empty()) {
+        ctx.AddMetadata(internal::kSessionHeader, session_id);
+      }
+    }
     std::vector<bool> got(group.indices.size(), false);
     std::unique_ptr<grpc::ClientReader<v1::EncodedItem>> reader = stub->Encode(&ctx, req);
     v1::EncodedItem msg;
@@ -343,7 +374,11 @@ struct EncodeClient::Impl {
 
 EncodeClient::EncodeClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 EncodeClient::~EncodeClient() {
-  if (impl_ != nullptr && impl_->link != nullptr) (void)FlushReleases();
+  if (impl_ == nullptr) return;
+  if (impl_->link != nullptr) (void)FlushReleases();
+  // Ends the lease session: the server releases every lease still under it.
+  std::lock_guard<std::mutex> lock(impl_->session_mu);
+  impl_->session.reset();
 }
 
 Status EncodeClient::FlushReleases() { return impl_->link->Send(impl_->link->Take()); }

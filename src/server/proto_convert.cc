@@ -220,6 +220,11 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_ipc_released(s.ipc.released);
   out->set_ipc_expired(s.ipc.expired);
   out->set_ipc_refused_releases(s.ipc.refused_releases);
+  out->set_shm_sessions(s.shm.sessions);
+  out->set_shm_sessions_opened(s.shm.sessions_opened);
+  out->set_shm_sessions_refused(s.shm.sessions_refused);
+  out->set_shm_session_reclaimed(s.shm.session_reclaimed);
+  out->set_shm_session_unknown(s.shm.session_unknown);
   out->set_hits_l3(w.hits_l3);
   out->set_l3_enabled(s.l3_enabled);
   out->set_l3_degraded(s.l3.degraded);
@@ -291,6 +296,11 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   s.ipc.released = m.ipc_released();
   s.ipc.expired = m.ipc_expired();
   s.ipc.refused_releases = m.ipc_refused_releases();
+  s.shm.sessions = m.shm_sessions();
+  s.shm.sessions_opened = m.shm_sessions_opened();
+  s.shm.sessions_refused = m.shm_sessions_refused();
+  s.shm.session_reclaimed = m.shm_session_reclaimed();
+  s.shm.session_unknown = m.shm_session_unknown();
   w.hits_l3 = m.hits_l3();
   s.l3_enabled = m.l3_enabled();
   s.l3.degraded = m.l3_degraded();

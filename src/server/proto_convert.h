@@ -25,6 +25,9 @@ namespace epd::internal {
 // The gRPC metadata header that carries an item's content key (hex) for
 // hash-affinity routing. Lower case: HTTP/2 header names are.
 inline constexpr char kRouteHeader[] = "x-epd-route";
+// The Encode metadata header naming the caller's lease session (the
+// Session RPC's id; docs/SHM.md, "Crashed clients").
+inline constexpr char kSessionHeader[] = "x-epd-session";
 
 v1::DType ToProto(DType d);
 // kInvalidArgument for DTYPE_UNSPECIFIED or an unknown value.

@@ -46,6 +46,7 @@
 #include "request_id.h"
 #include "shm_arena.h"
 #include "shm_delivery.h"
+#include "shm_session.h"
 #include "standard_services.h"
 #include "tls.h"
 
@@ -79,7 +80,9 @@ std::int64_t ResultBytes(const ItemResult& r) {
 
 }  // namespace
 
-struct EncodeServer::Impl final : public v1::Encoder::Service {
+// Session (lease sessions, shm_session.h) uses the callback API; every
+// other method is sync.
+struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session<v1::Encoder::Service> {
   ServerOptions options;
   WorkerOptions worker_options;  // as passed to the worker, sink_full included
   std::string tower_description;
@@ -95,6 +98,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
   std::unique_ptr<internal::ShmArena> arena;  // null = no shared-memory delivery
   std::unique_ptr<internal::IpcLeases> ipc;   // null = no CUDA IPC delivery
   std::string ipc_device_name;                // ipc's Device::Describe(), sent in every CudaIpcRef
+  std::unique_ptr<internal::ShmSessions> sessions;  // lease sessions over `arena`; null without it
   int port = 0;
 
   std::atomic<bool> serving{false};
@@ -117,6 +121,7 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     s.buffered_bytes = buffered_bytes.load();
     if (arena != nullptr) s.shm = arena->Stats();
     if (ipc != nullptr) s.ipc = ipc->Stats();
+    if (sessions != nullptr) sessions->AddStats(&s.shm);
     return s;
   }
 
@@ -199,9 +204,14 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
         req->delivery() == v1::DELIVERY_SHM || (req->delivery() == v1::DELIVERY_CUDA_IPC && req->ipc_fallback_shm());
     std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload;
     if (by_shm && arena != nullptr) {
+      // The lease session the call names, if any (0: none, or not open).
+      StatusOr<std::uint64_t> owner = sessions->OwnerFor(ctx->client_metadata());
+      if (!owner.ok()) return Finish(owner.status(), start);
       // ToProto has set out->key() (the content key) before it offers the rows.
-      place_payload = [this](const Embedding& e, v1::EncodedItem* out) {
-        return internal::PlaceInArena(*arena, out->key(), e, out);
+      place_payload = [this, owner = *owner](const Embedding& e, v1::EncodedItem* out) {
+        if (!internal::PlaceInArena(*arena, out->key(), e, out)) return false;
+        if (owner != 0) out->mutable_shm()->set_in_session(arena->Adopt(out->shm().generation(), owner));
+        return true;
       };
     }
 
@@ -371,6 +381,21 @@ struct EncodeServer::Impl final : public v1::Encoder::Service {
     return internal::ToGrpc(refusal);
   }
 
+  grpc::ServerBidiReactor<v1::SessionMessage, v1::SessionEvent>* Session(grpc::CallbackServerContext* ctx) override {
+    const auto& md = ctx->client_metadata();
+    const auto bearer = md.find("authorization");
+    Status admission = auth->CheckHeader(
+        bearer == md.end() ? std::nullopt
+                           : std::optional<std::string>(std::string(bearer->second.data(), bearer->second.size())));
+    if (admission.ok() && sessions == nullptr) {
+      admission = Status(StatusCode::kFailedPrecondition,
+                         "this server has no shared-memory arena (start it with --shm-arena-mb); a lease session "
+                         "would hold nothing");
+    }
+    if (admission.ok() && !serving.load()) admission = Status(StatusCode::kUnavailable, "the server is shutting down");
+    return internal::StartSessionReactor(sessions.get(), std::move(admission));
+  }
+
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest*, v1::StatsResponse* out) override {
     if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
     internal::ToProto(Snapshot(), out);
@@ -401,6 +426,8 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   }
   if (options.ipc_lease.count() < 0) {
     return InvalidArgument("ipc_lease must be >= 0 ms (0 = shm_lease), got " + std::to_string(options.ipc_lease.count()));
+  if (options.shm_max_sessions <= 0) {
+    return InvalidArgument("shm_max_sessions must be > 0, got " + std::to_string(options.shm_max_sessions));
   }
   if (options.max_items_per_request <= 0) {
     return InvalidArgument("max_items_per_request must be > 0, got " + std::to_string(options.max_items_per_request));
@@ -444,6 +471,7 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
         internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);
     if (!arena.ok()) return arena.status();
     self->arena = std::move(*arena);
+    self->sessions = std::make_unique<internal::ShmSessions>(*self->arena, options.shm_max_sessions);
   }
   if (options.ipc_device != nullptr && options.ipc_export_bytes > 0) {
     StatusOr<std::unique_ptr<internal::IpcLeases>> ipc = internal::IpcLeases::Create(
@@ -551,6 +579,11 @@ void EncodeServer::Shutdown(std::chrono::milliseconds grace) {
   impl_->shut_down = true;
   impl_->serving = false;
   internal::SetStandardHealth(*impl_->server, false);
+  // Lease sessions stay open for their clients' lifetimes: end them now
+  // (releasing their leases) rather than have them hold the grace period.
+  if (impl_->sessions != nullptr) {
+    impl_->sessions->EndAll(Status(StatusCode::kUnavailable, "the server is shutting down"));
+  }
   // Refuses new calls at once; waits for handlers until the deadline, then
   // cancels the calls still running (their handlers notice and return).
   impl_->server->Shutdown(std::chrono::system_clock::now() + grace);

@@ -104,6 +104,7 @@ void ShmArena::SweepLocked(Clock::time_point now) {
     if (it == leases_.end()) continue;  // released already
     const std::uint64_t offset = it->second;
     leases_.erase(it);
+    DisownLocked(generation);
     --stats_.leases;
     ++stats_.expired;
     UnrefLocked(offset);
@@ -186,10 +187,58 @@ Status ShmArena::Release(std::uint64_t offset, std::uint64_t generation) {
                       ": released already, expired, or never handed out");
   }
   leases_.erase(it);
+  DisownLocked(generation);
   --stats_.leases;
   ++stats_.released;
   UnrefLocked(offset);
   return Status::Ok();
+}
+
+void ShmArena::DisownLocked(std::uint64_t generation) {
+  auto it = owner_of_.find(generation);
+  if (it == owner_of_.end()) return;
+  owners_.at(it->second).erase(generation);
+  owner_of_.erase(it);
+}
+
+std::uint64_t ShmArena::OpenOwner() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::uint64_t owner = next_owner_++;
+  owners_.emplace(owner, std::unordered_set<std::uint64_t>{});
+  return owner;
+}
+
+bool ShmArena::Adopt(std::uint64_t generation, std::uint64_t owner) {
+  const Clock::time_point now = Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  SweepLocked(now);
+  auto o = owners_.find(owner);
+  if (o == owners_.end() || !leases_.contains(generation) || owner_of_.contains(generation)) return false;
+  o->second.insert(generation);
+  owner_of_.emplace(generation, owner);
+  return true;
+}
+
+std::size_t ShmArena::ReleaseOwner(std::uint64_t owner) {
+  const Clock::time_point now = Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  SweepLocked(now);
+  auto o = owners_.find(owner);
+  if (o == owners_.end()) return 0;
+  const std::unordered_set<std::uint64_t> generations = std::move(o->second);
+  owners_.erase(o);
+  for (const std::uint64_t generation : generations) {
+    // Every generation here is a live lease: releases and expiry take theirs
+    // out of the set (DisownLocked).
+    auto it = leases_.find(generation);
+    const std::uint64_t offset = it->second;
+    leases_.erase(it);
+    owner_of_.erase(generation);
+    --stats_.leases;
+    ++stats_.session_reclaimed;
+    UnrefLocked(offset);
+  }
+  return generations.size();
 }
 
 void ShmArena::CountFallback() {

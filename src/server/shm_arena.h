@@ -22,6 +22,13 @@
 // sorted; entries of leases released earlier are skipped. Expired leases are
 // swept at the start of every Acquire, Release and Stats.
 //
+// Owners (lease sessions, shm_session.h): a lease may be put under one live
+// owner (Adopt); ReleaseOwner ends every lease still under it at once and
+// retires the owner. owners_ holds only leases that are still live: a
+// release or expiry takes the lease out of its owner's set too, so an
+// owner's set never outgrows the leases it holds. An owner never lengthens
+// a lease: expiry ends owned leases as it ends the others.
+//
 // Security: the memfd has mode 0600 and no name in any file system. A client
 // opens it as /proc/<server pid>/fd/<fd>, which the kernel allows only to a
 // process that may ptrace-read the server (the same user, or root), and then
@@ -30,7 +37,8 @@
 //
 // Complexity: Acquire of a key with a live span O(1 + e); of a new key
 // O(f + v log f + e); Release O(log f + e); f free blocks, v idle spans
-// evicted, e leases that expire in the sweep.
+// evicted, e leases that expire in the sweep. OpenOwner and Adopt O(1 + e);
+// ReleaseOwner O(k log f + e) for the owner's k live leases.
 // Thread safety: thread-safe (one mutex); the returned span's bytes are the
 // caller's to write until it returns them to a client.
 #pragma once
@@ -49,6 +57,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "epd/server_stats.h"
 #include "epd/status.h"
@@ -100,6 +109,19 @@ class ShmArena {
   // An item the caller asked to send by reference but sent inline.
   void CountFallback();
 
+  // A new owner (a nonzero tag, never reused), live until ReleaseOwner.
+  std::uint64_t OpenOwner();
+  // Puts the live lease `generation` under the live `owner`. False, and
+  // nothing changes, when the owner was never opened or is released
+  // already, or when the lease has ended (released or expired) or is
+  // under an owner already.
+  bool Adopt(std::uint64_t generation, std::uint64_t owner);
+  // Ends every lease still under `owner`, as Release would, counted in
+  // ShmStats::session_reclaimed (not `released`), and retires the owner:
+  // later Adopts under it fail. Returns how many leases it ended; 0 for an
+  // owner that is unknown or released already (harmless to repeat).
+  std::size_t ReleaseOwner(std::uint64_t owner);
+
   ShmStats Stats();
 
   int fd() const { return fd_; }
@@ -133,6 +155,8 @@ class ShmArena {
   void UnrefLocked(std::uint64_t offset);
   std::optional<std::uint64_t> FirstFitLocked(std::uint64_t size);
   Span LeaseLocked(std::uint64_t offset, std::uint64_t length, bool fresh, Clock::time_point now);
+  // Takes the ended lease `generation` out of its owner's set, if any.
+  void DisownLocked(std::uint64_t generation);
 
   int fd_ = -1;
   pid_t pid_ = 0;
@@ -151,6 +175,11 @@ class ShmArena {
   std::unordered_map<std::uint64_t, std::uint64_t> leases_;  // generation -> offset; guarded by mu_
   std::deque<Expiry> expiry_;                                // guarded by mu_
   std::uint64_t next_generation_ = 1;            // guarded by mu_
+  // Live owners -> generations of their live leases; and the reverse, for
+  // leases under an owner. Guarded by mu_.
+  std::unordered_map<std::uint64_t, std::unordered_set<std::uint64_t>> owners_;
+  std::unordered_map<std::uint64_t, std::uint64_t> owner_of_;
+  std::uint64_t next_owner_ = 1;                 // guarded by mu_
   ShmStats stats_;                               // guarded by mu_ (leased_bytes, leases kept current)
 };
 

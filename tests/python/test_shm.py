@@ -1,7 +1,9 @@
 """Shared-memory delivery and Unix sockets with real server processes
 (docs/SHM.md): the Python client's zero-copy numpy views equal the inline
 bytes, leases end by release or expiry, a client killed with leases held
-loses them, another user cannot map the arena, and the CLI client's --shm."""
+loses them at once through its lease session (and a clean close releases
+them), unknown or malformed session ids, the session cap, another user cannot
+map the arena, and the CLI client's --shm."""
 
 import os
 import shutil
@@ -109,11 +111,13 @@ time.sleep(600)
 """
 
 
-def test_killed_client_loses_its_leases_and_the_memory_is_reclaimed():
+def test_killed_client_loses_its_leases_through_its_session_and_the_memory_is_reclaimed():
+    # Leases of ten minutes: only the session's end can release them while the
+    # test runs. One session at most, so the cap is exercised on the way.
     d = tempfile.mkdtemp(prefix="epd-shm-kill-")
     sock = os.path.join(d, "epd.sock")
-    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--shm-arena-mb", "1", "--shm-lease-ms", "1000",
-                                                          "--listen", f"unix:{sock}"])
+    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--shm-arena-mb", "1", "--shm-lease-ms", "600000",
+                                                          "--shm-max-sessions", "1", "--listen", f"unix:{sock}"])
     try:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, f"unix:{sock}"], stdout=subprocess.PIPE, text=True,
@@ -125,21 +129,72 @@ def test_killed_client_loses_its_leases_and_the_memory_is_reclaimed():
             s = c.stats()
             assert s["shm_leases"] == 2
             assert s["shm_leased_bytes"] >= held
-            holder.kill()  # SIGKILL: no release is ever sent
+            assert (s["shm_sessions"], s["shm_sessions_opened"]) == (1, 1)
+            # The cap: a second session is refused, naming it ...
+            stub = ec.encoder_pb2_grpc.EncoderStub(c._channel)
+            with pytest.raises(grpc.RpcError) as e:
+                next(iter(stub.Session(iter(()), timeout=10)))
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--shm-max-sessions" in e.value.details(), e.value.details()
+            # ... and a shared-memory client refused one is still served.
+            with ec.EncodeClient(f"unix:{sock}", shm=True) as other:
+                [r] = other.encode([h.png(56, 56, 150)])
+                assert r.lease is not None
+                r.release()
+            assert c.stats()["shm_sessions_refused"] == 2
+            holder.kill()  # SIGKILL: no release is ever sent; the kernel closes the socket
             holder.wait()
             holder.stdout.close()
             assert wait_for(lambda: c.stats()["shm_leases"] == 0)
             s = c.stats()
-            assert s["shm_leased_bytes"] == 0
-            assert s["shm_expired"] == 2 and s["shm_released"] == 0
-        # The reclaimed memory serves new references.
+            assert s["shm_leased_bytes"] == 0 and s["shm_sessions"] == 0
+            assert s["shm_session_reclaimed"] == 2
+            assert s["shm_expired"] == 0 and s["shm_released"] == 1  # the refused client's own release
+        # The reclaimed memory serves new references, under a new session.
         with ec.EncodeClient(f"unix:{sock}", shm=True) as c:
-            [r] = c.encode([h.png(56, 56, 100)])
-            assert r.lease is not None
-            r.release()
+            rs = c.encode([h.png(56, 56, 160 + i) for i in range(2)])
+            assert all(r.lease is not None for r in rs)
+            assert c.stats()["shm_sessions_opened"] == 2
+            c.release(rs)
     finally:
         assert h.stop_server(proc) == 0
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_closing_the_client_ends_its_session_and_releases_its_leases(server):
+    imgs = [h.png(84, 84, 500 + i) for i in range(2)]
+    with ec.EncodeClient(server["tcp"]) as watch:
+        before = watch.stats()
+        c = ec.EncodeClient(server["unix"], shm=True)
+        rs = c.encode(imgs)
+        assert all(r.lease is not None for r in rs)
+        mid = watch.stats()
+        assert mid["shm_leases"] == before["shm_leases"] + 2
+        assert mid["shm_sessions"] == before["shm_sessions"] + 1
+        c.close()  # returns once the server has ended the session
+        after = watch.stats()
+        assert after["shm_leases"] == before["shm_leases"]
+        assert after["shm_sessions"] == before["shm_sessions"]
+        assert after["shm_session_reclaimed"] == before["shm_session_reclaimed"] + 2
+        assert after["shm_released"] == before["shm_released"]
+
+
+def test_unknown_session_ids_are_served_outside_any_session_and_malformed_ones_refused(server):
+    with ec.EncodeClient(server["tcp"]) as c:
+        stub = ec.encoder_pb2_grpc.EncoderStub(c._channel)
+        before = c.stats()
+        req = ec.encoder_pb2.EncodeRequest(id="unknown-session", delivery=ec.encoder_pb2.DELIVERY_SHM)
+        req.items.add(image=h.png(56, 56, 600))
+        [m] = list(stub.Encode(req, timeout=30, metadata=[(ec.SESSION_HEADER, "0123456789abcdef" * 2)]))
+        assert m.HasField("shm") and not m.shm.in_session
+        s = c.stats()
+        assert s["shm_session_unknown"] == before["shm_session_unknown"] + 1
+        assert s["shm_leases"] == before["shm_leases"] + 1
+        c._release([(m.shm.offset, m.shm.generation)])
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Encode(req, timeout=30, metadata=[(ec.SESSION_HEADER, "not-a-session")]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert ec.SESSION_HEADER in e.value.details()
 
 
 def test_full_arena_falls_back_to_inline_and_counts_it():
