@@ -426,6 +426,7 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   }
   if (options.ipc_lease.count() < 0) {
     return InvalidArgument("ipc_lease must be >= 0 ms (0 = shm_lease), got " + std::to_string(options.ipc_lease.count()));
+  }
   if (options.shm_max_sessions <= 0) {
     return InvalidArgument("shm_max_sessions must be > 0, got " + std::to_string(options.shm_max_sessions));
   }
