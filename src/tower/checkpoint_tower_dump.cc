@@ -97,10 +97,4 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    return Fail(e.what());
-  }
-}
+int main(int argc, char** argv) { return epd::tower_tools::RunReportingExceptions("checkpoint_tower_dump", Run, argc, argv); }

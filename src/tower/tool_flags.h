@@ -1,7 +1,7 @@
 // src/tower/tool_flags.h (tools only, not a library): the "--flag value"
 // parser of the plain-main programs in this directory, checkpoint_tower_dump
-// and checkpoint_tower_bench. They keep a plain main, without CLI11, so that
-// their method matches the Python scripts they are compared with.
+// and checkpoint_tower_bench. They are built in the tower layer, which does
+// not depend on CLI11 (the parser of the epd-encode CLI, tools/).
 //
 // Every flag takes exactly one value. Each is bound to a variable whose
 // current value is the default; Parse writes the variables as it goes and
@@ -16,13 +16,19 @@
 //   flags.Text("--model", &model);
 //   flags.Int("--threads", 0, &threads);
 //   if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(s.message());
+//   ...
+//   int main(int argc, char** argv) {
+//     return epd::tower_tools::RunReportingExceptions("my_tool", Run, argc, argv);
+//   }
 //
 // Thread safety: thread-compatible; parse on one thread. The bound variables
 // must outlive Parse.
 #pragma once
 
 #include <cstdlib>
+#include <exception>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -116,5 +122,16 @@ class FlagParser {
 
   std::map<std::string, Flag> flags_;
 };
+
+// The main() of such a tool: run's exit status, or 1 after "<tool>: <what>"
+// on stderr when it throws (std::bad_alloc, or anything else unexpected).
+inline int RunReportingExceptions(const char* tool, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << tool << ": " << e.what() << "\n";
+    return 1;
+  }
+}
 
 }  // namespace epd::tower_tools
