@@ -226,4 +226,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return epd::tower_tools::RunReportingExceptions("checkpoint_tower_bench", Run, argc, argv); }
+int main(int argc, char** argv) {
+  return epd::tower_tools::RunReportingExceptions("checkpoint_tower_bench", Run, argc, argv);
+}

@@ -97,4 +97,6 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return epd::tower_tools::RunReportingExceptions("checkpoint_tower_dump", Run, argc, argv); }
+int main(int argc, char** argv) {
+  return epd::tower_tools::RunReportingExceptions("checkpoint_tower_dump", Run, argc, argv);
+}

@@ -25,6 +25,7 @@
 // must outlive Parse.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -55,10 +56,10 @@ class FlagParser {
  public:
   // Any text.
   void Text(const std::string& name, std::string* out) {
-    Bind(name, [out](const std::string& v) {
+    Bind(name, "", [out](const std::string& v) {
       *out = v;
       return true;
-    }, "");
+    });
   }
   // One of `allowed`.
   void Choice(const std::string& name, std::vector<std::string> allowed, std::string* out) {
@@ -67,24 +68,20 @@ class FlagParser {
       if (i > 0) said += i + 1 == allowed.size() ? " or " : ", ";
       said += allowed[i];
     }
-    Bind(name, [allowed = std::move(allowed), out](const std::string& v) {
-      for (const std::string& a : allowed) {
-        if (a == v) {
-          *out = v;
-          return true;
-        }
-      }
-      return false;
-    }, " must be " + said);
+    Bind(name, " must be " + said, [allowed = std::move(allowed), out](const std::string& v) {
+      if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) return false;
+      *out = v;
+      return true;
+    });
   }
   // An integer >= min (ParseCount).
   void Int(const std::string& name, int min, int* out) {
-    Bind(name, [min, out](const std::string& v) { return ParseCount(v, min, out); },
-         " must be an integer >= " + std::to_string(min));
+    Bind(name, " must be an integer >= " + std::to_string(min),
+         [min, out](const std::string& v) { return ParseCount(v, min, out); });
   }
   // A comma list of at least one integer >= min ("1,2,8"); replaces *out.
   void IntList(const std::string& name, int min, std::vector<int>* out) {
-    Bind(name, [min, out](const std::string& v) {
+    Bind(name, " must be a comma list of integers >= " + std::to_string(min), [min, out](const std::string& v) {
       std::vector<int> list;
       std::stringstream items(v);
       for (std::string item; std::getline(items, item, ',');) {
@@ -95,7 +92,7 @@ class FlagParser {
       if (list.empty()) return false;
       *out = std::move(list);
       return true;
-    }, " must be a comma list of integers >= " + std::to_string(min));
+    });
   }
 
   // Parses argv[1..argc-1] as "--name value" pairs. InvalidArgument on a
@@ -113,11 +110,11 @@ class FlagParser {
 
  private:
   struct Flag {
+    std::string refusal;                          // appended to the flag's name
     std::function<bool(const std::string&)> set;  // false: value refused
-    std::string refusal;                           // appended to the flag's name
   };
-  void Bind(const std::string& name, std::function<bool(const std::string&)> set, std::string refusal) {
-    flags_[name] = Flag{std::move(set), std::move(refusal)};
+  void Bind(const std::string& name, std::string refusal, std::function<bool(const std::string&)> set) {
+    flags_[name] = Flag{std::move(refusal), std::move(set)};
   }
 
   std::map<std::string, Flag> flags_;
