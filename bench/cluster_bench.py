@@ -163,6 +163,7 @@ def zipf_trace(n_keys: int, n_requests: int, s: float, seed: int) -> list:
 
 def replay(cluster, images, trace) -> dict:
     """Sends the trace through nginx, one caller; per-phase figures."""
+    import cluster_harness as ch
     before = cluster.stats()
     lat, sources, errors = [], {}, 0
     with cluster.client(timeout=300) as cl:
@@ -175,7 +176,7 @@ def replay(cluster, images, trace) -> dict:
             else:
                 sources[r.source] = sources.get(r.source, 0) + 1
     after = cluster.stats()
-    tower = sum(int(after[n]["misses"]) - int(before.get(n, {}).get("misses", 0)) for n in after)
+    tower = ch.field_delta(before, after, "misses")
     return {"requests": len(trace), "distinct": len(set(trace)), "errors": errors, "sources": sources,
             "tower_runs": tower, "hit_rate": 1 - sum(v for k, v in sources.items() if k == "miss") / len(trace),
             "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}
@@ -183,6 +184,7 @@ def replay(cluster, images, trace) -> dict:
 
 def burst(cluster, names, images) -> dict:
     """Each image sent at once to every server in `names`, directly."""
+    import cluster_harness as ch
     clients = [cluster.client(cluster.servers[n].address, timeout=300) for n in names]
     lat, errors, sources = [], 0, {}
     before = cluster.stats()
@@ -212,7 +214,7 @@ def burst(cluster, names, images) -> dict:
         for cl in clients:
             cl.close()
     after = cluster.stats()
-    tower = sum(int(after[n]["misses"]) - int(before[n]["misses"]) for n in names)
+    tower = ch.field_delta(before, after, "misses", names)
     return {"images": len(images), "servers": len(names), "requests": len(lat), "errors": errors,
             "sources": sources, "tower_runs": tower, "tower_per_image": tower / len(images),
             "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99)}

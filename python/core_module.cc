@@ -189,21 +189,51 @@ PyTiered::CopyFn WrapCopy(const py::object& fn, std::function<py::object(const p
 
 py::object OrNone(std::optional<py::object> v) { return v.has_value() ? std::move(*v) : py::none(); }
 
-// What Python sees as an EmbeddingCache: a cache of its own, or one tier of a
-// TieredEmbeddingCache (then under the tiered cache's lock).
-class PyCacheRef {
+// The lock-and-call shape shared by what Python sees as a cache: a call
+// hashes the key (MakeKey) before it takes the reentrant lock that guards
+// `Cache`, then calls the cache under it. `Cache` is PyCache or PyTiered; a
+// tiered cache shares its lock with the views of its tiers.
+template <typename Cache>
+class LockedCacheRef {
  public:
-  PyCacheRef(std::int64_t capacity_bytes, PyCache::EvictHook on_evict)
-      : lock_(std::make_shared<ReentrantLock>()),
-        owned_(std::make_unique<PyCache>(capacity_bytes, std::move(on_evict))),
-        cache_(owned_.get()) {}
-  PyCacheRef(PyCache* tier, std::shared_ptr<ReentrantLock> lock) : lock_(std::move(lock)), cache_(tier) {}
-
   py::object Get(const py::handle& key) {
     const PyKey k = MakeKey(key);
     Held held(*lock_);
     return OrNone(cache_->Get(k));
   }
+  bool Contains(const py::handle& key) {
+    const PyKey k = MakeKey(key);
+    Held held(*lock_);
+    return cache_->Contains(k);
+  }
+  // A counter or size, read under the lock so that it is never a value from
+  // the middle of another thread's call.
+  template <typename F>
+  auto Read(F f) {
+    Held held(*lock_);
+    return f(*cache_);
+  }
+
+ protected:
+  // A cache of its own, under a lock of its own.
+  explicit LockedCacheRef(std::unique_ptr<Cache> owned)
+      : lock_(std::make_shared<ReentrantLock>()), owned_(std::move(owned)), cache_(owned_.get()) {}
+  // A view of a cache owned elsewhere (a tier), under its owner's lock.
+  LockedCacheRef(Cache* view, std::shared_ptr<ReentrantLock> lock) : lock_(std::move(lock)), cache_(view) {}
+
+  std::shared_ptr<ReentrantLock> lock_;
+  std::unique_ptr<Cache> owned_;  // null for a view
+  Cache* cache_;
+};
+
+// What Python sees as an EmbeddingCache: a cache of its own, or one tier of a
+// TieredEmbeddingCache (then under the tiered cache's lock).
+class PyCacheRef : public LockedCacheRef<PyCache> {
+ public:
+  PyCacheRef(std::int64_t capacity_bytes, PyCache::EvictHook on_evict)
+      : LockedCacheRef(std::make_unique<PyCache>(capacity_bytes, std::move(on_evict))) {}
+  PyCacheRef(PyCache* tier, std::shared_ptr<ReentrantLock> lock) : LockedCacheRef(tier, std::move(lock)) {}
+
   void Put(const py::handle& key, py::object value, const py::handle& nbytes) {
     const std::int64_t n = ToCacheBytes(nbytes, "nbytes");
     // Skipped before the key is hashed, as the reference skips it (the
@@ -223,40 +253,17 @@ class PyCacheRef {
     if (!p.has_value()) return py::none();
     return py::make_tuple(std::move(p->value), p->nbytes);
   }
-  bool Contains(const py::handle& key) {
-    const PyKey k = MakeKey(key);
-    Held held(*lock_);
-    return cache_->Contains(k);
-  }
-  // A counter or size, read under the lock so that it is never a value from
-  // the middle of another thread's call.
-  template <typename F>
-  auto Read(F f) {
-    Held held(*lock_);
-    return f(*cache_);
-  }
-
- private:
-  std::shared_ptr<ReentrantLock> lock_;
-  std::unique_ptr<PyCache> owned_;  // null for a tier
-  PyCache* cache_;
 };
 
 // What Python sees as a TieredEmbeddingCache; .l1 and .l2 are views of its
 // tiers under its lock.
-class PyTieredRef {
+class PyTieredRef : public LockedCacheRef<PyTiered> {
  public:
   PyTieredRef(std::int64_t l1_bytes, std::int64_t l2_bytes, PyTiered::CopyFn to_host, PyTiered::CopyFn to_device)
-      : lock_(std::make_shared<ReentrantLock>()),
-        cache_(std::make_unique<PyTiered>(l1_bytes, l2_bytes, std::move(to_host), std::move(to_device))),
+      : LockedCacheRef(std::make_unique<PyTiered>(l1_bytes, l2_bytes, std::move(to_host), std::move(to_device))),
         l1_(&cache_->l1(), lock_),
         l2_(&cache_->l2(), lock_) {}
 
-  py::object Get(const py::handle& key) {
-    const PyKey k = MakeKey(key);
-    Held held(*lock_);
-    return OrNone(cache_->Get(k));
-  }
   void Put(const py::handle& key, py::object value, const py::handle& nbytes) {
     const PyInt n = ReadInt(nbytes);
     const PyKey k = MakeKey(key);
@@ -269,22 +276,10 @@ class PyTieredRef {
     }
     cache_->Put(k, std::move(value), n.value);
   }
-  bool Contains(const py::handle& key) {
-    const PyKey k = MakeKey(key);
-    Held held(*lock_);
-    return cache_->Contains(k);
-  }
-  template <typename F>
-  auto Read(F f) {
-    Held held(*lock_);
-    return f(*cache_);
-  }
   PyCacheRef& l1() { return l1_; }
   PyCacheRef& l2() { return l2_; }
 
  private:
-  std::shared_ptr<ReentrantLock> lock_;
-  std::unique_ptr<PyTiered> cache_;
   PyCacheRef l1_;
   PyCacheRef l2_;
 };

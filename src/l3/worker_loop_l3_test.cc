@@ -19,14 +19,8 @@
 namespace epd {
 namespace {
 
+using test_util::RedisKey;
 using test_util::RedisServer;
-
-// "<prefix><key hex>", built by appending (GCC 12 mis-warns on literal + string).
-std::string RedisKey(const char* prefix, const ContentKey& key) {
-  std::string s(prefix);
-  s += key.Hex();
-  return s;
-}
 using testing::Expected;
 using testing::ExpectSameEmbedding;
 using testing::FakeTower;

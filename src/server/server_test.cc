@@ -350,6 +350,23 @@ TEST(EncodeServerTest, ShutdownCancelsCallsStillRunningAfterTheGrace) {
   EXPECT_TRUE(r.items.empty());
 }
 
+// A stub for a client that does not read: its own connection, with BDP
+// probing off and a fixed 64 KiB stream window, so what it does not read
+// stays in the server's buffer. On the connection the test's other calls use,
+// the result did not stay there: under ThreadSanitizer the buffer drained
+// from 9 MiB to 0 within seconds with no Read (2 of 4 runs with a 4 s pause
+// after the hit; none of 18 on a connection of its own). Most likely the other
+// calls' traffic (the hit's 3 MiB) let gRPC's flow control raise the window
+// of every stream on the connection, so the server's Writes completed.
+std::unique_ptr<v1::Encoder::Stub> NonReadingClientStub(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024);
+  // A channel of its own: not shared with the test's other calls.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return v1::Encoder::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+}
+
 TEST(EncodeServerTest, ClientThatDoesNotReadHoldsTowerBatchesButNotHits) {
   TestServerOptions o;
   o.tower.hidden = 1 << 16;  // 4 tokens x 65536 x 3 halves x 4 B = 3 MiB per 56x56 item
@@ -360,8 +377,9 @@ TEST(EncodeServerTest, ClientThatDoesNotReadHoldsTowerBatchesButNotHits) {
 
   // A slow client: starts a call for three misses and reads nothing, so its
   // handler blocks in Write and the other two results stay buffered.
+  const auto slow_stub = NonReadingClientStub(t.target);
   grpc::ClientContext slow_ctx;
-  auto slow = t.stub->Encode(&slow_ctx, MakeRequest("slow", {Png(56, 56, 31), Png(56, 56, 32), Png(56, 56, 33)}));
+  auto slow = slow_stub->Encode(&slow_ctx, MakeRequest("slow", {Png(56, 56, 31), Png(56, 56, 32), Png(56, 56, 33)}));
   ASSERT_TRUE(WaitFor([&] { return t.server->Stats().buffered_bytes > (1 << 20); }));
 
   // Another miss now waits: the worker starts no tower batch while the
@@ -375,7 +393,10 @@ TEST(EncodeServerTest, ClientThatDoesNotReadHoldsTowerBatchesButNotHits) {
   RawCall hit = CallEncode(*t.stub, MakeRequest("hit", {cached}));
   ASSERT_TRUE(hit.status.ok());
   EXPECT_EQ(hit.items[0].source(), v1::SOURCE_L1);
-  EXPECT_EQ(t.server->Stats().worker.pending_items, 1);
+  const ServerStats held = t.server->Stats();
+  EXPECT_EQ(held.worker.pending_items, 1);
+  EXPECT_GT(held.buffered_bytes, 1 << 20);  // still held: nothing read
+  EXPECT_EQ(held.worker.tower_items, 4u);   // the warm-up and the slow call's three
 
   // Reading drains the buffer; the held miss then runs.
   v1::EncodedItem item;

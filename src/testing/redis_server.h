@@ -7,6 +7,7 @@
 //   std::string url = redis.url();                        // redis://127.0.0.1:<port>
 //   redis.Kill();  redis.Restart();                        // fault tests
 //   redis.Cli({"CONFIG", "SET", "maxmemory", "1mb"});     // one command, via hiredis-free RESP
+//   redis.Cli({"GET", RedisKey("epd:v:", key)});         // a tier's own key for `key`
 //
 // The port is found by binding port 0 and closing it just before redis
 // starts; a race with another process taking it makes Start() fail loudly
@@ -28,7 +29,19 @@
 #include <thread>
 #include <vector>
 
+#include "epd/content_key.h"
+
 namespace epd::test_util {
+
+// The Redis key a tier stores under for `key`: `prefix` (e.g. "epd:v:" for
+// values, "epd:lease:" for leases, with the default RedisTierOptions::key_prefix)
+// followed by the key's hex.
+// Built by appending: GCC 12 mis-warns on literal + string.
+inline std::string RedisKey(const char* prefix, const ContentKey& key) {
+  std::string s(prefix);
+  s += key.Hex();
+  return s;
+}
 
 class RedisServer {
  public:

@@ -45,6 +45,7 @@
 #include "epd/checkpoint.h"
 #include "epd/checkpoint_tower.h"
 #include "epd/preprocess.h"
+#include "tool_flags.h"
 
 namespace {
 
@@ -91,56 +92,25 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-bool ParseInt(const std::string& s, int min, int* out) {
-  char* end = nullptr;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (end == s.c_str() || *end != '\0' || v < min || v > 1 << 20) return false;
-  *out = static_cast<int>(v);
-  return true;
-}
-
 int Run(int argc, char** argv) {
   std::string models = "build/models", model, photo = kDefaultPhoto, json_out, device = "cpu", dtype = "f32";
-  bool fused_attention = true;
   int repeats = 5;
   std::vector<int> thread_counts = {1, 2};
   std::vector<int> batches = {1};
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) return Fail("flag " + arg + " needs a value");
-    const std::string value = argv[++i];
-    if (arg == "--models") {
-      models = value;
-    } else if (arg == "--photo") {
-      photo = value;
-    } else if (arg == "--json") {
-      json_out = value;
-    } else if (arg == "--repeats") {
-      if (!ParseInt(value, 1, &repeats)) return Fail("--repeats must be an integer >= 1");
-    } else if (arg == "--model") {
-      model = value;
-    } else if (arg == "--device") {
-      device = value;
-    } else if (arg == "--dtype") {
-      if (value != "f32" && value != "bf16") return Fail("--dtype must be f32 or bf16");
-      dtype = value;
-    } else if (arg == "--attention") {
-      if (value != "fused" && value != "unfused") return Fail("--attention must be fused or unfused");
-      fused_attention = value == "fused";
-    } else if (arg == "--threads" || arg == "--batches") {
-      std::vector<int>& list = arg == "--threads" ? thread_counts : batches;
-      list.clear();
-      std::stringstream items(value);
-      for (std::string item; std::getline(items, item, ',');) {
-        int n = 0;
-        if (!ParseInt(item, 1, &n)) return Fail(arg + " must be a comma list of integers >= 1");
-        list.push_back(n);
-      }
-      if (list.empty()) return Fail(arg + " must name at least one count");
-    } else {
-      return Fail("unknown flag " + arg);
-    }
-  }
+  std::string attention = "fused";
+  epd::tower_tools::FlagParser flags;
+  flags.Text("--models", &models);
+  flags.Text("--model", &model);
+  flags.Text("--photo", &photo);
+  flags.Text("--json", &json_out);
+  flags.Text("--device", &device);
+  flags.Int("--repeats", 1, &repeats);
+  flags.Choice("--dtype", {"f32", "bf16"}, &dtype);
+  flags.Choice("--attention", {"fused", "unfused"}, &attention);
+  flags.IntList("--threads", 1, &thread_counts);
+  flags.IntList("--batches", 1, &batches);
+  if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(s.message());
+  const bool fused_attention = attention == "fused";
 
   std::ifstream file(photo, std::ios::binary);
   if (!file) return Fail("cannot read --photo " + photo);
@@ -257,9 +227,5 @@ int Run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    return Fail(e.what());
-  }
+  return epd::tower_tools::RunReportingExceptions("checkpoint_tower_bench", Run, argc, argv);
 }

@@ -18,6 +18,7 @@
 
 #include "epd/checkpoint_tower.h"
 #include "epd/safetensors_file.h"
+#include "tool_flags.h"
 
 namespace {
 
@@ -29,24 +30,12 @@ int Fail(const std::string& message) {
 int Run(int argc, char** argv) {
   std::string model, in, out;
   int threads = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) return Fail("flag " + arg + " needs a value");
-    const std::string value = argv[++i];
-    if (arg == "--model") {
-      model = value;
-    } else if (arg == "--in") {
-      in = value;
-    } else if (arg == "--out") {
-      out = value;
-    } else if (arg == "--threads") {
-      char* end = nullptr;
-      threads = static_cast<int>(std::strtol(value.c_str(), &end, 10));
-      if (end == value.c_str() || *end != '\0' || threads < 0) return Fail("--threads must be an integer >= 0");
-    } else {
-      return Fail("unknown flag " + arg);
-    }
-  }
+  epd::tower_tools::FlagParser flags;
+  flags.Text("--model", &model);
+  flags.Text("--in", &in);
+  flags.Text("--out", &out);
+  flags.Int("--threads", 0, &threads);
+  if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(s.message());
   if (model.empty() || in.empty() || out.empty()) {
     return Fail("usage: checkpoint_tower_dump --model DIR --in IN.safetensors --out OUT.safetensors [--threads N]");
   }
@@ -109,9 +98,5 @@ int Run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return Run(argc, argv);
-  } catch (const std::exception& e) {
-    return Fail(e.what());
-  }
+  return epd::tower_tools::RunReportingExceptions("checkpoint_tower_dump", Run, argc, argv);
 }

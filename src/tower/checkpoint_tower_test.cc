@@ -18,6 +18,8 @@
 #include <random>
 #include <sstream>
 
+#include "float_rows.h"
+
 namespace epd {
 namespace {
 
@@ -52,24 +54,8 @@ std::vector<float> Patches(const GridTHW& grid, std::int64_t patch_dim, unsigned
   return v;
 }
 
-std::vector<float> Floats(const std::vector<std::byte>& bytes) {
-  std::vector<float> f(bytes.size() / 4);
-  // An empty vector's data() may be null, and memcpy from null is undefined
-  // even for 0 bytes (UBSan reported it: towers without deepstack rows).
-  if (!bytes.empty()) std::memcpy(f.data(), bytes.data(), bytes.size());
-  return f;
-}
-
-// max |a - b| / max(1, max |b|); the towers' outputs are O(1).
-double RelDiff(std::span<const float> a, std::span<const float> b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 1;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return diff / scale;
-}
+using test_util::Floats;
+using test_util::RelDiff;
 
 struct Item {
   GridTHW grid;

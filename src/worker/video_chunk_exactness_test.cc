@@ -20,6 +20,7 @@
 #include "epd/checkpoint_tower.h"
 #include "epd/encode_worker.h"
 #include "epd/video.h"
+#include "float_rows.h"
 
 namespace epd {
 namespace {
@@ -51,23 +52,8 @@ SampledVideo Video(std::vector<RgbImage> frames, const PreprocessConfig& cfg) {
   return v;
 }
 
-std::vector<float> Floats(const std::vector<std::byte>& bytes) {
-  std::vector<float> f(bytes.size() / 4);
-  // No deepstack rows: both vectors are empty and data() may be null, which
-  // memcpy must not get even for 0 bytes (UBSan under make asan).
-  if (!bytes.empty()) std::memcpy(f.data(), bytes.data(), bytes.size());
-  return f;
-}
-
-double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 1;
-  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-  }
-  return diff / scale;
-}
+using test_util::Floats;
+using test_util::RelDiff;
 
 // The whole video as one tower item: its rows are the chunks' rows in order
 // (epd/video.h), and the tower sees grid (t, h, w).

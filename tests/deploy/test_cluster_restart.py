@@ -37,13 +37,7 @@ SERVE = ["--cache-mb", "8", "--host-cache-mb", "0", "--grace-s", "10"]
 # after that; the trace goes on until then, bounded by this (a hang guard).
 DEADLINE_S = 180
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+check = ch.Checks()
 
 
 class TraceThread(threading.Thread):
@@ -71,17 +65,13 @@ class TraceThread(threading.Thread):
 
 
 def main():
-    reason = ch.missing_reason()
-    if reason:
-        print(f"SKIP: {reason}")
-        return 77
-    if not ch.serve_supports(ch.L3_FLAGS["url"]):
-        print(f"FAIL: this epd-encode serve has no {ch.L3_FLAGS['url']} flag (built without epd::l3?)")
-        return 1
+    status = ch.preflight(serve_flags=[ch.L3_FLAGS["url"]])
+    if status is not None:
+        return status
     t0 = time.monotonic()
     images = ch.distinct_images(KEYS, side=56, base_seed=300)
     with ch.Cluster(h.tiny_serve_args() + SERVE, l3=True) as c:
-        try:
+        with c.logs_on_failure(check):
             c.start_servers(["s0", "s1", "s2"])
             c.start_nginx()
             trace = TraceThread(c, images)
@@ -144,14 +134,8 @@ def main():
             check(len(served_by_s1) > 0, f"nginx sent s1 traffic again ({len(served_by_s1)} requests)")
             total = c.total("misses", stats)
             check(total == warm_misses, f"no tower run anywhere after the warm-up ({total - warm_misses} extra)")
-        except Exception:
-            print(c.logs())
-            raise
-        finally:
-            if failures:
-                print(c.logs())
     print(f"took {time.monotonic() - t0:.1f} s")
-    return 1 if failures else 0
+    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

@@ -34,13 +34,7 @@ KEYS = 90
 # L1 large enough for every key on one server (tiny tower: ~2 KiB each).
 SERVE = ["--cache-mb", "8", "--host-cache-mb", "0"]
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+check = ch.Checks()
 
 
 def warm_trace(n_keys, seed):
@@ -56,7 +50,7 @@ def run_scale(l3: bool, images):
     """Warm 3 servers, add s3 and remove s0, replay. Returns a dict of figures."""
     label = "L3" if l3 else "no L3"
     with ch.Cluster(h.tiny_serve_args() + SERVE, l3=l3) as c:
-        try:
+        with c.logs_on_failure(check):
             c.start_servers(["s0", "s1", "s2"])
             c.start_nginx(["s0", "s1", "s2"])
             owner, warm_bytes = {}, {}
@@ -78,8 +72,6 @@ def run_scale(l3: bool, images):
             c.set_upstream(["s1", "s2", "s3"])
             c.stop_server("s0")
             base = c.stats()
-            base_misses = {n: int(s["misses"]) for n, s in base.items()}
-            base_l3 = {n: int(s.get("hits_l3", 0)) for n, s in base.items()}
 
             after = {}
             with c.client() as cl:
@@ -87,8 +79,8 @@ def run_scale(l3: bool, images):
                     after[k] = cl.encode([images[k]], check=False)[0]
             check(all(r.ok for r in after.values()), f"{label}: every request after the change succeeded")
             end = c.stats()
-            tower = sum(int(s["misses"]) - base_misses[n] for n, s in end.items())
-            l3_hits = sum(int(s.get("hits_l3", 0)) - base_l3[n] for n, s in end.items())
+            tower = ch.field_delta(base, end, "misses")
+            l3_hits = ch.field_delta(base, end, "hits_l3")
             moved = {k for k, r in after.items() if r.server_id != owner[k]}
             check(all(after[k].server_id != "s0" for k in after), f"{label}: nothing served by the removed server")
             check(any(after[k].server_id == "s3" for k in after), f"{label}: the added server took keys")
@@ -114,23 +106,13 @@ def run_scale(l3: bool, images):
                 check(all(after[k].main == warm_bytes[k] for k in moved),
                       f"{label}: L3 served the bytes the tower produced during warm-up")
             return out
-        except Exception:
-            print(c.logs())
-            raise
-        finally:
-            if failures:
-                print(c.logs())
 
 
 def main():
     only_baseline = "--no-l3" in sys.argv[1:]
-    reason = ch.missing_reason(need_redis=not only_baseline)
-    if reason:
-        print(f"SKIP: {reason}")
-        return 77
-    if not only_baseline and not ch.serve_supports(ch.L3_FLAGS["url"]):
-        print(f"FAIL: this epd-encode serve has no {ch.L3_FLAGS['url']} flag (built without epd::l3?)")
-        return 1
+    status = ch.preflight(need_redis=not only_baseline, serve_flags=[] if only_baseline else [ch.L3_FLAGS["url"]])
+    if status is not None:
+        return status
     t0 = time.monotonic()
     images = ch.distinct_images(KEYS, side=56)
     check(len({bytes(i) for i in images}) == KEYS, f"{KEYS} distinct images")
@@ -140,7 +122,7 @@ def main():
         check(with_l3["tower_after"] < base["tower_after"],
               f"L3 cut the tower runs after the change ({with_l3['tower_after']} < {base['tower_after']})")
     print(f"took {time.monotonic() - t0:.1f} s")
-    return 1 if failures else 0
+    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

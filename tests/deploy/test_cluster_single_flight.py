@@ -36,13 +36,7 @@ SIDE = 560  # tiny tower: 400 post-merge tokens, tens of ms in the tower
 SERVE = ["--cache-mb", "32", "--host-cache-mb", "0"]
 NAMES = ["s0", "s1", "s2"]
 
-failures = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+check = ch.Checks()
 
 
 def burst(cluster, clients, image):
@@ -66,7 +60,7 @@ def run(single_flight: bool, images, warmup):
     label = "single flight" if single_flight else "no single flight"
     l3_args = ch.PATIENT_L3 if single_flight else ch.NO_SINGLE_FLIGHT + ch.PATIENT_L3
     with ch.Cluster(h.tiny_serve_args() + SERVE, l3=True, l3_args=l3_args) as c:
-        try:
+        with c.logs_on_failure(check):
             c.start_servers(NAMES)
             clients = [c.client(c.servers[n].address) for n in NAMES]
             try:
@@ -80,9 +74,8 @@ def run(single_flight: bool, images, warmup):
                     before = c.stats()
                     rs = burst(c, clients, image)
                     after = c.stats()
-                    misses = sum(int(after[n]["misses"]) - int(before[n]["misses"]) for n in NAMES)
-                    towers = sum(int(after[n]["tower_items"]) - int(before[n]["tower_items"]) for n in NAMES)
-                    l3 = sum(int(after[n].get("hits_l3", 0)) - int(before[n].get("hits_l3", 0)) for n in NAMES)
+                    misses, towers, l3 = (ch.field_delta(before, after, f, NAMES)
+                                          for f in ("misses", "tower_items", "hits_l3"))
                     per_burst.append((misses, towers, l3, [r.source for r in rs]))
                     check(all(r.ok for r in rs), f"{label}: the 3 requests of a burst succeeded "
                                                  f"({[(r.code, r.message) for r in rs if not r.ok]})")
@@ -99,23 +92,12 @@ def run(single_flight: bool, images, warmup):
                 leases = c.redis.keys("*lease:*")
                 check(not leases, f"{label}: no lease left in Redis ({len(leases)})")
             return total
-        except Exception:
-            print(c.logs())
-            raise
-        finally:
-            if failures:
-                print(c.logs())
 
 
 def main():
-    reason = ch.missing_reason(need_nginx=False)
-    if reason:
-        print(f"SKIP: {reason}")
-        return 77
-    for flag in (ch.L3_FLAGS["url"], ch.L3_FLAGS["lease_ms"]):
-        if not ch.serve_supports(flag):
-            print(f"FAIL: this epd-encode serve has no {flag} flag (built without epd::l3?)")
-            return 1
+    status = ch.preflight(need_nginx=False, serve_flags=[ch.L3_FLAGS["url"], ch.L3_FLAGS["lease_ms"]])
+    if status is not None:
+        return status
     t0 = time.monotonic()
     images = ch.distinct_images(BURSTS, side=SIDE, base_seed=700)
     warmup = ch.distinct_images(len(NAMES), side=64, base_seed=900)
@@ -126,7 +108,7 @@ def main():
     check(without > BURSTS, f"control: without single flight the bursts overlapped and ran the tower more than "
                             f"once per image ({without} > {BURSTS})")
     print(f"took {time.monotonic() - t0:.1f} s")
-    return 1 if failures else 0
+    return 1 if check.failures else 0
 
 
 if __name__ == "__main__":

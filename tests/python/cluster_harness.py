@@ -14,6 +14,11 @@ project's Python client (epd.client, for Stats).
         c.set_upstream(["s1", "s2", "s3"])    # rewrite + `nginx -s reload`
         print(c.total("misses"))
 
+A cluster test script (tests/deploy/test_cluster_*.py) starts with
+preflight(), counts with Checks, and reads the servers' Stats through
+stats(), total(), field_sum() and field_delta(). Redis comes from
+redis_harness.py, the one launcher of the Python tests.
+
 Every process is started by this module, recorded by PID, and stopped by that
 PID (SIGTERM, then SIGKILL after a grace) in close(), which __exit__ and an
 atexit hook both call, so a failing test leaves nothing running. Children are
@@ -28,17 +33,18 @@ L3_FLAGS below, in one place.
 """
 
 import atexit
-import ctypes
+import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import server_harness as h
+from redis_harness import RedisServer, redis_binary  # noqa: F401 - redis_binary is part of this API
+from server_harness import die_with_parent, stop_pid
 
 NGINX_TEMPLATE = os.path.join(h.REPO, "deploy", "nginx", "nginx.conf.template")
 
@@ -56,11 +62,6 @@ NO_SINGLE_FLIGHT = [L3_FLAGS["lease_ms"], "0"]
 # GET can stall past the 50 ms default, which would turn an L3 hit into a
 # tower run. Fault tests that want timeouts pass their own.
 PATIENT_L3 = [L3_FLAGS["timeout_ms"], "2000"]
-
-
-def redis_binary() -> Optional[str]:
-    p = os.environ.get("EPD_REDIS_SERVER") or shutil.which("redis-server")
-    return p if p and os.access(p, os.X_OK) else None
 
 
 def nginx_binary() -> Optional[str]:
@@ -92,18 +93,60 @@ def serve_supports(flag: str) -> bool:
     return flag in out.stdout + out.stderr
 
 
+def preflight(need_redis: bool = True, need_nginx: bool = True, serve_flags: Sequence[str] = ()) -> Optional[int]:
+    """None when a cluster test script can run here. Otherwise it prints why
+    and returns the status its main() should exit with: 77 (CTest
+    SKIP_RETURN_CODE) when a binary or module is missing (missing_reason),
+    1 when this `epd-encode serve` lacks one of `serve_flags` (e.g. built
+    without epd::l3)."""
+    reason = missing_reason(need_redis=need_redis, need_nginx=need_nginx)
+    if reason:
+        print(f"SKIP: {reason}")
+        return 77
+    for flag in serve_flags:
+        if not serve_supports(flag):
+            print(f"FAIL: this epd-encode serve has no {flag} flag (built without epd::l3?)")
+            return 1
+    return None
+
+
+# --- checks and stats ------------------------------------------------------------
+
+
+class Checks:
+    """The lines a cluster test script prints: check(cond, what) prints "ok"
+    or "FAIL" before `what` and keeps each failure in `failures`; the script
+    exits 1 when any is there. A failed check does not stop the script, so one
+    run reports every failure."""
+
+    def __init__(self):
+        self.failures: List[str] = []
+
+    def __call__(self, cond: bool, what: str) -> bool:
+        print(("ok   " if cond else "FAIL ") + what, flush=True)
+        if not cond:
+            self.failures.append(what)
+        return bool(cond)
+
+
+def field_sum(stats: Dict[str, Dict[str, object]], field: str, names: Optional[Iterable[str]] = None) -> int:
+    """`field` of the servers' Stats (name -> Stats, as Cluster.stats()
+    returns them) summed over `names` (default: every server in `stats`);
+    0 where a server does not report the field."""
+    names = stats.keys() if names is None else names
+    return sum(int(stats[n].get(field, 0) or 0) for n in names)
+
+
+def field_delta(before: Dict[str, Dict[str, object]], after: Dict[str, Dict[str, object]], field: str,
+                names: Optional[Iterable[str]] = None) -> int:
+    """How much `field` grew between two Cluster.stats() snapshots, summed
+    over `names` (default: every server in `after`). A server missing from
+    `before` (started in between) counts from 0."""
+    names = after.keys() if names is None else names
+    return sum(int(after[n].get(field, 0) or 0) - int(before.get(n, {}).get(field, 0) or 0) for n in names)
+
+
 # --- processes ---------------------------------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGKILL this child when the test process dies."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - best effort, Linux only
-        pass
-
 
 def _alive(pid: int) -> bool:
     try:
@@ -118,156 +161,6 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def stop_pid(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20.0) -> Optional[int]:
-    """Sends `sig` to proc's PID, waits up to `grace` s, then SIGKILLs it.
-    Returns the exit status (None if it could not be reaped)."""
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-    return proc.returncode
-
-
-def _wait_port(port: int, timeout: float, proc: Optional[subprocess.Popen] = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process {proc.pid} exited with {proc.returncode} before listening on {port}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-
-
-# --- redis ---------------------------------------------------------------------
-
-
-class RedisError(Exception):
-    pass
-
-
-def _resp_encode(args: Sequence) -> bytes:
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        b = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
-    return b"".join(out)
-
-
-class _RespReader:
-    def __init__(self, sock: socket.socket):
-        self.sock, self.buf = sock, b""
-
-    def _line(self) -> bytes:
-        while b"\r\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("redis closed the connection")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
-
-    def _exact(self, n: int) -> bytes:
-        while len(self.buf) < n + 2:
-            chunk = self.sock.recv(max(65536, n + 2 - len(self.buf)))
-            if not chunk:
-                raise ConnectionError("redis closed the connection")
-            self.buf += chunk
-        data, self.buf = self.buf[:n], self.buf[n + 2:]
-        return data
-
-    def read(self):
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise RedisError(rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self._exact(n)
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read() for _ in range(n)]
-        raise RedisError(f"unexpected RESP reply {line[:40]!r}")
-
-
-class RedisServer:
-    """A redis-server of our own on a free loopback port, with its own dir, no
-    persistence unless asked; stopped by PID. restart() keeps the port."""
-
-    def __init__(self, workdir: str, maxmemory_mb: Optional[float] = None, extra: Sequence[str] = ()):
-        self.dir = os.path.join(workdir, "redis")
-        os.makedirs(self.dir, exist_ok=True)
-        self.maxmemory_mb, self.extra = maxmemory_mb, list(extra)
-        self.port = 0
-        self.proc: Optional[subprocess.Popen] = None
-        self.log = os.path.join(self.dir, "redis.log")
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 20.0) -> None:
-        for _ in range(10):
-            if not self.port:
-                [self.port] = h.free_ports(1)
-            args = [redis_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.dir,
-                    "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", self.log,
-                    "--protected-mode", "no"]
-            if self.maxmemory_mb is not None:
-                args += ["--maxmemory", f"{int(self.maxmemory_mb * 1024 * 1024)}",
-                         "--maxmemory-policy", "allkeys-lru"]
-            args += self.extra
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-            try:
-                _wait_port(self.port, timeout, self.proc)
-                self.command("PING")
-                return
-            except RuntimeError:
-                stop_pid(self.proc, signal.SIGKILL)
-                self.port = 0  # taken meanwhile: another one
-        raise RuntimeError(f"redis-server did not start (log {self.log})")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """SIGTERM (or `sig`, e.g. SIGKILL for a crash) to our PID."""
-        if self.proc is not None:
-            stop_pid(self.proc, sig)
-            self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def command(self, *args, timeout: float = 10.0):
-        """One command on a fresh connection; the decoded RESP reply."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
-            s.sendall(_resp_encode(args))
-            return _RespReader(s).read()
-
-    def keys(self, pattern: str = "*") -> List[bytes]:
-        out, cursor = [], b"0"
-        while True:
-            cursor, batch = self.command("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)
-            out += batch
-            if cursor in (b"0", 0):
-                return out
-
-    def dbsize(self) -> int:
-        return int(self.command("DBSIZE"))
 
 
 # --- encode servers ------------------------------------------------------------
@@ -302,7 +195,7 @@ class EncodeServer:
             log.write(f"--- start {self.starts}: {' '.join(argv)}\n")
             log.flush()
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                         text=True, preexec_fn=_die_with_parent)
+                                         text=True, preexec_fn=die_with_parent)
         self.starts += 1
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -393,8 +286,8 @@ class Nginx:
         self.render(addresses)
         self.proc = subprocess.Popen([nginx_binary(), "-p", self.dir, "-c", self.conf, "-e", self._log("error.log"),
                                       "-g", "daemon off;"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(self._log("stderr.log"), "a"), preexec_fn=_die_with_parent)
-        _wait_port(self.front_port, 20, self.proc)
+                                     stderr=open(self._log("stderr.log"), "a"), preexec_fn=die_with_parent)
+        h.wait_port(self.front_port, 20, self.proc)
         self._wait_workers(set())
 
     def workers(self) -> List[int]:
@@ -553,9 +446,8 @@ class Cluster:
         """`field` summed over the running servers' Stats and every retired
         life's last Stats (0 where a server does not report the field)."""
         stats = self.stats() if stats is None else stats
-        n = sum(int(s.get(field, 0) or 0) for s in stats.values())
-        n += sum(int(s.get(field, 0) or 0) for lives in self.retired.values() for s in lives)
-        return n
+        lives = [s for ls in self.retired.values() for s in ls]
+        return field_sum(stats, field) + sum(int(s.get(field, 0) or 0) for s in lives)
 
     def wait_l3_entries(self, n: int, timeout: float = 30.0, pattern: str = "*") -> int:
         """Waits until redis holds at least n keys matching pattern (the
@@ -578,6 +470,20 @@ class Cluster:
         if self.redis:
             parts.append(f"--- redis log tail\n{tail(self.redis.log)}")
         return "\n".join(parts)
+
+    @contextlib.contextmanager
+    def logs_on_failure(self, checks: Checks):
+        """Prints logs() when the block raises or when `checks` holds a
+        failure after it."""
+        raised = False
+        try:
+            yield
+        except BaseException:
+            raised = True
+            raise
+        finally:
+            if raised or checks.failures:
+                print(self.logs())
 
     def close(self) -> None:
         """Stops nginx, every server and redis, each by its PID; idempotent."""

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import server_harness
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 REFERENCE_DIR = pathlib.Path(os.environ.get("EPD_REFERENCE_DIR", REPO_ROOT.parent / "shared" / "reference"))
 
@@ -34,3 +36,26 @@ def reference():
         scheduler = _load("encode_scheduler")
 
     return Ref
+
+
+# A failing test gets the stderr of every `epd-encode serve` it started
+# (server_harness.start_server) as a section of its report, with each
+# server's exit status: a server that died under the test (a crash, a
+# sanitizer report) says why there, instead of only "Socket closed" in the
+# client.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.epd_first_server = len(server_harness.STARTED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for proc in server_harness.STARTED[getattr(item, "epd_first_server", 0):]:
+        status = proc.poll()
+        state = "running" if status is None else f"exit status {status}"
+        report.sections.append((f"epd-encode serve pid {proc.pid} ({state}) stderr",
+                                server_harness.server_stderr(proc)))

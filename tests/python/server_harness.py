@@ -2,7 +2,9 @@
 binary and the tiny test tower, making PNG fixtures, starting and stopping
 servers. Not a test module (pytest collects only test_*.py)."""
 
+import ctypes
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -72,6 +74,53 @@ def free_ports(n: int) -> List[int]:
     return ports
 
 
+# --- processes, by PID ----------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when the test process dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - best effort, Linux only
+        pass
+
+
+def stop_pid(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20.0) -> Optional[int]:
+    """Sends `sig` to proc's PID, waits up to `grace` s, then SIGKILLs it.
+    Returns the exit status (None if it could not be reaped)."""
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    return proc.returncode
+
+
+def wait_port(port: int, timeout: float, proc: Optional[subprocess.Popen] = None) -> None:
+    """Until something accepts connections on 127.0.0.1:port; RuntimeError
+    when `proc` exits first or after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process {proc.pid} exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+# --- encode servers ----------------------------------------------------------------
+
+
 def tiny_serve_args() -> List[str]:
     """serve flags for a fast test server: the tiny tower on one thread."""
     return ["--model", tiny_tower(), "--threads", "1"]
@@ -85,6 +134,8 @@ def start_server(extra: List[str], timeout: float = 60.0) -> Tuple[subprocess.Po
     err = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
     proc.err_file = err
+    proc.err_text = None
+    STARTED.append(proc)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -109,5 +160,26 @@ def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> int:
         proc.kill()
         proc.wait()
     proc.stdout.close()
+    proc.err_text = server_stderr(proc)
     proc.err_file.close()
     return proc.returncode
+
+
+# Every server start_server started in this process, in order, so that a
+# failing test can show what its servers wrote (conftest.py adds their stderr
+# to the failure report: a server that crashed, or a sanitizer report, is
+# otherwise invisible).
+STARTED: List[subprocess.Popen] = []
+
+
+def server_stderr(proc: subprocess.Popen, max_chars: int = 20000) -> str:
+    """What a server of start_server wrote on stderr so far (the last
+    max_chars characters), also after stop_server."""
+    if proc.err_text is not None:
+        text = proc.err_text
+    else:
+        proc.err_file.flush()
+        proc.err_file.seek(0)
+        text = proc.err_file.read()
+        proc.err_file.seek(0, os.SEEK_END)
+    return text if len(text) <= max_chars else "[...]\n" + text[-max_chars:]

@@ -64,7 +64,8 @@ def wait_for(pred, what, timeout=20.0):
 
 @pytest.fixture
 def redis():
-    r = rh.Redis()
+    r = rh.RedisServer()
+    r.start()
     yield r
     r.close()
 
@@ -162,22 +163,22 @@ def test_corrupt_value_is_rejected_reencoded_and_rewritten(redis, servers):
     a = servers("a")
     img = h.png(56, 56, 40)
     key = a.client.key_for(img).hex()
-    redis.cmd("SET", f"epd:v:{key}", b"EPL3" + b"\x00" * 200)
+    redis.command("SET", f"epd:v:{key}", b"EPL3" + b"\x00" * 200)
     r = a.encode([img])[0]
     assert r.ok and r.source == "miss"
     assert a.stats()["l3_counters"]["corrupt"] == 1
     wait_for(lambda: a.stats()["l3_counters"].get("writes", 0) == 1, "the rewrite")
-    value = redis.cmd("GET", f"epd:v:{key}")
+    value = redis.command("GET", f"epd:v:{key}")
     assert value[:4] == b"EPL3" and len(value) == 112 + len(r.main) + len(r.deepstack)
     b = servers("b")
     assert b.encode([img])[0].source == "l3"
 
 
 def test_full_redis_refuses_writes_and_serving_goes_on(redis, servers):
-    redis.cmd("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    redis.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
     for i in range(20):
-        redis.cmd("SET", f"filler{i}", b"x" * 200_000)
-    assert redis.cmd("CONFIG", "SET", "maxmemory", "1mb") == "OK"
+        redis.command("SET", f"filler{i}", b"x" * 200_000)
+    assert redis.command("CONFIG", "SET", "maxmemory", "1mb") == "OK"
     a = servers("a")
     images = [h.png(56, 56, 50 + i) for i in range(3)]
     assert all(r.ok for r in a.encode(images))
@@ -194,11 +195,11 @@ def test_lease_of_a_dead_holder_is_taken_over_after_it_lapses(redis, servers):
     key = a.client.key_for(img).hex()
     # What a holder killed mid-encode leaves behind: its lease, lapsing on
     # Redis's own clock.
-    assert redis.cmd("SET", f"epd:lease:{key}", "dead-server", "PX", "800") == "OK"
+    assert redis.command("SET", f"epd:lease:{key}", "dead-server", "PX", "800") == "OK"
     r = a.encode([img])[0]
     assert r.ok and r.source == "miss"
     c = a.stats()["l3_counters"]
     assert c["lease_waits"] == 1 and c["lease_takeovers"] == 1 and c.get("lease_wait_timeouts", 0) == 0
     # a's own lease is released after its write.
     wait_for(lambda: a.stats()["l3_counters"].get("leases_released", 0) == 1, "a's lease release")
-    assert redis.cmd("GET", f"epd:lease:{key}") is None
+    assert redis.command("GET", f"epd:lease:{key}") is None
