@@ -55,7 +55,13 @@ epd::StatusOr<std::unique_ptr<epd::Device>> OpenDevice(const std::string& kind) 
     return std::unique_ptr<epd::Device>(new epd::FakeDevice(o));
   }
 #ifdef EPD_IPC_CHECK_WITH_CUDA
-  if (kind == "cuda") return epd::OpenCudaDevice(epd::CudaDeviceOptions{});
+  if (kind == "cuda") {
+    // The staging copies on both sides come from the pinned pool, which is
+    // empty by default (CudaDeviceOptions::pinned_pool_bytes = 0).
+    epd::CudaDeviceOptions o;
+    o.pinned_pool_bytes = std::size_t{256} << 20;
+    return epd::OpenCudaDevice(o);
+  }
 #endif
   return epd::InvalidArgument("--device " + kind + " is not built into this binary (fake" +
 #ifdef EPD_IPC_CHECK_WITH_CUDA

@@ -32,6 +32,11 @@ class RecordingStub:
         self.encodes.append(req)
         return iter(self.replies)
 
+    def Session(self, requests, metadata=None):
+        # Like a server that names no lease session: the client then calls
+        # without one (shm=True opens a session before its first call).
+        return iter(())
+
 
 def ipc_item(tokens=4, hidden=8, layers=2, memory=b"\x11" * 64, event=b"\x00" * 64, length=None, offset=None):
     main = tokens * hidden * 4
