@@ -134,8 +134,9 @@ struct ServerOptions {
   std::int64_t max_inflight_request_bytes = std::int64_t{1} << 30;
   std::chrono::milliseconds admission_wait{100};
   // Runs (on a gRPC thread) when the admitted request bytes fall back to 0
-  // after a burst of at least max_inflight_request_bytes / 4, e.g. to return
-  // freed heap to the OS (the CLI calls malloc_trim). Null = nothing.
+  // after a burst, one that held at least max_inflight_request_bytes / 16 in
+  // flight at once (a steady stream of small calls never does), e.g. to
+  // return freed heap to the OS (the CLI calls malloc_trim). Null = nothing.
   std::function<void()> on_requests_drained{};
   // The fair share a call is charged to under ScheduleOrder::kFair (see
   // WorkerOptions::order): this metadata key's value when the client sends

@@ -6,6 +6,8 @@
 // which keeps small requests flowing during a burst of large ones.
 #include "admission.h"
 
+#include <algorithm>
+
 #include <grpcpp/server_context.h>
 
 #include <cstdio>
@@ -31,7 +33,7 @@ Status RequestBudget::Acquire(std::int64_t bytes, Clock::time_point deadline) {
                              " (--max-inflight-request-mb); retry with backoff");
   }
   in_flight_ += bytes;
-  since_drained_ += bytes;
+  peak_since_drained_ = std::max(peak_since_drained_, in_flight_);
   return Status::Ok();
 }
 
@@ -40,9 +42,9 @@ void RequestBudget::Release(std::int64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_ -= bytes;
-    if (in_flight_ == 0 && since_drained_ >= burst_bytes_) {
-      drained = true;
-      since_drained_ = 0;
+    if (in_flight_ == 0) {
+      drained = peak_since_drained_ >= burst_bytes_;
+      peak_since_drained_ = 0;
     }
   }
   cv_.notify_all();

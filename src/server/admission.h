@@ -17,9 +17,14 @@
 // separately by gRPC's ResourceQuota (EncodeServer sets its memory size from
 // the same budget) and by max_rpc_threads x max_request_bytes.
 //
-// When the bytes in flight fall back to zero after at least `burst_bytes`
-// were admitted, `on_drained` runs once (outside the lock), e.g. to hand
-// freed heap back to the OS (malloc_trim; the executable owns that policy).
+// When the bytes in flight fall back to zero after a burst, one in which at
+// least `burst_bytes` were in flight at once, `on_drained` runs once
+// (outside the lock), e.g. to hand freed heap back to the OS (malloc_trim;
+// the executable owns that policy). A steady stream of small calls, however
+// many bytes it adds up to, is no burst: it never holds much heap at once,
+// and a malloc_trim walks the whole heap, cached embeddings included,
+// holding each malloc arena's lock while it does (an earlier rule counted
+// bytes admitted, which set it off every 256 MiB of small calls).
 //
 // Thread safety: thread-safe.
 #pragma once
@@ -63,7 +68,7 @@ class RequestBudget {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::int64_t in_flight_ = 0;        // guarded by mu_
-  std::int64_t since_drained_ = 0;    // bytes admitted since in_flight_ was last 0; guarded by mu_
+  std::int64_t peak_since_drained_ = 0;  // most bytes in flight at once since in_flight_ was last 0; guarded by mu_
 };
 
 // Whose fair share a call is charged to: the value of the metadata key

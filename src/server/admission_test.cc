@@ -52,16 +52,26 @@ TEST(RequestBudgetTest, DrainedHookRunsOnceABurstHasFullyLeft) {
   RequestBudget b(100, 50, [&] { ++drained; });
   ASSERT_TRUE(b.Acquire(30, In(milliseconds(0))).ok());
   b.Release(30);
-  EXPECT_EQ(drained, 0);  // 30 admitted since the last drain: below the burst size
+  EXPECT_EQ(drained, 0);  // at most 30 in flight at once: below the burst size
   ASSERT_TRUE(b.Acquire(30, In(milliseconds(0))).ok());
-  ASSERT_TRUE(b.Acquire(10, In(milliseconds(0))).ok());
+  ASSERT_TRUE(b.Acquire(25, In(milliseconds(0))).ok());
   b.Release(30);
-  EXPECT_EQ(drained, 0);  // 10 still in flight
-  b.Release(10);
-  EXPECT_EQ(drained, 1);  // 70 admitted since the last drain, now all gone
+  EXPECT_EQ(drained, 0);  // 25 still in flight
+  b.Release(25);
+  EXPECT_EQ(drained, 1);  // 55 were in flight at once, now all gone
   ASSERT_TRUE(b.Acquire(5, In(milliseconds(0))).ok());
   b.Release(5);
   EXPECT_EQ(drained, 1);
+}
+
+TEST(RequestBudgetTest, ManySmallCallsOneAtATimeAreNoBurst) {
+  int drained = 0;
+  RequestBudget b(100, 50, [&] { ++drained; });
+  for (int i = 0; i < 20; ++i) {  // 200 bytes in all, never more than 10 at once
+    ASSERT_TRUE(b.Acquire(10, In(milliseconds(0))).ok());
+    b.Release(10);
+  }
+  EXPECT_EQ(drained, 0);
 }
 
 TEST(TenantTest, PeerAddressLosesOnlyItsPort) {
@@ -114,7 +124,7 @@ TEST(AdmissionServerTest, BurstOverTheBudgetRefusesTheExcessAndSmallRequestsStil
   const ServerStats s = t.server->Stats();
   ASSERT_EQ(s.rpc_errors.count(StatusCode::kResourceExhausted), 1u);
   EXPECT_EQ(s.rpc_errors.at(StatusCode::kResourceExhausted), 1u);
-  // Everything admitted has left, and it was more than a quarter of the budget.
+  // Everything admitted has left, and more than a sixteenth of the budget was in flight at once.
   EXPECT_TRUE(WaitFor([&] { return drained.load() == 1; }));
 }
 
