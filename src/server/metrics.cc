@@ -176,6 +176,9 @@ class StatsCollectable : public prometheus::Collectable {
     counter("epd_shm_expired_total", "Shared-memory leases ended by their deadline", static_cast<double>(s.shm.expired));
     counter("epd_shm_refused_releases_total", "Releases that matched no lease (repeated, stale or expired)",
             static_cast<double>(s.shm.refused_releases));
+    gauge("epd_shm_sessions", "Lease sessions open now", static_cast<double>(s.shm.sessions));
+    counter("epd_shm_session_reclaimed_total", "Shared-memory leases ended because their session ended",
+            static_cast<double>(s.shm.session_reclaimed));
     // CUDA IPC delivery (docs/SHM.md, "CUDA IPC"); all 0 without it.
     gauge("epd_ipc_capacity_bytes", "Bound on bytes of live CUDA IPC exports", static_cast<double>(s.ipc.capacity_bytes));
     gauge("epd_ipc_exported_bytes", "Bytes of live CUDA IPC exports (each shared export once)",
@@ -191,9 +194,6 @@ class StatsCollectable : public prometheus::Collectable {
     counter("epd_ipc_expired_total", "CUDA IPC leases ended by their deadline", static_cast<double>(s.ipc.expired));
     counter("epd_ipc_refused_releases_total", "CUDA IPC releases that matched no lease",
             static_cast<double>(s.ipc.refused_releases));
-    gauge("epd_shm_sessions", "Lease sessions open now", static_cast<double>(s.shm.sessions));
-    counter("epd_shm_session_reclaimed_total", "Shared-memory leases ended because their session ended",
-            static_cast<double>(s.shm.session_reclaimed));
 
     out.push_back(Family("epd_item_errors_total", "Failed items, by status code", MetricType::Counter));
     for (const auto& [code, n] : w.errors) {
