@@ -18,26 +18,45 @@ SharedTierLookup::SharedTierLookup(std::shared_ptr<SharedTier> tier)
 SharedTierLookup::~SharedTierLookup() { Stop(); }
 
 bool SharedTierLookup::Submit(const std::shared_ptr<LookupBatch>& batch) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return false;
-  batch->values.assign(batch->keys.size(), nullptr);
-  batch->remaining = batch->keys.size();
-  const Clock::time_point now = Clock::now();
-  for (std::size_t i = 0; i < batch->keys.size(); ++i) {
-    auto [leader, fresh] = leaders_.try_emplace(batch->keys[i]);
-    if (!fresh) {
-      leader->second.emplace_back(batch, i);
-      continue;
+  std::vector<std::pair<std::size_t, EmbeddingPtr>> found;  // settled below, outside mu_
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+    batch->values.assign(batch->keys.size(), nullptr);
+    batch->remaining = batch->keys.size();
+    const Clock::time_point now = Clock::now();
+    ForgetRecentLocked(now);
+    for (std::size_t i = 0; i < batch->keys.size(); ++i) {
+      if (auto r = recent_.find(batch->keys[i]); r != recent_.end()) {
+        found.emplace_back(i, r->second.value);
+        continue;
+      }
+      auto [leader, fresh] = leaders_.try_emplace(batch->keys[i]);
+      if (!fresh) {
+        leader->second.emplace_back(batch, i);
+        continue;
+      }
+      Task t;
+      t.batch = batch;
+      t.index = i;
+      t.due = now;
+      t.seq = next_seq_++;
+      queue_.push(std::move(t));
     }
-    Task t;
-    t.batch = batch;
-    t.index = i;
-    t.due = now;
-    t.seq = next_seq_++;
-    queue_.push(std::move(t));
+    cv_.notify_all();
   }
-  cv_.notify_all();
+  // Outside mu_: the last Settle runs `done`, which takes the WorkerLoop's lock.
+  for (auto& [i, value] : found) Settle(*batch, i, std::move(value));
   return true;
+}
+
+void SharedTierLookup::ForgetRecentLocked(Clock::time_point now) {
+  while (!recent_fifo_.empty() && (recent_fifo_.front().first <= now || recent_fifo_.size() > kRecentMax)) {
+    auto it = recent_.find(recent_fifo_.front().second);
+    // A key found again later has a later deadline and a later FIFO entry.
+    if (it != recent_.end() && it->second.until == recent_fifo_.front().first) recent_.erase(it);
+    recent_fifo_.pop_front();
+  }
 }
 
 void SharedTierLookup::Stop() {
@@ -153,6 +172,12 @@ void SharedTierLookup::End(Task& t, EmbeddingPtr value) {
     if (it != leaders_.end()) {
       followers = std::move(it->second);
       leaders_.erase(it);
+    }
+    if (value != nullptr) {
+      const Clock::time_point until = Clock::now() + kRecentFor;
+      recent_[t.batch->keys[t.index]] = Recent{value, until};
+      recent_fifo_.emplace_back(until, t.batch->keys[t.index]);
+      ForgetRecentLocked(Clock::now());
     }
   }
   // Outside mu_: `done` takes the WorkerLoop's lock.

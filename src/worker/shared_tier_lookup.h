@@ -21,13 +21,17 @@
 // One lookup per key at a time: a key asked for again while its lookup runs
 // (another request of this process) follows that lookup and gets its value,
 // so N requests for one new key cost one GET, not N. A follower whose
-// request is cancelled still ends with its leader.
+// request is cancelled still ends with its leader. A value found stays here
+// for kRecentFor after its lookup ends (at most kRecentMax keys): until the
+// worker has put it into L1, further requests for the key still miss
+// locally and come here, and they get it without another GET.
 //
 // Thread safety: thread-safe.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -88,6 +92,9 @@ class SharedTierLookup {
   // One step of the key's lookup; true when it ended (value set or not).
   bool Run(Task& t);
   void End(Task& t, EmbeddingPtr value);
+  // Drops lately found values past their deadline, and the oldest beyond
+  // kRecentMax.
+  void ForgetRecentLocked(Clock::time_point now);
 
   // Ends one key of `batch` with `value`; runs `done` when it was the last.
   static void Settle(LookupBatch& batch, std::size_t index, EmbeddingPtr value);
@@ -103,6 +110,16 @@ class SharedTierLookup {
   // Keys with a lookup running -> the (batch, index) waiting on it besides
   // the leader's own.
   std::map<ContentKey, std::vector<std::pair<std::shared_ptr<LookupBatch>, std::size_t>>> leaders_;  // guarded by mu_
+  // Values found lately (see the header comment), and their deadlines in
+  // the order they were found (one constant lifetime, so the FIFO is sorted).
+  static constexpr std::chrono::milliseconds kRecentFor{1000};
+  static constexpr std::size_t kRecentMax = 256;
+  struct Recent {
+    EmbeddingPtr value;
+    Clock::time_point until;
+  };
+  std::map<ContentKey, Recent> recent_;                           // guarded by mu_
+  std::deque<std::pair<Clock::time_point, ContentKey>> recent_fifo_;  // guarded by mu_
   std::vector<std::thread> threads_;
 
   std::atomic<std::uint64_t> lease_waits_{0}, lease_wait_hits_{0}, lease_takeovers_{0}, lease_wait_timeouts_{0};
