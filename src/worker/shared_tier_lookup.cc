@@ -174,10 +174,10 @@ void SharedTierLookup::End(Task& t, EmbeddingPtr value) {
       leaders_.erase(it);
     }
     if (value != nullptr) {
-      const Clock::time_point until = Clock::now() + kRecentFor;
-      recent_[t.batch->keys[t.index]] = Recent{value, until};
-      recent_fifo_.emplace_back(until, t.batch->keys[t.index]);
-      ForgetRecentLocked(Clock::now());
+      const Clock::time_point now = Clock::now();
+      recent_[t.batch->keys[t.index]] = Recent{value, now + kRecentFor};
+      recent_fifo_.emplace_back(now + kRecentFor, t.batch->keys[t.index]);
+      ForgetRecentLocked(now);
     }
   }
   // Outside mu_: `done` takes the WorkerLoop's lock.
