@@ -403,9 +403,12 @@ class ShmLease:
         self.lease_ms = lease_ms
         self.released = False
 
+    def _release_tuple(self) -> Tuple[int, int, int]:
+        return (self.offset, self.generation, encoder_pb2.LEASE_KIND_SHM)
+
     def release(self) -> None:
         self.released = True
-        self._client._release([(self.offset, self.generation)])
+        self._client._release([self._release_tuple()])
 
 
 @dataclass(frozen=True)
@@ -434,15 +437,12 @@ class CudaIpcLease:
         self.lease_ms = lease_ms
         self.released = False
 
+    def _release_tuple(self) -> Tuple[int, int, int]:
+        return (0, self.generation, encoder_pb2.LEASE_KIND_CUDA_IPC)
+
     def release(self) -> None:
         self.released = True
-        self._client._release([(0, self.generation, encoder_pb2.LEASE_KIND_CUDA_IPC)])
-
-
-def _lease_tuple(lease) -> Tuple[int, int, int]:
-    if isinstance(lease, CudaIpcLease):
-        return (0, lease.generation, encoder_pb2.LEASE_KIND_CUDA_IPC)
-    return (lease.offset, lease.generation, encoder_pb2.LEASE_KIND_SHM)
+        self._client._release([self._release_tuple()])
 class _Session:
     """The client's end of a lease session: a Session stream kept open until
     close(). A daemon thread reads it to its end, so ``live`` turns False as
@@ -745,7 +745,7 @@ class EncodeClient:
         for lease in leases:
             lease.released = True
         if leases:
-            self._release([_lease_tuple(lease) for lease in leases])
+            self._release([lease._release_tuple() for lease in leases])
 
     def _release(self, spans: List[Tuple[int, ...]]) -> None:
         """(offset, generation) or (offset, generation, kind) per lease."""

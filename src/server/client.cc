@@ -43,6 +43,16 @@ void SetCallOptions(const ClientOptions& options, grpc::ClientContext& ctx) {
   if (!options.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.auth_token);
 }
 
+// One lease's release, as the Release RPC and EncodeRequest.release carry it
+// (CUDA IPC leases have no offset).
+v1::ShmLease LeaseMessage(v1::LeaseKind kind, std::uint64_t offset, std::uint64_t generation) {
+  v1::ShmLease l;
+  l.set_kind(kind);
+  l.set_offset(offset);
+  l.set_generation(generation);
+  return l;
+}
+
 }  // namespace
 
 // What a ShmLease needs to release itself, shared with the client (and
@@ -56,20 +66,14 @@ struct ShmLeaseLink {
   std::vector<v1::ShmLease> pending;  // guarded by mu
 
   void Queue(std::uint64_t offset, std::uint64_t generation) {
-    v1::ShmLease l;
-    l.set_offset(offset);
-    l.set_generation(generation);
     std::lock_guard<std::mutex> lock(mu);
-    pending.push_back(l);
+    pending.push_back(LeaseMessage(v1::LEASE_KIND_SHM, offset, generation));
   }
 
   // A CUDA IPC lease's release (ShmLease of kind LEASE_KIND_CUDA_IPC).
   void QueueIpc(std::uint64_t generation) {
-    v1::ShmLease l;
-    l.set_generation(generation);
-    l.set_kind(v1::LEASE_KIND_CUDA_IPC);
     std::lock_guard<std::mutex> lock(mu);
-    pending.push_back(l);
+    pending.push_back(LeaseMessage(v1::LEASE_KIND_CUDA_IPC, 0, generation));
   }
 
   std::vector<v1::ShmLease> Take() {
@@ -116,10 +120,7 @@ EmbeddingPtr ShmLease::Copy() const {
 Status ShmLease::Release() {
   released_ = true;
   if (link_ == nullptr) return Status::Ok();
-  v1::ShmLease l;
-  l.set_offset(offset_);
-  l.set_generation(generation_);
-  return link_->Send({l});
+  return link_->Send({LeaseMessage(v1::LEASE_KIND_SHM, offset_, generation_)});
 }
 
 IpcLease::IpcLease(std::shared_ptr<const IpcImport> imported, EmbeddingShape shape, GridTHW grid,
@@ -140,10 +141,7 @@ IpcLease::~IpcLease() {
 Status IpcLease::Release() {
   released_ = true;
   if (link_ == nullptr) return Status::Ok();
-  v1::ShmLease l;
-  l.set_generation(generation_);
-  l.set_kind(v1::LEASE_KIND_CUDA_IPC);
-  return link_->Send({l});
+  return link_->Send({LeaseMessage(v1::LEASE_KIND_CUDA_IPC, 0, generation_)});
 }
 
 struct EncodeClient::Impl {

@@ -40,21 +40,28 @@ Status GridFromProto(const v1::EncodedItem& m, GridTHW* grid) {
   return Status::Ok();
 }
 
+// The item's shape, its dtype parsed; Internal naming the item (`via`, e.g.
+// "by CUDA IPC ", says how it came) when the server sent an unknown dtype.
+StatusOr<EmbeddingShape> ShapeFromProto(const v1::EncodedItem& m, const std::string& via = "") {
+  StatusOr<DType> dtype = FromProto(m.dtype());
+  if (!dtype.ok()) {
+    return Internal("server sent item " + std::to_string(m.index()) + " " + via + "with " + dtype.status().message());
+  }
+  return EmbeddingShape{m.tokens(), m.hidden(), m.deepstack_layers(), *dtype};
+}
+
 }  // namespace
 
 ClientItemResult FromProto(const v1::EncodedItem& m) {
   ClientItemResult r = Header(m);
   if (!r.status.ok()) return r;
-  StatusOr<DType> dtype = FromProto(m.dtype());
-  if (!dtype.ok()) {
-    r.status = Internal("server sent item " + std::to_string(m.index()) + " with " + dtype.status().message());
+  StatusOr<EmbeddingShape> shape = ShapeFromProto(m);
+  if (!shape.ok()) {
+    r.status = shape.status();
     return r;
   }
   auto e = std::make_shared<Embedding>();
-  e->tokens = m.tokens();
-  e->hidden = m.hidden();
-  e->deepstack_layers = m.deepstack_layers();
-  e->dtype = *dtype;
+  static_cast<EmbeddingShape&>(*e) = *shape;
   const auto* main = reinterpret_cast<const std::byte*>(m.main().data());
   const auto* deep = reinterpret_cast<const std::byte*>(m.deepstack().data());
   e->main.assign(main, main + m.main().size());
@@ -85,12 +92,12 @@ ClientItemResult FromProto(const v1::EncodedItem& m) {
 ClientItemResult FromProtoShm(const v1::EncodedItem& m, EmbeddingShape* shape, GridTHW* grid) {
   ClientItemResult r = Header(m);
   if (!r.status.ok()) return r;
-  StatusOr<DType> dtype = FromProto(m.dtype());
-  if (!dtype.ok()) {
-    r.status = Internal("server sent item " + std::to_string(m.index()) + " with " + dtype.status().message());
+  StatusOr<EmbeddingShape> parsed = ShapeFromProto(m);
+  if (!parsed.ok()) {
+    r.status = parsed.status();
     return r;
   }
-  *shape = EmbeddingShape{m.tokens(), m.hidden(), m.deepstack_layers(), *dtype};
+  *shape = *parsed;
   const v1::ShmRef& ref = m.shm();
   if (shape->tokens < 0 || shape->hidden < 0 || shape->deepstack_layers < 0 || ref.length() != shape->nbytes() ||
       ref.offset() > ref.segment_bytes() || ref.length() > ref.segment_bytes() - ref.offset()) {
@@ -105,20 +112,16 @@ ClientItemResult FromProtoShm(const v1::EncodedItem& m, EmbeddingShape* shape, G
   return r;
 }
 
-}  // namespace epd::internal
-
-namespace epd::internal {
-
 ClientItemResult FromProtoIpc(const v1::EncodedItem& m, EmbeddingShape* shape, GridTHW* grid, IpcHandle* handle) {
   ClientItemResult r = Header(m);
   if (!r.status.ok()) return r;
   const std::string at = "server sent item " + std::to_string(m.index()) + " by CUDA IPC ";
-  StatusOr<DType> dtype = FromProto(m.dtype());
-  if (!dtype.ok()) {
-    r.status = Internal(at + "with " + dtype.status().message());
+  StatusOr<EmbeddingShape> parsed = ShapeFromProto(m, "by CUDA IPC ");
+  if (!parsed.ok()) {
+    r.status = parsed.status();
     return r;
   }
-  *shape = EmbeddingShape{m.tokens(), m.hidden(), m.deepstack_layers(), *dtype};
+  *shape = *parsed;
   const v1::CudaIpcRef& ref = m.cuda_ipc();
   if (ref.memory_handle().size() != IpcHandle::kHandleBytes || ref.event_handle().size() != IpcHandle::kHandleBytes) {
     r.status = Internal(at + "with a " + std::to_string(ref.memory_handle().size()) + "-byte memory handle and a " +
