@@ -82,9 +82,7 @@ std::uint32_t ReleaseAnyLeases(ShmArena* arena, IpcLeases* ipc,
                          : FailedPrecondition("this server has no CUDA IPC delivery (start it with --ipc-export-mb "
                                               "and a GPU tier); there is nothing to release");
     } else {
-      google::protobuf::RepeatedPtrField<v1::ShmLease> one;
-      *one.Add() = l;
-      ReleaseLeases(arena, one, &s);
+      s = ReleaseShmLease(arena, l);
     }
     if (s.ok()) {
       ++released;

@@ -32,27 +32,12 @@ bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v
   return true;
 }
 
-std::uint32_t ReleaseLeases(ShmArena* arena, const google::protobuf::RepeatedPtrField<v1::ShmLease>& leases,
-                            Status* first_refusal) {
-  *first_refusal = Status::Ok();
+Status ReleaseShmLease(ShmArena* arena, const v1::ShmLease& lease) {
   if (arena == nullptr) {
-    if (!leases.empty()) {
-      *first_refusal = Status(StatusCode::kFailedPrecondition,
-                              "this server has no shared-memory arena (start it with --shm-arena-mb); "
-                              "there is nothing to release");
-    }
-    return 0;
+    return Status(StatusCode::kFailedPrecondition,
+                  "this server has no shared-memory arena (start it with --shm-arena-mb); there is nothing to release");
   }
-  std::uint32_t released = 0;
-  for (const v1::ShmLease& l : leases) {
-    Status s = arena->Release(l.offset(), l.generation());
-    if (s.ok()) {
-      ++released;
-    } else if (first_refusal->ok()) {
-      *first_refusal = s;
-    }
-  }
-  return released;
+  return arena->Release(lease.offset(), lease.generation());
 }
 
 }  // namespace epd::internal

@@ -20,10 +20,9 @@ namespace epd::internal {
 // the embedding of `key`.
 bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v1::EncodedItem* out);
 
-// Releases each lease. Returns how many matched; `first_refusal` gets the
-// first refusal's status (OK when every lease matched). A null arena refuses
-// every lease.
-std::uint32_t ReleaseLeases(ShmArena* arena, const google::protobuf::RepeatedPtrField<v1::ShmLease>& leases,
-                            Status* first_refusal);
+// Releases one shared-memory lease (kind LEASE_KIND_SHM). FailedPrecondition
+// when `arena` is null (the server has none) or the lease matches nothing
+// (ShmArena::Release, counted there).
+Status ReleaseShmLease(ShmArena* arena, const v1::ShmLease& lease);
 
 }  // namespace epd::internal
