@@ -17,7 +17,7 @@
 #   2c. with GPU_CHECK_SERVE_BUILD (a full build directory with gRPC and
 #      EPD_WITH_CUDA=ON, made where the -dev packages exist): starts
 #      `epd-encode serve --device cuda --ipc-export-mb 64` on the default
-#      tower, and cuda_ipc_fetch_check (src/server/ipc_fetch_check.cc)
+#      tower, and cuda_ipc_fetch_check (src/client/ipc_fetch_check.cc)
 #      encodes a staged image inline (warming L1 in VRAM), fetches it again
 #      by CUDA IPC from this second process, imports it on cuda:0 and
 #      compares the bytes with inline (docs/SHM.md, "CUDA IPC"). Without
@@ -307,8 +307,8 @@ if ! want serve_ipc; then
   note "- serve CUDA IPC check: not asked for"
 elif [[ -z "$serve_build" ]]; then
   note "- serve CUDA IPC check: skipped (set GPU_CHECK_SERVE_BUILD to a build with gRPC and EPD_WITH_CUDA=ON)"
-elif [[ ! -x "$serve_build/tools/epd-encode" || ! -x "$serve_build/src/server/cuda_ipc_fetch_check" ]]; then
-  note "- serve CUDA IPC check: FAILED: $serve_build lacks tools/epd-encode or src/server/cuda_ipc_fetch_check"
+elif [[ ! -x "$serve_build/tools/epd-encode" || ! -x "$serve_build/src/client/cuda_ipc_fetch_check" ]]; then
+  note "- serve CUDA IPC check: FAILED: $serve_build lacks tools/epd-encode or src/client/cuda_ipc_fetch_check"
   failed=1
 elif [[ ! -f "$ipc_image" ]]; then
   note "- serve CUDA IPC check: FAILED: no $ipc_image (run scripts/gpu-check.sh --stage)"
@@ -329,7 +329,7 @@ else
   if [[ -z "$serve_port" ]]; then
     note "- serve CUDA IPC check: FAILED: the server did not become ready (see serve_ipc.log)"
     failed=1
-  elif capped 120 "$serve_log" "$serve_build/src/server/cuda_ipc_fetch_check" --server "127.0.0.1:$serve_port" \
+  elif capped 120 "$serve_log" "$serve_build/src/client/cuda_ipc_fetch_check" --server "127.0.0.1:$serve_port" \
          --device cuda --image "$ipc_image"; then
     note "- serve CUDA IPC check: ok ($(grep -m1 '^ipc_bytes=' "$serve_log"))"
   else

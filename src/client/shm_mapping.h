@@ -1,5 +1,5 @@
-// src/server/shm_mapping.h (internal to epd::client): a read-only mapping of
-// an encode server's shared-memory arena (docs/SHM.md, shm_arena.h).
+// src/client/shm_mapping.h (internal to epd::client): a read-only mapping of
+// an encode server's shared-memory arena (docs/SHM.md, src/server/shm_arena.h).
 #pragma once
 
 #include <sys/types.h>

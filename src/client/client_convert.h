@@ -1,4 +1,4 @@
-// src/server/client_convert.h (internal to epd::client): an EncodedItem as
+// src/client/client_convert.h (internal to epd::client): an EncodedItem as
 // the client's ClientItemResult. Kept out of proto_convert.h, which the
 // server shares, so that the rpc layer never includes the client's header.
 #pragma once

@@ -1,4 +1,4 @@
-// src/server/client_session.h (internal to epd::client): the client's end of
+// src/client/client_session.h (internal to epd::client): the client's end of
 // a lease session (the Session RPC, docs/SHM.md "Crashed clients").
 //
 // Open starts a Session stream and waits for the server's SessionEvent
