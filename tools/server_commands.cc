@@ -9,16 +9,23 @@
 //   client        encodes image and video files (a video is recognised by
 //                 its container's magic bytes, MP4/MOV, WebM/Matroska, AVI,
 //                 or forced with --video); one stdout line per item:
-//                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|l3|miss|joined> ms=<server ms> server=<id> delivery=<inline|shm>
+//                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|l3|miss|joined> ms=<server ms> server=<id> delivery=<inline|shm|cuda_ipc>
+//                 an item that came by CUDA IPC (--cuda-ipc) adds
+//                   device=<the server's exporting device> bytes=<main + deepstack> dtype=<d> deepstack_layers=<n>
 //                 and for a video also grid=<t>x<h>x<w> frames=<n> seconds_per_grid_t=<s>
 //                 --out FILE writes the embeddings as safetensors
-//                 (epd/safetensors.h). A failure prints "<CODE_NAME>: <message>"
-//                 on stderr and exits 1.
+//                 (epd/safetensors.h; rows by CUDA IPC are copied to the host
+//                 for it). Leases (--shm, --cuda-ipc) are released together
+//                 in one Release call once every item is printed. A failure
+//                 prints "<CODE_NAME>: <message>" on stderr and exits 1.
+//                 --cuda-ipc needs a build with CUDA (EPD_WITH_CUDA) and a
+//                 CUDA device; otherwise it fails before any call, naming why.
 //
 // Exit codes: 0 success; 1 a call or item failed (client), setup failed, or
 // a usage error (main.cc maps every CLI11 parse error to 1).
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fmt/format.h>
@@ -31,10 +38,14 @@
 #include "flag_checks.h"
 #include "security_flags.h"
 #include "epd/client.h"
+#include "epd/device.h"
 #include "epd/safetensors.h"
 #include "epd/server.h"
 #include "flag_checks.h"
 #include "worker_flags.h"
+#ifdef EPD_CLIENT_WITH_CUDA
+#include "epd/cuda_device.h"
+#endif
 
 namespace epd::cli {
 namespace {
@@ -158,6 +169,8 @@ struct ClientFlags {
   double timeout_s = 30;
   bool no_route = false;
   bool shm = false;
+  bool cuda_ipc = false;
+  int cuda_device = 0;
   std::string request_id;
   bool video = false;
   double video_fps = 0;  // 0: the server's default
@@ -172,8 +185,65 @@ bool LooksLikeVideo(const std::string& b) {
   return b.size() >= 12 && b.compare(0, 4, "RIFF") == 0 && b.compare(8, 4, "AVI ") == 0;
 }
 
+// The device --cuda-ipc imports the server's rows on: CUDA device
+// `f.cuda_device`, opened before any call so that a build or machine without
+// one fails at once, saying why.
+StatusOr<std::unique_ptr<Device>> OpenIpcDevice(const ClientFlags& f) {
+#ifdef EPD_CLIENT_WITH_CUDA
+  CudaDeviceOptions o;
+  o.device_index = f.cuda_device;
+  StatusOr<std::unique_ptr<Device>> dev = OpenCudaDevice(o);
+  if (!dev.ok()) {
+    return Status(dev.status().code(), "--cuda-ipc: cannot open CUDA device " + std::to_string(f.cuda_device) +
+                                           " to import the server's rows: " + dev.status().message());
+  }
+  return dev;
+#else
+  (void)f;
+  return FailedPrecondition(
+      "--cuda-ipc: this epd-encode was built without CUDA (EPD_WITH_CUDA=OFF), so it has no CUDA device to import "
+      "the server's GPU memory into; use a build with -DEPD_WITH_CUDA=ON on the server's GPU node, or --shm "
+      "(a server on this host) or no flag (inline rows)");
+#endif
+}
+
+// An owned host copy of rows imported by CUDA IPC (for --out): waits for the
+// server's copy, then one device-to-host copy per tensor on `device`.
+StatusOr<EmbeddingPtr> CopyIpcToHost(Device& device, const IpcLease& lease) {
+  if (Status s = lease.WaitReady(); !s.ok()) return s;
+  auto e = std::make_shared<Embedding>();
+  static_cast<EmbeddingShape&>(*e) = lease.shape();
+  e->grid = lease.grid();
+  e->main.resize(lease.main_bytes());
+  e->deepstack.resize(lease.deepstack_bytes());
+  if (!e->main.empty()) {
+    if (Status s = device.CopyAsync(e->main.data(), lease.main(), e->main.size(), CopyKind::kDeviceToHost,
+                                    Stream::kOffload);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!e->deepstack.empty()) {
+    if (Status s = device.CopyAsync(e->deepstack.data(), lease.deepstack(), e->deepstack.size(),
+                                    CopyKind::kDeviceToHost, Stream::kOffload);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (Status s = device.Synchronize(Stream::kOffload); !s.ok()) return s;
+  return EmbeddingPtr(std::move(e));
+}
+
 int RunClient(const ClientFlags& f) {
   TuneMalloc(MallocUse::kMessages);
+  // Declared before the client and the results, so it outlives both and
+  // every IpcLease they hold (ClientOptions::ipc_device).
+  std::unique_ptr<Device> ipc_device;
+  if (f.cuda_ipc) {
+    StatusOr<std::unique_ptr<Device>> dev = OpenIpcDevice(f);
+    if (!dev.ok()) Fail(1, dev.status().ToString());
+    ipc_device = std::move(*dev);
+  }
   std::vector<ClientItem> items;
   for (const std::string& path : f.images) {
     StatusOr<std::string> bytes = ReadFile(path);
@@ -195,13 +265,55 @@ int RunClient(const ClientFlags& f) {
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
   co.route_by_key = !f.no_route;
   co.delivery = f.shm ? Delivery::kShm : Delivery::kInline;
+  if (f.cuda_ipc) {
+    // With --shm too, items that cannot go by CUDA IPC come by shared memory.
+    co.delivery = Delivery::kCudaIpc;
+    co.ipc_device = ipc_device.get();
+    co.ipc_fallback_shm = f.shm;
+  }
   if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) Fail(1, s.message());
   StatusOr<std::unique_ptr<EncodeClient>> client = EncodeClient::Connect(co);
   if (!client.ok()) Fail(1, client.status().ToString());
 
   EncodeResult r = (*client)->Encode(std::move(items), f.request_id);
   std::vector<KeyedEmbedding> out;
+  int rc = 0;
   for (const ClientItemResult& item : r.items) {
+    if (item.status.ok() && item.ipc != nullptr) {
+      // The rows are in this node's GPU memory; what came back is printed
+      // once the server's copy into them has landed.
+      if (Status s = item.ipc->WaitReady(); !s.ok()) {
+        std::fprintf(stderr, "index=%lld %s: the CUDA IPC rows did not land: %s\n",
+                     static_cast<long long>(item.index), GrpcStatusName(s.code()).c_str(), s.message().c_str());
+        rc = 1;
+        continue;
+      }
+      const EmbeddingShape& e = item.ipc->shape();
+      std::printf("index=%lld key=%s tokens=%lld hidden=%lld source=%s ms=%.3f server=%s delivery=cuda_ipc "
+                  "device=%s bytes=%zu dtype=%s deepstack_layers=%lld\n",
+                  static_cast<long long>(item.index), item.key.Hex().c_str(), static_cast<long long>(e.tokens),
+                  static_cast<long long>(e.hidden), std::string(ItemSourceName(item.source)).c_str(), item.total_ms,
+                  item.server_id.c_str(), item.ipc->server_device().c_str(), item.ipc->nbytes(),
+                  std::string(DTypeName(e.dtype)).c_str(), static_cast<long long>(e.deepstack_layers));
+      if (item.video != nullptr) {
+        const GridTHW& g = item.ipc->grid();
+        std::printf("index=%lld grid=%lldx%lldx%lld frames=%zu seconds_per_grid_t=%.6g\n",
+                    static_cast<long long>(item.index), static_cast<long long>(g.t), static_cast<long long>(g.h),
+                    static_cast<long long>(g.w), item.video->timestamps_s.size(), item.video->seconds_per_grid_t);
+      }
+      if (!f.out.empty()) {
+        StatusOr<EmbeddingPtr> host = CopyIpcToHost(*ipc_device, *item.ipc);
+        if (!host.ok()) {
+          std::fprintf(stderr, "index=%lld %s: copying the CUDA IPC rows to the host for --out: %s\n",
+                       static_cast<long long>(item.index), GrpcStatusName(host.status().code()).c_str(),
+                       host.status().message().c_str());
+          rc = 1;
+          continue;
+        }
+        out.push_back({item.key, std::move(*host)});
+      }
+      continue;
+    }
     if (!item.status.ok()) {
       // One line per failed item when there are several; the final line
       // below always carries the (lowest-index) failure.
@@ -226,6 +338,19 @@ int RunClient(const ClientFlags& f) {
     if (!f.out.empty()) out.push_back({item.key, item.shm != nullptr ? item.shm->Copy() : item.embedding});
   }
   std::fflush(stdout);
+  // Every lease (--shm, --cuda-ipc) goes back now, in one Release call: the
+  // rows were printed or copied above. A refusal (a lease that expired
+  // meanwhile) costs nothing, so it is only reported.
+  const bool leased = std::any_of(r.items.begin(), r.items.end(), [](const ClientItemResult& item) {
+    return item.shm != nullptr || item.ipc != nullptr;
+  });
+  for (ClientItemResult& item : r.items) {
+    item.shm.reset();
+    item.ipc.reset();
+  }
+  if (leased) {
+    if (Status s = (*client)->FlushReleases(); !s.ok()) spdlog::warn("releasing the leases: {}", s.ToString());
+  }
   if (!f.out.empty() && !out.empty()) {
     std::map<std::string, std::string> meta = {{"server", f.server}};
     if (StatusOr<ServerInfo> info = (*client)->Health(); info.ok()) meta["model_id"] = info->model_id;
@@ -235,7 +360,7 @@ int RunClient(const ClientFlags& f) {
     std::fprintf(stderr, "%s: %s\n", GrpcStatusName(r.status.code()).c_str(), r.status.message().c_str());
     return 1;
   }
-  return 0;
+  return rc;
 }
 
 }  // namespace
@@ -316,7 +441,15 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_flag("--no-route", f->no_route, "one call for all images, without the x-epd-route header");
     cmd->add_option("--request-id", f->request_id, "request id [random]");
     cmd->add_flag("--shm", f->shm,
-                  "ask for the rows by shared memory (a server on this host, same user, with --shm-arena-mb)");
+                  "ask for the rows by shared memory (a server on this host, same user, with --shm-arena-mb); "
+                  "with --cuda-ipc: the fallback for rows that cannot go by CUDA IPC");
+    CLI::Option* ipc = cmd->add_flag(
+        "--cuda-ipc", f->cuda_ipc,
+        "ask for the rows by CUDA IPC, imported into this node's GPU (a server on the same GPU node with the GPU "
+        "tier and --ipc-export-mb; docs/SHM.md); rows that cannot go so come inline, or by shared memory with "
+        "--shm. Needs a build with CUDA");
+    cmd->add_option("--cuda-device", f->cuda_device, "with --cuda-ipc: the CUDA device that imports the rows")
+        ->capture_default_str()->check(Integer(0, 1023))->needs(ipc);
     AddClientSecurityFlags(*cmd, f->security);
     cmd->callback([f] {
       if (int rc = RunClient(*f); rc != 0) throw CLI::RuntimeError(rc);
