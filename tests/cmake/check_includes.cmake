@@ -9,7 +9,11 @@
 #      private headers it includes from its own directory), includes only
 #      epd/ headers of its own layer or of a layer it may use, except the
 #      known violations listed in cmake/epd_layers.cmake, each of which
-#      must still occur;
+#      must still occur; and a private header it includes from another
+#      layer's source directory ("x.h" found there, or "../dir/x.h") must be
+#      of a directory that holds sources of its own layer or of one it may
+#      use (so the server cannot reach into src/client/, whose sources are
+#      the client's alone, while both use src/server/'s rpc headers);
 #   3. docs/ARCHITECTURE.md's layer table names, per target, exactly the
 #      headers the table here gives it.
 # SOURCES_FILE (written by the top-level CMakeLists.txt) sets
@@ -22,6 +26,26 @@ include(${ROOT}/cmake/epd_layers.cmake)
 include(${SOURCES_FILE})
 set(generated_headers version.h)
 set(errors "")
+
+# Source directory -> the layers whose library sources it holds (one
+# directory may hold several: src/server holds rpc and server).
+set(layer_dirs "")
+foreach(layer ${EPD_LAYERS})
+  foreach(src ${EPD_LAYER_${layer}_SOURCES})
+    string(FIND "${src}" "${ROOT}/" in_root)
+    string(FIND "${src}" "${BUILD}/" in_build)
+    if(in_root EQUAL 0 AND NOT in_build EQUAL 0)
+      get_filename_component(d ${src} DIRECTORY)
+      string(MAKE_C_IDENTIFIER "${d}" id)
+      if(NOT layer IN_LIST dir_layers_${id})
+        list(APPEND dir_layers_${id} ${layer})
+      endif()
+      if(NOT d IN_LIST layer_dirs)
+        list(APPEND layer_dirs ${d})
+      endif()
+    endif()
+  endforeach()
+endforeach()
 
 # 1. header -> layer
 foreach(layer ${EPD_LAYERS})
@@ -65,14 +89,52 @@ function(check_file path layer)
         string(APPEND errors "\n  ${rel} (layer ${layer}) includes epd/${h} (layer ${layer_of_${h}}), which "
                              "${layer} may not use")
       endif()
-    elseif(line MATCHES "\"([A-Za-z0-9_]+\\.h)\"")
+    elseif(line MATCHES "\"([A-Za-z0-9_./]+\\.h)\"")
       # A second step: ${CMAKE_MATCH_1} in the same if() would be expanded
       # before MATCHES sets it. A private header of another directory (e.g.
       # media's digest.h, on epd_model's include path) is not followed here;
-      # its own directory's sources cover it.
-      set(local ${dir}/${CMAKE_MATCH_1})
-      if(EXISTS ${local})
+      # its own directory's sources cover it. Its directory must be one of a
+      # layer this one may use.
+      set(inc ${CMAKE_MATCH_1})
+      get_filename_component(local ${dir}/${inc} ABSOLUTE)
+      get_filename_component(local_dir ${local} DIRECTORY)
+      if(EXISTS ${local} AND local_dir STREQUAL dir)
         check_file(${local} ${layer})
+      else()
+        set(found_dirs "")
+        if(EXISTS ${local})
+          list(APPEND found_dirs ${local_dir})
+        elseif(NOT inc MATCHES "/")
+          foreach(d ${layer_dirs})
+            if(EXISTS ${d}/${inc})
+              list(APPEND found_dirs ${d})
+            endif()
+          endforeach()
+        endif()
+        # An offence only when no directory it may come from is allowed (a
+        # bare name may exist in several; one outside every layer's sources,
+        # e.g. src/testing, is not judged here).
+        set(allowed FALSE)
+        set(refused "")
+        foreach(d ${found_dirs})
+          string(MAKE_C_IDENTIFIER "${d}" id)
+          if(NOT DEFINED dir_layers_${id})
+            set(allowed TRUE)
+          endif()
+          foreach(owner ${dir_layers_${id}})
+            if(owner STREQUAL layer OR owner IN_LIST EPD_LAYER_${layer}_USES)
+              set(allowed TRUE)
+            endif()
+          endforeach()
+          file(RELATIVE_PATH drel ${ROOT} ${d})
+          string(REPLACE ";" "," owners "${dir_layers_${id}}")
+          list(APPEND refused "${drel}/ (sources of ${owners})")
+        endforeach()
+        if(found_dirs AND NOT allowed)
+          string(REPLACE ";" ", " refused "${refused}")
+          string(APPEND errors "\n  ${rel} (layer ${layer}) includes ${inc} from ${refused}, which ${layer} "
+                               "may not use")
+        endif()
       endif()
     endif()
   endforeach()
