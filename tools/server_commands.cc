@@ -217,8 +217,8 @@ StatusOr<EmbeddingPtr> CopyIpcToHost(Device& device, const IpcLease& lease) {
   e->main.resize(lease.main_bytes());
   e->deepstack.resize(lease.deepstack_bytes());
   if (!e->main.empty()) {
-    if (Status s = device.CopyAsync(e->main.data(), lease.main(), e->main.size(), CopyKind::kDeviceToHost,
-                                    Stream::kOffload);
+    if (Status s =
+            device.CopyAsync(e->main.data(), lease.main(), e->main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
         !s.ok()) {
       return s;
     }
@@ -283,18 +283,19 @@ int RunClient(const ClientFlags& f) {
       // The rows are in this node's GPU memory; what came back is printed
       // once the server's copy into them has landed.
       if (Status s = item.ipc->WaitReady(); !s.ok()) {
-        std::fprintf(stderr, "index=%lld %s: the CUDA IPC rows did not land: %s\n",
-                     static_cast<long long>(item.index), GrpcStatusName(s.code()).c_str(), s.message().c_str());
+        std::fprintf(stderr, "index=%lld %s: the CUDA IPC rows did not land: %s\n", static_cast<long long>(item.index),
+                     GrpcStatusName(s.code()).c_str(), s.message().c_str());
         rc = 1;
         continue;
       }
       const EmbeddingShape& e = item.ipc->shape();
-      std::printf("index=%lld key=%s tokens=%lld hidden=%lld source=%s ms=%.3f server=%s delivery=cuda_ipc "
-                  "device=%s bytes=%zu dtype=%s deepstack_layers=%lld\n",
-                  static_cast<long long>(item.index), item.key.Hex().c_str(), static_cast<long long>(e.tokens),
-                  static_cast<long long>(e.hidden), std::string(ItemSourceName(item.source)).c_str(), item.total_ms,
-                  item.server_id.c_str(), item.ipc->server_device().c_str(), item.ipc->nbytes(),
-                  std::string(DTypeName(e.dtype)).c_str(), static_cast<long long>(e.deepstack_layers));
+      std::printf(
+          "index=%lld key=%s tokens=%lld hidden=%lld source=%s ms=%.3f server=%s delivery=cuda_ipc "
+          "device=%s bytes=%zu dtype=%s deepstack_layers=%lld\n",
+          static_cast<long long>(item.index), item.key.Hex().c_str(), static_cast<long long>(e.tokens),
+          static_cast<long long>(e.hidden), std::string(ItemSourceName(item.source)).c_str(), item.total_ms,
+          item.server_id.c_str(), item.ipc->server_device().c_str(), item.ipc->nbytes(),
+          std::string(DTypeName(e.dtype)).c_str(), static_cast<long long>(e.deepstack_layers));
       if (item.video != nullptr) {
         const GridTHW& g = item.ipc->grid();
         std::printf("index=%lld grid=%lldx%lldx%lld frames=%zu seconds_per_grid_t=%.6g\n",
