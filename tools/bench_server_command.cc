@@ -61,6 +61,7 @@ struct BenchFlags {
   int server_pid = 0;
   int connections = 0;
   bool shm = false;
+  bool route_by_key = false;
   bool json = false;
   ClientSecurityFlags security;
 };
@@ -131,6 +132,10 @@ int RunBench(const BenchFlags& f) {
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
   if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) Fail(1, s.message());
   co.delivery = f.shm ? Delivery::kShm : Delivery::kInline;
+  // The benchmark talks to one server directly, where no load balancer reads
+  // the route header, so by default the client does not hash each image to
+  // make one (ClientOptions::route_by_key); --route-by-key measures with it.
+  co.route_by_key = f.route_by_key;
   // Callers share `connections` clients (one HTTP/2 connection each),
   // round robin by caller.
   const int n_conn = f.connections > 0 ? f.connections : std::min(f.concurrency, 4);
@@ -272,7 +277,7 @@ int RunBench(const BenchFlags& f) {
                         {"p50_ms", p50},             {"p90_ms", p90},
                         {"p99_ms", p99},             {"max_ms", max},
                         {"images", images.size()},   {"image_bytes", images.empty() ? 0 : images[0].size()},
-                        {"delivery", f.shm ? "shm" : "inline"}, {"replies_by_shm", by_shm},
+                        {"delivery", f.shm ? "shm" : "inline"}, {"route_by_key", f.route_by_key}, {"replies_by_shm", by_shm},
                         {"checksum", checksum}};
     if (f.server_pid > 0) j["server_rss_mb"] = {{"start", rss_start}, {"max", rss_max}, {"end", rss_end}};
     std::printf("%s\n", j.dump().c_str());
@@ -324,6 +329,8 @@ void RegisterBenchServerCommand(CLI::App& app) {
   cmd->add_flag("--shm", f->shm,
                 "ask for shared-memory delivery (the server needs --shm-arena-mb); each caller reads the rows in "
                 "place and releases them with its next call");
+  cmd->add_flag("--route-by-key", f->route_by_key,
+                "hash each image on the client and send its key as the route header, as behind a load balancer");
   cmd->add_flag("--json", f->json, "print one JSON object instead of text");
   AddClientSecurityFlags(*cmd, f->security);  // a server with TLS or a token is loaded the same way
   cmd->callback([f] {

@@ -391,7 +391,7 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--max-buffered-mb", f->max_buffered_mb,
                     "result bytes waiting for slow clients above which no new tower batch starts, MB")
         ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
-    cmd->add_option("--max-rpc-threads", f->max_rpc_threads, "most gRPC handler threads (one per call in flight)")
+    cmd->add_option("--max-rpc-threads", f->max_rpc_threads, "most handler threads of the sync methods (Health, Stats, Release); Encode calls hold none")
         ->capture_default_str()->check(Integer(2, 100000));
     cmd->add_option("--listen", f->listen,
                     "also listen here: unix:/path (a Unix domain socket, for clients on this host) or host:port; "

@@ -2,26 +2,28 @@
 //
 // EncodeServer puts a network front on one EncodeWorker: it owns a WorkerLoop
 // (one thread that owns the cache, the scheduler and the tower), a gRPC
-// server whose handler threads only validate, enqueue and stream, and an
+// server whose Encode calls only validate, enqueue and stream, and an
 // optional Prometheus endpoint. Where a plain WorkerLoop hands results to
 // in-process callbacks, the server streams each item to the client as soon as
 // it is ready and maps every epd::Status onto the gRPC code of the same
 // number (epd/status.h).
 //
-// A call's life (sync gRPC API, one handler thread per in-flight call):
-//   1. The handler checks the bearer token when one is set (UNAUTHENTICATED),
+// A call's life (gRPC's callback API: a call waiting for the worker or for
+// its client holds no thread):
+//   1. The server checks the bearer token when one is set (UNAUTHENTICATED),
 //      validates the request's form (INVALID_ARGUMENT naming the item: no
 //      items, more than max_items_per_request, an item with neither image
 //      nor caller key; or a request id that is not printable ASCII or uses
 //      the prefix reserved for ids the server assigns) and submits it to the
-//      WorkerLoop, which hashes the keys on the handler thread. Item rules
+//      WorkerLoop, which hashes the keys on gRPC's receiving thread. Item rules
 //      (expected_tokens, a bad image) are the worker's: such an item fails
 //      alone (epd/encode_worker.h).
-//   2. The worker thread's callbacks only push the ItemResult (a shared
-//      pointer to the cached embedding, no copy) onto the call's queue and
-//      signal the handler. The handler copies each embedding into an
-//      EncodedItem and writes it; a slow client therefore blocks its own
-//      handler, never the worker.
+//   2. The worker thread's callbacks push the ItemResult (a shared pointer
+//      to the cached embedding, no copy) onto the call's queue, and one
+//      write at a time goes out: a reference reply (shared memory, CUDA IPC)
+//      is built on the worker thread, an inline one (the rows copied into
+//      the EncodedItem) on a small pool, never the worker. A slow client
+//      therefore delays only its own writes.
 //   3. The call ends OK, or with the request's status (ALREADY_EXISTS,
 //      RESOURCE_EXHAUSTED, UNAVAILABLE, INVALID_ARGUMENT for more misses than
 //      the worker's max_pending_items), or with the lowest-index failed
@@ -29,10 +31,10 @@
 //      image, INTERNAL for a tower failure; the message is prefixed
 //      "item <i>: " here, the one place it is added). A streamed
 //      EncodedItem carries its index and the worker's message as it is.
-//   Deadline or client cancellation: the handler cancels the request in the
+//   Deadline or client cancellation: the server cancels the request in the
 //   worker (queued items no other request waits on are dropped) and ends the
 //   call with DEADLINE_EXCEEDED or CANCELLED. Cancellation by the client is
-//   noticed within cancel_poll; a deadline exactly.
+//   noticed at once, and so is a deadline.
 //
 // Backpressure: results queued on calls but not yet written hold their
 // embeddings alive. When those bytes exceed max_buffered_bytes the worker's
@@ -147,11 +149,11 @@ struct ServerOptions {
   // Results waiting for slow clients, bytes, above which the worker starts no
   // new tower batch (see Backpressure above). Default 256 MiB.
   std::int64_t max_buffered_bytes = std::int64_t{256} << 20;
-  // Most gRPC handler threads; a call arriving when all are busy is refused
-  // with RESOURCE_EXHAUSTED by gRPC. Each in-flight call holds one.
+  // Most handler threads of the sync methods (Health, Stats, Release); a
+  // call of theirs arriving when all are busy is refused with
+  // RESOURCE_EXHAUSTED by gRPC. Encode and Session calls hold none: the
+  // request budget and gRPC's memory quota bound them.
   int max_rpc_threads = 256;
-  // How often a waiting handler checks whether its client cancelled.
-  std::chrono::milliseconds cancel_poll{20};
   // TLS, as PEM text (not paths). Both empty = plaintext. With a client CA
   // too, mutual TLS: a client must present a certificate that CA signed, or
   // its connection is refused during the handshake.
@@ -193,8 +195,11 @@ class EncodeServer {
   // See the header comment. Idempotent; returns when everything has stopped.
   void Shutdown(std::chrono::milliseconds grace);
 
- private:
+  // Opaque: defined in server.cc, and named here in public only so that its
+  // per-call classes can reach it.
   struct Impl;
+
+ private:
   explicit EncodeServer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

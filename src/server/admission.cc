@@ -67,7 +67,7 @@ std::string PeerWithoutPort(const std::string& peer) {
   return host;
 }
 
-StatusOr<std::string> TenantOf(const grpc::ServerContext& ctx, const std::string& tenant_key) {
+StatusOr<std::string> TenantOf(const grpc::ServerContextBase& ctx, const std::string& tenant_key) {
   if (!tenant_key.empty()) {
     const auto& md = ctx.client_metadata();
     if (auto it = md.find(grpc::string_ref(tenant_key)); it != md.end()) {

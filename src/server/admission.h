@@ -9,13 +9,14 @@
 // naming the budget (counted by code in Stats.rpc_errors and /metrics, and
 // logged rate-limited, like every refusal: call_outcomes.h).
 //
-// What it bounds, and what it cannot: gRPC's sync server reads a whole
-// message before a handler runs, so a refused call's message was already
+// What it bounds, and what it cannot: gRPC reads a whole message before
+// the Encode method runs, so a refused call's message was already
 // received; the budget bounds the bytes that go on into the worker (hashing,
 // the decode queue, the request's lifetime), which is where a request's
 // bytes stayed held for seconds. The transport's own buffers are bounded
 // separately by gRPC's ResourceQuota (EncodeServer sets its memory size from
-// the same budget) and by max_rpc_threads x max_request_bytes.
+// the same budget), which is also what bounds the messages of calls still
+// waiting for room: an Encode call holds no thread while it waits.
 //
 // When the bytes in flight fall back to zero after a burst, one in which at
 // least `burst_bytes` were in flight at once, `on_drained` runs once
@@ -39,7 +40,7 @@
 #include "epd/status.h"
 
 namespace grpc {
-class ServerContext;
+class ServerContextBase;
 }
 
 namespace epd::internal {
@@ -76,7 +77,7 @@ class RequestBudget {
 // peer's address without its port ("ipv4:10.0.0.7"), so one client's
 // connections share one share. A value that is empty, longer than 128 bytes
 // or not printable ASCII is kInvalidArgument naming the key.
-StatusOr<std::string> TenantOf(const grpc::ServerContext& ctx, const std::string& tenant_key);
+StatusOr<std::string> TenantOf(const grpc::ServerContextBase& ctx, const std::string& tenant_key);
 // The address part of a gRPC peer string ("ipv4:1.2.3.4:567" ->
 // "ipv4:1.2.3.4", "ipv6:[::1]:80" -> "ipv6:[::1]"); others unchanged.
 std::string PeerWithoutPort(const std::string& peer);

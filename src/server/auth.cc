@@ -37,7 +37,7 @@ Status TokenCheck::CheckHeader(const std::optional<std::string>& header) const {
   return Status::Ok();
 }
 
-Status TokenCheck::Check(const grpc::ServerContext& ctx) const {
+Status TokenCheck::Check(const grpc::ServerContextBase& ctx) const {
   if (!digest_.has_value()) return Status::Ok();
   const auto& md = ctx.client_metadata();
   const auto it = md.find("authorization");

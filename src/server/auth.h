@@ -22,7 +22,7 @@
 #include "epd/status.h"
 
 namespace grpc {
-class ServerContext;
+class ServerContextBase;
 }
 
 namespace epd::internal {
@@ -36,7 +36,7 @@ class TokenCheck {
 
   // OK, or kUnauthenticated naming what was wrong (missing header, not
   // "Bearer", wrong token) without echoing what was sent.
-  Status Check(const grpc::ServerContext& ctx) const;
+  Status Check(const grpc::ServerContextBase& ctx) const;
   // The same for the value of the authorization header (nullopt = absent).
   Status CheckHeader(const std::optional<std::string>& header) const;
 

@@ -71,7 +71,10 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
     }
     if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       grpc::Status s = m->GetSendStatus();
-      if (unparsed_ && s.error_code() == grpc::StatusCode::INTERNAL) {
+      // (Sync methods answer INTERNAL; callback methods UNIMPLEMENTED, with
+      // no message.)
+      if (unparsed_ &&
+          (s.error_code() == grpc::StatusCode::INTERNAL || s.error_code() == grpc::StatusCode::UNIMPLEMENTED)) {
         s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                          std::string("the request message does not parse as the protobuf ") + info_->method() +
                              " expects; check the client's generated code against proto/epd/v1/encoder.proto");

@@ -11,8 +11,10 @@
 // sets that limit to twice max_request_bytes and checks the size itself.
 //
 // It also fixes the code of one refusal: gRPC's generated code reports a
-// request that does not parse as INTERNAL (a server fault, "retry"), where it
-// is the client's: the interceptor rewrites it to INVALID_ARGUMENT.
+// request that does not parse as INTERNAL (a server fault, "retry") for a
+// sync method and as UNIMPLEMENTED (with no message) for a callback one,
+// where the fault is the client's: the interceptor rewrites both to
+// INVALID_ARGUMENT.
 //
 // Thread safety: thread-safe.
 #pragma once

@@ -1,35 +1,49 @@
-// EncodeServer: the sync gRPC API over a WorkerLoop.
+// EncodeServer: gRPC over a WorkerLoop. Encode and Session use gRPC's
+// callback API; Health, Stats and Release, which do no waiting, are sync.
 //
-// Threads: gRPC's handler threads (one per in-flight call), the WorkerLoop
-// thread, and the metrics exposer's thread. The worker thread never touches
-// gRPC: its callbacks push an ItemResult (a shared pointer, no copy) onto the
-// call's CallState and signal the handler, which copies the embedding into a
-// message and writes it. So a slow client blocks only its own handler in
-// Write; what it leaves queued is counted in buffered_bytes, and the worker's
+// Threads: gRPC's own (they receive calls and run the callback reactions),
+// the sync methods' handler threads, the WorkerLoop thread, a small TaskPool,
+// and the metrics exposer's thread.
+//
+// An Encode call (EncodeCall) holds no thread while it waits. The worker's
+// callbacks queue each ItemResult (a shared pointer, no copy) on the call;
+// then one party at a time, the holder of the call's writer role, builds a
+// reply and starts its write:
+//   - When every payload goes by reference (shared memory, CUDA IPC), the
+//     reply is a few hundred bytes, and the worker thread builds and starts
+//     it itself. A single-item hit then costs one hand-off between threads
+//     (gRPC's receiving thread to the worker) where a sync handler cost
+//     three (to the worker, back to the handler, and gRPC's hand-off of the
+//     polling role).
+//   - Inline rows are copied into the reply on the TaskPool, never on the
+//     worker thread, so a large reply does not delay tower batches.
+// The last item goes out with the call's status (StartWriteAndFinish): one
+// send per single-item call. A slow client delays only its own writes; what
+// it leaves queued is counted in buffered_bytes, and the worker's
 // sink_full() stops starting tower batches while that passes the limit.
 //
-// Why the sync API rather than the callback API: the callback API would run
-// StartWrite, and with it the message copy and serialisation, on whichever
-// thread delivers the item, i.e. the worker thread, unless a second hand-off
-// moved it elsewhere. A handler thread per call gives that hand-off for free,
-// and the cost (a thread per in-flight call, bounded by max_rpc_threads) is
-// small next to an encode. The price is that a client's cancellation is only
-// noticed on the handler's next poll (cancel_poll); deadlines are exact.
+// Cancellation and deadlines reach the call at once (OnCancel): it cancels
+// the request in the worker, and items delivered after that are dropped
+// without being buffered.
 //
-// A call that gives up (deadline, cancellation, failed write) marks its
-// CallState abandoned and cancels the request in the worker; items the
-// worker delivers in between are dropped without being buffered.
+// Why not the sync API, as before: under load, gRPC 1.51's sync server
+// paused every call for about 70 ms roughly once a second (no thread was
+// polling its sockets; docs/BENCHMARKS-server.md), and its three hand-offs
+// per call were a large part of a hit's cost on a small machine.
 #include "epd/server.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <limits>
+#include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "epd/preprocess.h"
@@ -48,6 +62,7 @@
 #include "shm_delivery.h"
 #include "shm_session.h"
 #include "standard_services.h"
+#include "task_pool.h"
 #include "tls.h"
 
 namespace epd {
@@ -55,18 +70,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Idle gRPC handler threads kept waiting for calls (see BuildAndStart).
+// Idle gRPC handler threads kept waiting for calls of the sync methods (see
+// Start).
 constexpr int kIdleRpcThreads = 16;
-
-// What a handler and the worker's callbacks share for one call.
-struct CallState {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<ItemResult> ready;  // delivered, not yet written
-  bool done = false;             // on_done fired
-  Status request_status;         // RequestResult::status, valid once done
-  bool abandoned = false;        // the handler left; drop further deliveries
-};
+// How often an Encode call that found the request budget full looks again.
+constexpr auto kAdmissionRetry = std::chrono::milliseconds(2);
+// gRPC's deadline timer may fire this much before the deadline as read back
+// from the call's context; a cancellation within it counts as the deadline.
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(5);
+// Threads that build inline replies and retry admissions (task_pool.h).
+int PoolThreads() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u)); }
 
 std::string HostName() {
   char buf[256] = {};
@@ -80,9 +93,85 @@ std::int64_t ResultBytes(const ItemResult& r) {
 
 }  // namespace
 
+// One Encode call on gRPC's callback API. Its reactions (gRPC's threads),
+// the worker's callbacks (the worker thread) and its tasks on the server's
+// TaskPool may run at once; mu_ orders them. One of them at a time holds the
+// writer role (writer_), and only it builds a reply, starts a write or
+// finishes the call. No gRPC call (StartWrite, Finish) is made under mu_,
+// since gRPC may run a reaction inline.
+//
+// Owned by shared pointers: its own (self_, dropped in OnDone) and those the
+// worker's callbacks and pool tasks hold, so an item delivered after the
+// call ended finds a live object, which drops it.
+class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
+                         public std::enable_shared_from_this<EncodeCall> {
+ public:
+  EncodeCall(EncodeServer::Impl& server, grpc::CallbackServerContext* ctx, const v1::EncodeRequest* req)
+      : server_(server), ctx_(ctx), req_(req), start_(Clock::now()) {}
+
+  // The checks of server.h's step 1, then admission and submission; a
+  // refusal finishes the call. Runs on the gRPC thread that created it.
+  void Start();
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  // Takes the request budget, or tries again on the pool every
+  // kAdmissionRetry until admit_by_; then submits. Holds the writer role.
+  void Admit();
+  void Submit();
+  void Deliver(const ItemResult& r);  // the worker's on_item
+  void Done(const RequestResult& r);  // the worker's on_done
+  // With the writer role: writes the next item, finishes the call, or gives
+  // the role back when there is nothing to do yet.
+  void Pump();
+  // Pump() from the worker thread: there when every payload goes by
+  // reference (shared memory, CUDA IPC), else on the pool, so that the
+  // worker never copies rows into an inline reply.
+  void PumpFromWorker();
+  // Finishes the call with `s` and no (further) write. REQUIRES: the writer
+  // role, or the call was never handed to the worker.
+  void FinishWith(const Status& s);
+  Status FinalStatus() const;  // REQUIRES: mu_ held, done_
+
+  EncodeServer::Impl& server_;
+  grpc::CallbackServerContext* const ctx_;
+  const v1::EncodeRequest* const req_;  // gRPC's; valid until OnDone
+  const Clock::time_point start_;
+  std::shared_ptr<EncodeCall> self_;  // gRPC's reference, until OnDone
+
+  // Set by Start, before another thread sees the call.
+  Clock::time_point admit_by_;
+  std::int64_t message_bytes_ = 0;
+  std::string id_, tenant_;
+  std::size_t n_ = 0;
+  bool by_ipc_ = false;
+  bool references_ = false;  // payloads go by reference: cheap to build on any thread
+  std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload_;
+
+  v1::EncodedItem msg_;         // the write in flight (writer role)
+  std::int64_t msg_bytes_ = 0;  // its item's buffered bytes
+
+  std::mutex mu_;
+  bool writer_ = true;      // Start holds the role until the request is submitted
+  bool admitted_ = false;   // message_bytes_ of the budget are held
+  bool submitted_ = false;  // the worker has the request
+  bool finished_ = false;   // Finish or StartWriteAndFinish called
+  bool done_ = false;       // on_done fired
+  Status request_status_;   // RequestResult::status, valid once done_
+  Status give_up_;          // cancelled, past the deadline, or the client went away
+  std::deque<ItemResult> ready_;  // delivered, not yet written
+  std::size_t delivered_ = 0, written_ = 0, failed_ = 0;
+  std::int64_t first_failed_ = -1;
+  Status first_failure_;
+};
+
 // Session (lease sessions, shm_session.h) uses the callback API; every
 // other method is sync.
-struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session<v1::Encoder::Service> {
+struct EncodeServer::Impl final
+    : public v1::Encoder::WithCallbackMethod_Encode<v1::Encoder::WithCallbackMethod_Session<v1::Encoder::Service>> {
   ServerOptions options;
   WorkerOptions worker_options;  // as passed to the worker, sink_full included
   std::string tower_description;
@@ -99,6 +188,7 @@ struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session
   std::unique_ptr<internal::IpcLeases> ipc;   // null = no CUDA IPC delivery
   std::string ipc_device_name;                // ipc's Device::Describe(), sent in every CudaIpcRef
   std::unique_ptr<internal::ShmSessions> sessions;  // lease sessions over `arena`; null without it
+  std::unique_ptr<internal::TaskPool> pool;          // inline replies, admission retries (EncodeCall)
   int port = 0;
 
   std::atomic<bool> serving{false};
@@ -168,191 +258,8 @@ struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session
     return Status::Ok();
   }
 
-  grpc::Status Encode(grpc::ServerContext* ctx, const v1::EncodeRequest* req,
-                      grpc::ServerWriter<v1::EncodedItem>* writer) override {
-    const Clock::time_point start = Clock::now();
-    if (Status s = auth->Check(*ctx); !s.ok()) return Finish(s, start);
-    if (const std::size_t bytes = req->ByteSizeLong(); bytes > static_cast<std::size_t>(options.max_request_bytes)) {
-      return Finish(ResourceExhausted("the request is " + std::to_string(bytes) + " bytes; this server accepts at most " +
-                                      std::to_string(options.max_request_bytes) +
-                                      " (split it, or raise --max-request-mb)"),
-                    start);
-    }
-    if (!serving.load()) return Finish(Status(StatusCode::kUnavailable, "the server is shutting down"), start);
-    if (Status s = Validate(*req); !s.ok()) return Finish(s, start);
-    if (Status s = internal::CheckClientRequestId(req->id()); !s.ok()) return Finish(s, start);
-    StatusOr<std::string> tenant = internal::TenantOf(*ctx, options.tenant_metadata);
-    if (!tenant.ok()) return Finish(tenant.status(), start);
-    // The in-flight request budget (admission.h): wait briefly, else refuse.
-    const auto message_bytes = static_cast<std::int64_t>(req->ByteSizeLong());
-    // (No deadline reads as gpr_inf_future; the clamp keeps the sum finite.)
-    const auto to_deadline = std::min<std::chrono::system_clock::duration>(
-        ctx->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1));
-    const Clock::time_point admit_by =
-        Clock::now() + std::min<Clock::duration>(options.admission_wait,
-                                                 std::chrono::duration_cast<Clock::duration>(to_deadline));
-    if (Status s = budget->Acquire(message_bytes, admit_by); !s.ok()) return Finish(s, start);
-    const std::shared_ptr<void> release(nullptr, [this, message_bytes](void*) { budget->Release(message_bytes); });
-    if (req->release_size() > 0) {
-      Status ignored;  // refusals are counted in ShmStats, never fail the call
-      internal::ReleaseAnyLeases(arena.get(), ipc.get(), req->release(), &ignored);
-    }
-    // CUDA IPC for device-resident rows; the rest (and the overflow) by
-    // shared memory when the call allows it, else inline (ipc_delivery.h).
-    const bool by_ipc = req->delivery() == v1::DELIVERY_CUDA_IPC && ipc != nullptr;
-    const bool by_shm =
-        req->delivery() == v1::DELIVERY_SHM || (req->delivery() == v1::DELIVERY_CUDA_IPC && req->ipc_fallback_shm());
-    std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload;
-    if (by_shm && arena != nullptr) {
-      // The lease session the call names, if any (0: none, or not open).
-      StatusOr<std::uint64_t> owner = sessions->OwnerFor(ctx->client_metadata());
-      if (!owner.ok()) return Finish(owner.status(), start);
-      // ToProto has set out->key() (the content key) before it offers the rows.
-      place_payload = [this, owner = *owner](const Embedding& e, v1::EncodedItem* out) {
-        if (!internal::PlaceInArena(*arena, out->key(), e, out)) return false;
-        if (owner != 0) out->mutable_shm()->set_in_session(arena->Adopt(out->shm().generation(), owner));
-        return true;
-      };
-    }
-
-    EncodeRequest request;
-    // Assigned ids use a prefix client ids may not (request_id.h).
-    request.id = req->id().empty() ? internal::AutoRequestId(next_auto_id++) : req->id();
-    request.tenant = std::move(*tenant);
-    request.items.reserve(req->items_size());
-    // The image bytes move out of the message instead of being copied, so a
-    // request's bytes are held once, not twice, while it is in flight. gRPC
-    // hands the handler a message it destroys unread once the handler
-    // returns, so taking its strings changes nothing it sees.
-    for (v1::EncodeItem& item : *const_cast<v1::EncodeRequest*>(req)->mutable_items()) {
-      EncodeItemInput in;
-      in.expected_tokens = item.expected_tokens();
-      if (!item.video().empty() || item.has_video_frames()) {
-        VideoInput v;
-        v.container = std::move(*item.mutable_video());
-        for (const std::string& f : item.video_frames().frames()) v.frames.emplace_back(f);
-        if (item.has_sampling()) v.sampling = internal::FromProto(item.sampling(), worker_options.video_sampling);
-        in.video = std::move(v);
-        request.items.push_back(std::move(in));
-        continue;
-      }
-      in.media = std::move(*item.mutable_image());
-      if (!item.caller_key().empty()) in.caller_key = item.caller_key();
-      request.items.push_back(std::move(in));
-    }
-
-    auto state = std::make_shared<CallState>();
-    RequestCallbacks callbacks;
-    callbacks.on_item = [this, state](const ItemResult& r) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      if (state->abandoned) return;
-      buffered_bytes.fetch_add(ResultBytes(r));
-      state->ready.push_back(r);
-      state->cv.notify_one();
-    };
-    callbacks.on_done = [state](const RequestResult& r) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      state->done = true;
-      state->request_status = r.status;
-      state->cv.notify_one();
-    };
-    const std::string id = request.id;
-    const std::size_t n = request.items.size();
-    loop->Submit(std::move(request), std::move(callbacks));
-
-    // No deadline reads as gpr_inf_future, far beyond any real one.
-    const auto remaining = ctx->deadline() - std::chrono::system_clock::now();
-    const bool has_deadline = remaining < std::chrono::hours(24 * 365);
-    const Clock::time_point deadline =
-        has_deadline ? start + std::chrono::duration_cast<Clock::duration>(remaining) : Clock::time_point::max();
-
-    std::int64_t first_failed = -1;
-    Status first_failure;
-    std::size_t failed = 0, written = 0;
-    Status give_up;  // set when the handler leaves before the request is done
-    v1::EncodedItem msg;
-    for (;;) {
-      std::deque<ItemResult> batch;
-      bool done = false;
-      {
-        std::unique_lock<std::mutex> lock(state->mu);
-        const Clock::time_point wake = std::min(deadline, Clock::now() + options.cancel_poll);
-        state->cv.wait_until(lock, wake, [&] { return !state->ready.empty() || state->done; });
-        batch.swap(state->ready);
-        done = state->done;
-      }
-      for (ItemResult& r : batch) {
-        const std::int64_t bytes = ResultBytes(r);
-        if (!r.status.ok()) {
-          ++failed;
-          // The worker's message says what is wrong; EncodedItem::index says
-          // which item, and the call's status below names it.
-          if (first_failed < 0 || r.index < first_failed) {
-            first_failed = r.index;
-            first_failure = r.status;
-          }
-        }
-        msg.Clear();
-        if (!by_ipc || !internal::ToProtoByIpc(*ipc, ipc_device_name, r, options.server_id, &msg)) {
-          internal::ToProto(r, options.server_id, &msg, place_payload);
-        }
-        r.embedding.reset();
-        // The last item goes out with the call's status in one batch
-        // (WriteLast buffers it until the handler returns, which it does as
-        // soon as the worker reports the request done, right after its last
-        // item): one send and one wake-up fewer per call, which is most of a
-        // single-item hit's transport work.
-        const bool last = written + 1 == n;
-        // (WriteLast reports nothing: a client gone by then shows in the
-        // status, as it would after any last Write.)
-        bool ok = give_up.ok();
-        if (ok && last) {
-          writer->WriteLast(msg, grpc::WriteOptions());
-        } else if (ok) {
-          ok = writer->Write(msg);
-        }
-        Unbuffer(bytes);
-        if (!ok && give_up.ok()) give_up = Cancelled("the client went away while results were streaming");
-        if (ok) ++written;
-      }
-      if (!give_up.ok()) break;
-      if (done) break;
-      if (Clock::now() >= deadline) {
-        give_up = Status(StatusCode::kDeadlineExceeded,
-                         "the deadline passed after " + std::to_string(written) + " of " + std::to_string(n) +
-                             " items were sent; the rest were dropped (raise the deadline or retry)");
-        break;
-      }
-      if (ctx->IsCancelled()) {
-        give_up = Cancelled("the client cancelled the call");
-        break;
-      }
-    }
-
-    if (!give_up.ok()) {
-      std::int64_t left = 0;
-      {
-        std::lock_guard<std::mutex> lock(state->mu);
-        state->abandoned = true;
-        for (const ItemResult& r : state->ready) left += ResultBytes(r);
-        state->ready.clear();
-      }
-      Unbuffer(left);
-      loop->Cancel(id);
-      return Finish(give_up, start);
-    }
-    if (!state->request_status.ok()) return Finish(state->request_status, start);
-    if (failed > 0) {
-      // The one place an item's message leaves the process with its name.
-      Status s(first_failure.code(), "item " + std::to_string(first_failed) + ": " + first_failure.message());
-      if (n > 1) {
-        s = Status(s.code(), s.message() + " (" + std::to_string(failed) + " of " + std::to_string(n) +
-                                 " items failed; the others were sent)");
-      }
-      return Finish(s, start);
-    }
-    return Finish(Status::Ok(), start);
-  }
+  grpc::ServerWriteReactor<v1::EncodedItem>* Encode(grpc::CallbackServerContext* ctx,
+                                                    const v1::EncodeRequest* req) override;
 
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest*, v1::HealthResponse* out) override {
     if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
@@ -403,6 +310,285 @@ struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session
   }
 };
 
+grpc::ServerWriteReactor<v1::EncodedItem>* EncodeServer::Impl::Encode(grpc::CallbackServerContext* ctx,
+                                                                      const v1::EncodeRequest* req) {
+  auto call = std::make_shared<EncodeCall>(*this, ctx, req);
+  call->Start();
+  return call.get();
+}
+
+void EncodeCall::Start() {
+  self_ = shared_from_this();
+  EncodeServer::Impl& s = server_;
+  if (Status st = s.auth->Check(*ctx_); !st.ok()) return FinishWith(st);
+  if (const std::size_t bytes = req_->ByteSizeLong(); bytes > static_cast<std::size_t>(s.options.max_request_bytes)) {
+    return FinishWith(ResourceExhausted("the request is " + std::to_string(bytes) +
+                                        " bytes; this server accepts at most " +
+                                        std::to_string(s.options.max_request_bytes) +
+                                        " (split it, or raise --max-request-mb)"));
+  }
+  if (!s.serving.load()) return FinishWith(Status(StatusCode::kUnavailable, "the server is shutting down"));
+  if (Status st = s.Validate(*req_); !st.ok()) return FinishWith(st);
+  if (Status st = internal::CheckClientRequestId(req_->id()); !st.ok()) return FinishWith(st);
+  StatusOr<std::string> tenant = internal::TenantOf(*ctx_, s.options.tenant_metadata);
+  if (!tenant.ok()) return FinishWith(tenant.status());
+  tenant_ = std::move(*tenant);
+  // CUDA IPC for device-resident rows; the rest (and the overflow) by shared
+  // memory when the call allows it, else inline (ipc_delivery.h).
+  by_ipc_ = req_->delivery() == v1::DELIVERY_CUDA_IPC && s.ipc != nullptr;
+  const bool by_shm =
+      req_->delivery() == v1::DELIVERY_SHM || (req_->delivery() == v1::DELIVERY_CUDA_IPC && req_->ipc_fallback_shm());
+  if (by_shm && s.arena != nullptr) {
+    // The lease session the call names, if any (0: none, or not open).
+    StatusOr<std::uint64_t> owner = s.sessions->OwnerFor(ctx_->client_metadata());
+    if (!owner.ok()) return FinishWith(owner.status());
+    // ToProto has set out->key() (the content key) before it offers the rows.
+    place_payload_ = [&s, owner = *owner](const Embedding& e, v1::EncodedItem* out) {
+      if (!internal::PlaceInArena(*s.arena, out->key(), e, out)) return false;
+      if (owner != 0) out->mutable_shm()->set_in_session(s.arena->Adopt(out->shm().generation(), owner));
+      return true;
+    };
+  }
+  // (Rows that overflow the arena or the export bound go inline, built on
+  // whichever thread holds the role: rare, and bounded by the request.)
+  references_ = by_ipc_ || place_payload_ != nullptr;
+  // No deadline reads as gpr_inf_future; the clamp keeps the sum finite.
+  const auto to_deadline = std::min<std::chrono::system_clock::duration>(
+      ctx_->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1));
+  admit_by_ = Clock::now() + std::min<Clock::duration>(s.options.admission_wait,
+                                                        std::chrono::duration_cast<Clock::duration>(to_deadline));
+  message_bytes_ = static_cast<std::int64_t>(req_->ByteSizeLong());
+  // Assigned ids use a prefix client ids may not (request_id.h).
+  id_ = req_->id().empty() ? internal::AutoRequestId(s.next_auto_id++) : req_->id();
+  n_ = static_cast<std::size_t>(req_->items_size());
+  Admit();
+}
+
+void EncodeCall::Admit() {
+  EncodeServer::Impl& s = server_;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!give_up_.ok()) {
+      const Status g = give_up_;
+      lock.unlock();
+      return FinishWith(g);
+    }
+  }
+  // The in-flight request budget (admission.h): a call that finds no room
+  // tries again every kAdmissionRetry until admit_by_, holding no thread.
+  const bool last_try = Clock::now() >= admit_by_;
+  Status st = s.budget->Acquire(message_bytes_, Clock::time_point::min());
+  if (!st.ok() && !last_try) {
+    s.pool->PostAt(std::min(admit_by_, Clock::now() + kAdmissionRetry), [self = shared_from_this()] { self->Admit(); });
+    return;
+  }
+  if (!st.ok()) return FinishWith(st);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    admitted_ = true;
+  }
+  Submit();
+}
+
+void EncodeCall::Submit() {
+  EncodeServer::Impl& s = server_;
+  if (req_->release_size() > 0) {
+    Status ignored;  // refusals are counted in ShmStats, never fail the call
+    internal::ReleaseAnyLeases(s.arena.get(), s.ipc.get(), req_->release(), &ignored);
+  }
+  EncodeRequest request;
+  request.id = id_;
+  request.tenant = std::move(tenant_);
+  request.items.reserve(n_);
+  // The image bytes move out of the message instead of being copied, so a
+  // request's bytes are held once, not twice, while it is in flight. The
+  // message is this call's alone, and nothing reads it after this.
+  for (v1::EncodeItem& item : *const_cast<v1::EncodeRequest*>(req_)->mutable_items()) {
+    EncodeItemInput in;
+    in.expected_tokens = item.expected_tokens();
+    if (!item.video().empty() || item.has_video_frames()) {
+      VideoInput v;
+      v.container = std::move(*item.mutable_video());
+      for (const std::string& f : item.video_frames().frames()) v.frames.emplace_back(f);
+      if (item.has_sampling()) v.sampling = internal::FromProto(item.sampling(), s.worker_options.video_sampling);
+      in.video = std::move(v);
+      request.items.push_back(std::move(in));
+      continue;
+    }
+    in.media = std::move(*item.mutable_image());
+    if (!item.caller_key().empty()) in.caller_key = item.caller_key();
+    request.items.push_back(std::move(in));
+  }
+  RequestCallbacks callbacks;
+  callbacks.on_item = [self = shared_from_this()](const ItemResult& r) { self->Deliver(r); };
+  callbacks.on_done = [self = shared_from_this()](const RequestResult& r) { self->Done(r); };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted_ = true;
+  }
+  s.loop->Submit(std::move(request), std::move(callbacks));
+  // Items delivered meanwhile waited for the role Start held.
+  Pump();
+}
+
+void EncodeCall::Deliver(const ItemResult& r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || !give_up_.ok()) return;
+    server_.buffered_bytes.fetch_add(ResultBytes(r));
+    ready_.push_back(r);
+    ++delivered_;
+    if (writer_) return;
+    // The last item: on_done follows at once on this thread, and takes the
+    // role then, so the item and the status go out together.
+    if (delivered_ == n_ && !done_) return;
+    writer_ = true;
+  }
+  PumpFromWorker();
+}
+
+void EncodeCall::Done(const RequestResult& r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    request_status_ = r.status;
+    if (finished_ || writer_) return;
+    writer_ = true;
+  }
+  PumpFromWorker();
+}
+
+void EncodeCall::PumpFromWorker() {
+  if (references_) return Pump();
+  server_.pool->Post([self = shared_from_this()] { self->Pump(); });
+}
+
+void EncodeCall::Pump() {
+  EncodeServer::Impl& s = server_;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (finished_) {
+    writer_ = false;
+    return;
+  }
+  if (!give_up_.ok()) {
+    std::int64_t left = 0;
+    for (const ItemResult& r : ready_) left += ResultBytes(r);
+    ready_.clear();
+    const bool cancel_worker = submitted_ && !done_;
+    const Status g = give_up_;
+    lock.unlock();
+    s.Unbuffer(left);
+    if (cancel_worker) s.loop->Cancel(id_);
+    return FinishWith(g);
+  }
+  // The last item waits for on_done, to go out with the call's status.
+  const bool last = written_ + 1 == n_;
+  if (!ready_.empty() && (!last || done_)) {
+    ItemResult r = std::move(ready_.front());
+    ready_.pop_front();
+    if (!r.status.ok()) {
+      ++failed_;
+      // The worker's message says what is wrong; EncodedItem::index says
+      // which item, and the call's status names it.
+      if (first_failed_ < 0 || r.index < first_failed_) {
+        first_failed_ = r.index;
+        first_failure_ = r.status;
+      }
+    }
+    Status final_status;
+    if (last) {
+      final_status = FinalStatus();
+      finished_ = true;
+    }
+    lock.unlock();
+    msg_.Clear();
+    if (!by_ipc_ || !internal::ToProtoByIpc(*s.ipc, s.ipc_device_name, r, s.options.server_id, &msg_)) {
+      internal::ToProto(r, s.options.server_id, &msg_, place_payload_);
+    }
+    msg_bytes_ = ResultBytes(r);
+    r.embedding.reset();
+    if (!last) return StartWrite(&msg_);
+    // The last item and the status go out in one batch: one send and one
+    // wake-up fewer per call, which is most of a single-item hit's transport
+    // work. (It has no OnWriteDone; a client gone by then shows in OnDone.)
+    s.Unbuffer(msg_bytes_);
+    s.metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start_).count());
+    return StartWriteAndFinish(&msg_, grpc::WriteOptions(), internal::ToGrpc(final_status));
+  }
+  if (done_ && ready_.empty()) {
+    const Status st = FinalStatus();
+    lock.unlock();
+    return FinishWith(st);
+  }
+  writer_ = false;
+}
+
+void EncodeCall::OnWriteDone(bool ok) {
+  server_.Unbuffer(msg_bytes_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ok) {
+      ++written_;
+    } else if (give_up_.ok()) {
+      give_up_ = Cancelled("the client went away while results were streaming");
+    }
+  }
+  Pump();
+}
+
+void EncodeCall::OnCancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || !give_up_.ok()) return;
+    // gRPC cancels a call at its deadline too; tell the two apart (the timer
+    // may fire a little before the deadline read back from the context).
+    if (std::chrono::system_clock::now() + kDeadlineSlack >= ctx_->deadline()) {
+      give_up_ = Status(StatusCode::kDeadlineExceeded,
+                        "the deadline passed after " + std::to_string(written_) + " of " + std::to_string(n_) +
+                            " items were sent; the rest were dropped (raise the deadline or retry)");
+    } else {
+      give_up_ = Cancelled("the client cancelled the call");
+    }
+    // Whoever holds the role (a write in flight, a pending admission retry,
+    // a delivery) finishes the call when it next looks.
+    if (writer_) return;
+    writer_ = true;
+  }
+  Pump();
+}
+
+void EncodeCall::FinishWith(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  server_.metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start_).count());
+  Finish(internal::ToGrpc(s));  // counted and logged by `outcomes`' interceptor
+}
+
+Status EncodeCall::FinalStatus() const {
+  if (!request_status_.ok()) return request_status_;
+  if (failed_ == 0) return Status::Ok();
+  // The one place an item's message leaves the process with its name.
+  Status s(first_failure_.code(), "item " + std::to_string(first_failed_) + ": " + first_failure_.message());
+  if (n_ > 1) {
+    s = Status(s.code(), s.message() + " (" + std::to_string(failed_) + " of " + std::to_string(n_) +
+                             " items failed; the others were sent)");
+  }
+  return s;
+}
+
+void EncodeCall::OnDone() {
+  bool admitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    admitted = admitted_;
+  }
+  if (admitted) server_.budget->Release(message_bytes_);
+  self_.reset();  // may destroy this
+}
+
 EncodeServer::EncodeServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 EncodeServer::~EncodeServer() { Shutdown(std::chrono::milliseconds(0)); }
 
@@ -449,7 +635,6 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   if (options.max_rpc_threads < 2) {
     return InvalidArgument("max_rpc_threads must be >= 2, got " + std::to_string(options.max_rpc_threads));
   }
-  if (options.cancel_poll.count() <= 0) return InvalidArgument("cancel_poll must be > 0");
   if (tower == nullptr) return InvalidArgument("tower is null");
   StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       internal::MakeServerCredentials(options.tls_cert_pem, options.tls_key_pem, options.tls_client_ca_pem);
@@ -465,6 +650,7 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->metrics = std::make_shared<internal::ServerMetrics>([self] { return self->Snapshot(); });
   self->outcomes = std::make_unique<internal::CallOutcomes>(options.log);
   self->auth = std::make_unique<internal::TokenCheck>(options.auth_token);
+  self->pool = std::make_unique<internal::TaskPool>(PoolThreads());
   self->budget = std::make_unique<internal::RequestBudget>(
       options.max_inflight_request_bytes, options.max_inflight_request_bytes / 16, options.on_requests_drained);
   if (options.shm_arena_bytes > 0) {
@@ -589,6 +775,8 @@ void EncodeServer::Shutdown(std::chrono::milliseconds grace) {
   // cancels the calls still running (their handlers notice and return).
   impl_->server->Shutdown(std::chrono::system_clock::now() + grace);
   impl_->server->Wait();
+  // Every call has finished: nothing of theirs is left on the pool.
+  impl_->pool->Shutdown();
   impl_->metrics->Stop();
   impl_->loop->Shutdown(std::chrono::milliseconds(0));
 }

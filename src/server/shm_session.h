@@ -20,11 +20,10 @@
 // servers; the reply's ShmRef.in_session tells the client which leases are
 // covered.
 //
-// Why the callback API for this one method: the sync server holds a thread
-// per open call, and a session stays open for its client's lifetime, so
-// sessions would eat the RPC thread budget (ServerOptions::max_rpc_threads)
-// that Encode calls need. A ServerBidiReactor holds no thread while it waits;
-// the number of sessions is capped by ServerOptions::shm_max_sessions.
+// Why the callback API: a sync server holds a thread per open call, and a
+// session stays open for its client's lifetime. A ServerBidiReactor holds no
+// thread while it waits; the number of sessions is capped by
+// ServerOptions::shm_max_sessions.
 //
 // Thread safety: ShmSessions is thread-safe (one mutex, taken before the
 // arena's). The reactor's operations may come from gRPC's callback threads

@@ -1,0 +1,60 @@
+#include "task_pool.h"
+
+#include <cassert>
+
+namespace epd::internal {
+
+TaskPool::TaskPool(int threads) {
+  assert(threads >= 1);
+  threads_.reserve(threads);
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+}
+
+TaskPool::~TaskPool() { Shutdown(); }
+
+void TaskPool::PostAt(Clock::time_point when, std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    tasks_.emplace(std::make_pair(when, next_seq_++), std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void TaskPool::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+void TaskPool::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (tasks_.empty()) {
+      if (stopping_) return;
+      cv_.wait(lock);
+      continue;
+    }
+    auto first = tasks_.begin();
+    const Clock::time_point due = first->first.first;
+    if (due > Clock::now()) {
+      if (stopping_) return;  // delayed tasks are dropped at shutdown
+      cv_.wait_until(lock, due);
+      continue;
+    }
+    std::function<void()> task = std::move(first->second);
+    tasks_.erase(first);
+    // Another thread may take the next task while this one runs.
+    if (!tasks_.empty()) cv_.notify_one();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+}  // namespace epd::internal

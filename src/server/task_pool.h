@@ -1,0 +1,57 @@
+// src/server/task_pool.h (internal): a few threads that run posted tasks,
+// now or at a set time.
+//
+// EncodeServer's callback-API calls use it for the work that must not run on
+// the thread that triggers it: building an inline reply (a copy of up to
+// megabytes of rows) when the worker thread delivers an item, and retrying
+// a call that waits for room in the request budget (admission.h) without
+// holding one of gRPC's threads.
+//
+// Tasks due at the same time run in the order posted (FIFO); tasks run
+// concurrently on up to `threads` threads. A task must not throw.
+//
+// Thread safety: Post/PostAt from any thread, tasks included.
+// Shutdown (also the destructor) runs every task already due, drops the
+// delayed ones, and joins the threads; posts after it are dropped.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace epd::internal {
+
+class TaskPool {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // REQUIRES: threads >= 1.
+  explicit TaskPool(int threads);
+  ~TaskPool();
+  TaskPool(const TaskPool&) = delete;
+  TaskPool& operator=(const TaskPool&) = delete;
+
+  void Post(std::function<void()> task) { PostAt(Clock::time_point::min(), std::move(task)); }
+  // Runs `task` at `when` or soon after. O(log pending).
+  void PostAt(Clock::time_point when, std::function<void()> task);
+  void Shutdown();
+
+ private:
+  void Run();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // (due time, post order) -> task: the earliest first, FIFO among equals.
+  std::map<std::pair<Clock::time_point, std::uint64_t>, std::function<void()>> tasks_;  // guarded by mu_
+  std::uint64_t next_seq_ = 0;  // guarded by mu_
+  bool stopping_ = false;       // guarded by mu_
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace epd::internal
