@@ -98,7 +98,7 @@ struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session
   std::unique_ptr<internal::ShmArena> arena;  // null = no shared-memory delivery
   std::unique_ptr<internal::IpcLeases> ipc;   // null = no CUDA IPC delivery
   std::string ipc_device_name;                // ipc's Device::Describe(), sent in every CudaIpcRef
-  std::unique_ptr<internal::ShmSessions> sessions;  // lease sessions over `arena`; null without it
+  std::unique_ptr<internal::ShmSessions> sessions;  // lease sessions over `arena` and `ipc`; null without both
   int port = 0;
 
   std::atomic<bool> serving{false};
@@ -168,6 +168,15 @@ struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session
     return Status::Ok();
   }
 
+  // The lease session an Encode call names in "x-epd-session", if any
+  // (shm_session.h): its owner in each lease store, all 0 for no header, a
+  // session not open here, a call that makes no leases (`leases` false), or
+  // a server without sessions. kInvalidArgument for a malformed header.
+  StatusOr<internal::LeaseOwners> SessionOwners(const grpc::ServerContextBase& ctx, bool leases) {
+    if (!leases || sessions == nullptr) return internal::LeaseOwners{};
+    return sessions->OwnerFor(ctx.client_metadata());
+  }
+
   grpc::Status Encode(grpc::ServerContext* ctx, const v1::EncodeRequest* req,
                       grpc::ServerWriter<v1::EncodedItem>* writer) override {
     const Clock::time_point start = Clock::now();
@@ -203,15 +212,12 @@ struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session
     const bool by_shm =
         req->delivery() == v1::DELIVERY_SHM || (req->delivery() == v1::DELIVERY_CUDA_IPC && req->ipc_fallback_shm());
     std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload;
+    StatusOr<internal::LeaseOwners> owners = SessionOwners(*ctx, by_ipc || (by_shm && arena != nullptr));
+    if (!owners.ok()) return Finish(owners.status(), start);
     if (by_shm && arena != nullptr) {
-      // The lease session the call names, if any (0: none, or not open).
-      StatusOr<std::uint64_t> owner = sessions->OwnerFor(ctx->client_metadata());
-      if (!owner.ok()) return Finish(owner.status(), start);
       // ToProto has set out->key() (the content key) before it offers the rows.
-      place_payload = [this, owner = *owner](const Embedding& e, v1::EncodedItem* out) {
-        if (!internal::PlaceInArena(*arena, out->key(), e, out)) return false;
-        if (owner != 0) out->mutable_shm()->set_in_session(arena->Adopt(out->shm().generation(), owner));
-        return true;
+      place_payload = [this, owner = owners->shm](const Embedding& e, v1::EncodedItem* out) {
+        return internal::PlaceInArena(*arena, out->key(), e, out, owner);
       };
     }
 
@@ -293,7 +299,7 @@ struct EncodeServer::Impl final : public v1::Encoder::WithCallbackMethod_Session
           }
         }
         msg.Clear();
-        if (!by_ipc || !internal::ToProtoByIpc(*ipc, ipc_device_name, r, options.server_id, &msg)) {
+        if (!by_ipc || !internal::ToProtoByIpc(*ipc, ipc_device_name, r, options.server_id, &msg, owners->ipc)) {
           internal::ToProto(r, options.server_id, &msg, place_payload);
         }
         r.embedding.reset();
@@ -472,7 +478,6 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
         internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);
     if (!arena.ok()) return arena.status();
     self->arena = std::move(*arena);
-    self->sessions = std::make_unique<internal::ShmSessions>(*self->arena, options.shm_max_sessions);
   }
   if (options.ipc_device != nullptr && options.ipc_export_bytes > 0) {
     StatusOr<std::unique_ptr<internal::IpcLeases>> ipc = internal::IpcLeases::Create(
@@ -481,6 +486,10 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     if (!ipc.ok()) return ipc.status();
     self->ipc = std::move(*ipc);
     self->ipc_device_name = options.ipc_device->Describe();
+  }
+  if (self->arena != nullptr || self->ipc != nullptr) {
+    self->sessions =
+        std::make_unique<internal::ShmSessions>(self->arena.get(), self->ipc.get(), options.shm_max_sessions);
   }
 
   std::function<bool()> user_sink_full = std::move(worker_options.sink_full);
