@@ -8,10 +8,9 @@
 // unique for the life of the server, and ends when the client releases it,
 // when its deadline passes, or when the lease session it was put under ends
 // (Adopt, ReleaseOwner; shm_session.h). When a key's last lease ends, its
-// export is destroyed
-// at once (its device copy freed): unlike the arena's idle spans, an idle
-// export would hold device memory outside the GPU tier's capacity for
-// nothing but a faster next hit, so none is kept. Bytes of live exports are
+// export is destroyed at once (its device copy freed): unlike the arena's
+// idle spans, an idle export would hold device memory outside the GPU
+// tier's capacity for nothing but a faster next hit, so none is kept. Bytes of live exports are
 // bounded by `capacity_bytes`: an export that would pass it is refused, and
 // the caller falls back (shared memory or inline bytes) and counts it.
 //
@@ -22,8 +21,8 @@
 //
 // Complexity: Acquire of a key with a live export O(1 + e); of a new key one
 // ExportIpc (a device-to-device copy and an allocation) plus O(1 + e);
-// Release, OpenOwner and Adopt O(1 + e); ReleaseOwner O(k + e) for the
-// owner's k live leases; e leases that expire in the sweep.
+// Release and Adopt O(1 + e); OpenOwner O(1); ReleaseOwner O(k + e) for
+// the owner's k live leases; e leases that expire in the sweep.
 // Thread safety: thread-safe (one mutex, held across ExportIpc so a key is
 // exported once; ExportIpc only enqueues its copy). Destroying an export
 // (ending its last lease) happens outside the mutex.
