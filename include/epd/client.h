@@ -67,7 +67,8 @@ enum class Delivery {
   // (docs/SHM.md, "CUDA IPC"). Needs a server on the same GPU node with a
   // GPU tier and --ipc-export-mb. Rows that are not device-resident, or
   // past the server's export bound, come by shared memory (when
-  // ipc_fallback_shm and the server has an arena) or inline.
+  // ipc_fallback_shm and the server has an arena) or inline. The client
+  // holds a lease session for these leases too, as kShm does.
   kCudaIpc,
 };
 
@@ -283,9 +284,10 @@ class EncodeClient {
   // Errors: kInvalidArgument for an empty target, non-positive limits, or a
   // client certificate without its key (or the reverse).
   static StatusOr<std::unique_ptr<EncodeClient>> Connect(ClientOptions options);
-  // Sends the queued releases (FlushReleases), then, with Delivery::kShm,
-  // closes the lease session: the server releases every lease this client
-  // still holds (its ShmLeases' rows may be overwritten from then on). Waits
+  // Sends the queued releases (FlushReleases), then, with Delivery::kShm or
+  // kCudaIpc, closes the lease session: the server releases every lease this
+  // client still holds (its ShmLeases' rows may be overwritten, and its
+  // IpcLeases' exports freed, from then on). Waits
   // for the server's answer at most `timeout`.
   ~EncodeClient();
   EncodeClient(const EncodeClient&) = delete;
@@ -295,7 +297,7 @@ class EncodeClient {
   StatusOr<ServerStats> Stats();
 
   // Encodes `items`; see the header comment. No items: kInvalidArgument,
-  // nothing sent. With Delivery::kShm, the first call opens the client's
+  // nothing sent. With Delivery::kShm or kCudaIpc, the first call opens the client's
   // lease session (one Session stream; an extra round trip, once) and every
   // call names it in the "x-epd-session" header. When the server refuses a
   // session (no arena, its --shm-max-sessions cap, a server older than the

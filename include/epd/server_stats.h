@@ -53,6 +53,7 @@ struct IpcStats {
   std::uint64_t released = 0;          // leases ended by a release
   std::uint64_t expired = 0;           // leases ended by their deadline
   std::uint64_t refused_releases = 0;  // releases that matched no lease (twice, stale, expired)
+  std::uint64_t session_reclaimed = 0; // leases ended because their lease session ended (ShmStats::sessions)
 };
 
 struct ServerStats {

@@ -88,7 +88,7 @@ CUDA IPC come by shared memory when ``shm=True`` as well, else inline::
             if r.cuda_ipc is not None:
                 rows = open_with_cuda(r.cuda_ipc.memory_handle, r.cuda_ipc.length)
 Lease session (docs/SHM.md, "Crashed clients"): before its first
-shared-memory call the client opens a Session stream and names it on every
+shared-memory or CUDA IPC call the client opens a Session stream and names it on every
 such call (the ``x-epd-session`` header), so if this process dies the server
 releases its leases at once instead of at their expiry. ``close()`` (or
 leaving the ``with`` block) ends the session, and the server then releases
@@ -852,7 +852,7 @@ class EncodeClient:
                 m.sampling.resized_height = s.resized_height or 0
                 m.sampling.resized_width = s.resized_width or 0
         metadata = ([(ROUTE_HEADER, route)] if route else []) + self._auth
-        if use_shm:
+        if use_shm or use_ipc:
             session_id = self._session_id()
             if session_id:
                 metadata.append((SESSION_HEADER, session_id))

@@ -156,7 +156,7 @@ struct EncodeClient::Impl {
   std::mutex map_mu;
   std::map<std::uint64_t, std::shared_ptr<const internal::ShmMapping>> mappings;  // by segment; guarded by map_mu
   // The lease session (docs/SHM.md, "Crashed clients"), opened before the
-  // first shared-memory call and reopened after it ends; after a refusal
+  // first shared-memory or CUDA IPC call and reopened after it ends; after a refusal
   // (no arena, the server's cap, an older server) calls go without one and
   // the next try waits kSessionRetry.
   static constexpr std::chrono::seconds kSessionRetry{1};
@@ -338,7 +338,7 @@ struct EncodeClient::Impl {
     grpc::ClientContext ctx;
     SetDeadline(ctx);
     if (!group.route.empty()) ctx.AddMetadata(internal::kRouteHeader, group.route);
-    if (options.delivery == Delivery::kShm) {
+    if (options.delivery == Delivery::kShm || options.delivery == Delivery::kCudaIpc) {
       if (const std::string session_id = SessionId(); !session_id.empty()) {
         ctx.AddMetadata(internal::kSessionHeader, session_id);
       }

@@ -23,7 +23,7 @@ int CudaOrdinal(const std::string& description) {
 }
 
 bool ToProtoByIpc(IpcLeases& ipc, const std::string& device, const ItemResult& r, const std::string& server_id,
-                  v1::EncodedItem* out) {
+                  v1::EncodedItem* out, std::uint64_t owner) {
   if (!r.status.ok() || r.embedding == nullptr) return false;
   const Embedding& e = *r.embedding;
   if (e.resident == nullptr || e.resident->location() != "device") {
@@ -55,6 +55,7 @@ bool ToProtoByIpc(IpcLeases& ipc, const std::string& device, const ItemResult& r
   ref.set_pid(static_cast<std::int64_t>(getpid()));
   ref.set_generation(lease->generation);
   ref.set_lease_ms(ipc.lease().count());
+  if (owner != 0) ref.set_in_session(ipc.Adopt(lease->generation, owner));
 
   // ToProto writes the header fields; it is handed a shape-only host
   // Embedding (no bytes, so no device-to-host copy) and a placement that

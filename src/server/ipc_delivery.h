@@ -29,8 +29,11 @@ int CudaOrdinal(const std::string& description);
 // not_resident), when the export would pass the bound or ExportIpc fails
 // (counted as a fallback): the caller then sends the item another way.
 // `device` is ipc.device().Describe(), passed in to avoid a call per item.
+// A nonzero `owner` (the IpcLeases owner of the call's lease session,
+// shm_session.h) gets the lease (IpcLeases::Adopt); CudaIpcRef.in_session
+// says whether it took.
 bool ToProtoByIpc(IpcLeases& ipc, const std::string& device, const ItemResult& r, const std::string& server_id,
-                  v1::EncodedItem* out);
+                  v1::EncodedItem* out, std::uint64_t owner = 0);
 
 // Releases each lease with the store its kind names (shared-memory spans in
 // `arena`, CUDA IPC exports in `ipc`; either may be null, which refuses the

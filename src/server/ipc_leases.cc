@@ -13,10 +13,9 @@ StatusOr<std::unique_ptr<IpcLeases>> IpcLeases::Create(Device* device, std::int6
     return InvalidArgument("ipc_export_bytes must be > 0 for CUDA IPC delivery, got " + std::to_string(capacity_bytes));
   }
   if (lease.count() <= 0) return InvalidArgument("the CUDA IPC lease must be > 0 ms, got " + std::to_string(lease.count()));
-  std::unique_ptr<IpcLeases> l(new IpcLeases());
+  std::unique_ptr<IpcLeases> l(new IpcLeases(lease));
   l->device_ = device;
   l->capacity_ = static_cast<std::uint64_t>(capacity_bytes);
-  l->lease_ = lease;
   l->now_ = std::move(now);
   l->stats_.capacity_bytes = capacity_bytes;
   return l;
@@ -24,40 +23,34 @@ StatusOr<std::unique_ptr<IpcLeases>> IpcLeases::Create(Device* device, std::int6
 
 IpcLeases::~IpcLeases() = default;
 
-void IpcLeases::EndLocked(std::unordered_map<std::uint64_t, LeaseState>::iterator it,
-                          std::vector<std::shared_ptr<IpcExport>>* dead) {
-  auto e = exports_.find(it->second.key);
-  leases_.erase(it);
-  --stats_.leases;
+void IpcLeases::UnrefLocked(std::uint64_t id, Dead* dead) {
+  auto e = exports_.find(id);
   if (e == exports_.end()) return;  // cannot happen: an export lives while leased
   if (--e->second.refs > 0) return;
   stats_.exported_bytes -= static_cast<std::int64_t>(e->second.bytes);
   --stats_.exports;
+  if (!e->second.key.empty()) by_key_.erase(e->second.key);
   dead->push_back(std::move(e->second.exported));
   exports_.erase(e);
 }
 
-void IpcLeases::SweepLocked(Clock::time_point now, std::vector<std::shared_ptr<IpcExport>>* dead) {
-  while (!expiry_.empty() && expiry_.front().deadline <= now) {
-    auto it = leases_.find(expiry_.front().generation);
-    expiry_.pop_front();
-    if (it == leases_.end()) continue;  // released before its deadline
-    EndLocked(it, dead);
-    ++stats_.expired;
-  }
+void IpcLeases::SweepLocked(Clock::time_point now, Dead* dead) {
+  while (std::optional<std::uint64_t> id = book_.ExpireNext(now)) UnrefLocked(*id, dead);
 }
 
 std::optional<IpcLeases::Lease> IpcLeases::Acquire(const std::string& key, const void* device_src,
                                                    std::uint64_t bytes, Status* export_error) {
-  std::vector<std::shared_ptr<IpcExport>> dead;  // destroyed after the lock is dropped
+  Dead dead;  // destroyed after the lock is dropped
   std::optional<Lease> out;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const Clock::time_point now = Now();
     SweepLocked(now, &dead);
-    std::string slot = key.empty() ? "#private-" + std::to_string(next_private_key_++) : key;
-    auto it = exports_.find(slot);
-    bool reused = it != exports_.end();
+    auto it = exports_.end();
+    if (!key.empty()) {
+      if (auto hit = by_key_.find(key); hit != by_key_.end()) it = exports_.find(hit->second);
+    }
+    const bool reused = it != exports_.end();
     if (!reused) {
       if (bytes > capacity_ || static_cast<std::uint64_t>(stats_.exported_bytes) > capacity_ - bytes) {
         // Past the bound: nothing exported, the caller falls back.
@@ -66,10 +59,9 @@ std::optional<IpcLeases::Lease> IpcLeases::Acquire(const std::string& key, const
         if (!exported.ok()) {
           if (export_error != nullptr) *export_error = exported.status();
         } else {
-          ExportState st;
-          st.exported = std::move(*exported);
-          st.bytes = bytes;
-          it = exports_.emplace(slot, std::move(st)).first;
+          const std::uint64_t id = next_export_id_++;
+          it = exports_.emplace(id, ExportState{std::move(*exported), bytes, 0, key}).first;
+          if (!key.empty()) by_key_.emplace(key, id);
           stats_.exported_bytes += static_cast<std::int64_t>(bytes);
           ++stats_.exports;
         }
@@ -77,10 +69,7 @@ std::optional<IpcLeases::Lease> IpcLeases::Acquire(const std::string& key, const
     }
     if (it != exports_.end()) {
       ++it->second.refs;
-      const std::uint64_t generation = next_generation_++;
-      leases_.emplace(generation, LeaseState{slot});
-      expiry_.push_back(Expiry{now + lease_, generation});
-      ++stats_.leases;
+      const std::uint64_t generation = book_.Grant(it->first, now);
       out = Lease{it->second.exported->handle(), generation, reused};
     }
   }
@@ -88,22 +77,41 @@ std::optional<IpcLeases::Lease> IpcLeases::Acquire(const std::string& key, const
 }
 
 Status IpcLeases::Release(std::uint64_t generation) {
-  std::vector<std::shared_ptr<IpcExport>> dead;
+  Dead dead;
   Status s = Status::Ok();
   {
     std::lock_guard<std::mutex> lock(mu_);
     SweepLocked(Now(), &dead);
-    auto it = leases_.find(generation);
-    if (it == leases_.end()) {
-      ++stats_.refused_releases;
+    const LeaseBook::Released r = book_.Release(generation);
+    if (!r.ok()) {
       s = FailedPrecondition("no CUDA IPC lease with generation " + std::to_string(generation) +
                              " (released already, expired, or never handed out)");
     } else {
-      EndLocked(it, &dead);
-      ++stats_.released;
+      UnrefLocked(r.holding, &dead);
     }
   }
   return s;
+}
+
+std::uint64_t IpcLeases::OpenOwner() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return book_.OpenOwner();
+}
+
+bool IpcLeases::Adopt(std::uint64_t generation, std::uint64_t owner) {
+  Dead dead;
+  std::lock_guard<std::mutex> lock(mu_);
+  SweepLocked(Now(), &dead);
+  return book_.Adopt(generation, owner);
+}
+
+std::size_t IpcLeases::ReleaseOwner(std::uint64_t owner) {
+  Dead dead;
+  std::lock_guard<std::mutex> lock(mu_);
+  SweepLocked(Now(), &dead);
+  const std::vector<std::uint64_t> ids = book_.ReleaseOwner(owner);
+  for (const std::uint64_t id : ids) UnrefLocked(id, &dead);
+  return ids.size();
 }
 
 void IpcLeases::CountFallback(bool not_resident) {
@@ -118,10 +126,17 @@ void IpcLeases::CountItem(bool reused) {
 }
 
 IpcStats IpcLeases::Stats() {
-  std::vector<std::shared_ptr<IpcExport>> dead;
+  Dead dead;
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked(Now(), &dead);
-  return stats_;
+  IpcStats s = stats_;
+  const LeaseBook::Counts& c = book_.counts();
+  s.leases = c.leases;
+  s.released = c.released;
+  s.expired = c.expired;
+  s.refused_releases = c.refused_releases;
+  s.session_reclaimed = c.owner_released;
+  return s;
 }
 
 }  // namespace epd::internal

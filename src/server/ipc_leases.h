@@ -5,39 +5,44 @@
 // Device::ExportIpc (a private device copy plus an interprocess event), and
 // every reply that delivers the key while that export lives leases the same
 // export, as ShmArena shares a span. Each lease has its own generation,
-// unique for the life of the server, and ends when the client releases it or
-// its deadline passes. When a key's last lease ends, its export is destroyed
-// at once (its device copy freed): unlike the arena's idle spans, an idle
-// export would hold device memory outside the GPU tier's capacity for
-// nothing but a faster next hit, so none is kept. Bytes of live exports are
+// unique for the life of the server, and ends when the client releases it,
+// when its deadline passes, or when the lease session it was put under ends
+// (Adopt, ReleaseOwner; shm_session.h). When a key's last lease ends, its
+// export is destroyed at once (its device copy freed): unlike the arena's
+// idle spans, an idle export would hold device memory outside the GPU
+// tier's capacity for nothing but a faster next hit, so none is kept. Bytes of live exports are
 // bounded by `capacity_bytes`: an export that would pass it is refused, and
 // the caller falls back (shared memory or inline bytes) and counts it.
 //
-// Expiry: a FIFO of (deadline, generation), sorted because the lease time is
-// one constant; entries of leases released earlier are skipped. Expired
-// leases are swept at the start of every Acquire, Release and Stats.
+// The leases themselves (generations, the deadline FIFO, owners) are kept by
+// a LeaseBook (lease_book.h), each holding its export's id; expired leases
+// are swept at the start of every Acquire, Release, Adopt, ReleaseOwner and
+// Stats.
 //
 // Complexity: Acquire of a key with a live export O(1 + e); of a new key one
 // ExportIpc (a device-to-device copy and an allocation) plus O(1 + e);
-// Release O(1 + e); e leases that expire in the sweep.
+// Release and Adopt O(1 + e); OpenOwner O(1); ReleaseOwner O(k + e) for
+// the owner's k live leases; e leases that expire in the sweep.
 // Thread safety: thread-safe (one mutex, held across ExportIpc so a key is
 // exported once; ExportIpc only enqueues its copy). Destroying an export
 // (ending its last lease) happens outside the mutex.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "epd/device.h"
 #include "epd/server_stats.h"
 #include "epd/status.h"
+#include "lease_book.h"
 
 namespace epd::internal {
 
@@ -76,6 +81,20 @@ class IpcLeases {
   // IpcStats::refused_releases; nothing changes.
   Status Release(std::uint64_t generation);
 
+  // Lease sessions, as ShmArena's (shm_session.h). OpenOwner: a new owner (a
+  // nonzero tag, never reused), live until ReleaseOwner. Adopt: puts the
+  // live lease `generation` under the live `owner`; false, and nothing
+  // changes, when the owner was never opened or is released already, or the
+  // lease has ended or is under an owner already. ReleaseOwner: ends every
+  // lease still under `owner`, as Release would (an export whose last lease
+  // it was is destroyed, outside the mutex), counted in
+  // IpcStats::session_reclaimed (not `released`), and retires the owner;
+  // returns how many leases it ended, 0 for an owner that is unknown or
+  // released already (harmless to repeat).
+  std::uint64_t OpenOwner();
+  bool Adopt(std::uint64_t generation, std::uint64_t owner);
+  std::size_t ReleaseOwner(std::uint64_t owner);
+
   // An item the caller asked to send by CUDA IPC but sent otherwise:
   // `not_resident` for rows outside device memory, else the bound or a
   // failed export.
@@ -92,22 +111,17 @@ class IpcLeases {
   struct ExportState {
     std::shared_ptr<IpcExport> exported;
     std::uint64_t bytes = 0;
-    std::int64_t refs = 0;
+    std::int64_t refs = 0;  // live leases on it
+    std::string key;        // empty: never shared (not in by_key_)
   };
-  struct LeaseState {
-    std::string key;  // the export's key in exports_ (a private one for an empty key)
-  };
-  struct Expiry {
-    Clock::time_point deadline;
-    std::uint64_t generation = 0;
-  };
+  using Dead = std::vector<std::shared_ptr<IpcExport>>;
 
-  IpcLeases() = default;
+  explicit IpcLeases(std::chrono::milliseconds lease) : lease_(lease), book_(lease) {}
   Clock::time_point Now() const { return now_ ? now_() : Clock::now(); }
-  // Ends the lease `it`; the export it drops (its last lease) goes to *dead.
-  void EndLocked(std::unordered_map<std::uint64_t, LeaseState>::iterator it,
-                 std::vector<std::shared_ptr<IpcExport>>* dead);
-  void SweepLocked(Clock::time_point now, std::vector<std::shared_ptr<IpcExport>>* dead);
+  // One lease fewer on the export `id`; the last one ends the export, which
+  // goes to *dead (destroyed by the caller once the mutex is dropped).
+  void UnrefLocked(std::uint64_t id, Dead* dead);
+  void SweepLocked(Clock::time_point now, Dead* dead);
 
   Device* device_ = nullptr;
   std::uint64_t capacity_ = 0;
@@ -115,12 +129,13 @@ class IpcLeases {
   std::function<Clock::time_point()> now_;
 
   std::mutex mu_;
-  std::unordered_map<std::string, ExportState> exports_;    // guarded by mu_
-  std::unordered_map<std::uint64_t, LeaseState> leases_;    // by generation; guarded by mu_
-  std::deque<Expiry> expiry_;                               // guarded by mu_
-  std::uint64_t next_generation_ = 1;                       // guarded by mu_
-  std::uint64_t next_private_key_ = 1;                      // guarded by mu_
-  IpcStats stats_;                                          // guarded by mu_
+  std::unordered_map<std::uint64_t, ExportState> exports_;  // live exports by id; guarded by mu_
+  std::unordered_map<std::string, std::uint64_t> by_key_;   // key -> id, nonempty keys; guarded by mu_
+  std::uint64_t next_export_id_ = 1;                        // guarded by mu_
+  LeaseBook book_;  // each lease holds its export's id; guarded by mu_
+  // The exports' own counters; the lease counts come from book_ in Stats.
+  // Guarded by mu_.
+  IpcStats stats_;
 };
 
 }  // namespace epd::internal

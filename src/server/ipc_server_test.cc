@@ -333,6 +333,192 @@ TEST(IpcDeliveryTest, WithoutCudaIpcTheServerSendsInlineAndRefusesIpcReleases) {
   EXPECT_NE(s.error_message().find("no CUDA IPC"), std::string::npos) << s.error_message();
 }
 
+// --- Lease sessions (docs/SHM.md, "Crashed clients") ---------------------------
+
+// An open Session call on the raw stub; the first event names it.
+struct RawSession {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionMessage, v1::SessionEvent>> stream;
+  v1::SessionEvent first;
+  bool named = false;
+
+  explicit RawSession(v1::Encoder::Stub& stub) {
+    stream = stub.Session(&ctx);
+    named = stream->Read(&first);
+  }
+  // Half-closes the stream, as a client that ends its session does, and
+  // returns the call's status. The server releases the session's leases
+  // before it finishes the call.
+  grpc::Status End() {
+    stream->WritesDone();
+    v1::SessionEvent e;
+    while (stream->Read(&e)) {
+    }
+    return stream->Finish();
+  }
+};
+
+RawCall CallEncodeIn(v1::Encoder::Stub& stub, const v1::EncodeRequest& request, const std::string& session_id) {
+  RawCall out;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!session_id.empty()) ctx.AddMetadata("x-epd-session", session_id);
+  auto reader = stub.Encode(&ctx, request);
+  v1::EncodedItem item;
+  while (reader->Read(&item)) out.items.push_back(item);
+  out.status = reader->Finish();
+  return out;
+}
+
+// True when `ref`'s export still imports and holds `rows`.
+bool ExportHolds(const v1::CudaIpcRef& ref, const std::string& rows) {
+  FakeDevice importer;
+  StatusOr<std::unique_ptr<IpcImport>> imp = importer.ImportIpc(HandleOf(ref));
+  if (!imp.ok() || !(*imp)->WaitReady().ok()) return false;
+  return std::string(reinterpret_cast<const char*>((*imp)->data()), (*imp)->size()) == rows;
+}
+
+TEST(IpcSessionTest, EndingASessionReleasesItsCudaIpcLeasesAndFreesExportsWithNoOtherLease) {
+  // No arena: CUDA IPC alone gives the server lease sessions. A lease time no
+  // test waits out, so only the session can end these leases.
+  auto s = StartIpcServer({.lease = milliseconds(600000)});
+  RawSession session(*s->t.stub);
+  ASSERT_TRUE(session.named);
+  EXPECT_EQ(session.first.session_id().size(), 32u);
+  EXPECT_EQ(session.first.lease_ms(), 600000);  // the CUDA IPC lease, there being no arena
+  const std::string& id = session.first.session_id();
+  const std::string a = Png(56, 56, 1), b = Png(84, 56, 2);
+
+  RawCall in_a = CallEncodeIn(*s->t.stub, IpcRequest("a", {a}), id);
+  RawCall out_b = CallEncodeIn(*s->t.stub, IpcRequest("b", {b}), "");
+  RawCall in_b = CallEncodeIn(*s->t.stub, IpcRequest("b2", {b}), id);  // shares b's export
+  for (const RawCall* c : {&in_a, &out_b, &in_b}) {
+    ASSERT_TRUE(c->status.ok()) << c->status.error_message();
+    ASSERT_EQ(c->items.size(), 1u);
+    ASSERT_TRUE(c->items[0].has_cuda_ipc());
+  }
+  EXPECT_TRUE(in_a.items[0].cuda_ipc().in_session());
+  EXPECT_FALSE(out_b.items[0].cuda_ipc().in_session());
+  EXPECT_TRUE(in_b.items[0].cuda_ipc().in_session());
+  EXPECT_EQ(in_b.items[0].cuda_ipc().memory_handle(), out_b.items[0].cuda_ipc().memory_handle());
+  IpcStats st = s->t.server->Stats().ipc;
+  EXPECT_EQ(st.leases, 3);
+  EXPECT_EQ(st.exports, 2);
+  EXPECT_EQ(s->t.server->Stats().shm.sessions, 1);
+
+  EXPECT_TRUE(session.End().ok());
+  st = s->t.server->Stats().ipc;
+  EXPECT_EQ(st.leases, 1);  // the lease made outside the session
+  EXPECT_EQ(st.session_reclaimed, 2u);
+  EXPECT_EQ(st.released, 0u);
+  EXPECT_EQ(st.expired, 0u);
+  // a's export had only the session's lease: freed. b's is held by the other lease.
+  EXPECT_EQ(st.exports, 1);
+  EXPECT_EQ(st.exported_bytes, static_cast<std::int64_t>(Expected(b).nbytes()));
+  EXPECT_FALSE(ExportHolds(in_a.items[0].cuda_ipc(), Rows(Expected(a))));
+  EXPECT_TRUE(ExportHolds(out_b.items[0].cuda_ipc(), Rows(Expected(b))));
+  // The session's leases are gone: releasing one now is refused.
+  v1::ReleaseResponse resp;
+  EXPECT_EQ(ReleaseIpc(*s->t.stub, in_a.items[0].cuda_ipc().generation(), &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(ReleaseIpc(*s->t.stub, out_b.items[0].cuda_ipc().generation(), &resp).ok());
+  st = s->t.server->Stats().ipc;
+  EXPECT_EQ(st.leases, 0);
+  EXPECT_EQ(st.exports, 0);
+  EXPECT_EQ(st.exported_bytes, 0);
+  EXPECT_EQ(st.released, 1u);
+  EXPECT_EQ(st.refused_releases, 1u);
+  EXPECT_EQ(st.expired, 0u);
+  // The Stats RPC carries the counter.
+  v1::StatsResponse remote;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(s->t.stub->Stats(&ctx, v1::StatsRequest(), &remote).ok());
+  }
+  EXPECT_EQ(remote.ipc_session_reclaimed(), 2u);
+}
+
+TEST(IpcSessionTest, OneSessionEndReleasesBothKindsOfLease) {
+  const std::string a = Png(56, 56, 3), b = Png(56, 56, 4);
+  const std::size_t item_bytes = Expected(a).nbytes();
+  // Room for one export: b falls back to shared memory, in the same session.
+  auto s = StartIpcServer({.ipc_bytes = static_cast<std::int64_t>(item_bytes + item_bytes / 2),
+                           .shm_bytes = 1 << 20,
+                           .lease = milliseconds(600000)});
+  RawSession session(*s->t.stub);
+  ASSERT_TRUE(session.named);
+  RawCall call = CallEncodeIn(*s->t.stub, IpcRequest("ab", {a, b}, /*fallback_shm=*/true), session.first.session_id());
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  ASSERT_EQ(call.items.size(), 2u);
+  int by_ipc = 0, by_shm = 0;
+  for (const v1::EncodedItem& item : call.items) {
+    if (item.has_cuda_ipc()) {
+      ++by_ipc;
+      EXPECT_TRUE(item.cuda_ipc().in_session());
+    } else {
+      ASSERT_TRUE(item.has_shm());
+      ++by_shm;
+      EXPECT_TRUE(item.shm().in_session());
+    }
+  }
+  EXPECT_EQ(by_ipc, 1);
+  EXPECT_EQ(by_shm, 1);
+  EXPECT_TRUE(session.End().ok());
+  const ServerStats st = s->t.server->Stats();
+  EXPECT_EQ(st.ipc.leases, 0);
+  EXPECT_EQ(st.ipc.exports, 0);
+  EXPECT_EQ(st.ipc.session_reclaimed, 1u);
+  EXPECT_EQ(st.ipc.expired, 0u);
+  EXPECT_EQ(st.shm.leases, 0);
+  EXPECT_EQ(st.shm.session_reclaimed, 1u);
+  EXPECT_EQ(st.shm.expired, 0u);
+}
+
+TEST(IpcSessionTest, AnUnknownSessionLeavesCudaIpcLeasesOutsideAnySessionAndAMalformedOneIsRefused) {
+  auto s = StartIpcServer();
+  RawCall call = CallEncodeIn(*s->t.stub, IpcRequest("u", {Png(56, 56, 5)}), std::string(32, 'a'));
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  ASSERT_TRUE(call.items[0].has_cuda_ipc());
+  EXPECT_FALSE(call.items[0].cuda_ipc().in_session());
+  EXPECT_EQ(s->t.server->Stats().shm.session_unknown, 1u);
+  RawCall bad = CallEncodeIn(*s->t.stub, IpcRequest("m", {Png(56, 56, 5)}), "xyz");
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(bad.items.empty());
+  EXPECT_EQ(s->t.server->Stats().ipc.leases, 1);
+}
+
+TEST(IpcSessionTest, TheClientLibraryHoldsItsCudaIpcLeasesInASession) {
+  auto s = StartIpcServer({.lease = milliseconds(600000)});
+  FakeDevice importer;  // outlives the client and its leases
+  ClientOptions co{.target = s->t.target};
+  co.delivery = Delivery::kCudaIpc;
+  co.ipc_device = &importer;
+  std::vector<std::shared_ptr<IpcLease>> kept;
+  {
+    auto client = EncodeClient::Connect(co);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    EncodeResult r = (*client)->Encode({ClientItem{Png(56, 56, 6)}, ClientItem{Png(84, 56, 7)}});
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    EXPECT_EQ(s->t.server->Stats().shm.sessions, 1);
+    EXPECT_EQ(s->t.server->Stats().ipc.leases, 2);
+    // Leases kept past the client are not released by it; its session's end
+    // releases them on the server.
+    for (ClientItemResult& item : r.items) {
+      ASSERT_NE(item.ipc, nullptr);
+      kept.push_back(std::move(item.ipc));
+    }
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    const ServerStats st = s->t.server->Stats();
+    return st.shm.sessions == 0 && st.ipc.leases == 0;
+  }));
+  const IpcStats st = s->t.server->Stats().ipc;
+  EXPECT_EQ(st.session_reclaimed, 2u);
+  EXPECT_EQ(st.exports, 0);
+  EXPECT_EQ(st.expired, 0u);
+  kept.clear();
+}
+
 TEST(IpcDeliveryTest, ClientImportsTheRowsAndReleasesOnDestruction) {
   auto s = StartIpcServer();
   FakeDevice importer;  // outlives the client and its leases
@@ -515,6 +701,56 @@ TEST_F(IpcLeasesTest, TheBoundRefusesNewExportsButSharesLiveOnes) {
   EXPECT_EQ(st.exports, 2);
   EXPECT_EQ(st.leases, 3);
   EXPECT_EQ(st.released, 1u);
+}
+
+TEST_F(IpcLeasesTest, ReleaseOwnerEndsItsLeasesAndFreesExportsNoOtherLeaseHolds) {
+  const std::uint64_t owner = leases_->OpenOwner();
+  EXPECT_NE(owner, 0u);
+  auto a = leases_->Acquire("a", rows_.data(), 256);
+  auto b1 = leases_->Acquire("b", rows_.data(), 256);
+  auto b2 = leases_->Acquire("b", rows_.data(), 256);  // b's export, a second lease
+  auto c = leases_->Acquire("", rows_.data(), 64);     // never shared
+  ASSERT_TRUE(a && b1 && b2 && c);
+  EXPECT_TRUE(leases_->Adopt(a->generation, owner));
+  EXPECT_TRUE(leases_->Adopt(b1->generation, owner));
+  EXPECT_TRUE(leases_->Adopt(c->generation, owner));
+  EXPECT_FALSE(leases_->Adopt(a->generation, owner));       // under an owner already
+  EXPECT_FALSE(leases_->Adopt(b2->generation, owner + 1));  // never opened
+  IpcStats st = leases_->Stats();
+  EXPECT_EQ(st.exports, 3);
+  EXPECT_EQ(st.exported_bytes, 256 + 256 + 64);
+  ASSERT_TRUE(leases_->Release(c->generation).ok());  // leaves the owner's set; c's export goes with it
+  EXPECT_EQ(leases_->Stats().exports, 2);
+
+  EXPECT_EQ(leases_->ReleaseOwner(owner), 2u);  // a and b1
+  st = leases_->Stats();
+  EXPECT_EQ(st.leases, 1);  // b2
+  EXPECT_EQ(st.exports, 1);  // b's, held by b2; a's freed with its only lease
+  EXPECT_EQ(st.exported_bytes, 256);
+  EXPECT_EQ(st.session_reclaimed, 2u);
+  EXPECT_EQ(st.released, 1u);
+  EXPECT_EQ(st.expired, 0u);
+  EXPECT_EQ(leases_->Release(a->generation).code(), StatusCode::kFailedPrecondition);
+  // Retired: nothing more to end, and nothing to adopt under it.
+  EXPECT_EQ(leases_->ReleaseOwner(owner), 0u);
+  EXPECT_FALSE(leases_->Adopt(b2->generation, owner));
+  // A new lease on "a" makes a new export.
+  auto again = leases_->Acquire("a", rows_.data(), 256);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_FALSE(again->reused);
+}
+
+TEST_F(IpcLeasesTest, AnOwnedLeaseStillExpiresAndItsOwnerThenHasNothingToEnd) {
+  const std::uint64_t owner = leases_->OpenOwner();
+  auto a = leases_->Acquire("a", rows_.data(), 256);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_TRUE(leases_->Adopt(a->generation, owner));
+  now_ += milliseconds(100);  // the lease time
+  EXPECT_EQ(leases_->ReleaseOwner(owner), 0u);
+  const IpcStats st = leases_->Stats();
+  EXPECT_EQ(st.expired, 1u);
+  EXPECT_EQ(st.session_reclaimed, 0u);
+  EXPECT_EQ(st.exports, 0);
 }
 
 TEST_F(IpcLeasesTest, AFailedExportIsReportedAndNothingIsLeased) {

@@ -194,6 +194,8 @@ class StatsCollectable : public prometheus::Collectable {
     counter("epd_ipc_expired_total", "CUDA IPC leases ended by their deadline", static_cast<double>(s.ipc.expired));
     counter("epd_ipc_refused_releases_total", "CUDA IPC releases that matched no lease",
             static_cast<double>(s.ipc.refused_releases));
+    counter("epd_ipc_session_reclaimed_total", "CUDA IPC leases ended because their session ended",
+            static_cast<double>(s.ipc.session_reclaimed));
 
     out.push_back(Family("epd_item_errors_total", "Failed items, by status code", MetricType::Counter));
     for (const auto& [code, n] : w.errors) {

@@ -220,6 +220,7 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_ipc_released(s.ipc.released);
   out->set_ipc_expired(s.ipc.expired);
   out->set_ipc_refused_releases(s.ipc.refused_releases);
+  out->set_ipc_session_reclaimed(s.ipc.session_reclaimed);
   out->set_shm_sessions(s.shm.sessions);
   out->set_shm_sessions_opened(s.shm.sessions_opened);
   out->set_shm_sessions_refused(s.shm.sessions_refused);
@@ -296,6 +297,7 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   s.ipc.released = m.ipc_released();
   s.ipc.expired = m.ipc_expired();
   s.ipc.refused_releases = m.ipc_refused_releases();
+  s.ipc.session_reclaimed = m.ipc_session_reclaimed();
   s.shm.sessions = m.shm_sessions();
   s.shm.sessions_opened = m.shm_sessions_opened();
   s.shm.sessions_refused = m.shm_sessions_refused();

@@ -148,6 +148,7 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   std::string id_, tenant_;
   std::size_t n_ = 0;
   bool by_ipc_ = false;
+  std::uint64_t ipc_owner_ = 0;  // the call's session's owner in the CUDA IPC leases, 0 = none
   bool references_ = false;  // payloads go by reference: cheap to build on any thread
   std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload_;
 
@@ -187,7 +188,7 @@ struct EncodeServer::Impl final
   std::unique_ptr<internal::ShmArena> arena;  // null = no shared-memory delivery
   std::unique_ptr<internal::IpcLeases> ipc;   // null = no CUDA IPC delivery
   std::string ipc_device_name;                // ipc's Device::Describe(), sent in every CudaIpcRef
-  std::unique_ptr<internal::ShmSessions> sessions;  // lease sessions over `arena`; null without it
+  std::unique_ptr<internal::ShmSessions> sessions;  // lease sessions over `arena` and `ipc`; null without both
   std::unique_ptr<internal::TaskPool> pool;          // inline replies, admission retries (EncodeCall)
   int port = 0;
 
@@ -223,11 +224,6 @@ struct EncodeServer::Impl final
     if (before > options.max_buffered_bytes && before - bytes <= options.max_buffered_bytes) loop->Wake();
   }
 
-  grpc::Status Finish(const Status& s, Clock::time_point start) {
-    metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start).count());
-    return internal::ToGrpc(s);  // counted and logged by `outcomes`' interceptor
-  }
-
   // Request-level checks that need no worker state (see server.h, step 1).
   Status Validate(const v1::EncodeRequest& req) const {
     if (req.items_size() == 0) return InvalidArgument("the request has no items; send at least one image");
@@ -256,6 +252,15 @@ struct EncodeServer::Impl final
       }
     }
     return Status::Ok();
+  }
+
+  // The lease session an Encode call names in "x-epd-session", if any
+  // (shm_session.h): its owner in each lease store, all 0 for no header, a
+  // session not open here, a call that makes no leases (`leases` false), or
+  // a server without sessions. kInvalidArgument for a malformed header.
+  StatusOr<internal::LeaseOwners> SessionOwners(const grpc::ServerContextBase& ctx, bool leases) {
+    if (!leases || sessions == nullptr) return internal::LeaseOwners{};
+    return sessions->OwnerFor(ctx.client_metadata());
   }
 
   grpc::ServerWriteReactor<v1::EncodedItem>* Encode(grpc::CallbackServerContext* ctx,
@@ -338,15 +343,14 @@ void EncodeCall::Start() {
   by_ipc_ = req_->delivery() == v1::DELIVERY_CUDA_IPC && s.ipc != nullptr;
   const bool by_shm =
       req_->delivery() == v1::DELIVERY_SHM || (req_->delivery() == v1::DELIVERY_CUDA_IPC && req_->ipc_fallback_shm());
+  // The lease session the call names, if any (all owners 0: none, or not open).
+  StatusOr<internal::LeaseOwners> owners = s.SessionOwners(*ctx_, by_ipc_ || (by_shm && s.arena != nullptr));
+  if (!owners.ok()) return FinishWith(owners.status());
+  ipc_owner_ = owners->ipc;
   if (by_shm && s.arena != nullptr) {
-    // The lease session the call names, if any (0: none, or not open).
-    StatusOr<std::uint64_t> owner = s.sessions->OwnerFor(ctx_->client_metadata());
-    if (!owner.ok()) return FinishWith(owner.status());
     // ToProto has set out->key() (the content key) before it offers the rows.
-    place_payload_ = [&s, owner = *owner](const Embedding& e, v1::EncodedItem* out) {
-      if (!internal::PlaceInArena(*s.arena, out->key(), e, out)) return false;
-      if (owner != 0) out->mutable_shm()->set_in_session(s.arena->Adopt(out->shm().generation(), owner));
-      return true;
+    place_payload_ = [&s, owner = owners->shm](const Embedding& e, v1::EncodedItem* out) {
+      return internal::PlaceInArena(*s.arena, out->key(), e, out, owner);
     };
   }
   // (Rows that overflow the arena or the export bound go inline, built on
@@ -502,7 +506,7 @@ void EncodeCall::Pump() {
     }
     lock.unlock();
     msg_.Clear();
-    if (!by_ipc_ || !internal::ToProtoByIpc(*s.ipc, s.ipc_device_name, r, s.options.server_id, &msg_)) {
+    if (!by_ipc_ || !internal::ToProtoByIpc(*s.ipc, s.ipc_device_name, r, s.options.server_id, &msg_, ipc_owner_)) {
       internal::ToProto(r, s.options.server_id, &msg_, place_payload_);
     }
     msg_bytes_ = ResultBytes(r);
@@ -658,7 +662,6 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
         internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);
     if (!arena.ok()) return arena.status();
     self->arena = std::move(*arena);
-    self->sessions = std::make_unique<internal::ShmSessions>(*self->arena, options.shm_max_sessions);
   }
   if (options.ipc_device != nullptr && options.ipc_export_bytes > 0) {
     StatusOr<std::unique_ptr<internal::IpcLeases>> ipc = internal::IpcLeases::Create(
@@ -667,6 +670,10 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     if (!ipc.ok()) return ipc.status();
     self->ipc = std::move(*ipc);
     self->ipc_device_name = options.ipc_device->Describe();
+  }
+  if (self->arena != nullptr || self->ipc != nullptr) {
+    self->sessions =
+        std::make_unique<internal::ShmSessions>(self->arena.get(), self->ipc.get(), options.shm_max_sessions);
   }
 
   std::function<bool()> user_sink_full = std::move(worker_options.sink_full);

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <vector>
 
 namespace epd::internal {
 namespace {
@@ -35,9 +36,8 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(std::int64_t capacity_bytes
     return InvalidArgument("shared-memory arena size must be > 0 bytes, got " + std::to_string(capacity_bytes));
   }
   if (lease.count() <= 0) return InvalidArgument("shared-memory lease must be > 0 ms, got " + std::to_string(lease.count()));
-  std::unique_ptr<ShmArena> a(new ShmArena());
+  std::unique_ptr<ShmArena> a(new ShmArena(lease));
   a->capacity_ = RoundUp(static_cast<std::uint64_t>(capacity_bytes));
-  a->lease_ = lease;
   a->now_ = std::move(now);
   a->pid_ = getpid();
   if (getrandom(&a->segment_, sizeof(a->segment_), 0) != sizeof(a->segment_)) return Errno("getrandom");
@@ -97,18 +97,7 @@ void ShmArena::UnrefLocked(std::uint64_t offset) {
 }
 
 void ShmArena::SweepLocked(Clock::time_point now) {
-  while (!expiry_.empty() && expiry_.front().deadline <= now) {
-    const std::uint64_t generation = expiry_.front().generation;
-    expiry_.pop_front();
-    auto it = leases_.find(generation);
-    if (it == leases_.end()) continue;  // released already
-    const std::uint64_t offset = it->second;
-    leases_.erase(it);
-    DisownLocked(generation);
-    --stats_.leases;
-    ++stats_.expired;
-    UnrefLocked(offset);
-  }
+  while (std::optional<std::uint64_t> offset = book_.ExpireNext(now)) UnrefLocked(*offset);
 }
 
 std::optional<std::uint64_t> ShmArena::FirstFitLocked(std::uint64_t size) {
@@ -128,10 +117,7 @@ ShmArena::Span ShmArena::LeaseLocked(std::uint64_t offset, std::uint64_t length,
     if (!fresh) idle_.erase(span.idle_at);
     stats_.leased_bytes += static_cast<std::int64_t>(span.size);
   }
-  const std::uint64_t generation = next_generation_++;
-  leases_.emplace(generation, offset);
-  expiry_.push_back(Expiry{now + lease_, generation});
-  ++stats_.leases;
+  const std::uint64_t generation = book_.Grant(offset, now);
   ++stats_.items;
   return Span{offset, length, generation, base_ + offset, fresh};
 }
@@ -179,66 +165,35 @@ Status ShmArena::Release(std::uint64_t offset, std::uint64_t generation) {
   const Clock::time_point now = Now();
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked(now);
-  auto it = leases_.find(generation);
-  if (it == leases_.end() || it->second != offset) {
-    ++stats_.refused_releases;
+  // A lease at another offset is refused like one that does not exist.
+  if (!book_.Release(generation, offset).ok()) {
     return Status(StatusCode::kFailedPrecondition,
                   "no lease at offset " + std::to_string(offset) + " with generation " + std::to_string(generation) +
                       ": released already, expired, or never handed out");
   }
-  leases_.erase(it);
-  DisownLocked(generation);
-  --stats_.leases;
-  ++stats_.released;
   UnrefLocked(offset);
   return Status::Ok();
 }
 
-void ShmArena::DisownLocked(std::uint64_t generation) {
-  auto it = owner_of_.find(generation);
-  if (it == owner_of_.end()) return;
-  owners_.at(it->second).erase(generation);
-  owner_of_.erase(it);
-}
-
 std::uint64_t ShmArena::OpenOwner() {
   std::lock_guard<std::mutex> lock(mu_);
-  const std::uint64_t owner = next_owner_++;
-  owners_.emplace(owner, std::unordered_set<std::uint64_t>{});
-  return owner;
+  return book_.OpenOwner();
 }
 
 bool ShmArena::Adopt(std::uint64_t generation, std::uint64_t owner) {
   const Clock::time_point now = Now();
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked(now);
-  auto o = owners_.find(owner);
-  if (o == owners_.end() || !leases_.contains(generation) || owner_of_.contains(generation)) return false;
-  o->second.insert(generation);
-  owner_of_.emplace(generation, owner);
-  return true;
+  return book_.Adopt(generation, owner);
 }
 
 std::size_t ShmArena::ReleaseOwner(std::uint64_t owner) {
   const Clock::time_point now = Now();
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked(now);
-  auto o = owners_.find(owner);
-  if (o == owners_.end()) return 0;
-  const std::unordered_set<std::uint64_t> generations = std::move(o->second);
-  owners_.erase(o);
-  for (const std::uint64_t generation : generations) {
-    // Every generation here is a live lease: releases and expiry take theirs
-    // out of the set (DisownLocked).
-    auto it = leases_.find(generation);
-    const std::uint64_t offset = it->second;
-    leases_.erase(it);
-    owner_of_.erase(generation);
-    --stats_.leases;
-    ++stats_.session_reclaimed;
-    UnrefLocked(offset);
-  }
-  return generations.size();
+  const std::vector<std::uint64_t> offsets = book_.ReleaseOwner(owner);
+  for (const std::uint64_t offset : offsets) UnrefLocked(offset);
+  return offsets.size();
 }
 
 void ShmArena::CountFallback() {
@@ -250,7 +205,14 @@ ShmStats ShmArena::Stats() {
   const Clock::time_point now = Now();
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked(now);
-  return stats_;
+  ShmStats s = stats_;
+  const LeaseBook::Counts& c = book_.counts();
+  s.leases = c.leases;
+  s.released = c.released;
+  s.expired = c.expired;
+  s.refused_releases = c.refused_releases;
+  s.session_reclaimed = c.owner_released;
+  return s;
 }
 
 }  // namespace epd::internal

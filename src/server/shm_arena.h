@@ -17,17 +17,15 @@
 // keyed by offset, neighbours coalesced) or one span (spans_). A span is
 // either leased (refs > 0) or idle (refs == 0, on the LRU list idle_, and
 // findable by key); a span still being written is leased by its writer and
-// not yet findable. Expiry walks a FIFO of (deadline, generation): the lease
-// time is one constant, so deadlines grow in lease order and the FIFO is
-// sorted; entries of leases released earlier are skipped. Expired leases are
-// swept at the start of every Acquire, Release and Stats.
+// not yet findable. The leases themselves (generations, expiry, owners) are
+// kept by a LeaseBook (lease_book.h), each holding its span's offset;
+// expired leases are swept at the start of every Acquire, Release, Adopt,
+// ReleaseOwner and Stats.
 //
 // Owners (lease sessions, shm_session.h): a lease may be put under one live
 // owner (Adopt); ReleaseOwner ends every lease still under it at once and
-// retires the owner. owners_ holds only leases that are still live: a
-// release or expiry takes the lease out of its owner's set too, so an
-// owner's set never outgrows the leases it holds. An owner never lengthens
-// a lease: expiry ends owned leases as it ends the others.
+// retires the owner. An owner never lengthens a lease: expiry ends owned
+// leases as it ends the others (LeaseBook).
 //
 // Security: the memfd has mode 0600 and no name in any file system. A client
 // opens it as /proc/<server pid>/fd/<fd>, which the kernel allows only to a
@@ -48,7 +46,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <list>
 #include <map>
@@ -57,10 +54,10 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "epd/server_stats.h"
 #include "epd/status.h"
+#include "lease_book.h"
 
 namespace epd::internal {
 
@@ -141,12 +138,7 @@ class ShmArena {
     std::int64_t refs = 0;   // leases on it
     std::list<std::uint64_t>::iterator idle_at;  // valid iff refs == 0
   };
-  struct Expiry {
-    Clock::time_point deadline;
-    std::uint64_t generation = 0;
-  };
-
-  ShmArena() = default;
+  explicit ShmArena(std::chrono::milliseconds lease) : lease_(lease), book_(lease) {}
   Clock::time_point Now() const { return now_ ? now_() : Clock::now(); }
   void SweepLocked(Clock::time_point now);
   void FreeLocked(std::uint64_t offset, std::uint64_t size);
@@ -155,8 +147,6 @@ class ShmArena {
   void UnrefLocked(std::uint64_t offset);
   std::optional<std::uint64_t> FirstFitLocked(std::uint64_t size);
   Span LeaseLocked(std::uint64_t offset, std::uint64_t length, bool fresh, Clock::time_point now);
-  // Takes the ended lease `generation` out of its owner's set, if any.
-  void DisownLocked(std::uint64_t generation);
 
   int fd_ = -1;
   pid_t pid_ = 0;
@@ -172,15 +162,10 @@ class ShmArena {
   std::map<std::uint64_t, SpanState> spans_;                 // by offset; guarded by mu_
   std::unordered_map<std::string, std::uint64_t> by_key_;    // published spans; guarded by mu_
   std::list<std::uint64_t> idle_;                            // idle spans, least recently used first; guarded by mu_
-  std::unordered_map<std::uint64_t, std::uint64_t> leases_;  // generation -> offset; guarded by mu_
-  std::deque<Expiry> expiry_;                                // guarded by mu_
-  std::uint64_t next_generation_ = 1;            // guarded by mu_
-  // Live owners -> generations of their live leases; and the reverse, for
-  // leases under an owner. Guarded by mu_.
-  std::unordered_map<std::uint64_t, std::unordered_set<std::uint64_t>> owners_;
-  std::unordered_map<std::uint64_t, std::uint64_t> owner_of_;
-  std::uint64_t next_owner_ = 1;                 // guarded by mu_
-  ShmStats stats_;                               // guarded by mu_ (leased_bytes, leases kept current)
+  LeaseBook book_;  // each lease holds its span's offset; guarded by mu_
+  // The arena's own counters (leased_bytes kept current); the lease counts
+  // come from book_ in Stats. Guarded by mu_.
+  ShmStats stats_;
 };
 
 }  // namespace epd::internal

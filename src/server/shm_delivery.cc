@@ -5,7 +5,8 @@
 
 namespace epd::internal {
 
-bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v1::EncodedItem* out) {
+bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v1::EncodedItem* out,
+                  std::uint64_t owner) {
   const std::uint64_t length = e.main.size() + e.deepstack.size();
   std::optional<ShmArena::Span> span = arena.Acquire(key, length);
   if (!span.has_value()) {
@@ -29,6 +30,7 @@ bool PlaceInArena(ShmArena& arena, const std::string& key, const Embedding& e, v
   ref->set_length(length);
   ref->set_generation(span->generation);
   ref->set_lease_ms(arena.lease().count());
+  if (owner != 0) ref->set_in_session(arena.Adopt(span->generation, owner));
   return true;
 }
 

@@ -41,7 +41,15 @@ StatusOr<std::string> RandomId() {
 
 }  // namespace
 
-ShmSessions::ShmSessions(ShmArena& arena, std::int64_t max_sessions) : arena_(arena), max_sessions_(max_sessions) {}
+ShmSessions::ShmSessions(ShmArena* arena, IpcLeases* ipc, std::int64_t max_sessions)
+    : arena_(arena), ipc_(ipc), max_sessions_(max_sessions) {}
+
+std::size_t ShmSessions::ReleaseOwners(const LeaseOwners& owners) {
+  std::size_t n = 0;
+  if (arena_ != nullptr) n += arena_->ReleaseOwner(owners.shm);
+  if (ipc_ != nullptr) n += ipc_->ReleaseOwner(owners.ipc);
+  return n;
+}
 
 StatusOr<std::string> ShmSessions::Open(std::shared_ptr<Stream> stream) {
   StatusOr<std::string> id = RandomId();
@@ -58,7 +66,10 @@ StatusOr<std::string> ShmSessions::Open(std::shared_ptr<Stream> stream) {
   // 128 random bits: a collision is not a practical concern, but costs
   // nothing to rule out.
   if (open_.contains(*id)) return Status(StatusCode::kUnavailable, "session id collision; retry");
-  open_.emplace(*id, Entry{arena_.OpenOwner(), std::move(stream)});
+  LeaseOwners owners;
+  if (arena_ != nullptr) owners.shm = arena_->OpenOwner();
+  if (ipc_ != nullptr) owners.ipc = ipc_->OpenOwner();
+  open_.emplace(*id, Entry{owners, std::move(stream)});
   ++opened_;
   return id;
 }
@@ -69,14 +80,14 @@ std::size_t ShmSessions::Close(const std::string& id) {
   auto it = open_.find(id);
   if (it == open_.end()) return 0;
   stream = std::move(it->second.stream);
-  const std::uint64_t owner = it->second.owner;
+  const LeaseOwners owners = it->second.owners;
   open_.erase(it);
-  return arena_.ReleaseOwner(owner);
+  return ReleaseOwners(owners);
 }
 
-StatusOr<std::uint64_t> ShmSessions::OwnerFor(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
+StatusOr<LeaseOwners> ShmSessions::OwnerFor(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata) {
   const auto it = metadata.find(kSessionHeader);
-  if (it == metadata.end()) return std::uint64_t{0};
+  if (it == metadata.end()) return LeaseOwners{};
   std::string id(it->second.data(), it->second.size());
   bool hex = id.size() == 2 * kIdBytes;
   for (char& c : id) {
@@ -92,9 +103,9 @@ StatusOr<std::uint64_t> ShmSessions::OwnerFor(const std::multimap<grpc::string_r
   auto e = open_.find(id);
   if (e == open_.end()) {
     ++unknown_;
-    return std::uint64_t{0};
+    return LeaseOwners{};
   }
-  return e->second.owner;
+  return e->second.owners;
 }
 
 void ShmSessions::EndAll(const Status& why) {
@@ -103,7 +114,7 @@ void ShmSessions::EndAll(const Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
     for (auto& [id, entry] : open_) {
-      arena_.ReleaseOwner(entry.owner);
+      ReleaseOwners(entry.owners);
       streams.push_back(std::move(entry.stream));
     }
     open_.clear();
@@ -150,7 +161,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionMessage, 
     }
     id_ = std::move(id);
     event_.set_session_id(id_);
-    event_.set_lease_ms(sessions_->arena().lease().count());
+    event_.set_lease_ms(sessions_->lease().count());
     StartWrite(&event_);
     StartRead(&in_);
   }

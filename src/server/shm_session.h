@@ -1,10 +1,12 @@
 // src/server/shm_session.h (internal to epd::server): lease sessions, the
 // server side of the Session RPC (docs/SHM.md, "Crashed clients").
 //
-// A client that holds shared-memory leases keeps one Session stream open.
-// The server names the session with 128 random bits and records, under the
-// session, every lease made by an Encode call that sends that name in the
-// "x-epd-session" metadata header (ShmArena owners). When the stream ends,
+// A client that holds shared-memory or CUDA IPC leases keeps one Session
+// stream open. The server names the session with 128 random bits and
+// records, under the session, every lease made by an Encode call that sends
+// that name in the "x-epd-session" metadata header: a session is one owner
+// in each lease store the server has (ShmArena and IpcLeases owners, both
+// LeaseBook owners underneath, lease_book.h). When the stream ends,
 // for whatever reason (the client half-closes or cancels it, its process
 // dies and the kernel closes the socket, the server shuts down), every lease
 // still recorded under the session is released at once. Leases outside any
@@ -17,8 +19,8 @@
 // outside any session, and counted (ShmStats::session_unknown). Refusing it
 // would fail a client's calls in the window between its session ending and
 // it noticing, and behind a proxy that spreads a client's calls over several
-// servers; the reply's ShmRef.in_session tells the client which leases are
-// covered.
+// servers; the reply's ShmRef.in_session and CudaIpcRef.in_session tell the
+// client which leases are covered.
 //
 // Why the callback API: a sync server holds a thread per open call, and a
 // session stays open for its client's lifetime. A ServerBidiReactor holds no
@@ -26,13 +28,14 @@
 // ServerOptions::shm_max_sessions.
 //
 // Thread safety: ShmSessions is thread-safe (one mutex, taken before the
-// arena's). The reactor's operations may come from gRPC's callback threads
+// arena's and the CUDA IPC store's). The reactor's operations may come from gRPC's callback threads
 // and from EndAll concurrently; it serialises them with its own mutex.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_callback.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -43,10 +46,18 @@
 #include "epd/server_stats.h"
 #include "epd/status.h"
 #include "epd/v1/encoder.pb.h"
+#include "ipc_leases.h"
 #include "proto_convert.h"  // kSessionHeader
 #include "shm_arena.h"
 
 namespace epd::internal {
+
+// A session's owner tag in each lease store; 0 where the server has no such
+// store, or where a call names no open session.
+struct LeaseOwners {
+  std::uint64_t shm = 0;  // ShmArena owner
+  std::uint64_t ipc = 0;  // IpcLeases owner
+};
 
 class ShmSessions {
  public:
@@ -59,8 +70,9 @@ class ShmSessions {
     virtual void EndFromServer(const Status& why) = 0;
   };
 
-  // `arena` must outlive this object. REQUIRES: max_sessions > 0.
-  ShmSessions(ShmArena& arena, std::int64_t max_sessions);
+  // `arena` and `ipc` (either may be null, not both) must outlive this
+  // object. REQUIRES: max_sessions > 0.
+  ShmSessions(ShmArena* arena, IpcLeases* ipc, std::int64_t max_sessions);
 
   // Opens a session for `stream` and returns its id: 32 lowercase hex digits
   // of 128 bits from getrandom(2), the kernel's CSPRNG. `stream` is kept
@@ -69,16 +81,18 @@ class ShmSessions {
   // kUnavailable after EndAll, or when getrandom fails.
   StatusOr<std::string> Open(std::shared_ptr<Stream> stream);
 
-  // Ends session `id`: releases every lease still under it (counted in
-  // ShmStats::session_reclaimed) and forgets it. Returns how many leases it
-  // released; 0 for an id that is not open (harmless to repeat).
+  // Ends session `id`: releases every lease of either kind still under it
+  // (counted in ShmStats::session_reclaimed and IpcStats::session_reclaimed;
+  // a CUDA IPC export whose last lease it was is freed) and forgets it.
+  // Returns how many leases it released; 0 for an id that is not open
+  // (harmless to repeat).
   std::size_t Close(const std::string& id);
 
-  // The arena owner of the session that `metadata`'s "x-epd-session" header
-  // names: 0 when there is no header, and 0 (counted in session_unknown)
-  // when the named session is not open. kInvalidArgument when the header is
-  // not 32 hex digits (either case).
-  StatusOr<std::uint64_t> OwnerFor(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
+  // The owners of the session that `metadata`'s "x-epd-session" header
+  // names: both 0 when there is no header, and both 0 (counted in
+  // session_unknown) when the named session is not open. kInvalidArgument
+  // when the header is not 32 hex digits (either case).
+  StatusOr<LeaseOwners> OwnerFor(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata);
 
   // Server shutdown: refuses later Opens (kUnavailable), closes every open
   // session as Close does, then ends each one's stream with `why`.
@@ -88,15 +102,20 @@ class ShmSessions {
   void AddStats(ShmStats* s);
 
   std::int64_t max_sessions() const { return max_sessions_; }
-  ShmArena& arena() { return arena_; }
+  // The lease time a SessionEvent announces: the arena's, or the CUDA IPC
+  // lease's on a server without an arena.
+  std::chrono::milliseconds lease() const { return arena_ != nullptr ? arena_->lease() : ipc_->lease(); }
 
  private:
   struct Entry {
-    std::uint64_t owner = 0;
+    LeaseOwners owners;
     std::shared_ptr<Stream> stream;
   };
+  // Releases the leases under `owners` in both stores; how many it ended.
+  std::size_t ReleaseOwners(const LeaseOwners& owners);
 
-  ShmArena& arena_;
+  ShmArena* const arena_;
+  IpcLeases* const ipc_;
   const std::int64_t max_sessions_;
   std::mutex mu_;
   std::unordered_map<std::string, Entry> open_;           // by id; guarded by mu_
@@ -105,7 +124,7 @@ class ShmSessions {
 };
 
 // The Session RPC's reactor. When `admission` is not OK (no bearer token, no
-// arena, the server shutting down) the call ends with it at once; otherwise
+// lease store, the server shutting down) the call ends with it at once; otherwise
 // it opens a session in `sessions` (which may refuse it, see Open), sends the
 // SessionEvent naming it, reads and ignores the client's messages, and
 // closes the session when the stream ends. `sessions` may be null only when

@@ -38,6 +38,28 @@ class RecordingStub:
         return iter(())
 
 
+class SessionStub(RecordingStub):
+    """A RecordingStub whose server names a lease session, kept open until the
+    client half-closes it, and which records each Encode call's metadata."""
+
+    SESSION_ID = "ab" * 16
+
+    def __init__(self, replies=()):
+        super().__init__(replies)
+        self.metadata = []
+
+    def Encode(self, req, timeout=None, metadata=None):
+        self.metadata.append(list(metadata or ()))
+        return super().Encode(req, timeout, metadata)
+
+    def Session(self, requests, metadata=None):
+        def events():
+            yield encoder_pb2.SessionEvent(session_id=self.SESSION_ID, lease_ms=5000)
+            for _ in requests:  # the client sends nothing; this ends at its half-close
+                pass
+        return events()
+
+
 def ipc_item(tokens=4, hidden=8, layers=2, memory=b"\x11" * 64, event=b"\x00" * 64, length=None, offset=None):
     main = tokens * hidden * 4
     m = encoder_pb2.EncodedItem(index=0, key=b"\x01" * 32, tokens=tokens, hidden=hidden, deepstack_layers=layers,
@@ -121,4 +143,14 @@ def test_shared_memory_leases_still_release_as_kind_shm():
     c.release([r])
     [rel] = stub.releases
     assert [(l.offset, l.generation, l.kind) for l in rel.leases] == [(128, 5, encoder_pb2.LEASE_KIND_SHM)]
+    c.close()
+
+
+def test_cuda_ipc_calls_name_the_clients_lease_session():
+    # Without shm=True too: the server ties CUDA IPC leases to the session.
+    stub = SessionStub([ipc_item()])
+    c = client_with(stub, cuda_ipc=True)
+    [r] = c.encode([b"x"])
+    assert r.cuda_ipc is not None
+    assert (ec.SESSION_HEADER, SessionStub.SESSION_ID) in stub.metadata[0]
     c.close()
