@@ -277,7 +277,8 @@ int RunBench(const BenchFlags& f) {
                         {"p50_ms", p50},             {"p90_ms", p90},
                         {"p99_ms", p99},             {"max_ms", max},
                         {"images", images.size()},   {"image_bytes", images.empty() ? 0 : images[0].size()},
-                        {"delivery", f.shm ? "shm" : "inline"}, {"route_by_key", f.route_by_key}, {"replies_by_shm", by_shm},
+                        {"delivery", f.shm ? "shm" : "inline"}, {"route_by_key", f.route_by_key},
+                        {"replies_by_shm", by_shm},
                         {"checksum", checksum}};
     if (f.server_pid > 0) j["server_rss_mb"] = {{"start", rss_start}, {"max", rss_max}, {"end", rss_end}};
     std::printf("%s\n", j.dump().c_str());

@@ -182,7 +182,7 @@ class EncodeServer {
   // bad ServerOptions (non-positive limits, malformed address);
   // kUnavailable when the address or metrics port cannot be bound.
   static StatusOr<std::unique_ptr<EncodeServer>> Start(ServerOptions options, WorkerOptions worker_options,
-                                                      std::unique_ptr<VisionTower> tower);
+                                                       std::unique_ptr<VisionTower> tower);
   ~EncodeServer();  // Shutdown(0) when it has not run
   EncodeServer(const EncodeServer&) = delete;
   EncodeServer& operator=(const EncodeServer&) = delete;

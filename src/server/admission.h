@@ -68,7 +68,7 @@ class RequestBudget {
   const std::function<void()> on_drained_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::int64_t in_flight_ = 0;        // guarded by mu_
+  std::int64_t in_flight_ = 0;           // guarded by mu_
   std::int64_t peak_since_drained_ = 0;  // most bytes in flight at once since in_flight_ was last 0; guarded by mu_
 };
 

@@ -11,8 +11,8 @@
 
 namespace epd::internal {
 
-RateLimitedLog::RateLimitedLog(std::function<void(const std::string&)> sink, int per_window,
-                               Clock::duration window, std::function<Clock::time_point()> now)
+RateLimitedLog::RateLimitedLog(std::function<void(const std::string&)> sink, int per_window, Clock::duration window,
+                               std::function<Clock::time_point()> now)
     : sink_(std::move(sink)), per_window_(per_window), window_(window), now_(std::move(now)) {}
 
 void RateLimitedLog::Log(const std::string& line) {

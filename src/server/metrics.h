@@ -8,8 +8,8 @@
 //   * Per-event distributions the worker does not keep are prometheus-cpp
 //     histograms, observed as events happen: tokens and latency of every
 //     tower batch (ObserveBatch, from the MeteredTower decorator on the
-//     worker thread) and latency of every Encode call (ObserveCall, from
-//     the handler threads).
+//     worker thread) and latency of every Encode call (ObserveCall, on
+//     whichever thread finishes the call).
 //
 // Names (all prefixed epd_; see docs/SERVER.md for the full list):
 //   epd_cache_hits_total{tier}, epd_cache_misses_total, epd_joins_total,
@@ -49,8 +49,7 @@ class ServerMetrics {
   // not sent its request head within `read_timeout` is closed unanswered.
   // kUnavailable when it cannot bind; kInvalidArgument for a timeout <= 0.
   // Call at most once.
-  Status Serve(const std::string& address, int port,
-               std::chrono::milliseconds read_timeout = std::chrono::seconds(5));
+  Status Serve(const std::string& address, int port, std::chrono::milliseconds read_timeout = std::chrono::seconds(5));
   // The bound port, -1 before Serve.
   int port() const;
   // Closes the endpoint (no scrape runs after it returns). Idempotent.

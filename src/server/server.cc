@@ -149,20 +149,20 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   std::size_t n_ = 0;
   bool by_ipc_ = false;
   std::uint64_t ipc_owner_ = 0;  // the call's session's owner in the CUDA IPC leases, 0 = none
-  bool references_ = false;  // payloads go by reference: cheap to build on any thread
+  bool references_ = false;      // payloads go by reference: cheap to build on any thread
   std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload_;
 
   v1::EncodedItem msg_;         // the write in flight (writer role)
   std::int64_t msg_bytes_ = 0;  // its item's buffered bytes
 
   std::mutex mu_;
-  bool writer_ = true;      // Start holds the role until the request is submitted
-  bool admitted_ = false;   // message_bytes_ of the budget are held
-  bool submitted_ = false;  // the worker has the request
-  bool finished_ = false;   // Finish or StartWriteAndFinish called
-  bool done_ = false;       // on_done fired
-  Status request_status_;   // RequestResult::status, valid once done_
-  Status give_up_;          // cancelled, past the deadline, or the client went away
+  bool writer_ = true;            // Start holds the role until the request is submitted
+  bool admitted_ = false;         // message_bytes_ of the budget are held
+  bool submitted_ = false;        // the worker has the request
+  bool finished_ = false;         // Finish or StartWriteAndFinish called
+  bool done_ = false;             // on_done fired
+  Status request_status_;         // RequestResult::status, valid once done_
+  Status give_up_;                // cancelled, past the deadline, or the client went away
   std::deque<ItemResult> ready_;  // delivered, not yet written
   std::size_t delivered_ = 0, written_ = 0, failed_ = 0;
   std::int64_t first_failed_ = -1;
@@ -185,11 +185,11 @@ struct EncodeServer::Impl final
   std::unique_ptr<internal::RequestBudget> budget;
   std::unique_ptr<internal::CallOutcomes> outcomes;  // outlives `server`, whose interceptor uses it
   std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<internal::ShmArena> arena;  // null = no shared-memory delivery
-  std::unique_ptr<internal::IpcLeases> ipc;   // null = no CUDA IPC delivery
-  std::string ipc_device_name;                // ipc's Device::Describe(), sent in every CudaIpcRef
+  std::unique_ptr<internal::ShmArena> arena;        // null = no shared-memory delivery
+  std::unique_ptr<internal::IpcLeases> ipc;         // null = no CUDA IPC delivery
+  std::string ipc_device_name;                      // ipc's Device::Describe(), sent in every CudaIpcRef
   std::unique_ptr<internal::ShmSessions> sessions;  // lease sessions over `arena` and `ipc`; null without both
-  std::unique_ptr<internal::TaskPool> pool;          // inline replies, admission retries (EncodeCall)
+  std::unique_ptr<internal::TaskPool> pool;         // inline replies, admission retries (EncodeCall)
   int port = 0;
 
   std::atomic<bool> serving{false};
@@ -327,10 +327,9 @@ void EncodeCall::Start() {
   EncodeServer::Impl& s = server_;
   if (Status st = s.auth->Check(*ctx_); !st.ok()) return FinishWith(st);
   if (const std::size_t bytes = req_->ByteSizeLong(); bytes > static_cast<std::size_t>(s.options.max_request_bytes)) {
-    return FinishWith(ResourceExhausted("the request is " + std::to_string(bytes) +
-                                        " bytes; this server accepts at most " +
-                                        std::to_string(s.options.max_request_bytes) +
-                                        " (split it, or raise --max-request-mb)"));
+    return FinishWith(
+        ResourceExhausted("the request is " + std::to_string(bytes) + " bytes; this server accepts at most " +
+                          std::to_string(s.options.max_request_bytes) + " (split it, or raise --max-request-mb)"));
   }
   if (!s.serving.load()) return FinishWith(Status(StatusCode::kUnavailable, "the server is shutting down"));
   if (Status st = s.Validate(*req_); !st.ok()) return FinishWith(st);
@@ -360,7 +359,7 @@ void EncodeCall::Start() {
   const auto to_deadline = std::min<std::chrono::system_clock::duration>(
       ctx_->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1));
   admit_by_ = Clock::now() + std::min<Clock::duration>(s.options.admission_wait,
-                                                        std::chrono::duration_cast<Clock::duration>(to_deadline));
+                                                       std::chrono::duration_cast<Clock::duration>(to_deadline));
   message_bytes_ = static_cast<std::int64_t>(req_->ByteSizeLong());
   // Assigned ids use a prefix client ids may not (request_id.h).
   id_ = req_->id().empty() ? internal::AutoRequestId(s.next_auto_id++) : req_->id();
@@ -615,7 +614,8 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     return InvalidArgument("ipc_export_bytes must be >= 0 (0 = off), got " + std::to_string(options.ipc_export_bytes));
   }
   if (options.ipc_lease.count() < 0) {
-    return InvalidArgument("ipc_lease must be >= 0 ms (0 = shm_lease), got " + std::to_string(options.ipc_lease.count()));
+    return InvalidArgument("ipc_lease must be >= 0 ms (0 = shm_lease), got " +
+                           std::to_string(options.ipc_lease.count()));
   }
   if (options.shm_max_sessions <= 0) {
     return InvalidArgument("shm_max_sessions must be > 0, got " + std::to_string(options.shm_max_sessions));
@@ -664,9 +664,9 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     self->arena = std::move(*arena);
   }
   if (options.ipc_device != nullptr && options.ipc_export_bytes > 0) {
-    StatusOr<std::unique_ptr<internal::IpcLeases>> ipc = internal::IpcLeases::Create(
-        options.ipc_device, options.ipc_export_bytes,
-        options.ipc_lease.count() > 0 ? options.ipc_lease : options.shm_lease);
+    StatusOr<std::unique_ptr<internal::IpcLeases>> ipc =
+        internal::IpcLeases::Create(options.ipc_device, options.ipc_export_bytes,
+                                    options.ipc_lease.count() > 0 ? options.ipc_lease : options.shm_lease);
     if (!ipc.ok()) return ipc.status();
     self->ipc = std::move(*ipc);
     self->ipc_device_name = options.ipc_device->Describe();
@@ -705,10 +705,10 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<std::int64_t>(2 * options.max_request_bytes, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(-1);
-  // Idle handler threads wait for calls in slices of this length (10 s by
-  // default), and gRPC's Shutdown joins them; a short slice keeps any wait on
-  // an idle poller short, for the cost of five wake-ups a second per idle
-  // poller. (The 10-13 s exits of issue 15 were not reproduced here; the
+  // The sync methods' idle handler threads wait for calls in slices of this
+  // length (10 s by default), and gRPC's Shutdown joins them; a short slice
+  // keeps any wait on an idle poller short, for the cost of five wake-ups a
+  // second per idle poller. (The 10-13 s exits of issue 15 were not reproduced here; the
   // CLI's ExitDeadline bounds the exit whatever their cause.)
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 200);
   // gRPC's sync server turns a polling thread into a handler when a call
@@ -723,9 +723,10 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   quota.SetMaxThreads(options.max_rpc_threads);
   // The transport's buffers (received messages among them) are charged to
   // this quota; past it gRPC shrinks its flow-control windows and, under
-  // severe pressure, cancels streams. Twice the handler budget, so that the
+  // severe pressure, cancels streams. Twice the request budget, so that the
   // budget (counted, logged, with a clear message) is what a burst normally
-  // meets, and the quota only backs it up.
+  // meets, and the quota only backs it up. It also bounds the messages of
+  // Encode calls waiting for admission, which hold no thread.
   quota.Resize(static_cast<std::size_t>(2 * options.max_inflight_request_bytes));
   builder.SetResourceQuota(quota);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;

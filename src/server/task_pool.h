@@ -49,8 +49,8 @@ class TaskPool {
   std::condition_variable cv_;
   // (due time, post order) -> task: the earliest first, FIFO among equals.
   std::map<std::pair<Clock::time_point, std::uint64_t>, std::function<void()>> tasks_;  // guarded by mu_
-  std::uint64_t next_seq_ = 0;  // guarded by mu_
-  bool stopping_ = false;       // guarded by mu_
+  std::uint64_t next_seq_ = 0;                                                          // guarded by mu_
+  bool stopping_ = false;                                                               // guarded by mu_
   std::vector<std::thread> threads_;
 };
 
