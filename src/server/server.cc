@@ -326,7 +326,8 @@ void EncodeCall::Start() {
   self_ = shared_from_this();
   EncodeServer::Impl& s = server_;
   if (Status st = s.auth->Check(*ctx_); !st.ok()) return FinishWith(st);
-  if (const std::size_t bytes = req_->ByteSizeLong(); bytes > static_cast<std::size_t>(s.options.max_request_bytes)) {
+  message_bytes_ = static_cast<std::int64_t>(req_->ByteSizeLong());
+  if (const std::int64_t bytes = message_bytes_; bytes > s.options.max_request_bytes) {
     return FinishWith(
         ResourceExhausted("the request is " + std::to_string(bytes) + " bytes; this server accepts at most " +
                           std::to_string(s.options.max_request_bytes) + " (split it, or raise --max-request-mb)"));
@@ -360,7 +361,6 @@ void EncodeCall::Start() {
       ctx_->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1));
   admit_by_ = Clock::now() + std::min<Clock::duration>(s.options.admission_wait,
                                                        std::chrono::duration_cast<Clock::duration>(to_deadline));
-  message_bytes_ = static_cast<std::int64_t>(req_->ByteSizeLong());
   // Assigned ids use a prefix client ids may not (request_id.h).
   id_ = req_->id().empty() ? internal::AutoRequestId(s.next_auto_id++) : req_->id();
   n_ = static_cast<std::size_t>(req_->items_size());
@@ -380,7 +380,7 @@ void EncodeCall::Admit() {
   // The in-flight request budget (admission.h): a call that finds no room
   // tries again every kAdmissionRetry until admit_by_, holding no thread.
   const bool last_try = Clock::now() >= admit_by_;
-  Status st = s.budget->Acquire(message_bytes_, Clock::time_point::min());
+  Status st = s.budget->Acquire(message_bytes_, Clock::now());  // no wait: a past deadline
   if (!st.ok() && !last_try) {
     s.pool->PostAt(std::min(admit_by_, Clock::now() + kAdmissionRetry), [self = shared_from_this()] { self->Admit(); });
     return;
