@@ -130,12 +130,7 @@ IpcStats IpcLeases::Stats() {
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked(Now(), &dead);
   IpcStats s = stats_;
-  const LeaseBook::Counts& c = book_.counts();
-  s.leases = c.leases;
-  s.released = c.released;
-  s.expired = c.expired;
-  s.refused_releases = c.refused_releases;
-  s.session_reclaimed = c.owner_released;
+  CopyLeaseCounts(book_.counts(), &s);
   return s;
 }
 

@@ -358,18 +358,6 @@ struct RawSession {
   }
 };
 
-RawCall CallEncodeIn(v1::Encoder::Stub& stub, const v1::EncodeRequest& request, const std::string& session_id) {
-  RawCall out;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  if (!session_id.empty()) ctx.AddMetadata("x-epd-session", session_id);
-  auto reader = stub.Encode(&ctx, request);
-  v1::EncodedItem item;
-  while (reader->Read(&item)) out.items.push_back(item);
-  out.status = reader->Finish();
-  return out;
-}
-
 // True when `ref`'s export still imports and holds `rows`.
 bool ExportHolds(const v1::CudaIpcRef& ref, const std::string& rows) {
   FakeDevice importer;

@@ -133,4 +133,16 @@ class LeaseBook {
   Counts counts_;
 };
 
+// Copies a book's counters into the same-named fields of a store's stats
+// (ShmStats, IpcStats): leases, released, expired, refused_releases, and
+// session_reclaimed (the book's owner_released).
+template <typename Stats>
+void CopyLeaseCounts(const LeaseBook::Counts& c, Stats* s) {
+  s->leases = c.leases;
+  s->released = c.released;
+  s->expired = c.expired;
+  s->refused_releases = c.refused_releases;
+  s->session_reclaimed = c.owner_released;
+}
+
 }  // namespace epd::internal

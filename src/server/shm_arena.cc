@@ -206,12 +206,7 @@ ShmStats ShmArena::Stats() {
   std::lock_guard<std::mutex> lock(mu_);
   SweepLocked(now);
   ShmStats s = stats_;
-  const LeaseBook::Counts& c = book_.counts();
-  s.leases = c.leases;
-  s.released = c.released;
-  s.expired = c.expired;
-  s.refused_releases = c.refused_releases;
-  s.session_reclaimed = c.owner_released;
+  CopyLeaseCounts(book_.counts(), &s);
   return s;
 }
 

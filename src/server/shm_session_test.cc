@@ -138,18 +138,6 @@ bool IsSessionId(const std::string& id) {
   return true;
 }
 
-RawCall CallEncodeIn(v1::Encoder::Stub& stub, const v1::EncodeRequest& request, const std::string& session_id) {
-  RawCall out;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  if (!session_id.empty()) ctx.AddMetadata("x-epd-session", session_id);
-  auto reader = stub.Encode(&ctx, request);
-  v1::EncodedItem item;
-  while (reader->Read(&item)) out.items.push_back(item);
-  out.status = reader->Finish();
-  return out;
-}
-
 ClientItem Item(std::string image) {
   ClientItem c;
   c.image = std::move(image);

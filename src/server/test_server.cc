@@ -31,10 +31,12 @@ bool WaitFor(const std::function<bool()>& pred) {
   return true;
 }
 
-RawCall CallEncode(v1::Encoder::Stub& stub, const v1::EncodeRequest& request, std::chrono::milliseconds timeout) {
+RawCall CallEncode(v1::Encoder::Stub& stub, const v1::EncodeRequest& request, std::chrono::milliseconds timeout,
+                   const std::string& session_id) {
   RawCall out;
   grpc::ClientContext ctx;
   if (timeout.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!session_id.empty()) ctx.AddMetadata("x-epd-session", session_id);
   auto reader = stub.Encode(&ctx, request);
   v1::EncodedItem item;
   while (reader->Read(&item)) out.items.push_back(item);

@@ -49,8 +49,15 @@ struct RawCall {
 };
 
 // Sends `request` and reads the stream to the end. `timeout` 0 = no deadline.
+// A non-empty `session_id` goes in the lease-session header (x-epd-session).
 RawCall CallEncode(v1::Encoder::Stub& stub, const v1::EncodeRequest& request,
-                   std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+                   std::chrono::milliseconds timeout = std::chrono::milliseconds(10000),
+                   const std::string& session_id = "");
+
+// CallEncode with a 10 s deadline, in the lease session `session_id` ("" = none).
+inline RawCall CallEncodeIn(v1::Encoder::Stub& stub, const v1::EncodeRequest& request, const std::string& session_id) {
+  return CallEncode(stub, request, std::chrono::milliseconds(10000), session_id);
+}
 
 // A request of one image per string, ids as given.
 v1::EncodeRequest MakeRequest(const std::string& id, const std::vector<std::string>& images);
