@@ -1,0 +1,306 @@
+// See encode_call.h.
+#include "encode_call.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "ipc_delivery.h"
+#include "request_id.h"
+#include "server_impl.h"
+#include "shm_delivery.h"
+
+namespace epd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often an Encode call that found the request budget full looks again.
+constexpr auto kAdmissionRetry = std::chrono::milliseconds(2);
+// gRPC's deadline timer may fire this much before the deadline as read back
+// from the call's context; a cancellation within it counts as the deadline.
+constexpr auto kDeadlineSlack = std::chrono::milliseconds(5);
+
+std::int64_t ResultBytes(const ItemResult& r) {
+  return r.embedding != nullptr ? static_cast<std::int64_t>(r.embedding->nbytes()) : 0;
+}
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::EncodedItem>* EncodeServer::Impl::Encode(grpc::CallbackServerContext* ctx,
+                                                                      const v1::EncodeRequest* req) {
+  auto call = std::make_shared<EncodeCall>(*this, ctx, req);
+  call->Start();
+  return call.get();
+}
+
+void EncodeCall::Start() {
+  self_ = shared_from_this();
+  EncodeServer::Impl& s = server_;
+  if (Status st = s.auth->Check(*ctx_); !st.ok()) return FinishWith(st);
+  message_bytes_ = static_cast<std::int64_t>(req_->ByteSizeLong());
+  if (const std::int64_t bytes = message_bytes_; bytes > s.options.max_request_bytes) {
+    return FinishWith(
+        ResourceExhausted("the request is " + std::to_string(bytes) + " bytes; this server accepts at most " +
+                          std::to_string(s.options.max_request_bytes) + " (split it, or raise --max-request-mb)"));
+  }
+  if (!s.serving.load()) return FinishWith(Status(StatusCode::kUnavailable, "the server is shutting down"));
+  if (Status st = s.Validate(*req_); !st.ok()) return FinishWith(st);
+  if (Status st = internal::CheckClientRequestId(req_->id()); !st.ok()) return FinishWith(st);
+  StatusOr<std::string> tenant = internal::TenantOf(*ctx_, s.options.tenant_metadata);
+  if (!tenant.ok()) return FinishWith(tenant.status());
+  tenant_ = std::move(*tenant);
+  // CUDA IPC for device-resident rows; the rest (and the overflow) by shared
+  // memory when the call allows it, else inline (ipc_delivery.h).
+  by_ipc_ = req_->delivery() == v1::DELIVERY_CUDA_IPC && s.ipc != nullptr;
+  const bool by_shm =
+      req_->delivery() == v1::DELIVERY_SHM || (req_->delivery() == v1::DELIVERY_CUDA_IPC && req_->ipc_fallback_shm());
+  // The lease session the call names, if any (all owners 0: none, or not open).
+  StatusOr<internal::LeaseOwners> owners = s.SessionOwners(*ctx_, by_ipc_ || (by_shm && s.arena != nullptr));
+  if (!owners.ok()) return FinishWith(owners.status());
+  ipc_owner_ = owners->ipc;
+  if (by_shm && s.arena != nullptr) {
+    // ToProto has set out->key() (the content key) before it offers the rows.
+    place_payload_ = [&s, owner = owners->shm](const Embedding& e, v1::EncodedItem* out) {
+      return internal::PlaceInArena(*s.arena, out->key(), e, out, owner);
+    };
+  }
+  // (Rows that overflow the arena or the export bound go inline, built on
+  // whichever thread holds the role: rare, and bounded by the request.)
+  references_ = by_ipc_ || place_payload_ != nullptr;
+  // No deadline reads as gpr_inf_future; the clamp keeps the sum finite.
+  const auto to_deadline = std::min<std::chrono::system_clock::duration>(
+      ctx_->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1));
+  admit_by_ = Clock::now() + std::min<Clock::duration>(s.options.admission_wait,
+                                                       std::chrono::duration_cast<Clock::duration>(to_deadline));
+  // Assigned ids use a prefix client ids may not (request_id.h).
+  id_ = req_->id().empty() ? internal::AutoRequestId(s.next_auto_id++) : req_->id();
+  n_ = static_cast<std::size_t>(req_->items_size());
+  Admit();
+}
+
+void EncodeCall::Admit() {
+  EncodeServer::Impl& s = server_;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!give_up_.ok()) {
+      const Status g = give_up_;
+      lock.unlock();
+      return FinishWith(g);
+    }
+  }
+  // The in-flight request budget (admission.h): a call that finds no room
+  // tries again every kAdmissionRetry until admit_by_, holding no thread.
+  const bool last_try = Clock::now() >= admit_by_;
+  Status st = s.budget->Acquire(message_bytes_, Clock::now());  // no wait: a past deadline
+  if (!st.ok() && !last_try) {
+    s.pool->PostAt(std::min(admit_by_, Clock::now() + kAdmissionRetry), [self = shared_from_this()] { self->Admit(); });
+    return;
+  }
+  if (!st.ok()) return FinishWith(st);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    admitted_ = true;
+  }
+  Submit();
+}
+
+void EncodeCall::Submit() {
+  EncodeServer::Impl& s = server_;
+  if (req_->release_size() > 0) {
+    Status ignored;  // refusals are counted in ShmStats, never fail the call
+    internal::ReleaseAnyLeases(s.arena.get(), s.ipc.get(), req_->release(), &ignored);
+  }
+  EncodeRequest request;
+  request.id = id_;
+  request.tenant = std::move(tenant_);
+  request.items.reserve(n_);
+  // The image bytes move out of the message instead of being copied, so a
+  // request's bytes are held once, not twice, while it is in flight. The
+  // message is this call's alone, and nothing reads it after this.
+  for (v1::EncodeItem& item : *const_cast<v1::EncodeRequest*>(req_)->mutable_items()) {
+    EncodeItemInput in;
+    in.expected_tokens = item.expected_tokens();
+    if (!item.video().empty() || item.has_video_frames()) {
+      VideoInput v;
+      v.container = std::move(*item.mutable_video());
+      for (const std::string& f : item.video_frames().frames()) v.frames.emplace_back(f);
+      if (item.has_sampling()) v.sampling = internal::FromProto(item.sampling(), s.worker_options.video_sampling);
+      in.video = std::move(v);
+      request.items.push_back(std::move(in));
+      continue;
+    }
+    in.media = std::move(*item.mutable_image());
+    if (!item.caller_key().empty()) in.caller_key = item.caller_key();
+    request.items.push_back(std::move(in));
+  }
+  RequestCallbacks callbacks;
+  callbacks.on_item = [self = shared_from_this()](const ItemResult& r) { self->Deliver(r); };
+  callbacks.on_done = [self = shared_from_this()](const RequestResult& r) { self->Done(r); };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted_ = true;
+  }
+  s.loop->Submit(std::move(request), std::move(callbacks));
+  // Items delivered meanwhile waited for the role Start held.
+  Pump();
+}
+
+void EncodeCall::Deliver(const ItemResult& r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || !give_up_.ok()) return;
+    server_.buffered_bytes.fetch_add(ResultBytes(r));
+    ready_.push_back(r);
+    ++delivered_;
+    if (writer_) return;
+    // The last item: on_done follows at once on this thread, and takes the
+    // role then, so the item and the status go out together.
+    if (delivered_ == n_ && !done_) return;
+    writer_ = true;
+  }
+  PumpFromWorker();
+}
+
+void EncodeCall::Done(const RequestResult& r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    request_status_ = r.status;
+    if (finished_ || writer_) return;
+    writer_ = true;
+  }
+  PumpFromWorker();
+}
+
+void EncodeCall::PumpFromWorker() {
+  if (references_) return Pump();
+  server_.pool->Post([self = shared_from_this()] { self->Pump(); });
+}
+
+void EncodeCall::Pump() {
+  EncodeServer::Impl& s = server_;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (finished_) {
+    writer_ = false;
+    return;
+  }
+  if (!give_up_.ok()) {
+    std::int64_t left = 0;
+    for (const ItemResult& r : ready_) left += ResultBytes(r);
+    ready_.clear();
+    const bool cancel_worker = submitted_ && !done_;
+    const Status g = give_up_;
+    lock.unlock();
+    s.Unbuffer(left);
+    if (cancel_worker) s.loop->Cancel(id_);
+    return FinishWith(g);
+  }
+  // The last item waits for on_done, to go out with the call's status.
+  const bool last = written_ + 1 == n_;
+  if (!ready_.empty() && (!last || done_)) {
+    ItemResult r = std::move(ready_.front());
+    ready_.pop_front();
+    if (!r.status.ok()) {
+      ++failed_;
+      // The worker's message says what is wrong; EncodedItem::index says
+      // which item, and the call's status names it.
+      if (first_failed_ < 0 || r.index < first_failed_) {
+        first_failed_ = r.index;
+        first_failure_ = r.status;
+      }
+    }
+    Status final_status;
+    if (last) {
+      final_status = FinalStatus();
+      finished_ = true;
+    }
+    lock.unlock();
+    msg_.Clear();
+    if (!by_ipc_ || !internal::ToProtoByIpc(*s.ipc, s.ipc_device_name, r, s.options.server_id, &msg_, ipc_owner_)) {
+      internal::ToProto(r, s.options.server_id, &msg_, place_payload_);
+    }
+    msg_bytes_ = ResultBytes(r);
+    r.embedding.reset();
+    if (!last) return StartWrite(&msg_);
+    // The last item and the status go out in one batch: one send and one
+    // wake-up fewer per call, which is most of a single-item hit's transport
+    // work. (It has no OnWriteDone; a client gone by then shows in OnDone.)
+    s.Unbuffer(msg_bytes_);
+    s.metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start_).count());
+    return StartWriteAndFinish(&msg_, grpc::WriteOptions(), internal::ToGrpc(final_status));
+  }
+  if (done_ && ready_.empty()) {
+    const Status st = FinalStatus();
+    lock.unlock();
+    return FinishWith(st);
+  }
+  writer_ = false;
+}
+
+void EncodeCall::OnWriteDone(bool ok) {
+  server_.Unbuffer(msg_bytes_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ok) {
+      ++written_;
+    } else if (give_up_.ok()) {
+      give_up_ = Cancelled("the client went away while results were streaming");
+    }
+  }
+  Pump();
+}
+
+void EncodeCall::OnCancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_ || !give_up_.ok()) return;
+    // gRPC cancels a call at its deadline too; tell the two apart (the timer
+    // may fire a little before the deadline read back from the context).
+    if (std::chrono::system_clock::now() + kDeadlineSlack >= ctx_->deadline()) {
+      give_up_ = Status(StatusCode::kDeadlineExceeded,
+                        "the deadline passed after " + std::to_string(written_) + " of " + std::to_string(n_) +
+                            " items were sent; the rest were dropped (raise the deadline or retry)");
+    } else {
+      give_up_ = Cancelled("the client cancelled the call");
+    }
+    // Whoever holds the role (a write in flight, a pending admission retry,
+    // a delivery) finishes the call when it next looks.
+    if (writer_) return;
+    writer_ = true;
+  }
+  Pump();
+}
+
+void EncodeCall::FinishWith(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  server_.metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start_).count());
+  Finish(internal::ToGrpc(s));  // counted and logged by `outcomes`' interceptor
+}
+
+Status EncodeCall::FinalStatus() const {
+  if (!request_status_.ok()) return request_status_;
+  if (failed_ == 0) return Status::Ok();
+  // The one place an item's message leaves the process with its name.
+  Status s(first_failure_.code(), "item " + std::to_string(first_failed_) + ": " + first_failure_.message());
+  if (n_ > 1) {
+    s = Status(s.code(), s.message() + " (" + std::to_string(failed_) + " of " + std::to_string(n_) +
+                             " items failed; the others were sent)");
+  }
+  return s;
+}
+
+void EncodeCall::OnDone() {
+  bool admitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    admitted = admitted_;
+  }
+  if (admitted) server_.budget->Release(message_bytes_);
+  self_.reset();  // may destroy this
+}
+
+}  // namespace epd

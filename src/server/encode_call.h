@@ -1,0 +1,131 @@
+// src/server/encode_call.h (internal): one Encode call, on gRPC's callback
+// API.
+//
+// An Encode call (EncodeCall) holds no thread while it waits. The worker's
+// callbacks queue each ItemResult (a shared pointer, no copy) on the call;
+// then one party at a time, the holder of the call's writer role, builds a
+// reply and starts its write:
+//   - When every payload goes by reference (shared memory, CUDA IPC), the
+//     reply is a few hundred bytes, and the worker thread builds and starts
+//     it itself. A single-item hit then costs one hand-off between threads
+//     (gRPC's receiving thread to the worker) where a sync handler cost
+//     three (to the worker, back to the handler, and gRPC's hand-off of the
+//     polling role).
+//   - Inline rows are copied into the reply on the TaskPool, never on the
+//     worker thread, so a large reply does not delay tower batches.
+// The last item goes out with the call's status (StartWriteAndFinish): one
+// send per single-item call. A slow client delays only its own writes; what
+// it leaves queued is counted in buffered_bytes, and the worker's
+// sink_full() stops starting tower batches while that passes the limit.
+//
+// Cancellation and deadlines reach the call at once (OnCancel): it cancels
+// the request in the worker, and items delivered after that are dropped
+// without being buffered.
+//
+// Why not the sync API, as before: under load, gRPC 1.51's sync server
+// paused every call for about 70 ms roughly once a second (no thread was
+// polling its sockets; docs/BENCHMARKS-server.md), and its three hand-offs
+// per call were a large part of a hit's cost on a small machine.
+//
+// Thread safety: see the class comment. Ownership: gRPC's reference to the
+// call (EncodeCall::self_) ends in OnDone; the worker's callbacks and pool
+// tasks hold their own.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "epd/embedding.h"
+#include "epd/encode_types.h"
+#include "epd/server.h"
+#include "epd/status.h"
+#include "epd/v1/encoder.grpc.pb.h"
+
+namespace epd {
+
+// One Encode call on gRPC's callback API. Its reactions (gRPC's threads),
+// the worker's callbacks (the worker thread) and its tasks on the server's
+// TaskPool may run at once; mu_ orders them. One of them at a time holds the
+// writer role (writer_), and only it builds a reply, starts a write or
+// finishes the call. No gRPC call (StartWrite, Finish) is made under mu_,
+// since gRPC may run a reaction inline.
+//
+// Owned by shared pointers: its own (self_, dropped in OnDone) and those the
+// worker's callbacks and pool tasks hold, so an item delivered after the
+// call ended finds a live object, which drops it.
+class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
+                         public std::enable_shared_from_this<EncodeCall> {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  EncodeCall(EncodeServer::Impl& server, grpc::CallbackServerContext* ctx, const v1::EncodeRequest* req)
+      : server_(server), ctx_(ctx), req_(req), start_(Clock::now()) {}
+
+  // The checks of server.h's step 1, then admission and submission; a
+  // refusal finishes the call. Runs on the gRPC thread that created it.
+  void Start();
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  // Takes the request budget, or tries again on the pool every
+  // kAdmissionRetry until admit_by_; then submits. Holds the writer role.
+  void Admit();
+  void Submit();
+  void Deliver(const ItemResult& r);  // the worker's on_item
+  void Done(const RequestResult& r);  // the worker's on_done
+  // With the writer role: writes the next item, finishes the call, or gives
+  // the role back when there is nothing to do yet.
+  void Pump();
+  // Pump() from the worker thread: there when every payload goes by
+  // reference (shared memory, CUDA IPC), else on the pool, so that the
+  // worker never copies rows into an inline reply.
+  void PumpFromWorker();
+  // Finishes the call with `s` and no (further) write. REQUIRES: the writer
+  // role, or the call was never handed to the worker.
+  void FinishWith(const Status& s);
+  Status FinalStatus() const;  // REQUIRES: mu_ held, done_
+
+  EncodeServer::Impl& server_;
+  grpc::CallbackServerContext* const ctx_;
+  const v1::EncodeRequest* const req_;  // gRPC's; valid until OnDone
+  const Clock::time_point start_;
+  std::shared_ptr<EncodeCall> self_;  // gRPC's reference, until OnDone
+
+  // Set by Start, before another thread sees the call.
+  Clock::time_point admit_by_;
+  std::int64_t message_bytes_ = 0;
+  std::string id_, tenant_;
+  std::size_t n_ = 0;
+  bool by_ipc_ = false;
+  std::uint64_t ipc_owner_ = 0;  // the call's session's owner in the CUDA IPC leases, 0 = none
+  bool references_ = false;      // payloads go by reference: cheap to build on any thread
+  std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload_;
+
+  v1::EncodedItem msg_;         // the write in flight (writer role)
+  std::int64_t msg_bytes_ = 0;  // its item's buffered bytes
+
+  std::mutex mu_;
+  bool writer_ = true;            // Start holds the role until the request is submitted
+  bool admitted_ = false;         // message_bytes_ of the budget are held
+  bool submitted_ = false;        // the worker has the request
+  bool finished_ = false;         // Finish or StartWriteAndFinish called
+  bool done_ = false;             // on_done fired
+  Status request_status_;         // RequestResult::status, valid once done_
+  Status give_up_;                // cancelled, past the deadline, or the client went away
+  std::deque<ItemResult> ready_;  // delivered, not yet written
+  std::size_t delivered_ = 0, written_ = 0, failed_ = 0;
+  std::int64_t first_failed_ = -1;
+  Status first_failure_;
+};
+
+}  // namespace epd
