@@ -80,16 +80,55 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
                              " expects; check the client's generated code against proto/epd/v1/encoder.proto");
         m->ModifySendStatus(s);
       }
-      const std::string peer = info_->server_context() != nullptr ? info_->server_context()->peer() : "?";
-      outcomes_->Record(info_->method(), peer, FromGrpc(s));
+      if (!unparsed_) {
+        outcomes_->Record(info_->method(), Peer(), FromGrpc(s));
+      } else {
+        // No message reached the handler: either it did not parse, or the
+        // client cancelled before sending it (gRPC's handler sees the same
+        // in both cases). Which one is known once the call closes.
+        std::lock_guard<std::mutex> lock(mu_);
+        unparsed_status_ = FromGrpc(s);
+        status_sent_ = true;
+        MaybeRecordUnparsedLocked();
+      }
+    }
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_CLOSE) && unparsed_) {
+      // Valid here: the call's close has been received.
+      const bool cancelled = info_->server_context() != nullptr && info_->server_context()->IsCancelled();
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+      cancelled_ = cancelled;
+      MaybeRecordUnparsedLocked();
     }
     m->Proceed();
   }
 
  private:
+  std::string Peer() const {
+    return info_->server_context() != nullptr ? info_->server_context()->peer() : "?";
+  }
+
+  // Records an unparsed call's outcome once both its status was sent and its
+  // close arrived: a cancel when the client cancelled, else the status.
+  void MaybeRecordUnparsedLocked() {
+    if (!status_sent_ || !closed_ || recorded_) return;
+    recorded_ = true;
+    outcomes_->Record(info_->method(), Peer(),
+                      cancelled_ ? Cancelled("the client cancelled the call before its request message arrived")
+                                 : unparsed_status_);
+  }
+
   CallOutcomes* outcomes_;
   grpc::experimental::ServerRpcInfo* info_;
+  // Written at POST_RECV_MESSAGE, which comes before both hooks below.
   bool unparsed_ = false;
+  // PRE_SEND_STATUS and POST_RECV_CLOSE may run on different threads.
+  std::mutex mu_;
+  Status unparsed_status_;     // guarded by mu_
+  bool status_sent_ = false;   // guarded by mu_
+  bool closed_ = false;        // guarded by mu_
+  bool cancelled_ = false;     // guarded by mu_
+  bool recorded_ = false;      // guarded by mu_
 };
 
 class OutcomeInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
