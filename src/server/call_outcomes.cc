@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
 
+#include <atomic>
 #include <utility>
 
 #include "proto_convert.h"
@@ -67,20 +68,22 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
     using grpc::experimental::InterceptionHookPoints;
     if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) && m->GetRecvMessage() == nullptr) {
-      unparsed_ = true;
+      unparsed_.store(true);
     }
     if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       grpc::Status s = m->GetSendStatus();
       // (Sync methods answer INTERNAL; callback methods UNIMPLEMENTED, with
       // no message.)
-      if (unparsed_ &&
-          (s.error_code() == grpc::StatusCode::INTERNAL || s.error_code() == grpc::StatusCode::UNIMPLEMENTED)) {
+      const bool refused_unparsed =
+          unparsed_.load() &&
+          (s.error_code() == grpc::StatusCode::INTERNAL || s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+      if (refused_unparsed) {
         s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                          std::string("the request message does not parse as the protobuf ") + info_->method() +
                              " expects; check the client's generated code against proto/epd/v1/encoder.proto");
         m->ModifySendStatus(s);
       }
-      if (!unparsed_) {
+      if (!refused_unparsed) {
         outcomes_->Record(info_->method(), Peer(), FromGrpc(s));
       } else {
         // No message reached the handler: either it did not parse, or the
@@ -92,7 +95,7 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
         MaybeRecordUnparsedLocked();
       }
     }
-    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_CLOSE) && unparsed_) {
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_CLOSE) && unparsed_.load()) {
       // Valid here: the call's close has been received.
       const bool cancelled = info_->server_context() != nullptr && info_->server_context()->IsCancelled();
       std::lock_guard<std::mutex> lock(mu_);
@@ -108,8 +111,9 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
     return info_->server_context() != nullptr ? info_->server_context()->peer() : "?";
   }
 
-  // Records an unparsed call's outcome once both its status was sent and its
-  // close arrived: a cancel when the client cancelled, else the status.
+  // Records the outcome of a call refused for want of a request message once
+  // both that refusal was sent and the call's close arrived: a cancel when the
+  // client cancelled, else the refusal.
   void MaybeRecordUnparsedLocked() {
     if (!status_sent_ || !closed_ || recorded_) return;
     recorded_ = true;
@@ -120,12 +124,14 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
 
   CallOutcomes* outcomes_;
   grpc::experimental::ServerRpcInfo* info_;
-  // Written at POST_RECV_MESSAGE, which comes before both hooks below.
-  bool unparsed_ = false;
+  // Set at POST_RECV_MESSAGE; read at PRE_SEND_STATUS and POST_RECV_CLOSE,
+  // which may run on other threads (gRPC's ordering is invisible to TSan,
+  // and a streaming method's close may race its last read).
+  std::atomic<bool> unparsed_{false};
   // PRE_SEND_STATUS and POST_RECV_CLOSE may run on different threads.
   std::mutex mu_;
   Status unparsed_status_;     // guarded by mu_
-  bool status_sent_ = false;   // guarded by mu_
+  bool status_sent_ = false;   // the refusal was sent; guarded by mu_
   bool closed_ = false;        // guarded by mu_
   bool cancelled_ = false;     // guarded by mu_
   bool recorded_ = false;      // guarded by mu_
