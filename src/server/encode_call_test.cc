@@ -57,6 +57,22 @@ std::uint64_t AllErrors(const TestServer& t) {
 
 // Nothing of any call is left: no buffered rows, no queued or in-flight
 // request in the worker.
+std::string ErrorsText(const TestServer& t) {
+  std::string out;
+  for (const auto& [code, count] : t.server->Stats().rpc_errors) {
+    out += std::to_string(static_cast<int>(code)) + ":" + std::to_string(count) + " ";
+  }
+  return out;
+}
+
+std::string StatsText(const TestServer& t) {
+  const ServerStats s = t.server->Stats();
+  return "buffered_bytes " + std::to_string(s.buffered_bytes) + ", pending_items " +
+         std::to_string(s.worker.pending_items) + ", in_flight_requests " +
+         std::to_string(s.worker.in_flight_requests) + ", cancelled_requests " +
+         std::to_string(s.worker.cancelled_requests);
+}
+
 bool Quiet(const TestServer& t) {
   const ServerStats s = t.server->Stats();
   return s.buffered_bytes == 0 && s.worker.pending_items == 0 && s.worker.in_flight_requests == 0;
@@ -70,13 +86,6 @@ void ExpectServes(TestServer& t, int seed, const FakeTowerOptions& tower = {}) {
   EXPECT_TRUE(RowsOf(r.items[0]) == RowsOf(Expected(img, tower))) << "wrong rows";
 }
 
-std::string ErrorsText(const TestServer& t) {
-  std::string out;
-  for (const auto& [code, count] : t.server->Stats().rpc_errors) {
-    out += std::to_string(static_cast<int>(code)) + ":" + std::to_string(count) + " ";
-  }
-  return out;
-}
 
 // A call run by hand: started, read item by item, then finished, cancelled
 // or abandoned.
@@ -188,7 +197,7 @@ void DeadlineMidStream(bool shm) {
   ASSERT_TRUE(WaitFor([&] {
     return Errors(t, StatusCode::kDeadlineExceeded) == 1 && t.server->Stats().worker.cancelled_requests == 1 &&
            Quiet(t);
-  }));
+  })) << ErrorsText(t) << StatsText(t);
   EXPECT_EQ(AllErrors(t), 1u);
   t.hold->store(false);
   ExpectServes(t, 43);
@@ -217,7 +226,7 @@ TEST(EncodeCallTest, ClientWhoseChannelGoesAwayMidStreamIsCancelledInTheWorker) 
   c.reset();
   ASSERT_TRUE(WaitFor([&] {
     return Errors(t, StatusCode::kCancelled) == 1 && t.server->Stats().worker.cancelled_requests == 1 && Quiet(t);
-  }));
+  })) << ErrorsText(t) << StatsText(t);
   t.hold->store(false);
   ExpectServes(t, 52);
   EXPECT_EQ(AllErrors(t), 1u);
@@ -244,7 +253,8 @@ TEST(EncodeCallTest, NonReadingClientThatGoesAwayLeavesNoBufferedBytes) {
   ctx.reset();
   stub.reset();
   channel.reset();
-  ASSERT_TRUE(WaitFor([&] { return Errors(t, StatusCode::kCancelled) == 1 && Quiet(t); }));
+  ASSERT_TRUE(WaitFor([&] { return Errors(t, StatusCode::kCancelled) == 1 && Quiet(t); }))
+      << ErrorsText(t) << StatsText(t);
   EXPECT_EQ(AllErrors(t), 1u);
   ExpectServes(t, 56, o.tower);
 }
