@@ -83,7 +83,7 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
                              " expects; check the client's generated code against proto/epd/v1/encoder.proto");
         m->ModifySendStatus(s);
       }
-      if (!refused_unparsed) {
+      if (!refused_unparsed || !Callback()) {
         outcomes_->Record(info_->method(), Peer(), FromGrpc(s));
       } else {
         // No message reached the handler: either it did not parse, or the
@@ -95,9 +95,11 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
         MaybeRecordUnparsedLocked();
       }
     }
-    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_CLOSE) && unparsed_.load()) {
-      // Valid here: the call's close has been received.
-      const bool cancelled = info_->server_context() != nullptr && info_->server_context()->IsCancelled();
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_CLOSE) && unparsed_.load() && Callback()) {
+      // Valid here: the call's close has been received. (Only for a callback
+      // method: a sync one's IsCancelled completes the close op itself, which
+      // runs this hook again, without end.)
+      const bool cancelled = info_->server_context()->IsCancelled();
       std::lock_guard<std::mutex> lock(mu_);
       closed_ = true;
       cancelled_ = cancelled;
@@ -107,6 +109,11 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   }
 
  private:
+  // A callback-API method's call (Encode, Session), as opposed to a sync one.
+  bool Callback() const {
+    return dynamic_cast<const grpc::CallbackServerContext*>(info_->server_context()) != nullptr;
+  }
+
   std::string Peer() const {
     return info_->server_context() != nullptr ? info_->server_context()->peer() : "?";
   }

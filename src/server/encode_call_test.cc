@@ -436,6 +436,40 @@ TEST(EncodeCallTest, CancelBeforeTheRequestMessageIsCountedAsCancelNotInvalidArg
   ExpectServes(t, 95);
 }
 
+// The same refusal for a sync method (Release): a request that does not
+// parse is INVALID_ARGUMENT to the client and counted once as such, now that
+// the count waits for the call's close.
+TEST(EncodeCallTest, MalformedRequestToASyncMethodIsCountedOnceAsInvalidArgument) {
+  TestServer t = StartTestServer();
+  grpc::GenericStub stub(grpc::CreateChannel(t.target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(&ctx, "/epd.v1.Encoder/Release", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  // Field 1 (leases, a message) declares 100 bytes but carries 2.
+  grpc::Slice slice(std::string("\x0a\x64xy", 4));
+  grpc::ByteBuffer body(&slice, 1);
+  call->Write(body, reinterpret_cast<void*>(2));
+  cq.Next(&tag, &ok);
+  call->WritesDone(reinterpret_cast<void*>(3));
+  cq.Next(&tag, &ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_TRUE(WaitFor([&] { return AllErrors(t) == 1; })) << ErrorsText(t);
+  EXPECT_EQ(Errors(t, StatusCode::kInvalidArgument), 1u) << ErrorsText(t);
+  ExpectServes(t, 96);
+  EXPECT_EQ(AllErrors(t), 1u) << ErrorsText(t);
+}
+
 // Items that fail do not stop the others; the call's status names the lowest
 // failed index, whatever order the failures were delivered in.
 TEST(EncodeCallTest, FailedItemsLetTheOthersThroughAndTheStatusNamesTheLowestIndex) {
