@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_interceptor.h>
 
+#include <atomic>
 #include <utility>
 
 #include "proto_convert.h"
@@ -67,29 +68,80 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
     using grpc::experimental::InterceptionHookPoints;
     if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE) && m->GetRecvMessage() == nullptr) {
-      unparsed_ = true;
+      unparsed_.store(true);
     }
     if (m->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       grpc::Status s = m->GetSendStatus();
       // (Sync methods answer INTERNAL; callback methods UNIMPLEMENTED, with
       // no message.)
-      if (unparsed_ &&
-          (s.error_code() == grpc::StatusCode::INTERNAL || s.error_code() == grpc::StatusCode::UNIMPLEMENTED)) {
+      const bool refused_unparsed =
+          unparsed_.load() &&
+          (s.error_code() == grpc::StatusCode::INTERNAL || s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+      if (refused_unparsed) {
         s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                          std::string("the request message does not parse as the protobuf ") + info_->method() +
                              " expects; check the client's generated code against proto/epd/v1/encoder.proto");
         m->ModifySendStatus(s);
       }
-      const std::string peer = info_->server_context() != nullptr ? info_->server_context()->peer() : "?";
-      outcomes_->Record(info_->method(), peer, FromGrpc(s));
+      if (!refused_unparsed || !Callback()) {
+        outcomes_->Record(info_->method(), Peer(), FromGrpc(s));
+      } else {
+        // No message reached the handler: either it did not parse, or the
+        // client cancelled before sending it (gRPC's handler sees the same
+        // in both cases). Which one is known once the call closes.
+        std::lock_guard<std::mutex> lock(mu_);
+        unparsed_status_ = FromGrpc(s);
+        status_sent_ = true;
+        MaybeRecordUnparsedLocked();
+      }
+    }
+    if (m->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_CLOSE) && unparsed_.load() && Callback()) {
+      // Valid here: the call's close has been received. (Only for a callback
+      // method: a sync one's IsCancelled completes the close op itself, which
+      // runs this hook again, without end.)
+      const bool cancelled = info_->server_context()->IsCancelled();
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+      cancelled_ = cancelled;
+      MaybeRecordUnparsedLocked();
     }
     m->Proceed();
   }
 
  private:
+  // A callback-API method's call (Encode, Session), as opposed to a sync one.
+  bool Callback() const {
+    return dynamic_cast<const grpc::CallbackServerContext*>(info_->server_context()) != nullptr;
+  }
+
+  std::string Peer() const {
+    return info_->server_context() != nullptr ? info_->server_context()->peer() : "?";
+  }
+
+  // Records the outcome of a call refused for want of a request message once
+  // both that refusal was sent and the call's close arrived: a cancel when the
+  // client cancelled, else the refusal.
+  void MaybeRecordUnparsedLocked() {
+    if (!status_sent_ || !closed_ || recorded_) return;
+    recorded_ = true;
+    outcomes_->Record(info_->method(), Peer(),
+                      cancelled_ ? Cancelled("the client cancelled the call before its request message arrived")
+                                 : unparsed_status_);
+  }
+
   CallOutcomes* outcomes_;
   grpc::experimental::ServerRpcInfo* info_;
-  bool unparsed_ = false;
+  // Set at POST_RECV_MESSAGE; read at PRE_SEND_STATUS and POST_RECV_CLOSE,
+  // which may run on other threads (gRPC's ordering is invisible to TSan,
+  // and a streaming method's close may race its last read).
+  std::atomic<bool> unparsed_{false};
+  // PRE_SEND_STATUS and POST_RECV_CLOSE may run on different threads.
+  std::mutex mu_;
+  Status unparsed_status_;     // guarded by mu_
+  bool status_sent_ = false;   // the refusal was sent; guarded by mu_
+  bool closed_ = false;        // guarded by mu_
+  bool cancelled_ = false;     // guarded by mu_
+  bool recorded_ = false;      // guarded by mu_
 };
 
 class OutcomeInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {

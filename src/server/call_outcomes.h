@@ -14,7 +14,10 @@
 // request that does not parse as INTERNAL (a server fault, "retry") for a
 // sync method and as UNIMPLEMENTED (with no message) for a callback one,
 // where the fault is the client's: the interceptor rewrites both to
-// INVALID_ARGUMENT.
+// INVALID_ARGUMENT. gRPC's handler sees no message either when the client
+// cancelled before sending it; for a callback method (Encode) such a call is
+// counted (and logged) as CANCELLED, decided when the call's close arrives
+// (POST_RECV_CLOSE). A sync method's is still counted as INVALID_ARGUMENT.
 //
 // Thread safety: thread-safe.
 #pragma once

@@ -16,9 +16,17 @@ using Clock = std::chrono::steady_clock;
 
 // How often an Encode call that found the request budget full looks again.
 constexpr auto kAdmissionRetry = std::chrono::milliseconds(2);
-// gRPC's deadline timer may fire this much before the deadline as read back
-// from the call's context; a cancellation within it counts as the deadline.
+// A cancellation this close to the deadline read back from the call's
+// context counts as the deadline: at least kDeadlineSlack, and at least
+// 1/kDeadlineSlackDivisor of the time the call had when it arrived. The
+// client's own timer usually ends the call first, and its deadline is
+// earlier than the server's: gRPC sends the time left (grpc-timeout) rounded
+// up to a few significant digits, and the server counts it from arrival.
+// Measured on loopback: a client's 1000 ms deadline reached the server as a
+// cancel 7 to 8 ms before the server's deadline (EncodeCallTest.DeadlineMid-
+// Stream*), past the 5 ms allowed before.
 constexpr auto kDeadlineSlack = std::chrono::milliseconds(5);
+constexpr int kDeadlineSlackDivisor = 50;
 
 std::int64_t ResultBytes(const ItemResult& r) {
   return r.embedding != nullptr ? static_cast<std::int64_t>(r.embedding->nbytes()) : 0;
@@ -72,6 +80,8 @@ void EncodeCall::Start() {
       ctx_->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1));
   admit_by_ = Clock::now() + std::min<Clock::duration>(s.options.admission_wait,
                                                        std::chrono::duration_cast<Clock::duration>(to_deadline));
+  deadline_slack_ =
+      std::max<std::chrono::system_clock::duration>(kDeadlineSlack, to_deadline / kDeadlineSlackDivisor);
   // Assigned ids use a prefix client ids may not (request_id.h).
   id_ = req_->id().empty() ? internal::AutoRequestId(s.next_auto_id++) : req_->id();
   n_ = static_cast<std::size_t>(req_->items_size());
@@ -256,7 +266,7 @@ void EncodeCall::OnCancel() {
     if (finished_ || !give_up_.ok()) return;
     // gRPC cancels a call at its deadline too; tell the two apart (the timer
     // may fire a little before the deadline read back from the context).
-    if (std::chrono::system_clock::now() + kDeadlineSlack >= ctx_->deadline()) {
+    if (std::chrono::system_clock::now() + deadline_slack_ >= ctx_->deadline()) {
       give_up_ = Status(StatusCode::kDeadlineExceeded,
                         "the deadline passed after " + std::to_string(written_) + " of " + std::to_string(n_) +
                             " items were sent; the rest were dropped (raise the deadline or retry)");

@@ -103,6 +103,8 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
 
   // Set by Start, before another thread sees the call.
   Clock::time_point admit_by_;
+  // A cancel this close to the deadline counts as the deadline (encode_call.cc).
+  std::chrono::system_clock::duration deadline_slack_{std::chrono::milliseconds(5)};
   std::int64_t message_bytes_ = 0;
   std::string id_, tenant_;
   std::size_t n_ = 0;

@@ -235,7 +235,7 @@ TEST(IpcDeliveryTest, ReleaseRefusesWrongGenerationsAndRepeatsAndEndsTheExport) 
   ASSERT_FALSE(imp.ok());
   EXPECT_EQ(imp.status().code(), StatusCode::kFailedPrecondition);
   // (Its descriptor is closed, or reused by another file: either is named.)
-  const std::string& why = imp.status().message();
+  const std::string why = imp.status().message();  // status() is a copy
   EXPECT_TRUE(why.find("export has ended") != std::string::npos || why.find("exporter has exited") != std::string::npos)
       << why;
 }
