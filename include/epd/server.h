@@ -34,7 +34,7 @@
 //   Deadline or client cancellation: the server cancels the request in the
 //   worker (queued items no other request waits on are dropped) and ends the
 //   call with DEADLINE_EXCEEDED or CANCELLED. Cancellation by the client is
-//   noticed at once, and so is a deadline.
+//   noticed when gRPC reports it (no polling), and so is a deadline.
 //
 // Backpressure: results queued on calls but not yet written hold their
 // embeddings alive. When those bytes exceed max_buffered_bytes the worker's

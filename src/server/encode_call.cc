@@ -168,7 +168,7 @@ void EncodeCall::Deliver(const ItemResult& r) {
     if (delivered_ == n_ && !done_) return;
     writer_ = true;
   }
-  PumpFromWorker();
+  PumpOrPost();
 }
 
 void EncodeCall::Done(const RequestResult& r) {
@@ -179,10 +179,10 @@ void EncodeCall::Done(const RequestResult& r) {
     if (finished_ || writer_) return;
     writer_ = true;
   }
-  PumpFromWorker();
+  PumpOrPost();
 }
 
-void EncodeCall::PumpFromWorker() {
+void EncodeCall::PumpOrPost() {
   if (references_) return Pump();
   server_.pool->Post([self = shared_from_this()] { self->Pump(); });
 }
@@ -257,7 +257,7 @@ void EncodeCall::OnWriteDone(bool ok) {
       give_up_ = Cancelled("the client went away while results were streaming");
     }
   }
-  Pump();
+  PumpOrPost();
 }
 
 void EncodeCall::OnCancel() {

@@ -12,14 +12,15 @@
 //     three (to the worker, back to the handler, and gRPC's hand-off of the
 //     polling role).
 //   - Inline rows are copied into the reply on the TaskPool, never on the
-//     worker thread, so a large reply does not delay tower batches.
+//     worker thread (a large reply would delay tower batches) nor on gRPC's
+//     (it would hold up other calls' reactions).
 // The last item goes out with the call's status (StartWriteAndFinish): one
 // send per single-item call. A slow client delays only its own writes; what
 // it leaves queued is counted in buffered_bytes, and the worker's
 // sink_full() stops starting tower batches while that passes the limit.
 //
-// Cancellation and deadlines reach the call at once (OnCancel): it cancels
-// the request in the worker, and items delivered after that are dropped
+// Cancellation and deadlines reach the call when gRPC reports them
+// (OnCancel), with no polling: it cancels the request in the worker, and items delivered after that are dropped
 // without being buffered.
 //
 // Why not the sync API, as before: under load, gRPC 1.51's sync server
@@ -86,10 +87,10 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   // With the writer role: writes the next item, finishes the call, or gives
   // the role back when there is nothing to do yet.
   void Pump();
-  // Pump() from the worker thread: there when every payload goes by
-  // reference (shared memory, CUDA IPC), else on the pool, so that the
-  // worker never copies rows into an inline reply.
-  void PumpFromWorker();
+  // Pump() from the worker thread or a gRPC reaction: right there when
+  // every payload goes by reference (shared memory, CUDA IPC), else on the
+  // pool, so that neither copies rows into an inline reply.
+  void PumpOrPost();
   // Finishes the call with `s` and no (further) write. REQUIRES: the writer
   // role, or the call was never handed to the worker.
   void FinishWith(const Status& s);
