@@ -73,13 +73,16 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "epd/encode_worker.h"
 
@@ -97,13 +100,24 @@ class WorkerLoop {
   WorkerLoop(const WorkerLoop&) = delete;
   WorkerLoop& operator=(const WorkerLoop&) = delete;
 
+  // Names one Submit call, for Cancel. Tickets start at 1 and are never
+  // reused.
+  using Ticket = std::uint64_t;
+
   // Enqueues `request`; see the header comment for when callbacks fire. The
-  // future holds the same RequestResult on_done receives.
-  std::future<RequestResult> Submit(EncodeRequest request, RequestCallbacks callbacks = {});
+  // future holds the same RequestResult on_done receives. `ticket`, when
+  // non-null, receives this submission's ticket.
+  std::future<RequestResult> Submit(EncodeRequest request, RequestCallbacks callbacks = {},
+                                    Ticket* ticket = nullptr);
 
   // Enqueues a cancel of the in-flight request `id` (EncodeWorker::Cancel);
   // a no-op when none is in flight by the time the worker thread gets to it.
-  void Cancel(std::string id);
+  // With a `ticket` from Submit, only that submission is cancelled: when the
+  // worker refused it (ALREADY_EXISTS, another request holds `id`), the
+  // request that holds the id is left alone. Callers that take ids from
+  // clients should pass it, or one client could cancel another's request by
+  // reusing its id.
+  void Cancel(std::string id, std::optional<Ticket> ticket = std::nullopt);
 
   // The worker's counters as of the end of the last loop iteration, and never
   // older than the last request whose on_done has fired: a caller that saw a
@@ -128,6 +142,9 @@ class WorkerLoop {
  private:
   struct Command {
     bool cancel = false;
+    // A submission's ticket; for a cancel, the submission it targets (0: the
+    // request holding the id, whichever it is).
+    Ticket ticket = 0;
     // Back from the shared tier's lookup: submit as it is. `cancelled`: a
     // Cancel arrived while it was parked.
     bool resolved = false;
@@ -149,6 +166,10 @@ class WorkerLoop {
   void Publish();
 
   std::unique_ptr<EncodeWorker> worker_;  // touched only by thread_ (options() excepted)
+  // Which submission holds each id the worker has accepted and not finished
+  // (touched only by thread_: set in Process, erased by on_done, which the
+  // worker calls on thread_).
+  std::unordered_map<std::string, Ticket> holder_;
   // Null without a shared tier. Stopped by Shutdown before the thread.
   std::unique_ptr<internal::SharedTierLookup> lookup_;
 
@@ -156,7 +177,12 @@ class WorkerLoop {
   std::condition_variable cv_;
   std::deque<Command> inbox_;                    // guarded by mu_
   // Parked requests by id, for Cancel.
-  std::map<std::string, std::shared_ptr<internal::LookupBatch>> parked_;  // guarded by mu_
+  struct Parked {
+    Ticket ticket = 0;
+    std::shared_ptr<internal::LookupBatch> batch;
+  };
+  std::map<std::string, Parked> parked_;  // guarded by mu_
+  Ticket next_ticket_ = 1;                // guarded by mu_
   bool accepting_ = true;                        // guarded by mu_
   bool stopping_ = false;                        // guarded by mu_
   bool woken_ = false;                           // guarded by mu_

@@ -150,7 +150,7 @@ void EncodeCall::Submit() {
     std::lock_guard<std::mutex> lock(mu_);
     submitted_ = true;
   }
-  s.loop->Submit(std::move(request), std::move(callbacks));
+  s.loop->Submit(std::move(request), std::move(callbacks), &ticket_);
   // Items delivered meanwhile waited for the role Start held.
   Pump();
 }
@@ -202,7 +202,9 @@ void EncodeCall::Pump() {
     const Status g = give_up_;
     lock.unlock();
     s.Unbuffer(left);
-    if (cancel_worker) s.loop->Cancel(id_);
+    // By ticket: a call refused for an id another call holds (ALREADY_EXISTS)
+    // must not cancel that call.
+    if (cancel_worker) s.loop->Cancel(id_, ticket_);
     return FinishWith(g);
   }
   // The last item waits for on_done, to go out with the call's status.

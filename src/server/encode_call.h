@@ -48,6 +48,7 @@
 #include "epd/server.h"
 #include "epd/status.h"
 #include "epd/v1/encoder.grpc.pb.h"
+#include "epd/worker_loop.h"
 
 namespace epd {
 
@@ -108,6 +109,7 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   std::chrono::system_clock::duration deadline_slack_{std::chrono::milliseconds(5)};
   std::int64_t message_bytes_ = 0;
   std::string id_, tenant_;
+  WorkerLoop::Ticket ticket_ = 0;  // set by Submit before another thread sees it
   std::size_t n_ = 0;
   bool by_ipc_ = false;
   std::uint64_t ipc_owner_ = 0;  // the call's session's owner in the CUDA IPC leases, 0 = none

@@ -44,7 +44,7 @@ WorkerLoop::WorkerLoop(std::unique_ptr<EncodeWorker> worker) : worker_(std::move
 
 WorkerLoop::~WorkerLoop() { Shutdown(std::chrono::milliseconds(0)); }
 
-std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCallbacks callbacks) {
+std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCallbacks callbacks, Ticket* ticket) {
   auto promise = std::make_shared<std::promise<RequestResult>>();
   std::future<RequestResult> future = promise->get_future();
   // Hash here, on the caller's thread, outside the lock.
@@ -57,6 +57,8 @@ std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCall
       c.callbacks = std::move(callbacks);
       c.keys = std::move(keys);
       c.promise = promise;
+      c.ticket = next_ticket_++;
+      if (ticket != nullptr) *ticket = c.ticket;
       inbox_.push_back(std::move(c));
       cv_.notify_one();
       return future;
@@ -71,13 +73,16 @@ std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCall
   return future;
 }
 
-void WorkerLoop::Cancel(std::string id) {
+void WorkerLoop::Cancel(std::string id, std::optional<Ticket> ticket) {
   std::lock_guard<std::mutex> lock(mu_);
   // A parked request: end its waits; it is cancelled in the worker when it
   // arrives there (the lookup's `done` reads the flag under mu_).
-  if (auto p = parked_.find(id); p != parked_.end()) p->second->cancelled = true;
+  if (auto p = parked_.find(id); p != parked_.end() && (!ticket || p->second.ticket == *ticket)) {
+    p->second.batch->cancelled = true;
+  }
   Command c;
   c.cancel = true;
+  c.ticket = ticket.value_or(0);
   c.request.id = std::move(id);
   inbox_.push_back(std::move(c));
   cv_.notify_one();
@@ -115,6 +120,12 @@ void WorkerLoop::Shutdown(std::chrono::milliseconds grace) {
 
 void WorkerLoop::Process(Command& c) {
   if (c.cancel) {
+    // A cancel for one submission leaves a request another one holds the id
+    // for alone (refused as ALREADY_EXISTS, its own cancel must not reach it).
+    if (c.ticket != 0) {
+      auto h = holder_.find(c.request.id);
+      if (h == holder_.end() || h->second != c.ticket) return;
+    }
     worker_->Cancel(c.request.id);
     return;
   }
@@ -124,15 +135,24 @@ void WorkerLoop::Process(Command& c) {
   }
   std::shared_ptr<std::promise<RequestResult>> promise = std::move(c.promise);
   std::function<void(const RequestResult&)> user_done = std::move(c.callbacks.on_done);
+  std::string id = c.request.id;
+  const Ticket ticket = c.ticket;
+  // Recorded before the worker sees the request, since a request of hits
+  // completes inside Submit. An id already held stays with its holder: the
+  // worker refuses this submission.
+  const bool holds = holder_.try_emplace(id, ticket).second;
   // Publish before completing, so Stats() already counts a request its caller saw finish.
-  RequestCallbacks callbacks{std::move(c.callbacks.on_item), [this, user_done, promise](const RequestResult& r) {
+  RequestCallbacks callbacks{std::move(c.callbacks.on_item),
+                             [this, user_done, promise, id, ticket](const RequestResult& r) {
+                               if (auto h = holder_.find(id); h != holder_.end() && h->second == ticket)
+                                 holder_.erase(h);
                                Publish();
                                Finish(user_done, *promise, r);
                              }};
-  std::string id = c.request.id;
   const bool cancelled = c.cancelled;
   Status s = worker_->Submit(std::move(c.request), std::move(callbacks), std::move(c.keys));
   if (s.ok() && cancelled) worker_->Cancel(id);
+  if (!s.ok() && holds) holder_.erase(id);
   if (!s.ok()) {
     try {
       Finish(user_done, *promise, RequestResult{std::move(id), std::move(s), {}});
@@ -184,7 +204,7 @@ bool WorkerLoop::Park(Command& c) {
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
-    parked_[id] = batch;
+    parked_[id] = Parked{c.ticket, batch};
   }
   if (!lookup_->Submit(batch)) {  // stopping: submit it as it is
     std::lock_guard<std::mutex> lock(mu_);
@@ -249,9 +269,7 @@ void WorkerLoop::Run() {
     Clock::time_point deadline;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      auto wake = [&] {
-        return !inbox_.empty() || woken_ || worker_->BatchFinished() || (stopping_ && !stop_seen);
-      };
+      auto wake = [&] { return !inbox_.empty() || woken_ || worker_->BatchFinished() || (stopping_ && !stop_seen); };
       if (blocked && tower_idle) {
         cv_.wait_for(lock, std::chrono::milliseconds(1), wake);  // poll the sink
       } else if (!can_start && !(stop_seen && drained)) {

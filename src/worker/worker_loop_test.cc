@@ -133,6 +133,41 @@ TEST(WorkerLoopTest, ShutdownRightAfterTheLastBatchReturns) {
   }
 }
 
+TEST(WorkerLoopTest, ACancelByTicketReachesOnlyItsOwnSubmission) {
+  WorkerOptions o;
+  std::atomic<bool> full{true};
+  o.sink_full = [&] { return full.load(); };  // keeps "a" in flight
+  WorkerLoop loop(MakeWorker(o));
+  WorkerLoop::Ticket first = 0, second = 0;
+  std::future<RequestResult> a = loop.Submit(Request("a", {Png(56, 56, 1)}), {}, &first);
+  // A second submission reuses the id: the worker refuses it, and its own
+  // cancel, by ticket, must not reach the first one.
+  std::future<RequestResult> dup = loop.Submit(Request("a", {Png(56, 56, 2)}), {}, &second);
+  EXPECT_NE(first, 0u);
+  EXPECT_NE(second, first);
+  EXPECT_EQ(dup.get().status.code(), StatusCode::kAlreadyExists);
+  loop.Cancel("a", second);
+  // A ticket that was never issued reaches nothing either.
+  loop.Cancel("a", second + 1000);
+  // Both cancels have reached the worker thread once this request, queued
+  // behind them, completes (it has no items, so at once); "a" is still in
+  // flight.
+  EXPECT_TRUE(loop.Submit(Request("probe", {})).get().status.ok());
+  EXPECT_EQ(a.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  full = false;
+  loop.Wake();
+  RequestResult r = a.get();
+  EXPECT_TRUE(r.all_ok()) << r.status.ToString();
+
+  // The holder's own ticket cancels it.
+  full = true;
+  WorkerLoop::Ticket third = 0;
+  std::future<RequestResult> b = loop.Submit(Request("b", {Png(56, 56, 4)}), {}, &third);
+  loop.Cancel("b", third);
+  EXPECT_EQ(b.get().status.code(), StatusCode::kCancelled);
+  loop.Shutdown(std::chrono::milliseconds(0));
+}
+
 TEST(WorkerLoopTest, WakeResumesAfterTheSinkDrains) {
   WorkerOptions o;
   std::atomic<bool> full{true};
