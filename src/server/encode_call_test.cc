@@ -18,7 +18,7 @@
 #include <set>
 #include <thread>
 
-#include "shm_mapping.h"
+#include "shm_rows.h"
 #include "test_server.h"
 #include "worker_test_util.h"
 
@@ -34,13 +34,7 @@ std::string RowsOf(const Embedding& e) {
 
 // The rows an item carries, inline or through a fresh mapping of the arena.
 std::string RowsOf(const v1::EncodedItem& item) {
-  if (!item.has_shm()) return item.main() + item.deepstack();
-  const v1::ShmRef& ref = item.shm();
-  StatusOr<std::shared_ptr<const internal::ShmMapping>> m =
-      internal::ShmMapping::Open(static_cast<pid_t>(ref.pid()), ref.fd(), ref.segment(), ref.segment_bytes());
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  if (!m.ok()) return "";
-  return std::string(reinterpret_cast<const char*>((*m)->data() + ref.offset()), ref.length());
+  return item.has_shm() ? ShmRows(item.shm()) : item.main() + item.deepstack();
 }
 
 std::uint64_t Errors(const TestServer& t, StatusCode code) {

@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "epd/client.h"
-#include "shm_mapping.h"
+#include "shm_rows.h"
 #include "test_server.h"
 #include "worker_test_util.h"
 
@@ -31,14 +31,7 @@ v1::EncodeRequest ShmRequest(const std::string& id, const std::vector<std::strin
 
 // The rows an item sent by reference points at, read through a fresh
 // read-only mapping of the arena.
-std::string RowsOf(const v1::EncodedItem& item) {
-  const v1::ShmRef& ref = item.shm();
-  StatusOr<std::shared_ptr<const internal::ShmMapping>> m =
-      internal::ShmMapping::Open(static_cast<pid_t>(ref.pid()), ref.fd(), ref.segment(), ref.segment_bytes());
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  if (!m.ok()) return "";
-  return std::string(reinterpret_cast<const char*>((*m)->data() + ref.offset()), ref.length());
-}
+std::string RowsOf(const v1::EncodedItem& item) { return ShmRows(item.shm()); }
 
 WorkerOptions TestWorkerOptions() {
   WorkerOptions w;
