@@ -238,7 +238,7 @@ void EncodeCall::Pump() {
     // wake-up fewer per call, which is most of a single-item hit's transport
     // work. (It has no OnWriteDone; a client gone by then shows in OnDone.)
     s.Unbuffer(msg_bytes_);
-    s.metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start_).count());
+    ObserveDuration();
     return StartWriteAndFinish(&msg_, grpc::WriteOptions(), internal::ToGrpc(final_status));
   }
   if (done_ && ready_.empty()) {
@@ -289,8 +289,12 @@ void EncodeCall::FinishWith(const Status& s) {
     if (finished_) return;
     finished_ = true;
   }
-  server_.metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start_).count());
+  ObserveDuration();
   Finish(internal::ToGrpc(s));  // counted and logged by `outcomes`' interceptor
+}
+
+void EncodeCall::ObserveDuration() {
+  server_.metrics->ObserveCall(std::chrono::duration<double>(Clock::now() - start_).count());
 }
 
 Status EncodeCall::FinalStatus() const {

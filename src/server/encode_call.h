@@ -95,6 +95,8 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   // Finishes the call with `s` and no (further) write. REQUIRES: the writer
   // role, or the call was never handed to the worker.
   void FinishWith(const Status& s);
+  // The call's latency, into the Encode histogram; once, as it finishes.
+  void ObserveDuration();
   Status FinalStatus() const;  // REQUIRES: mu_ held, done_
 
   EncodeServer::Impl& server_;
