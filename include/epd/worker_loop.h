@@ -79,7 +79,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -101,7 +100,7 @@ class WorkerLoop {
   WorkerLoop& operator=(const WorkerLoop&) = delete;
 
   // Names one Submit call, for Cancel. Tickets start at 1 and are never
-  // reused.
+  // reused; 0 names none.
   using Ticket = std::uint64_t;
 
   // Enqueues `request`; see the header comment for when callbacks fire. The
@@ -112,12 +111,12 @@ class WorkerLoop {
 
   // Enqueues a cancel of the in-flight request `id` (EncodeWorker::Cancel);
   // a no-op when none is in flight by the time the worker thread gets to it.
-  // With a `ticket` from Submit, only that submission is cancelled: when the
+  // With a non-zero `ticket` from Submit, only that submission is cancelled: when the
   // worker refused it (ALREADY_EXISTS, another request holds `id`), the
   // request that holds the id is left alone. Callers that take ids from
   // clients should pass it, or one client could cancel another's request by
   // reusing its id.
-  void Cancel(std::string id, std::optional<Ticket> ticket = std::nullopt);
+  void Cancel(std::string id, Ticket ticket = 0);
 
   // The worker's counters as of the end of the last loop iteration, and never
   // older than the last request whose on_done has fired: a caller that saw a

@@ -73,16 +73,16 @@ std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCall
   return future;
 }
 
-void WorkerLoop::Cancel(std::string id, std::optional<Ticket> ticket) {
+void WorkerLoop::Cancel(std::string id, Ticket ticket) {
   std::lock_guard<std::mutex> lock(mu_);
   // A parked request: end its waits; it is cancelled in the worker when it
   // arrives there (the lookup's `done` reads the flag under mu_).
-  if (auto p = parked_.find(id); p != parked_.end() && (!ticket || p->second.ticket == *ticket)) {
+  if (auto p = parked_.find(id); p != parked_.end() && (ticket == 0 || p->second.ticket == ticket)) {
     p->second.batch->cancelled = true;
   }
   Command c;
   c.cancel = true;
-  c.ticket = ticket.value_or(0);
+  c.ticket = ticket;
   c.request.id = std::move(id);
   inbox_.push_back(std::move(c));
   cv_.notify_one();
