@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "epd/v1/encoder.grpc.pb.h"
+#include "epd/v1/service_config.h"
 #include "client_convert.h"
 #include "client_session.h"
 #include "proto_convert.h"
@@ -22,6 +23,12 @@
 
 namespace epd {
 namespace {
+
+// gRPC keeps a call's request (by reference, not copied) while the call can
+// still be retried; past this size it commits the call and never retries it.
+// 64 MiB: the server's default --max-request-mb (gRPC's own default, 256 KiB,
+// would leave most photos unretryable).
+constexpr int kRetryBufferBytes = 64 << 20;
 
 std::string RandomHex(int digits) {
   std::random_device rd;
@@ -404,6 +411,13 @@ StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions opti
   // caller can spread load over several connections (one connection's
   // transport is processed serially).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Encode's retry policy (proto/epd/v1/encoder_service_config.json): a call
+  // refused before any item came back (UNAVAILABLE, or CANCELLED by a server
+  // whose shutdown began as the call arrived) is sent again, to another
+  // server behind a front. Requests up to kRetryBufferBytes stay retryable.
+  args.SetServiceConfigJSON(v1::kEncoderServiceConfig);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
+  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, kRetryBufferBytes);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (tls) {
     grpc::SslCredentialsOptions ssl;
