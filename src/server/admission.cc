@@ -1,9 +1,8 @@
-// See admission.h. The budget is a plain mutex + condition variable: calls
-// are few (one per request) and each holds it for a few instructions, so a
-// lock-free counter would buy nothing, and waiting needs the condition
-// variable anyway. Waiters are not queued first-come-first-served: whichever
-// fits when bytes come back goes first (a small call may pass a large one),
-// which keeps small requests flowing during a burst of large ones.
+// See admission.h. The budget is a plain mutex over a counter and a map of
+// waiters: calls are few (one per request) and each holds it for a few
+// instructions, so a lock-free counter would buy nothing. Grants run outside
+// the lock, since a grant may call back into the budget (a refused call's
+// OnDone releases nothing, but an admitted one may end at once and Release).
 #include "admission.h"
 
 #include <algorithm>
@@ -12,48 +11,108 @@
 
 #include <cstdio>
 #include <utility>
+#include <vector>
+
+#include "task_pool.h"
 
 namespace epd::internal {
 
-RequestBudget::RequestBudget(std::int64_t capacity_bytes, std::int64_t burst_bytes, std::function<void()> on_drained)
-    : capacity_(capacity_bytes), burst_bytes_(burst_bytes), on_drained_(std::move(on_drained)) {}
+RequestBudget::RequestBudget(std::int64_t capacity_bytes, std::int64_t burst_bytes, std::function<void()> on_drained,
+                             TaskPool* timers)
+    : capacity_(capacity_bytes), burst_bytes_(burst_bytes), on_drained_(std::move(on_drained)), timers_(timers) {}
 
-Status RequestBudget::Acquire(std::int64_t bytes, Clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_until(lock, deadline, [&] { return in_flight_ + bytes <= capacity_; })) {
-    const std::int64_t held = in_flight_;
-    lock.unlock();
-    constexpr double kMiB = 1 << 20;
-    char text[200];
-    std::snprintf(text, sizeof(text), "%.1f MiB of requests are in flight; this one (%.1f MiB) would pass the ",
-                  static_cast<double>(held) / kMiB, static_cast<double>(bytes) / kMiB);
-    char cap[64];
-    std::snprintf(cap, sizeof(cap), "%.1f MiB", static_cast<double>(capacity_) / kMiB);
-    return ResourceExhausted(std::string(text) + "in-flight request budget of " + cap +
-                             " (--max-inflight-request-mb); retry with backoff");
-  }
+Status RequestBudget::Refusal(std::int64_t held, std::int64_t bytes) const {
+  constexpr double kMiB = 1 << 20;
+  char text[200];
+  std::snprintf(text, sizeof(text), "%.1f MiB of requests are in flight; this one (%.1f MiB) would pass the ",
+                static_cast<double>(held) / kMiB, static_cast<double>(bytes) / kMiB);
+  char cap[64];
+  std::snprintf(cap, sizeof(cap), "%.1f MiB", static_cast<double>(capacity_) / kMiB);
+  return ResourceExhausted(std::string(text) + "in-flight request budget of " + cap +
+                           " (--max-inflight-request-mb); retry with backoff");
+}
+
+void RequestBudget::Take(std::int64_t bytes) {
   in_flight_ += bytes;
   peak_since_drained_ = std::max(peak_since_drained_, in_flight_);
-  return Status::Ok();
+}
+
+RequestBudget::WaiterId RequestBudget::Acquire(std::int64_t bytes, Clock::time_point deadline, Grant grant) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Room now: in, even past older waiters too large for what is left
+  // (admission.h: not first-come-first-served).
+  if (in_flight_ + bytes <= capacity_) {
+    Take(bytes);
+    lock.unlock();
+    grant(Status::Ok());
+    return 0;
+  }
+  if (Clock::now() >= deadline) {
+    const std::int64_t held = in_flight_;
+    lock.unlock();
+    grant(Refusal(held, bytes));
+    return 0;
+  }
+  const WaiterId id = next_id_++;
+  waiters_.emplace(id, Waiter{bytes, std::move(grant)});
+  lock.unlock();
+  timers_->PostAt(deadline, [this, id] { Expire(id); });
+  return id;
+}
+
+void RequestBudget::Expire(WaiterId id) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return;  // admitted or cancelled meanwhile
+  Waiter w = std::move(it->second);
+  waiters_.erase(it);
+  const std::int64_t held = in_flight_;
+  lock.unlock();
+  w.grant(Refusal(held, w.bytes));
+}
+
+void RequestBudget::Cancel(WaiterId id, const Status& why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return;
+  Waiter w = std::move(it->second);
+  waiters_.erase(it);
+  lock.unlock();
+  w.grant(why);
 }
 
 void RequestBudget::Release(std::int64_t bytes) {
   bool drained = false;
+  std::vector<Grant> admitted;
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_ -= bytes;
+    for (auto it = waiters_.begin(); it != waiters_.end() && in_flight_ < capacity_;) {
+      if (in_flight_ + it->second.bytes > capacity_) {
+        ++it;
+        continue;
+      }
+      Take(it->second.bytes);
+      admitted.push_back(std::move(it->second.grant));
+      it = waiters_.erase(it);
+    }
     if (in_flight_ == 0) {
       drained = peak_since_drained_ >= burst_bytes_;
       peak_since_drained_ = 0;
     }
   }
-  cv_.notify_all();
+  for (Grant& g : admitted) g(Status::Ok());
   if (drained && on_drained_) on_drained_();
 }
 
 std::int64_t RequestBudget::in_flight() const {
   std::lock_guard<std::mutex> lock(mu_);
   return in_flight_;
+}
+
+std::int64_t RequestBudget::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<std::int64_t>(waiters_.size());
 }
 
 std::string PeerWithoutPort(const std::string& peer) {

@@ -2,13 +2,15 @@
 // reach the worker: the in-flight request byte budget, and whose fair share
 // (ScheduleOrder::kFair) the call is charged to.
 //
-// RequestBudget is a counting semaphore over bytes. Each Encode call takes
-// its message size before it is converted and submitted, and gives it back
-// when the call ends. A call that finds no room waits up to a short deadline
-// for earlier calls to finish, then is refused with RESOURCE_EXHAUSTED
-// naming the budget (counted by code in Stats.rpc_errors and /metrics, and
-// logged rate-limited, like every refusal: call_outcomes.h).
-//
+// RequestBudget is a counting semaphore over bytes, with a queue of waiting
+// callbacks instead of waiting threads. Each Encode call takes its message
+// size before it is converted and submitted, and gives it back when the call
+// ends. A call that finds no room waits, holding no thread, until bytes come
+// back (Release admits it on the spot) or a short deadline passes; then it
+// is refused with RESOURCE_EXHAUSTED naming the budget (counted by code in
+// Stats.rpc_errors and /metrics, and logged rate-limited, like every
+// refusal: call_outcomes.h).
+
 // What it bounds, and what it cannot: gRPC reads a whole message before
 // the Encode method runs, so a refused call's message was already
 // received; the budget bounds the bytes that go on into the worker (hashing,
@@ -31,9 +33,9 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -45,31 +47,64 @@ class ServerContextBase;
 
 namespace epd::internal {
 
+class TaskPool;
+
 class RequestBudget {
  public:
   using Clock = std::chrono::steady_clock;
+  // What a waiter is told, exactly once: OK (its bytes are taken), or why
+  // not (kResourceExhausted at its deadline, Cancel's status).
+  using Grant = std::function<void(const Status&)>;
+  using WaiterId = std::uint64_t;  // 0 = none
 
-  // REQUIRES: capacity_bytes > 0.
-  RequestBudget(std::int64_t capacity_bytes, std::int64_t burst_bytes, std::function<void()> on_drained);
+  // `timers` runs the waiters' deadlines (not owned; it must outlive the
+  // budget's use, and a waiter still queued when it shuts down is never
+  // granted). REQUIRES: capacity_bytes > 0, timers != nullptr.
+  RequestBudget(std::int64_t capacity_bytes, std::int64_t burst_bytes, std::function<void()> on_drained,
+                TaskPool* timers);
 
-  // Takes `bytes` (<= capacity) once they fit, waiting until `deadline` at
-  // the latest. OK, or kResourceExhausted naming the budget and what is in
-  // flight. REQUIRES: 0 <= bytes <= capacity_bytes.
-  Status Acquire(std::int64_t bytes, Clock::time_point deadline);
-  // Gives back what an OK Acquire took.
+  // Takes `bytes` as soon as they fit, and calls grant(OK); if they do not
+  // fit by `deadline`, grant(kResourceExhausted naming the budget and what
+  // is in flight). When they fit at once, or the deadline has passed,
+  // `grant` runs inline and 0 is returned; otherwise the call is queued and
+  // `grant` runs later on the thread of the Release that makes room, on a
+  // `timers` thread at the deadline, or in Cancel, never under the budget's
+  // lock. Queued waiters are not first-come-first-served: each Release
+  // admits, oldest first, every waiter that fits, so a small call may pass
+  // a large one and small requests keep flowing during a burst of large
+  // ones. REQUIRES: 0 <= bytes <= capacity_bytes. O(1), plus O(log waiters)
+  // to queue.
+  WaiterId Acquire(std::int64_t bytes, Clock::time_point deadline, Grant grant);
+  // Ends waiter `id` if it is still queued: its grant runs now, on this
+  // thread, with `why` (not OK). A waiter already granted, refused or
+  // cancelled is left alone. O(log waiters).
+  void Cancel(WaiterId id, const Status& why);
+  // Gives back what an OK grant took, and admits the queued waiters that fit
+  // now (their grants run on this thread). O(waiters).
   void Release(std::int64_t bytes);
 
   std::int64_t in_flight() const;
+  std::int64_t waiting() const;  // waiters queued
   std::int64_t capacity() const { return capacity_; }
 
  private:
+  struct Waiter {
+    std::int64_t bytes;
+    Grant grant;
+  };
+  Status Refusal(std::int64_t held, std::int64_t bytes) const;
+  void Expire(WaiterId id);
+  void Take(std::int64_t bytes);  // REQUIRES: mu_ held
+
   const std::int64_t capacity_;
   const std::int64_t burst_bytes_;
   const std::function<void()> on_drained_;
+  TaskPool* const timers_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::int64_t in_flight_ = 0;           // guarded by mu_
   std::int64_t peak_since_drained_ = 0;  // most bytes in flight at once since in_flight_ was last 0; guarded by mu_
+  std::map<WaiterId, Waiter> waiters_;   // by id: oldest first; guarded by mu_
+  WaiterId next_id_ = 1;                 // guarded by mu_
 };
 
 // Whose fair share a call is charged to: the value of the metadata key

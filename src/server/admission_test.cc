@@ -9,6 +9,7 @@
 #include <future>
 #include <thread>
 
+#include "task_pool.h"
 #include "test_server.h"
 #include "worker_test_util.h"
 
@@ -21,54 +22,143 @@ using std::chrono::milliseconds;
 
 RequestBudget::Clock::time_point In(milliseconds d) { return RequestBudget::Clock::now() + d; }
 
-TEST(RequestBudgetTest, AdmitsUpToTheCapacityThenRefusesNamingTheBudget) {
-  RequestBudget b(100, 1000, nullptr);
-  EXPECT_TRUE(b.Acquire(60, In(milliseconds(0))).ok());
-  EXPECT_TRUE(b.Acquire(40, In(milliseconds(0))).ok());
+// One waiter's answer: what its grant was told, once.
+struct Answer {
+  std::promise<Status> promise;
+  std::future<Status> future = promise.get_future();
+  std::atomic<int> calls{0};
+  RequestBudget::Grant Grant() {
+    return [this](const Status& st) {
+      if (calls.fetch_add(1) == 0) promise.set_value(st);
+    };
+  }
+  bool answered() { return future.wait_for(milliseconds(0)) == std::future_status::ready; }
+};
+
+// Acquire that answers at once (room, or a deadline already past).
+Status AcquireNow(RequestBudget& b, std::int64_t bytes) {
+  Answer a;
+  EXPECT_EQ(b.Acquire(bytes, In(milliseconds(0)), a.Grant()), 0U);
+  EXPECT_TRUE(a.answered());
+  return a.future.get();
+}
+
+TEST(RequestBudgetTest, AdmitsUpToTheCapacityThenRefusesNamingTheBudgetAtTheDeadline) {
+  internal::TaskPool timers(1);
+  RequestBudget b(100, 1000, nullptr, &timers);
+  EXPECT_TRUE(AcquireNow(b, 60).ok());
+  EXPECT_TRUE(AcquireNow(b, 40).ok());
   EXPECT_EQ(b.in_flight(), 100);
-  const Status refused = b.Acquire(1, In(milliseconds(5)));
+  Answer late;
+  const auto asked = RequestBudget::Clock::now();
+  EXPECT_NE(b.Acquire(1, In(milliseconds(30)), late.Grant()), 0U);  // queued
+  EXPECT_EQ(b.waiting(), 1);
+  const Status refused = late.future.get();
+  EXPECT_GE(RequestBudget::Clock::now() - asked, milliseconds(30));  // not before its deadline
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
   EXPECT_THAT(refused.message(), ::testing::HasSubstr("in-flight request budget"));
   EXPECT_THAT(refused.message(), ::testing::HasSubstr("--max-inflight-request-mb"));
   EXPECT_EQ(b.in_flight(), 100);  // a refusal takes nothing
+  EXPECT_EQ(b.waiting(), 0);
   b.Release(40);
-  EXPECT_TRUE(b.Acquire(40, In(milliseconds(0))).ok());
+  EXPECT_TRUE(AcquireNow(b, 40).ok());
+  EXPECT_EQ(late.calls.load(), 1);
 }
 
-TEST(RequestBudgetTest, AWaiterIsAdmittedWhenBytesComeBack) {
-  RequestBudget b(100, 1000, nullptr);
-  ASSERT_TRUE(b.Acquire(100, In(milliseconds(0))).ok());
-  auto waiter = std::async(std::launch::async, [&] { return b.Acquire(70, In(milliseconds(10000))); });
-  // Not admitted while the budget is full (it may not have started waiting
-  // yet; either way it cannot have got in).
-  EXPECT_EQ(waiter.wait_for(milliseconds(20)), std::future_status::timeout);
-  b.Release(100);
-  EXPECT_TRUE(waiter.get().ok());
+TEST(RequestBudgetTest, APastDeadlineIsAnsweredAtOnce) {
+  internal::TaskPool timers(1);
+  RequestBudget b(100, 1000, nullptr, &timers);
+  ASSERT_TRUE(AcquireNow(b, 100).ok());
+  EXPECT_EQ(AcquireNow(b, 1).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(b.waiting(), 0);
+}
+
+TEST(RequestBudgetTest, AWaiterIsAdmittedByTheReleaseThatMakesRoom) {
+  internal::TaskPool timers(1);
+  RequestBudget b(100, 1000, nullptr, &timers);
+  ASSERT_TRUE(AcquireNow(b, 100).ok());
+  Answer w;
+  ASSERT_NE(b.Acquire(70, In(milliseconds(60000)), w.Grant()), 0U);
+  b.Release(20);  // 80 in flight: 70 more do not fit
+  EXPECT_FALSE(w.answered());
+  b.Release(80);  // the grant runs here, on this thread
+  ASSERT_TRUE(w.answered());
+  EXPECT_TRUE(w.future.get().ok());
   EXPECT_EQ(b.in_flight(), 70);
+  EXPECT_EQ(b.waiting(), 0);
+}
+
+TEST(RequestBudgetTest, SmallWaitersPassALargeOneThatKeepsItsPlace) {
+  internal::TaskPool timers(1);
+  RequestBudget b(100, 1000, nullptr, &timers);
+  ASSERT_TRUE(AcquireNow(b, 100).ok());
+  Answer large, small1, small2;
+  ASSERT_NE(b.Acquire(90, In(milliseconds(60000)), large.Grant()), 0U);   // oldest
+  ASSERT_NE(b.Acquire(20, In(milliseconds(60000)), small1.Grant()), 0U);
+  ASSERT_NE(b.Acquire(20, In(milliseconds(60000)), small2.Grant()), 0U);
+  b.Release(50);  // 50 in flight: the large one does not fit, both small ones do (90)
+  EXPECT_FALSE(large.answered());
+  ASSERT_TRUE(small1.answered() && small2.answered());
+  EXPECT_EQ(b.in_flight(), 90);
+  b.Release(50 + 20 + 20);  // all out: the large one goes next
+  ASSERT_TRUE(large.answered());
+  EXPECT_TRUE(large.future.get().ok());
+  EXPECT_EQ(b.in_flight(), 90);
+}
+
+TEST(RequestBudgetTest, ACancelledWaiterIsToldWhyAndTakesNothing) {
+  internal::TaskPool timers(1);
+  RequestBudget b(100, 1000, nullptr, &timers);
+  ASSERT_TRUE(AcquireNow(b, 100).ok());
+  Answer w;
+  const RequestBudget::WaiterId id = b.Acquire(10, In(milliseconds(60000)), w.Grant());
+  ASSERT_NE(id, 0U);
+  b.Cancel(id, Cancelled("the client cancelled the call"));
+  ASSERT_TRUE(w.answered());
+  EXPECT_EQ(w.future.get().code(), StatusCode::kCancelled);
+  b.Cancel(id, Cancelled("again"));  // no longer queued: nothing happens
+  b.Release(100);
+  EXPECT_EQ(b.in_flight(), 0);
+  EXPECT_EQ(w.calls.load(), 1);
 }
 
 TEST(RequestBudgetTest, DrainedHookRunsOnceABurstHasFullyLeft) {
+  internal::TaskPool timers(1);
   int drained = 0;
-  RequestBudget b(100, 50, [&] { ++drained; });
-  ASSERT_TRUE(b.Acquire(30, In(milliseconds(0))).ok());
+  RequestBudget b(100, 50, [&] { ++drained; }, &timers);
+  ASSERT_TRUE(AcquireNow(b, 30).ok());
   b.Release(30);
   EXPECT_EQ(drained, 0);  // at most 30 in flight at once: below the burst size
-  ASSERT_TRUE(b.Acquire(30, In(milliseconds(0))).ok());
-  ASSERT_TRUE(b.Acquire(25, In(milliseconds(0))).ok());
+  ASSERT_TRUE(AcquireNow(b, 30).ok());
+  ASSERT_TRUE(AcquireNow(b, 25).ok());
   b.Release(30);
   EXPECT_EQ(drained, 0);  // 25 still in flight
   b.Release(25);
   EXPECT_EQ(drained, 1);  // 55 were in flight at once, now all gone
-  ASSERT_TRUE(b.Acquire(5, In(milliseconds(0))).ok());
+  ASSERT_TRUE(AcquireNow(b, 5).ok());
   b.Release(5);
   EXPECT_EQ(drained, 1);
 }
 
-TEST(RequestBudgetTest, ManySmallCallsOneAtATimeAreNoBurst) {
+TEST(RequestBudgetTest, NoDrainWhileAReleaseAdmitsAWaiter) {
+  internal::TaskPool timers(1);
   int drained = 0;
-  RequestBudget b(100, 50, [&] { ++drained; });
+  RequestBudget b(100, 50, [&] { ++drained; }, &timers);
+  ASSERT_TRUE(AcquireNow(b, 100).ok());
+  Answer w;
+  ASSERT_NE(b.Acquire(60, In(milliseconds(60000)), w.Grant()), 0U);
+  b.Release(100);  // 60 go straight back in flight
+  EXPECT_EQ(drained, 0);
+  b.Release(60);
+  EXPECT_EQ(drained, 1);
+}
+
+TEST(RequestBudgetTest, ManySmallCallsOneAtATimeAreNoBurst) {
+  internal::TaskPool timers(1);
+  int drained = 0;
+  RequestBudget b(100, 50, [&] { ++drained; }, &timers);
   for (int i = 0; i < 20; ++i) {  // 200 bytes in all, never more than 10 at once
-    ASSERT_TRUE(b.Acquire(10, In(milliseconds(0))).ok());
+    ASSERT_TRUE(AcquireNow(b, 10).ok());
     b.Release(10);
   }
   EXPECT_EQ(drained, 0);

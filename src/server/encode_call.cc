@@ -14,8 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How often an Encode call that found the request budget full looks again.
-constexpr auto kAdmissionRetry = std::chrono::milliseconds(2);
 // A cancellation this close to the deadline read back from the call's
 // context counts as the deadline: at least kDeadlineSlack, and at least
 // 1/kDeadlineSlackDivisor of the time the call had when it arrived. The
@@ -90,27 +88,36 @@ void EncodeCall::Start() {
 
 void EncodeCall::Admit() {
   EncodeServer::Impl& s = server_;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!give_up_.ok()) {
-      const Status g = give_up_;
-      lock.unlock();
-      return FinishWith(g);
-    }
-  }
-  // The in-flight request budget (admission.h): a call that finds no room
-  // tries again every kAdmissionRetry until admit_by_, holding no thread.
-  const bool last_try = Clock::now() >= admit_by_;
-  Status st = s.budget->Acquire(message_bytes_, Clock::now());  // no wait: a past deadline
-  if (!st.ok() && !last_try) {
-    s.pool->PostAt(std::min(admit_by_, Clock::now() + kAdmissionRetry), [self = shared_from_this()] { self->Admit(); });
-    return;
-  }
-  if (!st.ok()) return FinishWith(st);
+  // The in-flight request budget (admission.h): Admitted runs once the
+  // bytes fit, at admit_by_ with a refusal, or on a cancel, holding no
+  // thread meanwhile.
   {
     std::lock_guard<std::mutex> lock(mu_);
-    admitted_ = true;
+    admitting_ = true;
   }
+  const internal::RequestBudget::WaiterId id = s.budget->Acquire(
+      message_bytes_, admit_by_, [self = shared_from_this()](const Status& st) { self->Admitted(st); });
+  Status cancel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!admitting_) return;  // Admitted ran already
+    waiter_ = id;
+    cancel = give_up_;  // OnCancel came first, and left the waiter to us
+  }
+  if (!cancel.ok()) s.budget->Cancel(id, cancel);
+}
+
+void EncodeCall::Admitted(const Status& st) {
+  Status g;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    admitting_ = false;
+    waiter_ = 0;
+    admitted_ = st.ok();  // OnDone gives the bytes back
+    g = give_up_;
+  }
+  if (!st.ok()) return FinishWith(g.ok() ? st : g);
+  if (!g.ok()) return FinishWith(g);
   Submit();
 }
 
@@ -152,7 +159,7 @@ void EncodeCall::Submit() {
   }
   s.loop->Submit(std::move(request), std::move(callbacks), &ticket_);
   // Items delivered meanwhile waited for the role Start held.
-  Pump();
+  PumpOrPost();
 }
 
 void EncodeCall::Deliver(const ItemResult& r) {
@@ -263,6 +270,9 @@ void EncodeCall::OnWriteDone(bool ok) {
 }
 
 void EncodeCall::OnCancel() {
+  bool pump = false;
+  internal::RequestBudget::WaiterId waiter = 0;
+  Status why;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_ || !give_up_.ok()) return;
@@ -275,12 +285,20 @@ void EncodeCall::OnCancel() {
     } else {
       give_up_ = Cancelled("the client cancelled the call");
     }
-    // Whoever holds the role (a write in flight, a pending admission retry,
-    // a delivery) finishes the call when it next looks.
-    if (writer_) return;
-    writer_ = true;
+    // Whoever holds the role (a write in flight, a delivery) finishes the
+    // call when it next looks; a call still waiting for the budget is ended
+    // by cancelling its waiter (Admitted then finishes it). A waiter not yet
+    // recorded is Admit's to cancel.
+    if (!writer_) {
+      writer_ = true;
+      pump = true;
+    } else if (admitting_) {
+      waiter = waiter_;
+      why = give_up_;
+    }
   }
-  Pump();
+  if (waiter != 0) server_.budget->Cancel(waiter, why);
+  if (pump) Pump();
 }
 
 void EncodeCall::FinishWith(const Status& s) {

@@ -49,6 +49,7 @@
 #include "epd/status.h"
 #include "epd/v1/encoder.grpc.pb.h"
 #include "epd/worker_loop.h"
+#include "admission.h"
 
 namespace epd {
 
@@ -79,9 +80,11 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   void OnDone() override;
 
  private:
-  // Takes the request budget, or tries again on the pool every
-  // kAdmissionRetry until admit_by_; then submits. Holds the writer role.
+  // Asks the request budget for message_bytes_ by admit_by_ (admission.h);
+  // Admitted gets the answer, and submits or finishes the call. Both hold
+  // the writer role (Start's).
   void Admit();
+  void Admitted(const Status& st);
   void Submit();
   void Deliver(const ItemResult& r);  // the worker's on_item
   void Done(const RequestResult& r);  // the worker's on_done
@@ -123,6 +126,8 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
 
   std::mutex mu_;
   bool writer_ = true;            // Start holds the role until the request is submitted
+  bool admitting_ = false;        // waiting for the budget's answer (Admit to Admitted)
+  internal::RequestBudget::WaiterId waiter_ = 0;  // its waiter, once queued (0 = none or not yet known)
   bool admitted_ = false;         // message_bytes_ of the budget are held
   bool submitted_ = false;        // the worker has the request
   bool finished_ = false;         // Finish or StartWriteAndFinish called

@@ -165,6 +165,33 @@ TEST(EncodeCallTest, CancelWhileWaitingForAdmissionEndsTheCallAndTakesNoBudget) 
   EXPECT_EQ(AllErrors(t), 1u);
 }
 
+TEST(EncodeCallTest, ACallWaitingForTheBudgetGoesInWhenAnEarlierCallEnds) {
+  std::atomic<int> drained{0};
+  TestServer t = StartTestServer(BudgetOptions(&drained));
+  ASSERT_NE(t.server, nullptr);
+  t.hold->store(true);
+  std::vector<std::future<RawCall>> calls;
+  for (int i = 0; i < 3; ++i) {
+    calls.push_back(std::async(std::launch::async, [&, i] {
+      return CallEncode(*t.stub, MakeRequest("queued-" + std::to_string(i), {PaddedPng(20 + i)}),
+                        milliseconds(60000));
+    }));
+    if (i == 1) ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 2; }));
+  }
+  // The third waits in the budget's queue, not in the worker.
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(t.server->Stats().worker.in_flight_requests, 2);
+  t.hold->store(false);
+  for (int i = 0; i < 3; ++i) {
+    const RawCall r = calls[static_cast<std::size_t>(i)].get();
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+    ASSERT_EQ(r.items.size(), 1u);
+    EXPECT_TRUE(RowsOf(r.items[0]) == RowsOf(Expected(PaddedPng(20 + i)))) << "wrong rows for " << i;
+  }
+  EXPECT_EQ(AllErrors(t), 0u);
+  ASSERT_TRUE(WaitFor([&] { return Quiet(t) && drained.load() >= 1; }));
+}
+
 // A deadline that passes after two of three items were sent: the client
 // has those two, the server counts one DEADLINE_EXCEEDED, cancels the rest in
 // the worker and keeps no buffered bytes.

@@ -5,7 +5,7 @@
 //
 // Threads: gRPC's own (they receive calls and run the callback reactions),
 // the sync methods' handler threads, the WorkerLoop thread, a small TaskPool
-// (inline replies, admission retries) and the metrics exposer's thread.
+// (inline replies, admission deadlines) and the metrics exposer's thread.
 #include "epd/server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -103,7 +103,8 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->auth = std::make_unique<internal::TokenCheck>(options.auth_token);
   self->pool = std::make_unique<internal::TaskPool>(PoolThreads());
   self->budget = std::make_unique<internal::RequestBudget>(
-      options.max_inflight_request_bytes, options.max_inflight_request_bytes / 16, options.on_requests_drained);
+      options.max_inflight_request_bytes, options.max_inflight_request_bytes / 16, options.on_requests_drained,
+      self->pool.get());
   if (options.shm_arena_bytes > 0) {
     StatusOr<std::unique_ptr<internal::ShmArena>> arena =
         internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);

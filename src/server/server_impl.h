@@ -54,7 +54,7 @@ struct EncodeServer::Impl final
   std::unique_ptr<internal::IpcLeases> ipc;         // null = no CUDA IPC delivery
   std::string ipc_device_name;                      // ipc's Device::Describe(), sent in every CudaIpcRef
   std::unique_ptr<internal::ShmSessions> sessions;  // lease sessions over `arena` and `ipc`; null without both
-  std::unique_ptr<internal::TaskPool> pool;         // inline replies, admission retries (EncodeCall)
+  std::unique_ptr<internal::TaskPool> pool;         // inline replies (EncodeCall), admission deadlines (budget)
   int port = 0;
 
   std::atomic<bool> serving{false};

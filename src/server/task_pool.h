@@ -3,9 +3,9 @@
 //
 // EncodeServer's callback-API calls use it for the work that must not run on
 // the thread that triggers it: building an inline reply (a copy of up to
-// megabytes of rows) when the worker thread delivers an item, and retrying
-// a call that waits for room in the request budget (admission.h) without
-// holding one of gRPC's threads.
+// megabytes of rows) when the worker thread delivers an item; and the timer
+// that refuses a call still waiting for room in the request budget at its
+// deadline (admission.h).
 //
 // Tasks due at the same time run in the order posted (FIFO); tasks run
 // concurrently on up to `threads` threads. A task must not throw.
