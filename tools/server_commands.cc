@@ -66,6 +66,8 @@ struct ServeFlags {
   std::string server_id;
   std::int64_t max_queue = 1024;
   double grace_s = 10;
+  double keepalive_s = 60;
+  double keepalive_timeout_s = 20;
   std::int64_t max_items_per_request = 256;
   double max_request_mb = 64;
   double max_buffered_mb = 256;
@@ -106,6 +108,8 @@ int RunServe(const ServeFlags& f) {
   so.max_request_bytes = static_cast<std::int64_t>(f.max_request_mb * (1 << 20));
   so.max_buffered_bytes = static_cast<std::int64_t>(f.max_buffered_mb * (1 << 20));
   so.max_rpc_threads = f.max_rpc_threads;
+  so.keepalive = std::chrono::milliseconds(static_cast<std::int64_t>(f.keepalive_s * 1000));
+  so.keepalive_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.keepalive_timeout_s * 1000));
   so.extra_addresses = f.listen;
   so.shm_arena_bytes = static_cast<std::int64_t>(f.shm_arena_mb * (1 << 20));
   so.shm_lease = std::chrono::milliseconds(f.shm_lease_ms);
@@ -383,6 +387,14 @@ void RegisterServerCommands(CLI::App& app) {
                     "most images queued for the tower; requests past it get RESOURCE_EXHAUSTED (0 = unbounded)")
         ->capture_default_str()->check(Integer(0));
     cmd->add_option("--grace-s", f->grace_s, "on SIGTERM/SIGINT, seconds calls in flight get to finish")
+        ->capture_default_str()->check(Number(0, 86400, "s"));
+    cmd->add_option("--keepalive-s", f->keepalive_s,
+                    "seconds without activity on a connection with a call open before the server pings the "
+                    "client; 0 = gRPC's default (2 hours)")
+        ->capture_default_str()->check(Number(0, 86400, "s"));
+    cmd->add_option("--keepalive-timeout-s", f->keepalive_timeout_s,
+                    "seconds a ping may go unanswered before the server drops the connection, its calls and "
+                    "lease sessions; 0 = gRPC's default (20 s)")
         ->capture_default_str()->check(Number(0, 86400, "s"));
     cmd->add_option("--max-items-per-request", f->max_items_per_request, "most images in one request")
         ->capture_default_str()->check(Integer(1));

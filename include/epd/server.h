@@ -154,6 +154,19 @@ struct ServerOptions {
   // RESOURCE_EXHAUSTED by gRPC. Encode and Session calls hold none: the
   // request budget and gRPC's memory quota bound them.
   int max_rpc_threads = 256;
+  // HTTP/2 keepalive from the server: on a connection with a call open (a
+  // lease session, a long Encode), the server pings the client every
+  // `keepalive` and closes the connection when an answer does not come
+  // within `keepalive_timeout`, ending its calls and sessions (whose leases
+  // are then released). It is how a client whose host vanished (power loss,
+  // a partition: no FIN ever arrives) is noticed; gRPC's own default is a
+  // first ping after two hours. Connections without calls are not pinged.
+  // 0 = gRPC's default. Detection takes at most about keepalive +
+  // keepalive_timeout. gRPC clients answer pings by themselves, and so does
+  // nginx (which then answers for its clients: behind nginx the server
+  // notices a vanished nginx, not a vanished client).
+  std::chrono::milliseconds keepalive{60000};
+  std::chrono::milliseconds keepalive_timeout{20000};
   // TLS, as PEM text (not paths). Both empty = plaintext. With a client CA
   // too, mutual TLS: a client must present a certificate that CA signed, or
   // its connection is refused during the handshake.

@@ -29,6 +29,11 @@ namespace {
 // Start).
 constexpr int kIdleRpcThreads = 16;
 // Threads that build inline replies and retry admissions (task_pool.h).
+// A duration as a gRPC channel argument (an int of ms).
+int ClampMs(std::chrono::milliseconds d) {
+  return static_cast<int>(std::min<std::int64_t>(d.count(), std::numeric_limits<int>::max()));
+}
+
 int PoolThreads() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u)); }
 
 std::string HostName() {
@@ -80,6 +85,11 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
                            "): a request of the largest accepted size must fit the budget");
   }
   if (options.admission_wait.count() < 0) return InvalidArgument("admission_wait must be >= 0");
+  if (options.keepalive.count() < 0 || options.keepalive_timeout.count() < 0) {
+    return InvalidArgument("keepalive and keepalive_timeout must be >= 0 ms (0 = gRPC's default), got " +
+                           std::to_string(options.keepalive.count()) + " and " +
+                           std::to_string(options.keepalive_timeout.count()));
+  }
   if (options.max_buffered_bytes <= 0) {
     return InvalidArgument("max_buffered_bytes must be > 0, got " + std::to_string(options.max_buffered_bytes));
   }
@@ -145,6 +155,15 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   // gRPC sets SO_REUSEPORT by default, so a second server on a busy port would
   // start and silently share its traffic; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Keepalive (ServerOptions::keepalive). An idle lease session sends no
+  // data for minutes; gRPC 1.51 keeps pinging it all the same (the
+  // vanished-host test in tests/python/test_shm.py idles through six pings).
+  if (options.keepalive.count() > 0) {
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ClampMs(options.keepalive));
+  }
+  if (options.keepalive_timeout.count() > 0) {
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ClampMs(options.keepalive_timeout));
+  }
   builder.RegisterService(self);
   // gRPC refuses a message over its limit before any code of ours (the
   // interceptor included) sees the call, so such refusals could be neither

@@ -2,14 +2,16 @@
 (docs/SHM.md): the Python client's zero-copy numpy views equal the inline
 bytes, leases end by release or expiry, a client killed with leases held
 loses them at once through its lease session (and a clean close releases
-them), unknown or malformed session ids, the session cap, another user cannot
+them), a client whose host vanishes loses them through keepalive, unknown or malformed session ids, the session cap, another user cannot
 map the arena, and the CLI client's --shm."""
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -159,6 +161,80 @@ def test_killed_client_loses_its_leases_through_its_session_and_the_memory_is_re
     finally:
         assert h.stop_server(proc) == 0
         shutil.rmtree(d, ignore_errors=True)
+
+
+class VanishingHost:
+    """A TCP proxy on a free loopback port to 127.0.0.1:`port`. Until
+    vanish() it forwards both ways; after it, it forwards nothing and reads
+    nothing more, but closes no socket, as a host that lost power would: no
+    FIN, no RST, and the server's pings go unanswered."""
+
+    def __init__(self, port):
+        self._port = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._gone = threading.Event()
+        self._socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                near, _ = self._listener.accept()
+            except OSError:
+                return
+            far = socket.create_connection(("127.0.0.1", self._port))
+            self._socks += [near, far]
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a, b):
+        while not self._gone.is_set():
+            try:
+                data = a.recv(1 << 16)
+                if not data or self._gone.is_set():
+                    return
+                b.sendall(data)
+            except OSError:
+                return
+
+    def vanish(self):
+        self._gone.set()
+
+    def close(self):
+        self._listener.close()
+        for s in self._socks:
+            s.close()
+
+
+def test_a_client_whose_host_vanishes_loses_its_session_and_leases_through_keepalive():
+    # Ten-minute leases: only the session's end can release them in time.
+    # Keepalive every 0.5 s, 0.5 s to answer (the defaults are 60 s and 20 s).
+    proc, port, _ = h.start_server(h.tiny_serve_args() + ["--shm-arena-mb", "1", "--shm-lease-ms", "600000",
+                                                          "--keepalive-s", "0.5", "--keepalive-timeout-s", "0.5"])
+    host = VanishingHost(port)
+    far = ec.EncodeClient(f"127.0.0.1:{host.port}", shm=True, timeout=5)
+    try:
+        with ec.EncodeClient(f"127.0.0.1:{port}") as near:
+            rs = far.encode([h.png(56, 56, 700 + i) for i in range(2)])
+            assert all(r.lease is not None for r in rs)
+            # Idle but answering the server's pings, the session outlives six
+            # keepalive periods; and the server goes on pinging an idle session.
+            time.sleep(3)
+            s = near.stats()
+            assert (s["shm_sessions"], s["shm_leases"]) == (1, 2)
+            host.vanish()
+            t0 = time.monotonic()
+            assert wait_for(lambda: near.stats()["shm_sessions"] == 0, timeout=15)
+            noticed_s = time.monotonic() - t0
+            s = near.stats()
+            assert s["shm_leases"] == 0 and s["shm_leased_bytes"] == 0
+            assert s["shm_session_reclaimed"] == 2 and s["shm_expired"] == 0
+            print(f"vanished host noticed after {noticed_s:.2f} s")
+    finally:
+        host.close()
+        far.close()
+        assert h.stop_server(proc) == 0
 
 
 def test_closing_the_client_ends_its_session_and_releases_its_leases(server):
