@@ -130,12 +130,13 @@ struct ServerInfo {
 // reaches the server that cached it; it equals the server's own content key
 // when the server's default sampling is VideoSampling{}.
 struct ClientItem {
-  std::string image;                      // JPEG, PNG, WebP, GIF or BMP bytes
-  std::optional<std::string> caller_key;  // see EncodeItemInput::caller_key (epd/encode_worker.h)
-  std::int64_t expected_tokens = 0;       // 0 = unknown
-  std::string video;                      // MP4, WebM, ... bytes (docs/VIDEO.md)
-  std::vector<std::string> video_frames;  // or a video as its frames
-  std::optional<VideoSampling> sampling;  // per-request sampling; unset = the server's default
+  // (Every member has an initializer, so ClientItem{bytes} names the rest.)
+  std::string image{};                      // JPEG, PNG, WebP, GIF or BMP bytes
+  std::optional<std::string> caller_key{};  // see EncodeItemInput::caller_key (epd/encode_worker.h)
+  std::int64_t expected_tokens = 0;         // 0 = unknown
+  std::string video{};                      // MP4, WebM, ... bytes (docs/VIDEO.md)
+  std::vector<std::string> video_frames{};  // or a video as its frames
+  std::optional<VideoSampling> sampling{};  // per-request sampling; unset = the server's default
 
   bool is_video() const { return !video.empty() || !video_frames.empty(); }
 };

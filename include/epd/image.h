@@ -152,7 +152,7 @@ struct DecodeOptions {
   // Not read: XMP tiff:Orientation and PNG "Raw profile type exif" text
   // chunks (Pillow reads those too; both are rare).
   bool apply_exif_orientation = true;
-  AlphaPolicy alpha;
+  AlphaPolicy alpha{};
 
   friend bool operator==(const DecodeOptions&, const DecodeOptions&) = default;
 };

@@ -176,7 +176,9 @@ TEST(EncodeCallTest, ACallWaitingForTheBudgetGoesInWhenAnEarlierCallEnds) {
       return CallEncode(*t.stub, MakeRequest("queued-" + std::to_string(i), {PaddedPng(20 + i)}),
                         milliseconds(60000));
     }));
-    if (i == 1) ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 2; }));
+    if (i == 1) {
+      ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 2; }));
+    }
   }
   // The third waits in the budget's queue, not in the worker.
   std::this_thread::sleep_for(milliseconds(200));
