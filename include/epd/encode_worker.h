@@ -38,9 +38,11 @@
 // chunk fails the video (naming the chunk). With a tower that does not
 // declare temporal_chunks_independent() (or video_chunk_cache off) a video
 // is one job of grid (t, h, w) instead, joined and cached by its whole-video
-// key only. For
-// max_pending_items a video counts as one job (its chunks are only known
-// after the decode).
+// key only. Submit's max_pending_items check counts a video as one job (its
+// chunks are only known after the decode); once decoded, a video whose
+// chunks to queue (neither cached nor in flight) would pass the bound fails
+// alone, kResourceExhausted (retry later) or kInvalidArgument when they alone
+// exceed it, and queues nothing.
 // Helper threads decode and preprocess queued misses in the order the
 // scheduler will serve them (arrival order, or the fair order for kFair) while
 // the tower runs (at most decode_lookahead finished ahead), so decoding

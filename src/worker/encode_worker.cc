@@ -763,6 +763,38 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
     return true;
   }
 
+  // The queue bound (max_pending_items), now that the chunks are known:
+  // Submit's check counted the video as one job. Only the chunks that will
+  // become jobs count (neither cached nor in flight); the video fails alone,
+  // and what it would have queued is not queued.
+  if (options.max_pending_items > 0) {
+    std::int64_t new_jobs = 0;
+    std::vector<ContentKey> counted;
+    for (const ContentKey& key : prepared->chunk_keys) {
+      if (cache.Contains(key)) continue;
+      if (options.dedup_in_flight) {
+        if (job_by_key.count(key) != 0 || std::find(counted.begin(), counted.end(), key) != counted.end()) continue;
+        counted.push_back(key);
+      }
+      ++new_jobs;
+    }
+    const std::int64_t pending = static_cast<std::int64_t>(scheduler.pending_size());
+    if (new_jobs > options.max_pending_items) {
+      res.status = InvalidArgument("the video has " + std::to_string(new_jobs) +
+                                   " temporal chunks to queue for the tower, more than the queue holds at once "
+                                   "(max_pending_items " +
+                                   std::to_string(options.max_pending_items) +
+                                   "); sample fewer frames (max_frames, fps) or split the video");
+      return false;
+    }
+    if (pending + new_jobs > options.max_pending_items) {
+      res.status = ResourceExhausted("the video would queue " + std::to_string(new_jobs) + " temporal chunks on top of " +
+                                     std::to_string(pending) + " pending; the limit is " +
+                                     std::to_string(options.max_pending_items) + " (retry later)");
+      return false;
+    }
+  }
+
   VideoAssembly a;
   a.whole_key = res.key;
   a.grid = prepared->grid;

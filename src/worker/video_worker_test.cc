@@ -360,6 +360,53 @@ TEST_P(VideoWorkerTest, VideoItemWithImageBytesIsRejected) {
   EXPECT_EQ(Item("r").status.code(), StatusCode::kInvalidArgument);
 }
 
+TEST_P(VideoWorkerTest, VideoOverTheQueueBoundFailsAloneAndQueuesNothing) {
+  WorkerOptions o = Options();
+  o.max_pending_items = 4;
+  auto w = Make(std::move(o));
+  ASSERT_TRUE(w->Submit(Req("a", {VideoItem(Clip(0, 3))}), c_.For("a")).ok());  // 3 chunks queued
+  // Submit counts the video as one job (3 + 1 <= 4); its 2 chunks would make 5.
+  ASSERT_TRUE(w->Submit(Req("b", {VideoItem(Clip(10, 2))}), c_.For("b")).ok());
+  ASSERT_EQ(c_.done.count("b"), 1u);  // failed at once, inside Submit
+  const Status& refused = Item("b").status;
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
+  EXPECT_NE(refused.message().find("2 temporal chunks on top of 3 pending; the limit is 4"), std::string::npos)
+      << refused.message();
+  // Chunks already queued are joined, not counted: chunks 0-2 are in flight,
+  // so a clip of chunks 0-3 adds one (3 + 1 <= 4).
+  ASSERT_TRUE(w->Submit(Req("c", {VideoItem(Clip(0, 4))}), c_.For("c")).ok());
+  Drain(*w);
+  ASSERT_TRUE(c_.done["a"].all_ok());
+  ASSERT_TRUE(c_.done["c"].all_ok()) << Item("c").status.ToString();
+  testing::ExpectSameEmbedding(*Item("c").embedding, WantClip(0, 4));
+  EXPECT_EQ(w->stats().tower_items, 4u);  // chunks 0-3; nothing of "b"
+  // With the queue empty, the same video goes through.
+  ASSERT_TRUE(w->Submit(Req("b2", {VideoItem(Clip(10, 2))}), c_.For("b2")).ok());
+  Drain(*w);
+  ASSERT_TRUE(c_.done["b2"].all_ok());
+  testing::ExpectSameEmbedding(*Item("b2").embedding, WantClip(10, 2));
+}
+
+TEST_P(VideoWorkerTest, VideoWithMoreNewChunksThanTheQueueHoldsIsInvalidAndCachedChunksDoNotCount) {
+  WorkerOptions o = Options();
+  o.max_pending_items = 2;
+  auto w = Make(std::move(o));
+  ASSERT_TRUE(w->Submit(Req("long", {VideoItem(Clip(0, 3))}), c_.For("long")).ok());
+  const Status& refused = Item("long").status;
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(refused.message().find("3 temporal chunks"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("max_pending_items 2"), std::string::npos) << refused.message();
+  EXPECT_FALSE(w->HasQueuedWork());
+  // Once its first chunk is cached, the same clip has 2 new chunks: it fits.
+  ASSERT_TRUE(w->Submit(Req("first", {VideoItem(Clip(0, 1))}), c_.For("first")).ok());
+  Drain(*w);
+  ASSERT_TRUE(w->Submit(Req("again", {VideoItem(Clip(0, 3))}), c_.For("again")).ok());
+  Drain(*w);
+  ASSERT_TRUE(c_.done["again"].all_ok()) << Item("again").status.ToString();
+  testing::ExpectSameEmbedding(*Item("again").embedding, WantClip(0, 3));
+  EXPECT_EQ(w->stats().tower_items, 3u);
+}
+
 INSTANTIATE_TEST_SUITE_P(DecodeThreads, VideoWorkerTest, ::testing::Values(0, 1, 2),
                          [](const ::testing::TestParamInfo<int>& p) { return "helpers" + std::to_string(p.param); });
 
