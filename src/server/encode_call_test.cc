@@ -635,5 +635,42 @@ TEST(EncodeCallTest, AdmissionWaitZeroRefusesACallThatDoesNotFitAtOnce) {
   EXPECT_EQ(AllErrors(t), 1u);
 }
 
+// A budget of exactly one largest request (1.5 MiB), one call of 1.2 MiB in
+// the worker, and five more sent at once: they wait in the budget's queue
+// and go in one at a time, and all six are served. gRPC's memory quota,
+// sized from the budget, used to be smaller than what the transport
+// allocates to read a few such uploads (read buffers of up to 4 MiB a
+// connection), and gRPC reset streams under the pressure (RST_STREAM
+// ENHANCE_YOUR_CALM), oldest first: the admitted call too.
+TEST(EncodeCallTest, ABudgetOfOneRequestQueuesABurstAndServesItOneAtATime) {
+  std::atomic<int> drained{0};
+  TestServerOptions o = BudgetOptions(&drained);
+  o.server.max_inflight_request_bytes = o.server.max_request_bytes;
+  TestServer t = StartTestServer(o);
+  ASSERT_NE(t.server, nullptr);
+  t.hold->store(true);
+  constexpr int kCalls = 6;
+  std::vector<std::future<RawCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::async(std::launch::async, [&, i] {
+      return CallEncode(*t.stub, MakeRequest("one-" + std::to_string(i), {PaddedPng(55 + i)}), milliseconds(60000));
+    }));
+    if (i == 0) {
+      ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 1; }));
+    }
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(t.server->Stats().worker.in_flight_requests, 1);  // the other five wait in the budget
+  t.hold->store(false);
+  for (int i = 0; i < kCalls; ++i) {
+    const RawCall r = calls[static_cast<std::size_t>(i)].get();
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+    ASSERT_EQ(r.items.size(), 1u);
+    EXPECT_TRUE(RowsOf(r.items[0]) == RowsOf(Expected(PaddedPng(55 + i)))) << "wrong rows for " << i;
+  }
+  EXPECT_EQ(AllErrors(t), 0u) << ErrorsText(t);
+  ASSERT_TRUE(WaitFor([&] { return Quiet(t); }));
+}
+
 }  // namespace
 }  // namespace epd::testing
