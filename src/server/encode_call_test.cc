@@ -554,9 +554,7 @@ std::vector<std::future<RawCall>> TwoInFlightAndOneWaiting(TestServer& t, int se
       EXPECT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 2; }));
     }
   }
-  // Let the third reach the budget's queue (arriving later would test less,
-  // not fail).
-  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_TRUE(WaitFor([&] { return t.server->Stats().admission_waiting == 1; }));
   EXPECT_EQ(t.server->Stats().worker.in_flight_requests, 2);
   return calls;
 }
@@ -586,6 +584,7 @@ TEST(EncodeCallTest, ShutdownWithAGraceServesACallWaitingForTheBudget) {
   }
   ASSERT_EQ(stopping.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "Shutdown hangs";
   EXPECT_EQ(drained.load(), 1);  // all three calls' bytes came back
+  EXPECT_EQ(t.server->Stats().request_bytes_in_flight, 0);
 }
 
 // A grace that runs out with the tower still held: every call, the one
@@ -606,7 +605,10 @@ TEST(EncodeCallTest, ShutdownWhoseGraceRunsOutEndsACallWaitingForTheBudgetOnce) 
   }
   EXPECT_EQ(AllErrors(t), 3u) << ErrorsText(t);
   EXPECT_EQ(drained.load(), 1);
-  EXPECT_EQ(t.server->Stats().buffered_bytes, 0);
+  const ServerStats s = t.server->Stats();
+  EXPECT_EQ(s.buffered_bytes, 0);
+  EXPECT_EQ(s.request_bytes_in_flight, 0);
+  EXPECT_EQ(s.admission_waiting, 0);
 }
 
 // admission_wait 0: a call that finds the budget full is refused at once,
@@ -659,7 +661,7 @@ TEST(EncodeCallTest, ABudgetOfOneRequestQueuesABurstAndServesItOneAtATime) {
       ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 1; }));
     }
   }
-  std::this_thread::sleep_for(milliseconds(300));
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().admission_waiting == kCalls - 1; }));
   EXPECT_EQ(t.server->Stats().worker.in_flight_requests, 1);  // the other five wait in the budget
   t.hold->store(false);
   for (int i = 0; i < kCalls; ++i) {
@@ -669,7 +671,7 @@ TEST(EncodeCallTest, ABudgetOfOneRequestQueuesABurstAndServesItOneAtATime) {
     EXPECT_TRUE(RowsOf(r.items[0]) == RowsOf(Expected(PaddedPng(55 + i)))) << "wrong rows for " << i;
   }
   EXPECT_EQ(AllErrors(t), 0u) << ErrorsText(t);
-  ASSERT_TRUE(WaitFor([&] { return Quiet(t); }));
+  ASSERT_TRUE(WaitFor([&] { return Quiet(t) && t.server->Stats().request_bytes_in_flight == 0; }));
 }
 
 }  // namespace
