@@ -39,6 +39,22 @@ CLI::Validator Number(double lo, double hi, std::string unit, bool lo_open) {
       range + (unit.empty() ? "" : " " + unit));
 }
 
+CLI::Validator ZeroOrNumber(double lo, double hi, std::string unit) {
+  const std::string range = "0 or a number from " + Show(lo) + " to " + Show(hi);
+  const std::string expected = "expected " + range + (unit.empty() ? "" : " (" + unit + ")");
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size()) return expected + Got(s);
+        if (!std::isfinite(v) || errno == ERANGE) return expected + Got(s);
+        if (v != 0 && (v < lo || v > hi)) return expected + Got(s);
+        return "";
+      },
+      range + (unit.empty() ? "" : " " + unit));
+}
+
 CLI::Validator Positive(std::string unit) { return Number(0, kNoUpperBound, std::move(unit), true); }
 
 CLI::Validator NonNegative(std::string unit) { return Number(0, kNoUpperBound, std::move(unit), false); }

@@ -45,6 +45,27 @@ TEST(FlagChecksTest, PositiveRefusesZero) {
   EXPECT_EQ(v, 0.001);
 }
 
+// --keepalive-s 0.0004 was kept as 0 ms, which means gRPC's default (two
+// hours): the opposite of what was asked. Below the lower bound, only 0.
+TEST(FlagChecksTest, ZeroOrNumberRefusesValuesThatWouldRoundToZero) {
+  double v = -7;
+  EXPECT_EQ(Parse(ZeroOrNumber(0.001, 86400, "s"), "0", &v), "");
+  EXPECT_EQ(v, 0.0);
+  EXPECT_EQ(Parse(ZeroOrNumber(0.001, 86400, "s"), "0.001", &v), "");
+  EXPECT_EQ(v, 0.001);
+  EXPECT_EQ(Parse(ZeroOrNumber(0.001, 86400, "s"), "0.0004", &v),
+            "--x: expected 0 or a number from 0.001 to 86400 (s), got '0.0004'");
+  EXPECT_EQ(Parse(ZeroOrNumber(0.001, 86400, "s"), "1e-300", &v),
+            "--x: expected 0 or a number from 0.001 to 86400 (s), got '1e-300'");
+  EXPECT_EQ(Parse(ZeroOrNumber(0.001, 86400, "s"), "-1", &v),
+            "--x: expected 0 or a number from 0.001 to 86400 (s), got '-1'");
+  EXPECT_EQ(Parse(ZeroOrNumber(0.001, 86400, "s"), "nan", &v),
+            "--x: expected 0 or a number from 0.001 to 86400 (s), got 'nan'");
+  EXPECT_EQ(Parse(ZeroOrNumber(0.001, 86400, "s"), "86401", &v),
+            "--x: expected 0 or a number from 0.001 to 86400 (s), got '86401'");
+  EXPECT_EQ(v, 0.001);
+}
+
 TEST(FlagChecksTest, BoundedNumberNamesBothEnds) {
   double v = 0;
   EXPECT_EQ(Parse(Number(0.001, 2047, "MB"), "3000", &v), "--x: expected a number from 0.001 to 2047 (MB), got '3000'");

@@ -391,11 +391,11 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--keepalive-s", f->keepalive_s,
                     "seconds without activity on a connection with a call open before the server pings the "
                     "client; 0 = gRPC's default (2 hours)")
-        ->capture_default_str()->check(Number(0, 86400, "s"));
+        ->capture_default_str()->check(ZeroOrNumber(0.001, 86400, "s"));
     cmd->add_option("--keepalive-timeout-s", f->keepalive_timeout_s,
                     "seconds a ping may go unanswered before the server drops the connection, its calls and "
                     "lease sessions; 0 = gRPC's default (20 s)")
-        ->capture_default_str()->check(Number(0, 86400, "s"));
+        ->capture_default_str()->check(ZeroOrNumber(0.001, 86400, "s"));
     cmd->add_option("--max-items-per-request", f->max_items_per_request, "most images in one request")
         ->capture_default_str()->check(Integer(1));
     cmd->add_option("--max-request-mb", f->max_request_mb, "largest request message, MB")->capture_default_str()

@@ -164,7 +164,10 @@ struct ServerOptions {
   // 0 = gRPC's default. Detection takes at most about keepalive +
   // keepalive_timeout. gRPC clients answer pings by themselves, and so does
   // nginx (which then answers for its clients: behind nginx the server
-  // notices a vanished nginx, not a vanished client).
+  // notices a vanished nginx, not a vanished client). nginx reads pings only
+  // as fast as its client reads the reply, so a client behind nginx that
+  // stops reading a reply the server has ready for longer than keepalive +
+  // keepalive_timeout loses the call (docs/SHM.md, "Detection time").
   std::chrono::milliseconds keepalive{60000};
   std::chrono::milliseconds keepalive_timeout{20000};
   // TLS, as PEM text (not paths). Both empty = plaintext. With a client CA

@@ -69,6 +69,11 @@ struct ServerStats {
   std::map<StatusCode, std::uint64_t> rpc_errors;
   // Bytes of results queued on calls and not yet written.
   std::int64_t buffered_bytes = 0;
+  // The in-flight request budget (ServerOptions::max_inflight_request_bytes):
+  // the message bytes of admitted Encode calls not yet ended (0 once every
+  // call has ended), and the calls waiting for room in it.
+  std::int64_t request_bytes_in_flight = 0;
+  std::int64_t admission_waiting = 0;
   ShmStats shm;
   IpcStats ipc;
   // The shared tier (L3, epd/shared_tier.h): whether the server has one, and

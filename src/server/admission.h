@@ -17,8 +17,10 @@
 // the decode queue, the request's lifetime), which is where a request's
 // bytes stayed held for seconds. The transport's own buffers are bounded
 // separately by gRPC's ResourceQuota (EncodeServer sets its memory size from
-// the same budget), which is also what bounds the messages of calls still
-// waiting for room: an Encode call holds no thread while it waits.
+// the same budget). A message parsed and waiting for room is no longer
+// charged to that quota: what bounds the messages of calls still waiting is
+// the deadline (admission_wait) times the rate they arrive at. An Encode
+// call holds no thread while it waits.
 //
 // When the bytes in flight fall back to zero after a burst, one in which at
 // least `burst_bytes` were in flight at once, `on_drained` runs once

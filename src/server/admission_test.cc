@@ -7,7 +7,10 @@
 
 #include <atomic>
 #include <future>
+#include <mutex>
+#include <random>
 #include <thread>
+#include <vector>
 
 #include "task_pool.h"
 #include "test_server.h"
@@ -162,6 +165,121 @@ TEST(RequestBudgetTest, ManySmallCallsOneAtATimeAreNoBurst) {
     b.Release(10);
   }
   EXPECT_EQ(drained, 0);
+}
+
+// Thousands of waiters of mixed sizes, some with deadlines that pass while
+// they wait, answered by Releases, Cancels and timers on four threads at
+// once, with Cancels aimed at waiters a Release may be admitting at that
+// moment: each waiter hears exactly once, every byte an OK grant took comes
+// back, and the budget ends empty with its drained hook run.
+TEST(RequestBudgetTest, ThousandsOfWaitersRacingReleasesCancelsAndDeadlinesEachHearOnceAndLeaveNothingHeld) {
+  constexpr int kWaiters = 3000;
+  constexpr std::int64_t kCapacity = 100;
+  internal::TaskPool timers(2);
+  std::atomic<int> drained{0};
+  RequestBudget b(kCapacity, 50, [&] { ++drained; }, &timers);
+  ASSERT_TRUE(AcquireNow(b, kCapacity).ok());  // full: every waiter below queues
+
+  struct Waiter {
+    std::int64_t bytes = 0;
+    std::atomic<int> answers{0};
+    std::atomic<int> code{-1};
+    RequestBudget::WaiterId id = 0;
+  };
+  std::vector<Waiter> w(kWaiters);
+  // OK grants hand their bytes to the releasing thread, as a finished call's
+  // OnDone would.
+  std::mutex held_mu;
+  std::vector<std::int64_t> held;
+  std::mt19937 rng(7);
+  for (int i = 0; i < kWaiters; ++i) {
+    w[i].bytes = 1 + static_cast<std::int64_t>(rng() % 60);
+    // One in five waits only 1..20 ms; the rest long enough that only a
+    // Release or a Cancel answers them.
+    const milliseconds wait = i % 5 == 0 ? milliseconds(1 + static_cast<int>(rng() % 20)) : milliseconds(600000);
+    w[i].id = b.Acquire(w[i].bytes, In(wait), [&, i](const Status& st) {
+      w[i].code.store(static_cast<int>(st.code()));
+      if (w[i].answers.fetch_add(1) == 0 && st.ok()) {
+        std::lock_guard<std::mutex> lock(held_mu);
+        held.push_back(w[i].bytes);
+      }
+    });
+  }
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  // Two cancellers, over the same waiters in opposite orders: a Cancel meets
+  // a waiter a Release or the other canceller is answering.
+  for (int dir = 0; dir < 2; ++dir) {
+    threads.emplace_back([&, dir] {
+      for (int k = 0; k < kWaiters; ++k) {
+        const int i = dir == 0 ? k : kWaiters - 1 - k;
+        if (i % 3 == 1 && w[i].id != 0) b.Cancel(w[i].id, Cancelled("the client cancelled the call"));
+      }
+    });
+  }
+  // Two releasers: the initial fill, then whatever OK grants took.
+  threads.emplace_back([&] { b.Release(kCapacity); });
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&] {
+      while (!stop.load()) {
+        std::int64_t bytes = -1;
+        {
+          std::lock_guard<std::mutex> lock(held_mu);
+          if (!held.empty()) {
+            bytes = held.back();
+            held.pop_back();
+          }
+        }
+        if (bytes >= 0) {
+          b.Release(bytes);
+        } else {
+          std::this_thread::yield();
+        }
+      }
+    });
+  }
+  // Every waiter is answered (the long waits only by a Release or Cancel).
+  const auto until = RequestBudget::Clock::now() + std::chrono::seconds(60);
+  auto all_answered = [&] {
+    for (const Waiter& x : w) {
+      if (x.answers.load() == 0) return false;
+    }
+    return true;
+  };
+  while (!all_answered() && RequestBudget::Clock::now() < until) std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(all_answered()) << b.waiting() << " waiters still queued, " << b.in_flight() << " bytes in flight";
+  // Then wait for the releasers to hand back every OK grant's bytes.
+  while (RequestBudget::Clock::now() < until) {
+    {
+      std::lock_guard<std::mutex> lock(held_mu);
+      if (held.empty() && b.in_flight() == 0) break;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  stop.store(true);
+  for (std::thread& t : threads) t.join();
+
+  int ok = 0, cancelled = 0, refused = 0;
+  for (int i = 0; i < kWaiters; ++i) {
+    ASSERT_EQ(w[i].answers.load(), 1) << "waiter " << i;
+    const auto code = static_cast<StatusCode>(w[i].code.load());
+    ok += code == StatusCode::kOk;
+    cancelled += code == StatusCode::kCancelled;
+    refused += code == StatusCode::kResourceExhausted;
+    // Only the waiters given a short wait can be refused, and only those
+    // the cancellers aim at can be cancelled.
+    if (code == StatusCode::kResourceExhausted) {
+      EXPECT_EQ(i % 5, 0) << i;
+    }
+    if (code == StatusCode::kCancelled) {
+      EXPECT_EQ(i % 3, 1) << i;
+    }
+  }
+  EXPECT_EQ(ok + cancelled + refused, kWaiters);
+  EXPECT_GT(ok, 0);
+  EXPECT_EQ(b.in_flight(), 0);
+  EXPECT_EQ(b.waiting(), 0);
+  EXPECT_GE(drained.load(), 1);
 }
 
 TEST(TenantTest, PeerAddressLosesOnlyItsPort) {

@@ -10,6 +10,7 @@
 // again (a new request that needs all of it is admitted), and the server still
 // serving. Expected rows come from FakeTower::Reference over an independent
 // decode (worker_test_util.h), never from the server.
+#include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
@@ -537,6 +538,140 @@ TEST(EncodeCallTest, FailedItemsLetTheOthersThroughAndTheStatusNamesTheLowestInd
     }
   }
   ExpectServes(t, 84);
+}
+
+// Two 1.2 MiB calls held in the worker, and a third waiting for the budget,
+// when Shutdown(grace) begins. Returns the three calls' futures.
+std::vector<std::future<RawCall>> TwoInFlightAndOneWaiting(TestServer& t, int seed) {
+  t.hold->store(true);
+  std::vector<std::future<RawCall>> calls;
+  for (int i = 0; i < 3; ++i) {
+    calls.push_back(std::async(std::launch::async, [&t, seed, i] {
+      return CallEncode(*t.stub, MakeRequest("graced-" + std::to_string(i), {PaddedPng(seed + i)}),
+                        milliseconds(60000));
+    }));
+    if (i == 1) {
+      EXPECT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 2; }));
+    }
+  }
+  EXPECT_TRUE(WaitFor([&] { return t.server->Stats().admission_waiting == 1; }));
+  EXPECT_EQ(t.server->Stats().worker.in_flight_requests, 2);
+  return calls;
+}
+
+// Shutdown with a grace lets calls already started finish, the one waiting
+// for the budget included: it goes in when an earlier call's bytes come
+// back, and is served.
+TEST(EncodeCallTest, ShutdownWithAGraceServesACallWaitingForTheBudget) {
+  std::atomic<int> drained{0};
+  TestServer t = StartTestServer(BudgetOptions(&drained));
+  ASSERT_NE(t.server, nullptr);
+  std::vector<std::future<RawCall>> calls = TwoInFlightAndOneWaiting(t, 40);
+  auto stopping = std::async(std::launch::async, [&] { t.server->Shutdown(milliseconds(30000)); });
+  // Once the shutdown has begun (Health says not serving), the three go on.
+  ASSERT_TRUE(WaitFor([&] {
+    grpc::ClientContext ctx;
+    v1::HealthResponse health;
+    const grpc::Status st = t.stub->Health(&ctx, v1::HealthRequest(), &health);
+    return !st.ok() || !health.serving();
+  }));
+  t.hold->store(false);
+  for (int i = 0; i < 3; ++i) {
+    const RawCall r = calls[static_cast<std::size_t>(i)].get();
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+    ASSERT_EQ(r.items.size(), 1u);
+    EXPECT_TRUE(RowsOf(r.items[0]) == RowsOf(Expected(PaddedPng(40 + i)))) << "wrong rows for " << i;
+  }
+  ASSERT_EQ(stopping.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "Shutdown hangs";
+  EXPECT_EQ(drained.load(), 1);  // all three calls' bytes came back
+  EXPECT_EQ(t.server->Stats().request_bytes_in_flight, 0);
+}
+
+// A grace that runs out with the tower still held: every call, the one
+// waiting for the budget included, ends once, not OK; the budget is empty
+// again (the waiter held none of it).
+TEST(EncodeCallTest, ShutdownWhoseGraceRunsOutEndsACallWaitingForTheBudgetOnce) {
+  std::atomic<int> drained{0};
+  TestServer t = StartTestServer(BudgetOptions(&drained));
+  ASSERT_NE(t.server, nullptr);
+  std::vector<std::future<RawCall>> calls = TwoInFlightAndOneWaiting(t, 45);
+  auto stopping = std::async(std::launch::async, [&] { t.server->Shutdown(milliseconds(300)); });
+  ASSERT_EQ(stopping.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "Shutdown hangs";
+  for (auto& f : calls) {
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "a call hangs";
+    const RawCall r = f.get();
+    EXPECT_FALSE(r.status.ok());
+    EXPECT_TRUE(r.items.empty());
+  }
+  EXPECT_EQ(AllErrors(t), 3u) << ErrorsText(t);
+  EXPECT_EQ(drained.load(), 1);
+  const ServerStats s = t.server->Stats();
+  EXPECT_EQ(s.buffered_bytes, 0);
+  EXPECT_EQ(s.request_bytes_in_flight, 0);
+  EXPECT_EQ(s.admission_waiting, 0);
+}
+
+// admission_wait 0: a call that finds the budget full is refused at once,
+// counted once, and takes nothing.
+TEST(EncodeCallTest, AdmissionWaitZeroRefusesACallThatDoesNotFitAtOnce) {
+  std::atomic<int> drained{0};
+  TestServerOptions o = BudgetOptions(&drained);
+  o.server.admission_wait = milliseconds(0);
+  TestServer t = StartTestServer(o);
+  ASSERT_NE(t.server, nullptr);
+  t.hold->store(true);
+  std::vector<std::future<RawCall>> big;
+  for (int i = 0; i < 2; ++i) {
+    big.push_back(std::async(std::launch::async, [&, i] {
+      return CallEncode(*t.stub, MakeRequest("big-" + std::to_string(i), {PaddedPng(50 + i)}), milliseconds(60000));
+    }));
+  }
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 2; }));
+  const RawCall third = CallEncode(*t.stub, MakeRequest("third", {PaddedPng(52)}), milliseconds(60000));
+  EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(third.status.error_message(), ::testing::HasSubstr("in-flight request budget of 3.0 MiB"));
+  EXPECT_EQ(Errors(t, StatusCode::kResourceExhausted), 1u);
+  t.hold->store(false);
+  for (auto& f : big) EXPECT_TRUE(f.get().status.ok());
+  ASSERT_TRUE(WaitFor([&] { return drained.load() == 1 && Quiet(t); }));
+  EXPECT_EQ(AllErrors(t), 1u);
+}
+
+// A budget of exactly one largest request (1.5 MiB), one call of 1.2 MiB in
+// the worker, and five more sent at once: they wait in the budget's queue
+// and go in one at a time, and all six are served. gRPC's memory quota,
+// sized from the budget, used to be smaller than what the transport
+// allocates to read a few such uploads (read buffers of up to 4 MiB a
+// connection), and gRPC reset streams under the pressure (RST_STREAM
+// ENHANCE_YOUR_CALM), oldest first: the admitted call too.
+TEST(EncodeCallTest, ABudgetOfOneRequestQueuesABurstAndServesItOneAtATime) {
+  std::atomic<int> drained{0};
+  TestServerOptions o = BudgetOptions(&drained);
+  o.server.max_inflight_request_bytes = o.server.max_request_bytes;
+  TestServer t = StartTestServer(o);
+  ASSERT_NE(t.server, nullptr);
+  t.hold->store(true);
+  constexpr int kCalls = 6;
+  std::vector<std::future<RawCall>> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(std::async(std::launch::async, [&, i] {
+      return CallEncode(*t.stub, MakeRequest("one-" + std::to_string(i), {PaddedPng(55 + i)}), milliseconds(60000));
+    }));
+    if (i == 0) {
+      ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 1; }));
+    }
+  }
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().admission_waiting == kCalls - 1; }));
+  EXPECT_EQ(t.server->Stats().worker.in_flight_requests, 1);  // the other five wait in the budget
+  t.hold->store(false);
+  for (int i = 0; i < kCalls; ++i) {
+    const RawCall r = calls[static_cast<std::size_t>(i)].get();
+    ASSERT_TRUE(r.status.ok()) << i << ": " << r.status.error_message();
+    ASSERT_EQ(r.items.size(), 1u);
+    EXPECT_TRUE(RowsOf(r.items[0]) == RowsOf(Expected(PaddedPng(55 + i)))) << "wrong rows for " << i;
+  }
+  EXPECT_EQ(AllErrors(t), 0u) << ErrorsText(t);
+  ASSERT_TRUE(WaitFor([&] { return Quiet(t) && t.server->Stats().request_bytes_in_flight == 0; }));
 }
 
 }  // namespace

@@ -28,12 +28,19 @@ namespace {
 // Idle gRPC handler threads kept waiting for calls of the sync methods (see
 // Start).
 constexpr int kIdleRpcThreads = 16;
-// Threads that build inline replies and retry admissions (task_pool.h).
+// What gRPC's memory quota gets beyond twice the request budget: room for
+// the transport's read buffers, which gRPC grows up to 4 MiB a connection
+// (PosixTcpOptions::kDefaultMaxReadChunksize in gRPC's tcp_posix). Without
+// it a small budget's quota (3 MiB for a budget of one 1.5 MiB request) was
+// used up by a few uploads at once, and gRPC reset the admitted call as well
+// (EncodeCallTest.ABudgetOfOneRequestQueuesABurstAndServesItOneAtATime).
+constexpr std::int64_t kQuotaSlackBytes = std::int64_t{32} << 20;
 // A duration as a gRPC channel argument (an int of ms).
 int ClampMs(std::chrono::milliseconds d) {
   return static_cast<int>(std::min<std::int64_t>(d.count(), std::numeric_limits<int>::max()));
 }
 
+// Threads that build inline replies and run admission deadlines (task_pool.h).
 int PoolThreads() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u)); }
 
 std::string HostName() {
@@ -188,13 +195,16 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kIdleRpcThreads);
   grpc::ResourceQuota quota("epd-encode-server");
   quota.SetMaxThreads(options.max_rpc_threads);
-  // The transport's buffers (received messages among them) are charged to
-  // this quota; past it gRPC shrinks its flow-control windows and, under
-  // severe pressure, cancels streams. Twice the request budget, so that the
+  // The transport's buffers (requests being received among them) are
+  // charged to this quota; past it gRPC shrinks its flow-control windows
+  // and, under severe pressure, resets streams (ENHANCE_YOUR_CALM),
+  // admitted calls included. Twice the request budget, so that the
   // budget (counted, logged, with a clear message) is what a burst normally
-  // meets, and the quota only backs it up. It also bounds the messages of
-  // Encode calls waiting for admission, which hold no thread.
-  quota.Resize(static_cast<std::size_t>(2 * options.max_inflight_request_bytes));
+  // meets and the quota only backs it up, plus kQuotaSlackBytes for the
+  // buffers that are not requests (see there). A request parsed and waiting
+  // for admission is no longer charged (six 1.2 MiB waiters over a 6 MiB
+  // quota were not reset); admission_wait bounds how long it is held.
+  quota.Resize(static_cast<std::size_t>(2 * options.max_inflight_request_bytes + kQuotaSlackBytes));
   builder.SetResourceQuota(quota);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(self->outcomes->MakeInterceptorFactory());

@@ -75,6 +75,10 @@ struct EncodeServer::Impl final
     s.l2_capacity_bytes = worker_options.l2_capacity_bytes;
     s.rpc_errors = outcomes->Errors();
     s.buffered_bytes = buffered_bytes.load();
+    if (budget != nullptr) {
+      s.request_bytes_in_flight = budget->in_flight();
+      s.admission_waiting = budget->waiting();
+    }
     if (arena != nullptr) s.shm = arena->Stats();
     if (ipc != nullptr) s.ipc = ipc->Stats();
     if (sessions != nullptr) sessions->AddStats(&s.shm);

@@ -123,6 +123,25 @@ def main():
             expect("epd imported from the prefix", got_file.startswith(str(prefix.resolve())), True)
             # LRU over 250 bytes: a, b in; a touched; c evicts b.
             expect("installed EmbeddingCache evicts the least recently used", got_keys.strip(), "['a', 'c']")
+            # The gRPC client, when this Python has grpc: it imports the module
+            # generated from Encode's service config (retry policy), which must
+            # be installed with it and say what the JSON file says.
+            client_py = ("import json, pathlib\n"
+                         "try:\n"
+                         "    import grpc  # noqa: F401\n"
+                         "except ImportError:\n"
+                         "    print('no-grpc'); raise SystemExit\n"
+                         "import epd.client, epd._service_config as sc\n"
+                         "print(pathlib.Path(sc.__file__).resolve(), json.dumps(json.loads(sc.ENCODER_SERVICE_CONFIG), "
+                         "sort_keys=True))\n")
+            got = (run([sys.executable, "-c", client_py], env=env, cwd=tmp).strip()
+                   if (build / "python" / "epd" / "v1").is_dir() else "no-grpc")
+            if got != "no-grpc":
+                got_file, got_config = got.split(" ", 1)
+                expect("epd._service_config imported from the prefix", got_file.startswith(str(prefix.resolve())),
+                       True)
+                want = json.loads((source / "proto/epd/v1/encoder_service_config.json").read_text())
+                expect("installed Encode service config", got_config, json.dumps(want, sort_keys=True))
     print("install test: ok")
 
 

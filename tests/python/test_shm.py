@@ -237,6 +237,16 @@ def test_a_client_whose_host_vanishes_loses_its_session_and_leases_through_keepa
         assert h.stop_server(proc) == 0
 
 
+def test_keepalive_flags_refuse_values_that_would_round_to_grpc_defaults():
+    # Kept in whole milliseconds, 0.0004 s was 0 ms, which means gRPC's
+    # default (two hours for --keepalive-s): the opposite of what was asked.
+    for flag in ("--keepalive-s", "--keepalive-timeout-s"):
+        r = subprocess.run([h.encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0", *h.tiny_serve_args(),
+                            flag, "0.0004"], capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0, f"{flag} 0.0004 was accepted"
+        assert f"{flag}: expected 0 or a number from 0.001 to 86400 (s), got '0.0004'" in r.stderr
+
+
 def test_closing_the_client_ends_its_session_and_releases_its_leases(server):
     imgs = [h.png(84, 84, 500 + i) for i in range(2)]
     with ec.EncodeClient(server["tcp"]) as watch:
