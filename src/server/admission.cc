@@ -18,8 +18,8 @@
 namespace epd::internal {
 
 RequestBudget::RequestBudget(std::int64_t capacity_bytes, std::int64_t burst_bytes, std::function<void()> on_drained,
-                             TaskPool* timers)
-    : capacity_(capacity_bytes), burst_bytes_(burst_bytes), on_drained_(std::move(on_drained)), timers_(timers) {}
+                             TaskPool* pool)
+    : capacity_(capacity_bytes), burst_bytes_(burst_bytes), on_drained_(std::move(on_drained)), pool_(pool) {}
 
 Status RequestBudget::Refusal(std::int64_t held, std::int64_t bytes) const {
   constexpr double kMiB = 1 << 20;
@@ -56,7 +56,7 @@ RequestBudget::WaiterId RequestBudget::Acquire(std::int64_t bytes, Clock::time_p
   const WaiterId id = next_id_++;
   waiters_.emplace(id, Waiter{bytes, std::move(grant)});
   lock.unlock();
-  timers_->PostAt(deadline, [this, id] { Expire(id); });
+  pool_->PostAt(deadline, [this, id] { Expire(id); });
   return id;
 }
 
@@ -101,7 +101,7 @@ void RequestBudget::Release(std::int64_t bytes) {
       peak_since_drained_ = 0;
     }
   }
-  for (Grant& g : admitted) g(Status::Ok());
+  for (Grant& g : admitted) pool_->Post([g = std::move(g)] { g(Status::Ok()); });
   if (drained && on_drained_) on_drained_();
 }
 

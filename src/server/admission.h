@@ -59,19 +59,21 @@ class RequestBudget {
   using Grant = std::function<void(const Status&)>;
   using WaiterId = std::uint64_t;  // 0 = none
 
-  // `timers` runs the waiters' deadlines (not owned; it must outlive the
-  // budget's use, and a waiter still queued when it shuts down is never
-  // granted). REQUIRES: capacity_bytes > 0, timers != nullptr.
+  // `pool` runs the waiters' deadlines and the grants a Release gives (not
+  // owned; it must outlive the budget's use, and a waiter still queued when
+  // it shuts down is never answered). REQUIRES: capacity_bytes > 0,
+  // pool != nullptr.
   RequestBudget(std::int64_t capacity_bytes, std::int64_t burst_bytes, std::function<void()> on_drained,
-                TaskPool* timers);
+                TaskPool* pool);
 
   // Takes `bytes` as soon as they fit, and calls grant(OK); if they do not
   // fit by `deadline`, grant(kResourceExhausted naming the budget and what
   // is in flight). When they fit at once, or the deadline has passed,
   // `grant` runs inline and 0 is returned; otherwise the call is queued and
-  // `grant` runs later on the thread of the Release that makes room, on a
-  // `timers` thread at the deadline, or in Cancel, never under the budget's
-  // lock. Queued waiters are not first-come-first-served: each Release
+  // `grant` runs later on a `pool` thread, posted by the Release that makes
+  // room (a grant goes on to hash and submit its request: work that must not
+  // pile up on the releasing call's thread) or at the deadline, or in
+  // Cancel; never under the budget's lock. Queued waiters are not first-come-first-served: each Release
   // admits, oldest first, every waiter that fits, so a small call may pass
   // a large one and small requests keep flowing during a burst of large
   // ones. REQUIRES: 0 <= bytes <= capacity_bytes. O(1), plus O(log waiters)
@@ -82,7 +84,8 @@ class RequestBudget {
   // cancelled is left alone. O(log waiters).
   void Cancel(WaiterId id, const Status& why);
   // Gives back what an OK grant took, and admits the queued waiters that fit
-  // now (their grants run on this thread). O(waiters).
+  // now (their bytes are taken here; their grants are posted to `pool`).
+  // O(waiters).
   void Release(std::int64_t bytes);
 
   std::int64_t in_flight() const;
@@ -101,7 +104,7 @@ class RequestBudget {
   const std::int64_t capacity_;
   const std::int64_t burst_bytes_;
   const std::function<void()> on_drained_;
-  TaskPool* const timers_;
+  TaskPool* const pool_;
   mutable std::mutex mu_;
   std::int64_t in_flight_ = 0;           // guarded by mu_
   std::int64_t peak_since_drained_ = 0;  // most bytes in flight at once since in_flight_ was last 0; guarded by mu_
