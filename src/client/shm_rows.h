@@ -1,6 +1,6 @@
-// src/server/shm_rows.h (tests only): the rows a reply by reference points
+// src/client/shm_rows.h (tests only): the rows a reply by reference points
 // at, read through a fresh read-only mapping of the server's arena, as a
-// client in another process would (ShmMapping, src/client). For the tests
+// client in another process would (ShmMapping). For the server tests
 // that compare them with the inline bytes.
 #pragma once
 
