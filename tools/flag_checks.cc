@@ -2,7 +2,9 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 namespace epd::cli {
 namespace {
@@ -16,6 +18,16 @@ std::string Show(double v) {
 
 std::string Got(const std::string& s) { return ", got '" + s + "'"; }
 
+// The whole of `s` as a finite number; nullopt for anything else (empty,
+// trailing text, inf, nan, out of double's range).
+std::optional<double> ParseFinite(const std::string& s) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v) || errno == ERANGE) return std::nullopt;
+  return v;
+}
+
 }  // namespace
 
 CLI::Validator Number(double lo, double hi, std::string unit, bool lo_open) {
@@ -28,12 +40,8 @@ CLI::Validator Number(double lo, double hi, std::string unit, bool lo_open) {
   const std::string expected = "expected a number " + range + (unit.empty() ? "" : " (" + unit + ")");
   return CLI::Validator(
       [=](std::string& s) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size()) return expected + Got(s);
-        if (!std::isfinite(v) || errno == ERANGE) return expected + Got(s);
-        if (v < lo || (lo_open && v == lo) || v > hi) return expected + Got(s);
+        const std::optional<double> v = ParseFinite(s);
+        if (!v || *v < lo || (lo_open && *v == lo) || *v > hi) return expected + Got(s);
         return "";
       },
       range + (unit.empty() ? "" : " " + unit));
@@ -44,12 +52,8 @@ CLI::Validator ZeroOrNumber(double lo, double hi, std::string unit) {
   const std::string expected = "expected " + range + (unit.empty() ? "" : " (" + unit + ")");
   return CLI::Validator(
       [=](std::string& s) -> std::string {
-        char* end = nullptr;
-        errno = 0;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size()) return expected + Got(s);
-        if (!std::isfinite(v) || errno == ERANGE) return expected + Got(s);
-        if (v != 0 && (v < lo || v > hi)) return expected + Got(s);
+        const std::optional<double> v = ParseFinite(s);
+        if (!v || (*v != 0 && (*v < lo || *v > hi))) return expected + Got(s);
         return "";
       },
       range + (unit.empty() ? "" : " " + unit));
