@@ -450,6 +450,16 @@ struct EncodeWorker::Impl {
   // Submit's request-level refusals, checked before anything changes; fills
   // `keys` when the caller left it empty.
   Status Admit(const EncodeRequest& request, std::vector<StatusOr<ContentKey>>& keys) const;
+  // Whether `key` would become a new tower job, for the max_pending_items
+  // checks: not cached, and (with dedup_in_flight) neither in flight nor
+  // already in `counted`, to which it is then added.
+  bool CountsAsNewJob(const ContentKey& key, std::vector<ContentKey>& counted) const {
+    if (cache.Contains(key)) return false;
+    if (!options.dedup_in_flight) return true;
+    if (job_by_key.count(key) != 0 || std::find(counted.begin(), counted.end(), key) != counted.end()) return false;
+    counted.push_back(key);
+    return true;
+  }
   // Serves item res.index (res.key set) of request `rid`: joins a job, or
   // takes a hit, or queues a new job. True when the item now waits on a job
   // (res moved into the request); false when `res` is ready to deliver.
@@ -587,12 +597,7 @@ Status EncodeWorker::Impl::Admit(const EncodeRequest& request, std::vector<Statu
   std::int64_t new_jobs = 0;
   std::vector<ContentKey> counted;
   for (const StatusOr<ContentKey>& k : keys) {
-    if (!k.ok() || cache.Contains(*k)) continue;
-    if (options.dedup_in_flight) {
-      if (job_by_key.count(*k) != 0 || std::find(counted.begin(), counted.end(), *k) != counted.end()) continue;
-      counted.push_back(*k);
-    }
-    ++new_jobs;
+    if (k.ok() && CountsAsNewJob(*k, counted)) ++new_jobs;
   }
   // More misses than the whole queue holds can never be admitted, however
   // long the caller waits: that is the request's fault, not the load's.
@@ -771,12 +776,7 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
     std::int64_t new_jobs = 0;
     std::vector<ContentKey> counted;
     for (const ContentKey& key : prepared->chunk_keys) {
-      if (cache.Contains(key)) continue;
-      if (options.dedup_in_flight) {
-        if (job_by_key.count(key) != 0 || std::find(counted.begin(), counted.end(), key) != counted.end()) continue;
-        counted.push_back(key);
-      }
-      ++new_jobs;
+      if (CountsAsNewJob(key, counted)) ++new_jobs;
     }
     const std::int64_t pending = static_cast<std::int64_t>(scheduler.pending_size());
     if (new_jobs > options.max_pending_items) {
