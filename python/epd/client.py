@@ -118,7 +118,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
-from epd._service_config import ENCODER_SERVICE_CONFIG
+from epd._service_config import ENCODER_SERVICE_CONFIG, RETRY_BUFFER_BYTES
 from epd.v1 import encoder_pb2, encoder_pb2_grpc
 
 ROUTE_HEADER = "x-epd-route"
@@ -127,11 +127,6 @@ SESSION_HEADER = "x-epd-session"
 # server), shared-memory calls go without one; the next try waits this long.
 SESSION_RETRY_S = 1.0
 KEY_VERSION = 2
-# gRPC keeps a call's request while the call can still be retried; past this
-# size it commits the call and never retries it. 64 MiB, the server's default
-# --max-request-mb (gRPC's default, 256 KiB, would leave most photos
-# unretryable).
-RETRY_BUFFER_BYTES = 64 << 20
 
 _SOURCES = {
     encoder_pb2.SOURCE_L1: "l1",
@@ -646,7 +641,8 @@ class EncodeClient:
             # Encode's retry policy (proto/epd/v1/encoder_service_config.json):
             # a call refused before any item came back (UNAVAILABLE, or
             # CANCELLED by a server whose shutdown began as it arrived) is
-            # sent again. Requests up to RETRY_BUFFER_BYTES stay retryable.
+            # sent again. Requests up to RETRY_BUFFER_BYTES stay retryable
+            # (both from cmake/epd_service_config.cmake).
             ("grpc.enable_retries", 1),
             ("grpc.service_config", ENCODER_SERVICE_CONFIG),
             ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES),

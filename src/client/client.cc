@@ -24,12 +24,6 @@
 namespace epd {
 namespace {
 
-// gRPC keeps a call's request (by reference, not copied) while the call can
-// still be retried; past this size it commits the call and never retries it.
-// 64 MiB: the server's default --max-request-mb (gRPC's own default, 256 KiB,
-// would leave most photos unretryable).
-constexpr int kRetryBufferBytes = 64 << 20;
-
 std::string RandomHex(int digits) {
   std::random_device rd;
   std::mt19937_64 gen((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
@@ -414,10 +408,11 @@ StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions opti
   // Encode's retry policy (proto/epd/v1/encoder_service_config.json): a call
   // refused before any item came back (UNAVAILABLE, or CANCELLED by a server
   // whose shutdown began as the call arrived) is sent again, to another
-  // server behind a front. Requests up to kRetryBufferBytes stay retryable.
+  // server behind a front. Requests up to v1::kRetryBufferBytes stay
+  // retryable (both from cmake/epd_service_config.cmake).
   args.SetServiceConfigJSON(v1::kEncoderServiceConfig);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 1);
-  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, kRetryBufferBytes);
+  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, v1::kRetryBufferBytes);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (tls) {
     grpc::SslCredentialsOptions ssl;
