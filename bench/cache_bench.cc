@@ -42,11 +42,11 @@
 #include <utility>
 #include <vector>
 
-#include "epd/concurrent_cache.h"
-#include "epd/content_key_type.h"
-#include "epd/embedding.h"
-#include "epd/embedding_cache.h"
-#include "epd/tiered_cache.h"
+#include "epd/core/concurrent_cache.h"
+#include "epd/core/content_key_type.h"
+#include "epd/core/embedding.h"
+#include "epd/core/embedding_cache.h"
+#include "epd/core/tiered_cache.h"
 
 #ifdef EPD_BENCH_HAVE_LEVELDB
 #include <leveldb/cache.h>

@@ -46,12 +46,12 @@
 #include <thread>
 #include <vector>
 
-#include "epd/content_key.h"
-#include "epd/embedding.h"
-#include "epd/embedding_cache.h"
-#include "epd/l3_value.h"
-#include "epd/redis_tier.h"
-#include "epd/shared_tier.h"
+#include "epd/media/content_key.h"
+#include "epd/core/embedding.h"
+#include "epd/core/embedding_cache.h"
+#include "epd/l3/l3_value.h"
+#include "epd/l3/redis_tier.h"
+#include "epd/core/shared_tier.h"
 #include "testing/redis_server.h"
 
 namespace epd {

@@ -375,7 +375,7 @@ def render_memory(ctx: Context) -> str | None:
                    "bookkeeping_bytes() / n, fill / steady"], rows)
     b = ctx.bench(S, "hit/epd/1000000")
     steady_bk = b.get("heap_B_per_entry_steady", 0) - kv
-    text += (f"\nThe header of `include/epd/embedding_cache.h` documents 48-96 bytes of bookkeeping records per "
+    text += (f"\nThe header of `include/epd/core/embedding_cache.h` documents 48-96 bytes of bookkeeping records per "
              f"entry plus the vectors' spare capacity. Measured in steady state: {fmt(steady_bk)} bytes by the heap, "
              f"{fmt(b.get('bookkeeping_B_per_entry'))} by `bookkeeping_bytes()`. The recency log dominates: it holds "
              f"up to 3n+64 16-byte records before compaction, and `std::vector`'s doubling rounds its capacity up to "

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/encode_scheduler.h"
+#include "epd/core/encode_scheduler.h"
 
 namespace epd::bench {
 namespace {

@@ -4,9 +4,9 @@
 #   cmake --install build [--prefix DIR]
 #
 # installs, under the prefix:
-#   include/epd/*.h                 each library's public headers (the layer
+#   include/epd/<layer>/*.h         each library's public headers (the layer
 #                                   table, cmake/epd_layers.cmake), plus the
-#                                   generated epd/version.h
+#                                   generated epd/core/version.h
 #   lib/libepd_*.a                  the libraries (static, position
 #                                   independent), exported as epd::core,
 #                                   epd::media, epd::video, epd::model,
@@ -77,27 +77,29 @@ foreach(entry ${_epd_components})
           INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   install(EXPORT epd-${component}-targets NAMESPACE epd:: DESTINATION ${EPD_INSTALL_CMAKEDIR}
           FILE epd-${component}-targets.cmake)
-  set(headers "")
+  # Each layer's headers go to include/epd/<layer>/, as in the source tree.
   set(layer ${component})
   if(component STREQUAL "proto")
     set(layer none)
   endif()
-  foreach(h ${EPD_LAYER_${layer}_HEADERS})
-    if(EXISTS ${PROJECT_SOURCE_DIR}/include/epd/${h})
-      list(APPEND headers ${PROJECT_SOURCE_DIR}/include/epd/${h})
+  set(header_layers ${layer})
+  if(component STREQUAL "client" OR component STREQUAL "server")
+    list(APPEND header_layers rpc)  # the stats both ends report: installed with either
+  endif()
+  foreach(l ${header_layers})
+    set(headers "")
+    foreach(h ${EPD_LAYER_${l}_HEADERS})
+      if(EXISTS ${PROJECT_SOURCE_DIR}/include/epd/${l}/${h})
+        list(APPEND headers ${PROJECT_SOURCE_DIR}/include/epd/${l}/${h})
+      endif()
+    endforeach()
+    if(l STREQUAL "core")
+      list(APPEND headers ${PROJECT_BINARY_DIR}/include/epd/core/version.h)
+    endif()
+    if(headers)
+      install(FILES ${headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/epd/${l})
     endif()
   endforeach()
-  if(component STREQUAL "core")
-    list(APPEND headers ${PROJECT_BINARY_DIR}/include/epd/version.h)
-  elseif(component STREQUAL "client" OR component STREQUAL "server")
-    # The stats both ends report (layer rpc): installed with either.
-    foreach(h ${EPD_LAYER_rpc_HEADERS})
-      list(APPEND headers ${PROJECT_SOURCE_DIR}/include/epd/${h})
-    endforeach()
-  endif()
-  if(headers)
-    install(FILES ${headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/epd)
-  endif()
   list(APPEND EPD_INSTALLED_COMPONENTS ${component})
   string(REPLACE "," ";" deps "${deps}")
   string(APPEND EPD_COMPONENT_DEPS "set(_epd_deps_${component} \"${deps}\")\n")

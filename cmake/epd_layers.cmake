@@ -17,7 +17,8 @@
 #   EPD_LAYER_<L>_TARGET   the CMake target (epd_<...>; exported as epd::<L>)
 #   EPD_LAYER_<L>_USES     the layers L may include and link (transitively
 #                          closed: list every one, not just the next)
-#   EPD_LAYER_<L>_HEADERS  its public headers, under include/epd/
+#   EPD_LAYER_<L>_HEADERS  its public headers, under include/epd/<L>/ (the
+#                          folder is the layer, so an include line names it)
 # "rpc" is the internal epd_proto (generated gRPC code and the conversions);
 # its one public header, the stats both ends report, is shared by server and
 # client.
@@ -44,7 +45,7 @@ set(EPD_LAYER_model_HEADERS checkpoint.h safetensors_file.h)
 
 set(EPD_LAYER_gpu_TARGET epd_gpu)
 set(EPD_LAYER_gpu_USES core)
-set(EPD_LAYER_gpu_HEADERS device.h device_tier.h fake_device.h host_memory_pool.h)
+set(EPD_LAYER_gpu_HEADERS device.h device_tier.h host_memory_pool.h)
 
 set(EPD_LAYER_gpu_cuda_TARGET epd_gpu_cuda)
 set(EPD_LAYER_gpu_cuda_USES core gpu)

@@ -17,9 +17,9 @@
 #include <cstdlib>
 #include <span>
 
-#include "epd/content_key.h"
-#include "epd/image.h"
-#include "epd/preprocess.h"
+#include "epd/media/content_key.h"
+#include "epd/media/image.h"
+#include "epd/media/preprocess.h"
 
 namespace {
 

@@ -20,7 +20,7 @@
 //     the GIL to get there. A callback must therefore not wait for another
 //     thread that uses the same cache.
 //   - a key is hashed before the lock is taken;
-//   - the core is consistent whenever a callback runs (epd/embedding_cache.h:
+//   - the core is consistent whenever a callback runs (epd/core/embedding_cache.h:
 //     "Re-entry"), so a re-entrant call sees the state the reference would.
 // Callbacks run with the GIL held. The C++ work per call is O(1), so
 // releasing the GIL around it would cost more than it saves.
@@ -40,10 +40,10 @@
 #include <string>
 #include <thread>
 
-#include "epd/embedding_cache.h"
-#include "epd/encode_scheduler.h"
-#include "epd/status.h"
-#include "epd/tiered_cache.h"
+#include "epd/core/embedding_cache.h"
+#include "epd/core/encode_scheduler.h"
+#include "epd/core/status.h"
+#include "epd/core/tiered_cache.h"
 
 namespace py = pybind11;
 

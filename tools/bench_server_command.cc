@@ -25,7 +25,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
-#include "epd/client.h"
+#include "epd/client/client.h"
 #include "flag_checks.h"
 #include "security_flags.h"
 #include "trace.h"

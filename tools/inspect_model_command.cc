@@ -1,5 +1,5 @@
 // `epd-encode inspect-model DIR`: what a Hugging Face checkpoint directory
-// will run as. Opens it as --model would (epd/checkpoint.h: config,
+// will run as. Opens it as --model would (epd/model/checkpoint.h: config,
 // preprocessor config, vision tensors validated, model id hashed) and prints
 // the architecture, the vision tower's parameters, its output width and
 // deepstack layers, the preprocessing and the model id that goes into the
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "commands.h"
-#include "epd/checkpoint.h"
+#include "epd/model/checkpoint.h"
 
 namespace epd::cli {
 

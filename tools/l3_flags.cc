@@ -7,7 +7,7 @@
 
 #include "flag_checks.h"
 #ifdef EPD_HAVE_L3
-#include "epd/redis_tier.h"
+#include "epd/l3/redis_tier.h"
 #endif
 
 namespace epd::cli {

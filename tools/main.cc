@@ -9,7 +9,7 @@
 #include <string>
 
 #include "commands.h"
-#include "epd/version.h"
+#include "epd/core/version.h"
 
 int main(int argc, char** argv) {
 #ifdef EPD_WITH_GRPC

@@ -31,9 +31,9 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "flag_checks.h"
-#include "epd/safetensors.h"
+#include "epd/worker/safetensors.h"
 #include "replay_manifest.h"
-#include "epd/worker_loop.h"
+#include "epd/worker/worker_loop.h"
 #include "trace.h"
 #include "worker_flags.h"
 

@@ -11,7 +11,7 @@
 //   media     the image path as the trace names it
 //   key       the content key; the embedding is the tensor of that name in
 //             `file` ("<key>.deepstack" and "<key>.grid_thw" beside it,
-//             epd/safetensors.h). Equal images share one key and one tensor.
+//             epd/worker/safetensors.h). Equal images share one key and one tensor.
 //   grid_thw  the patch grid (t, h, w) prefill needs; absent when unknown
 //   tokens    rows of the tensor
 //   source    "l1", "l2", "miss" or "joined" (epd::ItemSourceName)
@@ -27,8 +27,8 @@
 #include <span>
 #include <string>
 
-#include "epd/encode_worker.h"
-#include "epd/status.h"
+#include "epd/worker/encode_worker.h"
+#include "epd/core/status.h"
 #include "trace.h"
 
 namespace epd::cli {

@@ -9,9 +9,9 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
-#include "epd/client.h"
-#include "epd/server.h"
-#include "epd/status.h"
+#include "epd/client/client.h"
+#include "epd/server/server.h"
+#include "epd/core/status.h"
 
 namespace epd::cli {
 

@@ -14,7 +14,7 @@
 //                   device=<the server's exporting device> bytes=<main + deepstack> dtype=<d> deepstack_layers=<n>
 //                 and for a video also grid=<t>x<h>x<w> frames=<n> seconds_per_grid_t=<s>
 //                 --out FILE writes the embeddings as safetensors
-//                 (epd/safetensors.h; rows by CUDA IPC are copied to the host
+//                 (epd/worker/safetensors.h; rows by CUDA IPC are copied to the host
 //                 for it). Leases (--shm, --cuda-ipc) are released together
 //                 in one Release call once every item is printed. A failure
 //                 prints "<CODE_NAME>: <message>" on stderr and exits 1.
@@ -37,14 +37,14 @@
 #include "exit_deadline.h"
 #include "flag_checks.h"
 #include "security_flags.h"
-#include "epd/client.h"
-#include "epd/device.h"
-#include "epd/safetensors.h"
-#include "epd/server.h"
+#include "epd/client/client.h"
+#include "epd/gpu/device.h"
+#include "epd/worker/safetensors.h"
+#include "epd/server/server.h"
 #include "flag_checks.h"
 #include "worker_flags.h"
 #ifdef EPD_CLIENT_WITH_CUDA
-#include "epd/cuda_device.h"
+#include "epd/gpu_cuda/cuda_device.h"
 #endif
 
 namespace epd::cli {

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace epd::cli {
 

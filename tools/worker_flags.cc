@@ -6,20 +6,20 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "epd/embedding_cache.h"
+#include "epd/core/embedding_cache.h"
 
 #ifdef EPD_HAVE_TORCH_TOWER
-#include "epd/checkpoint_tower.h"
+#include "epd/checkpoint_tower/checkpoint_tower.h"
 #endif
 #ifdef EPD_HAVE_VIDEO
-#include "epd/video_decoder.h"
+#include "epd/video/video_decoder.h"
 #endif
 #ifdef EPD_HAVE_CUDA_TIER
 #include <cstdlib>
 #include <mutex>
 
-#include "epd/cuda_device.h"
-#include "epd/device_tier.h"
+#include "epd/gpu_cuda/cuda_device.h"
+#include "epd/gpu/device_tier.h"
 #endif
 
 namespace epd::cli {

@@ -4,14 +4,14 @@
 //
 // Flags (defaults in brackets):
 //   --model PATH              a Hugging Face checkpoint directory (Qwen2-VL,
-//                             Qwen2.5-VL, Qwen3-VL; epd/checkpoint_tower.h) or
+//                             Qwen2.5-VL, Qwen3-VL; epd/checkpoint_tower/checkpoint_tower.h) or
 //                             a TorchScript tower file [the default model, a
 //                             small random Qwen2.5-VL checkpoint: for an
 //                             installed epd-encode, share/epd/models/
 //                             default-qwen2_5_vl of its prefix; else the one
 //                             the build writes to build/models/default-qwen2_5_vl]
 //   --model-id ID             hashed into every content key [a checkpoint's
-//                             model id (epd/checkpoint.h); a TorchScript
+//                             model id (epd/model/checkpoint.h); a TorchScript
 //                             file's name]
 //   --threads N               tower intra-op threads, 0 = all cores [0]
 //   --device cpu|cuda[:N]     where the tower runs [cpu]. On cuda, in a build
@@ -52,9 +52,9 @@
 #include <memory>
 #include <string>
 
-#include "epd/device.h"
-#include "epd/encode_worker.h"
-#include "epd/status.h"
+#include "epd/gpu/device.h"
+#include "epd/worker/encode_worker.h"
+#include "epd/core/status.h"
 #include "l3_flags.h"
 
 namespace epd::cli {

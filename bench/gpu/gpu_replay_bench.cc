@@ -53,11 +53,11 @@
 #include <string>
 #include <vector>
 
-#include "epd/cuda_device.h"
-#include "epd/device_tier.h"
-#include "epd/encode_worker.h"
-#include "epd/torch_tower.h"
-#include "epd/worker_loop.h"
+#include "epd/gpu_cuda/cuda_device.h"
+#include "epd/gpu/device_tier.h"
+#include "epd/worker/encode_worker.h"
+#include "epd/torch_tower/torch_tower.h"
+#include "epd/worker/worker_loop.h"
 
 namespace {
 

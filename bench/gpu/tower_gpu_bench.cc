@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/torch_tower.h"
+#include "epd/torch_tower/torch_tower.h"
 
 namespace {
 

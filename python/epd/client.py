@@ -1,6 +1,6 @@
 """A Python client of the epd-encode gRPC server (proto/epd/v1/encoder.proto).
 
-It mirrors the C++ EncodeClient (include/epd/client.h): it derives each
+It mirrors the C++ EncodeClient (include/epd/client/client.h): it derives each
 image's content key exactly as the server does, groups the images of a request
 by key, sends one call per distinct key with the key's hex in the
 ``x-epd-route`` metadata header (so a hash-affinity proxy such as
@@ -732,7 +732,7 @@ class EncodeClient:
         item = item if isinstance(item, Item) else Item(image=item)
         if item.is_video:
             # The route key; the server's content key when its default
-            # sampling is VideoSampling() (see epd/client.h).
+            # sampling is VideoSampling() (see epd/client/client.h).
             return video_key(info.model_id, info.preprocess, item.sampling or VideoSampling(), item.video,
                              item.video_frames)
         if item.caller_key is not None:

@@ -3,7 +3,7 @@
 // Grouping is by key in order of first appearance, so the calls a request
 // turns into, and their ids, depend only on the request. Duplicate images in
 // one request share one call (the server computes them once either way).
-#include "epd/client.h"
+#include "epd/client/client.h"
 
 #include <grpcpp/grpcpp.h>
 

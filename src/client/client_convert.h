@@ -3,7 +3,7 @@
 // server shares, so that the rpc layer never includes the client's header.
 #pragma once
 
-#include "epd/client.h"
+#include "epd/client/client.h"
 #include "epd/v1/encoder.pb.h"
 
 namespace epd::internal {

@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "epd/client.h"
+#include "epd/client/client.h"
 #include "epd/v1/encoder.grpc.pb.h"
 
 namespace epd {

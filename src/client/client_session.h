@@ -20,7 +20,7 @@
 #include <string>
 #include <thread>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 #include "epd/v1/encoder.grpc.pb.h"
 
 namespace epd::internal {

@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
-#include "epd/client.h"
-#include "epd/fake_device.h"
+#include "epd/client/client.h"
+#include "fake_device.h"
 #ifdef EPD_IPC_FETCH_WITH_CUDA
-#include "epd/cuda_device.h"
+#include "epd/gpu_cuda/cuda_device.h"
 #endif
 
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace epd::internal {
 

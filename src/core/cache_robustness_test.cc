@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "epd/concurrent_cache.h"
-#include "epd/embedding_cache.h"
-#include "epd/encode_scheduler.h"
-#include "epd/status.h"
-#include "epd/tiered_cache.h"
+#include "epd/core/concurrent_cache.h"
+#include "epd/core/embedding_cache.h"
+#include "epd/core/encode_scheduler.h"
+#include "epd/core/status.h"
+#include "epd/core/tiered_cache.h"
 #include "test_names.h"
 
 namespace epd {

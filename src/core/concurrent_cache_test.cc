@@ -1,6 +1,6 @@
 // ConcurrentEmbeddingCache under load from several threads. Run it under
 // ThreadSanitizer with `make tsan`.
-#include "epd/concurrent_cache.h"
+#include "epd/core/concurrent_cache.h"
 
 #include <gtest/gtest.h>
 

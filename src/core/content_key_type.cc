@@ -1,5 +1,5 @@
 // ContentKey's hex form, both ways.
-#include "epd/content_key_type.h"
+#include "epd/core/content_key_type.h"
 
 namespace epd {
 namespace {

@@ -1,4 +1,4 @@
-#include "epd/embedding.h"
+#include "epd/core/embedding.h"
 
 #include <string>
 

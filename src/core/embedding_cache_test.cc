@@ -1,7 +1,7 @@
 // The cache contract, run against every implementation: EmbeddingCache and
 // ConcurrentEmbeddingCache with one shard (an exact LRU, like the former).
-// Each test is one sentence of the contract in epd/embedding_cache.h.
-#include "epd/embedding_cache.h"
+// Each test is one sentence of the contract in epd/core/embedding_cache.h.
+#include "epd/core/embedding_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,9 +11,9 @@
 #include <tuple>
 #include <vector>
 
-#include "epd/concurrent_cache.h"
-#include "epd/content_key_type.h"
-#include "epd/embedding.h"
+#include "epd/core/concurrent_cache.h"
+#include "epd/core/content_key_type.h"
+#include "epd/core/embedding.h"
 #include "test_names.h"
 
 namespace epd {

@@ -8,11 +8,11 @@
 // V (those are also in idle_), i.e. whose next item would not start at V; an
 // idle tenant at or behind V is equivalent to a new one, so forgetting it
 // changes no tag.
-#include "epd/encode_scheduler.h"
+#include "epd/core/encode_scheduler.h"
 
 #include <algorithm>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace epd {
 

@@ -1,4 +1,4 @@
-#include "epd/encode_scheduler.h"
+#include "epd/core/encode_scheduler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 #include "test_names.h"
 
 namespace epd {

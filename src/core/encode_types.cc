@@ -1,5 +1,5 @@
-// ItemSourceName (epd/encode_types.h).
-#include "epd/encode_types.h"
+// ItemSourceName (epd/core/encode_types.h).
+#include "epd/core/encode_types.h"
 
 namespace epd {
 

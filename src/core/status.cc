@@ -1,4 +1,4 @@
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace epd {
 

@@ -1,6 +1,6 @@
 // TieredEmbeddingCache against the reference's tiering behaviour, with a fake
 // device whose copies are recorded, so each promotion and demotion is visible.
-#include "epd/tiered_cache.h"
+#include "epd/core/tiered_cache.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// CudaDevice: epd::Device over the CUDA runtime. See epd/cuda_device.h.
+// CudaDevice: epd::Device over the CUDA runtime. See epd/gpu_cuda/cuda_device.h.
 //
 // Stream ordering of device memory: buffers come from cudaMallocAsync on the
 // onboard stream. Every use of a device buffer is ordered after that
@@ -21,8 +21,8 @@
 #include <mutex>
 #include <string>
 
-#include "epd/cuda_device.h"
-#include "epd/host_memory_pool.h"
+#include "epd/gpu_cuda/cuda_device.h"
+#include "epd/gpu/host_memory_pool.h"
 
 namespace epd {
 namespace {
@@ -77,7 +77,7 @@ class CudaEvent final : public Event {
   const cudaEvent_t event_;
 };
 
-// IPC (epd/device.h). The exported rows live in their own cudaMalloc
+// IPC (epd/gpu/device.h). The exported rows live in their own cudaMalloc
 // allocation: memory from the stream-ordered pool cannot be shared with
 // cudaIpcGetMemHandle, and a private copy also lets the L1 entry be evicted
 // while an importer still reads. The interprocess event marks the copy's

@@ -1,7 +1,7 @@
 // The tier contract on a real CUDA device, and OpenCudaDevice's errors.
 // Every test that needs a device skips itself (GTEST_SKIP, naming the CUDA
 // error) where none is present, so the binary passes on a CPU-only machine.
-#include "epd/cuda_device.h"
+#include "epd/gpu_cuda/cuda_device.h"
 
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 // dropping a hold can free buffers (Device::Free takes the same lock) or
 // destroy a TierEmbedding that itself calls ReleaseAfter, so nothing is
 // destroyed while the lock is held.
-#include "epd/device.h"
+#include "epd/gpu/device.h"
 
 #include <algorithm>
 #include <string>

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "epd/fake_device.h"
+#include "fake_device.h"
 
 namespace epd {
 namespace {

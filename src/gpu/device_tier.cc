@@ -10,7 +10,7 @@
 // fails): the destination may still be written by the enqueued part, so it
 // is not freed at once; it goes to ReleaseAfter behind a fresh event, or,
 // if no event can be recorded, after synchronising the stream.
-#include "epd/device_tier.h"
+#include "epd/gpu/device_tier.h"
 
 #include <algorithm>
 #include <cstring>

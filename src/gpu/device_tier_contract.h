@@ -4,7 +4,7 @@
 // test file per binary and INSTANTIATE_TEST_SUITE_P(..., DeviceTierContract, ...).
 //
 // Every expected value is derived here from the tiering rules
-// (epd/tiered_cache.h) and the sizes chosen, not read back from the code.
+// (epd/core/tiered_cache.h) and the sizes chosen, not read back from the code.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -23,11 +23,11 @@
 #include <utility>
 #include <vector>
 
-#include "epd/content_key.h"
-#include "epd/device.h"
-#include "epd/device_tier.h"
-#include "epd/host_memory_pool.h"
-#include "epd/tiered_cache.h"
+#include "epd/media/content_key.h"
+#include "epd/gpu/device.h"
+#include "epd/gpu/device_tier.h"
+#include "epd/gpu/host_memory_pool.h"
+#include "epd/core/tiered_cache.h"
 #include "tier_test_util.h"
 
 namespace epd {

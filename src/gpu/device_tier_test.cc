@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "device_tier_contract.h"
-#include "epd/fake_device.h"
+#include "fake_device.h"
 
 namespace epd {
 namespace {

@@ -1,6 +1,6 @@
 // FakeDevice and the Device base: completion modes, stream ordering,
 // deferred release, capacities and poison.
-#include "epd/fake_device.h"
+#include "fake_device.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 // adjacent. free_by_size_ mirrors free_by_offset_ as (size, offset) pairs so
 // the best fit is one lower_bound. Sizes and offsets are multiples of
 // kAlignment, so every block stays aligned.
-#include "epd/host_memory_pool.h"
+#include "epd/gpu/host_memory_pool.h"
 
 #include <cassert>
 #include <cstdint>

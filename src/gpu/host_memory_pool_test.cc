@@ -1,6 +1,6 @@
 // HostMemoryPool: rounding, best fit, coalescing, fragmentation and misuse,
 // plus a randomised run checked against an independent model of the arena.
-#include "epd/host_memory_pool.h"
+#include "epd/gpu/host_memory_pool.h"
 
 #include <gtest/gtest.h>
 

@@ -33,11 +33,11 @@
 #include <string>
 #include <vector>
 
-#include "epd/device.h"
-#include "epd/device_tier.h"
-#include "epd/fake_device.h"
+#include "epd/gpu/device.h"
+#include "epd/gpu/device_tier.h"
+#include "fake_device.h"
 #ifdef EPD_IPC_CHECK_WITH_CUDA
-#include "epd/cuda_device.h"
+#include "epd/gpu_cuda/cuda_device.h"
 #endif
 
 extern char** environ;

@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "epd/embedding.h"
+#include "epd/core/embedding.h"
 
 namespace epd::testing_util {
 

@@ -1,14 +1,14 @@
-// HashRing (epd/l3_ring.h). Points are sorted by position, ties (two 64-bit
+// HashRing (epd/l3/l3_ring.h). Points are sorted by position, ties (two 64-bit
 // hashes equal: practically never) broken by shard name, so the ring does
 // not depend on the order the names were listed in.
-#include "epd/l3_ring.h"
+#include "epd/l3/l3_ring.h"
 
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace epd {
 

@@ -1,7 +1,7 @@
-// Consistent hashing (epd/l3_ring.h): keys spread evenly, adding a shard
+// Consistent hashing (epd/l3/l3_ring.h): keys spread evenly, adding a shard
 // moves about 1/(N+1) of the keys and all of them to the new shard, removing
 // one moves only its keys, and the order shards are listed in does not matter.
-#include "epd/l3_ring.h"
+#include "epd/l3/l3_ring.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
-// The L3 value codec (epd/l3_value.h). Every field is written and read at a
+// The L3 value codec (epd/l3/l3_value.h). Every field is written and read at a
 // fixed offset through PutLe/GetLe, so the format does not depend on the
 // host's struct layout or byte order. Decoding checks cheap fields first
 // (sizes, magic, versions, shape) and the checksum last, so a value from
 // another format version is named as such rather than as a bad checksum.
-#include "epd/l3_value.h"
+#include "epd/l3/l3_value.h"
 
 #include <xxhash.h>
 

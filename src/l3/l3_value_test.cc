@@ -1,15 +1,15 @@
-// The L3 value format (epd/l3_value.h): a round trip keeps every field and
+// The L3 value format (epd/l3/l3_value.h): a round trip keeps every field and
 // byte, the header sits at the documented offsets with an XXH3-64 checksum
 // computed here independently, and every kind of damage is rejected.
 #define XXH_INLINE_ALL
-#include "epd/l3_value.h"
+#include "epd/l3/l3_value.h"
 
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
 #include <cstring>
 
-#include "epd/content_key.h"
+#include "epd/media/content_key.h"
 
 namespace epd {
 namespace {

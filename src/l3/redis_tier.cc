@@ -19,7 +19,7 @@
 // - The lease release is compare-and-delete in Lua: deleting only when the
 //   lease still holds our owner id, so a lease that lapsed and was taken by
 //   another process survives our late release.
-#include "epd/redis_tier.h"
+#include "epd/l3/redis_tier.h"
 
 #include <hiredis/hiredis.h>
 #include <unistd.h>
@@ -35,9 +35,9 @@
 #include <set>
 #include <thread>
 
-#include "epd/content_key.h"
-#include "epd/l3_ring.h"
-#include "epd/l3_value.h"
+#include "epd/media/content_key.h"
+#include "epd/l3/l3_ring.h"
+#include "epd/l3/l3_value.h"
 
 namespace epd {
 namespace {

@@ -1,16 +1,16 @@
-// RedisTier (epd/redis_tier.h) against a real redis-server that each test
+// RedisTier (epd/l3/redis_tier.h) against a real redis-server that each test
 // starts on its own free port (src/testing/redis_server.h): values written by
 // one tier are read by another, leases are exclusive and released by
 // compare-and-delete, and every failure (Redis killed, restarted, full,
 // wrong password, a corrupt value) is counted and survived.
-#include "epd/redis_tier.h"
+#include "epd/l3/redis_tier.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 
-#include "epd/content_key.h"
-#include "epd/l3_value.h"
+#include "epd/media/content_key.h"
+#include "epd/l3/l3_value.h"
 #include "redis_server.h"
 #include "test_names.h"
 

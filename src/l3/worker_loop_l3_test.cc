@@ -8,10 +8,10 @@
 
 #include <thread>
 
-#include "epd/content_key.h"
-#include "epd/l3_value.h"
-#include "epd/redis_tier.h"
-#include "epd/worker_loop.h"
+#include "epd/media/content_key.h"
+#include "epd/l3/l3_value.h"
+#include "epd/l3/redis_tier.h"
+#include "epd/worker/worker_loop.h"
 #include "redis_server.h"
 #include "test_names.h"
 #include "worker_test_util.h"

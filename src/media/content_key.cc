@@ -27,7 +27,7 @@
 // distinct inputs can collide only through the hash itself. Floats are hashed
 // by bit pattern rather than by a decimal rendering, which could round two
 // different configs to one string.
-#include "epd/content_key.h"
+#include "epd/media/content_key.h"
 
 #include <bit>
 #include <cstring>
@@ -35,9 +35,9 @@
 #include <string>
 
 #include "digest.h"
-#include "epd/image.h"
-#include "epd/preprocess.h"
-#include "epd/video.h"
+#include "epd/media/image.h"
+#include "epd/media/preprocess.h"
+#include "epd/media/video.h"
 
 namespace epd {
 namespace {

@@ -1,4 +1,4 @@
-#include "epd/content_key.h"
+#include "epd/media/content_key.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "digest.h"
-#include "epd/image.h"
-#include "epd/preprocess.h"
-#include "epd/video.h"
+#include "epd/media/image.h"
+#include "epd/media/preprocess.h"
+#include "epd/media/video.h"
 
 namespace epd {
 namespace {

@@ -26,8 +26,8 @@
 #include <string_view>
 #include <vector>
 
-#include "epd/image.h"
-#include "epd/preprocess.h"
+#include "epd/media/image.h"
+#include "epd/media/preprocess.h"
 
 namespace {
 

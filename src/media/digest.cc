@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace epd::internal {
 namespace {

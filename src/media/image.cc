@@ -10,7 +10,7 @@
 // Orientation is applied after decoding rather than inside each decoder:
 // it is one well-tested transform for five formats, and it costs one extra
 // RGB buffer only for orientations 5-8 (the flips are done in place).
-#include "epd/image.h"
+#include "epd/media/image.h"
 
 #include <algorithm>
 #include <charconv>

@@ -1,4 +1,4 @@
-#include "epd/image.h"
+#include "epd/media/image.h"
 
 #include <gtest/gtest.h>
 #include <turbojpeg.h>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "epd/preprocess.h"
+#include "epd/media/preprocess.h"
 #include "test_images.h"
 
 namespace epd {

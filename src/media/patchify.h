@@ -12,9 +12,9 @@
 #include <span>
 #include <vector>
 
-#include "epd/image.h"
-#include "epd/preprocess.h"
-#include "epd/status.h"
+#include "epd/media/image.h"
+#include "epd/media/preprocess.h"
+#include "epd/core/status.h"
 
 namespace epd::internal {
 

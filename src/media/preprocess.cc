@@ -10,7 +10,7 @@
 // permutes into patch rows. The extra pass costs one H*W*3 float buffer but
 // keeps the permutation a separate function that a test can check with
 // distinct values (a uint8 image cannot hold H*W*3 distinct values).
-#include "epd/preprocess.h"
+#include "epd/media/preprocess.h"
 
 #include <stb/stb_image_resize.h>
 

@@ -1,4 +1,4 @@
-#include "epd/preprocess.h"
+#include "epd/media/preprocess.h"
 
 #include <gtest/gtest.h>
 

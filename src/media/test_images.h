@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/image.h"
+#include "epd/media/image.h"
 
 namespace epd::testing {
 

@@ -21,7 +21,7 @@
 //     frame, and torch's own answer then depends on its SIMD width, so an
 //     exact rule is the reproducible choice.
 //   - max_pixels: s.max_pixels plays VIDEO_MAX_PIXELS' role in the budget
-//     formula (the contract in epd/video.h); with the defaults this is the
+//     formula (the contract in epd/media/video.h); with the defaults this is the
 //     reference's value exactly.
 //   - A frame list is resized once, from the first frame's size, instead of
 //     fetch_image's per-image resize followed by a second video resize.
@@ -30,7 +30,7 @@
 #include <limits>
 #include <string>
 
-#include "epd/video.h"
+#include "epd/media/video.h"
 #include "patchify.h"
 
 namespace epd {

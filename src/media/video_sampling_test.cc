@@ -1,4 +1,4 @@
-// Tests of the qwen-vl-utils sampling arithmetic (epd/video.h). Every
+// Tests of the qwen-vl-utils sampling arithmetic (epd/media/video.h). Every
 // expected value is worked by hand in the comment beside it from the
 // formulas of vision_process.py (smart_nframes, fetch_video, smart_resize),
 // not taken from the code's output.
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/video.h"
+#include "epd/media/video.h"
 #include "test_images.h"
 
 namespace epd {

@@ -11,7 +11,7 @@
 //      architecture expects, with the expected shape and a float dtype, and
 //      every expected tensor must be there. Then the model id is hashed.
 // Nothing outside the vision prefix is read beyond its header entry.
-#include "epd/checkpoint.h"
+#include "epd/model/checkpoint.h"
 
 #include <algorithm>
 #include <array>

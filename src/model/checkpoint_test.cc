@@ -3,7 +3,7 @@
 // corrupted here. The expected tensor sets, byte ranges and token counts are
 // computed in this file from the files themselves (headers parsed with
 // nlohmann::json) or by hand, not by the loader.
-#include "epd/checkpoint.h"
+#include "epd/model/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

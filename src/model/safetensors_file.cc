@@ -6,7 +6,7 @@
 // 2^63 elements or an offset past the end yields a Status, never an
 // out-of-bounds view. nlohmann::json parses the header; its exceptions are
 // turned into kInvalidArgument here.
-#include "epd/safetensors_file.h"
+#include "epd/model/safetensors_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

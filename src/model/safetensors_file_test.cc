@@ -1,6 +1,6 @@
 // SafetensorsFile on files built byte by byte here, so what the reader must
 // accept or reject is written out independently of its writer.
-#include "epd/safetensors_file.h"
+#include "epd/model/safetensors_file.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

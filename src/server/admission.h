@@ -41,7 +41,7 @@
 #include <mutex>
 #include <string>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace grpc {
 class ServerContextBase;

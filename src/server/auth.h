@@ -19,7 +19,7 @@
 #include <optional>
 #include <string>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace grpc {
 class ServerContextBase;

@@ -30,7 +30,7 @@
 #include <mutex>
 #include <string>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace grpc::experimental {
 class ServerInterceptorFactoryInterface;

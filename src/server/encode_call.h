@@ -43,12 +43,12 @@
 #include <mutex>
 #include <string>
 
-#include "epd/embedding.h"
-#include "epd/encode_types.h"
-#include "epd/server.h"
-#include "epd/status.h"
+#include "epd/core/embedding.h"
+#include "epd/core/encode_types.h"
+#include "epd/server/server.h"
+#include "epd/core/status.h"
 #include "epd/v1/encoder.grpc.pb.h"
-#include "epd/worker_loop.h"
+#include "epd/worker/worker_loop.h"
 #include "admission.h"
 
 namespace epd {

@@ -7,9 +7,9 @@
 #include <functional>
 #include <string>
 
-#include "epd/embedding.h"
-#include "epd/encode_types.h"
-#include "epd/status.h"
+#include "epd/core/embedding.h"
+#include "epd/core/encode_types.h"
+#include "epd/core/status.h"
 #include "epd/v1/encoder.pb.h"
 #include "ipc_leases.h"
 #include "shm_arena.h"

@@ -39,9 +39,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "epd/device.h"
-#include "epd/server_stats.h"
-#include "epd/status.h"
+#include "epd/gpu/device.h"
+#include "epd/rpc/server_stats.h"
+#include "epd/core/status.h"
 #include "lease_book.h"
 
 namespace epd::internal {

@@ -12,9 +12,9 @@
 #include <fstream>
 
 #include "client_convert.h"
-#include "epd/client.h"
-#include "epd/device_tier.h"
-#include "epd/fake_device.h"
+#include "epd/client/client.h"
+#include "epd/gpu/device_tier.h"
+#include "fake_device.h"
 #include "ipc_leases.h"
 #include "test_server.h"
 #include "worker_test_util.h"
@@ -31,7 +31,7 @@ std::string Rows(const Embedding& e) { return AsString(e.main) + AsString(e.deep
 
 // A server whose GPU tier lives on `dev` (gpu_tier) or in host memory, with
 // CUDA IPC delivery through `dev`. Members are destroyed in reverse order:
-// the server before the hooks and the device, as epd/device.h requires.
+// the server before the hooks and the device, as epd/gpu/device.h requires.
 struct IpcServer {
   std::unique_ptr<FakeDevice> dev = std::make_unique<FakeDevice>();
   EmbeddingTierHooks hooks;

@@ -12,13 +12,13 @@
 #include <string>
 #include <string_view>
 
-#include "epd/embedding.h"
-#include "epd/encode_types.h"
-#include "epd/preprocess.h"
-#include "epd/server_stats.h"
-#include "epd/status.h"
+#include "epd/core/embedding.h"
+#include "epd/core/encode_types.h"
+#include "epd/media/preprocess.h"
+#include "epd/rpc/server_stats.h"
+#include "epd/core/status.h"
 #include "epd/v1/encoder.pb.h"
-#include "epd/video.h"
+#include "epd/media/video.h"
 
 namespace epd::internal {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace epd::internal {
 

@@ -6,7 +6,7 @@
 // Threads: gRPC's own (they receive calls and run the callback reactions),
 // the sync methods' handler threads, the WorkerLoop thread, a small TaskPool
 // (inline replies, admission deadlines) and the metrics exposer's thread.
-#include "epd/server.h"
+#include "epd/server/server.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>

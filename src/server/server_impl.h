@@ -17,10 +17,10 @@
 #include <optional>
 #include <string>
 
-#include "epd/server.h"
+#include "epd/server/server.h"
 #include "epd/v1/encoder.grpc.pb.h"
-#include "epd/version.h"
-#include "epd/worker_loop.h"
+#include "epd/core/version.h"
+#include "epd/worker/worker_loop.h"
 #include "admission.h"
 #include "auth.h"
 #include "call_outcomes.h"

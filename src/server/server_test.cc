@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "client_convert.h"
-#include "epd/client.h"
-#include "epd/content_key.h"
+#include "epd/client/client.h"
+#include "epd/media/content_key.h"
 #include "proto_convert.h"
 #include "test_server.h"
 #include "worker_test_util.h"

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "epd/video_decoder.h"
+#include "epd/video/video_decoder.h"
 #include "test_server.h"
 #include "worker_test_util.h"
 

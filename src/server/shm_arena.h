@@ -55,8 +55,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "epd/server_stats.h"
-#include "epd/status.h"
+#include "epd/rpc/server_stats.h"
+#include "epd/core/status.h"
 #include "lease_book.h"
 
 namespace epd::internal {

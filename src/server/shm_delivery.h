@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
-#include "epd/embedding.h"
-#include "epd/status.h"
+#include "epd/core/embedding.h"
+#include "epd/core/status.h"
 #include "epd/v1/encoder.pb.h"
 #include "shm_arena.h"
 

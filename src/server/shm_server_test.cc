@@ -11,7 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "epd/client.h"
+#include "epd/client/client.h"
 #include "shm_rows.h"
 #include "test_server.h"
 #include "worker_test_util.h"

@@ -8,7 +8,7 @@
 #include <set>
 #include <thread>
 
-#include "epd/client.h"
+#include "epd/client/client.h"
 #include "shm_arena.h"
 #include "test_server.h"
 #include "worker_test_util.h"

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/server.h"
+#include "epd/server/server.h"
 #include "epd/v1/encoder.grpc.pb.h"
 #include "fake_tower.h"
 

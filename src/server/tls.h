@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace grpc {
 class ServerCredentials;

@@ -29,7 +29,7 @@
 #include <thread>
 #include <vector>
 
-#include "epd/content_key.h"
+#include "epd/media/content_key.h"
 
 namespace epd::test_util {
 

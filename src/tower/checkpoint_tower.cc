@@ -28,7 +28,7 @@
 // * Weights: each tensor is memcpy'd out of the mapping into an aligned CPU
 //   tensor of its stored dtype, then converted to the compute dtype and moved
 //   to the device. The Checkpoint (and its mappings) is dropped after load.
-#include "epd/checkpoint_tower.h"
+#include "epd/checkpoint_tower/checkpoint_tower.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -5,7 +5,7 @@
 //   checkpoint_tower_dump --model DIR --in IN.safetensors --out OUT.safetensors [--threads N]
 //
 // IN holds "pixel_values" F32 [N, patch_dim] and "grid_thw" I64 [n_items, 3]
-// (rows of the items in order, as epd/vision_tower.h packs them). OUT gets
+// (rows of the items in order, as epd/core/vision_tower.h packs them). OUT gets
 // "main" F32 [T, out_hidden] and, only when the tower has deepstack,
 // "deepstack" F32 [T, out_hidden * deepstack_layers]. All items run in one
 // Encode call. Exit status 0 on success; on any error the message goes to
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "epd/checkpoint_tower.h"
-#include "epd/safetensors_file.h"
+#include "epd/checkpoint_tower/checkpoint_tower.h"
+#include "epd/model/safetensors_file.h"
 #include "tool_flags.h"
 
 namespace {

@@ -5,7 +5,7 @@
 // correct implementation: items never influence each other, frames attend
 // separately, windows matter exactly when the grid exceeds one window, and
 // the metadata and errors follow the config and the contract.
-#include "epd/checkpoint_tower.h"
+#include "epd/checkpoint_tower/checkpoint_tower.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

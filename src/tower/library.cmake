@@ -2,7 +2,7 @@
 # Included by src/tower/CMakeLists.txt (the normal build) and
 # src/gpu/standalone.cmake (the device machine's build), which each provide
 # epd::core and TORCH_LIBRARIES (find_package(Torch)) first. Torch stays
-# PRIVATE: epd/torch_tower.h mentions none of it. Paths are absolute because
+# PRIVATE: epd/torch_tower/torch_tower.h mentions none of it. Paths are absolute because
 # add_library resolves relative ones against the including directory, not
 # this file's.
 get_filename_component(_epd_tower_root ${CMAKE_CURRENT_LIST_DIR}/../.. ABSOLUTE)

@@ -2,8 +2,8 @@
 // torch translation units: it only calls the two loaders.
 #include <filesystem>
 
-#include "epd/checkpoint_tower.h"
-#include "epd/torch_tower.h"
+#include "epd/checkpoint_tower/checkpoint_tower.h"
+#include "epd/torch_tower/torch_tower.h"
 
 namespace epd {
 

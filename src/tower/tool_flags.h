@@ -36,7 +36,7 @@
 #include <utility>
 #include <vector>
 
-#include "epd/status.h"
+#include "epd/core/status.h"
 
 namespace epd::tower_tools {
 

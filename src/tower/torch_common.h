@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "epd/embedding.h"
-#include "epd/status.h"
-#include "epd/vision_tower.h"
+#include "epd/core/embedding.h"
+#include "epd/core/status.h"
+#include "epd/core/vision_tower.h"
 
 namespace epd::internal {
 

@@ -26,7 +26,7 @@
 // * OpenMP keeps the thread count per calling thread, and the worker calls
 //   Encode from its own thread, so Encode re-applies num_threads when the
 //   calling thread's count differs (a cheap query).
-#include "epd/torch_tower.h"
+#include "epd/torch_tower/torch_tower.h"
 
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>

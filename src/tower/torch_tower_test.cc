@@ -7,7 +7,7 @@
 // and the errors. Known-answer checks of the packing live in
 // torch_tower_contract_test.cc, whose tiny modules have outputs computable
 // by hand.
-#include "epd/torch_tower.h"
+#include "epd/torch_tower/torch_tower.h"
 
 #include <gtest/gtest.h>
 

@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "epd/torch_tower.h"
+#include "epd/torch_tower/torch_tower.h"
 
 namespace {
 

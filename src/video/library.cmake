@@ -1,7 +1,7 @@
 # Defines epd_video (alias epd::video), the FFmpeg container decoder, from
 # this directory's sources. The including build provides the imported target
 # PkgConfig::FFMPEG (libavformat, libavcodec, libswscale, libavutil) and
-# epd::media first. FFmpeg stays PRIVATE: epd/video_decoder.h mentions none
+# epd::media first. FFmpeg stays PRIVATE: epd/video/video_decoder.h mentions none
 # of its types, so nothing above this edge includes an FFmpeg header.
 add_library(epd_video
   ${CMAKE_CURRENT_LIST_DIR}/video_decoder.cc

@@ -32,7 +32,7 @@
 // after resize, plus one decoded frame and FFmpeg's reference frames).
 // Costs: the container is demuxed twice and the header parsed twice; both
 // are small next to decoding.
-#include "epd/video_decoder.h"
+#include "epd/video/video_decoder.h"
 
 extern "C" {
 #include <libavcodec/avcodec.h>

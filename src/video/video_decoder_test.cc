@@ -2,7 +2,7 @@
 // at build time (make_video_fixtures.py, in EPD_VIDEO_FIXTURES). Expected
 // frame counts, indices and sizes are worked by hand from qwen-vl-utils'
 // formulas in the comments; pixels are checked against the image path.
-#include "epd/video_decoder.h"
+#include "epd/video/video_decoder.h"
 
 #include <gtest/gtest.h>
 

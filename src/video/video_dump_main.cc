@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "epd/video_decoder.h"
+#include "epd/video/video_decoder.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 // output and cuts it into one Embedding per item.
 //
 // A batch output holds the rows of every item that decoded, in batch order
-// (epd/vision_tower.h). CheckOutput decides whether it can be used at all; a
+// (epd/core/vision_tower.h). CheckOutput decides whether it can be used at all; a
 // BatchOutputReader then hands out each item's rows as an Embedding that owns
 // them: copied out of host output (never a view into the batch output, which
 // the tower may reuse), or adopted by the worker's adopt_device_rows hook for
@@ -17,9 +17,9 @@
 #include <cstdint>
 #include <functional>
 
-#include "epd/embedding.h"
-#include "epd/status.h"
-#include "epd/vision_tower.h"
+#include "epd/core/embedding.h"
+#include "epd/core/status.h"
+#include "epd/core/vision_tower.h"
 
 namespace epd::internal {
 

@@ -35,7 +35,7 @@
 // Copies. Each item's rows are copied out of the batch's TowerOutput into a
 // fresh Embedding (batch_output.h), so the cache never aliases a buffer the
 // tower may reuse for its next batch.
-#include "epd/encode_worker.h"
+#include "epd/worker/encode_worker.h"
 
 #include <algorithm>
 #include <chrono>
@@ -45,7 +45,7 @@
 #include <utility>
 
 #include "batch_output.h"
-#include "epd/tiered_cache.h"
+#include "epd/core/tiered_cache.h"
 #include "prefetch_decoder.h"
 #include "tower_runner.h"
 #include "video_items.h"
@@ -313,7 +313,7 @@ struct EncodeWorker::Impl {
 
   // options.to_host behind a fence, as the cache's demotion copy: one that
   // throws (a device failure) is counted and returns null, which drops that
-  // victim (epd/tiered_cache.h). Letting it unwind out of the cache instead
+  // victim (epd/core/tiered_cache.h). Letting it unwind out of the cache instead
   // would abandon the eviction half-way: L1 left over its capacity (VRAM
   // over budget) and the get or put that triggered it failed, so a promoted
   // entry already back in L1 would be served as a miss.
@@ -355,7 +355,7 @@ struct EncodeWorker::Impl {
   // A get behind a fence: a promotion copy that throws (a device failure in
   // the GPU tier's hooks) is counted and turns into a miss, never an
   // exception out of Submit. The tiered cache has already left itself
-  // consistent (epd/tiered_cache.h).
+  // consistent (epd/core/tiered_cache.h).
   std::optional<EmbeddingPtr> CacheGet(const ContentKey& key, CacheTier* tier) {
     try {
       if (placed_in_l2) {

@@ -1,4 +1,4 @@
-#include "epd/encode_worker.h"
+#include "epd/worker/encode_worker.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "epd/encode_worker.h"
+#include "epd/worker/encode_worker.h"
 #include "worker_test_util.h"
 
 namespace epd {

@@ -19,8 +19,8 @@
 #include <optional>
 #include <vector>
 
-#include "epd/preprocess.h"
-#include "epd/vision_tower.h"
+#include "epd/media/preprocess.h"
+#include "epd/core/vision_tower.h"
 
 namespace epd::testing {
 

@@ -38,10 +38,10 @@
 #include <thread>
 #include <vector>
 
-#include "epd/encode_worker.h"
-#include "epd/image.h"
-#include "epd/preprocess.h"
-#include "epd/status.h"
+#include "epd/worker/encode_worker.h"
+#include "epd/media/image.h"
+#include "epd/media/preprocess.h"
+#include "epd/core/status.h"
 
 namespace epd::internal {
 

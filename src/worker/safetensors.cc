@@ -5,7 +5,7 @@
 // get wrong (header length past the end, offsets outside the buffer or not
 // matching dtype x shape, unknown dtypes, main/deepstack row mismatch) before
 // it copies any bytes into an Embedding.
-#include "epd/safetensors.h"
+#include "epd/worker/safetensors.h"
 
 #include <algorithm>
 #include <cstdio>

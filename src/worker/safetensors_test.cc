@@ -1,4 +1,4 @@
-#include "epd/safetensors.h"
+#include "epd/worker/safetensors.h"
 
 #include <gtest/gtest.h>
 

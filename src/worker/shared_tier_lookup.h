@@ -42,7 +42,7 @@
 #include <thread>
 #include <vector>
 
-#include "epd/shared_tier.h"
+#include "epd/core/shared_tier.h"
 
 namespace epd::internal {
 

@@ -29,9 +29,9 @@
 #include <thread>
 #include <vector>
 
-#include "epd/preprocess.h"
-#include "epd/status.h"
-#include "epd/vision_tower.h"
+#include "epd/media/preprocess.h"
+#include "epd/core/status.h"
+#include "epd/core/vision_tower.h"
 #include "prefetch_decoder.h"
 
 namespace epd::internal {

@@ -16,10 +16,10 @@
 #include <filesystem>
 #include <random>
 
-#include "epd/checkpoint.h"
-#include "epd/checkpoint_tower.h"
-#include "epd/encode_worker.h"
-#include "epd/video.h"
+#include "epd/model/checkpoint.h"
+#include "epd/checkpoint_tower/checkpoint_tower.h"
+#include "epd/worker/encode_worker.h"
+#include "epd/media/video.h"
 #include "float_rows.h"
 
 namespace epd {
@@ -56,7 +56,7 @@ using test_util::Floats;
 using test_util::RelDiff;
 
 // The whole video as one tower item: its rows are the chunks' rows in order
-// (epd/video.h), and the tower sees grid (t, h, w).
+// (epd/media/video.h), and the tower sees grid (t, h, w).
 TowerOutput EncodeWhole(VisionTower& tower, const SampledVideo& v, const PreprocessConfig& cfg) {
   std::vector<float> patches;
   for (std::int64_t t = 0; t < v.grid.t; ++t) {

@@ -31,7 +31,7 @@ Status CheckInput(const VideoInput& video) {
   return Status::Ok();
 }
 
-// The decoder's output against the SampledVideo contract (epd/video.h), so
+// The decoder's output against the SampledVideo contract (epd/media/video.h), so
 // a faulty decoder fails its item rather than the tower batch.
 Status CheckSampled(const SampledVideo& v, const PreprocessConfig& cfg) {
   const std::int64_t T = cfg.temporal_patch_size;

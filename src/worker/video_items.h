@@ -23,10 +23,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "epd/content_key.h"
-#include "epd/encode_types.h"
-#include "epd/encode_worker.h"
-#include "epd/video.h"
+#include "epd/media/content_key.h"
+#include "epd/core/encode_types.h"
+#include "epd/worker/encode_worker.h"
+#include "epd/media/video.h"
 
 namespace epd::internal {
 

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <string>
 
-#include "epd/encode_worker.h"
+#include "epd/worker/encode_worker.h"
 #include "worker_test_util.h"
 
 namespace epd {

@@ -18,11 +18,11 @@
 #include <thread>
 #include <vector>
 
-#include "epd/device_tier.h"
-#include "epd/encode_worker.h"
-#include "epd/fake_device.h"
-#include "epd/safetensors.h"
-#include "epd/worker_loop.h"
+#include "epd/gpu/device_tier.h"
+#include "epd/worker/encode_worker.h"
+#include "fake_device.h"
+#include "epd/worker/safetensors.h"
+#include "epd/worker/worker_loop.h"
 #include "worker_test_util.h"
 #include "test_names.h"
 

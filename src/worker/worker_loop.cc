@@ -6,7 +6,7 @@
 // worker's own tower thread (StartBatch/FinishBatch), so this thread keeps
 // draining the inbox while the tower runs: hits are served and misses queued
 // (and their decoding started) without waiting for the batch.
-#include "epd/worker_loop.h"
+#include "epd/worker/worker_loop.h"
 
 #include <algorithm>
 #include <cassert>

@@ -1,4 +1,4 @@
-#include "epd/worker_loop.h"
+#include "epd/worker/worker_loop.h"
 
 #include <gtest/gtest.h>
 

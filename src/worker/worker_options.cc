@@ -2,8 +2,8 @@
 #include <string>
 #include <utility>
 
-#include "epd/embedding_cache.h"
-#include "epd/encode_worker.h"
+#include "epd/core/embedding_cache.h"
+#include "epd/worker/encode_worker.h"
 
 namespace epd {
 

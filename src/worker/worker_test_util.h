@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "epd/encode_worker.h"
+#include "epd/worker/encode_worker.h"
 #include "fake_tower.h"
 #include "test_images.h"
 

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "epd/safetensors.h"
+#include "epd/worker/safetensors.h"
 
 namespace {
 

@@ -3,8 +3,9 @@
 #   cmake -DROOT=<source dir> -DBUILD=<build dir> -DSOURCES_FILE=<build>/epd_layer_sources.cmake \
 #         -P check_includes.cmake
 # Checks, naming every offence:
-#   1. each header under include/epd/ is in exactly one layer, and each
-#      listed header exists (version.h is generated into the build tree);
+#   1. each header under include/epd/ sits in the folder of the one layer
+#      that lists it (include/epd/<layer>/), and each listed header exists
+#      (core's version.h is generated into the build tree);
 #   2. each public header, and each source of a layer's library (with the
 #      private headers it includes from its own directory), includes only
 #      epd/ headers of its own layer or of a layer it may use, except the
@@ -47,23 +48,29 @@ foreach(layer ${EPD_LAYERS})
   endforeach()
 endforeach()
 
-# 1. header -> layer
+# 1. header -> layer. A public header lives in its layer's folder,
+# include/epd/<layer>/, so the folder of an include line is its layer.
 foreach(layer ${EPD_LAYERS})
   foreach(h ${EPD_LAYER_${layer}_HEADERS})
-    if(DEFINED layer_of_${h})
-      string(APPEND errors "\n  epd/${h} is in two layers: ${layer_of_${h}} and ${layer}")
-    endif()
-    set(layer_of_${h} ${layer})
-    if(NOT EXISTS ${ROOT}/include/epd/${h} AND NOT h IN_LIST generated_headers)
-      string(APPEND errors "\n  epd/${h} (layer ${layer}) does not exist under include/epd/")
+    if(NOT EXISTS ${ROOT}/include/epd/${layer}/${h} AND NOT h IN_LIST generated_headers)
+      string(APPEND errors "\n  epd/${layer}/${h} (layer ${layer}) does not exist under include/epd/${layer}/")
     endif()
   endforeach()
 endforeach()
-file(GLOB public_headers RELATIVE ${ROOT}/include/epd ${ROOT}/include/epd/*.h)
-foreach(h ${public_headers})
-  if(NOT DEFINED layer_of_${h})
-    string(APPEND errors "\n  include/epd/${h} is in no layer: add it to cmake/epd_layers.cmake and "
-                         "docs/ARCHITECTURE.md")
+file(GLOB loose_headers RELATIVE ${ROOT}/include/epd ${ROOT}/include/epd/*.h)
+foreach(h ${loose_headers})
+  string(APPEND errors "\n  include/epd/${h} is in no layer's folder: move it to include/epd/<layer>/ and list "
+                       "it in cmake/epd_layers.cmake and docs/ARCHITECTURE.md")
+endforeach()
+file(GLOB public_headers RELATIVE ${ROOT}/include/epd ${ROOT}/include/epd/*/*.h)
+foreach(rel_h ${public_headers})
+  get_filename_component(folder ${rel_h} DIRECTORY)
+  get_filename_component(h ${rel_h} NAME)
+  if(NOT folder IN_LIST EPD_LAYERS)
+    string(APPEND errors "\n  include/epd/${rel_h}: ${folder} is not a layer of cmake/epd_layers.cmake")
+  elseif(NOT h IN_LIST EPD_LAYER_${folder}_HEADERS)
+    string(APPEND errors "\n  include/epd/${rel_h} is not listed in EPD_LAYER_${folder}_HEADERS: add it to "
+                         "cmake/epd_layers.cmake and docs/ARCHITECTURE.md")
   endif()
 endforeach()
 
@@ -79,16 +86,26 @@ function(check_file path layer)
   get_filename_component(dir ${path} DIRECTORY)
   file(RELATIVE_PATH rel ${ROOT} ${path})
   foreach(line ${lines})
-    if(line MATCHES "\"epd/([A-Za-z0-9_]+\\.h)\"")
-      set(h ${CMAKE_MATCH_1})
-      if(NOT DEFINED layer_of_${h})
-        string(APPEND errors "\n  ${rel} includes epd/${h}, which is in no layer")
+    if(line MATCHES "\"epd/([A-Za-z0-9_]+)/([A-Za-z0-9_]+\\.h)\"")
+      set(owner ${CMAKE_MATCH_1})
+      set(h ${owner}/${CMAKE_MATCH_2})
+      if(NOT owner IN_LIST EPD_LAYERS)
+        # A folder that is no layer: generated code (epd/v1/, the gRPC
+        # stubs and service config) unless it is under include/epd/.
+        if(EXISTS ${ROOT}/include/epd/${owner})
+          string(APPEND errors "\n  ${rel} includes epd/${h}, which is in no layer")
+        endif()
+      elseif(NOT CMAKE_MATCH_2 IN_LIST EPD_LAYER_${owner}_HEADERS)
+        string(APPEND errors "\n  ${rel} includes epd/${h}, which layer ${owner} does not list")
       elseif("${rel}>${h}" IN_LIST EPD_LAYER_KNOWN_VIOLATIONS)
         set_property(GLOBAL APPEND PROPERTY _epd_known_seen "${rel}>${h}")
-      elseif(NOT layer_of_${h} STREQUAL layer AND NOT layer_of_${h} IN_LIST EPD_LAYER_${layer}_USES)
-        string(APPEND errors "\n  ${rel} (layer ${layer}) includes epd/${h} (layer ${layer_of_${h}}), which "
+      elseif(NOT owner STREQUAL layer AND NOT owner IN_LIST EPD_LAYER_${layer}_USES)
+        string(APPEND errors "\n  ${rel} (layer ${layer}) includes epd/${h} (layer ${owner}), which "
                              "${layer} may not use")
       endif()
+    elseif(line MATCHES "\"epd/([A-Za-z0-9_]+\\.h)\"")
+      string(APPEND errors "\n  ${rel} includes epd/${CMAKE_MATCH_1}: public headers are included as "
+                           "epd/<layer>/${CMAKE_MATCH_1}")
     elseif(line MATCHES "\"([A-Za-z0-9_./]+\\.h)\"")
       # A second step: ${CMAKE_MATCH_1} in the same if() would be expanded
       # before MATCHES sets it. A private header of another directory (e.g.
@@ -140,9 +157,10 @@ function(check_file path layer)
   endforeach()
   set(errors "${errors}" PARENT_SCOPE)
 endfunction()
-foreach(h ${public_headers})
-  if(DEFINED layer_of_${h})
-    check_file(${ROOT}/include/epd/${h} ${layer_of_${h}})
+foreach(rel_h ${public_headers})
+  get_filename_component(folder ${rel_h} DIRECTORY)
+  if(folder IN_LIST EPD_LAYERS)
+    check_file(${ROOT}/include/epd/${rel_h} ${folder})
   endif()
 endforeach()
 foreach(layer ${EPD_LAYERS})

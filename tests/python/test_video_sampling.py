@@ -229,7 +229,7 @@ def test_sampled_frame_pixels_match_ffmpeg(videos, tmp_path):
     """At the source size the frame must equal ffmpeg's exactly: same decoder,
     same YUV -> RGB conversion. After the resize the one difference is the
     resampler: epd::ResizeRgb (stb) against PIL's BICUBIC, which the
-    reference's processors use. epd/preprocess.h documents their agreement:
+    reference's processors use. epd/media/preprocess.h documents their agreement:
     within 1 level away from the borders, up to 7 levels within about
     2 * scale pixels of a border (edge handling differs). So: at most 1
     inside a 2-pixel margin (the resize here is an upscale, scale < 2),

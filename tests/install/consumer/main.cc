@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <string>
 
-#include "epd/status.h"
-#include "epd/version.h"
+#include "epd/core/status.h"
+#include "epd/core/version.h"
 
 int main() {
   const epd::Status st = epd::ResourceExhausted("pinned pool full");

@@ -1,0 +1,136 @@
+// epd/core/encode_types.h: what the encode stage reports about its work: how an
+// item was served (ItemSource), one item's result (ItemResult) and the
+// worker's counters (WorkerStats).
+//
+// These are plain value types of the core, shared by the worker
+// (epd/worker/encode_worker.h), the server's stats (epd/rpc/server_stats.h) and the
+// client (epd/client/client.h), so a client or a stats reader needs neither the
+// worker nor its dependencies.
+//
+// Thread safety: value types; thread-compatible. ItemSourceName is
+// thread-safe.
+//
+// Example:
+//   void OnItem(const epd::ItemResult& r) {
+//     if (!r.status.ok()) Log("item", r.index, r.status.ToString());
+//     else Count(epd::ItemSourceName(r.source), r.embedding->nbytes());
+//   }
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "epd/core/content_key_type.h"
+#include "epd/core/embedding.h"
+#include "epd/core/status.h"
+
+namespace epd {
+
+// How an item was served.
+enum class ItemSource : std::uint8_t {
+  kL1 = 0,      // L1 cache hit
+  kL2 = 1,      // L2 cache hit, promoted to L1
+  kMiss = 2,    // ran the tower (or failed before it)
+  kJoined = 3,  // shared another item's in-flight computation
+  kL3 = 4,      // found in the shared tier (L3, epd/core/shared_tier.h), promoted to L1
+};
+// "l1", "l2", "miss", "joined", "l3".
+std::string_view ItemSourceName(ItemSource source);
+
+// What prefill needs besides the rows for a video item (docs/PREFILL.md):
+// Qwen2.5-VL's M-RoPE advances its temporal position by
+// seconds_per_grid_t * tokens_per_second per temporal patch.
+struct VideoTiming {
+  std::vector<double> timestamps_s;  // presentation time of each sampled frame, seconds
+  double sample_fps = 0;             // sampled frames per second of video
+  double seconds_per_grid_t = 0;     // temporal_patch_size / sample_fps (second_per_grid_ts)
+};
+
+struct ItemResult {
+  std::int64_t index = 0;  // position in EncodeRequest::items
+  // OK, or why this item has no embedding. The message says what is wrong,
+  // not which item (`index` does); an edge that sends it out of the process
+  // names the item there.
+  Status status;
+  ContentKey key;          // zero when the key itself could not be derived
+  // Non-null iff status.ok(); shared with the cache, immutable. With a GPU
+  // tier its bytes may be in VRAM or pinned memory (Embedding::resident):
+  // call ToHost() (epd/core/embedding.h) before reading them on the host.
+  // embedding->grid is the image's (t, h, w) patch grid, for hits as for
+  // misses (what Qwen-VL prefill needs for its M-RoPE positions).
+  EmbeddingPtr embedding;
+  ItemSource source = ItemSource::kMiss;
+  // Set for a video item that succeeded (embedding->grid is then (t, h, w)
+  // with t temporal patches); null for an image. Shared, immutable.
+  std::shared_ptr<const VideoTiming> video;
+  // Milliseconds: submit -> batch start, the batch's tower call, submit ->
+  // delivery. Hits have queue_ms = tower_ms = 0.
+  double queue_ms = 0;
+  double tower_ms = 0;
+  double total_ms = 0;
+};
+
+struct WorkerStats {
+  // Accepted requests and their items. Every accepted item is counted in
+  // exactly one of hits_l1, hits_l2, hits_l3, joins, misses (a bad image is a miss
+  // that failed before the tower; a cancelled item keeps its class).
+  std::uint64_t requests = 0;
+  std::uint64_t items = 0;
+  std::uint64_t hits_l1 = 0;
+  std::uint64_t hits_l2 = 0;
+  std::uint64_t hits_l3 = 0;  // valid values from the shared tier, now in L1
+  std::uint64_t misses = 0;
+  std::uint64_t joins = 0;
+  // Hits (L1, L2 or L3) whose shape differed from the request's; also
+  // counted in misses.
+  std::uint64_t shape_mismatches = 0;
+  // Video items (also counted above: a whole-video hit in hits_l1/hits_l2,
+  // anything else in misses), the decodes they needed, and their temporal
+  // chunks: each chunk of a decoded video counts in exactly one of
+  // chunk_hits (L1 or L2), chunk_joins (an identical chunk already queued or
+  // running) and chunk_misses (queued for the tower, or failed).
+  std::uint64_t video_items = 0;
+  std::uint64_t video_decodes = 0;
+  std::uint64_t chunk_hits = 0;
+  std::uint64_t chunk_misses = 0;
+  std::uint64_t chunk_joins = 0;
+  // Requests refused by Submit (not counted in `requests`), and cancelled.
+  std::uint64_t rejected_requests = 0;
+  std::uint64_t cancelled_requests = 0;
+
+  std::uint64_t tower_batches = 0;   // tower calls, failed ones included
+  std::uint64_t tower_items = 0;     // distinct computations sent to the tower
+  std::uint64_t tower_tokens = 0;    // their post-merge tokens
+  double tower_seconds = 0;          // wall time inside VisionTower::Encode
+  std::uint64_t tower_failures = 0;  // batches failed by the tower or its output shape
+  std::uint64_t sink_full_stalls = 0;  // batch starts refused because the sink was full
+
+  // Failed items by status code (kInvalidArgument, kInternal, kCancelled, ...).
+  std::map<StatusCode, std::uint64_t> errors;
+  std::uint64_t callback_exceptions = 0;
+  // Cache operations whose tier copy threw (WorkerOptions::to_host /
+  // to_device): served as a miss, or the demoted victim dropped.
+  std::uint64_t cache_errors = 0;
+
+  // Now: requests in flight; computations queued on the scheduler (not yet in
+  // a batch) and their tokens.
+  std::int64_t in_flight_requests = 0;
+  std::int64_t pending_items = 0;
+  std::int64_t pending_tokens = 0;
+
+  // Cache: capacity victims per tier (EmbeddingCache::evictions(); an L1
+  // victim is demoted to L2 when it fits), tier moves, and occupancy.
+  std::uint64_t l1_evictions = 0;
+  std::uint64_t l2_evictions = 0;
+  std::uint64_t demotions = 0;
+  std::uint64_t promotions = 0;
+  std::int64_t l1_used_bytes = 0;  // bytes cached in L1 now
+  std::int64_t l2_used_bytes = 0;  // bytes cached in L2 now
+  std::int64_t l1_entries = 0;
+  std::int64_t l2_entries = 0;
+};
+
+}  // namespace epd

@@ -1,0 +1,112 @@
+// epd/core/shared_tier.h: a cache tier shared by several encode processes (L3),
+// behind each process's own L1/L2, and the cluster-wide lease that lets one
+// process at a time encode a key.
+//
+// What it is: the interface the worker's front door (WorkerLoop) calls for
+// keys its own L1/L2 miss; epd::l3 implements it on Redis (epd/l3/redis_tier.h).
+// Unlike L1/L2, which one thread owns, a SharedTier is called from several
+// helper threads at once, and every call may go over the network: Get and
+// TryLease block for at most the implementation's timeout, PutAsync and
+// ReleaseAsync only enqueue. No call ever blocks the worker thread (WorkerLoop
+// calls the blocking ones from its own lookup threads).
+//
+// Failure is never fatal: an unreachable, slow or full tier makes Get return
+// an error (served as a miss), TryLease return kError (encode without a
+// lease), and writes get dropped; each is counted in Stats(), and
+// Stats().degraded says so until the tier answers again.
+//
+// Ownership: Get returns a fresh host Embedding the caller owns (shared, then
+// immutable). PutAsync keeps `embedding` alive until it is written.
+//
+// Thread safety: thread-safe (every method, concurrently).
+//
+// Example (what WorkerLoop does for a key L1/L2 miss):
+//   StatusOr<EmbeddingPtr> v = tier.Get(key);
+//   if (v.ok() && *v) return Serve(*v, ItemSource::kL3);
+//   switch (tier.TryLease(key)) {
+//     case LeaseResult::kHeldByOther: return WaitAndRetry(key);
+//     default: Encode(key); tier.PutAsync(key, embedding);   // releases the lease
+//   }
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "epd/core/content_key_type.h"
+#include "epd/core/embedding.h"
+#include "epd/core/status.h"
+
+namespace epd {
+
+// The answer of SharedTier::TryLease.
+enum class LeaseResult : std::uint8_t {
+  kAcquired = 0,     // this process holds the lease now: encode, then PutAsync
+  kHeldByUs = 1,     // an earlier call of this process holds it: encode (the
+                     // worker joins the computation in process)
+  kHeldByOther = 2,  // another process holds it: wait for its value
+  kError = 3,        // the tier did not answer: encode without a lease
+};
+
+// How a caller waits for a key another process holds the lease on. Polling
+// with exponential backoff from `poll_initial` to `poll_max`, for at most
+// `wait` (then the caller encodes itself). Durations, not time points: no
+// clock is compared across hosts.
+struct LeaseWaitPolicy {
+  bool single_flight = true;  // false: never take or wait on a lease
+  std::chrono::milliseconds wait{5000};
+  std::chrono::milliseconds poll_initial{2};
+  std::chrono::milliseconds poll_max{50};
+  int lookup_threads = 4;  // threads doing the blocking Get / TryLease calls
+};
+
+// Counters since start (monotonic) and the tier's state now.
+struct SharedTierStats {
+  bool degraded = false;          // now: the last operation on some shard failed
+  std::uint64_t gets = 0;         // Get calls
+  std::uint64_t hits = 0;         // Gets that returned a valid value
+  std::uint64_t misses = 0;       // Gets that found no value
+  std::uint64_t corrupt = 0;      // values rejected (header, checksum, key); also misses
+  std::uint64_t writes = 0;       // values written
+  std::uint64_t write_bytes = 0;  // their encoded bytes
+  std::uint64_t write_drops = 0;  // writes dropped: queue full or the tier failed
+  std::uint64_t leases_acquired = 0;
+  std::uint64_t leases_released = 0;  // compare-and-delete that found our lease
+  // Filled by the caller's wait loop (WorkerLoop), not by the tier:
+  std::uint64_t lease_waits = 0;          // items that waited for another holder
+  std::uint64_t lease_wait_hits = 0;      // ... and got its value
+  std::uint64_t lease_takeovers = 0;      // ... and took the lease after it lapsed
+  std::uint64_t lease_wait_timeouts = 0;  // ... and gave up after LeaseWaitPolicy::wait
+  // Failed operations by kind: "connect", "timeout", "io", "oom", "auth",
+  // "reply" (any other error reply), "down" (skipped while reconnecting).
+  std::map<std::string, std::uint64_t> errors;
+};
+
+class SharedTier {
+ public:
+  virtual ~SharedTier() = default;
+
+  // The value stored for `key`: a host Embedding, or nullptr for a miss (a
+  // rejected value is a miss too, counted in `corrupt`). kUnavailable /
+  // kDeadlineExceeded when the tier did not answer in time. Blocks up to the
+  // tier's timeout.
+  virtual StatusOr<EmbeddingPtr> Get(const ContentKey& key) = 0;
+  // Tries to take the cluster-wide lease on `key` (see LeaseResult). Blocks
+  // up to the tier's timeout.
+  virtual LeaseResult TryLease(const ContentKey& key) = 0;
+  // Queues a write of `embedding` under `key` (host bytes are read on the
+  // writer's thread: ToHost), then the release of this process's lease on it,
+  // if held. Never blocks; dropped and counted when the queue is full.
+  virtual void PutAsync(const ContentKey& key, EmbeddingPtr embedding) = 0;
+  // Queues the release of this process's lease on `key`, if held (e.g. the
+  // encode failed). Never blocks.
+  virtual void ReleaseAsync(const ContentKey& key) = 0;
+
+  virtual LeaseWaitPolicy wait_policy() const = 0;
+  virtual SharedTierStats Stats() const = 0;
+  // "redis://host:port,..." without credentials, for logs.
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace epd
