@@ -88,8 +88,11 @@ void SharedTierLookup::Loop() {
       continue;
     }
     // A stopping lookup is due at once: it only ends.
-    if (!stopping_ && queue_.top().due > Clock::now()) {
-      cv_.wait_until(lock, queue_.top().due);
+    // `due` is a copy: wait_until keeps reading its time point while the
+    // lock is released, and a Submit meanwhile may grow the queue's vector
+    // and free the element a reference would point into (found by ASan).
+    if (const Clock::time_point due = queue_.top().due; !stopping_ && due > Clock::now()) {
+      cv_.wait_until(lock, due);
       continue;
     }
     Task t = queue_.top();
