@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 PY ?= /usr/bin/python3
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench asan tsan fuzz cuda clean format
+.PHONY: all deps configure build demo test bench asan tsan fuzz cuda clean format lint
 
 all: build
 
@@ -21,7 +21,10 @@ configure: $(BUILD)/CMakeCache.txt
 build: deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# Builds only what the demo runs: the CLI and the default model it loads
+# (its dependencies), not the tests, fuzz replays and benchmarks.
+demo: deps configure
+	cmake --build $(BUILD) -j $(JOBS) --target epd-encode
 	scripts/demo.sh $(BUILD)
 
 test: build
@@ -73,6 +76,17 @@ fuzz:
 	  -DEPD_WITH_PYTHON=OFF -DEPD_BUILD_BENCH=OFF
 	cmake --build build-fuzz -j $(JOBS) --target fuzzers
 	scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+# Formats every C/C++ source with .clang-format (scripts/format.sh); `make
+# test` fails on a file this would change (ctest format_check).
+format:
+	@scripts/install-deps.sh build
+	scripts/format.sh
+
+# clang-tidy with the checked-in .clang-tidy over the project's C++ sources,
+# from the build's compile_commands.json (scripts/lint.sh).
+lint: build
+	scripts/lint.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan build-fuzz
