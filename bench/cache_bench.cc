@@ -524,8 +524,7 @@ void BM_EpdPutEvict(benchmark::State& state) {
     if (++i == keys.size()) i = 0;
   }
   state.SetItemsProcessed(state.iterations());
-  state.counters["evictions_per_put"] =
-      static_cast<double>(c.evictions()) / static_cast<double>(state.iterations());
+  state.counters["evictions_per_put"] = static_cast<double>(c.evictions()) / static_cast<double>(state.iterations());
 }
 
 // ---------------------------------------------------------------------------
@@ -698,9 +697,8 @@ void BM_Stream(benchmark::State& state, StreamKind kind) {
   state.SetItemsProcessed(state.iterations());
   state.counters["hits"] = static_cast<double>(hits);
   state.counters["lookups"] = static_cast<double>(state.iterations());
-  state.counters["hit_ratio"] =
-      benchmark::Counter(static_cast<double>(hits) / static_cast<double>(state.iterations()),
-                         benchmark::Counter::kAvgThreads);
+  state.counters["hit_ratio"] = benchmark::Counter(static_cast<double>(hits) / static_cast<double>(state.iterations()),
+                                                   benchmark::Counter::kAvgThreads);
   if (state.thread_index() == 0) {
     state.counters["failed_inserts"] = static_cast<double>(FailedInserts(*c));
     delete c;
@@ -712,9 +710,7 @@ void BM_Stream(benchmark::State& state, StreamKind kind) {
 template <class C>
 void RegisterPeer() {
   const std::string name = C::kName;
-  benchmark::RegisterBenchmark(("hit/" + name).c_str(), BM_GetHit<C>)
-      ->Arg(kResident)
-      ->Iterations(kHitTimedOps);
+  benchmark::RegisterBenchmark(("hit/" + name).c_str(), BM_GetHit<C>)->Arg(kResident)->Iterations(kHitTimedOps);
   benchmark::RegisterBenchmark(("hit/" + name).c_str(), BM_GetHit<C>)->Arg(kHot)->MinTime(0.3);
   for (int k = 0; k < 3; ++k) {
     const auto kind = static_cast<StreamKind>(k);
@@ -740,10 +736,12 @@ void RegisterAll() {
   benchmark::RegisterBenchmark("floor/ws_1e4", [](benchmark::State& s) {
     PointerChase(s, EpdWorkingSetBytes(kHot));
   })->MinTime(0.3);
-  benchmark::RegisterBenchmark("floor/64MiB", [](benchmark::State& s) { PointerChase(s, 64 << 20); })
-      ->Iterations(kHitTimedOps);
-  benchmark::RegisterBenchmark("floor/256MiB", [](benchmark::State& s) { PointerChase(s, 256 << 20); })
-      ->Iterations(kHitTimedOps);
+  benchmark::RegisterBenchmark("floor/64MiB", [](benchmark::State& s) {
+    PointerChase(s, 64 << 20);
+  })->Iterations(kHitTimedOps);
+  benchmark::RegisterBenchmark("floor/256MiB", [](benchmark::State& s) {
+    PointerChase(s, 256 << 20);
+  })->Iterations(kHitTimedOps);
   benchmark::RegisterBenchmark("concurrent_hit/epd_sharded16", BM_ConcurrentGetHit)
       ->Iterations(kHitTimedOps / 2)
       ->Threads(1)
@@ -773,8 +771,8 @@ void RegisterAll() {
 int DumpStreams(const std::string& dir) {
   std::string meta = "{\n  \"universe\": " + std::to_string(kUniverse) +
                      ",\n  \"capacity_entries\": " + std::to_string(kStreamCapacity) +
-                     ",\n  \"charge\": " + std::to_string(kCharge) + ",\n  \"length\": " +
-                     std::to_string(kStreamLen) + ",\n  \"warm\": " + std::to_string(kStreamWarm) +
+                     ",\n  \"charge\": " + std::to_string(kCharge) + ",\n  \"length\": " + std::to_string(kStreamLen) +
+                     ",\n  \"warm\": " + std::to_string(kStreamWarm) +
                      ",\n  \"format\": \"little-endian uint32 ranks, 1-based\",\n  \"streams\": {";
   for (int k = 0; k < 3; ++k) {
     const std::vector<std::uint32_t> ranks = MakeRanks(static_cast<StreamKind>(k));

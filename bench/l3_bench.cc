@@ -46,12 +46,12 @@
 #include <thread>
 #include <vector>
 
-#include "epd/media/content_key.h"
 #include "epd/core/embedding.h"
 #include "epd/core/embedding_cache.h"
+#include "epd/core/shared_tier.h"
 #include "epd/l3/l3_value.h"
 #include "epd/l3/redis_tier.h"
-#include "epd/core/shared_tier.h"
+#include "epd/media/content_key.h"
 #include "testing/redis_server.h"
 
 namespace epd {

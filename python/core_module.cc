@@ -345,8 +345,8 @@ PYBIND11_MODULE(_core, m) {
                                                   ToCacheBytes(l2, "capacity_bytes"), WrapCopy(to_host, cpu),
                                                   WrapCopy(to_device, to));
            }),
-           py::arg("l1_capacity_bytes"), py::arg("l2_capacity_bytes"), py::kw_only(),
-           py::arg("device") = py::none(), py::arg("to_host") = py::none(), py::arg("to_device") = py::none())
+           py::arg("l1_capacity_bytes"), py::arg("l2_capacity_bytes"), py::kw_only(), py::arg("device") = py::none(),
+           py::arg("to_host") = py::none(), py::arg("to_device") = py::none())
       .def("get", &PyTieredRef::Get, py::arg("key"))
       .def("put", &PyTieredRef::Put, py::arg("key"), py::arg("value"), py::arg("nbytes"))
       .def("__contains__", &PyTieredRef::Contains)
@@ -368,14 +368,14 @@ PYBIND11_MODULE(_core, m) {
   py::class_<PendingEncodeItem>(m, "PendingEncodeItem",
                                 "One vision item awaiting encode (frozen). cost is its vision-token count.")
       .def(py::init([](std::string request_id, const py::object& item_index, const py::object& cost) {
-             return PendingEncodeItem{std::move(request_id), ToInt64(item_index, "item_index"),
-                                      ToInt64(cost, "cost")};
+             return PendingEncodeItem{std::move(request_id), ToInt64(item_index, "item_index"), ToInt64(cost, "cost")};
            }),
            py::arg("request_id"), py::arg("item_index"), py::arg("cost"))
       .def_readonly("request_id", &PendingEncodeItem::request_id)
       .def_readonly("item_index", &PendingEncodeItem::item_index)
       .def_readonly("cost", &PendingEncodeItem::cost)
-      .def_property_readonly("key", [](const PendingEncodeItem& it) { return py::make_tuple(it.request_id, it.item_index); })
+      .def_property_readonly("key",
+                             [](const PendingEncodeItem& it) { return py::make_tuple(it.request_id, it.item_index); })
       .def("__eq__",
            [](const PendingEncodeItem& a, const py::object& b) -> py::object {
              if (!py::isinstance<PendingEncodeItem>(b)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
@@ -396,8 +396,7 @@ PYBIND11_MODULE(_core, m) {
              return std::make_unique<EncodeScheduler>(ToInt64(max_tokens, "max_tokens_per_batch"),
                                                       ToInt64(max_items, "max_items_per_batch"), ParseOrder(order));
            }),
-           py::arg("max_tokens_per_batch"), py::arg("max_items_per_batch"), py::kw_only(),
-           py::arg("order") = "by_key")
+           py::arg("max_tokens_per_batch"), py::arg("max_items_per_batch"), py::kw_only(), py::arg("order") = "by_key")
       .def("add", &EncodeScheduler::Add, py::arg("item"), "Add, or overwrite the item under the same key.")
       .def("pending_size", &EncodeScheduler::pending_size)
       .def("next_batch", &EncodeScheduler::NextBatch,
@@ -410,7 +409,6 @@ PYBIND11_MODULE(_core, m) {
           py::arg("request_id"), py::arg("item_index"))
       .def_property_readonly("max_tokens_per_batch", &EncodeScheduler::max_tokens_per_batch)
       .def_property_readonly("max_items_per_batch", &EncodeScheduler::max_items_per_batch)
-      .def_property_readonly("order", [](const EncodeScheduler& s) {
-        return s.order() == ScheduleOrder::kByKey ? "by_key" : "fifo";
-      });
+      .def_property_readonly(
+          "order", [](const EncodeScheduler& s) { return s.order() == ScheduleOrder::kByKey ? "by_key" : "fifo"; });
 }

@@ -7,20 +7,20 @@
 //
 // Exit codes: 0 no call failed; 1 setup failed or a usage error; 3 some
 // calls failed.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <turbojpeg.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fmt/format.h>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 #include <thread>
 
 #include "cli_util.h"
@@ -111,8 +111,7 @@ double RssMb(int pid) {
 int RunBench(const BenchFlags& f) {
   TuneMalloc(MallocUse::kMessages);
   if (!IsLoopback(f.server)) {
-    Fail(1, "bench-server only loads servers on loopback (127.0.0.0/8, localhost, ::1, unix:/path); got " +
-                f.server);
+    Fail(1, "bench-server only loads servers on loopback (127.0.0.0/8, localhost, ::1, unix:/path); got " + f.server);
   }
   std::vector<std::string> images;
   if (!f.images.empty()) {
@@ -166,7 +165,8 @@ int RunBench(const BenchFlags& f) {
   // Image choice: uniform (zipf 0) or Zipf(s) over the image list.
   std::vector<double> cdf(images.size());
   double total = 0;
-  for (std::size_t r = 0; r < images.size(); ++r) cdf[r] = (total += 1.0 / std::pow(static_cast<double>(r + 1), f.zipf));
+  for (std::size_t r = 0; r < images.size(); ++r)
+    cdf[r] = (total += 1.0 / std::pow(static_cast<double>(r + 1), f.zipf));
   for (double& c : cdf) c /= total;
 
   struct PerThread {
@@ -203,7 +203,8 @@ int RunBench(const BenchFlags& f) {
         Clock::time_point scheduled = Clock::now();
         if (f.rate > 0) {
           const std::uint64_t k = ticket.fetch_add(1);
-          scheduled = start + std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(k) * 1e9 / f.rate));
+          scheduled =
+              start + std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(k) * 1e9 / f.rate));
           if (scheduled >= end) break;
           std::this_thread::sleep_until(scheduled);
         } else if (scheduled >= end) {
@@ -219,8 +220,8 @@ int RunBench(const BenchFlags& f) {
         if (r.status.ok()) {
           const ClientItemResult& item = r.items[0];
           const std::byte* rows = item.shm != nullptr ? item.shm->main() : item.embedding->main.data();
-          const std::size_t n = item.shm != nullptr ? item.shm->main_bytes() + item.shm->deepstack_bytes()
-                                                    : item.embedding->main.size();
+          const std::size_t n =
+              item.shm != nullptr ? item.shm->main_bytes() + item.shm->deepstack_bytes() : item.embedding->main.size();
           float sum = 0;
           for (std::size_t b = 0; b + sizeof(float) <= n; b += 64) {
             float v;
@@ -269,15 +270,25 @@ int RunBench(const BenchFlags& f) {
   const double p50 = Percentile(lat, 0.50), p90 = Percentile(lat, 0.90), p99 = Percentile(lat, 0.99);
   const double max = lat.empty() ? 0 : lat.back();
   if (f.json) {
-    nlohmann::json j = {{"server", f.server},        {"mode", f.rate > 0 ? "open" : "closed"},
-                        {"rate", f.rate},            {"concurrency", f.concurrency}, {"connections", n_conn},
-                        {"duration_s", wall_s},      {"requests", n},
-                        {"errors", n_errors},        {"error_codes", errors},
-                        {"sources", sources},        {"req_per_s", static_cast<double>(n) / wall_s},
-                        {"p50_ms", p50},             {"p90_ms", p90},
-                        {"p99_ms", p99},             {"max_ms", max},
-                        {"images", images.size()},   {"image_bytes", images.empty() ? 0 : images[0].size()},
-                        {"delivery", f.shm ? "shm" : "inline"}, {"route_by_key", f.route_by_key},
+    nlohmann::json j = {{"server", f.server},
+                        {"mode", f.rate > 0 ? "open" : "closed"},
+                        {"rate", f.rate},
+                        {"concurrency", f.concurrency},
+                        {"connections", n_conn},
+                        {"duration_s", wall_s},
+                        {"requests", n},
+                        {"errors", n_errors},
+                        {"error_codes", errors},
+                        {"sources", sources},
+                        {"req_per_s", static_cast<double>(n) / wall_s},
+                        {"p50_ms", p50},
+                        {"p90_ms", p90},
+                        {"p99_ms", p99},
+                        {"max_ms", max},
+                        {"images", images.size()},
+                        {"image_bytes", images.empty() ? 0 : images[0].size()},
+                        {"delivery", f.shm ? "shm" : "inline"},
+                        {"route_by_key", f.route_by_key},
                         {"replies_by_shm", by_shm},
                         {"checksum", checksum}};
     if (f.server_pid > 0) j["server_rss_mb"] = {{"start", rss_start}, {"max", rss_max}, {"end", rss_end}};
@@ -307,21 +318,29 @@ void RegisterBenchServerCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench-server", "load a server on loopback for a bounded time");
   cmd->add_option("--server", f->server, "HOST:PORT on loopback, or unix:/path")->required();
   cmd->add_option("--concurrency", f->concurrency, "callers (closed loop) or in-flight cap (open loop)")
-      ->capture_default_str()->check(Integer(1, 4096));
-  cmd->add_option("--duration-s", f->duration_s, "how long to send, seconds")->capture_default_str()
+      ->capture_default_str()
+      ->check(Integer(1, 4096));
+  cmd->add_option("--duration-s", f->duration_s, "how long to send, seconds")
+      ->capture_default_str()
       ->check(Number(0.1, 3600, "s"));
   auto* images = cmd->add_option("--images", f->images, "directory of JPEG/PNG files to send");
   cmd->add_option("--synthetic", f->synthetic, "without --images: this many generated JPEGs")
-      ->capture_default_str()->check(Integer(1, 100000))->excludes(images);
+      ->capture_default_str()
+      ->check(Integer(1, 100000))
+      ->excludes(images);
   cmd->add_option("--image-size", f->image_size, "side of the generated square JPEGs, pixels")
-      ->capture_default_str()->check(Integer(28, 4096));
+      ->capture_default_str()
+      ->check(Integer(28, 4096));
   cmd->add_flag("--hit-only", f->hit_only, "encode every image once first, so measured requests are cache hits");
   cmd->add_option("--rate", f->rate, "open loop: requests/s on a fixed schedule (0 = closed loop)")
-      ->capture_default_str()->check(Number(0, 1e6, "requests/s"));
+      ->capture_default_str()
+      ->check(Number(0, 1e6, "requests/s"));
   cmd->add_option("--zipf", f->zipf, "image popularity: Zipf exponent s over the image list (0 = uniform)")
-      ->capture_default_str()->check(Number(0, 10));
+      ->capture_default_str()
+      ->check(Number(0, 10));
   cmd->add_option("--seed", f->seed, "image choice seed")->capture_default_str();
-  cmd->add_option("--timeout-s", f->timeout_s, "deadline of each call, seconds")->capture_default_str()
+  cmd->add_option("--timeout-s", f->timeout_s, "deadline of each call, seconds")
+      ->capture_default_str()
       ->check(Number(0, 1e6, "s", /*lo_open=*/true));
   cmd->add_option("--server-pid", f->server_pid, "sample this process's RSS during the run (same machine)")
       ->check(Integer(1));

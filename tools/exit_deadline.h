@@ -46,7 +46,7 @@ class ExitDeadline {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;  // guarded by mu_
+  bool done_ = false;    // guarded by mu_
   std::thread watcher_;  // last: starts after the members it reads
 };
 

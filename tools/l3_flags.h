@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "epd/worker/encode_worker.h"
 #include "epd/core/status.h"
+#include "epd/worker/encode_worker.h"
 
 namespace epd::cli {
 

@@ -12,6 +12,8 @@
 //
 // Exit codes: 0 all items encoded; 1 usage or setup error (bad trace, missing
 // image, tower load failure); 3 the replay ran but some items failed.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,21 +21,19 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fmt/format.h>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <spdlog/spdlog.h>
 #include <sstream>
 #include <thread>
 
 #include "cli_util.h"
 #include "commands.h"
-#include "flag_checks.h"
 #include "epd/worker/safetensors.h"
-#include "replay_manifest.h"
 #include "epd/worker/worker_loop.h"
+#include "flag_checks.h"
+#include "replay_manifest.h"
 #include "trace.h"
 #include "worker_flags.h"
 
@@ -83,8 +83,7 @@ class ProgressBar {
     const std::int64_t d = done_.load();
     const int filled = total_ == 0 ? kWidth : static_cast<int>(kWidth * d / total_);
     std::fprintf(stderr, "\rreplay [%s%s] %lld/%lld requests", std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, '.').c_str(), static_cast<long long>(d),
-                 static_cast<long long>(total_));
+                 std::string(kWidth - filled, '.').c_str(), static_cast<long long>(d), static_cast<long long>(total_));
     std::fflush(stderr);
   }
 
@@ -158,8 +157,8 @@ int RunReplay(const ReplayFlags& f) {
   for (std::size_t i = 0; i < n; ++i) {
     const TraceRequest& t = (*trace)[i];
     if (f.realtime) {
-      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
-                                                std::chrono::duration<double, std::milli>(t.arrival_ms)));
+      std::this_thread::sleep_until(
+          start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(t.arrival_ms)));
     }
     EncodeRequest req{t.id, {}};
     const std::vector<std::string> paths = t.paths();
@@ -229,9 +228,9 @@ int RunReplay(const ReplayFlags& f) {
   if (!f.out.empty()) {
     std::vector<KeyedEmbedding> out;
     for (auto& [key, e] : embeddings) out.push_back({key, e});
-    Status w = WriteEmbeddingsSafetensors(f.out, out,
-                                          {{"producer", "epd-encode replay"}, {"model_id", model_id},
-                                           {"embeddings", std::to_string(out.size())}});
+    Status w = WriteEmbeddingsSafetensors(
+        f.out, out,
+        {{"producer", "epd-encode replay"}, {"model_id", model_id}, {"embeddings", std::to_string(out.size())}});
     if (!w.ok()) return Fail(w.ToString());
     // Which tensor is whose image: (request, item, media) -> key and grid.
     Status m = WriteReplayManifest(ManifestPathFor(f.out), *trace, results, f.out);
@@ -332,18 +331,20 @@ void RegisterReplayCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "replay", "Replay a trace of image requests through the encode worker and summarise (docs/REPLAY.md)");
   AddWorkerFlags(*cmd, f->worker);
-  CLI::Option* trace = cmd->add_option("--trace", f->trace, "JSON Lines trace, one request per line")
-                           ->check(CLI::ExistingFile);
+  CLI::Option* trace =
+      cmd->add_option("--trace", f->trace, "JSON Lines trace, one request per line")->check(CLI::ExistingFile);
   cmd->add_option("--images", f->images, "image directory: trace paths are relative to it; --generate draws from it")
       ->check(CLI::ExistingDirectory);
   CLI::Option* gen = cmd->add_option("--generate", f->generate, "generate N requests over the images in --images")
                          ->check(Integer(1, 10'000'000));
   trace->excludes(gen);
   cmd->add_option("--zipf", f->zipf, "Zipf exponent of image popularity (0 = uniform)")
-      ->capture_default_str()->check(NonNegative());
+      ->capture_default_str()
+      ->check(NonNegative());
   cmd->add_option("--seed", f->seed, "generator seed")->capture_default_str();
   cmd->add_option("--rate", f->rate, "generated arrival rate, requests/s (matters with --realtime)")
-      ->capture_default_str()->check(Positive("requests/s"));
+      ->capture_default_str()
+      ->check(Positive("requests/s"));
   cmd->add_option("--write-trace", f->write_trace, "also write the (generated) trace as JSON Lines");
   CLI::Option* rt = cmd->add_flag("--realtime", f->realtime, "submit each request at its arrival_ms");
   CLI::Option* fast =

@@ -27,8 +27,8 @@
 #include <span>
 #include <string>
 
-#include "epd/worker/encode_worker.h"
 #include "epd/core/status.h"
+#include "epd/worker/encode_worker.h"
 #include "trace.h"
 
 namespace epd::cli {

@@ -31,7 +31,8 @@ TEST(ReplayManifestTest, OneLinePerItemNamingKeyGridAndFile) {
   const std::vector<TraceRequest> trace = {{"r1", 0, {"a.png", "b.png"}, {}}, {"r2", 5, {"a.png"}, {}}};
   std::vector<RequestResult> results(2);
   results[0].id = "r1";
-  results[0].items = {Served(0, 0xaa, {1, 4, 6}, 6, ItemSource::kMiss), Served(1, 0xbb, {2, 2, 2}, 2, ItemSource::kMiss)};
+  results[0].items = {Served(0, 0xaa, {1, 4, 6}, 6, ItemSource::kMiss),
+                      Served(1, 0xbb, {2, 2, 2}, 2, ItemSource::kMiss)};
   results[1].id = "r2";
   results[1].items = {Served(0, 0xaa, {1, 4, 6}, 6, ItemSource::kL1)};
   const std::string a(64, 'a'), b(64, 'b');
@@ -39,10 +40,11 @@ TEST(ReplayManifestTest, OneLinePerItemNamingKeyGridAndFile) {
   const std::string want =
       "{\"request\":\"r1\",\"item\":0,\"media\":\"a.png\",\"key\":\"" + a +
       "\",\"grid_thw\":[1,4,6],\"tokens\":6,\"source\":\"miss\",\"file\":\"out/emb.safetensors\"}\n"
-      "{\"request\":\"r1\",\"item\":1,\"media\":\"b.png\",\"key\":\"" + b +
+      "{\"request\":\"r1\",\"item\":1,\"media\":\"b.png\",\"key\":\"" +
+      b +
       "\",\"grid_thw\":[2,2,2],\"tokens\":2,\"source\":\"miss\",\"file\":\"out/emb.safetensors\"}\n"
-      "{\"request\":\"r2\",\"item\":0,\"media\":\"a.png\",\"key\":\"" + a +
-      "\",\"grid_thw\":[1,4,6],\"tokens\":6,\"source\":\"l1\",\"file\":\"out/emb.safetensors\"}\n";
+      "{\"request\":\"r2\",\"item\":0,\"media\":\"a.png\",\"key\":\"" +
+      a + "\",\"grid_thw\":[1,4,6],\"tokens\":6,\"source\":\"l1\",\"file\":\"out/emb.safetensors\"}\n";
   EXPECT_EQ(ReplayManifestJsonLines(trace, results, "out/emb.safetensors"), want);
 }
 
@@ -53,20 +55,20 @@ TEST(ReplayManifestTest, FailedItemsCarryTheirErrorAndAKeyOnlyWhenDerived) {
   results[0].items[0].index = 0;
   results[0].items[0].key = Key(0x01);
   results[0].items[0].status = InvalidArgument("item 0: not an image");
-  results[0].items[1] = Served(1, 0x02, {}, 3, ItemSource::kMiss);  // grid unknown: no grid_thw
+  results[0].items[1] = Served(1, 0x02, {}, 3, ItemSource::kMiss);                   // grid unknown: no grid_thw
   results[1].status = Status(StatusCode::kCancelled, "request 'r2' was cancelled");  // no items delivered
   const std::string text = ReplayManifestJsonLines(trace, results, "e.safetensors");
   std::string key01;
   for (int i = 0; i < 32; ++i) key01 += "01";
   std::string key02;
   for (int i = 0; i < 32; ++i) key02 += "02";
-  EXPECT_EQ(text,
-            "{\"request\":\"r1\",\"item\":0,\"media\":\"bad.png\",\"key\":\"" + key01 +
-                "\",\"error\":\"INVALID_ARGUMENT: item 0: not an image\"}\n"
-                "{\"request\":\"r1\",\"item\":1,\"media\":\"ok.png\",\"key\":\"" + key02 +
-                "\",\"tokens\":3,\"source\":\"miss\",\"file\":\"e.safetensors\"}\n"
-                "{\"request\":\"r2\",\"item\":0,\"media\":\"c.png\",\"error\":\"CANCELLED: request 'r2' was "
-                "cancelled\"}\n");
+  EXPECT_EQ(text, "{\"request\":\"r1\",\"item\":0,\"media\":\"bad.png\",\"key\":\"" + key01 +
+                      "\",\"error\":\"INVALID_ARGUMENT: item 0: not an image\"}\n"
+                      "{\"request\":\"r1\",\"item\":1,\"media\":\"ok.png\",\"key\":\"" +
+                      key02 +
+                      "\",\"tokens\":3,\"source\":\"miss\",\"file\":\"e.safetensors\"}\n"
+                      "{\"request\":\"r2\",\"item\":0,\"media\":\"c.png\",\"error\":\"CANCELLED: request 'r2' was "
+                      "cancelled\"}\n");
 }
 
 TEST(ReplayManifestTest, ManifestSitsBesideTheOutputFile) {

@@ -37,13 +37,12 @@ Status ReadToken(const std::string& path, std::string& out) {
 }  // namespace
 
 void AddServerSecurityFlags(CLI::App& cmd, ServerSecurityFlags& f) {
-  auto* cert = cmd.add_option("--tls-cert", f.tls_cert, "serve TLS with this PEM certificate (chain)")
-                   ->check(CLI::ExistingFile);
+  auto* cert =
+      cmd.add_option("--tls-cert", f.tls_cert, "serve TLS with this PEM certificate (chain)")->check(CLI::ExistingFile);
   auto* key = cmd.add_option("--tls-key", f.tls_key, "the PEM private key of --tls-cert")->check(CLI::ExistingFile);
   cert->needs(key);
   key->needs(cert);
-  cmd.add_option("--tls-client-ca", f.tls_client_ca,
-                 "mutual TLS: require client certificates signed by this PEM CA")
+  cmd.add_option("--tls-client-ca", f.tls_client_ca, "mutual TLS: require client certificates signed by this PEM CA")
       ->check(CLI::ExistingFile)
       ->needs(cert);
   cmd.add_option("--auth-token-file", f.auth_token_file,
@@ -62,8 +61,8 @@ void AddClientSecurityFlags(CLI::App& cmd, ClientSecurityFlags& f) {
   cmd.add_flag("--tls", f.tls, "connect with TLS (implied by --tls-ca and --tls-cert)");
   cmd.add_option("--tls-ca", f.tls_ca, "PEM CA the server's certificate must chain to [system trust store]")
       ->check(CLI::ExistingFile);
-  auto* cert = cmd.add_option("--tls-cert", f.tls_cert, "mutual TLS: this client's PEM certificate")
-                   ->check(CLI::ExistingFile);
+  auto* cert =
+      cmd.add_option("--tls-cert", f.tls_cert, "mutual TLS: this client's PEM certificate")->check(CLI::ExistingFile);
   auto* key = cmd.add_option("--tls-key", f.tls_key, "the PEM private key of --tls-cert")->check(CLI::ExistingFile);
   cert->needs(key);
   key->needs(cert);

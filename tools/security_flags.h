@@ -10,8 +10,8 @@
 #include <string>
 
 #include "epd/client/client.h"
-#include "epd/server/server.h"
 #include "epd/core/status.h"
+#include "epd/server/server.h"
 
 namespace epd::cli {
 

@@ -9,7 +9,8 @@
 //   client        encodes image and video files (a video is recognised by
 //                 its container's magic bytes, MP4/MOV, WebM/Matroska, AVI,
 //                 or forced with --video); one stdout line per item:
-//                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|l3|miss|joined> ms=<server ms> server=<id> delivery=<inline|shm|cuda_ipc>
+//                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|l3|miss|joined> ms=<server ms> server=<id>
+//                   delivery=<inline|shm|cuda_ipc>
 //                 an item that came by CUDA IPC (--cuda-ipc) adds
 //                   device=<the server's exporting device> bytes=<main + deepstack> dtype=<d> deepstack_layers=<n>
 //                 and for a video also grid=<t>x<h>x<w> frames=<n> seconds_per_grid_t=<s>
@@ -23,25 +24,24 @@
 //
 // Exit codes: 0 success; 1 a call or item failed (client), setup failed, or
 // a usage error (main.cc maps every CLI11 parse error to 1).
+#include <fmt/format.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fmt/format.h>
 #include <map>
-#include <spdlog/spdlog.h>
 
 #include "cli_util.h"
 #include "commands.h"
+#include "epd/client/client.h"
+#include "epd/gpu/device.h"
+#include "epd/server/server.h"
+#include "epd/worker/safetensors.h"
 #include "exit_deadline.h"
 #include "flag_checks.h"
 #include "security_flags.h"
-#include "epd/client/client.h"
-#include "epd/gpu/device.h"
-#include "epd/worker/safetensors.h"
-#include "epd/server/server.h"
-#include "flag_checks.h"
 #include "worker_flags.h"
 #ifdef EPD_CLIENT_WITH_CUDA
 #include "epd/gpu_cuda/cuda_device.h"
@@ -116,8 +116,9 @@ int RunServe(const ServeFlags& f) {
   if (f.ipc_export_mb > 0) {
     // CUDA IPC exports device-resident rows: only the GPU tier has them.
     if (parts->device == nullptr) {
-      Fail(1, "--ipc-export-mb needs the GPU tier (--device cuda in a build with EPD_WITH_CUDA); "
-              "this server keeps its rows in host memory");
+      Fail(1,
+           "--ipc-export-mb needs the GPU tier (--device cuda in a build with EPD_WITH_CUDA); "
+           "this server keeps its rows in host memory");
     }
     so.ipc_device = parts->device;
     so.ipc_export_bytes = static_cast<std::int64_t>(f.ipc_export_mb * (1 << 20));
@@ -141,9 +142,9 @@ int RunServe(const ServeFlags& f) {
                so.shm_arena_bytes > 0 ? fmt::format("{:.0f} MiB arena, {} ms leases", f.shm_arena_mb, f.shm_lease_ms)
                                       : std::string("off"),
                so.ipc_export_bytes > 0 ? fmt::format("{:.0f} MiB of exports", f.ipc_export_mb) : std::string("off"),
-               (*server)->metrics_port() < 0 ? std::string("off")
-                                            : fmt::format("http://{}:{}/metrics", so.metrics_address,
-                                                          (*server)->metrics_port()));
+               (*server)->metrics_port() < 0
+                   ? std::string("off")
+                   : fmt::format("http://{}:{}/metrics", so.metrics_address, (*server)->metrics_port()));
   std::printf("READY port=%d metrics_port=%d server_id=%s\n", (*server)->port(), (*server)->metrics_port(),
               (*server)->server_id().c_str());
   std::fflush(stdout);
@@ -376,59 +377,76 @@ void RegisterServerCommands(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("serve", "run the gRPC encode server until SIGTERM/SIGINT");
     AddWorkerFlags(*cmd, f->worker);
     cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
-    cmd->add_option("--port", f->port, "gRPC port, 0 = any free port (printed)")->capture_default_str()
+    cmd->add_option("--port", f->port, "gRPC port, 0 = any free port (printed)")
+        ->capture_default_str()
         ->check(Integer(0, 65535));
     cmd->add_option("--metrics-port", f->metrics_port, "Prometheus /metrics port, -1 = off, 0 = any free port")
-        ->capture_default_str()->check(Integer(-1, 65535));
+        ->capture_default_str()
+        ->check(Integer(-1, 65535));
     cmd->add_option("--metrics-host", f->metrics_host, "address the metrics endpoint listens on")
         ->capture_default_str();
     cmd->add_option("--server-id", f->server_id, "name reported in every item [<hostname>:<port>]");
     cmd->add_option("--max-queue", f->max_queue,
                     "most images queued for the tower; requests past it get RESOURCE_EXHAUSTED (0 = unbounded)")
-        ->capture_default_str()->check(Integer(0));
+        ->capture_default_str()
+        ->check(Integer(0));
     cmd->add_option("--grace-s", f->grace_s, "on SIGTERM/SIGINT, seconds calls in flight get to finish")
-        ->capture_default_str()->check(Number(0, 86400, "s"));
+        ->capture_default_str()
+        ->check(Number(0, 86400, "s"));
     cmd->add_option("--keepalive-s", f->keepalive_s,
                     "seconds without activity on a connection with a call open before the server pings the "
                     "client; 0 = gRPC's default (2 hours)")
-        ->capture_default_str()->check(ZeroOrNumber(0.001, 86400, "s"));
+        ->capture_default_str()
+        ->check(ZeroOrNumber(0.001, 86400, "s"));
     cmd->add_option("--keepalive-timeout-s", f->keepalive_timeout_s,
                     "seconds a ping may go unanswered before the server drops the connection, its calls and "
                     "lease sessions; 0 = gRPC's default (20 s)")
-        ->capture_default_str()->check(ZeroOrNumber(0.001, 86400, "s"));
+        ->capture_default_str()
+        ->check(ZeroOrNumber(0.001, 86400, "s"));
     cmd->add_option("--max-items-per-request", f->max_items_per_request, "most images in one request")
-        ->capture_default_str()->check(Integer(1));
-    cmd->add_option("--max-request-mb", f->max_request_mb, "largest request message, MB")->capture_default_str()
+        ->capture_default_str()
+        ->check(Integer(1));
+    cmd->add_option("--max-request-mb", f->max_request_mb, "largest request message, MB")
+        ->capture_default_str()
         ->check(Number(0.001, 2047, "MB"));
     cmd->add_option("--max-buffered-mb", f->max_buffered_mb,
                     "result bytes waiting for slow clients above which no new tower batch starts, MB")
-        ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
-    cmd->add_option("--max-rpc-threads", f->max_rpc_threads, "most handler threads of the sync methods (Health, Stats, Release); Encode calls hold none")
-        ->capture_default_str()->check(Integer(2, 100000));
+        ->capture_default_str()
+        ->check(Number(0.001, 1e9, "MB"));
+    cmd->add_option("--max-rpc-threads", f->max_rpc_threads,
+                    "most handler threads of the sync methods (Health, Stats, Release); Encode calls hold none")
+        ->capture_default_str()
+        ->check(Integer(2, 100000));
     cmd->add_option("--listen", f->listen,
                     "also listen here: unix:/path (a Unix domain socket, for clients on this host) or host:port; "
                     "repeatable");
     cmd->add_option("--shm-arena-mb", f->shm_arena_mb,
                     "shared-memory arena for clients on this host that ask for it (docs/SHM.md), MiB; 0 = off")
-        ->capture_default_str()->check(Number(0, 1 << 20, "MiB"));
+        ->capture_default_str()
+        ->check(Number(0, 1 << 20, "MiB"));
     cmd->add_option("--shm-lease-ms", f->shm_lease_ms,
                     "how long a shared-memory reference stays valid without a release, ms")
-        ->capture_default_str()->check(Integer(10, 3600000));
+        ->capture_default_str()
+        ->check(Integer(10, 3600000));
     cmd->add_option("--ipc-export-mb", f->ipc_export_mb,
                     "CUDA IPC delivery of device-resident rows to clients on this GPU node that ask for it "
                     "(docs/SHM.md), MiB of live exports at most; 0 = off; needs --device cuda with the GPU tier")
-        ->capture_default_str()->check(Number(0, 1 << 20, "MiB"));
+        ->capture_default_str()
+        ->check(Number(0, 1 << 20, "MiB"));
     cmd->add_option("--ipc-lease-ms", f->ipc_lease_ms,
                     "how long a CUDA IPC reference stays valid without a release, ms; 0 = --shm-lease-ms")
-        ->capture_default_str()->check(Integer(0, 3600000));
+        ->capture_default_str()
+        ->check(Integer(0, 3600000));
     cmd->add_option("--shm-max-sessions", f->shm_max_sessions,
                     "most lease sessions open at once (one per shared-memory client; its leases are released "
                     "when it disconnects); one more is refused")
-        ->capture_default_str()->check(Integer(1, 1 << 20));
+        ->capture_default_str()
+        ->check(Integer(1, 1 << 20));
     cmd->add_option("--max-inflight-request-mb", f->max_inflight_request_mb,
                     "request bytes admitted and not yet finished, MB; a request past it waits briefly, then gets "
                     "RESOURCE_EXHAUSTED (>= --max-request-mb)")
-        ->capture_default_str()->check(Number(0.001, 1e9, "MB"));
+        ->capture_default_str()
+        ->check(Number(0.001, 1e9, "MB"));
     cmd->add_option("--tenant-header", f->tenant_header,
                     "metadata key naming a client's fair share under --order fair; empty = by client address only")
         ->capture_default_str();
@@ -440,8 +458,7 @@ void RegisterServerCommands(CLI::App& app) {
   {
     auto f = std::make_shared<ClientFlags>();
     CLI::App* cmd = app.add_subcommand("client", "encode image and video files with a running server");
-    cmd->add_option("--server", f->server, "HOST:PORT of a server or of the nginx front, or unix:/path")
-        ->required();
+    cmd->add_option("--server", f->server, "HOST:PORT of a server or of the nginx front, or unix:/path")->required();
     cmd->add_option("images", f->images, "image files (JPEG, PNG, ...) and video files (MP4, WebM, AVI)")
         ->required()
         ->check(CLI::ExistingFile);
@@ -449,7 +466,8 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--video-fps", f->video_fps, "videos: sampled frames per second [server's default]")
         ->check(Number(0, 1e3, "fps", /*lo_open=*/true));
     cmd->add_option("--out", f->out, "write the embeddings to this safetensors file");
-    cmd->add_option("--timeout-s", f->timeout_s, "deadline of each call, seconds")->capture_default_str()
+    cmd->add_option("--timeout-s", f->timeout_s, "deadline of each call, seconds")
+        ->capture_default_str()
         ->check(Number(0, 1e6, "s", /*lo_open=*/true));
     cmd->add_flag("--no-route", f->no_route, "one call for all images, without the x-epd-route header");
     cmd->add_option("--request-id", f->request_id, "request id [random]");
@@ -462,13 +480,14 @@ void RegisterServerCommands(CLI::App& app) {
         "tier and --ipc-export-mb; docs/SHM.md); rows that cannot go so come inline, or by shared memory with "
         "--shm. Needs a build with CUDA");
     cmd->add_option("--cuda-device", f->cuda_device, "with --cuda-ipc: the CUDA device that imports the rows")
-        ->capture_default_str()->check(Integer(0, 1023))->needs(ipc);
+        ->capture_default_str()
+        ->check(Integer(0, 1023))
+        ->needs(ipc);
     AddClientSecurityFlags(*cmd, f->security);
     cmd->callback([f] {
       if (int rc = RunClient(*f); rc != 0) throw CLI::RuntimeError(rc);
     });
   }
-
 }
 
 }  // namespace epd::cli

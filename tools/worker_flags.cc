@@ -1,12 +1,11 @@
 #include "worker_flags.h"
 
-#include "flag_checks.h"
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "epd/core/embedding_cache.h"
+#include "flag_checks.h"
 
 #ifdef EPD_HAVE_TORCH_TOWER
 #include "epd/checkpoint_tower/checkpoint_tower.h"
@@ -18,8 +17,8 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "epd/gpu_cuda/cuda_device.h"
 #include "epd/gpu/device_tier.h"
+#include "epd/gpu_cuda/cuda_device.h"
 #endif
 
 namespace epd::cli {
@@ -51,31 +50,39 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str();
   cmd.add_option("--model-id", f.model_id,
                  "model id hashed into the content keys [a checkpoint's digest; a TorchScript file's name]");
-  cmd.add_option("--threads", f.threads, "tower intra-op threads, 0 = all cores")->capture_default_str()
+  cmd.add_option("--threads", f.threads, "tower intra-op threads, 0 = all cores")
+      ->capture_default_str()
       ->check(Integer(0, 1024));
   cmd.add_option("--device", f.device, "where the tower runs: cpu, cuda or cuda:N (with a CUDA build, L1 in VRAM)")
       ->capture_default_str();
-  cmd.add_option("--dtype", f.dtype, "embedding dtype")->capture_default_str()
+  cmd.add_option("--dtype", f.dtype, "embedding dtype")
+      ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16"}));
-  cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()
-      ->check(NonNegative("MB"));
-  cmd.add_option("--host-cache-mb", f.host_cache_mb, "L2 (host) cache capacity, MB")->capture_default_str()
+  cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()->check(NonNegative("MB"));
+  cmd.add_option("--host-cache-mb", f.host_cache_mb, "L2 (host) cache capacity, MB")
+      ->capture_default_str()
       ->check(NonNegative("MB"));
   cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
   cmd.add_option("--max-tokens-per-batch", f.max_tokens_per_batch, "tower batch token budget")
-      ->capture_default_str()->check(Integer(1));
+      ->capture_default_str()
+      ->check(Integer(1));
   cmd.add_option("--max-items-per-batch", f.max_items_per_batch, "tower batch item bound")
-      ->capture_default_str()->check(Integer(1));
-  cmd.add_option("--order", f.order, "scheduler order: fifo, by_key (the reference) or fair (across clients, docs/SERVER.md)")->capture_default_str()
+      ->capture_default_str()
+      ->check(Integer(1));
+  cmd.add_option("--order", f.order,
+                 "scheduler order: fifo, by_key (the reference) or fair (across clients, docs/SERVER.md)")
+      ->capture_default_str()
       ->check(CLI::IsMember({"fifo", "by_key", "fair"}));
   cmd.add_option("--max-pixels", f.max_pixels,
                  "preprocessing area cap, pixels [a checkpoint's max_pixels; 1003520 for TorchScript]")
       ->check(Integer(1));
   cmd.add_option("--decode-threads", f.decode_threads, "helper threads decoding misses ahead of the tower")
-      ->capture_default_str()->check(Integer(0, 256));
+      ->capture_default_str()
+      ->check(Integer(0, 256));
   cmd.add_option("--exif-orientation", f.exif_orientation,
                  "apply the EXIF Orientation tag as PIL.ImageOps.exif_transpose (part of the content key)")
-      ->capture_default_str()->check(CLI::IsMember({"on", "off"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   cmd.add_option("--rgba-background", f.rgba_background,
                  "colour RGBA images are composited onto: white (vLLM's default), none (drop alpha like "
                  "convert('RGB')) or R,G,B (part of the content key)")
@@ -88,7 +95,8 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
           "white|none|R,G,B"));
   cmd.add_option("--max-decode-pixels", f.max_decode_pixels,
                  "largest stored image accepted, pixels (decompression-bomb guard; default Pillow's error threshold)")
-      ->capture_default_str()->check(Integer(1));
+      ->capture_default_str()
+      ->check(Integer(1));
   AddL3Flags(cmd, f.l3);
   cmd.add_option("--video-fps", f.video_fps, "videos: default sampled frames per second (a request may override)")
       ->capture_default_str()
@@ -184,8 +192,8 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.max_items_per_batch = f.max_items_per_batch;
   o.decode_threads = f.decode_threads;
   o.order = f.order == "by_key" ? ScheduleOrder::kByKey
-            : f.order == "fair"   ? ScheduleOrder::kFair
-                                  : ScheduleOrder::kFifo;
+            : f.order == "fair" ? ScheduleOrder::kFair
+                                : ScheduleOrder::kFifo;
   if (Status s = ApplyL3Flags(f.l3, o); !s.ok()) return s;
   o.video_sampling = VideoSampling::ForPatchSize(o.preprocess.patch_size);
   o.video_sampling.fps = f.video_fps;

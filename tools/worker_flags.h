@@ -52,9 +52,9 @@
 #include <memory>
 #include <string>
 
+#include "epd/core/status.h"
 #include "epd/gpu/device.h"
 #include "epd/worker/encode_worker.h"
-#include "epd/core/status.h"
 #include "l3_flags.h"
 
 namespace epd::cli {

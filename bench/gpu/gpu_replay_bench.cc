@@ -45,18 +45,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <future>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "epd/gpu_cuda/cuda_device.h"
 #include "epd/gpu/device_tier.h"
-#include "epd/worker/encode_worker.h"
+#include "epd/gpu_cuda/cuda_device.h"
 #include "epd/torch_tower/torch_tower.h"
+#include "epd/worker/encode_worker.h"
 #include "epd/worker/worker_loop.h"
 
 namespace {
@@ -130,8 +130,7 @@ std::vector<std::size_t> ZipfTrace(std::size_t n_images, int requests, double s,
 }
 
 RunResult Run(const std::string& name, const Args& a, epd::Device& device, epd::VisionTower& tower,
-              const std::vector<std::string>& media, const std::vector<std::size_t>& order, bool cache,
-              bool ship) {
+              const std::vector<std::string>& media, const std::vector<std::size_t>& order, bool cache, bool ship) {
   RunResult r;
   r.name = name;
   epd::EmbeddingTierHooks hooks = epd::MakeEmbeddingTierHooks(device, &r.tier);
@@ -213,24 +212,40 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) Die(arg + " needs a value");
       return argv[++i];
     };
-    if (arg == "--model") a.model = next();
-    else if (arg == "--images") a.images = next();
-    else if (arg == "--device-index") a.device_index = std::atoi(next().c_str());
-    else if (arg == "--requests") a.requests = std::atoi(next().c_str());
-    else if (arg == "--zipf") a.zipf = std::atof(next().c_str());
-    else if (arg == "--seed") a.seed = std::strtoull(next().c_str(), nullptr, 10);
-    else if (arg == "--l1-mb") a.l1_mb = std::atoll(next().c_str());
-    else if (arg == "--l2-mb") a.l2_mb = std::atoll(next().c_str());
-    else if (arg == "--decode-threads") a.decode_threads = std::atoi(next().c_str());
-    else if (arg == "--max-tokens") a.max_tokens = std::atoll(next().c_str());
-    else if (arg == "--max-items") a.max_items = std::atoll(next().c_str());
-    else if (arg == "--json") a.json = next();
-    else if (arg == "--window") a.window = std::atoi(next().c_str());
-    else if (arg == "--runs") a.runs = next();
+    if (arg == "--model")
+      a.model = next();
+    else if (arg == "--images")
+      a.images = next();
+    else if (arg == "--device-index")
+      a.device_index = std::atoi(next().c_str());
+    else if (arg == "--requests")
+      a.requests = std::atoi(next().c_str());
+    else if (arg == "--zipf")
+      a.zipf = std::atof(next().c_str());
+    else if (arg == "--seed")
+      a.seed = std::strtoull(next().c_str(), nullptr, 10);
+    else if (arg == "--l1-mb")
+      a.l1_mb = std::atoll(next().c_str());
+    else if (arg == "--l2-mb")
+      a.l2_mb = std::atoll(next().c_str());
+    else if (arg == "--decode-threads")
+      a.decode_threads = std::atoi(next().c_str());
+    else if (arg == "--max-tokens")
+      a.max_tokens = std::atoll(next().c_str());
+    else if (arg == "--max-items")
+      a.max_items = std::atoll(next().c_str());
+    else if (arg == "--json")
+      a.json = next();
+    else if (arg == "--window")
+      a.window = std::atoi(next().c_str());
+    else if (arg == "--runs")
+      a.runs = next();
     else if (arg == "--dtype") {
       const std::string d = next();
-      if (d == "bfloat16") a.dtype = epd::DType::kBFloat16;
-      else if (d != "float32") Die("--dtype must be float32 or bfloat16, got '" + d + "'");
+      if (d == "bfloat16")
+        a.dtype = epd::DType::kBFloat16;
+      else if (d != "float32")
+        Die("--dtype must be float32 or bfloat16, got '" + d + "'");
     } else {
       Die("unknown argument '" + arg + "'");
     }
@@ -276,25 +291,29 @@ int main(int argc, char** argv) {
   std::sort(distinct.begin(), distinct.end());
   distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
 
-  std::printf("device: %s\ntower: %s\ntrace: %d requests over %zu images (%zu distinct in the trace), zipf %.2f, "
-              "seed %llu, window %d; L1 %lld MiB (VRAM), L2 %lld MiB (pinned)\n\n",
-              (*device)->Describe().c_str(), (*tower)->Describe().c_str(), a.requests, media.size(),
-              distinct.size(), a.zipf, static_cast<unsigned long long>(a.seed), a.window, static_cast<long long>(a.l1_mb),
-              static_cast<long long>(a.l2_mb));
+  std::printf(
+      "device: %s\ntower: %s\ntrace: %d requests over %zu images (%zu distinct in the trace), zipf %.2f, "
+      "seed %llu, window %d; L1 %lld MiB (VRAM), L2 %lld MiB (pinned)\n\n",
+      (*device)->Describe().c_str(), (*tower)->Describe().c_str(), a.requests, media.size(), distinct.size(), a.zipf,
+      static_cast<unsigned long long>(a.seed), a.window, static_cast<long long>(a.l1_mb),
+      static_cast<long long>(a.l2_mb));
 
   std::vector<RunResult> runs;
   // Untimed: the first forwards of each batch shape pay TorchScript's
   // profiling and the allocators' growth, which no later run pays.
   (void)Run("warm_up", a, **device, **tower, media, distinct, true, false);
   runs.push_back(Run("limit", a, **device, **tower, media, distinct, true, false));
-  auto wanted = [&](const std::string& name) { return ("," + a.runs + ",").find("," + name + ",") != std::string::npos; };
+  auto wanted = [&](const std::string& name) {
+    return ("," + a.runs + ",").find("," + name + ",") != std::string::npos;
+  };
   if (wanted("replay")) runs.push_back(Run("replay", a, **device, **tower, media, trace, true, false));
   if (wanted("no_cache")) runs.push_back(Run("no_cache", a, **device, **tower, media, trace, false, false));
   if (wanted("replay_ship")) runs.push_back(Run("replay_ship", a, **device, **tower, media, trace, true, true));
 
   const double limit = runs[0].stats.tower_seconds;
-  std::printf("| run | wall s | vs limit | tower s | tower calls | tower items | L1 hits | L2 hits | joins | "
-              "adopts | offloads | onboards | offload drops | failed |\n");
+  std::printf(
+      "| run | wall s | vs limit | tower s | tower calls | tower items | L1 hits | L2 hits | joins | "
+      "adopts | offloads | onboards | offload drops | failed |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   bool any_failed = false;
   for (const RunResult& r : runs) {

@@ -27,10 +27,10 @@
 #include <string>
 #include <vector>
 
-#include "epd/media/content_key.h"
-#include "epd/gpu_cuda/cuda_device.h"
-#include "epd/gpu/device_tier.h"
 #include "epd/core/tiered_cache.h"
+#include "epd/gpu/device_tier.h"
+#include "epd/gpu_cuda/cuda_device.h"
+#include "epd/media/content_key.h"
 
 namespace {
 

@@ -14,10 +14,10 @@
 #include <random>
 #include <utility>
 
-#include "epd/v1/encoder.grpc.pb.h"
-#include "epd/v1/service_config.h"
 #include "client_convert.h"
 #include "client_session.h"
+#include "epd/v1/encoder.grpc.pb.h"
+#include "epd/v1/service_config.h"
 #include "proto_convert.h"
 #include "shm_mapping.h"
 
@@ -365,8 +365,8 @@ struct EncodeClient::Impl {
       if (got[k]) continue;
       ClientItemResult& r = out[group.indices[k]];
       r.index = group.indices[k];
-      r.status = call.ok() ? Internal("the server ended the call without sending item " + std::to_string(r.index))
-                           : call;
+      r.status =
+          call.ok() ? Internal("the server ended the call without sending item " + std::to_string(r.index)) : call;
     }
   }
 };
@@ -488,7 +488,8 @@ EncodeResult EncodeClient::Encode(std::vector<ClientItem> items, const std::stri
   auto call_id = [&](std::size_t g) { return groups.size() == 1 ? id : id + "/" + std::to_string(g); };
   std::vector<std::future<void>> others;
   for (std::size_t g = 1; g < groups.size(); ++g) {
-    others.push_back(std::async(std::launch::async, [&, g] { impl_->Call(call_id(g), groups[g], items, result.items); }));
+    others.push_back(
+        std::async(std::launch::async, [&, g] { impl_->Call(call_id(g), groups[g], items, result.items); }));
   }
   impl_->Call(call_id(0), groups[0], items, result.items);
   for (std::future<void>& f : others) f.get();

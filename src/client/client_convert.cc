@@ -68,10 +68,10 @@ ClientItemResult FromProto(const v1::EncodedItem& m) {
   e->deepstack.assign(deep, deep + m.deepstack().size());
   if (e->tokens < 0 || e->hidden < 0 || e->deepstack_layers < 0 || e->nbytes() != e->ExpectedBytes() ||
       e->main.size() != static_cast<std::size_t>(e->tokens * e->hidden) * DTypeSize(e->dtype)) {
-    r.status = Internal("server sent item " + std::to_string(m.index()) + " whose " +
-                        std::to_string(e->main.size()) + "+" + std::to_string(e->deepstack.size()) +
-                        " bytes do not match its shape [" + std::to_string(e->tokens) + ", " +
-                        std::to_string(e->hidden) + "] x " + std::to_string(1 + e->deepstack_layers));
+    r.status =
+        Internal("server sent item " + std::to_string(m.index()) + " whose " + std::to_string(e->main.size()) + "+" +
+                 std::to_string(e->deepstack.size()) + " bytes do not match its shape [" + std::to_string(e->tokens) +
+                 ", " + std::to_string(e->hidden) + "] x " + std::to_string(1 + e->deepstack_layers));
     return r;
   }
   if (Status g = GridFromProto(m, &e->grid); !g.ok()) {
@@ -101,11 +101,11 @@ ClientItemResult FromProtoShm(const v1::EncodedItem& m, EmbeddingShape* shape, G
   const v1::ShmRef& ref = m.shm();
   if (shape->tokens < 0 || shape->hidden < 0 || shape->deepstack_layers < 0 || ref.length() != shape->nbytes() ||
       ref.offset() > ref.segment_bytes() || ref.length() > ref.segment_bytes() - ref.offset()) {
-    r.status = Internal("server sent item " + std::to_string(m.index()) + " by reference: " +
-                        std::to_string(ref.length()) + " bytes at offset " + std::to_string(ref.offset()) + " of a " +
-                        std::to_string(ref.segment_bytes()) + "-byte arena, for shape [" +
-                        std::to_string(shape->tokens) + ", " + std::to_string(shape->hidden) + "] x " +
-                        std::to_string(1 + shape->deepstack_layers));
+    r.status =
+        Internal("server sent item " + std::to_string(m.index()) + " by reference: " + std::to_string(ref.length()) +
+                 " bytes at offset " + std::to_string(ref.offset()) + " of a " + std::to_string(ref.segment_bytes()) +
+                 "-byte arena, for shape [" + std::to_string(shape->tokens) + ", " + std::to_string(shape->hidden) +
+                 "] x " + std::to_string(1 + shape->deepstack_layers));
     return r;
   }
   if (Status g = GridFromProto(m, grid); !g.ok()) r.status = g;

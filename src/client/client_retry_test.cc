@@ -147,8 +147,8 @@ TEST_F(ClientRetryTest, ItGivesUpAfterFourAttemptsWithTheLastStatus) {
 }
 
 TEST_F(ClientRetryTest, OtherCodesAreNotRetried) {
-  for (grpc::StatusCode code : {grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                grpc::StatusCode::INTERNAL}) {
+  for (grpc::StatusCode code :
+       {grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::INTERNAL}) {
     EncodeResult r = Run({Step{code, 0}}, 1);
     EXPECT_EQ(static_cast<int>(r.status.code()), static_cast<int>(code));
     EXPECT_EQ(service_->previous_attempts(), (std::vector<std::string>{""})) << static_cast<int>(code);

@@ -35,16 +35,17 @@ StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Open(pid_t pid, int fd, 
   if (f < 0) {
     const int err = errno;
     if (err == EACCES || err == EPERM) {
-      return Status(StatusCode::kPermissionDenied, "cannot open " + path + ": " + std::strerror(err) +
-                                                       "; the shared-memory arena opens only for the server's own user");
+      return Status(StatusCode::kPermissionDenied,
+                    "cannot open " + path + ": " + std::strerror(err) +
+                        "; the shared-memory arena opens only for the server's own user");
     }
     return Status(StatusCode::kUnavailable, "cannot open " + path + ": " + std::strerror(err));
   }
   struct stat st = {};
   if (fstat(f, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < segment_bytes) {
     close(f);
-    return Status(StatusCode::kFailedPrecondition, path + " is smaller than the " + std::to_string(segment_bytes) +
-                                                       " bytes the server announced");
+    return Status(StatusCode::kFailedPrecondition,
+                  path + " is smaller than the " + std::to_string(segment_bytes) + " bytes the server announced");
   }
   // Pre-faulted: the arena is mapped once per client and then read at every
   // reply, so its page-table entries are better paid for here, at once,

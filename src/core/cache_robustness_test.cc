@@ -51,8 +51,7 @@ TEST(CacheLimitsTest, CapacityBeyondTheCounterIsRejectedNamingTheBound) {
               HasSubstr(bound + "9223372036854775807"));
   EXPECT_THAT(InvalidArgumentOf([] { EmbeddingCache<std::string, int> c(kMaxCacheBytes + 1); }),
               HasSubstr(bound + "4611686018427387904"));
-  EXPECT_THAT(InvalidArgumentOf([] { ConcurrentEmbeddingCache<std::string, int> c(kInt64Max, 4); }),
-              HasSubstr(bound));
+  EXPECT_THAT(InvalidArgumentOf([] { ConcurrentEmbeddingCache<std::string, int> c(kInt64Max, 4); }), HasSubstr(bound));
   EXPECT_THAT(InvalidArgumentOf([] { TieredEmbeddingCache<std::string, int> c(10, kMaxCacheBytes + 1); }),
               HasSubstr(bound));
   EmbeddingCache<std::string, int> at_the_bound(kMaxCacheBytes);
@@ -229,7 +228,9 @@ TEST(CacheReentryTest, HashThatThrowsDuringEvictionLeavesTheVictimEvictable) {
 TEST(SchedulerLimitsTest, PendingTokenTotalPastInt64IsRejectedAndChangesNothing) {
   EncodeScheduler s(10, 16);
   s.Add({"a", 0, kInt64Max - 5});
-  EXPECT_THAT(InvalidArgumentOf([&] { s.Add({"a", 1, 6}); }),
+  EXPECT_THAT(InvalidArgumentOf([&] {
+                s.Add({"a", 1, 6});
+              }),
               HasSubstr("cost 6 would take the pending token total (9223372036854775802) past 2^63 - 1"));
   EXPECT_EQ(s.pending_size(), 1u);
   EXPECT_EQ(s.pending_tokens(), kInt64Max - 5);
@@ -243,7 +244,9 @@ TEST(SchedulerLimitsTest, PendingTokenTotalPastInt64IsRejectedAndChangesNothing)
 
 TEST(SchedulerLimitsTest, NegativeCostIsRejectedNamingTheItem) {
   EncodeScheduler s(10, 16);
-  EXPECT_THAT(InvalidArgumentOf([&] { s.Add({"req-1", 3, -1}); }),
+  EXPECT_THAT(InvalidArgumentOf([&] {
+                s.Add({"req-1", 3, -1});
+              }),
               HasSubstr("cost must be >= 0 (a post-merge token count), got -1 for item 3 of request 'req-1'"));
   EXPECT_EQ(s.pending_size(), 0u);
   EXPECT_EQ(s.pending_tokens(), 0);

@@ -64,9 +64,7 @@ TEST(ConcurrentCacheTest, CapacityIsSplitAcrossShards) {
   EXPECT_EQ(cache.shard_count(), 4);
 }
 
-TEST(ConcurrentCacheTest, RejectsZeroShards) {
-  EXPECT_THROW((ConcurrentEmbeddingCache<int, int>(100, 0)), Error);
-}
+TEST(ConcurrentCacheTest, RejectsZeroShards) { EXPECT_THROW((ConcurrentEmbeddingCache<int, int>(100, 0)), Error); }
 
 }  // namespace
 }  // namespace epd

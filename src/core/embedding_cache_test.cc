@@ -21,7 +21,6 @@ namespace {
 
 using test_util::Name;
 
-
 using ::testing::ElementsAre;
 using ::testing::Pair;
 

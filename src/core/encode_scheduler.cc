@@ -48,15 +48,15 @@ void EncodeScheduler::Add(PendingEncodeItem item) {
                                                   item.request_id + "'");
   }
   if (item.cost < 0) {
-    throw Error(StatusCode::kInvalidArgument, "cost must be >= 0 (a post-merge token count), got " +
-                                                  std::to_string(item.cost) + " for item " + std::to_string(item.item_index) +
-                                                  " of request '" + item.request_id + "'");
+    throw Error(StatusCode::kInvalidArgument,
+                "cost must be >= 0 (a post-merge token count), got " + std::to_string(item.cost) + " for item " +
+                    std::to_string(item.item_index) + " of request '" + item.request_id + "'");
   }
   std::int64_t total = 0;
   if (__builtin_add_overflow(pending_tokens_ - (overwrite ? it->second.item.cost : 0), item.cost, &total)) {
-    throw Error(StatusCode::kInvalidArgument,
-                "cost " + std::to_string(item.cost) + " would take the pending token total (" +
-                    std::to_string(pending_tokens_) + ") past 2^63 - 1");
+    throw Error(StatusCode::kInvalidArgument, "cost " + std::to_string(item.cost) +
+                                                  " would take the pending token total (" +
+                                                  std::to_string(pending_tokens_) + ") past 2^63 - 1");
   }
   if (overwrite) {
     pending_tokens_ = total;
@@ -131,9 +131,9 @@ std::vector<EncodeScheduler::ItemMap::const_iterator> EncodeScheduler::Select() 
   auto admit = [&](ItemMap::const_iterator it) {
     const std::int64_t cost = it->second.item.cost;
     const std::int64_t share = it->second.item.share();
-    if (!batch.empty() && (used + cost > max_tokens_per_batch_ ||
-                           static_cast<std::int64_t>(batch.size()) >= max_items_per_batch_ ||
-                           (bound_share && shared + share > max_share_per_batch_))) {
+    if (!batch.empty() &&
+        (used + cost > max_tokens_per_batch_ || static_cast<std::int64_t>(batch.size()) >= max_items_per_batch_ ||
+         (bound_share && shared + share > max_share_per_batch_))) {
       return false;
     }
     used += cost;

@@ -18,7 +18,6 @@ namespace {
 
 using test_util::Name;
 
-
 std::vector<std::string> Ids(const std::vector<PendingEncodeItem>& batch) {
   std::vector<std::string> out;
   for (const auto& it : batch) out.push_back(it.request_id + "/" + std::to_string(it.item_index));

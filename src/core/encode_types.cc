@@ -5,11 +5,16 @@ namespace epd {
 
 std::string_view ItemSourceName(ItemSource source) {
   switch (source) {
-    case ItemSource::kL1: return "l1";
-    case ItemSource::kL2: return "l2";
-    case ItemSource::kMiss: return "miss";
-    case ItemSource::kJoined: return "joined";
-    case ItemSource::kL3: return "l3";
+    case ItemSource::kL1:
+      return "l1";
+    case ItemSource::kL2:
+      return "l2";
+    case ItemSource::kMiss:
+      return "miss";
+    case ItemSource::kJoined:
+      return "joined";
+    case ItemSource::kL3:
+      return "l3";
   }
   return "unknown";
 }

@@ -100,7 +100,7 @@ TEST_F(TieredTest, PromotedKeyIsNeverItsOwnVictim) {
   auto t = Make(100, 300);
   t.Put("a", {"a"}, 100);
   t.Put("b", {"b"}, 100);  // a -> L2
-  auto got = t.Get("a");    // a promoted; b demoted
+  auto got = t.Get("a");   // a promoted; b demoted
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(t.l1().Contains("a"));
   EXPECT_TRUE(t.l2().Contains("b"));
@@ -139,7 +139,10 @@ TEST_F(TieredTest, L2EvictionsAreDrops) {
 
 TEST_F(TieredTest, ThrowingToDeviceLosesTheEntryAsTheReferenceDoes) {
   TieredEmbeddingCache<std::string, Tagged> t(
-      100, 100, [](const Tagged& v) { return Tagged{v.payload, false}; },
+      100, 100,
+      [](const Tagged& v) {
+        return Tagged{v.payload, false};
+      },
       [](const Tagged&) -> Tagged { throw std::runtime_error("device copy failed"); });
   t.Put("a", {"a"}, 100);
   t.Put("b", {"b"}, 100);

@@ -21,8 +21,8 @@
 #include <mutex>
 #include <string>
 
-#include "epd/gpu_cuda/cuda_device.h"
 #include "epd/gpu/host_memory_pool.h"
+#include "epd/gpu_cuda/cuda_device.h"
 
 namespace epd {
 namespace {

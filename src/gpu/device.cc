@@ -17,9 +17,12 @@ namespace epd {
 std::string_view MemoryKindName(MemoryKind kind) { return kind == MemoryKind::kDevice ? "device" : "pinned_host"; }
 std::string_view CopyKindName(CopyKind kind) {
   switch (kind) {
-    case CopyKind::kHostToDevice: return "h2d";
-    case CopyKind::kDeviceToHost: return "d2h";
-    case CopyKind::kDeviceToDevice: return "d2d";
+    case CopyKind::kHostToDevice:
+      return "h2d";
+    case CopyKind::kDeviceToHost:
+      return "d2h";
+    case CopyKind::kDeviceToDevice:
+      return "d2d";
   }
   return "unknown";
 }
@@ -46,8 +49,8 @@ StatusOr<DeviceBuffer> Device::AllocateKind(MemoryKind kind, std::size_t bytes) 
   std::lock_guard<std::mutex> lock(release_mu_);
   if (*p == nullptr) {
     ++alloc_failures_[k];
-    const std::string what = kind == MemoryKind::kDevice ? "device memory exhausted allocating "
-                                                         : "pinned host pool has no free block of ";
+    const std::string what =
+        kind == MemoryKind::kDevice ? "device memory exhausted allocating " : "pinned host pool has no free block of ";
     return ResourceExhausted(what + std::to_string(bytes) + " bytes (" + std::to_string(live_bytes_[k]) +
                              " bytes in use)");
   }

@@ -28,10 +28,10 @@ namespace {
 Status DeviceToHostAndWait(Device& device, const std::byte* main_src, std::span<std::byte> main,
                            const std::byte* deepstack_src, std::span<std::byte> deepstack) {
   Status st;
-  if (!main.empty()) st = device.CopyAsync(main.data(), main_src, main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
+  if (!main.empty())
+    st = device.CopyAsync(main.data(), main_src, main.size(), CopyKind::kDeviceToHost, Stream::kOffload);
   if (st.ok() && !deepstack.empty()) {
-    st = device.CopyAsync(deepstack.data(), deepstack_src, deepstack.size(), CopyKind::kDeviceToHost,
-                          Stream::kOffload);
+    st = device.CopyAsync(deepstack.data(), deepstack_src, deepstack.size(), CopyKind::kDeviceToHost, Stream::kOffload);
   }
   StatusOr<EventPtr> ev = device.RecordEvent(Stream::kOffload);
   Status done = ev.ok() ? (*ev)->Synchronize() : device.Synchronize(Stream::kOffload);
@@ -135,9 +135,8 @@ struct Filled {
   DeviceBuffer buffer;
   EventPtr event;
 };
-StatusOr<Filled> FillOnDevice(Device& device, const std::byte* main, std::size_t main_bytes,
-                              const std::byte* deepstack, std::size_t deep_bytes, CopyKind kind,
-                              std::shared_ptr<const void> hold) {
+StatusOr<Filled> FillOnDevice(Device& device, const std::byte* main, std::size_t main_bytes, const std::byte* deepstack,
+                              std::size_t deep_bytes, CopyKind kind, std::shared_ptr<const void> hold) {
   StatusOr<DeviceBuffer> buf = device.Allocate(main_bytes + deep_bytes);
   if (!buf.ok()) return buf.status();
   if (main_bytes + deep_bytes == 0) return Filled{std::move(*buf), nullptr};
@@ -197,8 +196,8 @@ StatusOr<TierEmbeddingPtr> UploadEmbedding(Device& device, EmbeddingPtr emb, Mem
 // an L2 entry whose offload, is in flight) is ordered after that copy on the
 // device rather than waited for here; the source itself is handed to
 // ReleaseAfter, so its buffer goes once this copy has landed.
-StatusOr<TierEmbeddingPtr> TierEmbedding::CopyBetweenTiers(Device& device, const TierEmbeddingPtr& src,
-                                                           MemoryKind to, const char* what) {
+StatusOr<TierEmbeddingPtr> TierEmbedding::CopyBetweenTiers(Device& device, const TierEmbeddingPtr& src, MemoryKind to,
+                                                           const char* what) {
   if (Status st = CheckSource(device, src, what, src ? src->device_ : nullptr); !st.ok()) return st;
   if (src->where() == to) return src;
   const bool offload = to == MemoryKind::kPinnedHost;
@@ -240,8 +239,8 @@ using Counter = std::uint64_t DeviceTierStats::*;
 using CopyFn = StatusOr<TierEmbeddingPtr> (*)(Device&, const TierEmbeddingPtr&);
 TierCopyFn MakeTierMoveFn(Device& device, DeviceTierStats* stats, MemoryKind to, CopyFn copy, Counter moves,
                           Counter bytes, Counter full, bool keep_source_when_full) {
-  return [&device, stats, to, copy, moves, bytes, full, keep_source_when_full](
-             const TierEmbeddingPtr& v) -> TierEmbeddingPtr {
+  return [&device, stats, to, copy, moves, bytes, full,
+          keep_source_when_full](const TierEmbeddingPtr& v) -> TierEmbeddingPtr {
     if (v == nullptr || v->where() == to) return v;
     StatusOr<TierEmbeddingPtr> out = copy(device, v);
     if (out.ok()) {
@@ -278,8 +277,8 @@ TierCopyFn MakeOnboardFn(Device& device, DeviceTierStats* stats) {
 StatusOr<TierEmbeddingPtr> AdoptDeviceRows(Device& device, const DeviceRows& rows) {
   if (rows.tokens < 0 || rows.hidden < 0 || rows.deepstack_layers < 0) {
     return InvalidArgument("AdoptDeviceRows: negative shape (tokens " + std::to_string(rows.tokens) + ", hidden " +
-                           std::to_string(rows.hidden) + ", deepstack_layers " +
-                           std::to_string(rows.deepstack_layers) + ")");
+                           std::to_string(rows.hidden) + ", deepstack_layers " + std::to_string(rows.deepstack_layers) +
+                           ")");
   }
   const EmbeddingShape shape{rows.tokens, rows.hidden, rows.deepstack_layers, rows.dtype};
   const std::size_t main_bytes = shape.main_bytes();

@@ -23,11 +23,11 @@
 #include <utility>
 #include <vector>
 
-#include "epd/media/content_key.h"
+#include "epd/core/tiered_cache.h"
 #include "epd/gpu/device.h"
 #include "epd/gpu/device_tier.h"
 #include "epd/gpu/host_memory_pool.h"
-#include "epd/core/tiered_cache.h"
+#include "epd/media/content_key.h"
 #include "tier_test_util.h"
 
 namespace epd {

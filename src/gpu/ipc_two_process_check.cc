@@ -86,8 +86,8 @@ int Import(epd::Device& dev, const std::string& hex) {
   const std::size_t n = (*rows)->size();
   epd::StatusOr<epd::DeviceBuffer> host = dev.AllocatePinnedHost(n);
   if (!host.ok()) return Fail("importer", host.status());
-  if (epd::Status s = dev.CopyAsync(host->data(), (*rows)->data(), n, epd::CopyKind::kDeviceToHost,
-                                    epd::Stream::kOffload);
+  if (epd::Status s =
+          dev.CopyAsync(host->data(), (*rows)->data(), n, epd::CopyKind::kDeviceToHost, epd::Stream::kOffload);
       !s.ok()) {
     return Fail("importer", s);
   }
@@ -140,8 +140,7 @@ int Export(epd::Device& dev, const std::string& kind, std::size_t n, bool from_l
   if (!vram.ok()) return Fail("exporter", vram.status());
   auto* h = reinterpret_cast<std::uint8_t*>(host->data());
   for (std::size_t i = 0; i < n; ++i) h[i] = Pattern(i);
-  if (epd::Status s = dev.CopyAsync(vram->data(), host->data(), n, epd::CopyKind::kHostToDevice,
-                                    epd::Stream::kOnboard);
+  if (epd::Status s = dev.CopyAsync(vram->data(), host->data(), n, epd::CopyKind::kHostToDevice, epd::Stream::kOnboard);
       !s.ok()) {
     return Fail("exporter", s);
   }
@@ -151,8 +150,7 @@ int Export(epd::Device& dev, const std::string& kind, std::size_t n, bool from_l
   // The export holds its own copy: overwrite the source to show the importer
   // does not read it.
   std::memset(h, 0, n);
-  if (epd::Status s = dev.CopyAsync(vram->data(), host->data(), n, epd::CopyKind::kHostToDevice,
-                                    epd::Stream::kOnboard);
+  if (epd::Status s = dev.CopyAsync(vram->data(), host->data(), n, epd::CopyKind::kHostToDevice, epd::Stream::kOnboard);
       !s.ok()) {
     return Fail("exporter", s);
   }

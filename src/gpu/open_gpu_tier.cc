@@ -1,8 +1,8 @@
 // OpenGpuTier: the CUDA device of a GPU tier, sized by SizeGpuTier. Kept out
 // of cuda_device.cu so the rule's callers need no CUDA header and the rule
 // itself (in epd::gpu) is tested without a GPU.
-#include "epd/gpu_cuda/cuda_device.h"
 #include "epd/gpu/device_tier.h"
+#include "epd/gpu_cuda/cuda_device.h"
 
 namespace epd {
 

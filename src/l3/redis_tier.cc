@@ -35,9 +35,9 @@
 #include <set>
 #include <thread>
 
-#include "epd/media/content_key.h"
 #include "epd/l3/l3_ring.h"
 #include "epd/l3/l3_value.h"
+#include "epd/media/content_key.h"
 
 namespace epd {
 namespace {

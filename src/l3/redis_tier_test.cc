@@ -9,8 +9,8 @@
 
 #include <thread>
 
-#include "epd/media/content_key.h"
 #include "epd/l3/l3_value.h"
+#include "epd/media/content_key.h"
 #include "redis_server.h"
 #include "test_names.h"
 

@@ -8,9 +8,9 @@
 
 #include <thread>
 
-#include "epd/media/content_key.h"
 #include "epd/l3/l3_value.h"
 #include "epd/l3/redis_tier.h"
+#include "epd/media/content_key.h"
 #include "epd/worker/worker_loop.h"
 #include "redis_server.h"
 #include "test_names.h"

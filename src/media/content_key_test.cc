@@ -226,8 +226,8 @@ TEST(ContentKeyTest, EncodingIsStableForVersion2) {
   field(msg, 0x15, floats(cfg.mean));
   field(msg, 0x16, floats(cfg.std));
   field(msg, 0x17, le(0, 8));
-  field(msg, 0x18, le(1, 8));                  // EXIF orientation applied
-  field(msg, 0x19, Bytes{1, 255, 255, 255});   // composite on white
+  field(msg, 0x18, le(1, 8));                 // EXIF orientation applied
+  field(msg, 0x19, Bytes{1, 255, 255, 255});  // composite on white
   field(msg, 0x30, B("xyz"));
   auto sha = internal::NewSha256();
   sha->Update(msg);

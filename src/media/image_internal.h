@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include "epd/media/image.h"
 #include "epd/core/status.h"
+#include "epd/media/image.h"
 
 namespace epd::internal {
 

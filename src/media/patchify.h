@@ -12,9 +12,9 @@
 #include <span>
 #include <vector>
 
+#include "epd/core/status.h"
 #include "epd/media/image.h"
 #include "epd/media/preprocess.h"
-#include "epd/core/status.h"
 
 namespace epd::internal {
 

@@ -183,8 +183,13 @@ void InsertPngChunk(Bytes& png, const char type[4], const Bytes& data) {
 Bytes ExifWithOrientation(int orientation) {
   // "Exif\0\0", "II", 42, IFD0 at 8; one entry: tag 0x0112, type 3 (SHORT),
   // count 1, value; next IFD 0.
-  return Bytes{'E', 'x', 'i', 'f', 0, 0, 'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0, 0x12, 0x01, 3, 0, 1, 0, 0, 0,
-               static_cast<std::uint8_t>(orientation), 0, 0, 0, 0, 0, 0, 0};
+  return Bytes{'E', 'x',  'i',  'f', 0,
+               0,   'I',  'I',  42,  0,
+               8,   0,    0,    0,   1,
+               0,   0x12, 0x01, 3,   0,
+               1,   0,    0,    0,   static_cast<std::uint8_t>(orientation),
+               0,   0,    0,    0,   0,
+               0,   0};
 }
 
 Bytes EncodeWebpLosslessRgb(const RgbImage& img) {

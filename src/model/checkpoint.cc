@@ -46,7 +46,8 @@ constexpr ArchName kArchs[] = {
 
 StatusOr<json> ReadJson(const fs::path& path) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return Status(StatusCode::kNotFound, "checkpoint file not found: " + path.string());
+  if (!fs::is_regular_file(path, ec))
+    return Status(StatusCode::kNotFound, "checkpoint file not found: " + path.string());
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status(StatusCode::kUnavailable, "cannot read " + path.string());
   std::stringstream ss;
@@ -108,7 +109,8 @@ class Fields {
   std::array<float, 3> Floats3(std::string_view key, std::array<float, 3> fallback) {
     auto it = obj_.find(key);
     if (it == obj_.end() || it->is_null()) return fallback;
-    if (it->is_array() && it->size() == 3 && std::all_of(it->begin(), it->end(), [](const json& v) { return v.is_number(); })) {
+    if (it->is_array() && it->size() == 3 &&
+        std::all_of(it->begin(), it->end(), [](const json& v) { return v.is_number(); })) {
       return {(*it)[0].get<float>(), (*it)[1].get<float>(), (*it)[2].get<float>()};
     }
     Fail(std::string(key) + " must be a list of 3 numbers, got " + it->dump());
@@ -131,8 +133,8 @@ StatusOr<VisionArch> DetectArch(const json& config, const std::string& where) {
     for (const ArchName& a : kArchs) {
       if (a.model_type == type) return a.arch;
     }
-    return InvalidArgument(where + ": model_type '" + type + "' is not supported (supported: " +
-                           SupportedVisionArchs() + ")");
+    return InvalidArgument(where + ": model_type '" + type +
+                           "' is not supported (supported: " + SupportedVisionArchs() + ")");
   }
   if (auto it = config.find("architectures"); it != config.end() && it->is_array()) {
     std::string seen;
@@ -145,11 +147,11 @@ StatusOr<VisionArch> DetectArch(const json& config, const std::string& where) {
       if (!seen.empty()) seen += ", ";
       seen += n;
     }
-    return InvalidArgument(where + ": architectures [" + seen + "] are not supported (supported model types: " +
-                           SupportedVisionArchs() + ")");
+    return InvalidArgument(where + ": architectures [" + seen +
+                           "] are not supported (supported model types: " + SupportedVisionArchs() + ")");
   }
-  return InvalidArgument(where + " has neither model_type nor architectures (supported model types: " +
-                         SupportedVisionArchs() + ")");
+  return InvalidArgument(
+      where + " has neither model_type nor architectures (supported model types: " + SupportedVisionArchs() + ")");
 }
 
 // Defaults: transformers' Qwen2VLVisionConfig, Qwen2_5_VLVisionConfig and
@@ -206,10 +208,14 @@ StatusOr<VisionConfig> ParseVisionConfig(VisionArch arch, const json& config, co
     return bad("num_heads " + std::to_string(v.num_heads) + " must divide the width " + std::to_string(v.width) +
                " into heads whose size is a multiple of 4 (2D rotary embedding)");
   }
-  if (!in_range(v.mlp_hidden, 1, 1 << 20)) return bad("MLP width " + std::to_string(v.mlp_hidden) + " is not in [1, 2^20]");
-  if (!in_range(v.out_hidden, 1, 1 << 20)) return bad("output width " + std::to_string(v.out_hidden) + " is not in [1, 2^20]");
-  if (!in_range(v.in_channels, 1, 16)) return bad("in_channels " + std::to_string(v.in_channels) + " is not in [1, 16]");
-  if (!in_range(v.patch_size, 1, 1024)) return bad("patch_size " + std::to_string(v.patch_size) + " is not in [1, 1024]");
+  if (!in_range(v.mlp_hidden, 1, 1 << 20))
+    return bad("MLP width " + std::to_string(v.mlp_hidden) + " is not in [1, 2^20]");
+  if (!in_range(v.out_hidden, 1, 1 << 20))
+    return bad("output width " + std::to_string(v.out_hidden) + " is not in [1, 2^20]");
+  if (!in_range(v.in_channels, 1, 16))
+    return bad("in_channels " + std::to_string(v.in_channels) + " is not in [1, 16]");
+  if (!in_range(v.patch_size, 1, 1024))
+    return bad("patch_size " + std::to_string(v.patch_size) + " is not in [1, 1024]");
   if (!in_range(v.temporal_patch_size, 1, 64)) return bad("temporal_patch_size is not in [1, 64]");
   if (!in_range(v.merge_size, 1, 64)) return bad("spatial_merge_size is not in [1, 64]");
   static const std::set<std::string> kActs = {"quick_gelu", "silu", "gelu_pytorch_tanh", "gelu"};
@@ -217,10 +223,12 @@ StatusOr<VisionConfig> ParseVisionConfig(VisionArch arch, const json& config, co
     return bad("hidden_act '" + v.hidden_act + "' is not supported (quick_gelu, silu, gelu_pytorch_tanh, gelu)");
   }
   for (std::int64_t i : v.fullatt_block_indexes) {
-    if (!in_range(i, 0, v.depth - 1)) return bad("fullatt_block_indexes entry " + std::to_string(i) + " is not a block");
+    if (!in_range(i, 0, v.depth - 1))
+      return bad("fullatt_block_indexes entry " + std::to_string(i) + " is not a block");
   }
   for (std::int64_t i : v.deepstack_visual_indexes) {
-    if (!in_range(i, 0, v.depth - 1)) return bad("deepstack_visual_indexes entry " + std::to_string(i) + " is not a block");
+    if (!in_range(i, 0, v.depth - 1))
+      return bad("deepstack_visual_indexes entry " + std::to_string(i) + " is not a block");
   }
   if (arch == VisionArch::kQwen25VL) {
     const std::int64_t f2 = v.patch_size * v.merge_size;
@@ -230,7 +238,8 @@ StatusOr<VisionConfig> ParseVisionConfig(VisionArch arch, const json& config, co
     }
   }
   if (arch == VisionArch::kQwen3VL) {
-    const auto side = static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(v.num_position_embeddings))));
+    const auto side =
+        static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(v.num_position_embeddings))));
     if (v.num_position_embeddings < 1 || side * side != v.num_position_embeddings) {
       return bad("num_position_embeddings " + std::to_string(v.num_position_embeddings) + " is not a square");
     }
@@ -273,8 +282,9 @@ StatusOr<PreprocessConfig> ParsePreprocess(const json& pre, const VisionConfig& 
                            " disagree with config.json's vision_config " + std::to_string(v.patch_size) + "/" +
                            std::to_string(v.merge_size) + "/" + std::to_string(v.temporal_patch_size));
   }
-  if (v.in_channels != 3) return InvalidArgument(where + ": the vision tower takes " + std::to_string(v.in_channels) +
-                                                 " channels; preprocessing produces RGB (3)");
+  if (v.in_channels != 3)
+    return InvalidArgument(where + ": the vision tower takes " + std::to_string(v.in_channels) +
+                           " channels; preprocessing produces RGB (3)");
   if (Status s = cfg.Validate(); !s.ok()) return InvalidArgument(where + ": " + s.message());
   return cfg;
 }
@@ -321,8 +331,8 @@ StatusOr<WeightPlan> PlanWeights(const fs::path& dir) {
     plan.files.push_back("model.safetensors");
     return plan;
   }
-  return Status(StatusCode::kNotFound, "checkpoint " + dir.string() +
-                                           " has neither model.safetensors nor model.safetensors.index.json");
+  return Status(StatusCode::kNotFound,
+                "checkpoint " + dir.string() + " has neither model.safetensors nor model.safetensors.index.json");
 }
 
 void HashField(internal::Digest& d, std::string_view s) {
@@ -396,7 +406,9 @@ std::vector<TensorSpec> ExpectedVisionTensors(const VisionConfig& v) {
   const std::int64_t d = v.width;
   const std::int64_t merged = d * v.merge_size * v.merge_size;
   std::vector<TensorSpec> out;
-  auto add = [&](std::string name, std::vector<std::int64_t> shape) { out.push_back({std::move(name), std::move(shape)}); };
+  auto add = [&](std::string name, std::vector<std::int64_t> shape) {
+    out.push_back({std::move(name), std::move(shape)});
+  };
   auto linear = [&](const std::string& name, std::int64_t out_f, std::int64_t in_f) {
     add(name + ".weight", {out_f, in_f});
     add(name + ".bias", {out_f});
@@ -498,7 +510,8 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
     if (!file.ok()) return file.status();
     for (const auto& [name, view] : (*file)->tensors()) {
       if (auto [it, fresh] = where.emplace(name, f); !fresh) {
-        return InvalidArgument("checkpoint " + dir_str + ": tensor '" + name + "' is in both " + it->second + " and " + f);
+        return InvalidArgument("checkpoint " + dir_str + ": tensor '" + name + "' is in both " + it->second + " and " +
+                               f);
       }
       all.emplace(name, view);
     }
@@ -508,8 +521,8 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
   for (const auto& [name, file] : plan->weight_map) {
     auto it = where.find(name);
     if (it == where.end() || it->second != file) {
-      return InvalidArgument("checkpoint " + dir_str + ": model.safetensors.index.json puts tensor '" + name +
-                             "' in " + file + ", which does not hold it");
+      return InvalidArgument("checkpoint " + dir_str + ": model.safetensors.index.json puts tensor '" + name + "' in " +
+                             file + ", which does not hold it");
     }
   }
 
@@ -519,7 +532,8 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
     auto it = all.lower_bound(p);
     if (it != all.end() && it->first.starts_with(p)) {
       if (!prefix.empty()) {
-        return InvalidArgument("checkpoint " + dir_str + " holds vision tensors under both 'model.visual.' and "
+        return InvalidArgument("checkpoint " + dir_str +
+                               " holds vision tensors under both 'model.visual.' and "
                                "'visual.'; expected one");
       }
       prefix = p;
@@ -581,8 +595,8 @@ std::string DescribeCheckpoint(const Checkpoint& c) {
     << "weights:          ";
   for (std::size_t i = 0; i < c.weight_files().size(); ++i) o << (i ? ", " : "") << c.weight_files()[i];
   o << " (vision tensors under '" << c.prefix() << "')\n"
-    << "vision tower:     " << c.tensors().size() << " tensors, " << c.parameter_count() << " parameters (" << dtype_text
-    << ")\n"
+    << "vision tower:     " << c.tensors().size() << " tensors, " << c.parameter_count() << " parameters ("
+    << dtype_text << ")\n"
     << "blocks:           " << v.depth << " x width " << v.width << ", " << v.num_heads << " heads of " << v.head_dim()
     << ", MLP " << v.mlp_hidden << " (" << v.hidden_act << ")\n";
   if (v.arch == VisionArch::kQwen25VL) {

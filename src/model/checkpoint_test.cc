@@ -31,7 +31,9 @@ std::string ReadAll(const fs::path& p) {
   return ss.str();
 }
 
-void WriteAll(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes; }
+void WriteAll(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+}
 
 std::uint64_t HeaderLength(const std::string& file) {
   std::uint64_t n = 0;
@@ -75,8 +77,8 @@ std::map<std::string, json> VisionEntries(const fs::path& dir, const std::string
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    tmp_ = fs::temp_directory_path() /
-           ("epd_ckpt_" + std::to_string(getpid()) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    tmp_ = fs::temp_directory_path() / ("epd_ckpt_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(tmp_);
     fs::create_directories(tmp_);
   }
@@ -108,9 +110,9 @@ struct ArchCase {
 };
 
 TEST_F(CheckpointTest, ExposesExactlyTheVisionTensorsOfEachArchitecture) {
-  for (const ArchCase& c : {ArchCase{"qwen2_vl_f32", "qwen2_vl", "visual."},
-                            ArchCase{"qwen2_5_vl_f32", "qwen2_5_vl", "visual."},
-                            ArchCase{"qwen3_vl_f32", "qwen3_vl", "model.visual."}}) {
+  for (const ArchCase& c :
+       {ArchCase{"qwen2_vl_f32", "qwen2_vl", "visual."}, ArchCase{"qwen2_5_vl_f32", "qwen2_5_vl", "visual."},
+        ArchCase{"qwen3_vl_f32", "qwen3_vl", "model.visual."}}) {
     SCOPED_TRACE(c.dir);
     const fs::path dir = kCheckpoints / c.dir;
     auto ck = OpenCheckpoint(dir.string());
@@ -146,8 +148,9 @@ TEST_F(CheckpointTest, ExposesExactlyTheVisionTensorsOfEachArchitecture) {
 }
 
 TEST_F(CheckpointTest, ReadsBf16F16AndF32Tensors) {
-  for (auto [dir, dtype] : {std::pair{"qwen2_5_vl_bf16", TensorDType::kBF16}, std::pair{"qwen3_vl_f16", TensorDType::kF16},
-                            std::pair{"qwen2_vl_f32", TensorDType::kF32}}) {
+  for (auto [dir, dtype] :
+       {std::pair{"qwen2_5_vl_bf16", TensorDType::kBF16}, std::pair{"qwen3_vl_f16", TensorDType::kF16},
+        std::pair{"qwen2_vl_f32", TensorDType::kF32}}) {
     auto ck = OpenCheckpoint((kCheckpoints / dir).string());
     ASSERT_TRUE(ck.ok()) << ck.status().ToString();
     for (const auto& [name, t] : (*ck)->tensors()) EXPECT_EQ(t.dtype, dtype) << dir << " " << name;
@@ -223,8 +226,8 @@ TEST_F(CheckpointTest, PreprocessingComesFromThePreprocessorConfig) {
   const PreprocessConfig& c3 = (*q3)->preprocess();
   EXPECT_EQ(c3.patch_size, 16);
   EXPECT_EQ(c3.factor(), 32);
-  EXPECT_EQ(c3.min_pixels, 65536);      // size.shortest_edge
-  EXPECT_EQ(c3.max_pixels, 16777216);   // size.longest_edge
+  EXPECT_EQ(c3.min_pixels, 65536);     // size.shortest_edge
+  EXPECT_EQ(c3.max_pixels, 16777216);  // size.longest_edge
   EXPECT_EQ(c3.mean[0], 0.5f);
   EXPECT_EQ(c3.std[2], 0.5f);
   auto g3 = GridForImage(427, 640, c3);
@@ -276,9 +279,8 @@ TEST_F(CheckpointTest, WrongShapeIsNamed) {
 
 TEST_F(CheckpointTest, UnexpectedVisionTensorIsNamed) {
   const fs::path dir = Copy("qwen2_vl_f32");
-  EditHeader(dir / "model.safetensors", [](json& h) {
-    h["visual.blocks.0.attn.extra.weight"] = h["visual.blocks.0.norm1.weight"];
-  });
+  EditHeader(dir / "model.safetensors",
+             [](json& h) { h["visual.blocks.0.attn.extra.weight"] = h["visual.blocks.0.norm1.weight"]; });
   ExpectError(dir, StatusCode::kInvalidArgument, {"unexpected tensor", "visual.blocks.0.attn.extra.weight"});
 }
 

@@ -37,13 +37,20 @@ struct DTypeInfo {
 };
 
 constexpr std::array<DTypeInfo, 15> kDTypes = {{
-    {TensorDType::kBool, "BOOL", 1},     {TensorDType::kU8, "U8", 1},
-    {TensorDType::kI8, "I8", 1},         {TensorDType::kF8E5M2, "F8_E5M2", 1},
-    {TensorDType::kF8E4M3, "F8_E4M3", 1}, {TensorDType::kI16, "I16", 2},
-    {TensorDType::kU16, "U16", 2},       {TensorDType::kF16, "F16", 2},
-    {TensorDType::kBF16, "BF16", 2},     {TensorDType::kI32, "I32", 4},
-    {TensorDType::kU32, "U32", 4},       {TensorDType::kF32, "F32", 4},
-    {TensorDType::kF64, "F64", 8},       {TensorDType::kI64, "I64", 8},
+    {TensorDType::kBool, "BOOL", 1},
+    {TensorDType::kU8, "U8", 1},
+    {TensorDType::kI8, "I8", 1},
+    {TensorDType::kF8E5M2, "F8_E5M2", 1},
+    {TensorDType::kF8E4M3, "F8_E4M3", 1},
+    {TensorDType::kI16, "I16", 2},
+    {TensorDType::kU16, "U16", 2},
+    {TensorDType::kF16, "F16", 2},
+    {TensorDType::kBF16, "BF16", 2},
+    {TensorDType::kI32, "I32", 4},
+    {TensorDType::kU32, "U32", 4},
+    {TensorDType::kF32, "F32", 4},
+    {TensorDType::kF64, "F64", 8},
+    {TensorDType::kI64, "I64", 8},
     {TensorDType::kU64, "U64", 8},
 }};
 
@@ -184,8 +191,8 @@ StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(const std
     const auto end = (*off)[1].get<std::uint64_t>();
     if (begin > end) return bad_tensor("data_offsets " + off->dump() + " end before they begin");
     if (end > data_bytes) {
-      return bad_tensor("data_offsets " + off->dump() + " run past the end of the data (" +
-                        std::to_string(data_bytes) + " bytes after the header; truncated?)");
+      return bad_tensor("data_offsets " + off->dump() + " run past the end of the data (" + std::to_string(data_bytes) +
+                        " bytes after the header; truncated?)");
     }
     const std::optional<std::uint64_t> want = MulChecked(numel, TensorDTypeSize(*dtype));
     if (!want || *want != end - begin) {

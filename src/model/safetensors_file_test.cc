@@ -39,7 +39,9 @@ class SafetensorsFileTest : public ::testing::Test {
     return path;
   }
   // A file with `header` as its JSON and `data` after it.
-  std::string File(const std::string& header, const std::string& data) { return Write(Le64(header.size()) + header + data); }
+  std::string File(const std::string& header, const std::string& data) {
+    return Write(Le64(header.size()) + header + data);
+  }
   // Opens `bytes`, expects kInvalidArgument with `needle` in the message.
   void ExpectRejected(const std::string& bytes, const std::string& needle) {
     auto f = SafetensorsFile::Open(Write(bytes));
@@ -111,9 +113,7 @@ TEST_F(SafetensorsFileTest, RejectsFilesShorterThanTheLengthField) { ExpectRejec
 
 TEST_F(SafetensorsFileTest, RejectsAZeroHeaderLength) { ExpectRejected(Le64(0), "header length is 0"); }
 
-TEST_F(SafetensorsFileTest, RejectsAHeaderLongerThanTheFile) {
-  ExpectRejected(Le64(1000) + "{}", "runs past the end");
-}
+TEST_F(SafetensorsFileTest, RejectsAHeaderLongerThanTheFile) { ExpectRejected(Le64(1000) + "{}", "runs past the end"); }
 
 TEST_F(SafetensorsFileTest, RejectsAHeaderThatIsNotJson) {
   const std::string h = "{not json";
@@ -146,8 +146,7 @@ TEST_F(SafetensorsFileTest, RejectsNegativeDimensions) {
 }
 
 TEST_F(SafetensorsFileTest, RejectsAShapeWhoseSizeOverflows) {
-  const std::string h =
-      R"({"x":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})";
+  const std::string h = R"({"x":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})";
   ExpectRejected(Le64(h.size()) + h + FloatBytes({1}), "overflows");
 }
 

@@ -5,10 +5,9 @@
 // OnDone releases nothing, but an admitted one may end at once and Release).
 #include "admission.h"
 
-#include <algorithm>
-
 #include <grpcpp/server_context.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 #include <vector>

@@ -99,7 +99,7 @@ TEST(RequestBudgetTest, SmallWaitersPassALargeOneThatKeepsItsPlace) {
   RequestBudget b(100, 1000, nullptr, &pool);
   ASSERT_TRUE(AcquireNow(b, 100).ok());
   Answer large, small1, small2;
-  ASSERT_NE(b.Acquire(90, In(milliseconds(60000)), large.Grant()), 0U);   // oldest
+  ASSERT_NE(b.Acquire(90, In(milliseconds(60000)), large.Grant()), 0U);  // oldest
   ASSERT_NE(b.Acquire(20, In(milliseconds(60000)), small1.Grant()), 0U);
   ASSERT_NE(b.Acquire(20, In(milliseconds(60000)), small2.Grant()), 0U);
   b.Release(50);  // 50 in flight: the large one does not fit, both small ones do (90)
@@ -131,7 +131,8 @@ TEST(RequestBudgetTest, ACancelledWaiterIsToldWhyAndTakesNothing) {
 TEST(RequestBudgetTest, DrainedHookRunsOnceABurstHasFullyLeft) {
   internal::TaskPool pool(1);
   int drained = 0;
-  RequestBudget b(100, 50, [&] { ++drained; }, &pool);
+  RequestBudget b(
+      100, 50, [&] { ++drained; }, &pool);
   ASSERT_TRUE(AcquireNow(b, 30).ok());
   b.Release(30);
   EXPECT_EQ(drained, 0);  // at most 30 in flight at once: below the burst size
@@ -149,7 +150,8 @@ TEST(RequestBudgetTest, DrainedHookRunsOnceABurstHasFullyLeft) {
 TEST(RequestBudgetTest, NoDrainWhileAReleaseAdmitsAWaiter) {
   internal::TaskPool pool(1);
   int drained = 0;
-  RequestBudget b(100, 50, [&] { ++drained; }, &pool);
+  RequestBudget b(
+      100, 50, [&] { ++drained; }, &pool);
   ASSERT_TRUE(AcquireNow(b, 100).ok());
   Answer w;
   ASSERT_NE(b.Acquire(60, In(milliseconds(60000)), w.Grant()), 0U);
@@ -163,7 +165,8 @@ TEST(RequestBudgetTest, NoDrainWhileAReleaseAdmitsAWaiter) {
 TEST(RequestBudgetTest, ManySmallCallsOneAtATimeAreNoBurst) {
   internal::TaskPool pool(1);
   int drained = 0;
-  RequestBudget b(100, 50, [&] { ++drained; }, &pool);
+  RequestBudget b(
+      100, 50, [&] { ++drained; }, &pool);
   for (int i = 0; i < 20; ++i) {  // 200 bytes in all, never more than 10 at once
     ASSERT_TRUE(AcquireNow(b, 10).ok());
     b.Release(10);
@@ -181,7 +184,8 @@ TEST(RequestBudgetTest, ThousandsOfWaitersRacingReleasesCancelsAndDeadlinesEachH
   constexpr std::int64_t kCapacity = 100;
   internal::TaskPool pool(2);
   std::atomic<int> drained{0};
-  RequestBudget b(kCapacity, 50, [&] { ++drained; }, &pool);
+  RequestBudget b(
+      kCapacity, 50, [&] { ++drained; }, &pool);
   ASSERT_TRUE(AcquireNow(b, kCapacity).ok());  // full: every waiter below queues
 
   struct Waiter {
@@ -303,8 +307,8 @@ std::string PaddedPng(int seed, std::size_t pad) { return Png(56, 56, seed) + st
 // for the excess, small requests still get in, and the refusals are counted.
 TEST(AdmissionServerTest, BurstOverTheBudgetRefusesTheExcessAndSmallRequestsStillPass) {
   TestServerOptions o;
-  o.server.max_request_bytes = 1536 << 10;          // 1.5 MiB
-  o.server.max_inflight_request_bytes = 3 << 20;    // 3 MiB: two 1.2 MiB requests fit, a third does not
+  o.server.max_request_bytes = 1536 << 10;        // 1.5 MiB
+  o.server.max_inflight_request_bytes = 3 << 20;  // 3 MiB: two 1.2 MiB requests fit, a third does not
   o.server.admission_wait = milliseconds(50);
   std::atomic<int> drained{0};
   o.server.on_requests_drained = [&] { ++drained; };
@@ -326,8 +330,8 @@ TEST(AdmissionServerTest, BurstOverTheBudgetRefusesTheExcessAndSmallRequestsStil
   EXPECT_THAT(third.status.error_message(), ::testing::HasSubstr("in-flight request budget of 3.0 MiB"));
 
   // A small request fits next to the two big ones.
-  auto small = std::async(std::launch::async,
-                          [&] { return CallEncode(*t.stub, MakeRequest("small", {Png(56, 56, 9)})); });
+  auto small =
+      std::async(std::launch::async, [&] { return CallEncode(*t.stub, MakeRequest("small", {Png(56, 56, 9)})); });
   ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 3; }));
   t.hold->store(false);
   EXPECT_TRUE(small.get().status.ok());

@@ -74,9 +74,8 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
       grpc::Status s = m->GetSendStatus();
       // (Sync methods answer INTERNAL; callback methods UNIMPLEMENTED, with
       // no message.)
-      const bool refused_unparsed =
-          unparsed_.load() &&
-          (s.error_code() == grpc::StatusCode::INTERNAL || s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+      const bool refused_unparsed = unparsed_.load() && (s.error_code() == grpc::StatusCode::INTERNAL ||
+                                                         s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
       if (refused_unparsed) {
         s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                          std::string("the request message does not parse as the protobuf ") + info_->method() +
@@ -110,13 +109,9 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
 
  private:
   // A callback-API method's call (Encode, Session), as opposed to a sync one.
-  bool Callback() const {
-    return dynamic_cast<const grpc::CallbackServerContext*>(info_->server_context()) != nullptr;
-  }
+  bool Callback() const { return dynamic_cast<const grpc::CallbackServerContext*>(info_->server_context()) != nullptr; }
 
-  std::string Peer() const {
-    return info_->server_context() != nullptr ? info_->server_context()->peer() : "?";
-  }
+  std::string Peer() const { return info_->server_context() != nullptr ? info_->server_context()->peer() : "?"; }
 
   // Records the outcome of a call refused for want of a request message once
   // both that refusal was sent and the call's close arrived: a cancel when the
@@ -124,9 +119,9 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   void MaybeRecordUnparsedLocked() {
     if (!status_sent_ || !closed_ || recorded_) return;
     recorded_ = true;
-    outcomes_->Record(info_->method(), Peer(),
-                      cancelled_ ? Cancelled("the client cancelled the call before its request message arrived")
-                                 : unparsed_status_);
+    outcomes_->Record(
+        info_->method(), Peer(),
+        cancelled_ ? Cancelled("the client cancelled the call before its request message arrived") : unparsed_status_);
   }
 
   CallOutcomes* outcomes_;
@@ -137,11 +132,11 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   std::atomic<bool> unparsed_{false};
   // PRE_SEND_STATUS and POST_RECV_CLOSE may run on different threads.
   std::mutex mu_;
-  Status unparsed_status_;     // guarded by mu_
-  bool status_sent_ = false;   // the refusal was sent; guarded by mu_
-  bool closed_ = false;        // guarded by mu_
-  bool cancelled_ = false;     // guarded by mu_
-  bool recorded_ = false;      // guarded by mu_
+  Status unparsed_status_;    // guarded by mu_
+  bool status_sent_ = false;  // the refusal was sent; guarded by mu_
+  bool closed_ = false;       // guarded by mu_
+  bool cancelled_ = false;    // guarded by mu_
+  bool recorded_ = false;     // guarded by mu_
 };
 
 class OutcomeInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {

@@ -44,9 +44,9 @@ namespace epd::internal {
 class RateLimitedLog {
  public:
   using Clock = std::chrono::steady_clock;
-  RateLimitedLog(std::function<void(const std::string&)> sink, int per_window,
-                 Clock::duration window = std::chrono::seconds(1),
-                 std::function<Clock::time_point()> now = [] { return Clock::now(); });
+  RateLimitedLog(
+      std::function<void(const std::string&)> sink, int per_window, Clock::duration window = std::chrono::seconds(1),
+      std::function<Clock::time_point()> now = [] { return Clock::now(); });
   void Log(const std::string& line);
 
  private:

@@ -1,11 +1,11 @@
 // RateLimitedLog with a hand-driven clock: how many lines pass per window,
 // and how the dropped ones are reported.
+#include "call_outcomes.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
-
-#include "call_outcomes.h"
 
 namespace epd::internal {
 namespace {

@@ -78,8 +78,7 @@ void EncodeCall::Start() {
       ctx_->deadline() - std::chrono::system_clock::now(), std::chrono::hours(1));
   admit_by_ = Clock::now() + std::min<Clock::duration>(s.options.admission_wait,
                                                        std::chrono::duration_cast<Clock::duration>(to_deadline));
-  deadline_slack_ =
-      std::max<std::chrono::system_clock::duration>(kDeadlineSlack, to_deadline / kDeadlineSlackDivisor);
+  deadline_slack_ = std::max<std::chrono::system_clock::duration>(kDeadlineSlack, to_deadline / kDeadlineSlackDivisor);
   // Assigned ids use a prefix client ids may not (request_id.h).
   id_ = req_->id().empty() ? internal::AutoRequestId(s.next_auto_id++) : req_->id();
   n_ = static_cast<std::size_t>(req_->items_size());

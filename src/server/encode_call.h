@@ -43,13 +43,13 @@
 #include <mutex>
 #include <string>
 
+#include "admission.h"
 #include "epd/core/embedding.h"
 #include "epd/core/encode_types.h"
-#include "epd/server/server.h"
 #include "epd/core/status.h"
+#include "epd/server/server.h"
 #include "epd/v1/encoder.grpc.pb.h"
 #include "epd/worker/worker_loop.h"
-#include "admission.h"
 
 namespace epd {
 
@@ -125,16 +125,16 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   std::int64_t msg_bytes_ = 0;  // its item's buffered bytes
 
   std::mutex mu_;
-  bool writer_ = true;            // Start holds the role until the request is submitted
-  bool admitting_ = false;        // waiting for the budget's answer (Admit to Admitted)
+  bool writer_ = true;                            // Start holds the role until the request is submitted
+  bool admitting_ = false;                        // waiting for the budget's answer (Admit to Admitted)
   internal::RequestBudget::WaiterId waiter_ = 0;  // its waiter, once queued (0 = none or not yet known)
-  bool admitted_ = false;         // message_bytes_ of the budget are held
-  bool submitted_ = false;        // the worker has the request
-  bool finished_ = false;         // Finish or StartWriteAndFinish called
-  bool done_ = false;             // on_done fired
-  Status request_status_;         // RequestResult::status, valid once done_
-  Status give_up_;                // cancelled, past the deadline, or the client went away
-  std::deque<ItemResult> ready_;  // delivered, not yet written
+  bool admitted_ = false;                         // message_bytes_ of the budget are held
+  bool submitted_ = false;                        // the worker has the request
+  bool finished_ = false;                         // Finish or StartWriteAndFinish called
+  bool done_ = false;                             // on_done fired
+  Status request_status_;                         // RequestResult::status, valid once done_
+  Status give_up_;                                // cancelled, past the deadline, or the client went away
+  std::deque<ItemResult> ready_;                  // delivered, not yet written
   std::size_t delivered_ = 0, written_ = 0, failed_ = 0;
   std::int64_t first_failed_ = -1;
   Status first_failure_;

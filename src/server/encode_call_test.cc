@@ -81,7 +81,6 @@ void ExpectServes(TestServer& t, int seed, const FakeTowerOptions& tower = {}) {
   EXPECT_TRUE(RowsOf(r.items[0]) == RowsOf(Expected(img, tower))) << "wrong rows";
 }
 
-
 // A call run by hand: started, read item by item, then finished, cancelled
 // or abandoned.
 struct OpenCall {
@@ -174,8 +173,7 @@ TEST(EncodeCallTest, ACallWaitingForTheBudgetGoesInWhenAnEarlierCallEnds) {
   std::vector<std::future<RawCall>> calls;
   for (int i = 0; i < 3; ++i) {
     calls.push_back(std::async(std::launch::async, [&, i] {
-      return CallEncode(*t.stub, MakeRequest("queued-" + std::to_string(i), {PaddedPng(20 + i)}),
-                        milliseconds(60000));
+      return CallEncode(*t.stub, MakeRequest("queued-" + std::to_string(i), {PaddedPng(20 + i)}), milliseconds(60000));
     }));
     if (i == 1) {
       ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.in_flight_requests == 2; }));
@@ -221,7 +219,8 @@ void DeadlineMidStream(bool shm) {
   ASSERT_TRUE(WaitFor([&] {
     return Errors(t, StatusCode::kDeadlineExceeded) == 1 && t.server->Stats().worker.cancelled_requests == 1 &&
            Quiet(t);
-  })) << ErrorsText(t) << StatsText(t);
+  })) << ErrorsText(t)
+      << StatsText(t);
   EXPECT_EQ(AllErrors(t), 1u);
   t.hold->store(false);
   ExpectServes(t, 43);
@@ -250,7 +249,8 @@ TEST(EncodeCallTest, ClientWhoseChannelGoesAwayMidStreamIsCancelledInTheWorker) 
   c.reset();
   ASSERT_TRUE(WaitFor([&] {
     return Errors(t, StatusCode::kCancelled) == 1 && t.server->Stats().worker.cancelled_requests == 1 && Quiet(t);
-  })) << ErrorsText(t) << StatsText(t);
+  })) << ErrorsText(t)
+      << StatsText(t);
   t.hold->store(false);
   ExpectServes(t, 52);
   EXPECT_EQ(AllErrors(t), 1u);
@@ -351,9 +351,9 @@ TEST(EncodeCallTest, ConcurrentCallsWithRandomCancelsGetEveryItemOnceWithTheRigh
     want.push_back(RowsOf(Expected(images.back())));
   }
   // Half of them cached before the burst.
-  ASSERT_TRUE(CallEncode(*t.stub, MakeRequest("warm", {images[0], images[2], images[4], images[6], images[8],
-                                                       images[10]}))
-                  .status.ok());
+  ASSERT_TRUE(
+      CallEncode(*t.stub, MakeRequest("warm", {images[0], images[2], images[4], images[6], images[8], images[10]}))
+          .status.ok());
 
   constexpr int kThreads = 6, kCallsPerThread = 12;
   std::atomic<int> cancels_seen{0}, completed{0};
@@ -521,8 +521,9 @@ TEST(EncodeCallTest, FailedItemsLetTheOthersThroughAndTheStatusNamesTheLowestInd
   const std::string hit = Png(56, 56, 82);
   ASSERT_TRUE(CallEncode(*t.stub, MakeRequest("warm", {hit})).status.ok());
   t.hold->store(true);
-  auto late = std::async(std::launch::async,
-                         [&] { return CallEncode(*t.stub, MakeRequest("late", {Png(56, 56, 83), hit, "junk"})); });
+  auto late = std::async(std::launch::async, [&] {
+    return CallEncode(*t.stub, MakeRequest("late", {Png(56, 56, 83), hit, "junk"}));
+  });
   ASSERT_TRUE(WaitFor([&] { return t.server->Stats().worker.pending_items == 1; }));
   t.tower_state->fail_next = Internal("injected tower failure");
   t.hold->store(false);

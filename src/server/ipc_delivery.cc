@@ -80,8 +80,9 @@ std::uint32_t ReleaseAnyLeases(ShmArena* arena, IpcLeases* ipc,
     Status s;
     if (l.kind() == v1::LEASE_KIND_CUDA_IPC) {
       s = ipc != nullptr ? ipc->Release(l.generation())
-                         : FailedPrecondition("this server has no CUDA IPC delivery (start it with --ipc-export-mb "
-                                              "and a GPU tier); there is nothing to release");
+                         : FailedPrecondition(
+                               "this server has no CUDA IPC delivery (start it with --ipc-export-mb "
+                               "and a GPU tier); there is nothing to release");
     } else {
       s = ReleaseShmLease(arena, l);
     }

@@ -12,7 +12,8 @@ StatusOr<std::unique_ptr<IpcLeases>> IpcLeases::Create(Device* device, std::int6
   if (capacity_bytes <= 0) {
     return InvalidArgument("ipc_export_bytes must be > 0 for CUDA IPC delivery, got " + std::to_string(capacity_bytes));
   }
-  if (lease.count() <= 0) return InvalidArgument("the CUDA IPC lease must be > 0 ms, got " + std::to_string(lease.count()));
+  if (lease.count() <= 0)
+    return InvalidArgument("the CUDA IPC lease must be > 0 ms, got " + std::to_string(lease.count()));
   std::unique_ptr<IpcLeases> l(new IpcLeases(lease));
   l->device_ = device;
   l->capacity_ = static_cast<std::uint64_t>(capacity_bytes);
@@ -38,8 +39,8 @@ void IpcLeases::SweepLocked(Clock::time_point now, Dead* dead) {
   while (std::optional<std::uint64_t> id = book_.ExpireNext(now)) UnrefLocked(*id, dead);
 }
 
-std::optional<IpcLeases::Lease> IpcLeases::Acquire(const std::string& key, const void* device_src,
-                                                   std::uint64_t bytes, Status* export_error) {
+std::optional<IpcLeases::Lease> IpcLeases::Acquire(const std::string& key, const void* device_src, std::uint64_t bytes,
+                                                   Status* export_error) {
   Dead dead;  // destroyed after the lock is dropped
   std::optional<Lease> out;
   {

@@ -39,9 +39,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "epd/core/status.h"
 #include "epd/gpu/device.h"
 #include "epd/rpc/server_stats.h"
-#include "epd/core/status.h"
 #include "lease_book.h"
 
 namespace epd::internal {
@@ -132,7 +132,7 @@ class IpcLeases {
   std::unordered_map<std::uint64_t, ExportState> exports_;  // live exports by id; guarded by mu_
   std::unordered_map<std::string, std::uint64_t> by_key_;   // key -> id, nonempty keys; guarded by mu_
   std::uint64_t next_export_id_ = 1;                        // guarded by mu_
-  LeaseBook book_;  // each lease holds its export's id; guarded by mu_
+  LeaseBook book_;                                          // each lease holds its export's id; guarded by mu_
   // The exports' own counters; the lease counts come from book_ in Stats.
   // Guarded by mu_.
   IpcStats stats_;

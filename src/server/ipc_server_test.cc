@@ -712,7 +712,7 @@ TEST_F(IpcLeasesTest, ReleaseOwnerEndsItsLeasesAndFreesExportsNoOtherLeaseHolds)
 
   EXPECT_EQ(leases_->ReleaseOwner(owner), 2u);  // a and b1
   st = leases_->Stats();
-  EXPECT_EQ(st.leases, 1);  // b2
+  EXPECT_EQ(st.leases, 1);   // b2
   EXPECT_EQ(st.exports, 1);  // b's, held by b2; a's freed with its only lease
   EXPECT_EQ(st.exported_bytes, 256);
   EXPECT_EQ(st.session_reclaimed, 2u);

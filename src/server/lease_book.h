@@ -66,12 +66,12 @@ class LeaseBook {
 
   // Counters; `leases` is a level, the others only grow.
   struct Counts {
-    std::int64_t leases = 0;              // live leases now
-    std::uint64_t granted = 0;            // leases ever granted
-    std::uint64_t released = 0;           // ended by Release
-    std::uint64_t expired = 0;            // ended by their deadline (ExpireNext)
-    std::uint64_t owner_released = 0;     // ended by ReleaseOwner
-    std::uint64_t refused_releases = 0;   // Release calls that ended nothing
+    std::int64_t leases = 0;             // live leases now
+    std::uint64_t granted = 0;           // leases ever granted
+    std::uint64_t released = 0;          // ended by Release
+    std::uint64_t expired = 0;           // ended by their deadline (ExpireNext)
+    std::uint64_t owner_released = 0;    // ended by ReleaseOwner
+    std::uint64_t refused_releases = 0;  // Release calls that ended nothing
   };
 
   // `lease`: how long every lease lasts from its grant. REQUIRES: > 0 (the

@@ -84,8 +84,8 @@ TEST(LeaseBookTest, RefusedReleasesSayWhyChangeNothingAndAreCounted) {
   EXPECT_EQ(book.Release(a, 64).refusal, Refusal::kEnded);  // repeated
   EXPECT_EQ(book.Release(a).refusal, Refusal::kEnded);
   ASSERT_TRUE(book.ExpireNext(kT0 + milliseconds(100)).has_value());  // b
-  EXPECT_EQ(book.Release(b).refusal, Refusal::kEnded);               // expired
-  const LeaseBook::Released third = book.Release(c);  // any holding
+  EXPECT_EQ(book.Release(b).refusal, Refusal::kEnded);                // expired
+  const LeaseBook::Released third = book.Release(c);                  // any holding
   ASSERT_TRUE(third.ok());
   EXPECT_EQ(third.holding, 192u);
 
@@ -102,8 +102,8 @@ TEST(LeaseBookTest, ReleaseOwnerEndsOnlyItsLiveLeasesAndRetiresTheOwner) {
   EXPECT_NE(mine, 0u);
   EXPECT_NE(other, 0u);
   EXPECT_NE(mine, other);
-  const std::uint64_t a = book.Grant(1, kT0), b = book.Grant(2, kT0), c = book.Grant(3, kT0),
-                      d = book.Grant(4, kT0), e = book.Grant(5, kT0);
+  const std::uint64_t a = book.Grant(1, kT0), b = book.Grant(2, kT0), c = book.Grant(3, kT0), d = book.Grant(4, kT0),
+                      e = book.Grant(5, kT0);
   EXPECT_TRUE(book.Adopt(a, mine));
   EXPECT_TRUE(book.Adopt(b, mine));
   EXPECT_TRUE(book.Adopt(c, mine));
@@ -170,7 +170,7 @@ TEST(LeaseBookTest, AgreesWithAPlainModelOverARandomSequence) {
   };
   const milliseconds lease(50);
   LeaseBook book(lease);
-  std::vector<ModelLease> model(1);  // [0] unused: generations start at 1
+  std::vector<ModelLease> model(1);      // [0] unused: generations start at 1
   std::map<std::uint64_t, bool> owners;  // opened -> still live
   std::uint64_t released = 0, expired = 0, by_owner = 0, refused = 0;
   Clock::time_point now = kT0;

@@ -31,9 +31,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -134,7 +134,8 @@ class StatsCollectable : public prometheus::Collectable {
     Add(out.back(), static_cast<double>(w.chunk_hits), {{"outcome", "hit"}});
     Add(out.back(), static_cast<double>(w.chunk_misses), {{"outcome", "miss"}});
     Add(out.back(), static_cast<double>(w.chunk_joins), {{"outcome", "joined"}});
-    counter("epd_cache_errors_total", "Cache operations whose tier copy failed (served as a miss, or the victim dropped)",
+    counter("epd_cache_errors_total",
+            "Cache operations whose tier copy failed (served as a miss, or the victim dropped)",
             static_cast<double>(w.cache_errors));
     per_tier("epd_cache_evictions_total", "Capacity victims, by tier", MetricType::Counter,
              static_cast<double>(w.l1_evictions), static_cast<double>(w.l2_evictions));
@@ -161,8 +162,7 @@ class StatsCollectable : public prometheus::Collectable {
     counter("epd_tower_failures_total", "Tower batches that failed", static_cast<double>(w.tower_failures));
     counter("epd_sink_full_stalls_total", "Worker steps skipped because result buffers were full",
             static_cast<double>(w.sink_full_stalls));
-    gauge("epd_buffered_bytes", "Result bytes waiting to be written to clients",
-          static_cast<double>(s.buffered_bytes));
+    gauge("epd_buffered_bytes", "Result bytes waiting to be written to clients", static_cast<double>(s.buffered_bytes));
     // Shared-memory delivery (docs/SHM.md); all 0 without an arena.
     gauge("epd_shm_capacity_bytes", "Size of the shared-memory arena", static_cast<double>(s.shm.capacity_bytes));
     gauge("epd_shm_leased_bytes", "Arena bytes under lease (each shared span once)",
@@ -173,14 +173,16 @@ class StatsCollectable : public prometheus::Collectable {
             static_cast<double>(s.shm.reused));
     counter("epd_shm_fallbacks_total", "Items asked for by shared memory but sent inline (arena full)",
             static_cast<double>(s.shm.fallbacks));
-    counter("epd_shm_expired_total", "Shared-memory leases ended by their deadline", static_cast<double>(s.shm.expired));
+    counter("epd_shm_expired_total", "Shared-memory leases ended by their deadline",
+            static_cast<double>(s.shm.expired));
     counter("epd_shm_refused_releases_total", "Releases that matched no lease (repeated, stale or expired)",
             static_cast<double>(s.shm.refused_releases));
     gauge("epd_shm_sessions", "Lease sessions open now", static_cast<double>(s.shm.sessions));
     counter("epd_shm_session_reclaimed_total", "Shared-memory leases ended because their session ended",
             static_cast<double>(s.shm.session_reclaimed));
     // CUDA IPC delivery (docs/SHM.md, "CUDA IPC"); all 0 without it.
-    gauge("epd_ipc_capacity_bytes", "Bound on bytes of live CUDA IPC exports", static_cast<double>(s.ipc.capacity_bytes));
+    gauge("epd_ipc_capacity_bytes", "Bound on bytes of live CUDA IPC exports",
+          static_cast<double>(s.ipc.capacity_bytes));
     gauge("epd_ipc_exported_bytes", "Bytes of live CUDA IPC exports (each shared export once)",
           static_cast<double>(s.ipc.exported_bytes));
     gauge("epd_ipc_leases", "CUDA IPC leases held by clients", static_cast<double>(s.ipc.leases));
@@ -223,8 +225,7 @@ class MeteredTower : public VisionTower {
     for (const TowerItem& it : items) tokens += it.grid.tokens(inner_->merge_size());
     const auto start = std::chrono::steady_clock::now();
     StatusOr<TowerOutput> out = inner_->Encode(items);
-    metrics_->ObserveBatch(tokens,
-                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    metrics_->ObserveBatch(tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return out;
   }
   std::int64_t patch_dim() const override { return inner_->patch_dim(); }
@@ -365,8 +366,8 @@ class MetricsHttp {
     std::string head;
     char buf[1024];
     while (head.find("\r\n\r\n") == std::string::npos && head.size() < 8192) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
-                                                                               std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return;
       pollfd fds[2] = {{conn, POLLIN, 0}, {wake_[0], POLLIN, 0}};
       const int ready = poll(fds, 2, static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30)));
@@ -403,9 +404,9 @@ class MetricsHttp {
   std::chrono::milliseconds read_timeout_;
   std::function<std::string()> render_;
   std::mutex mu_;
-  std::condition_variable slot_freed_;    // a connection ended, or stopping_
-  bool stopping_ = false;                 // guarded by mu_
-  std::vector<Connection> connections_;   // guarded by mu_
+  std::condition_variable slot_freed_;   // a connection ended, or stopping_
+  bool stopping_ = false;                // guarded by mu_
+  std::vector<Connection> connections_;  // guarded by mu_
   std::thread acceptor_;
 };
 
@@ -425,14 +426,14 @@ ServerMetrics::ServerMetrics(std::function<ServerStats()> snapshot) : impl_(std:
   impl_->stats = std::make_shared<StatsCollectable>(std::move(snapshot));
   // Buckets: tokens from one small image (4) to a full 16k-token batch;
   // latencies from 0.1 ms (a hit) to 10 s (a large batch on CPU).
-  impl_->batch_tokens = &prometheus::BuildHistogram()
-                             .Name("epd_batch_tokens")
-                             .Help("Post-merge tokens per tower batch")
-                             .Register(*impl_->registry)
-                             .Add({}, prometheus::Histogram::BucketBoundaries{4, 16, 64, 256, 512, 1024, 2048,
-                                                                              4096, 8192, 16384});
-  const prometheus::Histogram::BucketBoundaries seconds{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01,
-                                                        0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  impl_->batch_tokens =
+      &prometheus::BuildHistogram()
+           .Name("epd_batch_tokens")
+           .Help("Post-merge tokens per tower batch")
+           .Register(*impl_->registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{4, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384});
+  const prometheus::Histogram::BucketBoundaries seconds{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025,
+                                                        0.05,   0.1,     0.25,   0.5,   1,     2.5,   5,    10};
   impl_->tower_seconds = &prometheus::BuildHistogram()
                               .Name("epd_tower_seconds")
                               .Help("Wall time of each tower batch")

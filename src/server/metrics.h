@@ -32,9 +32,9 @@
 #include <memory>
 #include <string>
 
-#include "epd/rpc/server_stats.h"
 #include "epd/core/status.h"
 #include "epd/core/vision_tower.h"
+#include "epd/rpc/server_stats.h"
 
 namespace epd::internal {
 

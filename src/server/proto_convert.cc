@@ -11,29 +11,40 @@ namespace epd::internal {
 
 v1::DType ToProto(DType d) {
   switch (d) {
-    case DType::kFloat32: return v1::DTYPE_FLOAT32;
-    case DType::kBFloat16: return v1::DTYPE_BFLOAT16;
-    case DType::kFloat16: return v1::DTYPE_FLOAT16;
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
 
 StatusOr<DType> FromProto(v1::DType d) {
   switch (d) {
-    case v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case v1::DTYPE_BFLOAT16: return DType::kBFloat16;
-    case v1::DTYPE_FLOAT16: return DType::kFloat16;
-    default: break;
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    default:
+      break;
   }
   return InvalidArgument("unknown dtype " + std::to_string(static_cast<int>(d)));
 }
 
 v1::Source ToProto(ItemSource s) {
   switch (s) {
-    case ItemSource::kL1: return v1::SOURCE_L1;
-    case ItemSource::kL2: return v1::SOURCE_L2;
-    case ItemSource::kMiss: return v1::SOURCE_MISS;
-    case ItemSource::kJoined: return v1::SOURCE_JOINED;
+    case ItemSource::kL1:
+      return v1::SOURCE_L1;
+    case ItemSource::kL2:
+      return v1::SOURCE_L2;
+    case ItemSource::kMiss:
+      return v1::SOURCE_MISS;
+    case ItemSource::kJoined:
+      return v1::SOURCE_JOINED;
     case ItemSource::kL3:
       return v1::SOURCE_L3;
   }
@@ -42,12 +53,16 @@ v1::Source ToProto(ItemSource s) {
 
 ItemSource FromProto(v1::Source s) {
   switch (s) {
-    case v1::SOURCE_L1: return ItemSource::kL1;
-    case v1::SOURCE_L2: return ItemSource::kL2;
-    case v1::SOURCE_JOINED: return ItemSource::kJoined;
+    case v1::SOURCE_L1:
+      return ItemSource::kL1;
+    case v1::SOURCE_L2:
+      return ItemSource::kL2;
+    case v1::SOURCE_JOINED:
+      return ItemSource::kJoined;
     case v1::SOURCE_L3:
       return ItemSource::kL3;
-    default: return ItemSource::kMiss;
+    default:
+      return ItemSource::kMiss;
   }
 }
 
@@ -70,8 +85,8 @@ void ToProto(const PreprocessConfig& cfg, v1::PreprocessConfig* out) {
 
 StatusOr<PreprocessConfig> FromProto(const v1::PreprocessConfig& p) {
   if (p.mean_size() != 3 || p.std_size() != 3) {
-    return InvalidArgument("preprocess config needs 3 mean and 3 std values, got " +
-                           std::to_string(p.mean_size()) + " and " + std::to_string(p.std_size()));
+    return InvalidArgument("preprocess config needs 3 mean and 3 std values, got " + std::to_string(p.mean_size()) +
+                           " and " + std::to_string(p.std_size()));
   }
   PreprocessConfig cfg;
   cfg.patch_size = static_cast<int>(p.patch_size());
@@ -357,9 +372,10 @@ Status FromGrpc(const grpc::Status& s) {
 namespace {
 // gRPC's canonical names, indexed by code (grpc/impl/codegen/status.h).
 constexpr std::array<std::string_view, 17> kGrpcNames = {
-    "OK",        "CANCELLED",         "UNKNOWN",        "INVALID_ARGUMENT",    "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
-    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",        "DATA_LOSS",         "UNAUTHENTICATED"};
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
 }  // namespace
 
 std::string GrpcCodeName(int code) {

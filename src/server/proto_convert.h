@@ -14,11 +14,11 @@
 
 #include "epd/core/embedding.h"
 #include "epd/core/encode_types.h"
-#include "epd/media/preprocess.h"
-#include "epd/rpc/server_stats.h"
 #include "epd/core/status.h"
-#include "epd/v1/encoder.pb.h"
+#include "epd/media/preprocess.h"
 #include "epd/media/video.h"
+#include "epd/rpc/server_stats.h"
+#include "epd/v1/encoder.pb.h"
 
 namespace epd::internal {
 

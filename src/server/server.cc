@@ -119,9 +119,9 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->outcomes = std::make_unique<internal::CallOutcomes>(options.log);
   self->auth = std::make_unique<internal::TokenCheck>(options.auth_token);
   self->pool = std::make_unique<internal::TaskPool>(PoolThreads());
-  self->budget = std::make_unique<internal::RequestBudget>(
-      options.max_inflight_request_bytes, options.max_inflight_request_bytes / 16, options.on_requests_drained,
-      self->pool.get());
+  self->budget = std::make_unique<internal::RequestBudget>(options.max_inflight_request_bytes,
+                                                           options.max_inflight_request_bytes / 16,
+                                                           options.on_requests_drained, self->pool.get());
   if (options.shm_arena_bytes > 0) {
     StatusOr<std::unique_ptr<internal::ShmArena>> arena =
         internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);

@@ -1,14 +1,12 @@
 // Bad input against a real in-process server: each case gets the documented
 // gRPC status with a message that names the problem, and the same server
 // then serves a good request.
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-
 #include <future>
 #include <mutex>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include "test_server.h"
 #include "worker_test_util.h"
@@ -216,8 +214,7 @@ grpc::Status CallEncodeWithRawBytes(TestServer& t, const std::string& body) {
   grpc::Slice slice(body);
   grpc::ByteBuffer request(&slice, 1);
   grpc::CompletionQueue cq;
-  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
-      stub.PrepareCall(&ctx, "/epd.v1.Encoder/Encode", &cq);
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = stub.PrepareCall(&ctx, "/epd.v1.Encoder/Encode", &cq);
   void* tag;
   bool ok;
   call->StartCall(reinterpret_cast<void*>(1));
@@ -326,7 +323,9 @@ TEST(ServerBadInputTest, AssignedRequestIdIsPrintableInErrorText) {
 
 TEST(ServerBadInputTest, RequestIdWithAControlCharacterIsInvalidArgument) {
   TestServer t = StartTestServer();
-  RawCall r = CallEncode(*t.stub, MakeRequest(std::string("bad\x1f" "id"), {Png(56, 56, 34)}));
+  RawCall r = CallEncode(*t.stub, MakeRequest(std::string("bad\x1f"
+                                                          "id"),
+                                              {Png(56, 56, 34)}));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(Contains(r.status.error_message(), "byte 0x1f at offset 3")) << r.status.error_message();
   EXPECT_TRUE(AllPrintable(r.status.error_message()));

@@ -17,13 +17,13 @@
 #include <optional>
 #include <string>
 
-#include "epd/server/server.h"
-#include "epd/v1/encoder.grpc.pb.h"
-#include "epd/core/version.h"
-#include "epd/worker/worker_loop.h"
 #include "admission.h"
 #include "auth.h"
 #include "call_outcomes.h"
+#include "epd/core/version.h"
+#include "epd/server/server.h"
+#include "epd/v1/encoder.grpc.pb.h"
+#include "epd/worker/worker_loop.h"
 #include "ipc_delivery.h"
 #include "ipc_leases.h"
 #include "metrics.h"

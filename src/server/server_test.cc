@@ -54,8 +54,7 @@ void ExpectItemIs(const v1::EncodedItem& got, const std::string& image) {
   EXPECT_EQ(std::vector<std::int64_t>(got.grid_thw().begin(), got.grid_thw().end()),
             (std::vector<std::int64_t>{want.grid.t, want.grid.h, want.grid.w}));
   EXPECT_EQ(got.main(), std::string(reinterpret_cast<const char*>(want.main.data()), want.main.size()));
-  EXPECT_EQ(got.deepstack(),
-            std::string(reinterpret_cast<const char*>(want.deepstack.data()), want.deepstack.size()));
+  EXPECT_EQ(got.deepstack(), std::string(reinterpret_cast<const char*>(want.deepstack.data()), want.deepstack.size()));
 }
 
 TEST(EncodeServerTest, StreamsEveryItemWithTheTowersEmbedding) {
@@ -384,7 +383,8 @@ TEST(EncodeServerTest, ClientThatDoesNotReadHoldsTowerBatchesButNotHits) {
 
   // Another miss now waits: the worker starts no tower batch while the
   // buffered bytes are over the limit...
-  auto other = std::async(std::launch::async, [&] { return CallEncode(*t.stub, MakeRequest("other", {Png(56, 56, 34)})); });
+  auto other =
+      std::async(std::launch::async, [&] { return CallEncode(*t.stub, MakeRequest("other", {Png(56, 56, 34)})); });
   ASSERT_TRUE(WaitFor([&] {
     const ServerStats s = t.server->Stats();
     return s.worker.pending_items == 1 && s.worker.sink_full_stalls > 0;

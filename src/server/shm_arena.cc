@@ -26,7 +26,9 @@ Status Errno(const std::string& what) {
   return Status(StatusCode::kUnavailable, what + " failed: " + std::strerror(errno));
 }
 
-std::uint64_t RoundUp(std::uint64_t n) { return (n + ShmArena::kGranule - 1) / ShmArena::kGranule * ShmArena::kGranule; }
+std::uint64_t RoundUp(std::uint64_t n) {
+  return (n + ShmArena::kGranule - 1) / ShmArena::kGranule * ShmArena::kGranule;
+}
 
 }  // namespace
 
@@ -35,7 +37,8 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(std::int64_t capacity_bytes
   if (capacity_bytes <= 0) {
     return InvalidArgument("shared-memory arena size must be > 0 bytes, got " + std::to_string(capacity_bytes));
   }
-  if (lease.count() <= 0) return InvalidArgument("shared-memory lease must be > 0 ms, got " + std::to_string(lease.count()));
+  if (lease.count() <= 0)
+    return InvalidArgument("shared-memory lease must be > 0 ms, got " + std::to_string(lease.count()));
   std::unique_ptr<ShmArena> a(new ShmArena(lease));
   a->capacity_ = RoundUp(static_cast<std::uint64_t>(capacity_bytes));
   a->now_ = std::move(now);
@@ -167,9 +170,9 @@ Status ShmArena::Release(std::uint64_t offset, std::uint64_t generation) {
   SweepLocked(now);
   // A lease at another offset is refused like one that does not exist.
   if (!book_.Release(generation, offset).ok()) {
-    return Status(StatusCode::kFailedPrecondition,
-                  "no lease at offset " + std::to_string(offset) + " with generation " + std::to_string(generation) +
-                      ": released already, expired, or never handed out");
+    return Status(StatusCode::kFailedPrecondition, "no lease at offset " + std::to_string(offset) +
+                                                       " with generation " + std::to_string(generation) +
+                                                       ": released already, expired, or never handed out");
   }
   UnrefLocked(offset);
   return Status::Ok();

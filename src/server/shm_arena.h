@@ -55,8 +55,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "epd/rpc/server_stats.h"
 #include "epd/core/status.h"
+#include "epd/rpc/server_stats.h"
 #include "lease_book.h"
 
 namespace epd::internal {
@@ -132,10 +132,10 @@ class ShmArena {
 
  private:
   struct SpanState {
-    std::uint64_t size = 0;  // rounded to kGranule
-    std::string key;         // empty: never shared
-    bool published = false;  // findable in by_key_
-    std::int64_t refs = 0;   // leases on it
+    std::uint64_t size = 0;                      // rounded to kGranule
+    std::string key;                             // empty: never shared
+    bool published = false;                      // findable in by_key_
+    std::int64_t refs = 0;                       // leases on it
     std::list<std::uint64_t>::iterator idle_at;  // valid iff refs == 0
   };
   explicit ShmArena(std::chrono::milliseconds lease) : lease_(lease), book_(lease) {}
@@ -158,11 +158,11 @@ class ShmArena {
   std::function<Clock::time_point()> now_;
 
   std::mutex mu_;
-  std::map<std::uint64_t, std::uint64_t> free_;              // offset -> size; guarded by mu_
-  std::map<std::uint64_t, SpanState> spans_;                 // by offset; guarded by mu_
-  std::unordered_map<std::string, std::uint64_t> by_key_;    // published spans; guarded by mu_
-  std::list<std::uint64_t> idle_;                            // idle spans, least recently used first; guarded by mu_
-  LeaseBook book_;  // each lease holds its span's offset; guarded by mu_
+  std::map<std::uint64_t, std::uint64_t> free_;            // offset -> size; guarded by mu_
+  std::map<std::uint64_t, SpanState> spans_;               // by offset; guarded by mu_
+  std::unordered_map<std::string, std::uint64_t> by_key_;  // published spans; guarded by mu_
+  std::list<std::uint64_t> idle_;                          // idle spans, least recently used first; guarded by mu_
+  LeaseBook book_;                                         // each lease holds its span's offset; guarded by mu_
   // The arena's own counters (leased_bytes kept current); the lease counts
   // come from book_ in Stats. Guarded by mu_.
   ShmStats stats_;

@@ -112,7 +112,8 @@ TEST(ShmArenaTest, FullArenaRefusesUntilNeighboursAreReleasedAndCoalesced) {
   ManualClock clock;
   auto arena = MakeArena(4 * 64, milliseconds(1000), &clock);
   ASSERT_NE(arena, nullptr);
-  auto s0 = arena->Acquire("", 64), s1 = arena->Acquire("", 64), s2 = arena->Acquire("", 64), s3 = arena->Acquire("", 64);
+  auto s0 = arena->Acquire("", 64), s1 = arena->Acquire("", 64), s2 = arena->Acquire("", 64),
+       s3 = arena->Acquire("", 64);
   ASSERT_TRUE(s0 && s1 && s2 && s3);
   EXPECT_FALSE(arena->Acquire("", 1).has_value());
   ASSERT_TRUE(arena->Release(s1->offset, s1->generation).ok());

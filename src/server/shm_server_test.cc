@@ -21,7 +21,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::string AsString(const std::vector<std::byte>& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+std::string AsString(const std::vector<std::byte>& b) {
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
 
 v1::EncodeRequest ShmRequest(const std::string& id, const std::vector<std::string>& images) {
   v1::EncodeRequest req = MakeRequest(id, images);
@@ -195,7 +197,8 @@ TEST(ShmDeliveryTest, ClientReadsRowsInPlaceAndReleasesOnDestruction) {
   auto client = EncodeClient::Connect(co);
   ASSERT_TRUE(client.ok());
   {
-    EncodeResult r = (*client)->Encode({ClientItem{images[0], std::nullopt, 0}, ClientItem{images[1], std::nullopt, 0}});
+    EncodeResult r =
+        (*client)->Encode({ClientItem{images[0], std::nullopt, 0}, ClientItem{images[1], std::nullopt, 0}});
     ASSERT_TRUE(r.status.ok()) << r.status.ToString();
     for (std::size_t i = 0; i < images.size(); ++i) {
       const ClientItemResult& item = r.items[i];
@@ -204,7 +207,8 @@ TEST(ShmDeliveryTest, ClientReadsRowsInPlaceAndReleasesOnDestruction) {
       const Embedding want = Expected(images[i]);
       EXPECT_EQ(item.shm->shape(), want.shape());
       EXPECT_EQ(item.shm->grid(), want.grid);
-      EXPECT_EQ(std::string(reinterpret_cast<const char*>(item.shm->main()), item.shm->main_bytes()), AsString(want.main));
+      EXPECT_EQ(std::string(reinterpret_cast<const char*>(item.shm->main()), item.shm->main_bytes()),
+                AsString(want.main));
       EXPECT_EQ(std::string(reinterpret_cast<const char*>(item.shm->deepstack()), item.shm->deepstack_bytes()),
                 AsString(want.deepstack));
       ExpectSameEmbedding(*item.shm->Copy(), want);

@@ -43,8 +43,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "epd/rpc/server_stats.h"
 #include "epd/core/status.h"
+#include "epd/rpc/server_stats.h"
 #include "epd/v1/encoder.pb.h"
 #include "ipc_leases.h"
 #include "proto_convert.h"  // kSessionHeader

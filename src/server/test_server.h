@@ -23,8 +23,8 @@
 namespace epd::testing {
 
 struct TestServerOptions {
-  ServerOptions server;          // address defaults to 127.0.0.1:0 here
-  WorkerOptions worker;          // model_id "test-model" unless set
+  ServerOptions server;  // address defaults to 127.0.0.1:0 here
+  WorkerOptions worker;  // model_id "test-model" unless set
   FakeTowerOptions tower;
 };
 

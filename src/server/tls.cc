@@ -33,8 +33,8 @@ std::unique_ptr<X509, X509Free> ReadCert(const std::string& pem) {
 }  // namespace
 
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const std::string& cert_pem,
-                                                                        const std::string& key_pem,
-                                                                        const std::string& client_ca_pem) {
+                                                                         const std::string& key_pem,
+                                                                         const std::string& client_ca_pem) {
   if (cert_pem.empty() && key_pem.empty()) {
     if (!client_ca_pem.empty()) {
       return InvalidArgument("a TLS client CA (--tls-client-ca) needs TLS: set the server certificate and key too");

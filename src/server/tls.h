@@ -25,7 +25,7 @@ namespace epd::internal {
 // reverse, a client CA without a certificate, PEM that does not parse, a key
 // that does not match the certificate.
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const std::string& cert_pem,
-                                                                        const std::string& key_pem,
-                                                                        const std::string& client_ca_pem);
+                                                                         const std::string& key_pem,
+                                                                         const std::string& client_ca_pem);
 
 }  // namespace epd::internal

@@ -50,8 +50,8 @@ namespace {
 using at::Tensor;
 using internal::HostBytes;
 using internal::ParseDevice;
-using internal::ToScalarType;
 using internal::TorchMessage;
+using internal::ToScalarType;
 using internal::ValidateTowerItems;
 
 // Every norm of the three towers uses eps 1e-6 (modeling_*.py).
@@ -84,10 +84,14 @@ enum class Act { kQuickGelu, kSilu, kGeluTanh, kGelu };
 
 Tensor Activate(Act act, const Tensor& x) {
   switch (act) {
-    case Act::kQuickGelu: return x * at::sigmoid(1.702 * x);  // transformers' QuickGELUActivation
-    case Act::kSilu: return at::silu(x);
-    case Act::kGeluTanh: return at::gelu(x, "tanh");
-    case Act::kGelu: return at::gelu(x);
+    case Act::kQuickGelu:
+      return x * at::sigmoid(1.702 * x);  // transformers' QuickGELUActivation
+    case Act::kSilu:
+      return at::silu(x);
+    case Act::kGeluTanh:
+      return at::gelu(x, "tanh");
+    case Act::kGelu:
+      return at::gelu(x);
   }
   return x;
 }
@@ -229,7 +233,7 @@ class CheckpointTower final : public VisionTower {
   Linear patch_embed_;  // [width, patch_dim]; bias for Qwen3-VL only
   Tensor pos_table_;    // Qwen3-VL: [num_position_embeddings, width]
   std::int64_t pos_side_ = 0;
-  Tensor inv_freq_;     // [head_dim / 4] float32, on the device
+  Tensor inv_freq_;  // [head_dim / 4] float32, on the device
   std::vector<Block> blocks_;
   Merger merger_;
   std::vector<Merger> deepstack_;
@@ -243,9 +247,12 @@ struct DeviceOutputTensors {
 
 at::ScalarType StoredType(TensorDType d) {
   switch (d) {
-    case TensorDType::kBF16: return at::kBFloat16;
-    case TensorDType::kF16: return at::kHalf;
-    default: return at::kFloat;  // the checkpoint admits only F32 besides
+    case TensorDType::kBF16:
+      return at::kBFloat16;
+    case TensorDType::kF16:
+      return at::kHalf;
+    default:
+      return at::kFloat;  // the checkpoint admits only F32 besides
   }
 }
 
@@ -299,8 +306,10 @@ void CheckpointTower::Build(const Checkpoint& ck, const CheckpointTowerOptions& 
   output_on_device_ = options.output_on_device;
   fused_attention_ = options.fused_attention;
   const std::string& a = cfg_.hidden_act;
-  act_ = a == "quick_gelu" ? Act::kQuickGelu : a == "silu" ? Act::kSilu : a == "gelu_pytorch_tanh" ? Act::kGeluTanh
-                                                                                                   : Act::kGelu;
+  act_ = a == "quick_gelu"          ? Act::kQuickGelu
+         : a == "silu"              ? Act::kSilu
+         : a == "gelu_pytorch_tanh" ? Act::kGeluTanh
+                                    : Act::kGelu;
   const bool qwen3 = cfg_.arch == VisionArch::kQwen3VL;
   patch_embed_.weight = Weight(ck, "patch_embed.proj.weight").reshape({cfg_.width, cfg_.patch_dim()});
   if (qwen3) {
@@ -366,9 +375,9 @@ std::pair<Tensor, Tensor> CheckpointTower::Rotary(std::span<const TowerItem> ite
   }
   pos = pos.to(device_);
   // angles [N, head_dim / 2] = [row * inv_freq, column * inv_freq]; emb = [angles, angles].
-  const Tensor angles = at::cat({pos.select(1, 0).unsqueeze(1) * inv_freq_.unsqueeze(0),
-                                 pos.select(1, 1).unsqueeze(1) * inv_freq_.unsqueeze(0)},
-                                1);
+  const Tensor angles = at::cat(
+      {pos.select(1, 0).unsqueeze(1) * inv_freq_.unsqueeze(0), pos.select(1, 1).unsqueeze(1) * inv_freq_.unsqueeze(0)},
+      1);
   const Tensor emb = at::cat({angles, angles}, 1);
   return {emb.cos(), emb.sin()};
 }
@@ -553,8 +562,7 @@ std::pair<Tensor, Tensor> CheckpointTower::Forward(std::span<const TowerItem> it
 StatusOr<TowerOutput> CheckpointTower::Encode(std::span<const TowerItem> items) {
   std::int64_t total_patches = 0;
   std::int64_t total_tokens = 0;
-  if (Status s = ValidateTowerItems(items, cfg_.patch_dim(), cfg_.merge_size, &total_patches, &total_tokens);
-      !s.ok()) {
+  if (Status s = ValidateTowerItems(items, cfg_.patch_dim(), cfg_.merge_size, &total_patches, &total_tokens); !s.ok()) {
     return s;
   }
   TowerOutput out;

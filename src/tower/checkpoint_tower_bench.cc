@@ -42,9 +42,9 @@
 #include <string>
 #include <vector>
 
-#include "epd/model/checkpoint.h"
 #include "epd/checkpoint_tower/checkpoint_tower.h"
 #include "epd/media/preprocess.h"
+#include "epd/model/checkpoint.h"
 #include "tool_flags.h"
 
 namespace {
@@ -180,8 +180,10 @@ int Run(int argc, char** argv) {
   double load[1] = {0};
   if (getloadavg(load, 1) != 1) load[0] = -1;
   const std::string base = photo.substr(photo.find_last_of('/') + 1);
-  std::printf("C++ checkpoint towers (epd/checkpoint_tower/checkpoint_tower.h, %s on %s, %s attention), %s, %zu bytes, load average %.2f\n\n",
-              dtype.c_str(), device.c_str(), fused_attention ? "fused" : "unfused", base.c_str(), bytes.size(), load[0]);
+  std::printf(
+      "C++ checkpoint towers (epd/checkpoint_tower/checkpoint_tower.h, %s on %s, %s attention), %s, %zu bytes, load "
+      "average %.2f\n\n",
+      dtype.c_str(), device.c_str(), fused_attention ? "fused" : "unfused", base.c_str(), bytes.size(), load[0]);
   std::printf(
       "| arch | threads | batch | depth x width | grid (t,h,w) | tokens | preprocess ms | forward ms/image (median) | "
       "min | CPU ms (median) | images/s (median) |\n");

@@ -47,8 +47,7 @@ int Run(int argc, char** argv) {
   if (pixels == nullptr || pixels->dtype != epd::TensorDType::kF32 || pixels->shape.size() != 2) {
     return Fail(in + ": needs pixel_values F32 [N, patch_dim]");
   }
-  if (grids == nullptr || grids->dtype != epd::TensorDType::kI64 || grids->shape.size() != 2 ||
-      grids->shape[1] != 3) {
+  if (grids == nullptr || grids->dtype != epd::TensorDType::kI64 || grids->shape.size() != 2 || grids->shape[1] != 3) {
     return Fail(in + ": needs grid_thw I64 [n_items, 3]");
   }
 
@@ -87,9 +86,9 @@ int Run(int argc, char** argv) {
   std::vector<epd::NamedTensor> tensors;
   tensors.push_back({"main", {epd::TensorDType::kF32, {result->tokens, result->hidden}, result->main}});
   if (result->deepstack_layers > 0) {
-    tensors.push_back({"deepstack",
-                       {epd::TensorDType::kF32, {result->tokens, result->hidden * result->deepstack_layers},
-                        result->deepstack}});
+    tensors.push_back(
+        {"deepstack",
+         {epd::TensorDType::kF32, {result->tokens, result->hidden * result->deepstack_layers}, result->deepstack}});
   }
   if (epd::Status s = epd::WriteSafetensors(out, tensors); !s.ok()) return Fail(s.ToString());
   return 0;

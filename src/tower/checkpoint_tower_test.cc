@@ -64,7 +64,7 @@ struct Item {
 
 // (main, deepstack) rows of each item when `order` is encoded as one batch.
 std::vector<std::pair<std::vector<float>, std::vector<float>>> EncodeBatch(VisionTower& tower,
-                                                                          const std::vector<const Item*>& order) {
+                                                                           const std::vector<const Item*>& order) {
   std::vector<TowerItem> items;
   for (const Item* it : order) items.push_back({it->patches.data(), it->grid, tower.patch_dim()});
   auto out = tower.Encode(items);
@@ -174,8 +174,9 @@ TEST(CheckpointTowerTest, MetadataFollowsTheConfig) {
     // Qwen2-VL calls the output width hidden_size; the others out_hidden_size.
     EXPECT_EQ(tower->hidden(), v.contains("out_hidden_size") ? v["out_hidden_size"].get<std::int64_t>()
                                                              : v["hidden_size"].get<std::int64_t>());
-    EXPECT_EQ(tower->deepstack_layers(),
-              v.contains("deepstack_visual_indexes") ? static_cast<std::int64_t>(v["deepstack_visual_indexes"].size()) : 0);
+    EXPECT_EQ(tower->deepstack_layers(), v.contains("deepstack_visual_indexes")
+                                             ? static_cast<std::int64_t>(v["deepstack_visual_indexes"].size())
+                                             : 0);
     EXPECT_NE(tower->Describe().find(std::string("checkpoint:")), std::string::npos);
   }
 }

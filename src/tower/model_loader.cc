@@ -42,8 +42,8 @@ StatusOr<LoadedModel> LoadModel(const ModelOptions& options) {
     loaded.tower = std::move(*tower);
     return loaded;
   }
-  return Status(StatusCode::kNotFound, "model not found: '" + options.path +
-                                           "' is neither a checkpoint directory nor a TorchScript file");
+  return Status(StatusCode::kNotFound,
+                "model not found: '" + options.path + "' is neither a checkpoint directory nor a TorchScript file");
 }
 
 }  // namespace epd

@@ -59,9 +59,12 @@ inline std::string ShapeString(const at::Tensor& t) {
 
 inline at::ScalarType ToScalarType(DType d) {
   switch (d) {
-    case DType::kFloat32: return at::kFloat;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat16: return at::kHalf;
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat16:
+      return at::kHalf;
   }
   return at::kFloat;
 }
@@ -85,18 +88,17 @@ inline Status ValidateTowerItems(std::span<const TowerItem> items, std::int64_t 
     const std::string where = "tower item " + std::to_string(i) + ": ";
     if (item.patches == nullptr) return InvalidArgument(where + "patches is null");
     if (item.patch_dim != 0 && item.patch_dim != patch_dim) {
-      return InvalidArgument(where + "patch_dim " + std::to_string(item.patch_dim) +
-                             " does not match the tower's " + std::to_string(patch_dim));
+      return InvalidArgument(where + "patch_dim " + std::to_string(item.patch_dim) + " does not match the tower's " +
+                             std::to_string(patch_dim));
     }
-    if (g.t < 1 || g.h < 1 || g.w < 1 || g.t > kMaxGridSide || g.h > kMaxGridSide ||
-        g.w > kMaxGridSide) {
-      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) +
-                             ", " + std::to_string(g.w) + ") must have t, h, w in [1, 2^20]");
+    if (g.t < 1 || g.h < 1 || g.w < 1 || g.t > kMaxGridSide || g.h > kMaxGridSide || g.w > kMaxGridSide) {
+      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
+                             std::to_string(g.w) + ") must have t, h, w in [1, 2^20]");
     }
     if (g.h % m != 0 || g.w % m != 0) {
-      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) +
-                             ", " + std::to_string(g.w) + "): h and w must be multiples of " +
-                             "merge_size " + std::to_string(m));
+      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
+                             std::to_string(g.w) + "): h and w must be multiples of " + "merge_size " +
+                             std::to_string(m));
     }
     *patches += g.patches();
     *tokens += g.tokens(m);
@@ -113,8 +115,10 @@ inline StatusOr<c10::Device> ParseDevice(const std::string& spec) {
   try {
     device.emplace(spec);
   } catch (const std::exception& e) {
-    return InvalidArgument("torch tower device '" + spec + "' is not a device (expected \"cpu\", "
-                           "\"cuda\" or \"cuda:N\"): " + TorchMessage(e));
+    return InvalidArgument("torch tower device '" + spec +
+                           "' is not a device (expected \"cpu\", "
+                           "\"cuda\" or \"cuda:N\"): " +
+                           TorchMessage(e));
   }
   if (device->is_cpu()) {
     if (device->has_index()) return InvalidArgument("torch tower device '" + spec + "': use \"cpu\"");

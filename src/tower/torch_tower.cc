@@ -32,15 +32,15 @@
 #include <torch/cuda.h>
 #include <torch/script.h>
 
-#include "torch_common.h"
-
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <limits>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "torch_common.h"
 
 namespace epd {
 namespace {
@@ -48,8 +48,8 @@ namespace {
 using internal::HostBytes;
 using internal::ParseDevice;
 using internal::ShapeString;
-using internal::ToScalarType;
 using internal::TorchMessage;
+using internal::ToScalarType;
 using internal::TuneMallocOnce;
 using internal::ValidateTowerItems;
 
@@ -77,8 +77,8 @@ Status ReadChunkAttribute(const torch::jit::Module& module, const std::string& p
 }
 
 // Reads one int attribute of the contract; `min` is its smallest valid value.
-Status ReadIntAttribute(const torch::jit::Module& module, const std::string& path,
-                        const std::string& name, std::int64_t min, std::int64_t* out) {
+Status ReadIntAttribute(const torch::jit::Module& module, const std::string& path, const std::string& name,
+                        std::int64_t min, std::int64_t* out) {
   if (!module.hasattr(name)) {
     return InvalidArgument("TorchScript tower " + path + " has no attribute '" + name +
                            "' (the contract needs int attributes patch_dim, merge_size, "
@@ -86,21 +86,21 @@ Status ReadIntAttribute(const torch::jit::Module& module, const std::string& pat
   }
   c10::IValue v = module.attr(name);
   if (!v.isInt()) {
-    return InvalidArgument("TorchScript tower " + path + ": attribute '" + name +
-                           "' must be an int, got " + v.tagKind());
+    return InvalidArgument("TorchScript tower " + path + ": attribute '" + name + "' must be an int, got " +
+                           v.tagKind());
   }
   *out = v.toInt();
   if (*out < min) {
-    return InvalidArgument("TorchScript tower " + path + ": attribute '" + name + "' = " +
-                           std::to_string(*out) + ", must be >= " + std::to_string(min));
+    return InvalidArgument("TorchScript tower " + path + ": attribute '" + name + "' = " + std::to_string(*out) +
+                           ", must be >= " + std::to_string(min));
   }
   return Status::Ok();
 }
 
 class TorchScriptTower final : public VisionTower {
  public:
-  TorchScriptTower(torch::jit::Module module, Metadata meta, c10::Device device, int num_threads,
-                   DType dtype, bool output_on_device, std::string path)
+  TorchScriptTower(torch::jit::Module module, Metadata meta, c10::Device device, int num_threads, DType dtype,
+                   bool output_on_device, std::string path)
       : module_(std::move(module)),
         meta_(meta),
         device_(device),
@@ -120,15 +120,13 @@ class TorchScriptTower final : public VisionTower {
   bool temporal_chunks_independent() const override { return meta_.temporal_chunks_independent; }
   std::string Describe() const override {
     return "torchscript:" + path_ + " (" + device_.str() + ", " + std::to_string(num_threads_) +
-           (num_threads_ == 1 ? " thread" : " threads") + ", hidden " +
-           std::to_string(meta_.hidden) + ", deepstack " +
+           (num_threads_ == 1 ? " thread" : " threads") + ", hidden " + std::to_string(meta_.hidden) + ", deepstack " +
            std::to_string(meta_.deepstack_layers) + ", " + std::string(DTypeName(dtype_)) + ")";
   }
 
  private:
   // Checks one output tensor of forward against [rows, cols], floating dtype.
-  Status CheckOutput(const c10::IValue& v, const char* name, std::int64_t rows,
-                     std::int64_t cols) const;
+  Status CheckOutput(const c10::IValue& v, const char* name, std::int64_t rows, std::int64_t cols) const;
 
   torch::jit::Module module_;
   const Metadata meta_;
@@ -154,13 +152,13 @@ Status TorchScriptTower::CheckOutput(const c10::IValue& v, const char* name, std
   expected += std::to_string(cols);
   expected += "]";
   if (!v.isTensor()) {
-    return Internal("TorchScript tower " + path_ + ": forward's " + name +
-                    " output must be a Tensor, got " + v.tagKind());
+    return Internal("TorchScript tower " + path_ + ": forward's " + name + " output must be a Tensor, got " +
+                    v.tagKind());
   }
   const at::Tensor& t = v.toTensor();
   if (t.dim() != 2 || t.size(0) != rows || t.size(1) != cols) {
-    return Internal("TorchScript tower " + path_ + ": forward's " + name + " output has shape " +
-                    ShapeString(t) + ", expected " + expected);
+    return Internal("TorchScript tower " + path_ + ": forward's " + name + " output has shape " + ShapeString(t) +
+                    ", expected " + expected);
   }
   if (!at::isFloatingType(t.scalar_type())) {
     return Internal("TorchScript tower " + path_ + ": forward's " + name + " output has dtype " +
@@ -172,8 +170,7 @@ Status TorchScriptTower::CheckOutput(const c10::IValue& v, const char* name, std
 StatusOr<TowerOutput> TorchScriptTower::Encode(std::span<const TowerItem> items) {
   std::int64_t total_patches = 0;
   std::int64_t total_tokens = 0;
-  if (Status s = ValidateTowerItems(items, meta_.patch_dim, meta_.merge_size, &total_patches, &total_tokens);
-      !s.ok()) {
+  if (Status s = ValidateTowerItems(items, meta_.patch_dim, meta_.merge_size, &total_patches, &total_tokens); !s.ok()) {
     return s;
   }
 
@@ -210,13 +207,11 @@ StatusOr<TowerOutput> TorchScriptTower::Encode(std::span<const TowerItem> items)
 
     if (!result.isTuple() || result.toTupleRef().elements().size() != 2) {
       return Internal("TorchScript tower " + path_ +
-                      ": forward must return Tuple[Tensor, Tensor] (main, deepstack), got " +
-                      result.type()->str());
+                      ": forward must return Tuple[Tensor, Tensor] (main, deepstack), got " + result.type()->str());
     }
     const auto& elements = result.toTupleRef().elements();
     if (Status s = CheckOutput(elements[0], "main", total_tokens, meta_.hidden); !s.ok()) return s;
-    if (Status s = CheckOutput(elements[1], "deepstack", total_tokens,
-                               meta_.hidden * meta_.deepstack_layers);
+    if (Status s = CheckOutput(elements[1], "deepstack", total_tokens, meta_.hidden * meta_.deepstack_layers);
         !s.ok()) {
       return s;
     }
@@ -277,8 +272,7 @@ StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOpti
     if (Status s = ReadIntAttribute(module, path, "patch_dim", 1, &meta.patch_dim); !s.ok()) return s;
     if (Status s = ReadIntAttribute(module, path, "merge_size", 1, &meta.merge_size); !s.ok()) return s;
     if (Status s = ReadIntAttribute(module, path, "hidden_size", 1, &meta.hidden); !s.ok()) return s;
-    if (Status s = ReadIntAttribute(module, path, "deepstack_layers", 0, &meta.deepstack_layers);
-        !s.ok()) {
+    if (Status s = ReadIntAttribute(module, path, "deepstack_layers", 0, &meta.deepstack_layers); !s.ok()) {
       return s;
     }
     if (Status s = ReadChunkAttribute(module, path, &meta.temporal_chunks_independent); !s.ok()) return s;
@@ -287,15 +281,14 @@ StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOpti
     // The schema counts `self`.
     const auto& args = forward->function().getSchema().arguments();
     if (args.size() != 3) {
-      return InvalidArgument("TorchScript tower " + path +
-                             ": forward must take (pixel_values, grid_thw), schema is " +
+      return InvalidArgument("TorchScript tower " + path + ": forward must take (pixel_values, grid_thw), schema is " +
                              toString(forward->function().getSchema()));
     }
     module.eval();
     if (!device->is_cpu()) module.to(*device);
     at::set_num_threads(threads);
-    auto tower = std::make_unique<TorchScriptTower>(std::move(module), meta, *device, threads,
-                                                    options.output_dtype, options.output_on_device, path);
+    auto tower = std::make_unique<TorchScriptTower>(std::move(module), meta, *device, threads, options.output_dtype,
+                                                    options.output_on_device, path);
     if (options.warm_up) {
       const GridTHW grid{1, meta.merge_size, meta.merge_size};
       const std::vector<float> zeros(static_cast<std::size_t>(grid.patches() * meta.patch_dim));
@@ -303,9 +296,8 @@ StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOpti
       for (int i = 0; i < 2; ++i) {
         auto out = tower->Encode({&item, 1});
         if (!out.ok()) {
-          return InvalidArgument("warm-up forward on one " + std::to_string(meta.merge_size) +
-                                 "x" + std::to_string(meta.merge_size) +
-                                 " block failed: " + out.status().message());
+          return InvalidArgument("warm-up forward on one " + std::to_string(meta.merge_size) + "x" +
+                                 std::to_string(meta.merge_size) + " block failed: " + out.status().message());
         }
       }
     }

@@ -6,8 +6,8 @@
 // makes the output a simple function of the packed input, so the tests can
 // compute the expected bytes by hand; the broken modules each violate one
 // clause of the contract in docs/TOWER.md.
-#include <gtest/gtest.h>
 #include <ATen/Parallel.h>
+#include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
 #include <unistd.h>
@@ -46,11 +46,10 @@ class TempTower {
              ("epd_contract_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".pt"))
                 .string();
     torch::jit::Module m("__torch__.ContractTower");
-    const std::pair<const char*, std::int64_t> ints[] = {
-        {"patch_dim", attrs.patch_dim},
-        {"merge_size", attrs.merge_size},
-        {"hidden_size", attrs.hidden_size},
-        {"deepstack_layers", attrs.deepstack_layers}};
+    const std::pair<const char*, std::int64_t> ints[] = {{"patch_dim", attrs.patch_dim},
+                                                         {"merge_size", attrs.merge_size},
+                                                         {"hidden_size", attrs.hidden_size},
+                                                         {"deepstack_layers", attrs.deepstack_layers}};
     for (const auto& [name, value] : ints) {
       if (skip != name) m.register_attribute(name, c10::IntType::get(), value);
     }
@@ -107,8 +106,8 @@ std::vector<float> Floats(const std::vector<std::byte>& b) {
 // Whether `s` failed with `code` and a message containing `part`.
 ::testing::AssertionResult FailedWith(const Status& s, StatusCode code, const std::string& part) {
   if (s.code() == code && s.message().find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected " << StatusCodeName(code) << " containing \"" << part
-                                       << "\", got " << s.ToString();
+  return ::testing::AssertionFailure() << "expected " << StatusCodeName(code) << " containing \"" << part << "\", got "
+                                       << s.ToString();
 }
 
 // Loads `module` and encodes one item of grid `g` (rows of item 0). A load
@@ -205,9 +204,8 @@ def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tuple[Tensor, Tenso
   auto tower = LoadTorchScriptTower(opts);
   ASSERT_FALSE(tower.ok());
   EXPECT_EQ(tower.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(tower.status().message().find(
-                "warm-up forward on one 2x2 block failed: TorchScript tower " + module.path() +
-                ": forward's main output has shape [2, 8], expected [1, 8]"),
+  EXPECT_NE(tower.status().message().find("warm-up forward on one 2x2 block failed: TorchScript tower " +
+                                          module.path() + ": forward's main output has shape [2, 8], expected [1, 8]"),
             std::string::npos)
       << tower.status().message();
 }
@@ -219,8 +217,8 @@ def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tuple[Tensor, Tenso
     return torch.zeros([n, self.hidden_size]), torch.zeros([n, 3 * self.hidden_size])
 )",
                    Attrs{.deepstack_layers = 2});
-  EXPECT_TRUE(FailedWith(EncodeOne(module), StatusCode::kInternal,
-                         "deepstack output has shape [1, 24], expected [1, 16]"));
+  EXPECT_TRUE(
+      FailedWith(EncodeOne(module), StatusCode::kInternal, "deepstack output has shape [1, 24], expected [1, 16]"));
 }
 
 TEST(TorchTowerContract, NonTupleResultIsInternal) {
@@ -255,8 +253,7 @@ def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tuple[Tensor, Tenso
   auto out = (*tower)->Encode(std::vector<TowerItem>{{r.data(), g, 0}, {r.data(), g, 0}});
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::kInternal);
-  EXPECT_NE(out.status().message().find("tower refuses batches"), std::string::npos)
-      << out.status().message();
+  EXPECT_NE(out.status().message().find("tower refuses batches"), std::string::npos) << out.status().message();
   // The tower stays usable after a failed forward.
   EXPECT_TRUE((*tower)->Encode(std::vector<TowerItem>{{r.data(), g, 0}}).ok());
 }
@@ -275,16 +272,15 @@ TEST(TorchTowerContract, NonIntAttributeIsInvalid) {
 def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tuple[Tensor, Tensor]:
     return pixel_values, pixel_values
 )",
-                   Attrs{}, "merge_size", [](torch::jit::Module& m) {
-                     m.register_attribute("merge_size", c10::FloatType::get(), 2.0);
-                   });
+                   Attrs{}, "merge_size",
+                   [](torch::jit::Module& m) { m.register_attribute("merge_size", c10::FloatType::get(), 2.0); });
   EXPECT_TRUE(FailedWith(module.Load().status(), StatusCode::kInvalidArgument, "'merge_size' must be an int"));
 }
 
 TEST(TorchTowerContract, OutOfRangeAttributeIsInvalid) {
   TempTower module(kKnownAnswer, Attrs{.deepstack_layers = -1});
-  EXPECT_TRUE(FailedWith(module.Load().status(), StatusCode::kInvalidArgument,
-                         "'deepstack_layers' = -1, must be >= 0"));
+  EXPECT_TRUE(
+      FailedWith(module.Load().status(), StatusCode::kInvalidArgument, "'deepstack_layers' = -1, must be >= 0"));
 }
 
 TEST(TorchTowerContract, ForwardWithWrongArityIsInvalid) {
@@ -292,8 +288,8 @@ TEST(TorchTowerContract, ForwardWithWrongArityIsInvalid) {
 def forward(self, pixel_values: Tensor) -> Tuple[Tensor, Tensor]:
     return pixel_values, pixel_values
 )");
-  EXPECT_TRUE(FailedWith(module.Load().status(), StatusCode::kInvalidArgument,
-                         "forward must take (pixel_values, grid_thw)"));
+  EXPECT_TRUE(
+      FailedWith(module.Load().status(), StatusCode::kInvalidArgument, "forward must take (pixel_values, grid_thw)"));
 }
 
 TEST(TorchTowerContract, MissingForwardIsInvalid) {
@@ -315,8 +311,7 @@ TEST(TorchTowerContract, ThreadCountAppliesOnLoadingAndEncodingThreads) {
   auto tower = LoadTorchScriptTower(opts);
   ASSERT_TRUE(tower.ok()) << tower.status().ToString();
   EXPECT_EQ(at::get_num_threads(), 3);
-  EXPECT_NE((*tower)->Describe().find("(cpu, 3 threads,"), std::string::npos)
-      << (*tower)->Describe();
+  EXPECT_NE((*tower)->Describe().find("(cpu, 3 threads,"), std::string::npos) << (*tower)->Describe();
   int seen_before = 0, seen_after = 0;
   std::thread worker([&] {
     at::set_num_threads(1);
@@ -340,8 +335,7 @@ TEST(TorchTowerContract, CudaDeviceWithoutCudaIsFailedPrecondition) {
   auto tower = LoadTorchScriptTower(opts);
   ASSERT_FALSE(tower.ok());
   EXPECT_EQ(tower.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(tower.status().message().find("CUDA is not available"), std::string::npos)
-      << tower.status().message();
+  EXPECT_NE(tower.status().message().find("CUDA is not available"), std::string::npos) << tower.status().message();
 }
 
 }  // namespace

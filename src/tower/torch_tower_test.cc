@@ -10,6 +10,7 @@
 #include "epd/torch_tower/torch_tower.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
@@ -20,8 +21,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 namespace epd {
 namespace {
@@ -60,8 +59,8 @@ std::uint16_t ToBFloat16Bits(float f) {
 }
 
 // Max |a - b| over rows [row0, row0 + rows) of a and [0, rows) of b, width w.
-double MaxAbsDiff(const std::vector<float>& a, std::int64_t a_row0, const std::vector<float>& b,
-                  std::int64_t rows, std::int64_t w) {
+double MaxAbsDiff(const std::vector<float>& a, std::int64_t a_row0, const std::vector<float>& b, std::int64_t rows,
+                  std::int64_t w) {
   double worst = 0;
   for (std::int64_t i = 0; i < rows * w; ++i) {
     worst = std::max(worst, std::fabs(static_cast<double>(a[a_row0 * w + i]) - b[i]));
@@ -112,17 +111,14 @@ TEST_F(DefaultTowerTest, SmallImageGivesFourTokens) {
   // A real forward ran: finite values, and distinct tokens differ.
   const auto main = AsFloats(out->main);
   for (float x : main) ASSERT_TRUE(std::isfinite(x));
-  EXPECT_GT(MaxAbsDiff(main, 0, std::vector<float>(main.begin() + kHidden, main.end()), 1,
-                       kHidden),
-            1e-3);
+  EXPECT_GT(MaxAbsDiff(main, 0, std::vector<float>(main.begin() + kHidden, main.end()), 1, kHidden), 1e-3);
   for (float x : AsFloats(out->deepstack)) ASSERT_TRUE(std::isfinite(x));
 }
 
 TEST_F(DefaultTowerTest, BatchRowsAreTheSumOfItemTokens) {
   const GridTHW a{1, 4, 4}, b{1, 6, 8}, c{2, 2, 2};  // 4 + 12 + 2 tokens
   const auto pa = Patches(a, 1), pb = Patches(b, 2), pc = Patches(c, 3);
-  auto out = tower_->Encode(
-      std::vector<TowerItem>{{pa.data(), a, 0}, {pb.data(), b, 0}, {pc.data(), c, 0}});
+  auto out = tower_->Encode(std::vector<TowerItem>{{pa.data(), a, 0}, {pb.data(), b, 0}, {pc.data(), c, 0}});
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   EXPECT_EQ(out->tokens, 18);
   EXPECT_EQ(out->main.size(), 18u * kHidden * 4);
@@ -191,8 +187,7 @@ TEST_F(DefaultTowerTest, GridSideNotMultipleOfMergeSizeIsInvalid) {
   auto out = tower_->Encode(std::vector<TowerItem>{{p.data(), bad, 0}});
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(out.status().message().find("multiples of merge_size 2"), std::string::npos)
-      << out.status().message();
+  EXPECT_NE(out.status().message().find("multiples of merge_size 2"), std::string::npos) << out.status().message();
 }
 
 TEST_F(DefaultTowerTest, EmptyGridIsInvalid) {
@@ -210,8 +205,7 @@ TEST_F(DefaultTowerTest, WrongPatchDimIsInvalid) {
   auto out = tower_->Encode(std::vector<TowerItem>{{p.data(), g, 588}});
   ASSERT_FALSE(out.ok());
   EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(out.status().message().find("patch_dim 588 does not match the tower's 1176"),
-            std::string::npos)
+  EXPECT_NE(out.status().message().find("patch_dim 588 does not match the tower's 1176"), std::string::npos)
       << out.status().message();
 }
 
@@ -244,8 +238,7 @@ TEST(TorchTowerOutputDtype, BFloat16IsTheRoundedFloat32Output) {
   ASSERT_EQ(b->main.size() * 2, a->main.size());
   ASSERT_EQ(b->deepstack.size() * 2, a->deepstack.size());
 
-  auto expect_rounded = [](const std::vector<std::byte>& f32_bytes,
-                           const std::vector<std::byte>& bf16_bytes) {
+  auto expect_rounded = [](const std::vector<std::byte>& f32_bytes, const std::vector<std::byte>& bf16_bytes) {
     const auto f = AsFloats(f32_bytes);
     std::vector<std::uint16_t> h(bf16_bytes.size() / 2);
     std::memcpy(h.data(), bf16_bytes.data(), bf16_bytes.size());
@@ -284,8 +277,8 @@ TEST(TorchTowerLoad, MissingFileIsNotFound) {
 }
 
 TEST(TorchTowerLoad, FileThatIsNotTorchScriptIsInvalid) {
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("epd_not_torchscript_" + std::to_string(::getpid()) + ".pt");
+  const auto path =
+      std::filesystem::temp_directory_path() / ("epd_not_torchscript_" + std::to_string(::getpid()) + ".pt");
   std::ofstream(path) << "this is not a zip archive\n";
   TorchTowerOptions opts;
   opts.model_path = path.string();
@@ -293,8 +286,7 @@ TEST(TorchTowerLoad, FileThatIsNotTorchScriptIsInvalid) {
   std::filesystem::remove(path);
   ASSERT_FALSE(tower.ok());
   EXPECT_EQ(tower.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(tower.status().message().find("as a TorchScript archive"), std::string::npos)
-      << tower.status().message();
+  EXPECT_NE(tower.status().message().find("as a TorchScript archive"), std::string::npos) << tower.status().message();
 }
 
 TEST(TorchTowerLoad, BadOptionsAreInvalid) {

@@ -62,8 +62,8 @@ void BM_DefaultTower512(benchmark::State& state) {
     benchmark::DoNotOptimize(out->main.data());
   }
   state.SetItemsProcessed(state.iterations() * batch);
-  state.counters["tokens/s"] = benchmark::Counter(
-      static_cast<double>(state.iterations() * batch * grid.tokens()), benchmark::Counter::kIsRate);
+  state.counters["tokens/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * batch * grid.tokens()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_DefaultTower512)->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
 

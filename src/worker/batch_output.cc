@@ -17,8 +17,8 @@ std::string GridText(const GridTHW& g) {
 
 }  // namespace
 
-Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::int64_t tokens,
-                   const VisionTower& tower, bool can_adopt) {
+Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::int64_t tokens, const VisionTower& tower,
+                   bool can_adopt) {
   if (!out.ok()) return Internal("vision tower failed: " + out.status().message());
   const TowerOutput& o = *out;
   const std::size_t dsize = DTypeSize(o.dtype);
@@ -68,9 +68,9 @@ StatusOr<EmbeddingPtr> AdoptRows(const AdoptDeviceRowsFn& adopt, const DeviceRow
   if (got.shape() != rows.shape() || got.nbytes() != got.ExpectedBytes()) {
     return Internal("adopt_device_rows returned an embedding of " + std::to_string(got.tokens) + " tokens x " +
                     std::to_string(got.hidden) + " x (1 + " + std::to_string(got.deepstack_layers) + ") " +
-                    std::string(DTypeName(got.dtype)) + " (" + std::to_string(got.nbytes()) +
-                    " bytes) for rows of " + std::to_string(rows.tokens) + " x " + std::to_string(rows.hidden) +
-                    " x (1 + " + std::to_string(rows.deepstack_layers) + ") " + std::string(DTypeName(rows.dtype)));
+                    std::string(DTypeName(got.dtype)) + " (" + std::to_string(got.nbytes()) + " bytes) for rows of " +
+                    std::to_string(rows.tokens) + " x " + std::to_string(rows.hidden) + " x (1 + " +
+                    std::to_string(rows.deepstack_layers) + ") " + std::string(DTypeName(rows.dtype)));
   }
   if (got.grid != rows.grid) {
     return Internal("adopt_device_rows returned an embedding of grid " + GridText(got.grid) + " for rows of grid " +

@@ -30,8 +30,8 @@ using AdoptDeviceRowsFn = std::function<StatusOr<EmbeddingPtr>(const DeviceRows&
 // the batch (the tower's error, a wrong row count, a shape other than the
 // tower declares, byte sizes that disagree with the shape, or device output
 // with a null pointer or no adopt hook: `can_adopt` false).
-Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::int64_t tokens,
-                   const VisionTower& tower, bool can_adopt);
+Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::int64_t tokens, const VisionTower& tower,
+                   bool can_adopt);
 
 // `adopt(rows)` behind a fence: its errors, exceptions, a null result or one
 // whose shape, grid or byte count differs from `rows` become the item's status

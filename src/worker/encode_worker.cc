@@ -193,8 +193,7 @@ struct EncodeWorker::Impl {
       : options(std::move(opt)),
         tower(std::move(t)),
         cache(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device),
-        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order,
-                  FairShareBound(options)),
+        scheduler(options.max_tokens_per_batch, options.max_items_per_batch, options.order, FairShareBound(options)),
         decoder(options.preprocess, options.limits, options.decode_threads,
                 options.decode_lookahead > 0 ? options.decode_lookahead : 2 * options.max_items_per_batch,
                 /*fair=*/options.order == ScheduleOrder::kFair),
@@ -500,7 +499,7 @@ EncodeWorker::EncodeWorker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 EncodeWorker::~EncodeWorker() = default;
 
 StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions options,
-                                                            std::unique_ptr<VisionTower> tower) {
+                                                             std::unique_ptr<VisionTower> tower) {
   if (tower == nullptr) return InvalidArgument("tower is null");
   if (Status s = options.Validate(); !s.ok()) return s;
   if (tower->patch_dim() != options.preprocess.patch_dim()) {
@@ -516,20 +515,18 @@ StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions optio
     // VRAM in use could reach l1_capacity_bytes + l2_capacity_bytes.
     return InvalidArgument("tower '" + tower->Describe() + "' leaves its output in device memory, but " +
                            (!options.adopt_device_rows ? "adopt_device_rows"
-                            : !options.to_host        ? "to_host"
-                                                      : "to_device") +
+                            : !options.to_host         ? "to_host"
+                                                       : "to_device") +
                            " is not set (take all three hooks from the GPU tier: MakeEmbeddingTierHooks)");
   }
-  return std::unique_ptr<EncodeWorker>(
-      new EncodeWorker(std::make_unique<Impl>(std::move(options), std::move(tower))));
+  return std::unique_ptr<EncodeWorker>(new EncodeWorker(std::make_unique<Impl>(std::move(options), std::move(tower))));
 }
 
 std::vector<StatusOr<ContentKey>> EncodeWorker::ItemKeys(const EncodeRequest& request) const {
   return KeysFor(impl_->options, request);
 }
 
-Status EncodeWorker::Submit(EncodeRequest request, RequestCallbacks callbacks,
-                            std::vector<StatusOr<ContentKey>> keys) {
+Status EncodeWorker::Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys) {
   return impl_->Submit(std::move(request), std::move(callbacks), std::move(keys));
 }
 
@@ -788,9 +785,10 @@ bool EncodeWorker::Impl::ServeVideo(std::uint64_t rid, const std::string& sched_
       return false;
     }
     if (pending + new_jobs > options.max_pending_items) {
-      res.status = ResourceExhausted("the video would queue " + std::to_string(new_jobs) + " temporal chunks on top of " +
-                                     std::to_string(pending) + " pending; the limit is " +
-                                     std::to_string(options.max_pending_items) + " (retry later)");
+      res.status =
+          ResourceExhausted("the video would queue " + std::to_string(new_jobs) + " temporal chunks on top of " +
+                            std::to_string(pending) + " pending; the limit is " +
+                            std::to_string(options.max_pending_items) + " (retry later)");
       return false;
     }
   }
@@ -928,7 +926,8 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
   // `failure` fails every decoded item: the tower's error or a malformed output.
   Status failure;
   if (b->decoded > 0) {
-    failure = internal::CheckOutput(b->out, b->decoded, b->tokens, *tower, static_cast<bool>(options.adopt_device_rows));
+    failure =
+        internal::CheckOutput(b->out, b->decoded, b->tokens, *tower, static_cast<bool>(options.adopt_device_rows));
     ++stats.tower_batches;
     stats.tower_items += static_cast<std::uint64_t>(b->decoded);
     stats.tower_tokens += static_cast<std::uint64_t>(b->tokens);

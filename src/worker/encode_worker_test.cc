@@ -306,7 +306,7 @@ TEST_P(EncodeWorkerTest, BadImagesFailOnlyTheirItems) {
   std::string corrupt = Png(56, 56, 11);
   for (std::size_t i = 60; i < corrupt.size() - 20; ++i) corrupt[i] = static_cast<char>(corrupt[i] ^ 0x5a);
   const std::string truncated = testing::ToString(testing::FirstHalf(testing::ToBytes(Png(56, 56, 12))));
-  const std::vector<std::string> bad = {"not an image", corrupt, truncated, "", testing::ToString(zero),
+  const std::vector<std::string> bad = {"not an image",         corrupt, truncated, "", testing::ToString(zero),
                                         testing::ToString(bomb)};
 
   ASSERT_TRUE(w->Submit(Request("good", {x_}), c_.For("good")).ok());
@@ -571,8 +571,8 @@ TEST_P(EncodeWorkerTest, WorkIsAcceptedWhileTheTowerRuns) {
   EXPECT_FALSE(w->BatchFinished());
 
   ASSERT_TRUE(w->Submit(Request("b", {x_, y_}), c_.For("b")).ok());  // x joins the running computation
-  EXPECT_FALSE(w->StartBatch());  // one batch on the tower at a time
-  ASSERT_TRUE(w->Cancel("a"));    // x keeps running for b
+  EXPECT_FALSE(w->StartBatch());                                     // one batch on the tower at a time
+  ASSERT_TRUE(w->Cancel("a"));                                       // x keeps running for b
   EXPECT_EQ(c_.done["a"].status.code(), StatusCode::kCancelled);
   state_->Open();
   EXPECT_EQ(w->FinishBatch(), 1);

@@ -19,8 +19,8 @@
 #include <optional>
 #include <vector>
 
-#include "epd/media/preprocess.h"
 #include "epd/core/vision_tower.h"
+#include "epd/media/preprocess.h"
 
 namespace epd::testing {
 

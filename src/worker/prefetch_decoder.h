@@ -38,10 +38,10 @@
 #include <thread>
 #include <vector>
 
-#include "epd/worker/encode_worker.h"
+#include "epd/core/status.h"
 #include "epd/media/image.h"
 #include "epd/media/preprocess.h"
-#include "epd/core/status.h"
+#include "epd/worker/encode_worker.h"
 
 namespace epd::internal {
 
@@ -51,8 +51,7 @@ class PrefetchDecoder {
 
   using Rank = EncodeScheduler::Rank;
 
-  PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead,
-                  bool fair = false);
+  PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead, bool fair = false);
   ~PrefetchDecoder();  // stops and joins the helpers; pending tasks are abandoned
   PrefetchDecoder(const PrefetchDecoder&) = delete;
   PrefetchDecoder& operator=(const PrefetchDecoder&) = delete;
@@ -63,8 +62,7 @@ class PrefetchDecoder {
   // Queues a computation that makes the rows itself (a video's temporal
   // chunk: PreprocessChunk over frames already decoded), run like a decode,
   // under the same rank and tenant rules.
-  std::shared_ptr<Task> Enqueue(std::function<StatusOr<PreprocessedImage>()> make, Rank rank,
-                                std::string tenant = {});
+  std::shared_ptr<Task> Enqueue(std::function<StatusOr<PreprocessedImage>()> make, Rank rank, std::string tenant = {});
 
   // True when a helper has finished the task (Take will not wait or decode).
   bool Ready(const std::shared_ptr<Task>& task);
@@ -92,12 +90,12 @@ class PrefetchDecoder {
   const bool fair_;
 
   std::mutex mu_;
-  std::condition_variable work_cv_;  // helpers: a task or room appeared, or stop
-  std::condition_variable done_cv_;  // Take: a running task finished
+  std::condition_variable work_cv_;              // helpers: a task or room appeared, or stop
+  std::condition_variable done_cv_;              // Take: a running task finished
   std::map<Rank, std::shared_ptr<Task>> queue_;  // exactly the kQueued tasks
-  std::int64_t ready_ = 0;  // finished results not yet taken
-  int busy_ = 0;            // helpers decoding
-  std::map<std::string, int> running_;  // fair_: decodes running per tenant
+  std::int64_t ready_ = 0;                       // finished results not yet taken
+  int busy_ = 0;                                 // helpers decoding
+  std::map<std::string, int> running_;           // fair_: decodes running per tenant
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

@@ -135,7 +135,7 @@ StatusOr<GridTHW> ParseGrid(const std::string& name, const json& v, std::string_
 }  // namespace
 
 StatusOr<std::string> SerializeEmbeddingsSafetensors(std::span<const KeyedEmbedding> entries,
-                                                    const std::map<std::string, std::string>& metadata) {
+                                                     const std::map<std::string, std::string>& metadata) {
   // Entries whose bytes are in device or pinned memory (a GPU tier) are
   // copied to the host first; host entries are used as they are.
   std::vector<KeyedEmbedding> on_host;
@@ -166,7 +166,8 @@ StatusOr<std::string> SerializeEmbeddingsSafetensors(std::span<const KeyedEmbedd
     const Embedding& m = *e->embedding;
     const std::string hex = e->key.Hex();
     add(hex, m, m.hidden, m.main.size());
-    if (m.deepstack_layers > 0) add(hex + std::string(kDeepstackSuffix), m, m.hidden * m.deepstack_layers, m.deepstack.size());
+    if (m.deepstack_layers > 0)
+      add(hex + std::string(kDeepstackSuffix), m, m.hidden * m.deepstack_layers, m.deepstack.size());
     if (m.grid.known()) {
       header[hex + std::string(kGridSuffix)] = {
           {"dtype", "I64"}, {"shape", json::array({3})}, {"data_offsets", {offset, offset + kGridBytes}}};
@@ -215,11 +216,13 @@ Status WriteEmbeddingsSafetensors(const std::string& path, std::span<const Keyed
 }
 
 StatusOr<SafetensorsContents> ParseEmbeddingsSafetensors(std::string_view bytes) {
-  if (bytes.size() < 8) return Malformed("file is " + std::to_string(bytes.size()) + " bytes, shorter than the 8-byte header length");
+  if (bytes.size() < 8)
+    return Malformed("file is " + std::to_string(bytes.size()) + " bytes, shorter than the 8-byte header length");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint8_t>(bytes[i]);
   if (n > kMaxHeaderBytes || n > bytes.size() - 8) {
-    return Malformed("header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) + " bytes)");
+    return Malformed("header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) +
+                     " bytes)");
   }
   const std::string_view data = bytes.substr(8 + n);
   json header = json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);

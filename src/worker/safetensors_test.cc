@@ -145,8 +145,7 @@ TEST(SafetensorsTest, MalformedGridsAreErrorsNamingTheTensor) {
       {",\"" + k + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[4,28]}", three.substr(0, 20)},
       {",\"" + k + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[4,28]}",
        Le64(1) + Le64(0) + Le64(2)},
-      {",\"" + std::string(64, 'e') + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[4,28]}",
-       three},
+      {",\"" + std::string(64, 'e') + ".grid_thw\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[4,28]}", three},
   };
   for (const auto& [grid, payload] : bad) {
     auto r = ParseEmbeddingsSafetensors(file(grid, payload));
@@ -182,9 +181,9 @@ TEST(SafetensorsTest, MalformedFilesAreErrorsNotCrashes) {
   const std::string good = *SerializeEmbeddingsSafetensors(in);
   EXPECT_TRUE(ParseEmbeddingsSafetensors(good).ok());
   const std::vector<std::string> bad = {
-      "",                                      // no length
-      good.substr(0, 20),                      // header cut
-      good.substr(0, good.size() - 1),         // data cut: offsets past the end
+      "",                                                         // no length
+      good.substr(0, 20),                                         // header cut
+      good.substr(0, good.size() - 1),                            // data cut: offsets past the end
       std::string("\xff\xff\xff\xff\xff\xff\xff\xff", 8) + "{}",  // absurd header length
       std::string("\x02\0\0\0\0\0\0\0", 8) + "[]",                // not an object
       std::string("\x0b\0\0\0\0\0\0\0", 8) + "{\"x\":{}}   ",     // bad name

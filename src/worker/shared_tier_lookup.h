@@ -31,9 +31,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -118,7 +118,7 @@ class SharedTierLookup {
     EmbeddingPtr value;
     Clock::time_point until;
   };
-  std::map<ContentKey, Recent> recent_;                           // guarded by mu_
+  std::map<ContentKey, Recent> recent_;                               // guarded by mu_
   std::deque<std::pair<Clock::time_point, ContentKey>> recent_fifo_;  // guarded by mu_
   std::vector<std::thread> threads_;
 

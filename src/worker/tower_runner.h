@@ -29,18 +29,18 @@
 #include <thread>
 #include <vector>
 
-#include "epd/media/preprocess.h"
 #include "epd/core/status.h"
 #include "epd/core/vision_tower.h"
+#include "epd/media/preprocess.h"
 #include "prefetch_decoder.h"
 
 namespace epd::internal {
 
 // One computation of a started batch.
 struct BatchEntry {
-  std::uint64_t job = 0;  // the worker's job id
+  std::uint64_t job = 0;                          // the worker's job id
   std::shared_ptr<PrefetchDecoder::Task> decode;  // taken (and cleared) by the tower thread
-  Status decode_status;   // the decode's error, if any
+  Status decode_status;                           // the decode's error, if any
   PreprocessedImage image;
 };
 
@@ -55,7 +55,7 @@ struct Batch {
   std::int64_t decoded = 0;           // entries sent to the tower
   std::int64_t tokens = 0;            // their post-merge tokens
   StatusOr<TowerOutput> out = Status(StatusCode::kInternal, "no item of the batch decoded");
-  Clock::time_point start;            // tower call start
+  Clock::time_point start;  // tower call start
   double tower_ms = 0;
 };
 

@@ -16,10 +16,10 @@
 #include <filesystem>
 #include <random>
 
-#include "epd/model/checkpoint.h"
 #include "epd/checkpoint_tower/checkpoint_tower.h"
-#include "epd/worker/encode_worker.h"
 #include "epd/media/video.h"
+#include "epd/model/checkpoint.h"
+#include "epd/worker/encode_worker.h"
 #include "float_rows.h"
 
 namespace epd {

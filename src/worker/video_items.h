@@ -23,10 +23,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "epd/media/content_key.h"
 #include "epd/core/encode_types.h"
-#include "epd/worker/encode_worker.h"
+#include "epd/media/content_key.h"
 #include "epd/media/video.h"
+#include "epd/worker/encode_worker.h"
 
 namespace epd::internal {
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "epd/worker/encode_worker.h"
 #include "epd/torch_tower/torch_tower.h"
+#include "epd/worker/encode_worker.h"
 #include "worker_test_util.h"
 
 namespace epd {

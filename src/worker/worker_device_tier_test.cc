@@ -6,9 +6,9 @@
 // its decoded patches, without the worker or the tier.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <algorithm>
 #include <functional>
 #include <future>
 #include <map>
@@ -20,17 +20,16 @@
 
 #include "epd/gpu/device_tier.h"
 #include "epd/worker/encode_worker.h"
-#include "fake_device.h"
 #include "epd/worker/safetensors.h"
 #include "epd/worker/worker_loop.h"
-#include "worker_test_util.h"
+#include "fake_device.h"
 #include "test_names.h"
+#include "worker_test_util.h"
 
 namespace epd {
 namespace {
 
 using test_util::Name;
-
 
 using testing::Collector;
 using testing::Expected;
@@ -269,13 +268,12 @@ TEST_F(WorkerDeviceTierTest, FullVramStillDeliversTheRowsThroughHost) {
 
 TEST_F(WorkerDeviceTierTest, FailingPromotionIsServedAsAMissAndCounted) {
   FakeDevice& dev = Dev();
-  auto made = Make(dev, kEntryBytes, 1 << 20, [](const EmbeddingPtr&) -> EmbeddingPtr {
-    throw Error(Internal("cudaMemcpyAsync: device lost"));
-  });
+  auto made = Make(dev, kEntryBytes, 1 << 20,
+                   [](const EmbeddingPtr&) -> EmbeddingPtr { throw Error(Internal("cudaMemcpyAsync: device lost")); });
   EncodeWorker& w = *made;
 
   ExpectBytes(EncodeOne(w, "r1", a_), a_);
-  ExpectBytes(EncodeOne(w, "r2", b_), b_);  // a_ to L2
+  ExpectBytes(EncodeOne(w, "r2", b_), b_);      // a_ to L2
   const ItemResult r = EncodeOne(w, "r3", a_);  // promotion throws
   EXPECT_EQ(r.source, ItemSource::kMiss);
   ExpectBytes(r, a_);
@@ -316,13 +314,12 @@ TEST_F(WorkerDeviceTierTest, SafetensorsOfVramEntriesEqualsTheHostCopies) {
   const ItemResult ra = EncodeOne(*w, "r1", a_);
   const ItemResult rb = EncodeOne(*w, "r2", b_);
   ASSERT_FALSE(ra.embedding->on_host());
-  auto from_device = SerializeEmbeddingsSafetensors(std::vector<KeyedEmbedding>{{ra.key, ra.embedding},
-                                                                                {rb.key, rb.embedding}});
+  auto from_device =
+      SerializeEmbeddingsSafetensors(std::vector<KeyedEmbedding>{{ra.key, ra.embedding}, {rb.key, rb.embedding}});
   ASSERT_TRUE(from_device.ok()) << from_device.status().ToString();
   auto want_a = std::make_shared<const Embedding>(Expected(a_, tower_));
   auto want_b = std::make_shared<const Embedding>(Expected(b_, tower_));
-  auto from_host =
-      SerializeEmbeddingsSafetensors(std::vector<KeyedEmbedding>{{ra.key, want_a}, {rb.key, want_b}});
+  auto from_host = SerializeEmbeddingsSafetensors(std::vector<KeyedEmbedding>{{ra.key, want_a}, {rb.key, want_b}});
   ASSERT_TRUE(from_host.ok());
   EXPECT_EQ(*from_device, *from_host);
 }
@@ -381,7 +378,7 @@ TEST_F(WorkerDeviceTierTest, ZeroCapacityL2DropsVictimsWithoutAnOffload) {
   FakeDevice& dev = Dev();
   auto w = Make(dev, kEntryBytes, /*l2=*/0);
   ExpectBytes(EncodeOne(*w, "r1", a_), a_);
-  ExpectBytes(EncodeOne(*w, "r2", b_), b_);  // a_ leaves L1 for nowhere
+  ExpectBytes(EncodeOne(*w, "r2", b_), b_);                           // a_ leaves L1 for nowhere
   EXPECT_EQ(tier_stats_.offloads + tier_stats_.offload_dropped, 0u);  // no offload was even tried
   EXPECT_EQ(dev.memory_stats().pinned_bytes_in_use, 0u);
   const ItemResult r = EncodeOne(*w, "r3", a_);
@@ -550,10 +547,14 @@ TEST_F(WorkerDeviceTierTest, FailingAdoptHooksFailOnlyTheirOwnItems) {
   auto w = MakeWith(dev, 1 << 20, 1 << 20, [&](WorkerOptions& o) {
     o.adopt_device_rows = [&calls, real = o.adopt_device_rows](const DeviceRows& rows) -> StatusOr<EmbeddingPtr> {
       switch (calls++) {
-        case 0: throw std::runtime_error("boom");
-        case 1: throw 42;
-        case 2: return EmbeddingPtr();
-        case 3: return Status(StatusCode::kUnavailable, "no stream");
+        case 0:
+          throw std::runtime_error("boom");
+        case 1:
+          throw 42;
+        case 2:
+          return EmbeddingPtr();
+        case 3:
+          return Status(StatusCode::kUnavailable, "no stream");
         case 4: {  // one token short of the rows it was given
           auto bad = std::make_shared<Embedding>();
           bad->tokens = rows.tokens - 1;
@@ -564,7 +565,8 @@ TEST_F(WorkerDeviceTierTest, FailingAdoptHooksFailOnlyTheirOwnItems) {
           bad->deepstack.resize(bad->main.size() * static_cast<std::size_t>(bad->deepstack_layers));
           return EmbeddingPtr(std::move(bad));
         }
-        default: return real(rows);
+        default:
+          return real(rows);
       }
     };
   });
@@ -744,8 +746,8 @@ TEST_F(WorkerDeviceTierTest, WorkerLoopDeliversExactBytesAndReturnsAllMemory) {
     std::vector<std::future<RequestResult>> futures;
     for (int i = 0; i < 30; ++i) {
       // Two items per request, sometimes the same image twice (a join or a hit).
-      futures.push_back(loop.Submit(Request(Name("q", i), {images[static_cast<std::size_t>(i % 5)],
-                                                                       images[static_cast<std::size_t>(i * 3 % 5)]})));
+      futures.push_back(loop.Submit(Request(
+          Name("q", i), {images[static_cast<std::size_t>(i % 5)], images[static_cast<std::size_t>(i * 3 % 5)]})));
     }
     for (int i = 0; i < 30; ++i) {
       RequestResult res = futures[static_cast<std::size_t>(i)].get();

@@ -48,8 +48,7 @@ TEST(WorkerLoopTest, ConcurrentSubmitsFromSeveralThreadsAllComplete) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kPerThread; ++i) {
         // Request i of thread t holds images (t + i) % 5 and (t + 2 i) % 5.
-        EncodeRequest r = Request(RequestId(t, i),
-                                  {images[(t + i) % 5], images[(t + 2 * i) % 5]});
+        EncodeRequest r = Request(RequestId(t, i), {images[(t + i) % 5], images[(t + 2 * i) % 5]});
         futures[t].push_back(loop.Submit(std::move(r), {[&](const ItemResult&) { ++items_seen; }, nullptr}));
       }
     });

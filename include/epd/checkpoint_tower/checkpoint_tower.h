@@ -70,11 +70,11 @@
 #include <optional>
 #include <string>
 
-#include "epd/model/checkpoint.h"
 #include "epd/core/embedding.h"
-#include "epd/media/preprocess.h"
 #include "epd/core/status.h"
 #include "epd/core/vision_tower.h"
+#include "epd/media/preprocess.h"
+#include "epd/model/checkpoint.h"
 
 namespace epd {
 

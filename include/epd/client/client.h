@@ -41,14 +41,14 @@
 #include <string>
 #include <vector>
 
-#include "epd/media/content_key.h"
-#include "epd/gpu/device.h"
 #include "epd/core/embedding.h"
 #include "epd/core/encode_types.h"
-#include "epd/media/preprocess.h"
-#include "epd/rpc/server_stats.h"
 #include "epd/core/status.h"
+#include "epd/gpu/device.h"
+#include "epd/media/content_key.h"
+#include "epd/media/preprocess.h"
 #include "epd/media/video.h"
+#include "epd/rpc/server_stats.h"
 
 namespace epd {
 
@@ -252,8 +252,8 @@ class IpcLease {
 
 struct ClientItemResult {
   std::int64_t index = 0;
-  Status status;           // OK or why this item has no embedding
-  ContentKey key;          // as the server reported it (client-derived if the call failed)
+  Status status;   // OK or why this item has no embedding
+  ContentKey key;  // as the server reported it (client-derived if the call failed)
   // Non-null iff status.ok() and the rows came inline; owned by the result. embedding->grid is the
   // image's (t, h, w) patch grid as the server sent it (EncodedItem.grid_thw;
   // {0, 0, 0} from a server too old to send it).
@@ -266,15 +266,15 @@ struct ClientItemResult {
   std::shared_ptr<IpcLease> ipc;
   ItemSource source = ItemSource::kMiss;
   double queue_ms = 0, tower_ms = 0, total_ms = 0;  // server-side, see ItemResult
-  std::string server_id;   // which server answered
+  std::string server_id;                            // which server answered
   // Videos: the sampled frames' timestamps, sample rate and seconds per
   // temporal grid step (EncodedItem fields 17-19); null for an image.
   std::shared_ptr<const VideoTiming> video;
 };
 
 struct EncodeResult {
-  Status status;                          // see Errors above
-  std::vector<ClientItemResult> items;    // by index
+  Status status;                        // see Errors above
+  std::vector<ClientItemResult> items;  // by index
 };
 
 class EncodeClient {

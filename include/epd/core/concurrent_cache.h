@@ -92,12 +92,24 @@ class ConcurrentEmbeddingCache {
     return s.cache.Contains(key);
   }
 
-  std::size_t size() const { return Sum([](const auto& c) { return c.size(); }); }
-  std::int64_t current_bytes() const { return Sum([](const auto& c) { return c.current_bytes(); }); }
-  std::int64_t capacity_bytes() const { return Sum([](const auto& c) { return c.capacity_bytes(); }); }
-  std::uint64_t hits() const { return Sum([](const auto& c) { return c.hits(); }); }
-  std::uint64_t misses() const { return Sum([](const auto& c) { return c.misses(); }); }
-  std::uint64_t evictions() const { return Sum([](const auto& c) { return c.evictions(); }); }
+  std::size_t size() const {
+    return Sum([](const auto& c) { return c.size(); });
+  }
+  std::int64_t current_bytes() const {
+    return Sum([](const auto& c) { return c.current_bytes(); });
+  }
+  std::int64_t capacity_bytes() const {
+    return Sum([](const auto& c) { return c.capacity_bytes(); });
+  }
+  std::uint64_t hits() const {
+    return Sum([](const auto& c) { return c.hits(); });
+  }
+  std::uint64_t misses() const {
+    return Sum([](const auto& c) { return c.misses(); });
+  }
+  std::uint64_t evictions() const {
+    return Sum([](const auto& c) { return c.evictions(); });
+  }
   int shard_count() const { return static_cast<int>(shards_.size()); }
 
  private:

@@ -124,8 +124,7 @@ class EmbeddingCache {
   using EvictHook = std::function<void(const K& key, V&& value, std::int64_t nbytes)>;
 
   // Throws epd::Error(kInvalidArgument) unless 0 <= capacity_bytes <= kMaxCacheBytes.
-  explicit EmbeddingCache(std::int64_t capacity_bytes, EvictHook on_evict = nullptr, Hash hash = Hash(),
-                          Eq eq = Eq())
+  explicit EmbeddingCache(std::int64_t capacity_bytes, EvictHook on_evict = nullptr, Hash hash = Hash(), Eq eq = Eq())
       : capacity_bytes_(capacity_bytes), on_evict_(std::move(on_evict)), hash_(std::move(hash)), eq_(std::move(eq)) {
     CheckCacheBytes("capacity_bytes", capacity_bytes);
     Rehash(16);

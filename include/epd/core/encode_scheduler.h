@@ -149,8 +149,8 @@ class EncodeScheduler {
     Tag finish = 0;
   };
   struct Tenant {
-    Tag finish = 0;             // finish tag of its latest item
-    std::int64_t pending = 0;   // its items pending
+    Tag finish = 0;            // finish tag of its latest item
+    std::int64_t pending = 0;  // its items pending
   };
 
   std::int64_t max_tokens_per_batch_;

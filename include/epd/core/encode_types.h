@@ -55,7 +55,7 @@ struct ItemResult {
   // not which item (`index` does); an edge that sends it out of the process
   // names the item there.
   Status status;
-  ContentKey key;          // zero when the key itself could not be derived
+  ContentKey key;  // zero when the key itself could not be derived
   // Non-null iff status.ok(); shared with the cache, immutable. With a GPU
   // tier its bytes may be in VRAM or pinned memory (Embedding::resident):
   // call ToHost() (epd/core/embedding.h) before reading them on the host.
@@ -101,11 +101,11 @@ struct WorkerStats {
   std::uint64_t rejected_requests = 0;
   std::uint64_t cancelled_requests = 0;
 
-  std::uint64_t tower_batches = 0;   // tower calls, failed ones included
-  std::uint64_t tower_items = 0;     // distinct computations sent to the tower
-  std::uint64_t tower_tokens = 0;    // their post-merge tokens
-  double tower_seconds = 0;          // wall time inside VisionTower::Encode
-  std::uint64_t tower_failures = 0;  // batches failed by the tower or its output shape
+  std::uint64_t tower_batches = 0;     // tower calls, failed ones included
+  std::uint64_t tower_items = 0;       // distinct computations sent to the tower
+  std::uint64_t tower_tokens = 0;      // their post-merge tokens
+  double tower_seconds = 0;            // wall time inside VisionTower::Encode
+  std::uint64_t tower_failures = 0;    // batches failed by the tower or its output shape
   std::uint64_t sink_full_stalls = 0;  // batch starts refused because the sink was full
 
   // Failed items by status code (kInvalidArgument, kInternal, kCancelled, ...).

@@ -79,15 +79,24 @@ class Error : public std::runtime_error {
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(T value) : v_(std::move(value)) {}          // NOLINT: implicit by design
-  StatusOr(Status status) : v_(std::move(status)) {}   // NOLINT: implicit by design
+  StatusOr(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
+  StatusOr(Status status) : v_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   Status status() const { return ok() ? Status::Ok() : std::get<Status>(v_); }
   // Throws epd::Error carrying the status when !ok().
-  T& value() & { Check(); return std::get<T>(v_); }
-  const T& value() const& { Check(); return std::get<T>(v_); }
-  T&& value() && { Check(); return std::get<T>(std::move(v_)); }
+  T& value() & {
+    Check();
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    Check();
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    Check();
+    return std::get<T>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }

@@ -76,9 +76,9 @@ class TieredEmbeddingCache {
   // An empty to_host/to_device is the identity (no device: both tiers on host).
   TieredEmbeddingCache(std::int64_t l1_capacity_bytes, std::int64_t l2_capacity_bytes, CopyFn to_host = nullptr,
                        CopyFn to_device = nullptr, Hash hash = Hash(), Eq eq = Eq())
-      : l1_(l1_capacity_bytes,
-            [this](const K& key, V&& value, std::int64_t nbytes) { Demote(key, std::move(value), nbytes); }, hash,
-            eq),
+      : l1_(
+            l1_capacity_bytes,
+            [this](const K& key, V&& value, std::int64_t nbytes) { Demote(key, std::move(value), nbytes); }, hash, eq),
         l2_(l2_capacity_bytes, nullptr, hash, eq),
         to_host_(std::move(to_host)),
         to_device_(std::move(to_device)) {}

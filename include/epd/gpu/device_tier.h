@@ -67,10 +67,10 @@
 #include <functional>
 #include <memory>
 
-#include "epd/gpu/device.h"
 #include "epd/core/embedding.h"
 #include "epd/core/status.h"
 #include "epd/core/vision_tower.h"
+#include "epd/gpu/device.h"
 
 namespace epd {
 

@@ -36,8 +36,8 @@
 #include <memory>
 #include <string>
 
-#include "epd/gpu/device.h"
 #include "epd/core/status.h"
+#include "epd/gpu/device.h"
 
 namespace epd {
 

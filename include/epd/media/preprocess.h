@@ -50,8 +50,8 @@
 #include <vector>
 
 #include "epd/core/grid.h"
-#include "epd/media/image.h"
 #include "epd/core/status.h"
+#include "epd/media/image.h"
 
 namespace epd {
 

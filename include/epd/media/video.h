@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "epd/core/grid.h"
+#include "epd/core/status.h"
 #include "epd/media/image.h"
 #include "epd/media/preprocess.h"
-#include "epd/core/status.h"
 
 namespace epd {
 
@@ -37,7 +37,7 @@ namespace epd {
 // VIDEO_TOTAL_PIXELS 128000*28*28*0.9; pixel values are for patch 14 and are
 // scaled by (patch/14)^2 for a checkpoint with another patch size.
 struct VideoSampling {
-  double fps = 2.0;                  // sampled frames per second of video
+  double fps = 2.0;                     // sampled frames per second of video
   std::optional<std::int64_t> nframes;  // exact frame count instead of fps (rounded to temporal_patch_size)
   std::int64_t min_frames = 4;
   std::int64_t max_frames = 768;
@@ -68,8 +68,8 @@ struct VideoSampling {
 // Limits checked before large allocations; each violation is
 // kInvalidArgument naming the limit and the value.
 struct VideoLimits {
-  double max_duration_s = 3600;             // the container's claimed duration
-  std::int64_t max_source_frames = 1 << 20;  // frames the stream claims
+  double max_duration_s = 3600;                    // the container's claimed duration
+  std::int64_t max_source_frames = 1 << 20;        // frames the stream claims
   std::int64_t max_source_pixels = 8192LL * 8192;  // width * height of a source frame
   std::int64_t max_decoded_bytes = 2LL << 30;      // sampled frames after resize, RGB8, all frames
 };
@@ -80,13 +80,13 @@ struct SampledVideo {
   // frame is RGB8 of the same resized height x width (multiples of
   // cfg.factor()).
   std::vector<RgbImage> frames;
-  GridTHW grid;                       // (frames / temporal_patch_size, H / patch, W / patch)
-  std::vector<double> timestamps_s;   // presentation time of each sampled frame, seconds
-  double sample_fps = 0;              // frames.size() / duration, as qwen-vl-utils reports it
+  GridTHW grid;                      // (frames / temporal_patch_size, H / patch, W / patch)
+  std::vector<double> timestamps_s;  // presentation time of each sampled frame, seconds
+  double sample_fps = 0;             // frames.size() / duration, as qwen-vl-utils reports it
   // Seconds per temporal grid step, temporal_patch_size / sample_fps
   // (Qwen2.5-VL's second_per_grid_ts, used by its M-RoPE).
   double seconds_per_grid_t = 0;
-  std::int64_t source_frames = 0;     // frames in the source stream
+  std::int64_t source_frames = 0;  // frames in the source stream
   double source_fps = 0;
 };
 
@@ -118,9 +118,9 @@ StatusOr<ResizedSize> VideoFrameSize(std::int64_t height, std::int64_t width, st
 // and all are resized to VideoFrameSize of the first frame. Timestamps are
 // i / s.fps. Errors (kInvalidArgument): no frames, a frame that does not
 // decode (naming its index), limits.
-StatusOr<SampledVideo> SampleFrameList(std::span<const std::span<const std::uint8_t>> frames,
-                                       const VideoSampling& s, const PreprocessConfig& cfg,
-                                       const DecodeLimits& limits = {}, const VideoLimits& video_limits = {});
+StatusOr<SampledVideo> SampleFrameList(std::span<const std::span<const std::uint8_t>> frames, const VideoSampling& s,
+                                       const PreprocessConfig& cfg, const DecodeLimits& limits = {},
+                                       const VideoLimits& video_limits = {});
 
 // The patch rows of temporal chunk `t` of `video` (frames [t*T, (t+1)*T)),
 // normalised as Preprocess does: [grid.h * grid.w, cfg.patch_dim()] float32,

@@ -80,9 +80,9 @@
 #include <string_view>
 #include <vector>
 
+#include "epd/core/status.h"
 #include "epd/media/preprocess.h"
 #include "epd/model/safetensors_file.h"
-#include "epd/core/status.h"
 
 namespace epd {
 
@@ -101,18 +101,18 @@ std::string SupportedVisionArchs();
 // differ per architecture; here they are unified).
 struct VisionConfig {
   VisionArch arch = VisionArch::kQwen2VL;
-  std::int64_t depth = 0;          // blocks
-  std::int64_t width = 0;          // embed_dim (Qwen2-VL) / hidden_size: the ViT width
-  std::int64_t num_heads = 0;      // width % num_heads == 0, head_dim % 4 == 0
-  std::int64_t mlp_hidden = 0;     // int(embed_dim * mlp_ratio) / intermediate_size
-  std::int64_t out_hidden = 0;     // hidden_size (Qwen2-VL) / out_hidden_size: the LLM width
+  std::int64_t depth = 0;       // blocks
+  std::int64_t width = 0;       // embed_dim (Qwen2-VL) / hidden_size: the ViT width
+  std::int64_t num_heads = 0;   // width % num_heads == 0, head_dim % 4 == 0
+  std::int64_t mlp_hidden = 0;  // int(embed_dim * mlp_ratio) / intermediate_size
+  std::int64_t out_hidden = 0;  // hidden_size (Qwen2-VL) / out_hidden_size: the LLM width
   std::int64_t in_channels = 3;
   std::int64_t patch_size = 14;
   std::int64_t temporal_patch_size = 2;
-  std::int64_t merge_size = 2;     // spatial_merge_size
-  std::string hidden_act;          // "quick_gelu", "silu", "gelu_pytorch_tanh" or "gelu"
+  std::int64_t merge_size = 2;  // spatial_merge_size
+  std::string hidden_act;       // "quick_gelu", "silu", "gelu_pytorch_tanh" or "gelu"
   // Qwen2.5-VL: window attention everywhere except these blocks.
-  std::int64_t window_size = 0;    // pixels; 112 = 8x8 patches of 14 before merge
+  std::int64_t window_size = 0;  // pixels; 112 = 8x8 patches of 14 before merge
   std::vector<std::int64_t> fullatt_block_indexes;
   // Qwen3-VL: learned position table (a square side^2 = num_position_embeddings)
   // and the blocks after which a deepstack merger taps the hidden state.

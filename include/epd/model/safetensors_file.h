@@ -62,7 +62,21 @@ namespace epd {
 
 // The safetensors element types (the format's full list).
 enum class TensorDType : std::uint8_t {
-  kBool, kU8, kI8, kF8E5M2, kF8E4M3, kI16, kU16, kF16, kBF16, kI32, kU32, kF32, kF64, kI64, kU64,
+  kBool,
+  kU8,
+  kI8,
+  kF8E5M2,
+  kF8E4M3,
+  kI16,
+  kU16,
+  kF16,
+  kBF16,
+  kI32,
+  kU32,
+  kF32,
+  kF64,
+  kI64,
+  kU64,
 };
 
 // The format's spelling: "BOOL", "U8", ..., "F8_E4M3", "BF16", "F32", ...

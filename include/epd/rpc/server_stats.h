@@ -42,18 +42,18 @@ struct ShmStats {
 
 // CUDA IPC delivery (docs/SHM.md, "CUDA IPC"); all 0 without it.
 struct IpcStats {
-  std::int64_t capacity_bytes = 0;     // the bound on exported bytes (ServerOptions::ipc_export_bytes)
-  std::int64_t exported_bytes = 0;     // bytes of live exports now (an export shared by leases counts once)
-  std::int64_t leases = 0;             // leases held now
-  std::int64_t exports = 0;            // live exports now
-  std::uint64_t items = 0;             // items delivered by CUDA IPC
-  std::uint64_t reused = 0;            // of those, served from a live export of the key (no copy)
-  std::uint64_t fallbacks = 0;         // asked for CUDA IPC, sent otherwise: bound reached or export failed
-  std::uint64_t not_resident = 0;      // asked for CUDA IPC, sent otherwise: rows not in device memory
-  std::uint64_t released = 0;          // leases ended by a release
-  std::uint64_t expired = 0;           // leases ended by their deadline
-  std::uint64_t refused_releases = 0;  // releases that matched no lease (twice, stale, expired)
-  std::uint64_t session_reclaimed = 0; // leases ended because their lease session ended (ShmStats::sessions)
+  std::int64_t capacity_bytes = 0;      // the bound on exported bytes (ServerOptions::ipc_export_bytes)
+  std::int64_t exported_bytes = 0;      // bytes of live exports now (an export shared by leases counts once)
+  std::int64_t leases = 0;              // leases held now
+  std::int64_t exports = 0;             // live exports now
+  std::uint64_t items = 0;              // items delivered by CUDA IPC
+  std::uint64_t reused = 0;             // of those, served from a live export of the key (no copy)
+  std::uint64_t fallbacks = 0;          // asked for CUDA IPC, sent otherwise: bound reached or export failed
+  std::uint64_t not_resident = 0;       // asked for CUDA IPC, sent otherwise: rows not in device memory
+  std::uint64_t released = 0;           // leases ended by a release
+  std::uint64_t expired = 0;            // leases ended by their deadline
+  std::uint64_t refused_releases = 0;   // releases that matched no lease (twice, stale, expired)
+  std::uint64_t session_reclaimed = 0;  // leases ended because their lease session ended (ShmStats::sessions)
 };
 
 struct ServerStats {

@@ -73,11 +73,11 @@
 #include <string>
 #include <vector>
 
-#include "epd/gpu/device.h"
-#include "epd/worker/encode_worker.h"
-#include "epd/rpc/server_stats.h"
 #include "epd/core/status.h"
 #include "epd/core/vision_tower.h"
+#include "epd/gpu/device.h"
+#include "epd/rpc/server_stats.h"
+#include "epd/worker/encode_worker.h"
 
 namespace epd {
 

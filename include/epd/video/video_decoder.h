@@ -32,8 +32,8 @@
 #include <span>
 #include <string>
 
-#include "epd/media/preprocess.h"
 #include "epd/core/status.h"
+#include "epd/media/preprocess.h"
 #include "epd/media/video.h"
 
 namespace epd {

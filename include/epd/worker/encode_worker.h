@@ -137,16 +137,16 @@
 #include <string_view>
 #include <vector>
 
-#include "epd/media/content_key.h"
 #include "epd/core/embedding.h"
 #include "epd/core/encode_scheduler.h"
 #include "epd/core/encode_types.h"
-#include "epd/media/image.h"
-#include "epd/media/preprocess.h"
 #include "epd/core/shared_tier.h"
 #include "epd/core/status.h"
-#include "epd/media/video.h"
 #include "epd/core/vision_tower.h"
+#include "epd/media/content_key.h"
+#include "epd/media/image.h"
+#include "epd/media/preprocess.h"
+#include "epd/media/video.h"
 
 namespace epd {
 
@@ -360,8 +360,7 @@ class EncodeWorker {
   // a tower with output_on_device() without all three of adopt_device_rows,
   // to_host and to_device (all kInvalidArgument). Takes ownership of the
   // tower.
-  static StatusOr<std::unique_ptr<EncodeWorker>> Create(WorkerOptions options,
-                                                        std::unique_ptr<VisionTower> tower);
+  static StatusOr<std::unique_ptr<EncodeWorker>> Create(WorkerOptions options, std::unique_ptr<VisionTower> tower);
   // Waits for outstanding tower calls. Requests still in flight are dropped
   // without callbacks; call FailAll first to complete them.
   ~EncodeWorker();
@@ -376,8 +375,7 @@ class EncodeWorker {
   // be ItemKeys(request) (e.g. computed on another thread); empty = computed
   // here. Returns OK when accepted; then on_done fires exactly once, possibly
   // before Submit returns.
-  Status Submit(EncodeRequest request, RequestCallbacks callbacks = {},
-                std::vector<StatusOr<ContentKey>> keys = {});
+  Status Submit(EncodeRequest request, RequestCallbacks callbacks = {}, std::vector<StatusOr<ContentKey>> keys = {});
 
   // Runs at most one tower batch and delivers its items (or collects the
   // oldest batch StartBatch left outstanding, if any). Returns the number of computations in

@@ -68,7 +68,7 @@ struct SafetensorsContents {
 // Encodes `entries` (any order; duplicates as described above) into the
 // bytes of a safetensors file.
 StatusOr<std::string> SerializeEmbeddingsSafetensors(std::span<const KeyedEmbedding> entries,
-                                                    const std::map<std::string, std::string>& metadata = {});
+                                                     const std::map<std::string, std::string>& metadata = {});
 
 // Writes SerializeEmbeddingsSafetensors' bytes to `path` via a temporary file
 // and a rename, so a reader never sees a half-written file.

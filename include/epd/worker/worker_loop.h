@@ -106,8 +106,7 @@ class WorkerLoop {
   // Enqueues `request`; see the header comment for when callbacks fire. The
   // future holds the same RequestResult on_done receives. `ticket`, when
   // non-null, receives this submission's ticket.
-  std::future<RequestResult> Submit(EncodeRequest request, RequestCallbacks callbacks = {},
-                                    Ticket* ticket = nullptr);
+  std::future<RequestResult> Submit(EncodeRequest request, RequestCallbacks callbacks = {}, Ticket* ticket = nullptr);
 
   // Enqueues a cancel of the in-flight request `id` (EncodeWorker::Cancel);
   // a no-op when none is in flight by the time the worker thread gets to it.
@@ -174,17 +173,17 @@ class WorkerLoop {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Command> inbox_;                    // guarded by mu_
+  std::deque<Command> inbox_;  // guarded by mu_
   // Parked requests by id, for Cancel.
   struct Parked {
     Ticket ticket = 0;
     std::shared_ptr<internal::LookupBatch> batch;
   };
-  std::map<std::string, Parked> parked_;  // guarded by mu_
-  Ticket next_ticket_ = 1;                // guarded by mu_
-  bool accepting_ = true;                        // guarded by mu_
-  bool stopping_ = false;                        // guarded by mu_
-  bool woken_ = false;                           // guarded by mu_
+  std::map<std::string, Parked> parked_;            // guarded by mu_
+  Ticket next_ticket_ = 1;                          // guarded by mu_
+  bool accepting_ = true;                           // guarded by mu_
+  bool stopping_ = false;                           // guarded by mu_
+  bool woken_ = false;                              // guarded by mu_
   std::chrono::steady_clock::time_point deadline_;  // guarded by mu_
 
   mutable std::mutex stats_mu_;
