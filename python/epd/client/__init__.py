@@ -58,7 +58,7 @@ tier and ``--ipc-export-mb`` answers items whose rows are in its GPU memory
 with a CUDA IPC reference instead of bytes: ``r.cuda_ipc`` (a CudaIpcRef)
 carries the 64-byte ``cudaIpcMemHandle_t`` and ``cudaIpcEventHandle_t``, the
 length, the deepstack offset, the server's device, a generation and the lease
-time, and ``main``/``deepstack`` are empty. This module does not import the
+time, and ``main``/``deepstack`` are empty. This package does not import the
 memory: Debian's python3-torch is built without CUDA, and mapping a handle
 takes the CUDA runtime (``cudaIpcOpenMemHandle``, e.g. through cupy's
 ``cupy.cuda.runtime.ipcOpenMemHandle``) in the consuming process. The lease
@@ -86,10 +86,12 @@ ending by release or expiry only, and the client tries again a second later.
 Targets: ``host:port`` or ``unix:/path`` (a Unix domain socket).
 
 Thread safety: an EncodeClient may be shared by threads (grpc channels are).
-Modules (the names below are imported from ``epd.client``, not from them):
-``_keys`` the content-key format, ``_results`` result types and their numpy
-and vLLM adaptors, ``_leases`` shared memory and CUDA IPC leases, ``_routing``
-routing and fan-out, ``_proto`` proto conversion, ``_client`` EncodeClient.
+
+The package's modules, one job each (import the names from ``epd.client``
+itself; the module names are private): ``_keys`` the content-key format,
+``_results`` result types with their numpy and vLLM adaptors, ``_leases``
+shared-memory and CUDA IPC leases, ``_routing`` routing and fan-out,
+``_proto`` proto conversion, ``_client`` EncodeClient, which composes them.
 """
 
 # Also module attributes, as before the split: grpc, the service config and

@@ -11,11 +11,14 @@ ItemResult may carry are in _leases.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
 from epd.client._keys import PreprocessConfig
+
+if TYPE_CHECKING:  # annotations only: _leases imports this module
+    from epd.client._leases import CudaIpcRef, ShmLease
 
 # Bytes per element of each dtype the server sends (EncodedItem.dtype).
 _DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}

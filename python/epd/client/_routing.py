@@ -66,8 +66,9 @@ def plan_calls(items: Sequence[Item], route_of: Optional[Callable[[Item], bytes]
 
 def fan_out(pool, count: int, call: Callable[[int], None]) -> None:
     """Runs ``call(0)`` .. ``call(count - 1)``: call 0 on this thread, the
-    others on ``pool``; returns when all have, re-raising the first error of
-    the pooled ones (after call 0's own, which raises at once)."""
+    others on ``pool`` meanwhile; returns when all have ended. An exception
+    from call 0 propagates at once; one from a pooled call when it is
+    waited for, in call order."""
     futures = [pool.submit(call, n) for n in range(1, count)]
     call(0)
     for f in futures:
