@@ -22,12 +22,15 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import grpc
 
 from epd.client._results import _DTYPE_SIZES, EncodeError, ItemResult
 from epd.v1 import encoder_pb2
+
+if TYPE_CHECKING:  # annotations only: _client imports this module
+    from epd.client._client import EncodeClient
 
 SESSION_HEADER = "x-epd-session"
 # After the server refuses a lease session (no arena, its cap, an older
@@ -39,7 +42,7 @@ class _Lease:
     """What both lease kinds share: ``release()`` sends one Release call
     through the client that received the item (its ``_release``)."""
 
-    def __init__(self, client, generation: int, lease_ms: int):
+    def __init__(self, client: "EncodeClient", generation: int, lease_ms: int):
         self._client = client
         self.generation = generation
         self.lease_ms = lease_ms
@@ -56,7 +59,7 @@ class _Lease:
 class ShmLease(_Lease):
     """A lease on one span of a server's shared-memory arena."""
 
-    def __init__(self, client, offset: int, generation: int, lease_ms: int):
+    def __init__(self, client: "EncodeClient", offset: int, generation: int, lease_ms: int):
         super().__init__(client, generation, lease_ms)
         self.offset = offset
 
@@ -244,7 +247,7 @@ def _failed(index: int, code: grpc.StatusCode, message: str) -> ItemResult:
     return ItemResult(index=index, ok=False, code=code, message=message)
 
 
-def attach_cuda_ipc(client, r: ItemResult, ref) -> ItemResult:
+def attach_cuda_ipc(client: "EncodeClient", r: ItemResult, ref) -> ItemResult:
     """``r`` (a successful item) with the CUDA IPC reference ``ref``
     (EncodedItem.cuda_ipc) and its lease. A reference whose handles are not
     64 bytes or whose length and deepstack offset do not fit r's shape makes
@@ -271,7 +274,7 @@ def attach_cuda_ipc(client, r: ItemResult, ref) -> ItemResult:
     return r
 
 
-def attach_shm(client, arenas: ArenaMappings, r: ItemResult, ref) -> ItemResult:
+def attach_shm(client: "EncodeClient", arenas: ArenaMappings, r: ItemResult, ref) -> ItemResult:
     """``r`` (a successful item) with main/deepstack as read-only views on
     the arena span ``ref`` (EncodedItem.shm) and its lease. A span that does
     not fit r's shape or the arena makes an INTERNAL failure; an arena that

@@ -46,7 +46,7 @@ class EncodeError(Exception):
     """A call or an item failed. ``code`` is a grpc.StatusCode; ``results``
     holds every item's result (the successful ones included)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, results: Optional[List["ItemResult"]] = None):
+    def __init__(self, code: grpc.StatusCode, message: str, results: Optional[List[ItemResult]] = None):
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.message = message
