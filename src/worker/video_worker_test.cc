@@ -89,31 +89,19 @@ EncodeItemInput VideoItem(std::string container) {
 
 EncodeRequest Req(std::string id, std::vector<EncodeItemInput> items) { return {std::move(id), std::move(items)}; }
 
-class VideoWorkerTest : public ::testing::TestWithParam<int> {
+class VideoWorkerTest : public ::testing::TestWithParam<int>, protected testing::WorkerRig {
  protected:
   WorkerOptions Options() {
-    WorkerOptions o;
-    o.model_id = "test-model";
-    o.decode_threads = GetParam();
+    WorkerOptions o = WorkerRig::Options(GetParam());
     o.decode_video = [this](std::span<const std::uint8_t> b, const VideoSampling&, const PreprocessConfig& cfg,
-                            const VideoLimits&) { return FakeDecode(b, cfg, &decodes_); };
+                            const VideoLimits&, std::stop_token) { return FakeDecode(b, cfg, &decodes_); };
     return o;
   }
   std::unique_ptr<EncodeWorker> Make() { return Make(Options()); }
-  std::unique_ptr<EncodeWorker> Make(WorkerOptions o, FakeTowerOptions t = {}) {
-    state_ = std::make_shared<FakeTowerState>();
-    auto w = EncodeWorker::Create(std::move(o), std::make_unique<FakeTower>(t, state_));
-    EXPECT_TRUE(w.ok()) << w.status().ToString();
-    return std::move(*w);
-  }
-  static void Drain(EncodeWorker& w) {
-    while (w.HasQueuedWork()) ASSERT_GT(w.Step(), 0);
-  }
+  using WorkerRig::Make;
   const ItemResult& Item(const std::string& id, std::size_t i = 0) { return c_.done.at(id).items.at(i); }
 
   std::atomic<int> decodes_{0};
-  std::shared_ptr<FakeTowerState> state_;
-  Collector c_;
 };
 
 TEST_P(VideoWorkerTest, VideoIsItsChunksEncodedOneByOneAndConcatenated) {
@@ -163,8 +151,9 @@ TEST_P(VideoWorkerTest, LongerClipRunsTheTowerOnlyOnItsNewChunks) {
   EXPECT_EQ(s.chunk_misses, 5u);
 
   // A sliding window inside what is cached: no tower work at all, delivered
-  // inside Submit.
+  // once its decode is handled.
   ASSERT_TRUE(w->Submit(Req("window", {VideoItem(Clip(2, 3))}), c_.For("window")).ok());
+  Settle(*w);
   ASSERT_EQ(c_.done.count("window"), 1u);
   ASSERT_TRUE(c_.done["window"].all_ok());
   testing::ExpectSameEmbedding(*Item("window").embedding, WantClip(2, 3));
@@ -205,6 +194,7 @@ TEST_P(VideoWorkerTest, OtherSamplingIsAnotherVideoKey) {
   ASSERT_TRUE(w->Submit(Req("b", {other}), c_.For("b")).ok());
   // Not a whole-video hit (decoded again), but the fake decoder gives the
   // same frames, so every chunk hits.
+  Settle(*w);
   ASSERT_EQ(c_.done.count("b"), 1u);
   EXPECT_NE(Item("b").key, Item("a").key);
   EXPECT_EQ(decodes_.load(), 2);
@@ -263,6 +253,7 @@ TEST_P(VideoWorkerTest, CancelDropsQueuedChunksNobodyElseWaitsOn) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Req("a", {VideoItem(Clip(0, 3))}), c_.For("a")).ok());
   ASSERT_TRUE(w->Submit(Req("b", {VideoItem(Clip(2, 2))}), c_.For("b")).ok());
+  Settle(*w);
   ASSERT_EQ(w->stats().pending_items, 4);
   ASSERT_TRUE(w->Cancel("a"));
   EXPECT_EQ(c_.done["a"].status.code(), StatusCode::kCancelled);
@@ -293,6 +284,7 @@ TEST_P(VideoWorkerTest, WrongExpectedTokensFailsTheVideo) {
   EncodeItemInput item = VideoItem(Clip(0, 2));
   item.expected_tokens = 5;
   ASSERT_TRUE(w->Submit(Req("r", {item}), c_.For("r")).ok());
+  Settle(*w);
   EXPECT_EQ(Item("r").status.code(), StatusCode::kInvalidArgument);
   item.expected_tokens = 2 * kChunkTokens;
   ASSERT_TRUE(w->Submit(Req("ok", {item}), c_.For("ok")).ok());
@@ -367,7 +359,8 @@ TEST_P(VideoWorkerTest, VideoOverTheQueueBoundFailsAloneAndQueuesNothing) {
   ASSERT_TRUE(w->Submit(Req("a", {VideoItem(Clip(0, 3))}), c_.For("a")).ok());  // 3 chunks queued
   // Submit counts the video as one job (3 + 1 <= 4); its 2 chunks would make 5.
   ASSERT_TRUE(w->Submit(Req("b", {VideoItem(Clip(10, 2))}), c_.For("b")).ok());
-  ASSERT_EQ(c_.done.count("b"), 1u);  // failed at once, inside Submit
+  Settle(*w);
+  ASSERT_EQ(c_.done.count("b"), 1u);  // failed once decoded, before any batch
   const Status& refused = Item("b").status;
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
   EXPECT_NE(refused.message().find("2 temporal chunks on top of 3 pending; the limit is 4"), std::string::npos)
@@ -392,6 +385,7 @@ TEST_P(VideoWorkerTest, VideoWithMoreNewChunksThanTheQueueHoldsIsInvalidAndCache
   o.max_pending_items = 2;
   auto w = Make(std::move(o));
   ASSERT_TRUE(w->Submit(Req("long", {VideoItem(Clip(0, 3))}), c_.For("long")).ok());
+  Settle(*w);
   const Status& refused = Item("long").status;
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
   EXPECT_NE(refused.message().find("3 temporal chunks"), std::string::npos) << refused.message();

@@ -1,9 +1,10 @@
 // WorkerOptions::Validate: the option checks that need no tower.
+#include "epd/worker/worker_options.h"
+
 #include <string>
 #include <utility>
 
 #include "epd/core/embedding_cache.h"
-#include "epd/worker/encode_worker.h"
 
 namespace epd {
 
