@@ -99,24 +99,7 @@ EncodeWorker::~EncodeWorker() = default;
 StatusOr<std::unique_ptr<EncodeWorker>> EncodeWorker::Create(WorkerOptions options,
                                                              std::unique_ptr<VisionTower> tower) {
   if (tower == nullptr) return InvalidArgument("tower is null");
-  if (Status s = options.Validate(); !s.ok()) return s;
-  if (tower->patch_dim() != options.preprocess.patch_dim()) {
-    return InvalidArgument("tower patch_dim " + std::to_string(tower->patch_dim()) +
-                           " differs from the preprocess config's " + std::to_string(options.preprocess.patch_dim()));
-  }
-  if (tower->merge_size() != options.preprocess.merge_size) {
-    return InvalidArgument("tower merge_size " + std::to_string(tower->merge_size()) +
-                           " differs from the preprocess config's " + std::to_string(options.preprocess.merge_size));
-  }
-  if (tower->output_on_device() && (!options.adopt_device_rows || !options.to_host || !options.to_device)) {
-    // Without to_host an L1 victim in VRAM would move to L2 as it is, so the
-    // VRAM in use could reach l1_capacity_bytes + l2_capacity_bytes.
-    return InvalidArgument("tower '" + tower->Describe() + "' leaves its output in device memory, but " +
-                           (!options.adopt_device_rows ? "adopt_device_rows"
-                            : !options.to_host         ? "to_host"
-                                                       : "to_device") +
-                           " is not set (take all three hooks from the GPU tier: MakeEmbeddingTierHooks)");
-  }
+  if (Status s = options.ValidateFor(*tower); !s.ok()) return s;
   return std::unique_ptr<EncodeWorker>(new EncodeWorker(std::make_unique<Impl>(std::move(options), std::move(tower))));
 }
 

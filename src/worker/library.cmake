@@ -11,6 +11,7 @@ add_library(epd_worker
   ${CMAKE_CURRENT_LIST_DIR}/item_rules.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_queue.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_table.cc
+  ${CMAKE_CURRENT_LIST_DIR}/loop_command.cc
   ${CMAKE_CURRENT_LIST_DIR}/prefetch_decoder.cc
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cc
   ${CMAKE_CURRENT_LIST_DIR}/shared_tier_lookup.cc

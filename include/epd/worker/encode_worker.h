@@ -28,28 +28,53 @@
 //      allows) fails only this item at once, kInvalidArgument.
 // A video item (EncodeItemInput::video; docs/VIDEO.md) takes a path of its own:
 // its whole-video key (ComputeVideoKey over its bytes and sampling) hit in
-// L1/L2 is delivered inside Submit without a decode; otherwise it is decoded
-// and sampled inside Submit (on the owning thread), cut into temporal chunks
-// (temporal_patch_size frames each, keyed by ComputeVideoChunkKey), and each
-// chunk is served as an image would be (hit, join, or a scheduler job of
-// grid (1, h, w) costing its post-merge tokens). When its last chunk is
-// ready the chunks' rows are concatenated in order (grid (t, h, w)), cached
-// under the whole-video key and delivered with ItemResult::video. A failed
-// chunk fails the video (naming the chunk). With a tower that does not
-// declare temporal_chunks_independent() (or video_chunk_cache off) a video
-// is one job of grid (t, h, w) instead, joined and cached by its whole-video
-// key only. Submit's max_pending_items check counts a video as one job (its
-// chunks are only known after the decode); once decoded, a video whose
+// L1/L2 is delivered inside Submit without a decode; so is a refusal that
+// needs no decode (bad sampling, no decode_video for a container).
+// Otherwise Submit starts its decode as a task on the worker's video decode
+// threads (never the owning thread; an identical video whose decode is still
+// pending shares it) and returns. The video then acts as a GATE:
+//   - hits, joins, L3 adoptions and cancels of every other item are served at
+//     once while it decodes;
+//   - misses submitted after it (in its request or later ones) become jobs
+//     (joinable, counted by max_pending_items) but are HELD in arrival order,
+//     off the scheduler;
+//   - StartBatch() starts no batch while a video decode is pending, unless
+//     the next batch is closed (kFifo: it ends before the last queued job or
+//     is full, so nothing submitted later could join it).
+// When the decode completes, its completion is handled on the owning thread
+// (Poll(), also inside StartBatch() and Step(); WorkerLoop wakes on it via
+// SetWake): the video is cut into temporal chunks (temporal_patch_size
+// frames each, keyed by ComputeVideoChunkKey), each served as an image would
+// be (hit, join, or a job of grid (1, h, w) costing its post-merge tokens)
+// and queued where the video was submitted, followed by the jobs held behind
+// it, up to the next pending video. So decode timing decides only WHEN a
+// batch starts, never what it holds: every batch is the one the calls would
+// form had each video been decoded inside its Submit, except that a chunk's
+// hit or miss is decided against the cache as it is when the decode
+// completes (a batch collected meanwhile may have cached, or evicted, one of
+// its chunks). When its last chunk is ready the chunks' rows are
+// concatenated in order (grid (t, h, w)), cached under the whole-video key
+// and delivered with ItemResult::video. A failed chunk fails the video
+// (naming the chunk). With a tower that does not declare
+// temporal_chunks_independent() (or video_chunk_cache off) a video is one
+// job of grid (t, h, w) instead, joined and cached by its whole-video key
+// only. Submit's max_pending_items check counts a pending video as one job
+// (its chunks are only known after the decode); once decoded, a video whose
 // chunks to queue (neither cached nor in flight) would pass the bound fails
 // alone, kResourceExhausted (retry later) or kInvalidArgument when they alone
-// exceed it, and queues nothing.
+// exceed it, and queues nothing. Cancel (or FailAll) of a request whose video
+// is decoding lets what the video held go on at once and, when no other
+// request shares the decode, stops it between two frames (decode_video's
+// stop token); its late completion is ignored. One tenant's video decodes
+// (EncodeRequest::tenant) hold at most max(1, decode_threads - 1) of the
+// max(1, decode_threads) decode threads; the others queue.
 // Helper threads decode and preprocess queued misses in the order the
 // scheduler will serve them (arrival order, or the fair order for kFair) while
 // the tower runs (at most decode_lookahead finished ahead), so decoding
 // overlaps the tower instead of adding to it. Batches depend only on the
 // sequence of Submit/Cancel/StartBatch calls and the header costs, never on
-// decode timing (with kFair, decode timing decides only WHEN StartBatch
-// succeeds, not what the batch holds).
+// decode timing (with kFair, and with a pending video, decode timing decides
+// only WHEN StartBatch succeeds, not what the batch holds).
 //
 // A batch runs in two halves, so the owning thread can keep submitting while
 // the tower works (WorkerLoop does):
@@ -63,7 +88,8 @@
 //                 charged exactly main + deepstack bytes), caches it and
 //                 delivers it to every waiter, including items that joined
 //                 while it ran.
-// Step() is StartBatch() + FinishBatch(). One batch runs on the tower at a
+// Step() is StartBatch() + FinishBatch(), and first waits for a pending video
+// decode that gates the batch. One batch runs on the tower at a
 // time, but the next may be started as soon as the previous one's tower call
 // has returned, before it is collected, so the collect overlaps the tower
 // (at most two batches outstanding: one running, one awaiting FinishBatch).
@@ -78,10 +104,11 @@
 // process (the server, a tool's report) names the item there, once.
 //
 // Results: an ItemResult per item, delivered by `on_item` as soon as the item
-// is ready (hits and header errors inside Submit, the rest inside
-// FinishBatch/Step; any order across items),
-// then one RequestResult (items by index) through `on_done` once every item
-// is delivered, inside the Submit or Step call that finished the last one.
+// is ready (hits and header errors inside Submit, a video's decode errors and
+// all-cached videos inside Poll/StartBatch/Step, the rest inside
+// FinishBatch/Step; any order across items), then one RequestResult (items by
+// index) through `on_done` once every item is delivered, inside the call that
+// finished the last one.
 // REQUIRES: callbacks must not call back into this EncodeWorker (they run
 // while its state is mid-update) and should return quickly. An exception a
 // callback throws is caught and counted (WorkerStats::callback_exceptions).
@@ -101,16 +128,18 @@
 //
 // Complexity: Submit O(items * (bytes hashed + header parse + log pending));
 // Step O(batch log pending) plus decodes not done ahead, the tower and one
-// copy of its output.
+// copy of its output; Poll O(1) without a completed decode, else O(chunks and
+// held jobs * log pending).
 // Memory: a queued miss holds its encoded bytes; a decoded one its
 // preprocessed patches (patches * patch_dim * 4 bytes, ~6 MB for a 512x512
 // image), at most decode_lookahead + decode_threads of them ahead of Step.
 // Bound the bytes with max_pending_items.
 //
 // Thread safety: thread-compatible: one thread owns the worker and calls
-// everything (the decode helpers and the tower thread are internal and never
-// run callbacks, except StartBatch's on_finished). BatchFinished() is the
-// exception: it may be read from any thread. Encode runs on the tower thread
+// everything (the decode helpers, the video decode threads and the tower
+// thread are internal and never run callbacks, except StartBatch's
+// on_finished and SetWake's wake). BatchFinished(), DecodeFinished() and
+// SetWake() are the exceptions: they may be called from any thread. Encode runs on the tower thread
 // while the owner may call the tower's metadata accessors (hidden() etc.),
 // so those must be safe concurrently with Encode (immutable values, as in
 // every backend here). ItemKeys() is the exception: it only reads the immutable
@@ -144,14 +173,12 @@ namespace epd {
 
 class EncodeWorker {
  public:
-  // Validates the options (WorkerOptions::Validate), a tower
-  // whose patch_dim or merge_size differs from the preprocess config's, and
-  // a tower with output_on_device() without all three of adopt_device_rows,
-  // to_host and to_device (all kInvalidArgument). Takes ownership of the
-  // tower.
+  // Validates the options against the tower (WorkerOptions::ValidateFor:
+  // kInvalidArgument). Takes ownership of the tower.
   static StatusOr<std::unique_ptr<EncodeWorker>> Create(WorkerOptions options, std::unique_ptr<VisionTower> tower);
-  // Waits for outstanding tower calls. Requests still in flight are dropped
-  // without callbacks; call FailAll first to complete them.
+  // Waits for outstanding tower calls, and for video decodes (told to stop).
+  // Requests still in flight are dropped without callbacks; call FailAll
+  // first to complete them.
   ~EncodeWorker();
   EncodeWorker(const EncodeWorker&) = delete;
   EncodeWorker& operator=(const EncodeWorker&) = delete;
@@ -167,13 +194,15 @@ class EncodeWorker {
   Status Submit(EncodeRequest request, RequestCallbacks callbacks = {}, std::vector<StatusOr<ContentKey>> keys = {});
 
   // Runs at most one tower batch and delivers its items (or collects the
-  // oldest batch StartBatch left outstanding, if any). Returns the number of computations in
-  // the batch: 0 when nothing is queued or sink_full() holds.
+  // oldest batch StartBatch left outstanding, if any), waiting first for a
+  // video decode that gates it. Returns the number of computations in the
+  // batch: 0 when nothing is queued or sink_full() holds.
   std::int64_t Step();
 
-  // Starts the next batch on the tower thread and returns at once; false
-  // (nothing started) when the tower is busy (TowerBusy()), two batches are
-  // outstanding, nothing is queued, or sink_full() holds. `on_finished`, if
+  // Handles completed video decodes (Poll), then starts the next batch on the
+  // tower thread and returns at once; false (nothing started) when the tower
+  // is busy (TowerBusy()), two batches are outstanding, nothing is queued,
+  // a video decode gates the batch (WaitingOnDecode()), or sink_full() holds. `on_finished`, if
   // set, runs ON THE TOWER THREAD when the tower call returns; it must only
   // wake the owner (e.g. notify a condition variable) and must not throw.
   bool StartBatch(std::function<void()> on_finished = nullptr);

@@ -147,8 +147,13 @@ struct WorkerOptions {
   // OK, or kInvalidArgument naming the first bad field: empty model_id,
   // invalid preprocess config, max_pixels <= 0, negative capacity,
   // non-positive batch bounds, negative max_pending_items, decode_threads or
-  // decode_lookahead. The hooks are checked against the tower by Create.
+  // decode_lookahead.
   Status Validate() const;
+  // Validate(), then the checks against the tower EncodeWorker::Create
+  // makes (kInvalidArgument): a patch_dim or merge_size other than the
+  // preprocess config's, a tower with output_on_device() without all three of
+  // adopt_device_rows, to_host and to_device.
+  Status ValidateFor(const VisionTower& tower) const;
 };
 
 }  // namespace epd
