@@ -9,6 +9,7 @@
 #include <cctype>
 #include <fstream>
 #include <iterator>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -239,6 +240,64 @@ TEST(DecodeVideoTest, LimitsAreEnforcedAndNamed) {
   auto d = DecodeVideo(mp4, {}, {}, pixels);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("160x120"), std::string::npos) << d.status().message();
+}
+
+// Issue 27 fault 1: the decode work one video may cost. h264.mp4's header
+// says 20 frames of 160x120 (384,000 pixels); sampling reaches its last frame
+// (indices 0, 6, 13, 19), so all 20 are decoded.
+TEST(DecodeVideoTest, DecodeWorkIsRefusedOnTheHeaderWhenItGivesTheFrameCount) {
+  const Bytes mp4 = Fixture("h264.mp4");
+  VideoLimits pixels;
+  pixels.max_decode_pixels = 20 * 160 * 120 - 1;
+  auto probed = ProbeVideo(mp4, pixels);  // before any frame is decoded
+  ASSERT_FALSE(probed.ok());
+  EXPECT_EQ(probed.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(probed.status().message().find("max_decode_pixels"), std::string::npos) << probed.status().message();
+  EXPECT_NE(probed.status().message().find("20 frames of 160x120"), std::string::npos) << probed.status().message();
+  EXPECT_FALSE(DecodeVideo(mp4, {}, {}, pixels).ok());
+  pixels.max_decode_pixels = 20 * 160 * 120;  // exactly enough
+  EXPECT_TRUE(DecodeVideo(mp4, {}, {}, pixels).ok());
+
+  VideoLimits frames;
+  frames.max_decode_frames = 19;
+  auto f = ProbeVideo(mp4, frames);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("max_decode_frames"), std::string::npos) << f.status().message();
+}
+
+// vp9.webm's header has no frame count: the bound is checked once the demux
+// pass has counted its 12 packets (indices 0, 4, 7, 11 of 12 frames: 12
+// decoded), still before any frame is decoded.
+TEST(DecodeVideoTest, DecodeWorkIsRefusedAfterTheDemuxPassWhenTheHeaderHasNoCount) {
+  const Bytes webm = Fixture("vp9.webm");
+  VideoLimits pixels;
+  pixels.max_decode_pixels = 12 * 160 * 120 - 1;
+  EXPECT_TRUE(ProbeVideo(webm, pixels).ok());  // nothing to check it against yet
+  auto v = DecodeVideo(webm, {}, {}, pixels);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(v.status().message().find("12 frames of 160x120"), std::string::npos) << v.status().message();
+  pixels.max_decode_pixels = 12 * 160 * 120;
+  EXPECT_TRUE(DecodeVideo(webm, {}, {}, pixels).ok());
+}
+
+TEST(DecodeVideoTest, DecodeTimeIsBounded) {
+  VideoLimits time;
+  time.max_decode_seconds = 1e-9;  // over before the first frame
+  auto v = DecodeVideo(Fixture("h264.mp4"), {}, {}, time);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(v.status().message().find("max_decode_seconds"), std::string::npos) << v.status().message();
+}
+
+TEST(DecodeVideoTest, AStoppedDecodeIsCancelled) {
+  std::stop_source stop;
+  stop.request_stop();
+  auto v = DecodeVideo(Fixture("h264.mp4"), {}, {}, {}, stop.get_token());
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kCancelled) << v.status().ToString();
+  // The same call without a stop decodes.
+  EXPECT_TRUE(DecodeVideo(Fixture("h264.mp4"), {}, {}, {}, std::stop_source().get_token()).ok());
 }
 
 TEST(DecodeVideoTest, EveryPrefixIsDecodedOrRefusedCleanly) {
