@@ -242,27 +242,27 @@ TEST(DecodeVideoTest, LimitsAreEnforcedAndNamed) {
   EXPECT_NE(d.status().message().find("160x120"), std::string::npos) << d.status().message();
 }
 
+// `r` failed with kInvalidArgument, its message holding each of `parts`.
+template <typename T>
+void ExpectRefused(const StatusOr<T>& r, std::initializer_list<const char*> parts) {
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  for (const char* p : parts) EXPECT_NE(r.status().message().find(p), std::string::npos) << r.status().message();
+}
+
 // Issue 27 fault 1: the decode work one video may cost. h264.mp4's header
 // says 20 frames of 160x120 (384,000 pixels); sampling reaches its last frame
 // (indices 0, 6, 13, 19), so all 20 are decoded.
 TEST(DecodeVideoTest, DecodeWorkIsRefusedOnTheHeaderWhenItGivesTheFrameCount) {
   const Bytes mp4 = Fixture("h264.mp4");
-  VideoLimits pixels;
-  pixels.max_decode_pixels = 20 * 160 * 120 - 1;
-  auto probed = ProbeVideo(mp4, pixels);  // before any frame is decoded
-  ASSERT_FALSE(probed.ok());
-  EXPECT_EQ(probed.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(probed.status().message().find("max_decode_pixels"), std::string::npos) << probed.status().message();
-  EXPECT_NE(probed.status().message().find("20 frames of 160x120"), std::string::npos) << probed.status().message();
-  EXPECT_FALSE(DecodeVideo(mp4, {}, {}, pixels).ok());
-  pixels.max_decode_pixels = 20 * 160 * 120;  // exactly enough
-  EXPECT_TRUE(DecodeVideo(mp4, {}, {}, pixels).ok());
-
-  VideoLimits frames;
-  frames.max_decode_frames = 19;
-  auto f = ProbeVideo(mp4, frames);
-  ASSERT_FALSE(f.ok());
-  EXPECT_NE(f.status().message().find("max_decode_frames"), std::string::npos) << f.status().message();
+  VideoLimits limits;
+  limits.max_decode_pixels = 20 * 160 * 120 - 1;
+  ExpectRefused(ProbeVideo(mp4, limits), {"max_decode_pixels", "20 frames of 160x120"});  // no frame decoded
+  ExpectRefused(DecodeVideo(mp4, {}, {}, limits), {"max_decode_pixels"});
+  limits.max_decode_pixels = 20 * 160 * 120;  // exactly enough
+  EXPECT_TRUE(DecodeVideo(mp4, {}, {}, limits).ok());
+  limits.max_decode_frames = 19;
+  ExpectRefused(ProbeVideo(mp4, limits), {"max_decode_frames"});
 }
 
 // vp9.webm's header has no frame count: the bound is checked once the demux
@@ -270,24 +270,18 @@ TEST(DecodeVideoTest, DecodeWorkIsRefusedOnTheHeaderWhenItGivesTheFrameCount) {
 // decoded), still before any frame is decoded.
 TEST(DecodeVideoTest, DecodeWorkIsRefusedAfterTheDemuxPassWhenTheHeaderHasNoCount) {
   const Bytes webm = Fixture("vp9.webm");
-  VideoLimits pixels;
-  pixels.max_decode_pixels = 12 * 160 * 120 - 1;
-  EXPECT_TRUE(ProbeVideo(webm, pixels).ok());  // nothing to check it against yet
-  auto v = DecodeVideo(webm, {}, {}, pixels);
-  ASSERT_FALSE(v.ok());
-  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(v.status().message().find("12 frames of 160x120"), std::string::npos) << v.status().message();
-  pixels.max_decode_pixels = 12 * 160 * 120;
-  EXPECT_TRUE(DecodeVideo(webm, {}, {}, pixels).ok());
+  VideoLimits limits;
+  limits.max_decode_pixels = 12 * 160 * 120 - 1;
+  EXPECT_TRUE(ProbeVideo(webm, limits).ok());  // nothing to check it against yet
+  ExpectRefused(DecodeVideo(webm, {}, {}, limits), {"max_decode_pixels", "12 frames of 160x120"});
+  limits.max_decode_pixels = 12 * 160 * 120;
+  EXPECT_TRUE(DecodeVideo(webm, {}, {}, limits).ok());
 }
 
 TEST(DecodeVideoTest, DecodeTimeIsBounded) {
-  VideoLimits time;
-  time.max_decode_seconds = 1e-9;  // over before the first frame
-  auto v = DecodeVideo(Fixture("h264.mp4"), {}, {}, time);
-  ASSERT_FALSE(v.ok());
-  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(v.status().message().find("max_decode_seconds"), std::string::npos) << v.status().message();
+  VideoLimits limits;
+  limits.max_decode_seconds = 1e-9;  // over before the first frame
+  ExpectRefused(DecodeVideo(Fixture("h264.mp4"), {}, {}, limits), {"max_decode_seconds"});
 }
 
 TEST(DecodeVideoTest, AStoppedDecodeIsCancelled) {

@@ -119,9 +119,7 @@ class VideoGateTest : public ::testing::Test, protected testing::WorkerRig {
     return o;
   }
   HeldDecoder decoder_;
-  const std::string a_ = Png(56, 56, 100);
-  const std::string b_ = Png(56, 56, 101);
-  const std::string d_ = Png(56, 56, 102);
+  const std::string a_ = Png(56, 56, 100), b_ = Png(56, 56, 101), d_ = Png(56, 56, 102);
 };
 
 // Issue 22's check: a cache hit submitted behind a video whose decode takes

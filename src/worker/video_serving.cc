@@ -86,12 +86,7 @@ class VideoServing::Item final : public ItemSink, public GateBarrier {
 };
 
 VideoServing::VideoServing(Parts parts)
-    : options_(parts.options),
-      tower_(parts.tower),
-      stats_(parts.stats),
-      cache_(parts.cache),
-      table_(parts.table),
-      queue_(parts.queue),
+    : p_(parts),
       chunked_(parts.options.video_chunk_cache && parts.tower.temporal_chunks_independent()),
       timings_(parts.options.max_video_timings),
       pool_(parts.options.decode_threads) {}
@@ -104,37 +99,37 @@ VideoServing::~VideoServing() {
 }
 
 bool VideoServing::Serve(RequestNum r, EncodeItemInput& item, Clock::time_point arrived, ItemResult& res) {
-  ++stats_.video_items;
+  ++p_.stats.video_items;
   Status refused = CheckExpectedTokensSign(item.expected_tokens);
   // An exact repeat: one lookup, no decode.
   if (std::shared_ptr<const VideoTiming> t = timings_.Find(res.key);
-      refused.ok() && t != nullptr && cache_.ServeHit(res.key, item.expected_tokens, res)) {
+      refused.ok() && t != nullptr && p_.cache.ServeHit(res.key, item.expected_tokens, res)) {
     res.video = std::move(t);
     return false;
   }
-  if (refused.ok()) refused = CheckBeforeDecode(options_, *item.video);
+  if (refused.ok()) refused = CheckBeforeDecode(p_.options, *item.video);
   if (!refused.ok()) {
-    ++stats_.misses;
+    ++p_.stats.misses;
     res.status = std::move(refused);
     return false;
   }
   // The same video, queued or running whole.
-  if (!chunked_ && options_.dedup_in_flight && table_.Join(r, res, arrived)) return true;
+  if (!chunked_ && p_.options.dedup_in_flight && p_.table.Join(r, res, arrived)) return true;
   std::shared_ptr<Decode> d;
   if (auto p = pending_.find(res.key); p != pending_.end()) d = p->second;
   if (d != nullptr && !chunked_) {
-    ++stats_.joins;  // it will join the whole video's job
+    ++p_.stats.joins;  // it will join the whole video's job
     res.source = ItemSource::kJoined;
   } else {
-    ++stats_.misses;
+    ++p_.stats.misses;
     res.source = ItemSource::kMiss;
   }
-  if (d == nullptr) d = StartDecode(res.key, *item.video, table_.tenant(r));
+  if (d == nullptr) d = StartDecode(res.key, *item.video, p_.table.tenant(r));
   ++d->users;
   auto v = std::make_shared<Item>(*this, d, r, res.index, arrived, item.expected_tokens, res.key);
-  table_.SetSink(r, res.index, v);
-  table_.Hold(r, std::move(res));
-  queue_.AddBarrier(std::move(v));
+  p_.table.SetSink(r, res.index, v);
+  p_.table.Hold(r, std::move(res));
+  p_.queue.AddBarrier(std::move(v));
   return true;
 }
 
@@ -143,13 +138,13 @@ std::shared_ptr<VideoServing::Decode> VideoServing::StartDecode(const ContentKey
   auto d = std::make_shared<Decode>();
   d->key = key;
   d->input = input;
-  if (options_.dedup_in_flight) pending_[key] = d;
+  if (p_.options.dedup_in_flight) pending_[key] = d;
   in_flight_.push_back(d);
-  ++stats_.video_decodes;
+  ++p_.stats.video_decodes;
   pool_.Post(tenant, [this, d] {
     StatusOr<PreparedVideo> r = d->stop.stop_requested()
                                     ? StatusOr<PreparedVideo>(Cancelled("the video's request ended before its decode"))
-                                    : PrepareVideo(options_, d->input, d->stop.get_token());
+                                    : PrepareVideo(p_.options, d->input, d->stop.get_token());
     std::lock_guard<std::mutex> lock(mu_);
     d->result.emplace(std::move(r));
     done_.push_back(d);
@@ -205,7 +200,7 @@ void VideoServing::Expand(Item& v) {
   const std::shared_ptr<Decode> d = std::move(v.decode);
   Release(*d);
   const StatusOr<PreparedVideo>& p = *d->result;
-  Status s = p.ok() ? CheckExpectedTokens(v.expected_tokens, "the video", p->grid, options_.preprocess.merge_size)
+  Status s = p.ok() ? CheckExpectedTokens(v.expected_tokens, "the video", p->grid, p_.options.preprocess.merge_size)
                     : p.status();
   if (!s.ok()) {
     ItemResult res;
@@ -219,33 +214,34 @@ void VideoServing::Expand(Item& v) {
 JobWork VideoServing::Work(const Item& v, JobId id, std::int64_t part, std::int64_t cost,
                            std::function<StatusOr<PreprocessedImage>()> make) const {
   // Under kFair a video job's share is its tokens: its frames are decoded.
-  return JobWork{id, cost,           0, table_.tenant(v.request), {table_.id(v.request), v.request, v.index, part},
+  return JobWork{id, cost,           0, p_.table.tenant(v.request), {p_.table.id(v.request), v.request, v.index, part},
                  {}, std::move(make)};
 }
 
 void VideoServing::ExpandWhole(Item& v, const PreparedVideo& p) {
   const JobTable::Waiter w{v.request, v.index, v.arrived};
   // An identical video expanded before this one made the job: join it.
-  if (std::optional<JobId> j = table_.InFlight(v.key)) {
-    table_.Wait(*j, w);
+  if (std::optional<JobId> j = p_.table.InFlight(v.key)) {
+    p_.table.Wait(*j, w);
     return;
   }
-  const JobId id = table_.NewJob(v.key);
-  table_.job(id).video_timing = p.timing;
-  table_.Wait(id, w);
-  queue_.AddNow(Work(v, id, 0, p.grid.tokens(options_.preprocess.merge_size),
-                     [video = p.video, cfg = options_.preprocess] { return PreprocessWholeVideo(*video, cfg); }));
+  const JobId id = p_.table.NewJob(v.key);
+  p_.table.job(id).video_timing = p.timing;
+  p_.table.Wait(id, w);
+  p_.queue.AddNow(Work(v, id, 0, p.grid.tokens(p_.options.preprocess.merge_size),
+                       [video = p.video, cfg = p_.options.preprocess] { return PreprocessWholeVideo(*video, cfg); }));
 }
 
 std::int64_t VideoServing::NewChunkJobs(const PreparedVideo& p) const {
-  return CountNewJobs(p.chunk_keys, options_.dedup_in_flight,
-                      [&](const ContentKey& k) { return cache_.Contains(k) || table_.InFlight(k).has_value(); });
+  return CountNewJobs(p.chunk_keys, p_.options.dedup_in_flight,
+                      [&](const ContentKey& k) { return p_.cache.Contains(k) || p_.table.InFlight(k).has_value(); });
 }
 
 void VideoServing::ExpandChunks(Item& v, const PreparedVideo& p) {
   // The queue bound, now that the chunks are known (Submit counted the video
   // as one job): the video fails alone, and queues nothing.
-  if (Status s = CheckQueueBound(VideoSubject(), NewChunkJobs(p), queue_.load(), options_.max_pending_items); !s.ok()) {
+  if (Status s = CheckQueueBound(VideoSubject(), NewChunkJobs(p), p_.queue.load(), p_.options.max_pending_items);
+      !s.ok()) {
     ItemResult res;
     res.status = std::move(s);
     Post(v, std::move(res));
@@ -254,27 +250,28 @@ void VideoServing::ExpandChunks(Item& v, const PreparedVideo& p) {
   v.grid = p.grid;
   v.timing = p.timing;
   v.chunks.assign(static_cast<std::size_t>(p.grid.t), nullptr);
-  const std::int64_t chunk_tokens = GridTHW{1, p.grid.h, p.grid.w}.tokens(options_.preprocess.merge_size);
+  const std::int64_t chunk_tokens = GridTHW{1, p.grid.h, p.grid.w}.tokens(p_.options.preprocess.merge_size);
   for (std::int64_t c = 0; c < p.grid.t; ++c) {
     const ContentKey& key = p.chunk_keys[static_cast<std::size_t>(c)];
     const JobTable::Waiter w{v.request, v.index, v.arrived, c};
-    if (std::optional<JobId> j = table_.InFlight(key)) {
-      ++stats_.chunk_joins;
-      table_.Wait(*j, w);
+    if (std::optional<JobId> j = p_.table.InFlight(key)) {
+      ++p_.stats.chunk_joins;
+      p_.table.Wait(*j, w);
       ++v.remaining;
       continue;
     }
-    if (std::optional<WorkerCache::Hit> hit = cache_.Lookup(key, chunk_tokens)) {
-      ++stats_.chunk_hits;
+    if (std::optional<WorkerCache::Hit> hit = p_.cache.Lookup(key, chunk_tokens)) {
+      ++p_.stats.chunk_hits;
       v.chunks[static_cast<std::size_t>(c)] = std::move(hit->embedding);
       continue;
     }
-    ++stats_.chunk_misses;
-    const JobId id = table_.NewJob(key);
-    table_.Wait(id, w);
+    ++p_.stats.chunk_misses;
+    const JobId id = p_.table.NewJob(key);
+    p_.table.Wait(id, w);
     ++v.remaining;
-    queue_.AddNow(Work(v, id, c, chunk_tokens,
-                       [video = p.video, c, cfg = options_.preprocess] { return PreprocessChunk(*video, c, cfg); }));
+    p_.queue.AddNow(Work(v, id, c, chunk_tokens, [video = p.video, c, cfg = p_.options.preprocess] {
+      return PreprocessChunk(*video, c, cfg);
+    }));
   }
   if (v.remaining == 0) Post(v, Assemble(v));  // every chunk was cached
 }
@@ -285,14 +282,14 @@ ItemResult VideoServing::Assemble(Item& v) {
   res.tower_ms = v.tower_ms;
   if (!v.failure.ok()) {
     res.status = v.failure;
-  } else if (StatusOr<EmbeddingPtr> whole = ConcatChunks(v.chunks, v.grid, options_.preprocess.merge_size);
+  } else if (StatusOr<EmbeddingPtr> whole = ConcatChunks(v.chunks, v.grid, p_.options.preprocess.merge_size);
              !whole.ok()) {
     res.status = whole.status();
   } else {
     // With a GPU tier L1 holds device embeddings; the concatenation was made
     // on the host. A failed copy serves (and caches) the host one.
-    res.embedding = cache_.OnDevice(std::move(*whole));
-    cache_.Put(v.key, res.embedding);
+    res.embedding = p_.cache.OnDevice(std::move(*whole));
+    p_.cache.Put(v.key, res.embedding);
     timings_.Put(v.key, v.timing);
     res.video = v.timing;
   }
@@ -307,9 +304,9 @@ ItemResult VideoServing::Assemble(Item& v) {
 void VideoServing::Post(const Item& v, ItemResult res) {
   res.index = v.index;
   res.key = v.key;
-  res.source = table_.held(v.request, v.index).source;
+  res.source = p_.table.held(v.request, v.index).source;
   res.total_ms = Ms(Clock::now() - v.arrived);
-  table_.Post(v.request, std::move(res));
+  p_.table.Post(v.request, std::move(res));
 }
 
 }  // namespace epd::internal

@@ -128,12 +128,7 @@ class VideoServing {
   // Posts the item's final result.
   void Post(const Item& v, ItemResult res);
 
-  const WorkerOptions& options_;
-  const VisionTower& tower_;
-  WorkerStats& stats_;
-  WorkerCache& cache_;
-  JobTable& table_;
-  JobQueue& queue_;
+  const Parts p_;
   const bool chunked_;  // temporal chunks cached and encoded one by one
   VideoTimingCache timings_;
   // dedup_in_flight: pending decodes by whole-video key, until no item
