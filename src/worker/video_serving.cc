@@ -130,6 +130,10 @@ bool VideoServing::Serve(RequestNum r, EncodeItemInput& item, Clock::time_point 
   p_.table.SetSink(r, res.index, v);
   p_.table.Hold(r, std::move(res));
   p_.queue.AddBarrier(std::move(v));
+  // A decode already completed (shared with an identical video not expanded
+  // yet) resolves the barrier at once; normally an unresolved one ahead of
+  // it passes it later, but nothing must wait on a completion already taken.
+  if (d->done) p_.queue.Flush();
   return true;
 }
 

@@ -133,6 +133,8 @@
 // Memory: a queued miss holds its encoded bytes; a decoded one its
 // preprocessed patches (patches * patch_dim * 4 bytes, ~6 MB for a 512x512
 // image), at most decode_lookahead + decode_threads of them ahead of Step.
+// A decoded video holds its sampled frames (at most
+// VideoLimits::max_decoded_bytes) until its last chunk is preprocessed.
 // Bound the bytes with max_pending_items.
 //
 // Thread safety: thread-compatible: one thread owns the worker and calls
