@@ -28,7 +28,7 @@ set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
 set(EPD_LAYER_core_HEADERS
   concurrent_cache.h content_key_type.h embedding.h embedding_cache.h encode_scheduler.h encode_types.h
-  grid.h shared_tier.h stat_fields.h status.h tiered_cache.h version.h vision_tower.h)
+  grid.h job_scheduler.h shared_tier.h stat_fields.h status.h tiered_cache.h version.h vision_tower.h)
 
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
@@ -67,7 +67,7 @@ set(EPD_LAYER_checkpoint_tower_HEADERS checkpoint_tower.h)
 
 set(EPD_LAYER_worker_TARGET epd_worker)
 set(EPD_LAYER_worker_USES core media safetensors)
-set(EPD_LAYER_worker_HEADERS encode_worker.h safetensors.h worker_loop.h)
+set(EPD_LAYER_worker_HEADERS encode_request.h encode_worker.h safetensors.h worker_loop.h worker_options.h)
 
 set(EPD_LAYER_l3_TARGET epd_l3)
 set(EPD_LAYER_l3_USES core media)

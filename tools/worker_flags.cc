@@ -107,6 +107,18 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--video-max-seconds", f.video_max_seconds, "videos: longest duration a container may claim, s")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--video-max-decode-frames", f.video_max_decode_frames,
+                 "videos: most frames one video's decode may produce (all frames up to the last sampled one)")
+      ->capture_default_str()
+      ->check(Integer(1));
+  cmd.add_option("--video-max-decode-pixels", f.video_max_decode_pixels,
+                 "videos: most source pixels one video's decode may produce (frames x width x height)")
+      ->capture_default_str()
+      ->check(Integer(1));
+  cmd.add_option("--video-max-decode-seconds", f.video_max_decode_seconds,
+                 "videos: longest one video's decode may run, s (stopped between frames)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_flag("--no-video-chunk-cache", f.no_video_chunk_cache,
                "videos: encode and cache each video whole, not per temporal chunk (to measure what chunks save)");
 }
@@ -200,10 +212,12 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.video_sampling.max_frames = f.video_max_frames;
   o.video_sampling.min_frames = std::min(o.video_sampling.min_frames, f.video_max_frames);
   o.video_limits.max_duration_s = f.video_max_seconds;
+  o.video_limits.max_decode_frames = f.video_max_decode_frames;
+  o.video_limits.max_decode_pixels = f.video_max_decode_pixels;
+  o.video_limits.max_decode_seconds = f.video_max_decode_seconds;
   o.video_chunk_cache = !f.no_video_chunk_cache;
 #ifdef EPD_HAVE_VIDEO
-  o.decode_video = [](std::span<const std::uint8_t> bytes, const VideoSampling& s, const PreprocessConfig& cfg,
-                      const VideoLimits& limits) { return DecodeVideo(bytes, s, cfg, limits); };
+  o.decode_video = DecodeVideo;
 #endif
 #ifdef EPD_HAVE_CUDA_TIER
   if (gpu_tier) {

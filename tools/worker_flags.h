@@ -82,6 +82,10 @@ struct WorkerFlags {
   double video_fps = VideoSampling{}.fps;
   std::int64_t video_max_frames = VideoSampling{}.max_frames;
   double video_max_seconds = VideoLimits{}.max_duration_s;
+  // The decode work one video may cost (VideoLimits::max_decode_*).
+  std::int64_t video_max_decode_frames = VideoLimits{}.max_decode_frames;
+  std::int64_t video_max_decode_pixels = VideoLimits{}.max_decode_pixels;
+  double video_max_decode_seconds = VideoLimits{}.max_decode_seconds;
   bool no_video_chunk_cache = false;  // WorkerOptions::video_chunk_cache off (to measure what it saves)
 };
 

@@ -1,5 +1,7 @@
-// ItemSourceName (epd/core/encode_types.h).
+// ItemSourceName and RequestResult::all_ok (epd/core/encode_types.h).
 #include "epd/core/encode_types.h"
+
+#include <algorithm>
 
 namespace epd {
 
@@ -17,6 +19,11 @@ std::string_view ItemSourceName(ItemSource source) {
       return "l3";
   }
   return "unknown";
+}
+
+bool RequestResult::all_ok() const {
+  if (!status.ok()) return false;
+  return std::all_of(items.begin(), items.end(), [](const ItemResult& r) { return r.status.ok(); });
 }
 
 }  // namespace epd

@@ -26,8 +26,7 @@ std::string Fixture(const std::string& name) {
 
 TestServer StartVideoServer() {
   TestServerOptions o;
-  o.worker.decode_video = [](std::span<const std::uint8_t> bytes, const VideoSampling& s, const PreprocessConfig& cfg,
-                             const VideoLimits& limits) { return DecodeVideo(bytes, s, cfg, limits); };
+  o.worker.decode_video = DecodeVideo;
   return StartTestServer(o);
 }
 

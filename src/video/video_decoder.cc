@@ -45,6 +45,7 @@ extern "C" {
 }
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -201,6 +202,67 @@ bool IsVideo(const AVStream* st) {
   return st->codecpar->codec_type == AVMEDIA_TYPE_VIDEO && !(st->disposition & AV_DISPOSITION_ATTACHED_PIC);
 }
 
+// The decode work of `frames` frames of width x height against the limits
+// (VideoLimits::max_decode_frames, max_decode_pixels); a 0 count or size is
+// not known yet and passes.
+Status CheckDecodeWork(std::int64_t frames, std::int64_t width, std::int64_t height, const VideoLimits& limits) {
+  if (frames > limits.max_decode_frames) {
+    return InvalidArgument("decoding the video takes " + std::to_string(frames) + " frames, over the limit of " +
+                           std::to_string(limits.max_decode_frames) + " (max_decode_frames)");
+  }
+  const double pixels = static_cast<double>(frames) * static_cast<double>(std::max<std::int64_t>(width, 0)) *
+                        static_cast<double>(std::max<std::int64_t>(height, 0));
+  if (pixels > static_cast<double>(limits.max_decode_pixels)) {
+    return InvalidArgument("decoding the video takes " + std::to_string(frames) + " frames of " +
+                           std::to_string(width) + "x" + std::to_string(height) + ", " + Num(pixels) +
+                           " pixels, over the limit of " + std::to_string(limits.max_decode_pixels) +
+                           " (max_decode_pixels)");
+  }
+  return Status::Ok();
+}
+
+// The decode work spent so far, charged frame by frame, and the checks made
+// between frames: the stop token, the wall-time limit, and the frame and
+// pixel limits on what was actually decoded (a stream may grow its frames
+// past what the header said).
+class DecodeBudget {
+ public:
+  DecodeBudget(const VideoLimits& limits, std::stop_token stop)
+      : limits_(limits), stop_(std::move(stop)), start_(std::chrono::steady_clock::now()) {}
+
+  Status Charge(const AVFrame* frame) {
+    ++frames_;
+    pixels_ += static_cast<double>(frame->width) * static_cast<double>(frame->height);
+    if (frames_ > limits_.max_decode_frames || pixels_ > static_cast<double>(limits_.max_decode_pixels)) {
+      return InvalidArgument("the video decoded to more than its header announced: " + std::to_string(frames_) +
+                             " frames, " + Num(pixels_) + " pixels so far, over the limit of " +
+                             std::to_string(limits_.max_decode_frames) + " frames (max_decode_frames) or " +
+                             std::to_string(limits_.max_decode_pixels) + " pixels (max_decode_pixels)");
+    }
+    return Between();
+  }
+
+  // Before the next frame.
+  Status Between() const {
+    if (stop_.stop_requested()) {
+      return Cancelled("the video decode was stopped after " + std::to_string(frames_) + " frames: its request ended");
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    if (seconds > limits_.max_decode_seconds) {
+      return InvalidArgument("decoding the video took over " + Num(limits_.max_decode_seconds) +
+                             " s (max_decode_seconds); stopped after " + std::to_string(frames_) + " frames");
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const VideoLimits& limits_;
+  const std::stop_token stop_;
+  const std::chrono::steady_clock::time_point start_;
+  std::int64_t frames_ = 0;
+  double pixels_ = 0;
+};
+
 Status CheckSize(const AVStream* st, const VideoLimits& limits) {
   const std::int64_t w = st->codecpar->width, h = st->codecpar->height;
   if (w > 0 && h > 0 && w * h > limits.max_source_pixels) {
@@ -225,6 +287,8 @@ Status Demuxer::CheckHeader(const VideoLimits& limits) const {
       return InvalidArgument("video stream claims " + std::to_string(st->nb_frames) + " frames, over the limit of " +
                              std::to_string(limits.max_source_frames) + " (max_source_frames)");
     }
+    // Sampling spans the whole stream, so decoding reaches its last frame.
+    if (Status s = CheckDecodeWork(st->nb_frames, st->codecpar->width, st->codecpar->height, limits); !s.ok()) return s;
   }
   return Status::Ok();
 }
@@ -388,9 +452,11 @@ StatusOr<VideoInfo> ProbeVideo(std::span<const std::uint8_t> bytes, const VideoL
 }
 
 StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const VideoSampling& sampling,
-                                   const PreprocessConfig& cfg, const VideoLimits& limits) {
+                                   const PreprocessConfig& cfg, const VideoLimits& limits, std::stop_token stop) {
   if (Status s = sampling.Validate(); !s.ok()) return s;
   if (Status s = cfg.Validate(); !s.ok()) return s;
+  DecodeBudget budget(limits, std::move(stop));
+  if (Status s = budget.Between(); !s.ok()) return s;
 
   // Pass 1: header, limits, frame count.
   std::int64_t total = 0;
@@ -409,6 +475,9 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
   StatusOr<std::int64_t> nframes = SampleFrameCount(sampling, total, info.fps, T);
   if (!nframes.ok()) return nframes.status();
   const std::vector<std::int64_t> indices = SampleFrameIndices(total, *nframes);
+  // Frames decode in order, up to the last sampled one.
+  if (Status s = CheckDecodeWork(indices.back() + 1, info.width, info.height, limits); !s.ok()) return s;
+  if (Status s = budget.Between(); !s.ok()) return s;
   StatusOr<ResizedSize> size = VideoFrameSize(info.height, info.width, *nframes, sampling, cfg);
   if (!size.ok()) return size.status();
   const double bytes_needed =
@@ -454,6 +523,7 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
         return InvalidArgument("corrupt video stream at frame " + std::to_string(decoded) + " (" + AvError(err) +
                                FfmpegSays() + ")");
       }
+      if (Status s = budget.Charge(frame.get()); !s.ok()) return s;
       if (next < indices.size() && decoded == indices[next]) {
         StatusOr<RgbImage> rgb = ToRgb(frame.get(), sws);
         if (!rgb.ok()) return rgb.status();
@@ -482,6 +552,7 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
       av_packet_unref(pkt.get());
       continue;
     }
+    if (Status s = budget.Between(); !s.ok()) return s;
     int send;
     // EAGAIN: the decoder's output is full; drain it and send again.
     while ((send = avcodec_send_packet(codec.get(), pkt.get())) == AVERROR(EAGAIN)) {

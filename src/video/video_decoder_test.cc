@@ -9,6 +9,7 @@
 #include <cctype>
 #include <fstream>
 #include <iterator>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -239,6 +240,58 @@ TEST(DecodeVideoTest, LimitsAreEnforcedAndNamed) {
   auto d = DecodeVideo(mp4, {}, {}, pixels);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("160x120"), std::string::npos) << d.status().message();
+}
+
+// `r` failed with kInvalidArgument, its message holding each of `parts`.
+template <typename T>
+void ExpectRefused(const StatusOr<T>& r, std::initializer_list<const char*> parts) {
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  for (const char* p : parts) EXPECT_NE(r.status().message().find(p), std::string::npos) << r.status().message();
+}
+
+// Issue 27 fault 1: the decode work one video may cost. h264.mp4's header
+// says 20 frames of 160x120 (384,000 pixels); sampling reaches its last frame
+// (indices 0, 6, 13, 19), so all 20 are decoded.
+TEST(DecodeVideoTest, DecodeWorkIsRefusedOnTheHeaderWhenItGivesTheFrameCount) {
+  const Bytes mp4 = Fixture("h264.mp4");
+  VideoLimits limits;
+  limits.max_decode_pixels = 20 * 160 * 120 - 1;
+  ExpectRefused(ProbeVideo(mp4, limits), {"max_decode_pixels", "20 frames of 160x120"});  // no frame decoded
+  ExpectRefused(DecodeVideo(mp4, {}, {}, limits), {"max_decode_pixels"});
+  limits.max_decode_pixels = 20 * 160 * 120;  // exactly enough
+  EXPECT_TRUE(DecodeVideo(mp4, {}, {}, limits).ok());
+  limits.max_decode_frames = 19;
+  ExpectRefused(ProbeVideo(mp4, limits), {"max_decode_frames"});
+}
+
+// vp9.webm's header has no frame count: the bound is checked once the demux
+// pass has counted its 12 packets (indices 0, 4, 7, 11 of 12 frames: 12
+// decoded), still before any frame is decoded.
+TEST(DecodeVideoTest, DecodeWorkIsRefusedAfterTheDemuxPassWhenTheHeaderHasNoCount) {
+  const Bytes webm = Fixture("vp9.webm");
+  VideoLimits limits;
+  limits.max_decode_pixels = 12 * 160 * 120 - 1;
+  EXPECT_TRUE(ProbeVideo(webm, limits).ok());  // nothing to check it against yet
+  ExpectRefused(DecodeVideo(webm, {}, {}, limits), {"max_decode_pixels", "12 frames of 160x120"});
+  limits.max_decode_pixels = 12 * 160 * 120;
+  EXPECT_TRUE(DecodeVideo(webm, {}, {}, limits).ok());
+}
+
+TEST(DecodeVideoTest, DecodeTimeIsBounded) {
+  VideoLimits limits;
+  limits.max_decode_seconds = 1e-9;  // over before the first frame
+  ExpectRefused(DecodeVideo(Fixture("h264.mp4"), {}, {}, limits), {"max_decode_seconds"});
+}
+
+TEST(DecodeVideoTest, AStoppedDecodeIsCancelled) {
+  std::stop_source stop;
+  stop.request_stop();
+  auto v = DecodeVideo(Fixture("h264.mp4"), {}, {}, {}, stop.get_token());
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kCancelled) << v.status().ToString();
+  // The same call without a stop decodes.
+  EXPECT_TRUE(DecodeVideo(Fixture("h264.mp4"), {}, {}, {}, std::stop_source().get_token()).ok());
 }
 
 TEST(DecodeVideoTest, EveryPrefixIsDecodedOrRefusedCleanly) {

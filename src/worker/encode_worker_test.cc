@@ -25,33 +25,15 @@ constexpr std::int64_t kSmallTokens = 4;
 
 // Every test runs with decoding inside Step (0 helpers) and with 1 and 2
 // prefetch helpers: results and batches must not depend on it.
-class EncodeWorkerTest : public ::testing::TestWithParam<int> {
+class EncodeWorkerTest : public ::testing::TestWithParam<int>, protected testing::WorkerRig {
  protected:
-  WorkerOptions Options() const {
-    WorkerOptions o;
-    o.model_id = "test-model";
-    o.decode_threads = GetParam();
-    return o;
-  }
+  WorkerOptions Options() const { return WorkerRig::Options(GetParam()); }
 
   std::unique_ptr<EncodeWorker> Make() { return Make(Options()); }
-  std::unique_ptr<EncodeWorker> Make(WorkerOptions o, FakeTowerOptions t = {}) {
-    tower_options_ = t;
-    state_ = std::make_shared<FakeTowerState>();
-    auto w = EncodeWorker::Create(std::move(o), std::make_unique<FakeTower>(t, state_));
-    EXPECT_TRUE(w.ok()) << w.status().ToString();
-    return std::move(*w);
-  }
-
-  static void Drain(EncodeWorker& w) {
-    while (w.HasQueuedWork()) ASSERT_GT(w.Step(), 0);
-  }
+  using WorkerRig::Make;
 
   Embedding Want(const std::string& media) const { return Expected(media, tower_options_); }
 
-  FakeTowerOptions tower_options_;
-  std::shared_ptr<FakeTowerState> state_;
-  Collector c_;
   const std::string x_ = Png(56, 56, 1);
   const std::string y_ = Png(56, 56, 2);
   const std::string z_ = Png(56, 84, 3);
@@ -438,7 +420,7 @@ TEST_P(EncodeWorkerTest, QueueLimitRejectsTheWholeRequest) {
   ASSERT_TRUE(w->Submit(Request("a", {x_}), c_.For("a")).ok());
   Status s = w->Submit(Request("b", {y_, z_}), c_.For("b"));
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
-  EXPECT_EQ(s.message(), "request 'b' would queue 2 items on top of 1 pending; the limit is 2");
+  EXPECT_EQ(s.message(), "request 'b' would queue 2 items on top of 1 pending; the limit is 2 (retry later)");
   EXPECT_EQ(c_.done.count("b"), 0u);
   EXPECT_EQ(c_.items.count("b"), 0u);
   WorkerStats st = w->stats();

@@ -25,20 +25,15 @@ const GridTHW kLightGrid{1, 4, 4};
 
 // 0, 1 and 2 decode helpers: with helpers a batch starts only once decoded,
 // which may take several Steps, but the batches must be the same.
-class FairWorkerTest : public ::testing::TestWithParam<int> {
+class FairWorkerTest : public ::testing::TestWithParam<int>, protected testing::WorkerRig {
  protected:
   std::unique_ptr<EncodeWorker> Make(ScheduleOrder order) {
-    WorkerOptions o;
-    o.model_id = "test-model";
+    WorkerOptions o = Options(GetParam());
     o.order = order;
     o.preprocess = preprocess_;
-    o.decode_threads = GetParam();
     o.max_items_per_batch = 2;
     o.max_tokens_per_batch = 1 << 20;
-    state_ = std::make_shared<FakeTowerState>();
-    auto w = EncodeWorker::Create(std::move(o), std::make_unique<FakeTower>(testing::FakeTowerOptions{}, state_));
-    EXPECT_TRUE(w.ok()) << w.status().ToString();
-    return std::move(*w);
+    return WorkerRig::Make(std::move(o));
   }
 
   // Runs one tower batch, however many Steps the decode gate takes.
@@ -69,8 +64,6 @@ class FairWorkerTest : public ::testing::TestWithParam<int> {
   }
 
   PreprocessConfig preprocess_;
-  std::shared_ptr<FakeTowerState> state_;
-  Collector c_;
 };
 INSTANTIATE_TEST_SUITE_P(DecodeThreads, FairWorkerTest, ::testing::Values(0, 1, 2));
 

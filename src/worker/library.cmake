@@ -9,12 +9,19 @@ get_filename_component(_epd_worker_root ${CMAKE_CURRENT_LIST_DIR}/../.. ABSOLUTE
 add_library(epd_worker
   ${CMAKE_CURRENT_LIST_DIR}/batch_output.cc
   ${CMAKE_CURRENT_LIST_DIR}/encode_worker.cc
+  ${CMAKE_CURRENT_LIST_DIR}/item_rules.cc
+  ${CMAKE_CURRENT_LIST_DIR}/job_queue.cc
+  ${CMAKE_CURRENT_LIST_DIR}/job_table.cc
+  ${CMAKE_CURRENT_LIST_DIR}/loop_command.cc
   ${CMAKE_CURRENT_LIST_DIR}/prefetch_decoder.cc
-  ${CMAKE_CURRENT_LIST_DIR}/worker_loop.cc
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.cc
   ${CMAKE_CURRENT_LIST_DIR}/shared_tier_lookup.cc
+  ${CMAKE_CURRENT_LIST_DIR}/tenant_task_pool.cc
   ${CMAKE_CURRENT_LIST_DIR}/tower_runner.cc
   ${CMAKE_CURRENT_LIST_DIR}/video_items.cc
+  ${CMAKE_CURRENT_LIST_DIR}/video_serving.cc
+  ${CMAKE_CURRENT_LIST_DIR}/worker_cache.cc
+  ${CMAKE_CURRENT_LIST_DIR}/worker_loop.cc
   ${CMAKE_CURRENT_LIST_DIR}/worker_options.cc
 )
 add_library(epd::worker ALIAS epd_worker)

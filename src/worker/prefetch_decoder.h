@@ -14,7 +14,7 @@
 // With threads == 0 no helper runs and Take() decodes on the caller.
 //
 // Order: helpers take the queued task of lowest rank (the scheduler's
-// EncodeScheduler::RankOf, so decoding follows the order batches will be
+// JobScheduler::RankOf, so decoding follows the order batches will be
 // served in: arrival for kFifo, the fair order for kFair). With `fair` set:
 //   - the last idle helper only takes a task whose tenant has no decode
 //     running, so one tenant's expensive decodes never occupy every helper
@@ -38,10 +38,11 @@
 #include <thread>
 #include <vector>
 
+#include "epd/core/job_scheduler.h"
 #include "epd/core/status.h"
 #include "epd/media/image.h"
 #include "epd/media/preprocess.h"
-#include "epd/worker/encode_worker.h"
+#include "epd/worker/encode_request.h"
 
 namespace epd::internal {
 
@@ -49,7 +50,7 @@ class PrefetchDecoder {
  public:
   struct Task;  // opaque; owned jointly by the worker and the decoder
 
-  using Rank = EncodeScheduler::Rank;
+  using Rank = JobScheduler::Rank;
 
   PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead, bool fair = false);
   ~PrefetchDecoder();  // stops and joins the helpers; pending tasks are abandoned

@@ -193,4 +193,75 @@ void SharedTierLookup::Settle(LookupBatch& batch, std::size_t index, EmbeddingPt
   if (batch.remaining.fetch_sub(1) == 1 && batch.done) batch.done();
 }
 
+SharedTierParking::Outcome SharedTierParking::Park(const EncodeRequest& request,
+                                                   const std::vector<StatusOr<ContentKey>>& keys, std::uint64_t ticket,
+                                                   const std::function<bool(const ContentKey&)>& local, Resume resume) {
+  // The keys no local tier can serve, each once, and the items they belong to.
+  std::vector<ContentKey> wanted;
+  std::vector<std::pair<std::size_t, std::size_t>> item_key;  // (item, index into wanted)
+  for (std::size_t i = 0; i < keys.size() && i < request.items.size(); ++i) {
+    const EncodeItemInput& item = request.items[i];
+    if (item.is_video() || !keys[i].ok() || item.ready != nullptr || local(*keys[i])) continue;
+    auto k = std::find(wanted.begin(), wanted.end(), *keys[i]);
+    if (k == wanted.end()) k = wanted.insert(k, *keys[i]);
+    item_key.emplace_back(i, static_cast<std::size_t>(k - wanted.begin()));
+  }
+  if (wanted.empty()) return Outcome::kLocal;
+  auto batch = std::make_shared<LookupBatch>();
+  batch->keys = std::move(wanted);
+  LookupBatch* b = batch.get();  // the lookup's tasks own `batch` until `done` has run
+  batch->done = [this, b, id = request.id, n = request.items.size(), item_key = std::move(item_key),
+                 resume = std::move(resume)] {
+    std::vector<EmbeddingPtr> ready(n);
+    for (const auto& [item, k] : item_key) ready[item] = b->values[k];
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.erase(id);
+    resume(std::move(ready), b->cancelled.load());
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!parked_.try_emplace(request.id, Parked{ticket, batch}).second) return Outcome::kDuplicate;
+  }
+  // Outside mu_: a key found lately settles inside Submit and runs `done`.
+  if (!lookup_.Submit(batch)) {  // stopping: submit it as it is
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.erase(request.id);
+    return Outcome::kLocal;
+  }
+  return Outcome::kParked;
+}
+
+void SharedTierParking::Cancel(const std::string& id, std::uint64_t ticket, const std::function<void()>& then) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto p = parked_.find(id); p != parked_.end() && (ticket == 0 || p->second.ticket == ticket)) {
+    p->second.batch->cancelled = true;
+  }
+  then();
+}
+
+RequestCallbacks SharedTierParking::WithWriteBack(RequestCallbacks callbacks) const {
+  std::shared_ptr<SharedTier> tier = tier_;
+  auto user_item = std::move(callbacks.on_item);
+  auto user_done = std::move(callbacks.on_done);
+  return RequestCallbacks{[tier, user_item](const ItemResult& r) {
+                            // A video is not looked up (Park), so it holds no lease and its
+                            // value is not written either.
+                            if (r.source == ItemSource::kMiss && r.video == nullptr) {
+                              if (r.status.ok() && r.embedding != nullptr) {
+                                tier->PutAsync(r.key, r.embedding);  // releases our lease after the write
+                              } else {
+                                tier->ReleaseAsync(r.key);
+                              }
+                            }
+                            if (user_item) user_item(r);
+                          },
+                          [tier, user_done](const RequestResult& r) {
+                            // Items never delivered (cancelled): their leases, if ours.
+                            for (const ItemResult& item : r.items) {
+                              if (!item.status.ok()) tier->ReleaseAsync(item.key);
+                            }
+                            if (user_done) user_done(r);
+                          }};
+}
+
 }  // namespace epd::internal

@@ -1,7 +1,9 @@
 // src/worker/shared_tier_lookup.h (internal to epd::worker): the threads on
 // which WorkerLoop asks the shared tier (L3) about keys its L1/L2 miss, and
 // waits on other processes' leases, so the worker thread never blocks on the
-// network.
+// network (SharedTierLookup); and WorkerLoop's parking of the requests that
+// wait for them, with the write-back of tower results (SharedTierParking,
+// at the end).
 //
 // A lookup of one key (Run below):
 //   1. Get: a valid value ends it (the item is served as an L3 hit).
@@ -39,10 +41,13 @@
 #include <memory>
 #include <mutex>
 #include <queue>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "epd/core/encode_types.h"
 #include "epd/core/shared_tier.h"
+#include "epd/worker/encode_request.h"
 
 namespace epd::internal {
 
@@ -123,6 +128,63 @@ class SharedTierLookup {
   std::vector<std::thread> threads_;
 
   std::atomic<std::uint64_t> lease_waits_{0}, lease_wait_hits_{0}, lease_takeovers_{0}, lease_wait_timeouts_{0};
+};
+
+// WorkerLoop's side of the shared tier (epd/worker/worker_loop.h, "Shared
+// tier"): a request with image keys found nowhere locally is parked while
+// SharedTierLookup asks the tier about them, and comes back with the values
+// found; tower results are written back and leases released.
+//
+// Ordering with Cancel: a parked request comes back (Resume) and a Cancel
+// marks it (Cancel) under one mutex, and each runs its follow-up (pushing
+// into WorkerLoop's inbox) under it too, so a cancel either reaches the
+// parked request as its `cancelled` flag or is queued after it comes back.
+// Lock order: this mutex, then WorkerLoop's.
+//
+// Thread safety: thread-safe.
+class SharedTierParking {
+ public:
+  explicit SharedTierParking(std::shared_ptr<SharedTier> tier) : tier_(tier), lookup_(std::move(tier)) {}
+
+  enum class Outcome {
+    kLocal,      // nothing to look up (or the lookups are stopping): submit it now
+    kParked,     // `resume` runs exactly once, when every lookup has ended
+    kDuplicate,  // a request with this id is parked: refuse it (AlreadyInFlight)
+  };
+  // What comes back: per item, the value found (null: none, or not looked
+  // up), and whether a Cancel reached it while parked. Runs under this
+  // parking's mutex, on a lookup thread or inside Stop.
+  using Resume = std::function<void(std::vector<EmbeddingPtr> ready, bool cancelled)>;
+  // Looks up the image keys of `request` that are ok, carry no ready value
+  // and are not `local` (videos stay local: their whole-video value carries
+  // sampling timestamps the tier does not hold, and their chunk keys exist
+  // only after the decode; docs/L3.md), each key once.
+  Outcome Park(const EncodeRequest& request, const std::vector<StatusOr<ContentKey>>& keys, std::uint64_t ticket,
+               const std::function<bool(const ContentKey&)>& local, Resume resume);
+  // A cancel of `id` (only the submission `ticket` when non-zero): a parked
+  // request's waits end and it comes back cancelled. `then` runs under the
+  // mutex either way.
+  void Cancel(const std::string& id, std::uint64_t ticket, const std::function<void()>& then);
+
+  // `callbacks` wrapped so that a tower result (ItemSource::kMiss, not a
+  // video) is written to the tier, which releases this process's lease, and
+  // a failed or undelivered miss releases it at once.
+  RequestCallbacks WithWriteBack(RequestCallbacks callbacks) const;
+
+  // Ends every lookup (parked requests come back with what was found) and
+  // joins the lookup threads. Idempotent.
+  void Stop() { lookup_.Stop(); }
+  SharedTierStats Stats() const { return lookup_.Stats(); }
+
+ private:
+  struct Parked {
+    std::uint64_t ticket = 0;
+    std::shared_ptr<LookupBatch> batch;
+  };
+  const std::shared_ptr<SharedTier> tier_;  // kept alive by the write-back callbacks too
+  std::mutex mu_;
+  std::map<std::string, Parked> parked_;  // guarded by mu_
+  SharedTierLookup lookup_;               // last: its threads run `done`s that use mu_
 };
 
 }  // namespace epd::internal

@@ -104,7 +104,7 @@ TEST_P(VideoChunkExactnessTest, VideoEqualsItsChunksAndLongerClipReusesThem) {
   o.preprocess = cfg;
   o.decode_threads = 0;
   o.decode_video = [&](std::span<const std::uint8_t> b, const VideoSampling&, const PreprocessConfig&,
-                       const VideoLimits&) -> StatusOr<SampledVideo> {
+                       const VideoLimits&, std::stop_token) -> StatusOr<SampledVideo> {
     return std::string(b.begin(), b.end()) == "short" ? short_clip : long_clip;
   };
   auto worker = EncodeWorker::Create(o, std::move(*worker_tower));

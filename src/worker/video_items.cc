@@ -70,19 +70,24 @@ StatusOr<ContentKey> VideoItemKey(const WorkerOptions& options, const VideoInput
   return ComputeVideoKey(options.model_id, options.preprocess, sampling, parts, frame_list, options.key_mode);
 }
 
-StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input) {
+Status CheckBeforeDecode(const WorkerOptions& options, const VideoInput& input) {
   if (Status s = CheckInput(input); !s.ok()) return s;
+  if (Status s = SamplingFor(options, input).Validate(); !s.ok()) return s;
+  if (!input.container.empty() && !options.decode_video) {
+    return FailedPrecondition(
+        "this worker decodes no video containers (built without epd::video); send the video as a "
+        "list of frame images");
+  }
+  return Status::Ok();
+}
+
+StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input, std::stop_token stop) {
+  if (Status s = CheckBeforeDecode(options, input); !s.ok()) return s;
   const VideoSampling& sampling = SamplingFor(options, input);
-  if (Status s = sampling.Validate(); !s.ok()) return s;
   const PreprocessConfig& cfg = options.preprocess;
   StatusOr<SampledVideo> sampled = Status(StatusCode::kInternal, "not decoded");
   if (!input.container.empty()) {
-    if (!options.decode_video) {
-      return FailedPrecondition(
-          "this worker decodes no video containers (built without epd::video); send the video as a "
-          "list of frame images");
-    }
-    sampled = options.decode_video(input.container.span(), sampling, cfg, options.video_limits);
+    sampled = options.decode_video(input.container.span(), sampling, cfg, options.video_limits, std::move(stop));
   } else {
     std::vector<std::span<const std::uint8_t>> frames;
     frames.reserve(input.frames.size());

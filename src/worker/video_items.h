@@ -3,14 +3,15 @@
 // decode into temporal chunks with their keys, the concatenation of the
 // chunks' rows, and the timings kept for whole-video hits.
 //
-// How the worker uses them (encode_worker.cc, docs/VIDEO.md):
+// How the worker uses them (video_serving.h, docs/VIDEO.md):
 //   whole-video key (VideoItemKey) -> L1/L2 hit with a known timing: done,
-//   no decode. Otherwise PrepareVideo decodes and samples the video and keys
-//   each temporal chunk (temporal_patch_size frames); every chunk is then
-//   served as an image is (hit, join, or a tower job of grid (1, h, w) whose
-//   rows PreprocessChunk makes on a decode helper). When the last chunk
-//   arrives, ConcatChunks builds the video's embedding, which is cached
-//   under the whole-video key and delivered with its VideoTiming.
+//   no decode. Otherwise CheckBeforeDecode, then PrepareVideo decodes and
+//   samples the video on a video decode thread and keys each temporal chunk
+//   (temporal_patch_size frames); every chunk is then served as an image is
+//   (hit, join, or a tower job of grid (1, h, w) whose rows PreprocessChunk
+//   makes on a decode helper). When the last chunk arrives, ConcatChunks
+//   builds the video's embedding, which is cached under the whole-video key
+//   and delivered with its VideoTiming.
 //
 // Thread safety: the free functions are pure and thread-safe;
 // VideoTimingCache is thread-compatible (the worker's owning thread).
@@ -20,13 +21,15 @@
 #include <deque>
 #include <memory>
 #include <span>
+#include <stop_token>
 #include <unordered_map>
 #include <vector>
 
 #include "epd/core/encode_types.h"
 #include "epd/media/content_key.h"
 #include "epd/media/video.h"
-#include "epd/worker/encode_worker.h"
+#include "epd/worker/encode_request.h"
+#include "epd/worker/worker_options.h"
 
 namespace epd::internal {
 
@@ -46,12 +49,18 @@ struct PreparedVideo {
   std::shared_ptr<const VideoTiming> timing;
 };
 
+// What can be refused without a decode (cheap; at Submit): the input's
+// shape (a container or frames, not both), the sampling's Validate, and
+// kFailedPrecondition for a container when no decode_video is set.
+Status CheckBeforeDecode(const WorkerOptions& options, const VideoInput& input);
+
 // Decodes (options.decode_video for a container, SampleFrameList for frames)
-// and keys every chunk. Errors: the sampling's Validate, the decoder's
-// (kInvalidArgument for bad input), kFailedPrecondition when a container comes
-// and no decode_video is set, kInvalidArgument when the decoder's output
-// breaks the SampledVideo contract (frame count, sizes, grid).
-StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input);
+// and keys every chunk; `stop` is handed to decode_video, which returns early
+// (kCancelled) once it is requested. Errors: CheckBeforeDecode's, the
+// decoder's (kInvalidArgument for bad input or a decode over video_limits),
+// kInvalidArgument when the decoder's output breaks the SampledVideo
+// contract (frame count, sizes, grid). Thread-safe (a decode thread runs it).
+StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input, std::stop_token stop = {});
 
 // The patch rows of the whole video as ONE tower item of grid (t, h, w):
 // the chunks' rows (PreprocessChunk) in order. For the whole-video path

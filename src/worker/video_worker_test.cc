@@ -1,13 +1,6 @@
 // The encode worker's video items (docs/VIDEO.md): a video is answered from
-// its temporal chunks, each cached, joined or encoded like an image.
-//
-// Fixture: a "stream" whose temporal chunk k is two identical frames, the
-// pixels of Png(56, 56, k + 1). A chunk whose two frames are equal has
-// exactly the patch rows of that still image (Preprocess repeats a still
-// frame to fill the temporal patch), so the embedding every chunk must get
-// is computed independently through the image path (Expected), and a
-// video's is their concatenation with grid (t, 4, 4). The fake decoder reads
-// container bytes "clip:<first chunk>:<chunks>" and counts its calls.
+// its temporal chunks, each cached, joined or encoded like an image. The
+// clips and their expected embeddings: video_test_clips.h.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,104 +9,38 @@
 #include <string>
 
 #include "epd/worker/encode_worker.h"
+#include "video_test_clips.h"
 #include "worker_test_util.h"
 
 namespace epd {
 namespace {
 
+using testing::Clip;
 using testing::Collector;
 using testing::Expected;
+using testing::FakeDecode;
 using testing::FakeTower;
 using testing::FakeTowerOptions;
 using testing::FakeTowerState;
+using testing::kChunkTokens;
 using testing::Png;
-using testing::ToBytes;
+using testing::Req;
+using testing::VideoItem;
+using testing::WantClip;
 
-constexpr std::int64_t kChunkTokens = 4;  // 56x56: grid 1x4x4, merge 2
-
-RgbImage StreamFrame(std::int64_t chunk) {
-  StatusOr<RgbImage> img = DecodeImage(ToBytes(Png(56, 56, static_cast<int>(chunk) + 1)));
-  EXPECT_TRUE(img.ok());
-  return std::move(*img);
-}
-
-std::string Clip(std::int64_t first, std::int64_t chunks) {
-  return "clip:" + std::to_string(first) + ":" + std::to_string(chunks);
-}
-
-// The fake decode_video: frames of chunks [first, first + chunks), each twice.
-StatusOr<SampledVideo> FakeDecode(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
-                                  std::atomic<int>* calls) {
-  ++*calls;
-  long long first = 0, chunks = 0;
-  const std::string s(bytes.begin(), bytes.end());
-  if (std::sscanf(s.c_str(), "clip:%lld:%lld", &first, &chunks) != 2 || chunks < 1) {
-    return InvalidArgument("not a clip: '" + s + "'");
-  }
-  SampledVideo v;
-  for (long long k = first; k < first + chunks; ++k) {
-    const RgbImage f = StreamFrame(k);
-    v.frames.push_back(f);
-    v.frames.push_back(f);
-    v.timestamps_s.push_back(static_cast<double>(2 * k) / 2.0);
-    v.timestamps_s.push_back(static_cast<double>(2 * k + 1) / 2.0);
-  }
-  v.grid = {chunks, 56 / cfg.patch_size, 56 / cfg.patch_size};
-  v.sample_fps = 2.0;
-  v.seconds_per_grid_t = 1.0;
-  return v;
-}
-
-// The embedding a clip must get: its chunks' still-image embeddings, rows
-// concatenated, grid (chunks, 4, 4).
-Embedding WantClip(std::int64_t first, std::int64_t chunks, const FakeTowerOptions& t = {}) {
-  Embedding want;
-  for (std::int64_t k = first; k < first + chunks; ++k) {
-    Embedding c = Expected(Png(56, 56, static_cast<int>(k) + 1), t);
-    want.hidden = c.hidden;
-    want.deepstack_layers = c.deepstack_layers;
-    want.dtype = c.dtype;
-    want.tokens += c.tokens;
-    want.main.insert(want.main.end(), c.main.begin(), c.main.end());
-    want.deepstack.insert(want.deepstack.end(), c.deepstack.begin(), c.deepstack.end());
-  }
-  want.grid = {chunks, 4, 4};
-  return want;
-}
-
-EncodeItemInput VideoItem(std::string container) {
-  EncodeItemInput item;
-  item.video = VideoInput{MediaBytes(std::move(container)), {}, std::nullopt};
-  return item;
-}
-
-EncodeRequest Req(std::string id, std::vector<EncodeItemInput> items) { return {std::move(id), std::move(items)}; }
-
-class VideoWorkerTest : public ::testing::TestWithParam<int> {
+class VideoWorkerTest : public ::testing::TestWithParam<int>, protected testing::WorkerRig {
  protected:
   WorkerOptions Options() {
-    WorkerOptions o;
-    o.model_id = "test-model";
-    o.decode_threads = GetParam();
+    WorkerOptions o = WorkerRig::Options(GetParam());
     o.decode_video = [this](std::span<const std::uint8_t> b, const VideoSampling&, const PreprocessConfig& cfg,
-                            const VideoLimits&) { return FakeDecode(b, cfg, &decodes_); };
+                            const VideoLimits&, std::stop_token) { return FakeDecode(b, cfg, &decodes_); };
     return o;
   }
   std::unique_ptr<EncodeWorker> Make() { return Make(Options()); }
-  std::unique_ptr<EncodeWorker> Make(WorkerOptions o, FakeTowerOptions t = {}) {
-    state_ = std::make_shared<FakeTowerState>();
-    auto w = EncodeWorker::Create(std::move(o), std::make_unique<FakeTower>(t, state_));
-    EXPECT_TRUE(w.ok()) << w.status().ToString();
-    return std::move(*w);
-  }
-  static void Drain(EncodeWorker& w) {
-    while (w.HasQueuedWork()) ASSERT_GT(w.Step(), 0);
-  }
+  using WorkerRig::Make;
   const ItemResult& Item(const std::string& id, std::size_t i = 0) { return c_.done.at(id).items.at(i); }
 
   std::atomic<int> decodes_{0};
-  std::shared_ptr<FakeTowerState> state_;
-  Collector c_;
 };
 
 TEST_P(VideoWorkerTest, VideoIsItsChunksEncodedOneByOneAndConcatenated) {
@@ -163,8 +90,9 @@ TEST_P(VideoWorkerTest, LongerClipRunsTheTowerOnlyOnItsNewChunks) {
   EXPECT_EQ(s.chunk_misses, 5u);
 
   // A sliding window inside what is cached: no tower work at all, delivered
-  // inside Submit.
+  // once its decode is handled.
   ASSERT_TRUE(w->Submit(Req("window", {VideoItem(Clip(2, 3))}), c_.For("window")).ok());
+  Settle(*w);
   ASSERT_EQ(c_.done.count("window"), 1u);
   ASSERT_TRUE(c_.done["window"].all_ok());
   testing::ExpectSameEmbedding(*Item("window").embedding, WantClip(2, 3));
@@ -205,6 +133,7 @@ TEST_P(VideoWorkerTest, OtherSamplingIsAnotherVideoKey) {
   ASSERT_TRUE(w->Submit(Req("b", {other}), c_.For("b")).ok());
   // Not a whole-video hit (decoded again), but the fake decoder gives the
   // same frames, so every chunk hits.
+  Settle(*w);
   ASSERT_EQ(c_.done.count("b"), 1u);
   EXPECT_NE(Item("b").key, Item("a").key);
   EXPECT_EQ(decodes_.load(), 2);
@@ -263,6 +192,7 @@ TEST_P(VideoWorkerTest, CancelDropsQueuedChunksNobodyElseWaitsOn) {
   auto w = Make();
   ASSERT_TRUE(w->Submit(Req("a", {VideoItem(Clip(0, 3))}), c_.For("a")).ok());
   ASSERT_TRUE(w->Submit(Req("b", {VideoItem(Clip(2, 2))}), c_.For("b")).ok());
+  Settle(*w);
   ASSERT_EQ(w->stats().pending_items, 4);
   ASSERT_TRUE(w->Cancel("a"));
   EXPECT_EQ(c_.done["a"].status.code(), StatusCode::kCancelled);
@@ -293,6 +223,7 @@ TEST_P(VideoWorkerTest, WrongExpectedTokensFailsTheVideo) {
   EncodeItemInput item = VideoItem(Clip(0, 2));
   item.expected_tokens = 5;
   ASSERT_TRUE(w->Submit(Req("r", {item}), c_.For("r")).ok());
+  Settle(*w);
   EXPECT_EQ(Item("r").status.code(), StatusCode::kInvalidArgument);
   item.expected_tokens = 2 * kChunkTokens;
   ASSERT_TRUE(w->Submit(Req("ok", {item}), c_.For("ok")).ok());
@@ -367,7 +298,8 @@ TEST_P(VideoWorkerTest, VideoOverTheQueueBoundFailsAloneAndQueuesNothing) {
   ASSERT_TRUE(w->Submit(Req("a", {VideoItem(Clip(0, 3))}), c_.For("a")).ok());  // 3 chunks queued
   // Submit counts the video as one job (3 + 1 <= 4); its 2 chunks would make 5.
   ASSERT_TRUE(w->Submit(Req("b", {VideoItem(Clip(10, 2))}), c_.For("b")).ok());
-  ASSERT_EQ(c_.done.count("b"), 1u);  // failed at once, inside Submit
+  Settle(*w);
+  ASSERT_EQ(c_.done.count("b"), 1u);  // failed once decoded, before any batch
   const Status& refused = Item("b").status;
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused.ToString();
   EXPECT_NE(refused.message().find("2 temporal chunks on top of 3 pending; the limit is 4"), std::string::npos)
@@ -392,6 +324,7 @@ TEST_P(VideoWorkerTest, VideoWithMoreNewChunksThanTheQueueHoldsIsInvalidAndCache
   o.max_pending_items = 2;
   auto w = Make(std::move(o));
   ASSERT_TRUE(w->Submit(Req("long", {VideoItem(Clip(0, 3))}), c_.For("long")).ok());
+  Settle(*w);
   const Status& refused = Item("long").status;
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
   EXPECT_NE(refused.message().find("3 temporal chunks"), std::string::npos) << refused.message();

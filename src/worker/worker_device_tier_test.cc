@@ -80,9 +80,12 @@ bool SameBytes(const Embedding& got, const Embedding& want) {
          got.dtype == want.dtype && got.main == want.main && got.deepstack == want.deepstack;
 }
 
-class WorkerDeviceTierTest : public ::testing::Test {
+class WorkerDeviceTierTest : public ::testing::Test, protected testing::WorkerRig {
  protected:
   void SetUp() override { tower_.output_on_device = true; }
+  // The collected results hold device memory: dropped before dev_ (c_ is a
+  // base's member, destroyed after this fixture's own).
+  void TearDown() override { c_ = testing::Collector{}; }
 
   // A worker whose tier hooks come from `dev`; `l1` bytes of VRAM cache.
   // `to_device`, when set, replaces the tier's promotion hook.
@@ -99,22 +102,14 @@ class WorkerDeviceTierTest : public ::testing::Test {
                                          const std::function<void(WorkerOptions&)>& tweak,
                                          std::unique_ptr<VisionTower> tower = nullptr) {
     hooks_ = MakeEmbeddingTierHooks(dev, &tier_stats_);
-    WorkerOptions o;
-    o.model_id = "test-model";
-    o.decode_threads = 0;
+    WorkerOptions o = Options(0);
     o.l1_capacity_bytes = l1;
     o.l2_capacity_bytes = l2;
     o.to_host = hooks_.to_host;
     o.to_device = hooks_.to_device;
     o.adopt_device_rows = hooks_.adopt_device_rows;
     if (tweak) tweak(o);
-    if (tower == nullptr) {
-      state_ = std::make_shared<FakeTowerState>();
-      tower = std::make_unique<FakeTower>(tower_, state_);
-    }
-    auto w = EncodeWorker::Create(std::move(o), std::move(tower));
-    EXPECT_TRUE(w.ok()) << w.status().ToString();
-    return w.ok() ? std::move(*w) : nullptr;
+    return WorkerRig::Make(std::move(o), tower_, std::move(tower));
   }
 
   // Submits one single-image request, runs the tower if needed, returns its item.
@@ -137,8 +132,9 @@ class WorkerDeviceTierTest : public ::testing::Test {
     return r.embedding->on_host() ? "host" : std::string(r.embedding->resident->location());
   }
 
-  // A FakeDevice for the test; declared first so that it outlives every
-  // entry the worker, the collector or a test holds.
+  // A FakeDevice for the test; declared first of the fixture's members so
+  // that it outlives every entry the worker or a test holds (TearDown drops
+  // the collector's).
   FakeDevice& Dev(FakeDeviceOptions options = {}) {
     dev_ = std::make_unique<FakeDevice>(options);
     return *dev_;
@@ -163,8 +159,6 @@ class WorkerDeviceTierTest : public ::testing::Test {
   FakeTowerOptions tower_;
   EmbeddingTierHooks hooks_;
   DeviceTierStats tier_stats_;
-  std::shared_ptr<FakeTowerState> state_;
-  Collector c_;
   const std::string a_ = Png(56, 56, 1);
   const std::string b_ = Png(56, 56, 2);
   const std::string c_img_ = Png(56, 56, 3);

@@ -1,9 +1,11 @@
-// WorkerOptions::Validate: the option checks that need no tower.
+// WorkerOptions::Validate (the option checks that need no tower) and
+// ValidateFor (those that do).
+#include "epd/worker/worker_options.h"
+
 #include <string>
 #include <utility>
 
 #include "epd/core/embedding_cache.h"
-#include "epd/worker/encode_worker.h"
 
 namespace epd {
 
@@ -31,6 +33,28 @@ Status WorkerOptions::Validate() const {
   }
   if (decode_lookahead < 0) {
     return InvalidArgument("decode_lookahead must be >= 0, got " + std::to_string(decode_lookahead));
+  }
+  return Status::Ok();
+}
+
+Status WorkerOptions::ValidateFor(const VisionTower& tower) const {
+  if (Status s = Validate(); !s.ok()) return s;
+  if (tower.patch_dim() != preprocess.patch_dim()) {
+    return InvalidArgument("tower patch_dim " + std::to_string(tower.patch_dim()) +
+                           " differs from the preprocess config's " + std::to_string(preprocess.patch_dim()));
+  }
+  if (tower.merge_size() != preprocess.merge_size) {
+    return InvalidArgument("tower merge_size " + std::to_string(tower.merge_size()) +
+                           " differs from the preprocess config's " + std::to_string(preprocess.merge_size));
+  }
+  if (tower.output_on_device() && (!adopt_device_rows || !to_host || !to_device)) {
+    // Without to_host an L1 victim in VRAM would move to L2 as it is, so the
+    // VRAM in use could reach l1_capacity_bytes + l2_capacity_bytes.
+    return InvalidArgument("tower '" + tower.Describe() + "' leaves its output in device memory, but " +
+                           (!adopt_device_rows ? "adopt_device_rows"
+                            : !to_host         ? "to_host"
+                                               : "to_device") +
+                           " is not set (take all three hooks from the GPU tier: MakeEmbeddingTierHooks)");
   }
   return Status::Ok();
 }

@@ -1,11 +1,14 @@
-// src/worker/worker_test_util.h (test-only): image fixtures and result
-// collection shared by the worker tests.
+// src/worker/worker_test_util.h (test-only): image fixtures, result
+// collection and the set-up shared by the worker suites (WorkerRig).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "epd/worker/encode_worker.h"
@@ -69,5 +72,56 @@ inline EncodeRequest Request(std::string id, std::vector<std::string> media) {
   }
   return r;
 }
+
+// The set-up of every worker suite (encode_worker_test, fair_worker_test,
+// video_worker_test, worker_device_tier_test): options for the test model, a
+// worker over a FakeTower whose calls land in state_, the results collected
+// per request in c_, and a drain loop. A suite's fixture derives from its
+// gtest base and from this.
+class WorkerRig {
+ public:
+  // The test model's options with `decode_threads` prefetch helpers.
+  static WorkerOptions Options(int decode_threads) {
+    WorkerOptions o;
+    o.model_id = "test-model";
+    o.decode_threads = decode_threads;
+    return o;
+  }
+
+  // A worker over a FakeTower of options `t` (recording into a fresh
+  // state_), or over `tower` when given (which should record into state_).
+  std::unique_ptr<EncodeWorker> Make(WorkerOptions o, FakeTowerOptions t = {},
+                                     std::unique_ptr<VisionTower> tower = nullptr) {
+    tower_options_ = t;
+    if (tower == nullptr) {
+      state_ = std::make_shared<FakeTowerState>();
+      tower = std::make_unique<FakeTower>(t, state_);
+    }
+    auto w = EncodeWorker::Create(std::move(o), std::move(tower));
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    return w.ok() ? std::move(*w) : nullptr;
+  }
+
+  // Steps until nothing is queued, held or decoding; every Step runs a batch
+  // unless it leaves nothing to do (a video whose chunks all hit).
+  static void Drain(EncodeWorker& w) {
+    while (w.HasQueuedWork()) {
+      if (w.Step() == 0) ASSERT_FALSE(w.HasQueuedWork()) << "Step() ran no batch with work left";
+    }
+  }
+
+  // Handles video decodes until none is pending (the decode threads finish
+  // them; Poll delivers what needs no tower).
+  static void Settle(EncodeWorker& w) {
+    while (w.DecodesPending() > 0) {
+      if (w.Poll() == 0) std::this_thread::yield();
+    }
+  }
+
+ protected:
+  FakeTowerOptions tower_options_;
+  std::shared_ptr<FakeTowerState> state_;
+  Collector c_;
+};
 
 }  // namespace epd::testing

@@ -1,7 +1,8 @@
 // epd/core/encode_types.h: what the encode stage reports about its work: how an
-// item was served (ItemSource), one item's result (ItemResult) and the
-// worker's counters (WorkerStats), with their field table
-// (kWorkerStatsFields, epd/core/stat_fields.h).
+// item was served (ItemSource), one item's result (ItemResult), one request's
+// result and the callbacks that receive them (RequestResult,
+// RequestCallbacks), and the worker's counters (WorkerStats), with their
+// field table (kWorkerStatsFields, epd/core/stat_fields.h).
 //
 // These are plain value types of the core, shared by the worker
 // (epd/worker/encode_worker.h), the server's stats (epd/rpc/server_stats.h) and the
@@ -19,8 +20,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -73,6 +76,28 @@ struct ItemResult {
   double queue_ms = 0;
   double tower_ms = 0;
   double total_ms = 0;
+};
+
+struct RequestResult {
+  std::string id;
+  // kOk when the request ran to completion (items may still have failed one
+  // by one: see each ItemResult::status); otherwise why it did not complete
+  // (kCancelled, or kUnavailable / kAlreadyExists / kResourceExhausted from
+  // WorkerLoop). Items not delivered carry the same status.
+  Status status;
+  std::vector<ItemResult> items;  // by index
+
+  // True when the request completed and every item has an embedding.
+  bool all_ok() const;
+};
+
+// How a worker hands results back (epd/worker/encode_worker.h says on which
+// thread, and what a callback may not do).
+struct RequestCallbacks {
+  // Fired once per item, as soon as it is ready. May be empty.
+  std::function<void(const ItemResult&)> on_item;
+  // Fired once when the request completes or is cancelled. May be empty.
+  std::function<void(const RequestResult&)> on_done;
 };
 
 struct WorkerStats {

@@ -72,6 +72,19 @@ struct VideoLimits {
   std::int64_t max_source_frames = 1 << 20;        // frames the stream claims
   std::int64_t max_source_pixels = 8192LL * 8192;  // width * height of a source frame
   std::int64_t max_decoded_bytes = 2LL << 30;      // sampled frames after resize, RGB8, all frames
+  // The decode work one container may cost (epd::video's DecodeVideo): the
+  // frames the decoder produces (every frame up to the last sampled one, not
+  // only the sampled ones), their source pixels summed (frames x area), and
+  // the decode's wall time. The frame and pixel bounds are checked on the
+  // header when it gives a frame count (ProbeVideo too), again once the
+  // demux pass has counted the packets, and while decoding, frame by frame
+  // (a stream may grow its frames past the header's size); the time between
+  // frames. 2^36 pixels is about 33,000 1080p frames (18 min at 30 fps) or
+  // 8,300 4K frames; an 8000x8000 H.264 frame took about 1.75 s to decode on
+  // the 2-core machine of issue 27.
+  std::int64_t max_decode_frames = 1 << 17;    // 131072, 73 min at 30 fps
+  std::int64_t max_decode_pixels = 1LL << 36;  // sum over decoded frames of width * height
+  double max_decode_seconds = 60;              // wall time of one decode
 };
 
 // The sampled, resized frames of one video, ready for the tower.

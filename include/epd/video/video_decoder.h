@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <span>
+#include <stop_token>
 #include <string>
 
 #include "epd/core/status.h"
@@ -53,7 +54,8 @@ struct VideoInfo {
 // Errors (kInvalidArgument): empty input, not a container FFmpeg knows or a
 // header cut short, no video stream, an unsupported codec (named with its
 // fourcc), no frame size or rate, a claimed size, duration or frame count
-// over `limits`.
+// over `limits`, or a claimed frame count whose decode (frames x area) is
+// over limits.max_decode_frames / max_decode_pixels.
 StatusOr<VideoInfo> ProbeVideo(std::span<const std::uint8_t> bytes, const VideoLimits& limits = {});
 
 // Probes, samples SampleFrameCount frames at SampleFrameIndices, decodes them,
@@ -63,8 +65,13 @@ StatusOr<VideoInfo> ProbeVideo(std::span<const std::uint8_t> bytes, const VideoL
 // Errors (kInvalidArgument): invalid sampling or cfg, ProbeVideo's, a corrupt
 // or truncated stream, a zero-frame video, too few frames for one temporal
 // patch, a sampled total over limits.max_decoded_bytes (checked before
-// decoding).
+// decoding), decode work over limits.max_decode_frames or max_decode_pixels
+// (checked on the header, after the demux pass and frame by frame) or a
+// decode longer than limits.max_decode_seconds (checked between frames).
+// kCancelled once `stop` is requested: the decode stops before its next
+// frame (a caller whose request was cancelled or passed its deadline).
 StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const VideoSampling& sampling,
-                                   const PreprocessConfig& cfg, const VideoLimits& limits = {});
+                                   const PreprocessConfig& cfg, const VideoLimits& limits = {},
+                                   std::stop_token stop = {});
 
 }  // namespace epd

@@ -28,28 +28,53 @@
 //      allows) fails only this item at once, kInvalidArgument.
 // A video item (EncodeItemInput::video; docs/VIDEO.md) takes a path of its own:
 // its whole-video key (ComputeVideoKey over its bytes and sampling) hit in
-// L1/L2 is delivered inside Submit without a decode; otherwise it is decoded
-// and sampled inside Submit (on the owning thread), cut into temporal chunks
-// (temporal_patch_size frames each, keyed by ComputeVideoChunkKey), and each
-// chunk is served as an image would be (hit, join, or a scheduler job of
-// grid (1, h, w) costing its post-merge tokens). When its last chunk is
-// ready the chunks' rows are concatenated in order (grid (t, h, w)), cached
-// under the whole-video key and delivered with ItemResult::video. A failed
-// chunk fails the video (naming the chunk). With a tower that does not
-// declare temporal_chunks_independent() (or video_chunk_cache off) a video
-// is one job of grid (t, h, w) instead, joined and cached by its whole-video
-// key only. Submit's max_pending_items check counts a video as one job (its
-// chunks are only known after the decode); once decoded, a video whose
+// L1/L2 is delivered inside Submit without a decode; so is a refusal that
+// needs no decode (bad sampling, no decode_video for a container).
+// Otherwise Submit starts its decode as a task on the worker's video decode
+// threads (never the owning thread; an identical video whose decode is still
+// pending shares it) and returns. The video then acts as a GATE:
+//   - hits, joins, L3 adoptions and cancels of every other item are served at
+//     once while it decodes;
+//   - misses submitted after it (in its request or later ones) become jobs
+//     (joinable, counted by max_pending_items) but are HELD in arrival order,
+//     off the scheduler;
+//   - StartBatch() starts no batch while a video decode is pending, unless
+//     the next batch is closed (kFifo: it ends before the last queued job or
+//     is full, so nothing submitted later could join it).
+// When the decode completes, its completion is handled on the owning thread
+// (Poll(), also inside StartBatch() and Step(); WorkerLoop wakes on it via
+// SetWake): the video is cut into temporal chunks (temporal_patch_size
+// frames each, keyed by ComputeVideoChunkKey), each served as an image would
+// be (hit, join, or a job of grid (1, h, w) costing its post-merge tokens)
+// and queued where the video was submitted, followed by the jobs held behind
+// it, up to the next pending video. So decode timing decides only WHEN a
+// batch starts, never what it holds: every batch is the one the calls would
+// form had each video been decoded inside its Submit, except that a chunk's
+// hit or miss is decided against the cache as it is when the decode
+// completes (a batch collected meanwhile may have cached, or evicted, one of
+// its chunks). When its last chunk is ready the chunks' rows are
+// concatenated in order (grid (t, h, w)), cached under the whole-video key
+// and delivered with ItemResult::video. A failed chunk fails the video
+// (naming the chunk). With a tower that does not declare
+// temporal_chunks_independent() (or video_chunk_cache off) a video is one
+// job of grid (t, h, w) instead, joined and cached by its whole-video key
+// only. Submit's max_pending_items check counts a pending video as one job
+// (its chunks are only known after the decode); once decoded, a video whose
 // chunks to queue (neither cached nor in flight) would pass the bound fails
 // alone, kResourceExhausted (retry later) or kInvalidArgument when they alone
-// exceed it, and queues nothing.
+// exceed it, and queues nothing. Cancel (or FailAll) of a request whose video
+// is decoding lets what the video held go on at once and, when no other
+// request shares the decode, stops it between two frames (decode_video's
+// stop token); its late completion is ignored. One tenant's video decodes
+// (EncodeRequest::tenant) hold at most max(1, decode_threads - 1) of the
+// max(1, decode_threads) decode threads; the others queue.
 // Helper threads decode and preprocess queued misses in the order the
 // scheduler will serve them (arrival order, or the fair order for kFair) while
 // the tower runs (at most decode_lookahead finished ahead), so decoding
 // overlaps the tower instead of adding to it. Batches depend only on the
 // sequence of Submit/Cancel/StartBatch calls and the header costs, never on
-// decode timing (with kFair, decode timing decides only WHEN StartBatch
-// succeeds, not what the batch holds).
+// decode timing (with kFair, and with a pending video, decode timing decides
+// only WHEN StartBatch succeeds, not what the batch holds).
 //
 // A batch runs in two halves, so the owning thread can keep submitting while
 // the tower works (WorkerLoop does):
@@ -63,7 +88,8 @@
 //                 charged exactly main + deepstack bytes), caches it and
 //                 delivers it to every waiter, including items that joined
 //                 while it ran.
-// Step() is StartBatch() + FinishBatch(). One batch runs on the tower at a
+// Step() is StartBatch() + FinishBatch(), and first waits for a pending video
+// decode that gates the batch. One batch runs on the tower at a
 // time, but the next may be started as soon as the previous one's tower call
 // has returned, before it is collected, so the collect overlaps the tower
 // (at most two batches outstanding: one running, one awaiting FinishBatch).
@@ -78,10 +104,11 @@
 // process (the server, a tool's report) names the item there, once.
 //
 // Results: an ItemResult per item, delivered by `on_item` as soon as the item
-// is ready (hits and header errors inside Submit, the rest inside
-// FinishBatch/Step; any order across items),
-// then one RequestResult (items by index) through `on_done` once every item
-// is delivered, inside the Submit or Step call that finished the last one.
+// is ready (hits and header errors inside Submit, a video's decode errors and
+// all-cached videos inside Poll/StartBatch/Step, the rest inside
+// FinishBatch/Step; any order across items), then one RequestResult (items by
+// index) through `on_done` once every item is delivered, inside the call that
+// finished the last one.
 // REQUIRES: callbacks must not call back into this EncodeWorker (they run
 // while its state is mid-update) and should return quickly. An exception a
 // callback throws is caught and counted (WorkerStats::callback_exceptions).
@@ -101,16 +128,20 @@
 //
 // Complexity: Submit O(items * (bytes hashed + header parse + log pending));
 // Step O(batch log pending) plus decodes not done ahead, the tower and one
-// copy of its output.
+// copy of its output; Poll O(1) without a completed decode, else O(chunks and
+// held jobs * log pending).
 // Memory: a queued miss holds its encoded bytes; a decoded one its
 // preprocessed patches (patches * patch_dim * 4 bytes, ~6 MB for a 512x512
 // image), at most decode_lookahead + decode_threads of them ahead of Step.
+// A decoded video holds its sampled frames (at most
+// VideoLimits::max_decoded_bytes) until its last chunk is preprocessed.
 // Bound the bytes with max_pending_items.
 //
 // Thread safety: thread-compatible: one thread owns the worker and calls
-// everything (the decode helpers and the tower thread are internal and never
-// run callbacks, except StartBatch's on_finished). BatchFinished() is the
-// exception: it may be read from any thread. Encode runs on the tower thread
+// everything (the decode helpers, the video decode threads and the tower
+// thread are internal and never run callbacks, except StartBatch's
+// on_finished and SetWake's wake). BatchFinished(), DecodeFinished() and
+// SetWake() are the exceptions: they may be called from any thread. Encode runs on the tower thread
 // while the owner may call the tower's metadata accessors (hidden() etc.),
 // so those must be safe concurrently with Encode (immutable values, as in
 // every backend here). ItemKeys() is the exception: it only reads the immutable
@@ -129,240 +160,27 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <optional>
-#include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
-#include "epd/core/embedding.h"
-#include "epd/core/encode_scheduler.h"
+#include "epd/core/content_key_type.h"
 #include "epd/core/encode_types.h"
-#include "epd/core/shared_tier.h"
 #include "epd/core/status.h"
 #include "epd/core/vision_tower.h"
-#include "epd/media/content_key.h"
-#include "epd/media/image.h"
-#include "epd/media/preprocess.h"
-#include "epd/media/video.h"
+#include "epd/worker/encode_request.h"
+#include "epd/worker/worker_options.h"
 
 namespace epd {
 
-struct WorkerOptions {
-  // Hashed into every content key: two models never share an entry. Required.
-  std::string model_id;
-  // Preprocessing of misses; also hashed into the keys. Must Validate().
-  PreprocessConfig preprocess;
-  // Decode guard (decompression bombs).
-  DecodeLimits limits;
-  // kSha256 unless the deployment is trusted and single-tenant (content_key.h).
-  KeyMode key_mode = KeyMode::kSha256;
-
-  // L1 ("device") and L2 (host) cache capacities, bytes, each at most
-  // kMaxCacheBytes. 0 and 0 turn caching off (every item that is not joined
-  // runs the tower). An embedding larger than L1 but not than L2 is cached in
-  // L2 directly and served from there (a host-to-device copy per hit, no
-  // promotion); the tiered cache alone, like the reference, would drop it.
-  std::int64_t l1_capacity_bytes = std::int64_t{1} << 30;
-  std::int64_t l2_capacity_bytes = std::int64_t{4} << 30;
-  // L1 -> L2 and L2 -> L1 copies (TieredEmbeddingCache); empty = identity,
-  // right when both tiers live in host memory. For L1 in VRAM and L2 in
-  // pinned memory, take all three hooks from the GPU tier:
-  //   EmbeddingTierHooks h = MakeEmbeddingTierHooks(device);  // epd/gpu/device_tier.h
-  //   opt.to_host = h.to_host; opt.to_device = h.to_device;
-  //   opt.adopt_device_rows = h.adopt_device_rows;
-  // A hook that throws (a device failure) is caught: a failed promotion is
-  // served as a miss, a failed demotion drops the victim (the eviction goes
-  // on, so L1 stays within l1_capacity_bytes), and either counts in
-  // WorkerStats::cache_errors; other requests and entries are unaffected.
-  // Lifetime: the device must outlive the worker and every embedding it
-  // delivered (they hold its buffers; epd/gpu/device.h).
-  std::function<EmbeddingPtr(const EmbeddingPtr&)> to_host;
-  std::function<EmbeddingPtr(const EmbeddingPtr&)> to_device;
-  // Turns one item's rows of a device-resident tower output (VisionTower::
-  // output_on_device()) into the Embedding to cache and deliver, e.g. a
-  // device -> device copy into an L1 entry. Required for such a tower
-  // (Create fails without it); unused otherwise. An error, or an embedding
-  // whose shape, grid or byte count differs from the rows', fails that item only
-  // (its status, e.g. kInternal for a device failure).
-  std::function<StatusOr<EmbeddingPtr>(const DeviceRows&)> adopt_device_rows;
-
-  // Tower batch bounds (EncodeScheduler). 8192 post-merge tokens is about six
-  // 1-megapixel images, or 25 at 512x512 (324 tokens each).
-  std::int64_t max_tokens_per_batch = 8192;
-  std::int64_t max_items_per_batch = 16;
-  // kFifo: first come, first served across all requests. kFair: fair across
-  // EncodeRequest::tenant, each miss charged its post-merge tokens plus its
-  // decoded pixels / (patch_size * merge_size)^2, i.e. the decode of the
-  // stored image in token-sized units (an 8000x8000 PNG: 81,632 units on top
-  // of its tokens). kFair also orders the decode prefetch that way, keeps one
-  // helper free of any tenant already decoding, and (with decode_threads > 0)
-  // starts a batch only once its items are decoded, so another tenant's
-  // expensive decode never holds up the tower (docs/SERVER.md, "Fairness").
-  // Batches still depend only on the sequence of calls.
-  ScheduleOrder order = ScheduleOrder::kFifo;
-  // Most items queued on the scheduler at once; a request that would exceed
-  // it is rejected whole with kResourceExhausted, or kInvalidArgument when
-  // its own misses alone exceed it. 0 = unbounded.
-  std::int64_t max_pending_items = 0;
-  // Join items whose key is already queued or running. Off only to measure
-  // what deduplication saves.
-  bool dedup_in_flight = true;
-
-  // Helper threads that decode queued misses ahead of their batch; 0 = the
-  // tower thread decodes each batch just before running it (no overlap).
-  int decode_threads = 1;
-  // Decoded images kept ready ahead of their batch at most; 0 = 2 *
-  // max_items_per_batch (the next batch plus one).
-  std::int64_t decode_lookahead = 0;
-
-  // Videos (docs/VIDEO.md). decode_video decodes and samples a container
-  // (epd::video's DecodeVideo, set by the CLI and server when that library
-  // is built); empty = a video item given as container bytes fails with
-  // kFailedPrecondition (frame lists still work). video_sampling is the default a
-  // request's VideoInput::sampling overrides; video_limits bound every decode.
-  // Chunk caching needs a tower whose temporal_chunks_independent() is
-  // true; with another tower (or video_chunk_cache off) a video is encoded
-  // whole, as one tower item of grid (t, h, w), cached and joined only under
-  // its whole-video key.
-  bool video_chunk_cache = true;
-  std::function<StatusOr<SampledVideo>(std::span<const std::uint8_t>, const VideoSampling&, const PreprocessConfig&,
-                                       const VideoLimits&)>
-      decode_video;
-  VideoSampling video_sampling;
-  VideoLimits video_limits;
-  // Whole-video hits need the video's timing (VideoTiming) without a decode;
-  // the worker keeps it for this many whole-video keys (oldest forgotten
-  // first; a forgotten one costs a decode on its next hit, whose chunks hit).
-  std::int64_t max_video_timings = 65536;
-
-  // Backpressure: while it returns true, Step()/StartBatch() start no tower
-  // batch (e.g. the transfer ring towards the prefill stage is full). Empty =
-  // never full. Checked when a batch starts, which may be before the previous
-  // batch is collected, so up to two batches' results can still arrive after
-  // it first returns true. Called on the worker's thread; must be cheap and
-  // must not throw.
-  std::function<bool()> sink_full;
-
-  // The shared tier (L3) behind L1/L2, e.g. OpenRedisTier (epd/l3/redis_tier.h);
-  // null = none. The worker itself never calls it (its calls block on the
-  // network): WorkerLoop looks up the keys L1/L2 miss on its own threads,
-  // hands valid values in as EncodeItemInput::ready, takes the cluster-wide
-  // lease before a miss is encoded, and writes tower results back
-  // (epd/worker/worker_loop.h). A plain EncodeWorker only serves `ready` values.
-  std::shared_ptr<SharedTier> shared_tier;
-
-  // OK, or kInvalidArgument naming the first bad field: empty model_id,
-  // invalid preprocess config, max_pixels <= 0, negative capacity,
-  // non-positive batch bounds, negative max_pending_items, decode_threads or
-  // decode_lookahead. The hooks are checked against the tower by Create.
-  Status Validate() const;
-};
-
-// An image's encoded bytes, held behind a shared pointer so that requests
-// naming the same file (replay's trace, a caller re-sending an image) share
-// one buffer instead of a copy each. Made implicitly from a std::string,
-// which it takes over (moving in costs no copy of the bytes), or explicitly
-// from a buffer the caller already shares. Immutable; copying is O(1).
-class MediaBytes {
- public:
-  MediaBytes() = default;
-  MediaBytes(std::string bytes)  // NOLINT(google-explicit-constructor): {jpeg} reads as bytes
-      : bytes_(std::make_shared<const std::string>(std::move(bytes))) {}
-  MediaBytes(const char* bytes) : MediaBytes(std::string(bytes)) {}  // NOLINT(google-explicit-constructor)
-  explicit MediaBytes(std::shared_ptr<const std::string> bytes) : bytes_(std::move(bytes)) {}
-
-  std::string_view view() const { return bytes_ == nullptr ? std::string_view() : std::string_view(*bytes_); }
-  std::span<const std::uint8_t> span() const {
-    const std::string_view v = view();
-    return {reinterpret_cast<const std::uint8_t*>(v.data()), v.size()};
-  }
-  std::size_t size() const { return view().size(); }
-  bool empty() const { return size() == 0; }
-
- private:
-  std::shared_ptr<const std::string> bytes_;
-};
-
-// A video item's input: the container bytes (MP4/H.264, WebM/VP9, ...:
-// what WorkerOptions::decode_video reads) or a list of encoded frame images
-// (SampleFrameList), exactly one of the two; and optional sampling options
-// (default WorkerOptions::video_sampling).
-struct VideoInput {
-  MediaBytes container;
-  std::vector<MediaBytes> frames;
-  std::optional<VideoSampling> sampling;
-};
-
-// One image or video of a request.
-struct EncodeItemInput {
-  // Encoded bytes (JPEG, PNG, WebP, GIF or BMP) as received.
-  MediaBytes media;
-  // Optional caller-supplied content identity (e.g. a gateway's hash): the key
-  // becomes CallerContentKey(model_id, preprocess, caller_key) and the bytes
-  // are not hashed. The caller vouches that equal keys mean equal media. An
-  // empty string fails the item with kInvalidArgument.
-  std::optional<std::string> caller_key;
-  // Post-merge tokens the caller's prompt reserves for the image; 0 = unknown
-  // (the header's count is used to check hits). Negative, or different from
-  // what the image header gives, fails the item (kInvalidArgument).
-  std::int64_t expected_tokens = 0;
-  // A value for this item's key found in the shared tier (L3) by WorkerLoop;
-  // null otherwise. When the key is neither joinable nor in L1/L2, the worker
-  // checks it against the expected shape like any hit and, if it matches,
-  // caches it in L1 (through to_device when set) and delivers it as
-  // ItemSource::kL3; a mismatch counts in shape_mismatches and is encoded.
-  EmbeddingPtr ready;
-  // Set for a video item (then `media` and `caller_key` must be empty): it is
-  // decoded and sampled, cut into temporal chunks and answered from them
-  // (docs/VIDEO.md). expected_tokens, when > 0, must equal the video's
-  // post-merge tokens.
-  std::optional<VideoInput> video;
-
-  bool is_video() const { return video.has_value(); }
-};
-
-struct EncodeRequest {
-  std::string id;  // unique among in-flight requests; non-empty
-  std::vector<EncodeItemInput> items;
-  // Whose request this is, for ScheduleOrder::kFair (e.g. the client's
-  // address, or a tenant id it sent); ignored by the other orders. Requests
-  // with the same tenant share one fair share; "" is a tenant like any other.
-  std::string tenant{};
-};
-
-struct RequestResult {
-  std::string id;
-  // kOk when the request ran to completion (items may still have failed one
-  // by one: see each ItemResult::status); otherwise why it did not complete
-  // (kCancelled, or kUnavailable / kAlreadyExists / kResourceExhausted from
-  // WorkerLoop). Items not delivered carry the same status.
-  Status status;
-  std::vector<ItemResult> items;  // by index
-
-  // True when the request completed and every item has an embedding.
-  bool all_ok() const;
-};
-
-struct RequestCallbacks {
-  // Fired once per item, as soon as it is ready. May be empty.
-  std::function<void(const ItemResult&)> on_item;
-  // Fired once when the request completes or is cancelled. May be empty.
-  std::function<void(const RequestResult&)> on_done;
-};
-
 class EncodeWorker {
  public:
-  // Validates the options (WorkerOptions::Validate), a tower
-  // whose patch_dim or merge_size differs from the preprocess config's, and
-  // a tower with output_on_device() without all three of adopt_device_rows,
-  // to_host and to_device (all kInvalidArgument). Takes ownership of the
-  // tower.
+  // Validates the options against the tower (WorkerOptions::ValidateFor:
+  // kInvalidArgument). Takes ownership of the tower.
   static StatusOr<std::unique_ptr<EncodeWorker>> Create(WorkerOptions options, std::unique_ptr<VisionTower> tower);
-  // Waits for outstanding tower calls. Requests still in flight are dropped
-  // without callbacks; call FailAll first to complete them.
+  // Waits for outstanding tower calls, and for video decodes (told to stop).
+  // Requests still in flight are dropped without callbacks; call FailAll
+  // first to complete them.
   ~EncodeWorker();
   EncodeWorker(const EncodeWorker&) = delete;
   EncodeWorker& operator=(const EncodeWorker&) = delete;
@@ -378,13 +196,15 @@ class EncodeWorker {
   Status Submit(EncodeRequest request, RequestCallbacks callbacks = {}, std::vector<StatusOr<ContentKey>> keys = {});
 
   // Runs at most one tower batch and delivers its items (or collects the
-  // oldest batch StartBatch left outstanding, if any). Returns the number of computations in
-  // the batch: 0 when nothing is queued or sink_full() holds.
+  // oldest batch StartBatch left outstanding, if any), waiting first for a
+  // video decode that gates it. Returns the number of computations in the
+  // batch: 0 when nothing is queued or sink_full() holds.
   std::int64_t Step();
 
-  // Starts the next batch on the tower thread and returns at once; false
-  // (nothing started) when the tower is busy (TowerBusy()), two batches are
-  // outstanding, nothing is queued, or sink_full() holds. `on_finished`, if
+  // Handles completed video decodes (Poll), then starts the next batch on the
+  // tower thread and returns at once; false (nothing started) when the tower
+  // is busy (TowerBusy()), two batches are outstanding, nothing is queued,
+  // a video decode gates the batch (WaitingOnDecode()), or sink_full() holds. `on_finished`, if
   // set, runs ON THE TOWER THREAD when the tower call returns; it must only
   // wake the owner (e.g. notify a condition variable) and must not throw.
   bool StartBatch(std::function<void()> on_finished = nullptr);
@@ -400,8 +220,30 @@ class EncodeWorker {
   // not wait). Thread-safe.
   bool BatchFinished() const;
 
-  // True when the scheduler holds computations for StartBatch().
+  // True while anything is left to do for Step(): computations queued or
+  // held, or a video decode pending.
   bool HasQueuedWork() const;
+
+  // Video decodes run on the worker's decode threads (see the header
+  // comment); their completions are handled on the owning thread, by Poll()
+  // (and inside StartBatch and Step).
+  // `wake` runs on a decode thread each time a decode completes: it must only
+  // wake the owner (e.g. notify a condition variable) and must not throw.
+  // Set it before the first Submit; null = none. Thread-safe.
+  void SetWake(std::function<void()> wake);
+  // A completed decode waits for Poll(). Thread-safe and lock-free (safe in a
+  // condition variable's predicate).
+  bool DecodeFinished() const;
+  // Handles every completed decode: its video's chunks are served and queued,
+  // then the computations held behind it; results ready now are delivered.
+  // Returns the number of decodes handled (0: nothing to do, O(1)).
+  std::int64_t Poll();
+  // True while StartBatch() starts nothing because a video decode is pending
+  // (the gate; see the header comment).
+  bool WaitingOnDecode() const;
+  // Video decodes started and not yet handled by Poll (running, queued for
+  // a decode thread, or completed).
+  std::int64_t DecodesPending() const;
 
   // True when an item with this key would be served here without the shared
   // tier: it is cached in L1 or L2, or queued or running (joinable). Does not

@@ -13,15 +13,20 @@
 // tower has finished (FinishBatch: copies, cache, callbacks, overlapping the
 // batch just started), publishes a stats snapshot, and repeats; it sleeps
 // when there is nothing to do. So while a batch runs, new requests are still
-// accepted, hits served and misses queued for decoding. When the worker's
-// sink is full it polls every millisecond (or on Wake()).
+// accepted, hits served and misses queued for decoding. A video decode that
+// completes on the worker's decode threads wakes it too (EncodeWorker::
+// SetWake); it then handles the completion (EncodeWorker::Poll), so hits and
+// other requests are served while a video decodes, and batches wait for the
+// decode only as the worker's gate requires. When the worker's sink is full
+// it polls every millisecond (or on Wake()).
 //
 // Submit hashes the request's content keys on the CALLING thread
 // (EncodeWorker::ItemKeys) before enqueueing, so several submitting threads
 // hash in parallel and the worker thread does not. Decode and preprocessing
 // of misses happen on the worker's own helper threads (its PrefetchDecoder,
 // WorkerOptions::decode_threads) or, for a miss no helper has reached, on its
-// tower thread; only for items that miss, never on the loop's thread.
+// tower thread; video containers on its video decode threads; only for items
+// that miss, never on the loop's thread.
 //
 // Callbacks (on_item, on_done) run on the worker thread, except on_done of a
 // request submitted after Shutdown began, which runs on the submitting thread.
@@ -74,21 +79,20 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <future>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
+#include <vector>
 
 #include "epd/worker/encode_worker.h"
 
 namespace epd {
 namespace internal {
-class SharedTierLookup;
-struct LookupBatch;
+struct LoopCommand;
+class CommandRunner;
+class SharedTierParking;
 }  // namespace internal
 
 class WorkerLoop {
@@ -132,54 +136,32 @@ class WorkerLoop {
   // The shared tier's counters plus this loop's lease waits; all zero when
   // WorkerOptions::shared_tier is null (see has_shared_tier()).
   SharedTierStats SharedTierStatsSnapshot() const;
-  bool has_shared_tier() const { return lookup_ != nullptr; }
+  bool has_shared_tier() const { return parking_ != nullptr; }
 
   // The options the worker was created with (immutable).
   const WorkerOptions& options() const { return worker_->options(); }
 
  private:
-  struct Command {
-    bool cancel = false;
-    // A submission's ticket; for a cancel, the submission it targets (0: the
-    // request holding the id, whichever it is).
-    Ticket ticket = 0;
-    // Back from the shared tier's lookup: submit as it is. `cancelled`: a
-    // Cancel arrived while it was parked.
-    bool resolved = false;
-    bool cancelled = false;
-    EncodeRequest request;  // request.id is the id to cancel when `cancel`
-    RequestCallbacks callbacks;
-    std::vector<StatusOr<ContentKey>> keys;
-    std::shared_ptr<std::promise<RequestResult>> promise;
-  };
+  using Command = internal::LoopCommand;
 
   void Run();
-  void Process(Command& command);
-  // Parks `c` for the shared tier when some of its keys are not local; true
-  // when parked (the command comes back through the inbox, `resolved`).
-  bool Park(Command& c);
-  // Wraps the callbacks so tower results are written to the shared tier and
-  // leases of failed misses released.
-  RequestCallbacks WithSharedTier(RequestCallbacks callbacks);
+  // One pass of Run after its wait: the commands, decode completions, the
+  // next batch and what the tower finished. False once the loop is done.
+  bool Turn(std::vector<Command>& commands, bool stopping, std::chrono::steady_clock::time_point deadline,
+            bool* blocked);
+  // Queues `c` and wakes the thread. REQUIRES: mu_ held.
+  void PushLocked(Command c);
   void Publish();
 
   std::unique_ptr<EncodeWorker> worker_;  // touched only by thread_ (options() excepted)
-  // Which submission holds each id the worker has accepted and not finished
-  // (touched only by thread_: set in Process, erased by on_done, which the
-  // worker calls on thread_).
-  std::unordered_map<std::string, Ticket> holder_;
   // Null without a shared tier. Stopped by Shutdown before the thread.
-  std::unique_ptr<internal::SharedTierLookup> lookup_;
+  std::unique_ptr<internal::SharedTierParking> parking_;
+  // What thread_ does with each command (src/worker/loop_command.h).
+  std::unique_ptr<internal::CommandRunner> commands_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Command> inbox_;  // guarded by mu_
-  // Parked requests by id, for Cancel.
-  struct Parked {
-    Ticket ticket = 0;
-    std::shared_ptr<internal::LookupBatch> batch;
-  };
-  std::map<std::string, Parked> parked_;            // guarded by mu_
+  std::vector<Command> inbox_;                      // guarded by mu_; in arrival order
   Ticket next_ticket_ = 1;                          // guarded by mu_
   bool accepting_ = true;                           // guarded by mu_
   bool stopping_ = false;                           // guarded by mu_

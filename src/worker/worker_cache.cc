@@ -1,0 +1,143 @@
+// WorkerCache (worker_cache.h).
+#include "worker_cache.h"
+
+#include <utility>
+
+namespace epd::internal {
+
+WorkerCache::WorkerCache(const WorkerOptions& options, const VisionTower& tower, WorkerStats& stats)
+    : options_(options),
+      tower_(tower),
+      stats_(stats),
+      cache_(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device) {}
+
+bool WorkerCache::Fits(const Embedding& e, std::int64_t tokens) const {
+  return e.shape() == tower_.OutputShape(tokens == 0 ? e.tokens : tokens) && e.nbytes() == e.ExpectedBytes();
+}
+
+// The demotion copy: one that throws is counted and returns null, which drops
+// that victim (epd/core/tiered_cache.h).
+WorkerCache::Cache::CopyFn WorkerCache::FencedToHost() {
+  if (!options_.to_host) return nullptr;
+  return [this](const EmbeddingPtr& e) { return HostCopy(e); };
+}
+
+EmbeddingPtr WorkerCache::HostCopy(const EmbeddingPtr& e) {
+  if (!options_.to_host) return e;
+  try {
+    return options_.to_host(e);
+  } catch (...) {
+    ++stats_.cache_errors;
+    return nullptr;
+  }
+}
+
+EmbeddingPtr WorkerCache::OnDevice(EmbeddingPtr host) {
+  if (!options_.to_device) return host;
+  try {
+    if (EmbeddingPtr d = options_.to_device(host); d != nullptr) return d;
+  } catch (...) {
+    ++stats_.cache_errors;
+  }
+  return host;
+}
+
+bool WorkerCache::L2Only(std::int64_t nbytes) const {
+  return nbytes > cache_.l1().capacity_bytes() && nbytes <= cache_.l2().capacity_bytes();
+}
+
+std::optional<EmbeddingPtr> WorkerCache::L2OnlyGet(const ContentKey& key) {
+  if (cache_.l1().Contains(key)) return std::nullopt;
+  std::optional<PoppedEntry<EmbeddingPtr>> held = cache_.l2().Pop(key);
+  if (!held.has_value()) return std::nullopt;
+  EmbeddingPtr host = held->value;
+  // Back as MRU; the same charge again evicts nothing.
+  cache_.l2().Put(key, std::move(held->value), held->nbytes);
+  if (!L2Only(held->nbytes)) return std::nullopt;  // promotable: the tiered get takes it
+  return options_.to_device ? options_.to_device(host) : host;
+}
+
+// The tiered cache has already left itself consistent when a promotion copy
+// throws (epd/core/tiered_cache.h); the throw becomes a miss here, never an
+// exception out of Submit.
+std::optional<EmbeddingPtr> WorkerCache::Get(const ContentKey& key, CacheTier* tier) {
+  try {
+    if (placed_in_l2_) {
+      if (std::optional<EmbeddingPtr> held = L2OnlyGet(key)) {
+        *tier = CacheTier::kL2;
+        return held;
+      }
+    }
+    return cache_.Get(key, tier);
+  } catch (...) {
+    ++stats_.cache_errors;
+    *tier = CacheTier::kMiss;
+    return std::nullopt;
+  }
+}
+
+std::optional<WorkerCache::Hit> WorkerCache::Lookup(const ContentKey& key, std::int64_t tokens) {
+  CacheTier tier = CacheTier::kMiss;
+  std::optional<EmbeddingPtr> hit = Get(key, &tier);
+  if (!hit.has_value()) return std::nullopt;
+  if (!Fits(**hit, tokens)) {
+    ++stats_.shape_mismatches;
+    return std::nullopt;
+  }
+  return Hit{std::move(*hit), tier == CacheTier::kL1 ? ItemSource::kL1 : ItemSource::kL2};
+}
+
+bool WorkerCache::ServeHit(const ContentKey& key, std::int64_t tokens, ItemResult& res) {
+  std::optional<Hit> hit = Lookup(key, tokens);
+  if (!hit.has_value()) return false;
+  hit->source == ItemSource::kL1 ? ++stats_.hits_l1 : ++stats_.hits_l2;
+  res.source = hit->source;
+  res.embedding = std::move(hit->embedding);
+  return true;
+}
+
+std::optional<EmbeddingPtr> WorkerCache::Adopt(const ContentKey& key, EmbeddingPtr ready, std::int64_t tokens) {
+  if (!Fits(*ready, tokens)) {
+    ++stats_.shape_mismatches;
+    return std::nullopt;
+  }
+  if (options_.to_device) {
+    try {
+      ready = options_.to_device(ready);
+    } catch (...) {
+      ++stats_.cache_errors;
+      return std::nullopt;
+    }
+  }
+  Put(key, ready);
+  ++stats_.hits_l3;
+  return ready;
+}
+
+// A put cannot throw from a tier copy: its only copies are demotions and the
+// L2 placement, both fenced by HostCopy.
+void WorkerCache::Put(const ContentKey& key, const EmbeddingPtr& e) {
+  const auto nbytes = static_cast<std::int64_t>(e->nbytes());
+  if (!L2Only(nbytes)) {
+    cache_.Put(key, e, nbytes);
+    return;
+  }
+  cache_.l1().Pop(key);  // a stale L1 copy (a re-encode): the tiers stay exclusive
+  EmbeddingPtr host = HostCopy(e);
+  if (host == nullptr) return;  // the copy failed: dropped, as a failed demotion is
+  cache_.l2().Put(key, std::move(host), nbytes);
+  placed_in_l2_ = true;
+}
+
+void WorkerCache::Report(WorkerStats& s) const {
+  s.l1_evictions = cache_.l1().evictions();
+  s.l2_evictions = cache_.l2().evictions();
+  s.demotions = cache_.demotions();
+  s.promotions = cache_.promotions();
+  s.l1_used_bytes = cache_.l1().current_bytes();
+  s.l2_used_bytes = cache_.l2().current_bytes();
+  s.l1_entries = static_cast<std::int64_t>(cache_.l1().size());
+  s.l2_entries = static_cast<std::int64_t>(cache_.l2().size());
+}
+
+}  // namespace epd::internal
