@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
@@ -309,6 +310,7 @@ CheckpointTowerStats CheckpointTower::Stats() const {
 }
 
 Tensor CheckpointTower::StagePixels(std::span<const TowerItem> items, std::int64_t patches) const {
+  RECORD_USER_SCOPE("epd::tower_stage_pixels");
   const std::int64_t dim = cfg().patch_dim();
   Tensor host =
       at::empty({patches, dim}, at::TensorOptions().dtype(weights_.compute).pinned_memory(weights_.device.is_cuda()));
@@ -371,6 +373,7 @@ StatusOr<TowerOutput> CheckpointTower::Encode(std::span<const TowerItem> items) 
     if (at::get_num_threads() != num_threads_) at::set_num_threads(num_threads_);
     bool graphed = false;
     auto [main, deepstack] = Forward(items, total_patches, &graphed);
+    RECORD_USER_SCOPE("epd::tower_output");
     const at::ScalarType dtype = ToScalarType(output_dtype_);
     if (output_on_device_) {
       // A graph's outputs are overwritten by its next replay: always copy them.

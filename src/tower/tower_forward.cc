@@ -22,6 +22,8 @@
 // * Precision: the rotary angles and the interpolation weights are computed
 //   in float32 as transformers does (inv_freq by pow on an arange, positions
 //   times inv_freq), because the reference comparison is at 1e-4.
+#include <ATen/record_function.h>
+
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -168,6 +170,7 @@ std::int64_t TowerWeights::window_blocks() const {
 
 std::shared_ptr<const ForwardMeta> BuildForwardMeta(const TowerWeights& w, std::span<const GridTHW> grids,
                                                     const ForwardSettings& settings) {
+  RECORD_USER_SCOPE("epd::tower_metadata");
   const ForwardLayout layout = BuildForwardLayout(grids, w.cfg.merge_size, w.window_blocks());
   PackedInts packed;
   const SegmentSections frames = AddSegments(packed, layout.frames);
@@ -205,6 +208,7 @@ std::shared_ptr<const ForwardMeta> BuildForwardMeta(const TowerWeights& w, std::
 
 std::pair<Tensor, Tensor> RunForward(const TowerWeights& w, const ForwardMeta& meta, const Tensor& pixels,
                                      const ForwardSettings& s) {
+  RECORD_USER_SCOPE("epd::tower_forward");
   const VisionConfig& cfg = w.cfg;
   const std::int64_t unit = cfg.merge_size * cfg.merge_size;
   Tensor x = w.patch_embed(pixels);

@@ -3,6 +3,7 @@
 #include "tower_graphs.h"
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/record_function.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/cuda.h>
@@ -30,6 +31,7 @@ std::pair<Tensor, Tensor> TowerGraphs::Run(const GridListCache<const ForwardMeta
                                            const Forward& forward) {
   if (!disabled_by_.empty()) return forward(host_pixels.to(device_, /*non_blocking=*/true));
   if (std::shared_ptr<Entry> e = cache_.Find(key)) {
+    RECORD_USER_SCOPE("epd::tower_graph_replay");
     e->input.copy_(host_pixels, /*non_blocking=*/true);
     e->graph.replay();
     ++replays_;
