@@ -3,7 +3,7 @@
 step-gain table of the tower restructure.
 
     tower_mfu.py --config DIR/config.json --bench BENCH.json [--peak-tflops T]
-                 [--peak-name NAME] [--steps]
+                 [--peak-name NAME] [--steps] [--hf HF.json] [--targets]
 
 Reads the checkpoint's vision_config and each row of the benchmark's JSON
 (schema epd-bench-checkpoint-tower/1: batch, median_ms per image, grid_thw
@@ -14,7 +14,12 @@ image (the mean over the call's items), images/s, achieved TFLOP/s and,
 with --peak-tflops, MFU = achieved / peak. With --steps, also the step-gain
 table: per batch (and the mixed-size batch), each configuration's ms/image
 and its gain over the configuration before it and over the first one, in
-the order of the file. Standard library only.
+the order of the file. With --targets, issue 24's targets against the last
+configuration of the file (the finished tower) on 512x512 rows, grid
+(1, 36, 36): >= 40 % MFU at batch 8, <= 8 ms per image at batch 1 and, with
+--hf (scripts/hf_tower_bench.py --json), >= 3x transformers' tower at
+batch 8 (batch 1 shown too); each met or missed, by how much. Standard
+library only.
 
 FLOPs (docs/GPU.md "Real-size checkpoint tower"): a multiply-add is 2 FLOPs;
 the linear layers and the two attention matmuls (QK^T, PV) are counted;
@@ -153,6 +158,33 @@ def steps_table(rows):
     return lines
 
 
+def targets_table(arch, v, rows, peak, hf_rows):
+    final = rows[-1].get("config", "default")
+    sel = {r["batch"]: r for r in rows if r.get("config", "default") == final and not is_mixed(r)
+           and list(r["grid_thw"]) == [1, 36, 36]}
+    lines = [f"Targets (issue 24) for the configuration '{final}', 512x512 images, grid (1, 36, 36):", "",
+             "| target | measured | verdict |", "|---|---|---|"]
+
+    def verdict(ok, miss):
+        return "met" if ok else f"missed by {miss}"
+
+    if 8 in sel and peak > 0:
+        mfu = 100 * (1e3 / sel[8]["median_ms"]) * row_flops_per_image(arch, v, sel[8]) / 1e12 / peak
+        lines.append(f"| >= 40 % MFU at batch 8 | {mfu:.1f} % ({1e3 / sel[8]['median_ms']:.1f} images/s) | "
+                     f"{verdict(mfu >= 40, f'{40 - mfu:.1f} points')} |")
+    if 1 in sel:
+        ms = sel[1]["median_ms"]
+        lines.append(f"| <= 8 ms per image at batch 1 | {ms:.2f} ms | {verdict(ms <= 8, f'{ms - 8:.2f} ms')} |")
+    hf = {r["batch"]: r["median_ms"] for r in hf_rows}
+    for batch in (8, 1):
+        if batch in sel and batch in hf:
+            ratio = hf[batch] / sel[batch]["median_ms"]
+            goal = ">= 3x transformers' tower at batch 8" if batch == 8 else "transformers' tower at batch 1 (shown)"
+            lines.append(f"| {goal} | {ratio:.2f}x ({hf[batch]:.2f} ms against {sel[batch]['median_ms']:.2f} ms) | "
+                         f"{verdict(ratio >= 3, f'{3 - ratio:.2f}x') if batch == 8 else '-'} |")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="the checkpoint's config.json")
@@ -160,6 +192,8 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="dense peak of the device, TFLOP/s")
     ap.add_argument("--peak-name", default="", help="what the peak is, printed with it")
     ap.add_argument("--steps", action="store_true", help="also print the step-gain table")
+    ap.add_argument("--hf", help="scripts/hf_tower_bench.py --json output, for --targets")
+    ap.add_argument("--targets", action="store_true", help="also print issue 24's targets")
     args = ap.parse_args()
     try:
         with open(args.config) as fh:
@@ -180,8 +214,14 @@ def main():
         lines = mfu_table(arch, v, rows, args.peak_tflops)
         if args.steps:
             lines += ["", *steps_table(rows)]
-    except (KeyError, TypeError, ZeroDivisionError) as e:
-        fail(f"{args.bench}: not a checkpoint_tower_bench JSON ({e!r})")
+        if args.targets:
+            hf_rows = []
+            if args.hf:
+                with open(args.hf) as fh:
+                    hf_rows = json.load(fh)["rows"]
+            lines += ["", *targets_table(arch, v, rows, args.peak_tflops, hf_rows)]
+    except (KeyError, TypeError, ZeroDivisionError, OSError, ValueError) as e:
+        fail(f"{args.bench}: not a checkpoint_tower_bench JSON, or a bad --hf file ({e!r})")
     print("\n".join(lines))
     if args.peak_tflops > 0:
         print(f"\nMFU against {args.peak_tflops:g} TFLOP/s dense bf16{' (' + args.peak_name + ')' if args.peak_name else ''}.")

@@ -15,7 +15,8 @@
 //     the result, plus float32 arithmetic).
 //   - float32: 1e-5 (reassociation only).
 // EPD_TINY_CHECKPOINTS names the directory holding tiny-<arch>/
-// (scripts/make_tiny_checkpoint.py); the tower tests fail without it.
+// (scripts/make_tiny_checkpoint.py); the full build defaults it to its
+// models/ directory; the tower tests fail without one.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -140,6 +141,9 @@ TEST(TowerKernelsGpuTest, ActivationMatchesTheComposition) {
 
 std::filesystem::path TinyCheckpoint(const std::string& arch) {
   const char* dir = std::getenv("EPD_TINY_CHECKPOINTS");
+#ifdef EPD_TINY_CHECKPOINTS_DEFAULT
+  if (dir == nullptr || *dir == '\0') dir = EPD_TINY_CHECKPOINTS_DEFAULT;  // the full build's models/
+#endif
   if (dir == nullptr || *dir == '\0') return {};
   return std::filesystem::path(dir) / ("tiny-" + arch);
 }
