@@ -159,7 +159,10 @@ epd::Status TimeCalls(epd::VisionTower& tower, const std::vector<epd::TowerItem>
 }
 
 std::string GridText(const epd::GridTHW& g) {
-  return "(" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " + std::to_string(g.w) + ")";
+  char text[96];
+  std::snprintf(text, sizeof(text), "(%lld, %lld, %lld)", static_cast<long long>(g.t), static_cast<long long>(g.h),
+                static_cast<long long>(g.w));
+  return text;
 }
 
 void PrintTable(const std::vector<Row>& rows) {
