@@ -220,12 +220,8 @@ int Run(int argc, char** argv) {
   std::string attention = "fused";
   std::string configs_flag = "default";
   epd::tower_tools::FlagParser flags;
-  flags.Text("--models", &models);
-  flags.Text("--model", &model);
-  flags.Text("--photo", &photo);
-  flags.Text("--json", &json_out);
-  flags.Text("--device", &device);
-  flags.Text("--configs", &configs_flag);
+  flags.Texts({{"--models", &models}, {"--model", &model}, {"--photo", &photo}});
+  flags.Texts({{"--json", &json_out}, {"--device", &device}, {"--configs", &configs_flag}});
   flags.Int("--repeats", 1, &repeats);
   flags.Int("--mixed", 0, &mixed);
   flags.Choice("--dtype", {"f32", "bf16"}, &dtype);

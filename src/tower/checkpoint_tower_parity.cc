@@ -88,12 +88,8 @@ int Run(int argc, char** argv) {
   std::string model, photos_flag, device = "cuda", dtype = "bf16", json_out, min_cosine_s = "0.999", max_rel_s = "0.03";
   int cpu_threads = 0;
   epd::tower_tools::FlagParser flags;
-  flags.Text("--model", &model);
-  flags.Text("--photos", &photos_flag);
-  flags.Text("--device", &device);
-  flags.Text("--json", &json_out);
-  flags.Text("--min-cosine", &min_cosine_s);
-  flags.Text("--max-rel-l2", &max_rel_s);
+  flags.Texts({{"--model", &model}, {"--photos", &photos_flag}, {"--device", &device}});
+  flags.Texts({{"--json", &json_out}, {"--min-cosine", &min_cosine_s}, {"--max-rel-l2", &max_rel_s}});
   flags.Choice("--dtype", {"f32", "bf16"}, &dtype);
   flags.Int("--cpu-threads", 0, &cpu_threads);
   if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(s.message());

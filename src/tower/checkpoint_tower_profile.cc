@@ -48,11 +48,8 @@ int Run(int argc, char** argv) {
                             dtype = "bf16", config = "default";
   int batch = 8, calls = 3, threads = 1;
   epd::tower_tools::FlagParser flags;
-  flags.Text("--model", &model);
-  flags.Text("--trace", &trace);
-  flags.Text("--photo", &photo);
-  flags.Text("--device", &device);
-  flags.Text("--config", &config);
+  flags.Texts(
+      {{"--model", &model}, {"--trace", &trace}, {"--photo", &photo}, {"--device", &device}, {"--config", &config}});
   flags.Choice("--dtype", {"f32", "bf16"}, &dtype);
   flags.Int("--batch", 1, &batch);
   flags.Int("--calls", 1, &calls);

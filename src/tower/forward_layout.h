@@ -81,6 +81,7 @@ struct GridCacheStats {
   std::int64_t evictions = 0;
   std::int64_t size = 0;
   std::int64_t capacity = 0;
+  friend bool operator==(const GridCacheStats&, const GridCacheStats&) = default;
 };
 
 // A least-recently-used cache of shared values keyed by a batch's grid list

@@ -280,6 +280,24 @@ const char* LaunchActivation(const void* in, void* out, std::int64_t rows, std::
   return Report("ActivationForward");
 }
 
+// Calls launch(Tag<T>{}) with T the element type of `dtype`.
+template <typename T>
+struct Tag {
+  using type = T;
+};
+template <typename Launch>
+const char* ByDType(DType dtype, const char* unknown, Launch&& launch) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return launch(Tag<float>{});
+    case DType::kFloat16:
+      return launch(Tag<__half>{});
+    case DType::kBFloat16:
+      return launch(Tag<__nv_bfloat16>{});
+  }
+  return unknown;
+}
+
 }  // namespace
 
 const char* AddNorm(DType dtype, void* residual, const void* delta, void* out, const void* weight, const void* bias,
@@ -287,16 +305,11 @@ const char* AddNorm(DType dtype, void* residual, const void* delta, void* out, c
   if (rows == 0) return nullptr;
   if (width < 1 || width > kMaxNormWidth) return "tower kernel AddNorm: width out of range [1, 8192]";
   if (!rms && bias == nullptr) return "tower kernel AddNorm: LayerNorm needs a bias";
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DType::kFloat32:
-      return LaunchAddNorm<float>(residual, delta, out, weight, bias, rows, width, eps, rms, s);
-    case DType::kFloat16:
-      return LaunchAddNorm<__half>(residual, delta, out, weight, bias, rows, width, eps, rms, s);
-    case DType::kBFloat16:
-      return LaunchAddNorm<__nv_bfloat16>(residual, delta, out, weight, bias, rows, width, eps, rms, s);
-  }
-  return "tower kernel AddNorm: unknown dtype";
+  return ByDType(dtype, "tower kernel AddNorm: unknown dtype", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchAddNorm<T>(residual, delta, out, weight, bias, rows, width, eps, rms,
+                            static_cast<cudaStream_t>(stream));
+  });
 }
 
 const char* RotaryInPlace(DType dtype, void* qkv, std::int64_t rows, std::int64_t row_stride, std::int64_t heads,
@@ -304,32 +317,20 @@ const char* RotaryInPlace(DType dtype, void* qkv, std::int64_t rows, std::int64_
   if (rows == 0) return nullptr;
   if (head_dim < 2 || head_dim % 2 != 0 || heads < 1) return "tower kernel RotaryInPlace: bad heads or head_dim";
   if (row_stride < 2 * heads * head_dim) return "tower kernel RotaryInPlace: row_stride below 2 * heads * head_dim";
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DType::kFloat32:
-      return LaunchRotary<float>(qkv, rows, row_stride, heads, head_dim, cos, sin, s);
-    case DType::kFloat16:
-      return LaunchRotary<__half>(qkv, rows, row_stride, heads, head_dim, cos, sin, s);
-    case DType::kBFloat16:
-      return LaunchRotary<__nv_bfloat16>(qkv, rows, row_stride, heads, head_dim, cos, sin, s);
-  }
-  return "tower kernel RotaryInPlace: unknown dtype";
+  return ByDType(dtype, "tower kernel RotaryInPlace: unknown dtype", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchRotary<T>(qkv, rows, row_stride, heads, head_dim, cos, sin, static_cast<cudaStream_t>(stream));
+  });
 }
 
 const char* ActivationForward(DType dtype, const void* in, void* out, std::int64_t rows, std::int64_t width,
                               std::int64_t in_stride, bool gated, Activation act, void* stream) {
   if (rows == 0 || width == 0) return nullptr;
   if (in_stride < (gated ? 2 : 1) * width) return "tower kernel ActivationForward: in_stride too small";
-  auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DType::kFloat32:
-      return LaunchActivation<float>(in, out, rows, width, in_stride, gated, act, s);
-    case DType::kFloat16:
-      return LaunchActivation<__half>(in, out, rows, width, in_stride, gated, act, s);
-    case DType::kBFloat16:
-      return LaunchActivation<__nv_bfloat16>(in, out, rows, width, in_stride, gated, act, s);
-  }
-  return "tower kernel ActivationForward: unknown dtype";
+  return ByDType(dtype, "tower kernel ActivationForward: unknown dtype", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return LaunchActivation<T>(in, out, rows, width, in_stride, gated, act, static_cast<cudaStream_t>(stream));
+  });
 }
 
 }  // namespace epd::tower_kernels

@@ -32,33 +32,40 @@ def x(cat, name, ts, dur, corr=None):
     return e
 
 
+# Two Encode calls of 100 us. Call 1: a forward range [10, 60] launching
+# kernels A (correlation 1), B (2), A (3) and a cudaStreamSynchronize; an
+# output range with a DtoH copy (4). On the device: A [15, 25], B [22, 32]
+# (overlapping A by 3), A [35, 40], the copy [80, 84]. Call 2 (at 1000): a
+# graph replay whose one cudaGraphLaunch (5) ran A and B; an aten op there is
+# CPU work. Columns: category|name|ts|dur|correlation.
+TRACE = """
+user_annotation|epd::encode|0|100|
+user_annotation|epd::tower_forward|10|50|
+cuda_runtime|cudaLaunchKernel|12|2|1
+cuda_runtime|cudaLaunchKernel|20|2|2
+cuda_runtime|cudaLaunchKernel|30|2|3
+cuda_runtime|cudaStreamSynchronize|40|15|
+user_annotation|epd::tower_output|70|20|
+cuda_runtime|cudaMemcpyAsync|72|3|4
+kernel|kernel_A|15|10|1
+kernel|kernel_B|22|10|2
+kernel|kernel_A|35|5|3
+gpu_memcpy|Memcpy DtoH (Device -> Pageable)|80|4|4
+user_annotation|epd::encode|1000|100|
+user_annotation|epd::tower_graph_replay|1010|30|
+cuda_runtime|cudaGraphLaunch|1012|4|5
+kernel|kernel_A|1020|10|5
+kernel|kernel_B|1030|20|5
+cpu_op|aten::addmm|1013|1|
+"""
+
+
 def synthetic_trace():
-    """Two Encode calls of 100 us. Call 1: a forward range [10, 60] launching
-    kernels A (corr 1), B (2), A (3) and a cudaStreamSynchronize; an output
-    range with a DtoH copy (corr 4). Call 2 (at 1000): a graph replay range
-    whose one cudaGraphLaunch (corr 5) ran kernels A and B."""
-    ev = [
-        x("user_annotation", "epd::encode", 0, 100),
-        x("user_annotation", "epd::tower_forward", 10, 50),
-        x("cuda_runtime", "cudaLaunchKernel", 12, 2, 1),
-        x("cuda_runtime", "cudaLaunchKernel", 20, 2, 2),
-        x("cuda_runtime", "cudaLaunchKernel", 30, 2, 3),
-        x("cuda_runtime", "cudaStreamSynchronize", 40, 15),
-        x("user_annotation", "epd::tower_output", 70, 20),
-        x("cuda_runtime", "cudaMemcpyAsync", 72, 3, 4),
-        # device timeline: A [15, 25], B [22, 32] (overlaps A by 3), A [35, 40], copy [80, 84]
-        x("kernel", "kernel_A", 15, 10, 1),
-        x("kernel", "kernel_B", 22, 10, 2),
-        x("kernel", "kernel_A", 35, 5, 3),
-        x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 80, 4, 4),
-        x("user_annotation", "epd::encode", 1000, 100),
-        x("user_annotation", "epd::tower_graph_replay", 1010, 30),
-        x("cuda_runtime", "cudaGraphLaunch", 1012, 4, 5),
-        x("kernel", "kernel_A", 1020, 10, 5),
-        x("kernel", "kernel_B", 1030, 20, 5),
-        x("cpu_op", "aten::addmm", 1013, 1),  # not device work
-    ]
-    return {"traceEvents": ev}
+    events = []
+    for line in TRACE.strip().splitlines():
+        cat, name, ts, dur, corr = line.split("|")
+        events.append(x(cat, name, float(ts), float(dur), int(corr) if corr else None))
+    return {"traceEvents": events}
 
 
 def test_profile_counts_kernels_busy_time_syncs_and_top_kernels(tmp_path):
