@@ -28,7 +28,7 @@ add_library(epd::checkpoint_tower ALIAS epd_checkpoint_tower)
 target_link_libraries(epd_checkpoint_tower PUBLIC epd::model epd::torch_tower PRIVATE ${TORCH_LIBRARIES})
 
 set(EPD_TOWER_CUDA OFF)
-if(EPD_WITH_CUDA AND TORCH_CUDA_LIBRARIES)
+if(EPD_WITH_CUDA AND (TORCH_CUDA_LIBRARIES OR TARGET torch_cuda))
   set(EPD_TOWER_CUDA ON)
   target_sources(epd_checkpoint_tower PRIVATE ${_epd_ckpt_dir}/tower_kernels.cu ${_epd_ckpt_dir}/tower_graphs.cc)
   target_compile_definitions(epd_checkpoint_tower PRIVATE EPD_TOWER_CUDA=1)

@@ -86,7 +86,7 @@ class WeightReader {
   at::ScalarType compute_;
 };
 
-// `t` ([n, ...]) followed by zero rows up to `rows` along `dim`.
+// `t` zero-padded along `dim` to `size` (unchanged when already that size).
 Tensor ZeroPad(const Tensor& t, std::int64_t dim, std::int64_t size) {
   if (t.size(dim) == size) return t;
   std::vector<std::int64_t> shape = t.sizes().vec();

@@ -24,10 +24,11 @@ namespace epd::internal {
 // The MLP: out(act(in x)), or with `gated` (Qwen2.5-VL's SwiGLU)
 // out(act(gate x) * up x). Fused at load (mlp_fusion): `in` holds gate and up
 // as one [2 * width, D] GEMM, and `width` is the checkpoint's MLP width
-// zero-padded to a multiple of 64 (the padded rows of `in` and columns of
-// `out` are 0, so the padded units contribute out[:, j] * act(0)... = 0:
-// exact). Unfused (the ablation baseline): gated MLPs keep separate `gate`
-// and `up` GEMMs at the checkpoint's width.
+// zero-padded to a multiple of 64, for fc1/fc2 MLPs too. Exact: the padded
+// rows of `in` (weights and biases) are 0, so a padded unit's activation is
+// act(0) = 0 (times up = 0 when gated), and the padded columns of `out` are
+// 0 as well. Unfused (the benchmark baseline): gated MLPs keep separate
+// `gate` and `up` GEMMs, and every MLP the checkpoint's width.
 struct Mlp {
   Linear in;        // fc1, or the fused gate-up
   Linear gate, up;  // unfused gated only

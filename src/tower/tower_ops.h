@@ -111,11 +111,13 @@ struct DeviceSegments {
 // capture.
 std::string FlashVarlenUnavailable(const c10::Device& device, at::ScalarType dtype);
 
-// Block-diagonal attention of q, k, v ([rows, heads, head_dim]; q and k may
-// be views with a row stride, the last dim contiguous) over `segments`:
-// each row attends to the rows of its segment only, scaled by
-// 1 / sqrt(head_dim). kVarlen needs FlashVarlenUnavailable() == "" and falls
-// back to kGrouped otherwise. Returns [rows, heads * head_dim].
+// Block-diagonal attention of q, k, v ([rows, heads, head_dim]; each may be
+// a view with a row stride, the last dim contiguous) over `segments`: each
+// row attends to the rows of its segment only, scaled by 1 / sqrt(head_dim).
+// kVarlen is for callers that checked FlashVarlenUnavailable() == ""; in a
+// build without the pinned signature it runs kGrouped. kGrouped uses SDPA on
+// CUDA with libtorch >= 2, the explicit path otherwise. Returns
+// [rows, heads * head_dim]. Reads nothing back to the host.
 Tensor AttendSegments(const Tensor& q, const Tensor& k, const Tensor& v, const DeviceSegments& segments,
                       AttentionImpl impl);
 
