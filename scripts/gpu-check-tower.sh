@@ -90,7 +90,14 @@ fits() {
   return 1
 }
 
-if [[ $device == cuda ]]; then dtype=bf16; else dtype=f32; fi
+# On CUDA: bf16, the output kept in device memory in bf16 (the serving path
+# with the GPU tier, and what transformers' tower returns), and 8 intra-op
+# threads for the host work (staging the pixels in bf16, the metadata).
+if [[ $device == cuda ]]; then
+  dtype=bf16 threads=8 out_flags=(--output device)
+else
+  dtype=f32 threads=1 out_flags=()
+fi
 gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)"
 peak=0
 case "$gpu_name" in
@@ -176,7 +183,8 @@ if profiler="$(tool checkpoint_tower_profile)"; then
     trace="$build/trace_$cfg.json"
     rm -f "$trace"
     if capped 90 "$out/profile_$cfg.log" "$profiler" --model "$main_ckpt" --photo "$photo" --device "$device" \
-         --dtype "$dtype" --batch 8 --calls 3 --config "$cfg" --trace "$trace" &&
+         --dtype "$dtype" --batch 8 --calls 3 --config "$cfg" --trace "$trace" --threads "$threads" \
+         "${out_flags[@]}" &&
        "$python_bin" "$root/scripts/tower_profile.py" --trace "$trace" --label "$cfg" --json "$out/profile_$cfg.json" \
          >"$out/profile_$cfg.md" 2>>"$out/profile_$cfg.log"; then
       cat "$out/profile_$cfg.md" >>"$summary"
@@ -213,8 +221,8 @@ if [[ -z "$bench" ]]; then
   note "- checkpoint_tower_bench: not built"; failed=1
 elif fits 60 "step benchmark"; then
   if capped 240 "$out/steps.md" "$bench" --model "$main_ckpt" --photo "$photo" --device "$device" --dtype "$dtype" \
-       --threads 1 --batches "$batches" --repeats "$repeats" --mixed "$mixed" \
-       --configs baseline,restructure,attention,fusions,graphs --json "$out/steps.json"; then
+       --threads "$threads" --batches "$batches" --repeats "$repeats" --mixed "$mixed" "${out_flags[@]}" \
+       --out-dtype "$dtype" --configs baseline,restructure,attention,fusions,graphs --json "$out/steps.json"; then
     # transformers' tower on the same checkpoint, for the ratio (a figure, not a check).
     if [[ $device == cuda ]] && "$python_bin" -c 'import transformers, safetensors' 2>/dev/null && fits 60 "hf_tower_bench"; then
       capped 150 "$out/hf_tower_bench.md" "$python_bin" "$root/scripts/hf_tower_bench.py" --model "$main_ckpt" \
@@ -262,7 +270,8 @@ for arch in qwen2_vl qwen3_vl; do
   if ! ready "$arch"; then note "- $arch: the checkpoint was not written (see checkpoints.log)"; continue; fi
   arch_photo="$photo"
   if capped 120 "$out/$arch.md" "$bench" --model "${ckpt[$arch]}" --photo "$arch_photo" --device "$device" \
-       --dtype "$dtype" --threads 1 --batches "$batches" --repeats "$repeats" --mixed "$mixed" --json "$out/$arch.json" &&
+       --dtype "$dtype" --threads "$threads" --batches "$batches" --repeats "$repeats" --mixed "$mixed" \
+       "${out_flags[@]}" --out-dtype "$dtype" --json "$out/$arch.json" &&
      "$python_bin" "$root/scripts/tower_mfu.py" --config "${ckpt[$arch]}/config.json" --bench "$out/$arch.json" \
        --peak-tflops "$peak" --peak-name "${gpu_name:-$device}" >"$out/${arch}_mfu.md" 2>>"$out/$arch.md"; then
     note "### $arch"

@@ -7,7 +7,8 @@
 //                          [--repeats N] [--threads 1,2] [--batches 1]
 //                          [--device cpu] [--dtype f32|bf16] [--json OUT.json]
 //                          [--attention fused|unfused] [--configs default]
-//                          [--mixed 0|1]
+//                          [--mixed 0|1] [--output host|device]
+//                          [--out-dtype f32|bf16]
 //
 // Workload: for each tiny-<arch> checkpoint under --models (default
 // build/models, written by the tiny_checkpoints target), the photo (default
@@ -44,6 +45,10 @@
 // preprocessed with min_pixels = max_pixels = s^2 for s = 224, 320, 448, 512,
 // 640, 768, 896, 1024 (smart_resize then picks the nearest grid), reported
 // as batch 8 with its grids listed.
+// --output device keeps the output in device memory
+// (CheckpointTowerOptions::output_on_device, the serving path with the GPU
+// tier: no device-to-host copy in the timed call); --out-dtype sets
+// output_dtype. The default, host float32, is what the CPU tables used.
 //
 // Exit status 0 on success; any error goes to stderr with status 1.
 #include <time.h>
@@ -226,6 +231,9 @@ int Run(int argc, char** argv) {
   flags.Int("--mixed", 0, &mixed);
   flags.Choice("--dtype", {"f32", "bf16"}, &dtype);
   flags.Choice("--attention", {"fused", "unfused"}, &attention);
+  std::string output = "host", out_dtype = "f32";
+  flags.Choice("--output", {"host", "device"}, &output);
+  flags.Choice("--out-dtype", {"f32", "bf16"}, &out_dtype);
   flags.IntList("--threads", 1, &thread_counts);
   flags.IntList("--batches", 1, &batches);
   if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(s.message());
@@ -284,6 +292,8 @@ int Run(int argc, char** argv) {
         opts.device = device;
         opts.compute_dtype = dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
         opts.fused_attention = fused_attention;
+        opts.output_on_device = output == "device";
+        opts.output_dtype = out_dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
         epd::tower_tools::ApplyStepConfig(config, &opts);
         auto tower = epd::LoadCheckpointTower(*checkpoint, opts);
         if (!tower.ok()) return Fail(tower.status().ToString());
@@ -313,9 +323,10 @@ int Run(int argc, char** argv) {
   if (getloadavg(load, 1) != 1) load[0] = -1;
   const std::string base = photo.substr(photo.find_last_of('/') + 1);
   std::printf(
-      "C++ checkpoint towers (epd/checkpoint_tower/checkpoint_tower.h, %s on %s, %s attention), %s, %zu bytes, load "
-      "average %.2f\n\n",
-      dtype.c_str(), device.c_str(), fused_attention ? "fused" : "unfused", base.c_str(), bytes.size(), load[0]);
+      "C++ checkpoint towers (epd/checkpoint_tower/checkpoint_tower.h, %s on %s, %s attention, output %s %s), %s, %zu "
+      "bytes, load average %.2f\n\n",
+      dtype.c_str(), device.c_str(), fused_attention ? "fused" : "unfused", output.c_str(), out_dtype.c_str(),
+      base.c_str(), bytes.size(), load[0]);
   PrintTable(rows);
   for (const Row& r : rows) {
     if (!r.stats.notes.empty()) std::printf("\nnote (%s): %s\n", r.config.c_str(), r.stats.notes.c_str());
@@ -327,6 +338,8 @@ int Run(int argc, char** argv) {
     doc["photo"] = photo;
     doc["load_average"] = load[0];
     doc["device"] = device;
+    doc["output"] = output;
+    doc["out_dtype"] = out_dtype;
     doc["rows"] = nlohmann::json::array();
     for (const Row& r : rows) doc["rows"].push_back(RowJson(r, dtype));
     std::ofstream out(json_out);

@@ -4,7 +4,7 @@
 //
 //   checkpoint_tower_profile --model DIR --trace OUT.json [--photo FILE]
 //       [--device cuda] [--dtype bf16] [--batch 8] [--calls 3]
-//       [--config default] [--threads 1]
+//       [--config default] [--threads 1] [--output host|device]
 //
 // Loads the tower with the named step configuration (tower_steps.h), runs
 // two untimed Encodes of `batch` copies of the photo (warm-up: cuBLAS, the
@@ -13,7 +13,8 @@
 // inside it the tower marks "epd::tower_metadata" (a metadata-cache miss
 // only), "epd::tower_stage_pixels", "epd::tower_forward" and
 // "epd::tower_output". Prints the wall time of each profiled call and writes
-// the trace. Exit status 1 on any error. A separate program from
+// the trace. The output dtype is the compute dtype; --output device keeps it
+// in device memory (output_on_device). Exit status 1 on any error. A separate program from
 // checkpoint_tower_bench, so that a libtorch whose profiler API differs
 // breaks only this target (gpu-check.sh builds it on its own).
 #include <ATen/record_function.h>
@@ -51,6 +52,8 @@ int Run(int argc, char** argv) {
   flags.Texts(
       {{"--model", &model}, {"--trace", &trace}, {"--photo", &photo}, {"--device", &device}, {"--config", &config}});
   flags.Choice("--dtype", {"f32", "bf16"}, &dtype);
+  std::string output = "host";
+  flags.Choice("--output", {"host", "device"}, &output);
   flags.Int("--batch", 1, &batch);
   flags.Int("--calls", 1, &calls);
   flags.Int("--threads", 1, &threads);
@@ -69,6 +72,8 @@ int Run(int argc, char** argv) {
   opts.num_threads = threads;
   opts.device = device;
   opts.compute_dtype = dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
+  opts.output_on_device = output == "device";
+  opts.output_dtype = opts.compute_dtype;
   if (!epd::tower_tools::ApplyStepConfig(config, &opts)) return Fail("unknown --config " + config);
   auto tower = epd::LoadCheckpointTower(*checkpoint, opts);
   if (!tower.ok()) return Fail(tower.status().ToString());
