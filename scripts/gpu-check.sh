@@ -31,19 +31,19 @@
 #      built too, gpu_replay_bench (a Zipf replay of the staged images with
 #      L1 in VRAM and L2 pinned, against the tower-only limit);
 #   5. with torch + worker (which build epd::model, epd::checkpoint_tower and
-#      checkpoint_tower_bench): writes the real-size Qwen2.5-VL-7B checkpoint
-#      (random weights, bf16, ~1.6 GB, scripts/make_tiny_checkpoint.py --size
-#      7b; python3 + numpy on the device) under the build directory and runs
-#      checkpoint_tower_bench on cuda in bf16 at batch 1, 8 and 32 on the
-#      staged 512x512 astronaut.png, then scripts/tower_mfu.py prints the MFU,
-#      and once more at batch 8 with --attention unfused (the fused gain),
-#      then transformers' own tower on the same checkpoint when the device's
-#      python3 has it (scripts/hf_tower_bench.py, the peer figure)
-#      (docs/GPU.md "Real-size checkpoint tower"; the peak from the GPU's
-#      name: H200 SXM 989.4, H200 NVL 835 dense bf16 TFLOP/s).
+#      the tower tools): scripts/gpu-check-tower.sh, the vision tower's
+#      measurements of issue 24 (its header lists them), under $OUT/tower/:
+#      the CUDA tower's GPU test, real-size checkpoints of the three towers
+#      (random weights, bf16, python3 + numpy on the device), the profile at
+#      batch 8, the GEMM microbenchmark, the step-gain table, MFU at batch 1,
+#      8 and mixed sizes, transformers' tower, and the parity on 4 photos
+#      (docs/GPU.md "Tower restructure"; the peak from the GPU's name: H200
+#      SXM 989.4, H200 NVL 835 dense bf16 TFLOP/s).
 # GPU_CHECK_STEPS (comma-separated, default "all") picks the steps after the
-# build: tests, serve_ipc, sanitizer, bench, checkpoint; e.g. GPU_CHECK_STEPS=checkpoint
-# spends a short device lease on step 5 alone.
+# build: tests, serve_ipc, sanitizer, bench, tower (alias: checkpoint); e.g.
+# GPU_CHECK_STEPS=tower spends a short device lease on step 5 alone.
+# GPU_CHECK_BUDGET_S (default 560) is the whole run's time budget; step 5
+# gets what the steps before it left.
 # Exits non-zero if the build, a test, the sanitizer, the replay or the
 # checkpoint step (numpy missing included) fails.
 # Budget: about 4-6 minutes on 16 cores, each step capped so the whole stays
@@ -73,6 +73,9 @@
 #                                  GPU_CHECK_BUILD_DIR overrides build-gpucheck/)
 # With the device tool: run(command="scripts/gpu-check.sh",
 #                           carry=["build-gpucarry"], timeout_s=540)
+#   the tower alone (issue 24): run(command="GPU_CHECK_STEPS=tower
+#     GPU_CHECK_BUDGET_S=570 scripts/gpu-check.sh", carry=["build-gpucarry"],
+#     timeout_s=590)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -163,6 +166,8 @@ build="${GPU_CHECK_BUILD_DIR:-$root/build-gpucheck}"
 benches="$build/bench-gpu"  # bench/gpu/, added by src/gpu/CMakeLists.txt
 summary="$out/summary.md"
 start=$SECONDS
+# The whole run's budget (the device tool's timeout, less a margin).
+GPU_CHECK_BUDGET_S="${GPU_CHECK_BUDGET_S:-560}"
 failed=0
 
 note() { echo "$*" | tee -a "$summary"; }
@@ -424,93 +429,31 @@ fi
 
 note ""
 
-# --- 5. the real-size Qwen2.5-VL-7B checkpoint tower (issue 11) ----------------
-ckpt_log="$out/checkpoint_tower_bench.md"
-ckpt_bench="$benches/checkpoint_tower_bench"
-ckpt_dir="$models/qwen2_5_vl-7b-bf16"
-photo="$carry_dir/images/astronaut.png"
-if ! want checkpoint; then
-  note "- checkpoint_tower_bench: not asked for"
-elif [[ ! -x "$ckpt_bench" ]]; then
-  note "- checkpoint_tower_bench: not built (needs the torch tower and the worker's sysroot), not run"
-elif ! "$python_bin" -c 'import numpy' >>"$ckpt_log" 2>&1; then
-  note "- checkpoint_tower_bench: FAILED: python3 has no numpy, so scripts/make_tiny_checkpoint.py cannot write the 7B checkpoint (see checkpoint_tower_bench.md)"
-  failed=1
-elif [[ ! -f "$photo" ]]; then
-  note "- checkpoint_tower_bench: not run: no staged $photo (scripts/gpu-check.sh --stage)"
-elif (($(elapsed) > 300)); then
-  note "- checkpoint_tower_bench: skipped, $(elapsed) s spent already"
+# --- 5. the vision tower (issues 11 and 24): scripts/gpu-check-tower.sh -------
+# The GPU test of the CUDA tower (kernels, flash varlen, graphs, batch vs
+# alone), the real-size checkpoints of the three towers (written here), the
+# profile at batch 8, the GEMM microbenchmark, the step-gain table, MFU at
+# batch 1 / 8 / mixed sizes, transformers' tower and the bf16-vs-float32
+# parity on 4 photos; everything under $OUT/tower/ (tower-gpu.md is the
+# summary docs/GPU.md is updated from).
+if ! want tower && ! want checkpoint; then
+  note "- tower: not asked for"
+elif [[ $with_torch == 0 || $with_worker == 0 ]]; then
+  note "- tower: not run (needs the torch tower and the worker's sysroot: the checkpoint loader)"
 else
-  t0=$SECONDS
-  # Kept after the run (outside $OUT, so it does not come back) for a
-  # follow-up command on the same warm machine; .complete marks a whole write.
-  made=1
-  if [[ ! -f "$ckpt_dir/.complete" ]]; then
-    rm -rf "$ckpt_dir"
-    if capped 90 "$ckpt_log" "$python_bin" "$root/scripts/make_tiny_checkpoint.py" --arch qwen2_5_vl --size 7b \
-         --dtype bf16 --out "$ckpt_dir"; then
-      touch "$ckpt_dir/.complete"
-    else
-      made=0
-    fi
-  fi
-  if [[ $made == 0 ]]; then
-    note "- making the 7B checkpoint: FAILED (see checkpoint_tower_bench.md)"
-    failed=1
+  # Built on its own: a profiler API change breaks only this tool.
+  capped 240 "$build_log" cmake --build "$build" -j "$(nproc)" --target checkpoint_tower_profile ||
+    note "- checkpoint_tower_profile did not build (see build.log); the profile is skipped"
+  tower_budget=$((GPU_CHECK_BUDGET_S - $(elapsed) - 15))
+  note "## Vision tower (scripts/gpu-check-tower.sh, ${tower_budget} s budget)"
+  if "$root/scripts/gpu-check-tower.sh" --build "$build" --out "$out/tower" --device cuda --model 7b \
+       --budget-s "$tower_budget" --images "$carry_dir/images" --python "$python_bin"; then
+    note "- tower: PASS (see tower/tower-gpu.md)"
   else
-    note "## Qwen2.5-VL-7B checkpoint tower on the GPU (random weights, bf16, 512x512 astronaut.png)"
-    note "- checkpoint $ckpt_dir ready in $((SECONDS - t0)) s ($(du -sh "$ckpt_dir" | cut -f1))"
-    if capped 120 "$ckpt_log" "$ckpt_bench" --model "$ckpt_dir" --device cuda --dtype bf16 --threads 1 \
-         --batches 1,8,32 --repeats 10 --photo "$photo" --json "$out/checkpoint_tower_bench.json"; then
-      grep -E '^\|' "$ckpt_log" >>"$summary" || true
-      gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)"
-      # NVIDIA's dense bf16 Tensor Core peaks (docs/GPU.md): H200 SXM 989.4,
-      # H200 NVL 835 TFLOP/s; any other device gets TFLOP/s without MFU.
-      peak=0
-      case "$gpu_name" in
-        *H200*NVL*) peak=835 ;;
-        *H200*) peak=989.4 ;;
-      esac
-      note ""
-      if "$python_bin" "$root/scripts/tower_mfu.py" --config "$ckpt_dir/config.json" \
-           --bench "$out/checkpoint_tower_bench.json" --peak-tflops "$peak" --peak-name "${gpu_name:-unknown GPU}" \
-           >"$out/checkpoint_tower_mfu.md" 2>>"$ckpt_log"; then
-        cat "$out/checkpoint_tower_mfu.md" >>"$summary"
-        cat "$out/checkpoint_tower_mfu.md"
-      else
-        note "- tower_mfu.py: FAILED (see checkpoint_tower_bench.md)"
-        failed=1
-      fi
-      # The same forward with the explicit matmul + softmax attention instead
-      # of SDPA, at batch 8: the fused path's gain.
-      note ""
-      if capped 90 "$ckpt_log" "$ckpt_bench" --model "$ckpt_dir" --device cuda --dtype bf16 --threads 1 \
-           --batches 8 --repeats 5 --attention unfused --photo "$photo" --json "$out/checkpoint_tower_unfused.json"; then
-        note "### Unfused attention (matmul + float32 softmax + matmul), batch 8"
-        grep -E '^\| qwen2_5_vl' "$ckpt_log" | tail -n 1 >>"$summary" || true
-      else
-        note "- checkpoint_tower_bench --attention unfused: FAILED (see checkpoint_tower_bench.md)"
-        failed=1
-      fi
-      # The peer: transformers' own vision tower on the same checkpoint, where
-      # the device's python3 has transformers (a figure, not a check).
-      note ""
-      if "$python_bin" -c 'import transformers, safetensors' 2>/dev/null; then
-        if capped 150 "$out/hf_tower_bench.md" "$python_bin" "$root/scripts/hf_tower_bench.py" --model "$ckpt_dir" \
-             --batches 1,8,32 --repeats 10; then
-          note "### transformers' Qwen2.5-VL vision tower on the same checkpoint (sdpa, bf16)"
-          grep -E '^(\||batch .* under)' "$out/hf_tower_bench.md" >>"$summary" || true
-        else
-          note "- hf_tower_bench.py: failed (see hf_tower_bench.md); not a check"
-        fi
-      else
-        note "- hf_tower_bench.py: not run (python3 has no transformers/safetensors)"
-      fi
-    else
-      note "- checkpoint_tower_bench: FAILED (see checkpoint_tower_bench.md)"
-      failed=1
-    fi
+    note "- tower: FAIL (see tower/tower-gpu.md)"
+    failed=1
   fi
+  grep -E '^(\| >=|\| <=|bounds)' "$out/tower/tower-gpu.md" >>"$summary" 2>/dev/null || true
 fi
 
 note ""

@@ -15,7 +15,9 @@ ten CUDA kernels with the most device time and the share of wall time the
 GPU was busy, from torch.profiler.
 
 Usage: hf_tower_bench.py --model DIR [--batches 1,8,32] [--repeats 10]
-                         [--gflop-per-image 1710.7]
+                         [--gflop-per-image 1710.7] [--json OUT.json]
+--json writes {"schema": "epd-hf-tower-bench/1", "transformers": version,
+"rows": [{"batch", "median_ms" (per image)}]} for scripts/tower_mfu.py --hf.
 """
 import argparse
 import json
@@ -44,6 +46,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--gflop-per-image", type=float, default=1710.7)
+    ap.add_argument("--json", type=pathlib.Path)
     args = ap.parse_args()
 
     import torch
@@ -75,6 +78,7 @@ def main() -> int:
     print("| batch | ms/image (median) | images/s | TFLOP/s | output rows |")
     print("|---|---|---|---|---|")
     batches = [int(b) for b in args.batches.split(",")]
+    results = []
     with torch.inference_mode():
         for batch in batches:
             out = encode(batch)
@@ -87,6 +91,10 @@ def main() -> int:
                 times.append((time.perf_counter() - t0) / batch)
             ms = statistics.median(times) * 1e3
             print(f"| {batch} | {ms:.2f} | {1e3 / ms:.1f} | {args.gflop_per_image / ms:.1f} | {out.shape[0]} |")
+            results.append({"batch": batch, "median_ms": ms})
+        if args.json:
+            args.json.write_text(json.dumps({"schema": "epd-hf-tower-bench/1", "transformers": transformers.__version__,
+                                             "torch": torch.__version__, "rows": results}, indent=2) + "\n")
 
         batch = batches[len(batches) // 2]
         from torch.profiler import ProfilerActivity, profile

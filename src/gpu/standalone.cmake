@@ -143,7 +143,25 @@ include(${EPD_ROOT}/src/worker/library.cmake)
 include(${EPD_ROOT}/src/model/library.cmake)
 if(EPD_GPU_WITH_TORCH)
   include(${EPD_ROOT}/src/tower/checkpoint_library.cmake)
+  # The tower tools of scripts/gpu-check-tower.sh, into bench-gpu/:
+  #   checkpoint_tower_bench, checkpoint_tower_parity, and (CUDA tower only)
+  #   checkpoint_tower_gpu_test, run by that script with EPD_TINY_CHECKPOINTS
+  #   (not registered with ctest here); checkpoint_tower_profile is left out
+  #   of ALL, so that a libtorch whose profiler API differs fails only its own
+  #   build step (gpu-check.sh builds it separately).
   add_executable(checkpoint_tower_bench ${EPD_ROOT}/src/tower/checkpoint_tower_bench.cc)
   target_link_libraries(checkpoint_tower_bench PRIVATE epd::checkpoint_tower nlohmann_json::nlohmann_json)
-  set_target_properties(checkpoint_tower_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench-gpu)
+  add_executable(checkpoint_tower_parity ${EPD_ROOT}/src/tower/checkpoint_tower_parity.cc)
+  target_link_libraries(checkpoint_tower_parity PRIVATE epd::checkpoint_tower nlohmann_json::nlohmann_json)
+  add_executable(checkpoint_tower_profile EXCLUDE_FROM_ALL ${EPD_ROOT}/src/tower/checkpoint_tower_profile.cc)
+  target_link_libraries(checkpoint_tower_profile PRIVATE epd::checkpoint_tower ${TORCH_LIBRARIES})
+  set(_epd_tower_tools checkpoint_tower_bench checkpoint_tower_parity checkpoint_tower_profile)
+  if(EPD_TOWER_CUDA)
+    add_executable(checkpoint_tower_gpu_test ${EPD_ROOT}/src/tower/checkpoint_tower_gpu_test.cc)
+    target_link_libraries(checkpoint_tower_gpu_test PRIVATE epd::checkpoint_tower ${TORCH_LIBRARIES} GTest::gtest
+                          GTest::gtest_main)
+    target_compile_definitions(checkpoint_tower_gpu_test PRIVATE EPD_TOWER_CUDA=1)
+    list(APPEND _epd_tower_tools checkpoint_tower_gpu_test)
+  endif()
+  set_target_properties(${_epd_tower_tools} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench-gpu)
 endif()

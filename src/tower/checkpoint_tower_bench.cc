@@ -6,7 +6,9 @@
 //   checkpoint_tower_bench [--models DIR | --model DIR] [--photo FILE]
 //                          [--repeats N] [--threads 1,2] [--batches 1]
 //                          [--device cpu] [--dtype f32|bf16] [--json OUT.json]
-//                          [--attention fused|unfused]
+//                          [--attention fused|unfused] [--configs default]
+//                          [--mixed 0|1] [--output host|device]
+//                          [--out-dtype f32|bf16]
 //
 // Workload: for each tiny-<arch> checkpoint under --models (default
 // build/models, written by the tiny_checkpoints target), the photo (default
@@ -27,6 +29,27 @@
 // elsewhere both are the unfused path). The output is copied to host
 // memory, so each timed call ends after the device finished.
 //
+// The restructure's steps (docs/GPU.md "Tower restructure"): --configs
+// runs each named configuration in turn, each adding one step to the one
+// before it (CheckpointTowerOptions fields in brackets):
+//   baseline     the checkpoint's separate MLP GEMMs at their own width, the
+//                metadata rebuilt every forward, SDPA per segment length, ATen
+//                ops, no graphs [mlp_fusion, metadata_cache_size 0,
+//                varlen_attention, fused_kernels, cuda_graph_max_batch 0 off]
+//   restructure  + fused gate-up GEMM padded to 64, metadata cache
+//   attention    + one flash varlen call per block
+//   fusions      + the fused kernels
+//   graphs       + CUDA graphs (batches <= 4): the defaults
+//   default      the CheckpointTowerOptions defaults, unchanged
+// --mixed adds, per configuration, one call of 8 items of 8 sizes: the photo
+// preprocessed with min_pixels = max_pixels = s^2 for s = 224, 320, 448, 512,
+// 640, 768, 896, 1024 (smart_resize then picks the nearest grid), reported
+// as batch 8 with its grids listed.
+// --output device keeps the output in device memory
+// (CheckpointTowerOptions::output_on_device, the serving path with the GPU
+// tier: no device-to-host copy in the timed call); --out-dtype sets
+// output_dtype. The default, host float32, is what the CPU tables used.
+//
 // Exit status 0 on success; any error goes to stderr with status 1.
 #include <time.h>
 
@@ -46,6 +69,7 @@
 #include "epd/media/preprocess.h"
 #include "epd/model/checkpoint.h"
 #include "tool_flags.h"
+#include "tower_steps.h"
 
 namespace {
 
@@ -54,18 +78,20 @@ constexpr const char* kArchs[] = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"};
 
 struct Row {
   std::string arch;
+  std::string config = "default";
   int threads = 0;
   int batch = 1;
-  epd::GridTHW grid;
-  std::int64_t patches = 0;
-  std::int64_t tokens = 0;
+  std::vector<epd::GridTHW> grids;  // one per item of the timed call
+  std::int64_t patches = 0;         // per image (mean over the call's items)
+  std::int64_t tokens = 0;          // per image (mean)
   std::int64_t depth = 0;
   std::int64_t width = 0;
   double preprocess_ms = 0;
-  double median_ms = 0;
+  double median_ms = 0;  // per image
   double min_ms = 0;
   double median_cpu_ms = 0;
   int repeats = 0;
+  epd::CheckpointTowerStats stats;
 };
 
 int Fail(const std::string& message) {
@@ -92,25 +118,137 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// The mixed-size batch: the photo at 8 target areas (see the header comment).
+constexpr int kMixedSides[] = {224, 320, 448, 512, 640, 768, 896, 1024};
+
+struct Workload {
+  std::vector<epd::PreprocessedImage> images;  // own the rows
+  std::vector<epd::TowerItem> items;
+  double preprocess_ms = 0;  // of the first image
+};
+
+epd::TowerItem ItemOf(const epd::PreprocessedImage& image) {
+  epd::TowerItem item;
+  item.patches = image.patches.data();
+  item.grid = image.grid;
+  item.patch_dim = image.patch_dim;
+  return item;
+}
+
+// Times `repeats` Encodes of `items` after one warm-up; per image.
+epd::Status TimeCalls(epd::VisionTower& tower, const std::vector<epd::TowerItem>& items, int repeats, Row* row) {
+  auto warm = tower.Encode(items);
+  if (!warm.ok()) return warm.status();
+  std::vector<double> walls, cpus;
+  const auto n = static_cast<double>(items.size());
+  for (int r = 0; r < repeats; ++r) {
+    const double w0 = WallMs(), c0 = ProcessCpuMs();
+    auto out = tower.Encode(items);
+    walls.push_back((WallMs() - w0) / n);
+    cpus.push_back((ProcessCpuMs() - c0) / n);
+    if (!out.ok()) return out.status();
+  }
+  row->batch = static_cast<int>(items.size());
+  row->tokens = warm->tokens / static_cast<std::int64_t>(items.size());
+  for (const epd::TowerItem& it : items) {
+    row->grids.push_back(it.grid);
+    row->patches += it.grid.patches();
+  }
+  row->patches /= static_cast<std::int64_t>(items.size());
+  row->median_ms = Median(walls);
+  row->min_ms = *std::min_element(walls.begin(), walls.end());
+  row->median_cpu_ms = Median(cpus);
+  row->repeats = repeats;
+  if (auto s = epd::GetCheckpointTowerStats(tower)) row->stats = *s;
+  return epd::Status::Ok();
+}
+
+std::string GridText(const epd::GridTHW& g) {
+  char text[96];
+  std::snprintf(text, sizeof(text), "(%lld, %lld, %lld)", static_cast<long long>(g.t), static_cast<long long>(g.h),
+                static_cast<long long>(g.w));
+  return text;
+}
+
+void PrintTable(const std::vector<Row>& rows) {
+  std::printf(
+      "| arch | config | threads | batch | depth x width | grid (t,h,w) | tokens | preprocess ms | forward "
+      "ms/image (median) | min | CPU ms (median) | images/s (median) | attention |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    const bool mixed =
+        std::any_of(r.grids.begin(), r.grids.end(), [&](const epd::GridTHW& g) { return !(g == r.grids.front()); });
+    const std::string grid = mixed ? "mixed (" + std::to_string(r.grids.size()) + " sizes)" : GridText(r.grids.front());
+    std::printf("| %s | %s | %d | %d | %lld x %lld | %s | %lld | %.1f | %.2f | %.2f | %.1f | %.1f | %s%s |\n",
+                r.arch.c_str(), r.config.c_str(), r.threads, r.batch, static_cast<long long>(r.depth),
+                static_cast<long long>(r.width), grid.c_str(), static_cast<long long>(r.tokens), r.preprocess_ms,
+                r.median_ms, r.min_ms, r.median_cpu_ms, 1e3 / r.median_ms, r.stats.attention.c_str(),
+                r.stats.fused_kernels ? ", kernels" : "");
+  }
+}
+
+nlohmann::json RowJson(const Row& r, const std::string& dtype) {
+  nlohmann::json grids = nlohmann::json::array();
+  for (const epd::GridTHW& g : r.grids) grids.push_back({g.t, g.h, g.w});
+  const epd::GridTHW& g0 = r.grids.front();
+  return {{"arch", r.arch},
+          {"config", r.config},
+          {"dtype", dtype},
+          {"threads", r.threads},
+          {"batch", r.batch},
+          {"grid_thw", {g0.t, g0.h, g0.w}},
+          {"grids", grids},
+          {"patches", r.patches},
+          {"tokens", r.tokens},
+          {"depth", r.depth},
+          {"width", r.width},
+          {"preprocess_ms", r.preprocess_ms},
+          {"median_ms", r.median_ms},
+          {"min_ms", r.min_ms},
+          {"median_cpu_ms", r.median_cpu_ms},
+          {"repeats", r.repeats},
+          {"attention", r.stats.attention},
+          {"fused_kernels", r.stats.fused_kernels},
+          {"graph_replays", r.stats.graph_replays},
+          {"graph_captures", r.stats.graph_captures},
+          {"metadata_hits", r.stats.metadata_hits},
+          {"metadata_misses", r.stats.metadata_misses},
+          {"notes", r.stats.notes}};
+}
+
 int Run(int argc, char** argv) {
   std::string models = "build/models", model, photo = kDefaultPhoto, json_out, device = "cpu", dtype = "f32";
   int repeats = 5;
+  int mixed = 0;
   std::vector<int> thread_counts = {1, 2};
   std::vector<int> batches = {1};
   std::string attention = "fused";
+  std::string configs_flag = "default";
   epd::tower_tools::FlagParser flags;
-  flags.Text("--models", &models);
-  flags.Text("--model", &model);
-  flags.Text("--photo", &photo);
-  flags.Text("--json", &json_out);
-  flags.Text("--device", &device);
+  flags.Texts({{"--models", &models}, {"--model", &model}, {"--photo", &photo}});
+  flags.Texts({{"--json", &json_out}, {"--device", &device}, {"--configs", &configs_flag}});
   flags.Int("--repeats", 1, &repeats);
+  flags.Int("--mixed", 0, &mixed);
   flags.Choice("--dtype", {"f32", "bf16"}, &dtype);
   flags.Choice("--attention", {"fused", "unfused"}, &attention);
+  std::string output = "host", out_dtype = "f32";
+  flags.Choice("--output", {"host", "device"}, &output);
+  flags.Choice("--out-dtype", {"f32", "bf16"}, &out_dtype);
   flags.IntList("--threads", 1, &thread_counts);
   flags.IntList("--batches", 1, &batches);
   if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(s.message());
   const bool fused_attention = attention == "fused";
+  std::vector<std::string> configs;
+  std::stringstream list(configs_flag);
+  for (std::string c; std::getline(list, c, ',');) {
+    epd::CheckpointTowerOptions probe;
+    if (!epd::tower_tools::ApplyStepConfig(c, &probe)) {
+      return Fail("--configs: unknown configuration '" + c +
+                  "' (baseline, restructure, attention, fusions, graphs, default)");
+    }
+    configs.push_back(c);
+  }
+  if (configs.empty()) return Fail("--configs is empty");
 
   std::ifstream file(photo, std::ios::binary);
   if (!file) return Fail("cannot read --photo " + photo);
@@ -129,50 +267,54 @@ int Run(int argc, char** argv) {
     if (!checkpoint.ok()) return Fail(checkpoint.status().ToString());
     const epd::VisionConfig& vision = (*checkpoint)->vision();
 
+    Workload one;
     const double p0 = WallMs();
     auto image = epd::DecodeAndPreprocess(bytes, (*checkpoint)->preprocess());
-    const double preprocess_ms = WallMs() - p0;
+    one.preprocess_ms = WallMs() - p0;
     if (!image.ok()) return Fail(photo + ": " + image.status().ToString());
-    epd::TowerItem item;
-    item.patches = image->patches.data();
-    item.grid = image->grid;
-    item.patch_dim = image->patch_dim;
+    one.images.push_back(std::move(*image));
+    Workload sizes;
+    if (mixed != 0) {
+      for (int side : kMixedSides) {
+        epd::PreprocessConfig cfg = (*checkpoint)->preprocess();
+        cfg.min_pixels = cfg.max_pixels = static_cast<std::int64_t>(side) * side;
+        auto im = epd::DecodeAndPreprocess(bytes, cfg);
+        if (!im.ok()) return Fail(photo + " at " + std::to_string(side) + "^2: " + im.status().ToString());
+        sizes.images.push_back(std::move(*im));
+      }
+      for (const auto& im : sizes.images) sizes.items.push_back(ItemOf(im));
+    }
 
-    for (int threads : thread_counts) {
-      epd::CheckpointTowerOptions opts;
-      opts.num_threads = threads;
-      opts.device = device;
-      opts.compute_dtype = dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
-      opts.fused_attention = fused_attention;
-      auto tower = epd::LoadCheckpointTower(*checkpoint, opts);
-      if (!tower.ok()) return Fail(tower.status().ToString());
-      for (int batch : batches) {
-        const std::vector<epd::TowerItem> items(static_cast<std::size_t>(batch), item);
-        auto warm = (*tower)->Encode(items);
-        if (!warm.ok()) return Fail(warm.status().ToString());
-        std::vector<double> walls, cpus;
-        for (int r = 0; r < repeats; ++r) {
-          const double w0 = WallMs(), c0 = ProcessCpuMs();
-          auto out = (*tower)->Encode(items);
-          walls.push_back((WallMs() - w0) / batch);
-          cpus.push_back((ProcessCpuMs() - c0) / batch);
-          if (!out.ok()) return Fail(out.status().ToString());
+    for (const std::string& config : configs) {
+      for (int threads : thread_counts) {
+        epd::CheckpointTowerOptions opts;
+        opts.num_threads = threads;
+        opts.device = device;
+        opts.compute_dtype = dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
+        opts.fused_attention = fused_attention;
+        opts.output_on_device = output == "device";
+        opts.output_dtype = out_dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
+        epd::tower_tools::ApplyStepConfig(config, &opts);
+        auto tower = epd::LoadCheckpointTower(*checkpoint, opts);
+        if (!tower.ok()) return Fail(tower.status().ToString());
+        Row base;
+        base.arch = std::string(epd::VisionArchName(vision.arch));
+        base.config = config;
+        base.threads = threads;
+        base.depth = vision.depth;
+        base.width = vision.width;
+        base.preprocess_ms = one.preprocess_ms;
+        for (int batch : batches) {
+          Row row = base;
+          const std::vector<epd::TowerItem> items(static_cast<std::size_t>(batch), ItemOf(one.images.front()));
+          if (epd::Status s = TimeCalls(**tower, items, repeats, &row); !s.ok()) return Fail(s.ToString());
+          rows.push_back(std::move(row));
         }
-        Row row;
-        row.arch = std::string(epd::VisionArchName(vision.arch));
-        row.threads = threads;
-        row.batch = batch;
-        row.grid = image->grid;
-        row.patches = image->grid.patches();
-        row.tokens = warm->tokens / batch;
-        row.depth = vision.depth;
-        row.width = vision.width;
-        row.preprocess_ms = preprocess_ms;
-        row.median_ms = Median(walls);
-        row.min_ms = *std::min_element(walls.begin(), walls.end());
-        row.median_cpu_ms = Median(cpus);
-        row.repeats = repeats;
-        rows.push_back(row);
+        if (!sizes.items.empty()) {
+          Row row = base;
+          if (epd::Status s = TimeCalls(**tower, sizes.items, repeats, &row); !s.ok()) return Fail(s.ToString());
+          rows.push_back(std::move(row));
+        }
       }
     }
   }
@@ -181,44 +323,25 @@ int Run(int argc, char** argv) {
   if (getloadavg(load, 1) != 1) load[0] = -1;
   const std::string base = photo.substr(photo.find_last_of('/') + 1);
   std::printf(
-      "C++ checkpoint towers (epd/checkpoint_tower/checkpoint_tower.h, %s on %s, %s attention), %s, %zu bytes, load "
-      "average %.2f\n\n",
-      dtype.c_str(), device.c_str(), fused_attention ? "fused" : "unfused", base.c_str(), bytes.size(), load[0]);
-  std::printf(
-      "| arch | threads | batch | depth x width | grid (t,h,w) | tokens | preprocess ms | forward ms/image (median) | "
-      "min | CPU ms (median) | images/s (median) |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "C++ checkpoint towers (epd/checkpoint_tower/checkpoint_tower.h, %s on %s, %s attention, output %s %s), %s, %zu "
+      "bytes, load average %.2f\n\n",
+      dtype.c_str(), device.c_str(), fused_attention ? "fused" : "unfused", output.c_str(), out_dtype.c_str(),
+      base.c_str(), bytes.size(), load[0]);
+  PrintTable(rows);
   for (const Row& r : rows) {
-    std::printf("| %s | %d | %d | %lld x %lld | (%lld, %lld, %lld) | %lld | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
-                r.arch.c_str(), r.threads, r.batch, static_cast<long long>(r.depth), static_cast<long long>(r.width),
-                static_cast<long long>(r.grid.t), static_cast<long long>(r.grid.h), static_cast<long long>(r.grid.w),
-                static_cast<long long>(r.tokens), r.preprocess_ms, r.median_ms, r.min_ms, r.median_cpu_ms,
-                1e3 / r.median_ms);
+    if (!r.stats.notes.empty()) std::printf("\nnote (%s): %s\n", r.config.c_str(), r.stats.notes.c_str());
   }
 
   if (!json_out.empty()) {
     nlohmann::json doc;
-    doc["schema"] = "epd-bench-checkpoint-tower/1";
+    doc["schema"] = "epd-bench-checkpoint-tower/1";  // fields added since: config, grids, attention, ...
     doc["photo"] = photo;
     doc["load_average"] = load[0];
     doc["device"] = device;
+    doc["output"] = output;
+    doc["out_dtype"] = out_dtype;
     doc["rows"] = nlohmann::json::array();
-    for (const Row& r : rows) {
-      doc["rows"].push_back({{"arch", r.arch},
-                             {"dtype", dtype},
-                             {"threads", r.threads},
-                             {"batch", r.batch},
-                             {"grid_thw", {r.grid.t, r.grid.h, r.grid.w}},
-                             {"patches", r.patches},
-                             {"tokens", r.tokens},
-                             {"depth", r.depth},
-                             {"width", r.width},
-                             {"preprocess_ms", r.preprocess_ms},
-                             {"median_ms", r.median_ms},
-                             {"min_ms", r.min_ms},
-                             {"median_cpu_ms", r.median_cpu_ms},
-                             {"repeats", r.repeats}});
-    }
+    for (const Row& r : rows) doc["rows"].push_back(RowJson(r, dtype));
     std::ofstream out(json_out);
     out << doc.dump(2) << "\n";
     if (!out) return Fail("cannot write --json " + json_out);

@@ -233,6 +233,105 @@ TEST(CheckpointTowerTest, BadItemsAndOptionsAreRejected) {
   EXPECT_EQ(LoadCheckpointTower(o).status().code(), StatusCode::kInvalidArgument);
 }
 
+std::vector<float> MainRows(VisionTower& tower, const std::vector<const Item*>& order) {
+  std::vector<float> rows;
+  for (auto& [main, deep] : EncodeBatch(tower, order)) rows.insert(rows.end(), main.begin(), main.end());
+  return rows;
+}
+
+TEST(CheckpointTowerTest, MetadataIsBuiltOncePerGridList) {
+  // The forward's metadata (segments, window order, rotary tables) comes from
+  // a cache keyed by the batch's grid list: a repeated list is a hit and
+  // gives the same rows; another list (or the same grids in another order,
+  // or another batch size) is a miss.
+  auto tower = Load(kCheckpoints / "qwen2_5_vl_f32");
+  ASSERT_NE(tower, nullptr);
+  const Item a{{1, 18, 22}, Patches({1, 18, 22}, tower->patch_dim(), 11)};
+  const Item b{{1, 8, 8}, Patches({1, 8, 8}, tower->patch_dim(), 12)};
+  const std::vector<float> first = MainRows(*tower, {&a, &b});
+  EXPECT_EQ(MainRows(*tower, {&a, &b}), first);  // bit for bit: same metadata, same forward
+  MainRows(*tower, {&b, &a});
+  MainRows(*tower, {&a});
+  EXPECT_EQ(MainRows(*tower, {&a, &b}), first);
+  const auto s = GetCheckpointTowerStats(*tower);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->forwards, 5);
+  EXPECT_EQ(s->metadata_misses, 3);  // {a, b}, {b, a}, {a}
+  EXPECT_EQ(s->metadata_hits, 2);
+  EXPECT_EQ(s->metadata_entries, 3);
+  EXPECT_EQ(s->metadata_evictions, 0);
+  EXPECT_EQ(s->attention, "explicit");  // CPU
+  EXPECT_FALSE(s->fused_kernels);
+}
+
+TEST(CheckpointTowerTest, MetadataCacheIsBoundedAndCanBeTurnedOff) {
+  for (int capacity : {0, 2}) {
+    SCOPED_TRACE(capacity);
+    CheckpointTowerOptions o;
+    o.dir = (kCheckpoints / "qwen3_vl_f32").string();
+    o.num_threads = 1;
+    o.metadata_cache_size = capacity;
+    auto loaded = LoadCheckpointTower(o);
+    ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+    VisionTower& tower = **loaded;
+    auto reference = Load(kCheckpoints / "qwen3_vl_f32");  // default cache
+    ASSERT_NE(reference, nullptr);
+    const Item x{{1, 4, 6}, Patches({1, 4, 6}, tower.patch_dim(), 13)};
+    const Item y{{1, 6, 4}, Patches({1, 6, 4}, tower.patch_dim(), 14)};
+    const Item z{{2, 4, 4}, Patches({2, 4, 4}, tower.patch_dim(), 15)};
+    for (const Item* it : {&x, &y, &z, &x}) EXPECT_EQ(MainRows(tower, {it}), MainRows(*reference, {it}));
+    const auto s = GetCheckpointTowerStats(tower);
+    ASSERT_TRUE(s.has_value());
+    // Capacity 2 holds y and z when x comes back: x is evicted, and missed again.
+    EXPECT_EQ(s->metadata_misses, 4);
+    EXPECT_EQ(s->metadata_hits, 0);
+    EXPECT_EQ(s->metadata_entries, capacity);
+    EXPECT_EQ(s->metadata_evictions, capacity == 0 ? 0 : 2);
+  }
+}
+
+TEST(CheckpointTowerTest, FusedPaddedMlpEqualsTheCheckpointsOwnGemms) {
+  // The tiny Qwen2.5-VL and Qwen3-VL MLPs are 96 wide, padded to 128 when
+  // fused; the unfused tower runs the checkpoint's GEMMs at width 96.
+  for (const char* dir : {"qwen2_5_vl_f32", "qwen3_vl_f32", "qwen2_vl_f32"}) {
+    SCOPED_TRACE(dir);
+    CheckpointTowerOptions o;
+    o.dir = (kCheckpoints / dir).string();
+    o.num_threads = 1;
+    o.mlp_fusion = false;
+    auto unfused = LoadCheckpointTower(o);
+    ASSERT_TRUE(unfused.ok()) << unfused.status().ToString();
+    auto fused = Load(kCheckpoints / dir);
+    ASSERT_NE(fused, nullptr);
+    const Item it{{1, 10, 12}, Patches({1, 10, 12}, fused->patch_dim(), 16)};
+    const auto want = EncodeBatch(**unfused, {&it});
+    const auto got = EncodeBatch(*fused, {&it});
+    ASSERT_EQ(want.size(), 1u);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_LT(RelDiff(got[0].first, want[0].first), 1e-5);
+    EXPECT_LT(RelDiff(got[0].second, want[0].second), 1e-5);
+  }
+}
+
+TEST(CheckpointTowerTest, RestructureOptionsAreChecked) {
+  CheckpointTowerOptions o;
+  o.dir = (kCheckpoints / "qwen2_vl_f32").string();
+  o.metadata_cache_size = -1;
+  auto s = LoadCheckpointTower(o);
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("metadata_cache_size"), std::string::npos);
+  o.metadata_cache_size = 1;
+  o.cuda_graph_max_batch = -2;
+  EXPECT_EQ(LoadCheckpointTower(o).status().code(), StatusCode::kInvalidArgument);
+  o.cuda_graph_max_batch = 4;
+  o.cuda_graph_cache_size = 0;
+  s = LoadCheckpointTower(o);
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("cuda_graph_cache_size"), std::string::npos);
+  o.cuda_graph_max_batch = 0;  // graphs off: the graph cache size does not matter
+  EXPECT_TRUE(LoadCheckpointTower(o).ok());
+}
+
 TEST(LoadModelTest, DecidesByWhatThePathIs) {
   ModelOptions o;
   o.num_threads = 1;
@@ -256,6 +355,19 @@ TEST(LoadModelTest, DecidesByWhatThePathIs) {
 
   o.path = "/nonexistent/model";
   EXPECT_EQ(LoadModel(o).status().code(), StatusCode::kNotFound);
+}
+
+TEST(LoadModelTest, StatsExistOnlyForCheckpointTowers) {
+  ModelOptions o;
+  o.num_threads = 1;
+  o.path = EPD_DEFAULT_TOWER_NODS_PATH;
+  auto ts = LoadModel(o);
+  ASSERT_TRUE(ts.ok()) << ts.status().ToString();
+  EXPECT_FALSE(GetCheckpointTowerStats(*ts->tower).has_value());
+  o.path = (kCheckpoints / "qwen2_vl_f32").string();
+  auto ck = LoadModel(o);
+  ASSERT_TRUE(ck.ok()) << ck.status().ToString();
+  EXPECT_TRUE(GetCheckpointTowerStats(*ck->tower).has_value());
 }
 
 }  // namespace

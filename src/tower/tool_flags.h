@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -54,6 +55,10 @@ inline bool ParseCount(const std::string& s, int min, int* out) {
 
 class FlagParser {
  public:
+  // Several text flags at once: {{"--model", &model}, {"--out", &out}}.
+  void Texts(std::initializer_list<std::pair<const char*, std::string*>> flags) {
+    for (const auto& [name, out] : flags) Text(name, out);
+  }
   // Any text.
   void Text(const std::string& name, std::string* out) {
     Bind(name, "", [out](const std::string& v) {

@@ -32,10 +32,28 @@
 // Items never influence each other: every attention segment lies inside one
 // frame of one item, and every other op is per token.
 //
-// Attention: on CPU, matmul + softmax per segment (consecutive segments of
-// equal length are batched into one matmul). On CUDA, with libtorch >= 2,
-// at::scaled_dot_product_attention over the same groups (fused kernels);
-// with libtorch 1.x the CPU path runs on the device.
+// The forward (src/tower/tower_forward.cc, docs/TOWER.md "The forward"):
+//   - per-batch metadata (attention segments and cu_seqlens, their longest
+//     lengths, Qwen2.5-VL's window order and its inverse, rotary cos/sin,
+//     Qwen3-VL's interpolated positions) is built from the host-side grid
+//     list and cached by grid list (metadata_cache_size); nothing in the
+//     block loop reads a device value on the host;
+//   - one QKV GEMM and one gate-up GEMM per block (mlp_fusion: gate and up
+//     concatenated at load, the MLP width zero-padded to a multiple of 64,
+//     which is exact), biases inside the GEMMs (addmm), q/k/v as views;
+//   - each residual add fused with the norm after it; rotary and the norms in
+//     the compute dtype with float32 accumulation;
+//   - pixels staged in the compute dtype (pinned memory and an asynchronous
+//     copy on CUDA).
+// Attention: on CPU, matmul + float32 softmax + matmul per group of
+// equal-length segments. On CUDA with float16/bfloat16 and a libtorch whose
+// at::_flash_attention_forward is pinned (2.4-2.11), one flash varlen call
+// per block over cu_seqlens (varlen_attention); otherwise
+// at::scaled_dot_product_attention per group (libtorch >= 2), or the CPU path.
+// CUDA builds (EPD_WITH_CUDA with a CUDA libtorch) add fused kernels
+// (fused_kernels: residual add + norm, rotary in place, the MLP activation)
+// and CUDA graphs per grid list for batches of at most cuda_graph_max_batch
+// items (docs/GPU.md "Tower restructure").
 //
 // Weights are copied out of the checkpoint's mappings once, at load, into
 // tensors of `compute_dtype` on the device; the checkpoint itself is then
@@ -43,8 +61,10 @@
 //
 // Errors:
 //   LoadCheckpointTower: every OpenCheckpoint error (epd/model/checkpoint.h);
-//     kInvalidArgument for num_threads < 0, a bad device string,
-//     output_on_device on cpu; kFailedPrecondition for cuda without CUDA.
+//     kInvalidArgument for num_threads, metadata_cache_size or
+//     cuda_graph_max_batch < 0, cuda_graph_cache_size < 1 with graphs on,
+//     a bad device string, output_on_device on cpu; kFailedPrecondition for
+//     cuda without CUDA.
 //   Encode: kInvalidArgument for items as in epd/torch_tower/torch_tower.h (null
 //     patches, bad grid, h or w not a multiple of merge_size, patch_dim
 //     mismatch); kInternal when libtorch throws (its message).
@@ -66,6 +86,7 @@
 //   auto out = (*tower)->Encode({&item, 1});  // out->main: [tokens, 3584] float32
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,12 +116,58 @@ struct CheckpointTowerOptions {
   bool output_on_device = false;
   // As TorchTowerOptions::tune_malloc.
   bool tune_malloc = true;
-  // CUDA with libtorch >= 2 only: attention through
-  // at::scaled_dot_product_attention (flash / memory-efficient kernels).
-  // false keeps the explicit matmul + float32 softmax + matmul, the path a
-  // CPU or libtorch 1.x build always takes (for benchmarks comparing the two).
+  // CUDA with libtorch >= 2 only: attention through fused kernels (flash
+  // varlen, or at::scaled_dot_product_attention per segment length). false
+  // keeps the explicit matmul + float32 softmax + matmul, the path a CPU or
+  // libtorch 1.x build always takes (for benchmarks comparing the two).
   bool fused_attention = true;
+  // With fused_attention, on CUDA in float16/bfloat16: one flash-attention
+  // varlen call per block over cu_seqlens, when the libtorch's
+  // at::_flash_attention_forward is pinned (src/tower/tower_ops.cc) and a
+  // probe at load agrees with explicit attention; else SDPA per length.
+  bool varlen_attention = true;
+  // CUDA builds only (EPD_WITH_CUDA, CUDA libtorch): the fused kernels of
+  // src/tower/tower_kernels.cu; false runs the same steps as ATen ops.
+  bool fused_kernels = true;
+  // Load-time MLP layout: one gate-up GEMM with the MLP width zero-padded to
+  // a multiple of 64 (and fc1/fc2 padded likewise). false keeps the
+  // checkpoint's separate GEMMs at its own width (a benchmark baseline).
+  bool mlp_fusion = true;
+  // Distinct grid lists whose forward metadata is kept (LRU); 0 rebuilds it
+  // for every forward. Must be >= 0.
+  int metadata_cache_size = 32;
+  // CUDA builds only: batches of at most this many items run as CUDA graphs,
+  // captured once per grid list (tower_graphs.h); 0 turns graphs off. >= 0.
+  int cuda_graph_max_batch = 4;
+  // Captured graphs kept (LRU); each holds its own device memory pool
+  // (roughly one forward's activations). >= 1 when graphs are on.
+  int cuda_graph_cache_size = 8;
 };
+
+// What a checkpoint tower did so far (GetCheckpointTowerStats).
+struct CheckpointTowerStats {
+  std::int64_t forwards = 0;  // Encode calls that ran a forward
+  // The forward metadata cache (keyed by the batch's grid list).
+  std::int64_t metadata_hits = 0;
+  std::int64_t metadata_misses = 0;  // each built the metadata once
+  std::int64_t metadata_evictions = 0;
+  std::int64_t metadata_entries = 0;
+  // CUDA graphs: forwards replayed, graphs captured, evicted, held.
+  std::int64_t graph_replays = 0;
+  std::int64_t graph_captures = 0;
+  std::int64_t graph_evictions = 0;
+  std::int64_t graph_entries = 0;
+  // "varlen", "grouped-sdpa" or "explicit": the attention that runs.
+  std::string attention;
+  bool fused_kernels = false;  // the CUDA kernels run
+  // Why a requested feature is off ("" when none is): flash varlen
+  // unavailable, or a CUDA graph capture that failed.
+  std::string notes;
+};
+
+// The stats of a tower made by LoadCheckpointTower; nullopt for any other
+// VisionTower. Not synchronised with Encode: call it from Encode's thread.
+std::optional<CheckpointTowerStats> GetCheckpointTowerStats(const VisionTower& tower);
 
 // Opens options.dir and builds its tower. Describe() gives e.g.
 // "checkpoint:/models/q (qwen2_5_vl, cpu, 8 threads, hidden 3584, deepstack 0, float32)".
