@@ -27,8 +27,8 @@ set(EPD_LAYERS core media video model gpu gpu_cuda torch_tower checkpoint_tower 
 set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
 set(EPD_LAYER_core_HEADERS
-  concurrent_cache.h content_key_type.h embedding.h embedding_cache.h encode_scheduler.h encode_types.h
-  grid.h shared_tier.h status.h tiered_cache.h version.h vision_tower.h)
+  admission_filter.h concurrent_cache.h content_key_type.h embedding.h embedding_cache.h encode_scheduler.h
+  encode_types.h gdsf_heap.h grid.h shared_tier.h status.h tiered_cache.h version.h vision_tower.h)
 
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
