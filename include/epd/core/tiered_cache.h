@@ -86,7 +86,8 @@ inline std::string_view L1AdmissionName(L1Admission a) { return a == L1Admission
 inline StatusOr<L1Admission> ParseL1Admission(std::string_view text) {
   if (text == "none") return L1Admission::kNone;
   if (text == "doorkeeper") return L1Admission::kDoorkeeper;
-  return Status(StatusCode::kInvalidArgument, "l1 admission must be none or doorkeeper, got '" + std::string(text) + "'");
+  return Status(StatusCode::kInvalidArgument,
+                "l1 admission must be none or doorkeeper, got '" + std::string(text) + "'");
 }
 
 struct TieredOptions {
