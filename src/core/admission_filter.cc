@@ -28,9 +28,7 @@ std::uint64_t Probe(std::uint64_t m, int i, std::uint64_t mask) {
   return (lo + static_cast<std::uint64_t>(i) * step) & mask;
 }
 
-std::uint64_t SketchSlot(std::uint64_t m, int row, std::uint64_t mask) {
-  return std::rotr(m, 16 * row) & mask;
-}
+std::uint64_t SketchSlot(std::uint64_t m, int row, std::uint64_t mask) { return std::rotr(m, 16 * row) & mask; }
 
 }  // namespace
 
@@ -44,8 +42,8 @@ AdmissionFilter::AdmissionFilter(const AdmissionFilterOptions& options) : option
     throw Error(Status(StatusCode::kInvalidArgument,
                        "admission window " + std::to_string(options.window) + " is too large (over 2^40 bits)"));
   }
-  const std::uint64_t nbits = std::bit_ceil(std::max<std::uint64_t>(
-      64, options.window * static_cast<std::uint64_t>(options.bits_per_request)));
+  const std::uint64_t nbits =
+      std::bit_ceil(std::max<std::uint64_t>(64, options.window * static_cast<std::uint64_t>(options.bits_per_request)));
   bit_mask_ = nbits - 1;
   bits_.assign(nbits / 64, 0);
   const std::uint64_t width = std::bit_ceil(std::max<std::uint64_t>(16, options.window));

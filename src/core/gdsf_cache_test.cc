@@ -62,9 +62,9 @@ TEST_F(GdsfTest, HitsRaisePriorityByFrequency) {
   c.Put("a", 1, 100, {0.5});
   c.Put("b", 2, 100, {0.5});
   EXPECT_EQ(c.Get("a"), 1);
-  EXPECT_EQ(c.Get("a"), 1);    // f(a) = 3: H = 0.015
-  c.Put("c", 3, 100, {1.0});   // evicts b (0.005); H(c) = 0.005 + 0.01 = 0.015
-  c.Put("d", 4, 100, {0.0});   // a and c tie at 0.015: a touched first, goes
+  EXPECT_EQ(c.Get("a"), 1);   // f(a) = 3: H = 0.015
+  c.Put("c", 3, 100, {1.0});  // evicts b (0.005); H(c) = 0.005 + 0.01 = 0.015
+  c.Put("d", 4, 100, {0.0});  // a and c tie at 0.015: a touched first, goes
   EXPECT_THAT(evicted_, ElementsAre("b", "a"));
   EXPECT_EQ(evicted_cost_[1].frequency, 3u);
   EXPECT_DOUBLE_EQ(evicted_cost_[1].seconds, 0.5);
@@ -161,10 +161,10 @@ TEST_F(GdsfTest, RefetchRateRanksEntriesTheTierBelowHolds) {
   o.refetch_seconds_per_byte = 1e-10;
   o.refetch_max_bytes = 150;
   Cache c = New(300, o);
-  c.Put("a", 1, 100, {5.0});    // ranked 1e-10 (refetch), f 1
-  c.Put("big", 2, 160, {0.01}); // over 150: ranked by its cost, 0.01 / 160
-  c.Put("b", 3, 40, {0.001});   // ranked 1e-10, newer than a
-  c.Put("c", 4, 100, {0.001});  // needs 100 more: a goes (lowest, oldest)
+  c.Put("a", 1, 100, {5.0});     // ranked 1e-10 (refetch), f 1
+  c.Put("big", 2, 160, {0.01});  // over 150: ranked by its cost, 0.01 / 160
+  c.Put("b", 3, 40, {0.001});    // ranked 1e-10, newer than a
+  c.Put("c", 4, 100, {0.001});   // needs 100 more: a goes (lowest, oldest)
   EXPECT_THAT(evicted_, ElementsAre("a"));
   EXPECT_DOUBLE_EQ(evicted_cost_[0].seconds, 5.0);  // its own cost is handed on
   EXPECT_TRUE(c.Contains("big"));

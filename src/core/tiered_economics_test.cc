@@ -90,7 +90,7 @@ TEST_F(TieredEconomicsTest, SecondRequestAfterAnL2DropIsPutIntoL1) {
 // the L2 hit is served by a copy and the entry stays in L2.
 TEST_F(TieredEconomicsTest, RequestsInDifferentWindowsDoNotAdmit) {
   Tiered t = Make(1000, 1000, Doorkeeper(4));
-  Request(t, "k", 100);                                // request 1 of window 1
+  Request(t, "k", 100);                                        // request 1 of window 1
   for (int i = 0; i < 3; ++i) t.Get("x" + std::to_string(i));  // window 1 ends
   ASSERT_EQ(t.admission_filter()->resets(), 1u);
   auto v = t.Get("k");
