@@ -159,8 +159,10 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     SizingRow row;
     row.target = o.targets[i];
     row.hit_ratio = o.targets[i] * r.max_hit_ratio.seconds;
-    row.total_bytes = !gdsf && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
-                                       : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
+    // Nothing to save (no key repeats): no cache at all.
+    row.total_bytes = row.hit_ratio <= 0 ? 0
+                      : !gdsf && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
+                                         : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
     if (row.total_bytes >= 0) {
       row.l1_bytes = std::min(row.total_bytes, o.l1_max_bytes);
       row.l2_bytes = std::min(row.total_bytes - row.l1_bytes, o.l2_max_bytes);
