@@ -134,15 +134,15 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   MiniSimOptions m;
   m.rate = trace.size() <= 200'000 ? 1.0 : o.minisim_rate;
   m.doorkeeper_window = o.doorkeeper_window;
-  if (m.rate < 1) m.exact_keys = head.empty() ? HeavyHitters(trace, o.shards_head) : head;
+  if (m.rate < 1) {
+    if (head.empty()) head = HeavyHitters(trace, o.shards_head);
+    m.exact_keys.assign(head.begin(), head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
+  }
   for (bool dk : {false, true}) {
     const SimPolicy p{EvictionPolicy::kGdsf, dk};
-    MissRatioCurve c;
+    progress(dk ? "gdsf+doorkeeper" : "gdsf", 0, 1);
+    MissRatioCurve c = SimulateCurve(trace, p, caps, m);
     c.label = p.Name() + (m.rate >= 1 ? " (simulated)" : fmt::format(" (minisim {:g}%)", 100 * m.rate));
-    for (std::size_t i = 0; i < caps.size(); ++i) {
-      progress(dk ? "gdsf+doorkeeper" : "gdsf", i, caps.size());
-      c.points.push_back({caps[i], SimulateCapacity(trace, p, caps[i], m).MissRatio()});
-    }
     r.curves.push_back(std::move(c));
   }
   r.curves_s = Seconds(t0);

@@ -45,8 +45,9 @@ struct PlanOptions {
   std::size_t shards_max_keys = 131072;
   std::size_t shards_head = 8192;
   double minisim_rate = 0.05;
+  std::size_t minisim_head = 2048;
   std::uint64_t doorkeeper_window = 1 << 16;
-  int points = 40;
+  int points = 24;
   // (phase, done, total) at most every few percent, for a progress bar.
   std::function<void(const char*, std::size_t, std::size_t)> progress;
 };

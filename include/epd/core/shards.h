@@ -64,7 +64,8 @@ struct ShardsOptions {
 };
 
 // The keys of `trace` requested more than n / (k + 1) times, and perhaps a
-// few less frequent ones (at most k keys): Misra and Gries, "Finding repeated
+// few less frequent ones (at most k keys), most frequent first by their
+// Misra-Gries counts (so a prefix is a smaller head): Misra and Gries, "Finding repeated
 // elements", Science of Computer Programming 1982. O(n) amortised, k
 // counters of memory.
 std::vector<std::uint64_t> HeavyHitters(std::span<const CacheAccess> trace, std::size_t k);
