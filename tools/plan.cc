@@ -31,7 +31,17 @@ std::int64_t Bytes(double b) {
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
-std::string Gb(double bytes) { return bytes < 0 ? "-" : fmt::format("{:.2f} GB", bytes / 1e9); }
+// Decimal units, three significant figures or so.
+std::string Gb(double bytes) {
+  if (bytes < 0) return "-";
+  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  int u = 0;
+  while (u < 5 && bytes >= 1000) {
+    bytes /= 1000;
+    ++u;
+  }
+  return fmt::format(u == 0 ? "{:.0f} {}" : "{:.2f} {}", bytes, units[u]);
+}
 
 nlohmann::json WeightsJson(const Weights& w) {
   return {{"objects", w.objects}, {"bytes", w.bytes}, {"seconds", w.seconds}};
