@@ -40,7 +40,7 @@ std::string Gb(double bytes) {
     bytes /= 1000;
     ++u;
   }
-  return fmt::format(u == 0 ? "{:.0f} {}" : "{:.2f} {}", bytes, units[u]);
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
 nlohmann::json WeightsJson(const Weights& w) {
