@@ -703,6 +703,27 @@ def render_video(ctx: Context) -> str | None:
     return _included_section("BENCHMARKS-video.md")
 
 
+def render_economics(ctx: Context) -> str | None:
+    """docs/BENCHMARKS-economics.md, written by bench/economics_bench.py
+    (section `economics` of scripts/bench.sh): GDSF against LRU, the
+    doorkeeper and `epd-encode plan`; its targets join the summary."""
+    path = os.path.join(ctx.results, "economics.json")
+    if not os.path.isfile(path):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-economics.json")
+    if os.path.isfile(path):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(
+            "economics_bench", os.path.join(os.path.dirname(os.path.abspath(__file__)), "economics_bench.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        with open(path) as f:
+            data = json.load(f)
+        for what, goal, value, met, margin in mod.targets(data):
+            ctx.target(what, goal, value, met, margin)
+    return _included_section("BENCHMARKS-economics.md")
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -752,6 +773,7 @@ SECTIONS = [
     ("L3 and the cluster", render_l3),
     ("Checkpoint towers: C++ against the Python reference", render_checkpoint),
     ("Video: chunk caching on overlapping clips", render_video),
+    ("Cache economics: GDSF, the doorkeeper and plan", render_economics),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),
