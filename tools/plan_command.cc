@@ -175,36 +175,23 @@ void RegisterPlanCommand(CLI::App& app) {
   cmd->add_option("--images", f->images, "a replay trace's image directory")->check(CLI::ExistingDirectory);
   cmd->add_option("--model", f->model, "checkpoint directory, to derive a replay trace's keys and sizes")
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--dtype", f->dtype, "embedding dtype for derived sizes")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"float32", "bfloat16"}));
-  cmd->add_option("--seconds-per-token", f->seconds_per_token, "derived cost per post-merge token, s")
-      ->capture_default_str()
-      ->check(NonNegative("s"));
-  cmd->add_option("--seconds-per-byte", f->seconds_per_byte, "cost of a cache-trace line without cost_s, s/B")
-      ->capture_default_str()
-      ->check(NonNegative("s/B"));
-  cmd->add_option("--eviction", f->eviction, "policy the tiers are sized for: lru or gdsf")->capture_default_str();
-  cmd->add_option("--l1-admission", f->admission, "none or doorkeeper")->capture_default_str();
-  cmd->add_option("--window", f->window, "doorkeeper window, requests")->capture_default_str()->check(Integer(1));
-  cmd->add_option("--l1-max-gb", f->l1_max_gb, "device memory L1 may take, GB")
-      ->capture_default_str()
-      ->check(NonNegative("GB"));
-  cmd->add_option("--l2-max-gb", f->l2_max_gb, "host memory L2 may take, GB")
-      ->capture_default_str()
-      ->check(NonNegative("GB"));
-  cmd->add_option("--exact-max", f->exact_max, "exact stack distances up to this many requests, SHARDS above")
-      ->capture_default_str()
-      ->check(Integer(0));
-  cmd->add_option("--shards-rate", f->shards_rate, "SHARDS tail sampling rate")
-      ->capture_default_str()
-      ->check(Number(0, 1, "", true));
-  cmd->add_option("--shards-max-keys", f->shards_max_keys, "SHARDS tail keys kept at most (fixed memory)")
-      ->capture_default_str()
-      ->check(Integer(1));
-  cmd->add_option("--minisim-rate", f->minisim_rate, "MiniSim sampling rate for the GDSF curves")
-      ->capture_default_str()
-      ->check(Number(0, 1, "", true));
+  // A flag with its default shown and a check.
+  auto option = [cmd](const char* name, auto& value, const char* help, const CLI::Validator& check) {
+    cmd->add_option(name, value, help)->capture_default_str()->check(check);
+  };
+  option("--dtype", f->dtype, "embedding dtype for derived sizes", CLI::IsMember({"float32", "bfloat16"}));
+  option("--seconds-per-token", f->seconds_per_token, "derived cost per post-merge token, s", NonNegative("s"));
+  option("--seconds-per-byte", f->seconds_per_byte, "cost of a cache-trace line without cost_s, s/B",
+         NonNegative("s/B"));
+  option("--eviction", f->eviction, "policy the tiers are sized for", CLI::IsMember({"lru", "gdsf"}));
+  option("--l1-admission", f->admission, "L1 admission filter", CLI::IsMember({"none", "doorkeeper"}));
+  option("--window", f->window, "doorkeeper window, requests", Integer(1));
+  option("--l1-max-gb", f->l1_max_gb, "device memory L1 may take, GB", NonNegative("GB"));
+  option("--l2-max-gb", f->l2_max_gb, "host memory L2 may take, GB", NonNegative("GB"));
+  option("--exact-max", f->exact_max, "exact stack distances up to this many requests, SHARDS above", Integer(0));
+  option("--shards-rate", f->shards_rate, "SHARDS tail sampling rate", Number(0, 1, "", true));
+  option("--shards-max-keys", f->shards_max_keys, "SHARDS tail keys kept at most (fixed memory)", Integer(1));
+  option("--minisim-rate", f->minisim_rate, "MiniSim sampling rate for the GDSF curves", Number(0, 1, "", true));
   cmd->add_flag("--json", f->json, "print one JSON object instead of the tables");
   cmd->add_option("--plot", f->plot, "also draw the curves to this PNG (needs gnuplot)");
   cmd->add_flag("--progress", f->progress, "draw the progress bar even when stderr is not a terminal");
