@@ -146,7 +146,8 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   m.doorkeeper_window = o.doorkeeper_window;
   if (m.rate < 1) {
     if (head.empty()) head = HeavyHitters(trace, o.shards_head);
-    m.exact_keys.assign(head.begin(), head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
+    m.exact_keys.assign(head.begin(),
+                        head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
   }
   for (bool dk : {false, true}) {
     const SimPolicy p{EvictionPolicy::kGdsf, dk};

@@ -82,8 +82,9 @@ std::vector<std::uint64_t> HeavyHitters(std::span<const CacheAccess> trace, std:
   }
   // Most frequent first (ties by key), so a prefix is a smaller head.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranked(counts.begin(), counts.end());
-  std::sort(ranked.begin(), ranked.end(),
-            [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; });
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
   std::vector<std::uint64_t> out;
   out.reserve(ranked.size());
   for (const auto& [key, c] : ranked) out.push_back(key);
