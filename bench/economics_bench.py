@@ -31,7 +31,7 @@ TRACES = {
                    "the same with 50% one-hit wonders"),
     "unique": (["--kind", "unique", "--requests", "300000", "--seed", "5"], "adversarial: every key new"),
     "scan": (["--kind", "scan", "--requests", "300000", "--keys", "30000", "--seed", "6"],
-             "adversarial: a loop over 30,000 keys (~125 GB), larger than every cache tried"),
+             "adversarial: a loop over 30,000 keys (134 GB), larger than every cache tried (10, 30, 60% of it)"),
     "uniform-cost": (["--kind", "uniform-cost", "--requests", "1000000", "--keys", "200000", "--seed", "3"],
                      "adversarial: the production keys with one cost per byte"),
 }
@@ -139,14 +139,19 @@ def targets(d: dict) -> list[tuple[str, str, str, bool, str]]:
               f"{100 * s['tracked_fraction']:.1f}% of accesses tracked)", s["tail_rate"] <= 0.05, "met" if s["tail_rate"] <= 0.05 else "missed"))
     t.append(("plan: sampler memory", "<= 16 MB", f"{s['memory_bytes'] / 1e6:.1f} MB", s["memory_bytes"] <= 16e6,
               f"{100 * (1 - s['memory_bytes'] / 16e6):.0f}% under" if s["memory_bytes"] <= 16e6 else "missed"))
-    t.append(("plan: 10^7 requests, one core (CPU time of the process)", "< 60 s", f"{p['cpu_s']:.1f} s CPU ({p['wall_s']:.1f} s wall)",
+    t.append(("plan: 10^7 requests, one core (CPU time of the process; 3 replays at the recommended sizes are ~70% of it)", "< 60 s", f"{p['cpu_s']:.1f} s CPU ({p['wall_s']:.1f} s wall)",
               p["cpu_s"] < 60, f"{100 * (1 - p['cpu_s'] / 60):.0f}% under" if p["cpu_s"] < 60 else f"missed by {p['cpu_s'] - 60:.1f} s"))
-    gaps = [abs(r["predicted_seconds_hit_ratio"]["all"] - r["replayed_seconds_hit_ratio"]["all"])
-            for r in p["sampled"]["sizing"] if r["reachable"]]
-    t.append(("plan: predicted vs replayed hit ratio at the recommended sizes", "<= 2 points",
-              ", ".join(f"{100 * g:.2f}" for g in gaps) + " points", max(gaps) <= 0.02,
-              "met" if max(gaps) <= 0.02 else f"missed by {100 * (max(gaps) - 0.02):.2f} points"))
+    for tier, label in (("all", "all tiers (the recommended total)"), ("l1_l2", "L1 + L2"), ("l1", "L1 alone")):
+        gaps = [abs(r["predicted_seconds_hit_ratio"][tier] - r["replayed_seconds_hit_ratio"][tier])
+                for r in p["sampled"]["sizing"] if r["reachable"]]
+        t.append((f"plan: predicted vs replayed encode-seconds hit ratio, {label}", "<= 2 points",
+                  ", ".join(f"{100 * g:.2f}" for g in gaps) + " points", max(gaps) <= 0.02,
+                  "met" if max(gaps) <= 0.02 else f"missed by {100 * (max(gaps) - 0.02):.2f} points"))
     return t
+
+
+def tiers(h: dict) -> str:
+    return f"{h['l1']:.3f} / {h['l1_l2']:.3f} / {h['all']:.3f}"
 
 
 def render_body(d: dict) -> str:
@@ -185,15 +190,19 @@ def render_body(d: dict) -> str:
              f"Sampled run: {p['wall_s']:.1f} s wall, {p['cpu_s']:.1f} s CPU (single-threaded); exact run (`--exact-max 20000000`): "
              f"{p['exact_wall_s']:.1f} s wall, {p['exact_cpu_s']:.1f} s CPU. MAE of the sampled LRU curve against the exact one, by encode "
              f"seconds, over its {len(s['curves'][0]['points'])} capacities: {p['mae_seconds']:.4f}.\n")
-    L.append("| encode seconds saved | total | L1 | L2 | L3 | predicted (all tiers) | replayed (all tiers) |\n|---|---|---|---|---|---|---|")
+    L.append("Hit ratios by encode seconds, L1 / L1+L2 / all tiers. With the defaults (`--eviction gdsf`, L1 up to 16 GB, L2 up to "
+             "256 GB) L1 and L2 are full in every row and the rest is L3. L1 alone is read off the GDSF curve at 16 GB, but the "
+             "tiered L1 ranks by promotion cost (frequency with aging) and keeps hotter entries than a 16 GB GDSF cache would, "
+             "so the per-tier predictions are the approximation this page measures; the total is what the sizing rests on.\n")
+    L.append("| encode seconds saved | total | L1 | L2 | L3 | predicted | replayed |\n|---|---|---|---|---|---|---|")
     for r in s["sizing"]:
         if not r["reachable"]:
             L.append(f"| {100 * r['target']:.0f}% of max | unreachable | | | | | |")
             continue
         b = r["bytes"]
         L.append(f"| {100 * r['target']:.0f}% of max ({r['hit_ratio']:.3f}) | {b['total'] / 1e9:.1f} GB | {b['l1'] / 1e9:.1f} GB | "
-                 f"{b['l2'] / 1e9:.1f} GB | {b['l3'] / 1e9:.1f} GB | {r['predicted_seconds_hit_ratio']['all']:.3f} | "
-                 f"{r['replayed_seconds_hit_ratio']['all']:.3f} |")
+                 f"{b['l2'] / 1e9:.1f} GB | {b['l3'] / 1e9:.1f} GB | {tiers(r['predicted_seconds_hit_ratio'])} | "
+                 f"{tiers(r['replayed_seconds_hit_ratio'])} |")
     L.append("\n![miss ratio by encode seconds against capacity: LRU, GDSF, GDSF + doorkeeper](img/plan_production.png)\n")
     return "\n".join(L) + "\n"
 
