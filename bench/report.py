@@ -703,6 +703,32 @@ def render_video(ctx: Context) -> str | None:
     return _included_section("BENCHMARKS-video.md")
 
 
+def _bench_module(name: str):
+    """bench/<name>.py, imported."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def render_economics(ctx: Context) -> str | None:
+    """docs/BENCHMARKS-economics.md, written by bench/economics_bench.py
+    (section `economics` of scripts/bench.sh): GDSF against LRU, the
+    doorkeeper and `epd-encode plan`; its targets join the summary (from the
+    results, or the copy of the last run in docs/BENCHMARKS-economics.json)."""
+    path = os.path.join(ctx.results, "economics.json")
+    if not os.path.isfile(path):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-economics.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            data = json.load(f)
+        for t in _bench_module("economics_bench").targets(data):
+            ctx.target(*t)
+    return _included_section("BENCHMARKS-economics.md")
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -752,6 +778,7 @@ SECTIONS = [
     ("L3 and the cluster", render_l3),
     ("Checkpoint towers: C++ against the Python reference", render_checkpoint),
     ("Video: chunk caching on overlapping clips", render_video),
+    ("Cache economics: GDSF, the doorkeeper and plan", render_economics),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),

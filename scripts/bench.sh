@@ -31,7 +31,7 @@ cd "$root"
 build="${1:-build}"
 results="$build/bench-results"
 py=/usr/bin/python3
-SECTIONS=(core e2e l3 video)
+SECTIONS=(core e2e l3 video economics)
 if [[ -n "${EPD_BENCH_SECTIONS:-}" ]]; then read -r -a SECTIONS <<<"$EPD_BENCH_SECTIONS"; fi
 mkdir -p "$results"
 
@@ -123,6 +123,16 @@ section_l3() {
 section_video() {
   run cmake --build "$build" --target epd-encode
   run "$py" bench/video_bench.py --build "$build"
+}
+
+# Cache economics (issue 26): GDSF against LRU on whole traces, the
+# doorkeeper, GDSF get/put costs, and `epd-encode plan` on a 10^7-request
+# trace (bench/economics_bench.py; generating that trace takes most of the
+# ~25 minutes on 2 shared cores, and is reused when present). Writes
+# economics.json, docs/BENCHMARKS-economics.md and docs/img/plan_production.png.
+section_economics() {
+  run cmake --build "$build" --target epd-encode eviction_bench
+  run "$py" bench/economics_bench.py --build "$build"
 }
 
 if [[ -z "${EPD_BENCH_REPORT_ONLY:-}" ]]; then

@@ -13,6 +13,7 @@
 //
 // Families:
 //   RegisterReplayCommand   replay            tools/replay_command.cc
+//   RegisterPlanCommand     plan              tools/plan_command.cc
 //   RegisterInspectModelCommand  inspect-model  tools/inspect_model_command.cc
 //   RegisterServerCommands  serve, client     tools/server_commands.cc  } built only
 //   RegisterBenchServerCommand  bench-server  tools/bench_server_command.cc } with
@@ -24,6 +25,7 @@
 namespace epd::cli {
 
 void RegisterReplayCommand(CLI::App& app);
+void RegisterPlanCommand(CLI::App& app);
 
 #ifdef EPD_WITH_INSPECT_MODEL
 void RegisterInspectModelCommand(CLI::App& app);

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "epd-encode " + std::string(epd::kVersion));
   app.require_subcommand(1);
   epd::cli::RegisterReplayCommand(app);
+  epd::cli::RegisterPlanCommand(app);
 #ifdef EPD_WITH_INSPECT_MODEL
   epd::cli::RegisterInspectModelCommand(app);
 #endif

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -33,6 +34,7 @@
 #include "epd/worker/safetensors.h"
 #include "epd/worker/worker_loop.h"
 #include "flag_checks.h"
+#include "plan.h"
 #include "replay_manifest.h"
 #include "trace.h"
 #include "worker_flags.h"
@@ -54,6 +56,7 @@ struct ReplayFlags {
   bool realtime = false;
   bool as_fast_as_possible = false;
   bool json = false;
+  bool mrc = false;
   std::string out;
 };
 
@@ -104,6 +107,26 @@ void AddReportFields(const Table& table, const S& s, nlohmann::json& out) {
 int Fail(const std::string& message) {
   spdlog::error("replay: {}", message);
   return 1;
+}
+
+// One item as `plan` sees it: its key, its entry's bytes, and its cost at
+// this replay's measured tower seconds per post-merge token (the worker does
+// not yet record each entry's own cost).
+CacheAccess MrcAccess(const ContentKey& key, const Embedding& e, const WorkerStats& s) {
+  std::uint64_t h;
+  std::memcpy(&h, key.bytes.data(), sizeof(h));
+  const double per_token = s.tower_tokens == 0 ? 0 : s.tower_seconds / static_cast<double>(s.tower_tokens);
+  return {h, static_cast<std::int64_t>(e.nbytes()), per_token * static_cast<double>(e.tokens)};
+}
+
+// --mrc: the curves of the items this replay served (tools/plan.h), LRU
+// sized, with the replay's L1/L2 limits.
+PlanResult MrcOf(const std::vector<CacheAccess>& accesses, const ReplayFlags& f) {
+  PlanOptions o;
+  o.eviction = EvictionPolicy::kLru;
+  o.l1_max_bytes = static_cast<double>(f.worker.cache_mb) * (1 << 20);
+  o.l2_max_bytes = static_cast<double>(f.worker.host_cache_mb) * (1 << 20);
+  return RunPlan(accesses, o);
 }
 
 StatusOr<std::vector<TraceRequest>> BuildTrace(const ReplayFlags& f) {
@@ -204,6 +227,7 @@ int RunReplay(const ReplayFlags& f) {
   std::map<std::string, std::int64_t> failures;  // status code name -> items
   std::string first_failure;
   std::int64_t items = 0, failed_requests = 0;
+  std::vector<CacheAccess> accesses;  // for --mrc: one per embedded item, in trace order
   Clock::time_point last = start;
   for (std::size_t i = 0; i < n; ++i) {
     const RequestResult& r = results[i];
@@ -217,6 +241,7 @@ int RunReplay(const ReplayFlags& f) {
     for (const ItemResult& it : r.items) {
       if (it.status.ok()) {
         distinct.insert(it.key);
+        if (f.mrc && it.embedding != nullptr) accesses.push_back(MrcAccess(it.key, *it.embedding, s));
         if (!f.out.empty()) embeddings.emplace(it.key, it.embedding);
       } else {
         ++failures[std::string(StatusCodeName(it.status.code()))];
@@ -269,6 +294,7 @@ int RunReplay(const ReplayFlags& f) {
       nlohmann::json& l3j = j["l3"] = {{"errors", l3.errors}};
       AddReportFields(kSharedTierStatsFields, l3, l3j);
     }
+    if (f.mrc) j["mrc"] = nlohmann::json::parse(PlanJson(MrcOf(accesses, f)));
     std::fputs((j.dump() + "\n").c_str(), stdout);
   } else {
     std::string o;
@@ -302,6 +328,7 @@ int RunReplay(const ReplayFlags& f) {
       o += fmt::format("  wrote      {} embeddings to {}, manifest {}\n", embeddings.size(), f.out,
                        ManifestPathFor(f.out));
     }
+    if (f.mrc) o += "\n" + PlanText(MrcOf(accesses, f));
     std::fputs(o.c_str(), stdout);
   }
   return failed_items > 0 || failed_requests > 0 ? 3 : 0;
@@ -334,6 +361,7 @@ void RegisterReplayCommand(CLI::App& app) {
       cmd->add_flag("--as-fast-as-possible", f->as_fast_as_possible, "submit every request at once (the default)");
   rt->excludes(fast);
   cmd->add_flag("--json", f->json, "print one JSON object instead of the human summary");
+  cmd->add_flag("--mrc", f->mrc, "add the items' miss-ratio curves and tier sizing (as `plan`, docs/PLAN.md)");
   cmd->add_option("--out", f->out,
                   "write the embeddings as safetensors, and a manifest (request, item, image -> key, grid) "
                   "beside it: FILE.safetensors -> FILE.manifest.jsonl");

@@ -1,6 +1,8 @@
-// The cache contract, run against every implementation: EmbeddingCache and
-// ConcurrentEmbeddingCache with one shard (an exact LRU, like the former).
-// Each test is one sentence of the contract in epd/core/embedding_cache.h.
+// The cache contract, run against every implementation: EmbeddingCache under
+// LRU and under GDSF, and ConcurrentEmbeddingCache with one shard (an exact
+// LRU, like the former). Each test is one sentence of the contract in
+// epd/core/embedding_cache.h; the sentences that hold only for LRU run in
+// LruContractTest, GDSF's own in GdsfTest.
 #include "epd/core/embedding_cache.h"
 
 #include <gmock/gmock.h>
@@ -34,6 +36,22 @@ std::unique_ptr<EmbeddingCache<std::string, int>> Make(std::int64_t cap,
                                                        EmbeddingCache<std::string, int>::EvictHook hook) {
   return std::make_unique<EmbeddingCache<std::string, int>>(cap, std::move(hook));
 }
+// EmbeddingCache under GDSF, with the plain hook's constructor shape. Puts
+// without a cost charge 1e-9 s/B, so cost per byte is uniform and GDSF orders
+// by frequency, then by touch.
+class GdsfCache : public EmbeddingCache<std::string, int> {
+ public:
+  using Base = EmbeddingCache<std::string, int>;
+  GdsfCache(std::int64_t cap, EvictHook hook)
+      : Base(cap, CacheOptions{EvictionPolicy::kGdsf},
+             [hook = std::move(hook)](const std::string& k, int&& v, std::int64_t n, const EntryCost&) {
+               if (hook) hook(k, std::move(v), n);
+             }) {}
+};
+template <>
+std::unique_ptr<GdsfCache> Make(std::int64_t cap, GdsfCache::EvictHook hook) {
+  return std::make_unique<GdsfCache>(cap, std::move(hook));
+}
 template <>
 std::unique_ptr<ConcurrentEmbeddingCache<std::string, int>> Make(
     std::int64_t cap, ConcurrentEmbeddingCache<std::string, int>::EvictHook hook) {
@@ -50,8 +68,15 @@ class CacheContractTest : public ::testing::Test {
   }
 };
 
-using CacheTypes = ::testing::Types<EmbeddingCache<std::string, int>, ConcurrentEmbeddingCache<std::string, int>>;
+using CacheTypes =
+    ::testing::Types<EmbeddingCache<std::string, int>, ConcurrentEmbeddingCache<std::string, int>, GdsfCache>;
 TYPED_TEST_SUITE(CacheContractTest, CacheTypes);
+
+// The sentences of the contract that are LRU's alone.
+template <typename C>
+class LruContractTest : public CacheContractTest<C> {};
+using LruCacheTypes = ::testing::Types<EmbeddingCache<std::string, int>, ConcurrentEmbeddingCache<std::string, int>>;
+TYPED_TEST_SUITE(LruContractTest, LruCacheTypes);
 
 TYPED_TEST(CacheContractTest, MissReturnsNulloptAndCountsMiss) {
   auto c = this->New(100);
@@ -83,7 +108,8 @@ TYPED_TEST(CacheContractTest, EvictsLeastRecentlyUsedFirst) {
 }
 
 // Regression case from the issue: hooks fire [a, b], oldest first; re-put never fires.
-TYPED_TEST(CacheContractTest, HookFiresOldestFirstAndNotOnReput) {
+// (GDSF: the re-put raises b's frequency, so c goes before b: GdsfTest.)
+TYPED_TEST(LruContractTest, HookFiresOldestFirstAndNotOnReput) {
   auto c = this->New(200);
   c->Put("a", 1, 100);
   c->Put("b", 2, 100);

@@ -23,13 +23,44 @@
 //     charge within the int64 byte counter; the reference's Python ints have
 //     no bound, and no memory comes near it.
 //
+// Eviction policy (CacheOptions::eviction), chosen at construction:
+//   - kLru (the default): everything above; the reference's semantics.
+//   - kGdsf, GreedyDual-Size-Frequency (Cherkasova 1998; Squid's `heap
+//     GDSF`): each entry has priority = clock + frequency x cost / size, in
+//     seconds per byte, where cost is EntryCost::seconds (the measured time to
+//     produce it; a put without one charges nbytes x default_seconds_per_byte),
+//     size is max(nbytes, 1) and frequency counts its references (a put is
+//     one, each hit or re-put one more). The victim is the entry of lowest
+//     priority, ties to the oldest touch (a sequence number, never an
+//     address); the clock then becomes max(clock, victim's priority), so the
+//     entries left behind age without being touched. The rest of the
+//     contract is LRU's: the hook fires once per victim, in eviction order
+//     (lowest priority first); a put never evicts the key it puts (Cao and
+//     Irani's rule: room is made for the newcomer, which is then ranked
+//     with the clock those victims set), so an entry no larger than the
+//     capacity is resident after its put; re-put, oversize skip, pop,
+//     capacity 0 and errors are as above. With refetch_seconds_per_byte set
+//     (a tier above another), an entry no larger than refetch_max_bytes is
+//     ranked by nbytes x refetch_seconds_per_byte instead of its cost, since
+//     a miss here costs only the copy back from the tier below; its own cost
+//     is still kept and handed on (Pop, the costed hook).
+//   Pop() and the costed hook hand the entry's cost and frequency on, so a
+//   tier below can keep them (epd/core/tiered_cache.h); a Put with them
+//   carries them in.
+// Weighted counters: hit_bytes() and hit_seconds() sum the charge and the
+// cost (EntryCost::seconds as stored) of each hit: the encode seconds the
+// cache saved. A miss's size and cost are not known to the cache; a caller
+// that wants weighted hit ratios sums those itself.
+//
 // Ownership: the cache owns one copy of each value. Get() returns a copy of
 // the value (for EmbeddingPtr, a shared_ptr: the embedding stays alive for the
 // reader after the entry is evicted, replaced or popped). Pop() and on_evict
 // move the cache's copy out to the caller.
 //
-// Performance: get, put and pop are O(1) expected (amortised: the recency log
-// is compacted in O(n) once every >= n touches). A hit touches the index slot
+// Performance: under kLru get, put and pop are O(1) expected (amortised: the
+// recency log is compacted in O(n) once every >= n touches). Under kGdsf they
+// are O(log n): a binary heap of (priority, sequence) (epd/core/gdsf_heap.h)
+// replaces the recency log, 24 bytes per entry plus 4 per slab slot. A hit touches the index slot
 // and the entry, and appends 16 bytes to a sequential log; it never touches
 // neighbouring entries the way a linked-list LRU's unlink does.
 //
@@ -38,7 +69,8 @@
 //                                 to the entry's alignment
 //   index slots      16-32 bytes  (8-byte slots, load factor at most 1/2, doubling)
 //   recency log      16-48 bytes  (16-byte records, compacted at 3 per live entry)
-// i.e. 48-96 bytes, plus the slab's and the log's spare vector capacity
+//   cost record         16 bytes  (cost in seconds, frequency), a parallel vector
+// i.e. 64-112 bytes, plus the slab's and the log's spare vector capacity
 // (up to 2x from doubling); `bench/cache_bench` measures it from the heap
 // (docs/BENCHMARKS.md).
 //
@@ -78,23 +110,68 @@
 // stale records until compaction (bounded at 3 records per live entry).
 #pragma once
 
+#include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "epd/core/gdsf_heap.h"
 #include "epd/core/status.h"
 
 namespace epd {
 
-// What a Pop() hands back: the value and the bytes it was charged.
+// Which entry a full cache evicts (see the header comment).
+enum class EvictionPolicy : std::uint8_t { kLru = 0, kGdsf = 1 };
+
+inline std::string_view EvictionPolicyName(EvictionPolicy p) { return p == EvictionPolicy::kGdsf ? "gdsf" : "lru"; }
+
+// "lru" or "gdsf"; kInvalidArgument naming the text otherwise.
+inline StatusOr<EvictionPolicy> ParseEvictionPolicy(std::string_view text) {
+  if (text == "lru") return EvictionPolicy::kLru;
+  if (text == "gdsf") return EvictionPolicy::kGdsf;
+  return Status(StatusCode::kInvalidArgument, "eviction must be lru or gdsf, got '" + std::string(text) + "'");
+}
+
+// What producing an entry cost and how often it was referenced: GDSF's C and
+// f. Plain data; every cache keeps it, only kGdsf orders by it.
+struct EntryCost {
+  static constexpr double kUnmeasured = -1;
+  // Seconds it took to produce the entry (decode, preprocessing and its share
+  // of its tower batch), finite and >= 0; kUnmeasured: the cache charges
+  // nbytes x CacheOptions::default_seconds_per_byte.
+  double seconds = kUnmeasured;
+  // References so far, >= 1; a tier hands it on when an entry moves.
+  std::uint64_t frequency = 1;
+};
+
+// Construction options of an EmbeddingCache; the defaults are the
+// reference's cache.
+struct CacheOptions {
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  // Seconds per byte charged to an entry put without a measured cost
+  // (1e-9 s/B: about a GPU tower's rate for Qwen2.5-VL, ~7 ms for a 4 MB
+  // entry). Under GDSF only its ratio to measured costs matters.
+  double default_seconds_per_byte = 1e-9;
+  // GDSF, for a tier above another: when >= 0, an entry of at most
+  // refetch_max_bytes is ranked by nbytes x refetch_seconds_per_byte (the
+  // copy back from the tier below) instead of its cost. < 0: off.
+  double refetch_seconds_per_byte = -1;
+  std::int64_t refetch_max_bytes = 0;
+};
+
+// What a Pop() hands back: the value, the bytes it was charged, and its cost
+// and frequency (for a tier below).
 template <typename V>
 struct PoppedEntry {
   V value;
   std::int64_t nbytes;
+  EntryCost cost{};
 };
 
 // The largest capacity or charge, in bytes, an EmbeddingCache accepts:
@@ -116,12 +193,35 @@ inline void CheckCacheBytes(const std::string& name, std::int64_t bytes) {
   if (bytes < 0 || bytes > kMaxCacheBytes) throw Error(CacheBytesOutOfRange(name, bytes < 0, std::to_string(bytes)));
 }
 
+// Throws epd::Error(kInvalidArgument) unless `cost` is kUnmeasured or finite
+// and >= 0, with frequency >= 1.
+inline void CheckEntryCost(const EntryCost& cost) {
+  if (cost.seconds != EntryCost::kUnmeasured && !(std::isfinite(cost.seconds) && cost.seconds >= 0)) {
+    throw Error(Status(StatusCode::kInvalidArgument,
+                       "cost seconds must be finite and >= 0 (or unmeasured), got " + std::to_string(cost.seconds)));
+  }
+  if (cost.frequency < 1) throw Error(Status(StatusCode::kInvalidArgument, "cost frequency must be >= 1, got 0"));
+}
+
+// Throws epd::Error(kInvalidArgument) unless the per-byte rates are usable.
+inline void CheckCacheOptions(const CacheOptions& o) {
+  if (!(std::isfinite(o.default_seconds_per_byte) && o.default_seconds_per_byte >= 0)) {
+    throw Error(Status(StatusCode::kInvalidArgument, "default_seconds_per_byte must be finite and >= 0, got " +
+                                                         std::to_string(o.default_seconds_per_byte)));
+  }
+  if (!std::isfinite(o.refetch_seconds_per_byte)) {
+    throw Error(Status(StatusCode::kInvalidArgument, "refetch_seconds_per_byte must be finite"));
+  }
+}
+
 template <typename K, typename V, typename Hash = std::hash<K>, typename Eq = std::equal_to<K>>
 class EmbeddingCache {
  public:
   // Called once per capacity-overflow victim, oldest first, after the victim
   // has been removed. The value is moved to the hook.
   using EvictHook = std::function<void(const K& key, V&& value, std::int64_t nbytes)>;
+  // The same, with the victim's cost and frequency (for a tier below).
+  using CostedEvictHook = std::function<void(const K& key, V&& value, std::int64_t nbytes, const EntryCost& cost)>;
 
   // Throws epd::Error(kInvalidArgument) unless 0 <= capacity_bytes <= kMaxCacheBytes.
   explicit EmbeddingCache(std::int64_t capacity_bytes, EvictHook on_evict = nullptr, Hash hash = Hash(), Eq eq = Eq())
@@ -130,12 +230,28 @@ class EmbeddingCache {
     Rehash(16);
   }
 
+  // With options (eviction policy, GDSF rates). Throws as above, and
+  // epd::Error(kInvalidArgument) for a negative or non-finite rate.
+  EmbeddingCache(std::int64_t capacity_bytes, const CacheOptions& options, CostedEvictHook on_evict = nullptr,
+                 Hash hash = Hash(), Eq eq = Eq())
+      : capacity_bytes_(capacity_bytes),
+        options_(options),
+        gdsf_(options.eviction == EvictionPolicy::kGdsf),
+        on_evict_costed_(std::move(on_evict)),
+        hash_(std::move(hash)),
+        eq_(std::move(eq)) {
+    CheckCacheBytes("capacity_bytes", capacity_bytes);
+    CheckCacheOptions(options);
+    Rehash(16);
+  }
+
   EmbeddingCache(const EmbeddingCache&) = delete;
   EmbeddingCache& operator=(const EmbeddingCache&) = delete;
   EmbeddingCache(EmbeddingCache&&) noexcept = default;
   EmbeddingCache& operator=(EmbeddingCache&&) noexcept = default;
 
-  // Returns a copy of the value and marks it MRU, or nullopt (a miss).
+  // Returns a copy of the value and marks it MRU (GDSF: one more reference),
+  // or nullopt (a miss).
   std::optional<V> Get(const K& key) {
     const std::size_t h = hash_(key);
     const std::uint32_t e = Find(key, h);
@@ -143,17 +259,27 @@ class EmbeddingCache {
       ++misses_;
       return std::nullopt;
     }
+    if (gdsf_) ++meta_[e].frequency;
     Touch(e);
     ++hits_;
+    hit_bytes_ += slab_[e].nbytes;
+    hit_seconds_ += meta_[e].seconds;
     return slab_[e].value;
   }
 
-  // Inserts or replaces `key` as MRU, charging `nbytes`, then evicts LRU
-  // entries while over capacity. Throws epd::Error(kInvalidArgument) unless
-  // 0 <= nbytes <= kMaxCacheBytes. Skips (returns) when nbytes > capacity_bytes().
-  void Put(const K& key, V value, std::int64_t nbytes) {
+  // Inserts or replaces `key` as MRU, charging `nbytes` and `cost`, then
+  // evicts entries (LRU, or GDSF's lowest priority) while over capacity,
+  // never `key` itself. A replace keeps the old frequency plus one (GDSF)
+  // and takes the new cost. Throws epd::Error(kInvalidArgument) unless
+  // 0 <= nbytes <= kMaxCacheBytes and the cost is valid (CheckEntryCost).
+  // Skips (returns) when nbytes > capacity_bytes().
+  void Put(const K& key, V value, std::int64_t nbytes, const EntryCost& cost = {}) {
     CheckCacheBytes("nbytes", nbytes);
+    CheckEntryCost(cost);
     if (nbytes > capacity_bytes_) return;
+    const double seconds = cost.seconds == EntryCost::kUnmeasured
+                               ? static_cast<double>(nbytes) * options_.default_seconds_per_byte
+                               : cost.seconds;
     // A throwing hook can leave the cache over capacity. Past kMaxCacheBytes,
     // finish that eviction before charging more, so the counter cannot wrap.
     if (cur_bytes_ > kMaxCacheBytes) Evict();
@@ -167,16 +293,23 @@ class EmbeddingCache {
       cur_bytes_ += nbytes - ent.nbytes;
       replaced.emplace(std::exchange(ent.value, std::move(value)));
       ent.nbytes = nbytes;
+      meta_[e] = Meta{seconds, std::max(meta_[e].frequency + 1, cost.frequency)};
       Touch(e);
     } else {
       e = Allocate(key, std::move(value), nbytes);
       InsertIndex(e, h);
       cur_bytes_ += nbytes;
       ++size_;
+      meta_[e] = Meta{seconds, cost.frequency};
       Touch(e);
       if (size_ * 2 > index_.size()) Rehash(index_.size() * 2);
     }
-    Evict();
+    // GDSF ranks the newcomer by the clock after the room is made (Cao and
+    // Irani's order), so it is ranked again if this put's victims moved it.
+    const double clock_before = clock_;
+    const std::uint64_t seq = slab_[e].seq;
+    Evict(e);
+    if (gdsf_ && clock_ != clock_before && slab_[e].seq == seq) Rank(e);
   }
 
   // Removes `key` and returns its value and charge; nullopt when absent.
@@ -184,9 +317,16 @@ class EmbeddingCache {
     const std::size_t h = hash_(key);
     const std::uint32_t e = Find(key, h);
     if (e == kNone) return std::nullopt;
-    PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes};
+    PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes, EntryCost{meta_[e].seconds, meta_[e].frequency}};
     Remove(e, h);
     return out;
+  }
+
+  // The cost and frequency of `key` as stored, or nullopt; touches nothing.
+  std::optional<EntryCost> CostOf(const K& key) const {
+    const std::uint32_t e = Find(key, hash_(key));
+    if (e == kNone) return std::nullopt;
+    return EntryCost{meta_[e].seconds, meta_[e].frequency};
   }
 
   bool Contains(const K& key) const { return Find(key, hash_(key)) != kNone; }
@@ -197,24 +337,45 @@ class EmbeddingCache {
   std::uint64_t misses() const { return misses_; }
   // Capacity-overflow victims removed so far (each one the hook saw, if set).
   std::uint64_t evictions() const { return evictions_; }
+  // Sums over hits of the entry's charge (bytes) and cost (seconds saved).
+  std::int64_t hit_bytes() const { return hit_bytes_; }
+  double hit_seconds() const { return hit_seconds_; }
+  EvictionPolicy eviction() const { return options_.eviction; }
+  const CacheOptions& options() const { return options_; }
+  // GDSF's clock (seconds per byte); 0 under LRU.
+  double clock() const { return clock_; }
 
   // Bytes of bookkeeping held now (index, entry records, recency log), not
   // counting keys and values. For the overhead figure in the header comment.
   std::size_t bookkeeping_bytes() const {
     return index_.capacity() * sizeof(Slot) + slab_.capacity() * (sizeof(Entry) - sizeof(K) - sizeof(V)) +
-           log_.capacity() * sizeof(Record) + free_.capacity() * sizeof(std::uint32_t);
+           log_.capacity() * sizeof(Record) + free_.capacity() * sizeof(std::uint32_t) +
+           meta_.capacity() * sizeof(Meta) + heap_.memory_bytes();
   }
 
-  // Visits entries from LRU to MRU as (key, value, nbytes). O(n) (linear in
-  // the recency log, which holds at most 3n + 64 records).
-  // For tests and debugging; does not count hits.
+  // Visits entries in eviction order, next victim first, as (key, value,
+  // nbytes): LRU to MRU under kLru (O(n), linear in the recency log, which
+  // holds at most 3n + 64 records); lowest GDSF priority first under kGdsf
+  // (O(n log n), a sorted copy of the heap). For tests and debugging; does
+  // not count hits.
   template <typename F>
-  void ForEachLruToMru(F&& f) const {
+  void ForEachInEvictionOrder(F&& f) const {
+    if (gdsf_) {
+      std::vector<GdsfHeap::Node> order = heap_.nodes();
+      std::sort(order.begin(), order.end(), GdsfHeap::Less);
+      for (const GdsfHeap::Node& n : order) f(slab_[n.id].key, slab_[n.id].value, slab_[n.id].nbytes);
+      return;
+    }
     for (std::size_t i = log_head_; i < log_.size(); ++i) {
       const Record& r = log_[i];
       const Entry& ent = slab_[r.entry];
       if (ent.seq == r.seq) f(ent.key, ent.value, ent.nbytes);
     }
+  }
+  // The LRU name of the same walk (under kGdsf: eviction order too).
+  template <typename F>
+  void ForEachLruToMru(F&& f) const {
+    ForEachInEvictionOrder(std::forward<F>(f));
   }
 
  private:
@@ -235,6 +396,12 @@ class EmbeddingCache {
   struct Record {
     std::uint32_t entry;
     std::uint64_t seq;
+  };
+  // Kept apart from Entry so that an Entry of ContentKey + EmbeddingPtr stays
+  // one cache line; indexed like slab_.
+  struct Meta {
+    double seconds = 0;
+    std::uint64_t frequency = 0;
   };
 
   static std::uint32_t Lo(std::size_t h) { return static_cast<std::uint32_t>(h); }
@@ -313,11 +480,39 @@ class EmbeddingCache {
       return e;
     }
     slab_.push_back(Entry{{key, std::move(value), nbytes, 0}});
+    meta_.emplace_back();
     return static_cast<std::uint32_t>(slab_.size() - 1);
   }
 
+  // GDSF's ranking cost of entry e: its own, or the refetch from the tier
+  // below (CacheOptions::refetch_seconds_per_byte).
+  double RankSeconds(std::uint32_t e) const {
+    const std::int64_t n = slab_[e].nbytes;
+    if (options_.refetch_seconds_per_byte >= 0 && n <= options_.refetch_max_bytes) {
+      return static_cast<double>(n) * options_.refetch_seconds_per_byte;
+    }
+    return meta_[e].seconds;
+  }
+
+  // GDSF: (re)keys e at clock + frequency x cost / size, with its sequence.
+  void Rank(std::uint32_t e) {
+    const double size = static_cast<double>(std::max<std::int64_t>(slab_[e].nbytes, 1));
+    const double priority = clock_ + static_cast<double>(meta_[e].frequency) * RankSeconds(e) / size;
+    if (heap_.contains(e)) {
+      heap_.Update(e, priority, slab_[e].seq);
+    } else {
+      heap_.Push(e, priority, slab_[e].seq);
+    }
+  }
+
+  // Marks e most recently touched: appends to the recency log (LRU) or
+  // re-ranks it (GDSF).
   void Touch(std::uint32_t e) {
     slab_[e].seq = ++seq_;
+    if (gdsf_) {
+      Rank(e);
+      return;
+    }
     log_.push_back(Record{e, seq_});
     if (log_.size() - log_head_ > 3 * size_ + 64) CompactLog();
   }
@@ -338,8 +533,10 @@ class EmbeddingCache {
   void Remove(std::uint32_t e, std::size_t h) {
     ++version_;
     EraseIndex(e, h);
+    if (gdsf_) heap_.Erase(e);
     Entry dead = std::move(slab_[e]);
     slab_[e] = Entry{};
+    meta_[e] = Meta{};
     cur_bytes_ -= dead.nbytes;
     free_.push_back(e);
     --size_;
@@ -356,31 +553,55 @@ class EmbeddingCache {
     }
   }
 
-  void Evict() {
+  // GDSF's victim: the lowest priority other than `keep` (the entry being
+  // put). REQUIRES: size_ > 0, and size_ > 1 when `keep` is held.
+  std::uint32_t GdsfVictim(std::uint32_t keep) const {
+    const GdsfHeap::Node& min = heap_.Min();
+    return min.id != keep ? min.id : heap_.SecondMin().id;
+  }
+
+  // Evicts while over capacity, never `keep` (kNone: no entry is exempt).
+  void Evict(std::uint32_t keep = kNone) {
     while (cur_bytes_ > capacity_bytes_ && size_ > 0) {
-      const std::uint32_t e = LruEntry();
+      if (gdsf_ && size_ == 1 && heap_.Min().id == keep) break;
+      const std::uint32_t e = gdsf_ ? GdsfVictim(keep) : LruEntry();
       // Hashed before anything changes: a Hash that throws leaves the victim
       // in place and still first in line, not half-removed.
       const std::size_t h = hash_(slab_[e].key);
-      ++log_head_;  // consumes e's record
+      if (gdsf_) {
+        clock_ = std::max(clock_, heap_.node(e).priority);
+      } else {
+        ++log_head_;  // consumes e's record
+      }
       K key = std::move(slab_[e].key);
       V value = std::move(slab_[e].value);
       const std::int64_t nbytes = slab_[e].nbytes;
+      const EntryCost cost{meta_[e].seconds, meta_[e].frequency};
       Remove(e, h);
       ++evictions_;
-      if (on_evict_) on_evict_(key, std::move(value), nbytes);
+      if (on_evict_costed_) {
+        on_evict_costed_(key, std::move(value), nbytes, cost);
+      } else if (on_evict_) {
+        on_evict_(key, std::move(value), nbytes);
+      }
     }
     if (log_head_ > 4096 && log_head_ * 2 > log_.size()) CompactLog();
   }
 
   std::int64_t capacity_bytes_;
+  CacheOptions options_;
+  bool gdsf_ = false;
   EvictHook on_evict_;
+  CostedEvictHook on_evict_costed_;
   Hash hash_;
   Eq eq_;
   std::vector<Slot> index_;
   std::vector<Entry> slab_;
   std::vector<std::uint32_t> free_;
   std::vector<Record> log_;
+  std::vector<Meta> meta_;  // parallel to slab_
+  GdsfHeap heap_;           // GDSF only
+  double clock_ = 0;        // GDSF only
   std::size_t log_head_ = 0;
   std::size_t size_ = 0;
   std::int64_t cur_bytes_ = 0;
@@ -389,6 +610,8 @@ class EmbeddingCache {
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
   std::uint64_t evictions_ = 0;
+  std::int64_t hit_bytes_ = 0;
+  double hit_seconds_ = 0;
 };
 
 }  // namespace epd

@@ -12,7 +12,30 @@
 //   - L2 is the bottom tier: its victims are dropped.
 // Counters: l1_hits, l2_hits, misses, promotions, demotions; hits() is
 // l1_hits + l2_hits. Contains() and size() span both tiers. The sub-caches'
-// own counters (l1().hits() etc.) move as the reference's do.
+// own counters (l1().hits() etc.) move as the reference's do. Weighted:
+// l1_/l2_hit_bytes and l1_/l2_hit_seconds sum the charge and the cost
+// (EntryCost::seconds) of each hit, seconds_saved() both tiers' seconds;
+// l1_/l2_write_bytes the bytes written into each tier (puts, promotions,
+// demotions).
+//
+// Options (TieredOptions; the defaults are the reference's cache):
+//   - eviction: the policy of both tiers (epd/core/embedding_cache.h). Under
+//     kGdsf an entry's cost and frequency travel with it: a demotion puts the
+//     victim into L2 with the cost and frequency it had in L1, a promotion
+//     puts it into L1 with its cost and its frequency plus one (the hit).
+//     L1 ranks an entry that L2 can hold by the promotion it would cost,
+//     nbytes x promote_seconds_per_byte, not by its encode cost, since an L1
+//     victim is demoted, not lost; L2 ranks by the encode cost. The victims
+//     of each tier go in GDSF order (lowest priority first).
+//   - l1_admission kDoorkeeper: every Get records a request in an
+//     AdmissionFilter (epd/core/admission_filter.h). A Put of a key with
+//     fewer than 2 requests in the current window (its first) goes into L2
+//     only (copied by to_host, dropped when larger than L2), never into L1;
+//     a key already in L1 is replaced there. An L2 hit on a key with 2 or
+//     more requests promotes it as above; on one with fewer it is served by a
+//     to_device copy and stays in L2 (touched, counted as an l2 hit of the
+//     sub-cache too). So a one-hit wonder never enters L1, and a second
+//     request within the window does (through a promotion or its put).
 //
 // A value for which ValueTraits<V>::IsNone(v) holds (a null EmbeddingPtr, a
 // Python None) is treated by Get() like an L1 miss, as in the reference.
@@ -30,7 +53,8 @@
 // the entry has already left L2 and is lost; for a failed demote: the victim
 // has already left L1 and is dropped).
 //
-// Complexity: as EmbeddingCache, plus one copy per promotion or demotion.
+// Complexity: as EmbeddingCache, plus one copy per promotion or demotion,
+// and O(1) filter work per Get and Put with the doorkeeper.
 // Ownership: as EmbeddingCache; a promoted value is the one `to_device` made.
 // Thread safety: thread-compatible; the server's single worker thread owns it.
 //
@@ -44,11 +68,40 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 
+#include "epd/core/admission_filter.h"
 #include "epd/core/embedding_cache.h"
 
 namespace epd {
+
+// The admission filter in front of L1 (see above).
+enum class L1Admission : std::uint8_t { kNone = 0, kDoorkeeper = 1 };
+
+inline std::string_view L1AdmissionName(L1Admission a) { return a == L1Admission::kDoorkeeper ? "doorkeeper" : "none"; }
+
+// "none" or "doorkeeper"; kInvalidArgument naming the text otherwise.
+inline StatusOr<L1Admission> ParseL1Admission(std::string_view text) {
+  if (text == "none") return L1Admission::kNone;
+  if (text == "doorkeeper") return L1Admission::kDoorkeeper;
+  return Status(StatusCode::kInvalidArgument,
+                "l1 admission must be none or doorkeeper, got '" + std::string(text) + "'");
+}
+
+struct TieredOptions {
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  L1Admission l1_admission = L1Admission::kNone;
+  AdmissionFilterOptions admission{};
+  // GDSF: what a promotion costs per byte, L1's ranking cost of an entry L2
+  // can hold. 4e-11 s/B: a host-to-device copy at 25 GB/s (PCIe 4.0 x16's
+  // 32 GB/s less protocol overhead); a worker that measures its promotions
+  // passes the measured rate.
+  double promote_seconds_per_byte = 4e-11;
+  // As CacheOptions::default_seconds_per_byte, for both tiers.
+  double default_seconds_per_byte = 1e-9;
+};
 
 // Which values count as "no value" in the tiered get (see above).
 template <typename V>
@@ -71,17 +124,36 @@ class TieredEmbeddingCache {
  public:
   using Tier = EmbeddingCache<K, V, Hash, Eq>;
   using CopyFn = std::function<V(const V&)>;
+  using VictimHook = typename Tier::CostedEvictHook;
 
   // Throws epd::Error(kInvalidArgument) when a capacity is negative.
   // An empty to_host/to_device is the identity (no device: both tiers on host).
   TieredEmbeddingCache(std::int64_t l1_capacity_bytes, std::int64_t l2_capacity_bytes, CopyFn to_host = nullptr,
                        CopyFn to_device = nullptr, Hash hash = Hash(), Eq eq = Eq())
+      : TieredEmbeddingCache(l1_capacity_bytes, l2_capacity_bytes, TieredOptions{}, std::move(to_host),
+                             std::move(to_device), std::move(hash), std::move(eq)) {}
+
+  // With options. Throws as above, and as AdmissionFilter's constructor.
+  TieredEmbeddingCache(std::int64_t l1_capacity_bytes, std::int64_t l2_capacity_bytes, const TieredOptions& options,
+                       CopyFn to_host = nullptr, CopyFn to_device = nullptr, Hash hash = Hash(), Eq eq = Eq())
       : l1_(
-            l1_capacity_bytes,
-            [this](const K& key, V&& value, std::int64_t nbytes) { Demote(key, std::move(value), nbytes); }, hash, eq),
-        l2_(l2_capacity_bytes, nullptr, hash, eq),
+            l1_capacity_bytes, L1Options(options, l2_capacity_bytes),
+            [this](const K& key, V&& value, std::int64_t nbytes, const EntryCost& cost) {
+              Demote(key, std::move(value), nbytes, cost);
+            },
+            hash, eq),
+        l2_(
+            l2_capacity_bytes, CacheOptions{options.eviction, options.default_seconds_per_byte},
+            [this](const K& key, V&& value, std::int64_t nbytes, const EntryCost& cost) {
+              if (on_l2_victim_) on_l2_victim_(key, std::move(value), nbytes, cost);
+            },
+            hash, eq),
+        options_(options),
         to_host_(std::move(to_host)),
-        to_device_(std::move(to_device)) {}
+        to_device_(std::move(to_device)),
+        hash_(std::move(hash)) {
+    if (options.l1_admission == L1Admission::kDoorkeeper) filter_.emplace(options.admission);
+  }
 
   // The hook captures `this`, so the object must not move.
   TieredEmbeddingCache(const TieredEmbeddingCache&) = delete;
@@ -89,12 +161,18 @@ class TieredEmbeddingCache {
 
   std::optional<V> Get(const K& key, CacheTier* tier = nullptr) {
     if (tier != nullptr) *tier = CacheTier::kMiss;
+    const std::uint32_t requests = filter_ ? filter_->Record(hash_(key)) : kAdmitted;
+    const std::int64_t bytes0 = l1_.hit_bytes();
+    const double seconds0 = l1_.hit_seconds();
     std::optional<V> value = l1_.Get(key);
     if (value.has_value() && !Traits::IsNone(*value)) {
       ++l1_hits_;
+      l1_hit_bytes_ += l1_.hit_bytes() - bytes0;
+      l1_hit_seconds_ += l1_.hit_seconds() - seconds0;
       if (tier != nullptr) *tier = CacheTier::kL1;
       return value;
     }
+    if (requests < kAdmitted) return ServeFromL2(key, tier);
     std::optional<PoppedEntry<V>> promoted = l2_.Pop(key);
     if (!promoted.has_value()) {
       ++misses_;
@@ -103,16 +181,32 @@ class TieredEmbeddingCache {
     V device_value = to_device_ ? to_device_(promoted->value) : std::move(promoted->value);
     ++l2_hits_;
     ++promotions_;
+    l2_hit_bytes_ += promoted->nbytes;
+    l2_hit_seconds_ += promoted->cost.seconds;
     if (tier != nullptr) *tier = CacheTier::kL2;
-    l1_.Put(key, device_value, promoted->nbytes);
+    EntryCost cost = promoted->cost;
+    ++cost.frequency;
+    l1_.Put(key, device_value, promoted->nbytes, cost);
+    if (l1_.Contains(key)) l1_write_bytes_ += promoted->nbytes;
     return device_value;
   }
 
-  // Lands in L1 after dropping any stale L2 copy. Throws as EmbeddingCache::put.
-  void Put(const K& key, V value, std::int64_t nbytes) {
+  // Lands in L1 after dropping any stale L2 copy (with the doorkeeper, a
+  // first request lands in L2 instead: see above). Throws as
+  // EmbeddingCache::Put.
+  void Put(const K& key, V value, std::int64_t nbytes, const EntryCost& cost = {}) {
     l2_.Pop(key);
-    l1_.Put(key, std::move(value), nbytes);
+    if (filter_ && filter_->Estimate(hash_(key)) < kAdmitted && !l1_.Contains(key)) {
+      PutIntoL2(key, std::move(value), nbytes, cost);
+      return;
+    }
+    l1_.Put(key, std::move(value), nbytes, cost);
+    if (nbytes <= l1_.capacity_bytes()) l1_write_bytes_ += nbytes;
   }
+
+  // Called for each L2 victim (the bottom tier's drops), with its cost;
+  // a simulator chains a third tier on it. Empty by default.
+  void set_l2_victim_hook(VictimHook hook) { on_l2_victim_ = std::move(hook); }
 
   bool Contains(const K& key) const { return l1_.Contains(key) || l2_.Contains(key); }
   std::size_t size() const { return l1_.size() + l2_.size(); }
@@ -123,6 +217,19 @@ class TieredEmbeddingCache {
   std::uint64_t misses() const { return misses_; }
   std::uint64_t promotions() const { return promotions_; }
   std::uint64_t demotions() const { return demotions_; }
+  std::int64_t l1_hit_bytes() const { return l1_hit_bytes_; }
+  std::int64_t l2_hit_bytes() const { return l2_hit_bytes_; }
+  double l1_hit_seconds() const { return l1_hit_seconds_; }
+  double l2_hit_seconds() const { return l2_hit_seconds_; }
+  // Encode seconds the cache saved: the cost of every hit, either tier.
+  double seconds_saved() const { return l1_hit_seconds_ + l2_hit_seconds_; }
+  std::int64_t l1_write_bytes() const { return l1_write_bytes_; }
+  std::int64_t l2_write_bytes() const { return l2_write_bytes_; }
+  // Puts the doorkeeper sent to L2 instead of L1.
+  std::uint64_t admission_rejections() const { return admission_rejections_; }
+  const TieredOptions& options() const { return options_; }
+  // The doorkeeper, or null without one.
+  const AdmissionFilter* admission_filter() const { return filter_ ? &*filter_ : nullptr; }
 
   const Tier& l1() const { return l1_; }
   const Tier& l2() const { return l2_; }
@@ -130,24 +237,79 @@ class TieredEmbeddingCache {
   Tier& l2() { return l2_; }
 
  private:
-  void Demote(const K& key, V&& value, std::int64_t nbytes) {
-    // Skip the device->host copy for a victim L2 would drop anyway.
-    if (nbytes > l2_.capacity_bytes()) return;
+  // Requests within a window that admit a key into L1.
+  static constexpr std::uint32_t kAdmitted = 2;
+
+  static CacheOptions L1Options(const TieredOptions& o, std::int64_t l2_capacity_bytes) {
+    CacheOptions c{o.eviction, o.default_seconds_per_byte};
+    if (o.eviction == EvictionPolicy::kGdsf) {
+      c.refetch_seconds_per_byte = o.promote_seconds_per_byte;
+      c.refetch_max_bytes = l2_capacity_bytes;
+    }
+    return c;
+  }
+
+  // Copies a device value to the host and puts it into L2; true when L2
+  // holds it after. A victim L2 would drop anyway is not copied.
+  bool CopyIntoL2(const K& key, V&& value, std::int64_t nbytes, const EntryCost& cost) {
+    if (nbytes > l2_.capacity_bytes()) return false;
     const bool was_none = Traits::IsNone(value);
     V host_value = to_host_ ? to_host_(value) : std::move(value);
     // A copy that yields no value (the pinned pool is full) drops the victim,
     // as an L2 too small would.
     if constexpr (Traits::kNullCopyDrops) {
-      if (Traits::IsNone(host_value) && !was_none) return;
+      if (Traits::IsNone(host_value) && !was_none) return false;
     }
-    l2_.Put(key, std::move(host_value), nbytes);
-    if (l2_.Contains(key)) ++demotions_;
+    l2_.Put(key, std::move(host_value), nbytes, cost);
+    if (!l2_.Contains(key)) return false;
+    l2_write_bytes_ += nbytes;
+    return true;
+  }
+
+  void Demote(const K& key, V&& value, std::int64_t nbytes, const EntryCost& cost) {
+    if (CopyIntoL2(key, std::move(value), nbytes, cost)) ++demotions_;
+  }
+
+  // The doorkeeper's first-request put: validated first, then into L2 only.
+  void PutIntoL2(const K& key, V&& value, std::int64_t nbytes, const EntryCost& cost) {
+    CheckCacheBytes("nbytes", nbytes);
+    CheckEntryCost(cost);
+    ++admission_rejections_;
+    CopyIntoL2(key, std::move(value), nbytes, cost);
+  }
+
+  // The doorkeeper's L2 hit on a key not yet admitted: a device copy for the
+  // caller, the entry stays in L2.
+  std::optional<V> ServeFromL2(const K& key, CacheTier* tier) {
+    const std::int64_t bytes0 = l2_.hit_bytes();
+    const double seconds0 = l2_.hit_seconds();
+    std::optional<V> held = l2_.Get(key);
+    if (!held.has_value()) {
+      ++misses_;
+      return std::nullopt;
+    }
+    ++l2_hits_;
+    l2_hit_bytes_ += l2_.hit_bytes() - bytes0;
+    l2_hit_seconds_ += l2_.hit_seconds() - seconds0;
+    if (tier != nullptr) *tier = CacheTier::kL2;
+    return to_device_ ? to_device_(*held) : std::move(*held);
   }
 
   Tier l1_;
   Tier l2_;
+  TieredOptions options_;
   CopyFn to_host_;
   CopyFn to_device_;
+  Hash hash_;
+  std::optional<AdmissionFilter> filter_;
+  VictimHook on_l2_victim_;
+  std::int64_t l1_hit_bytes_ = 0;
+  std::int64_t l2_hit_bytes_ = 0;
+  double l1_hit_seconds_ = 0;
+  double l2_hit_seconds_ = 0;
+  std::int64_t l1_write_bytes_ = 0;
+  std::int64_t l2_write_bytes_ = 0;
+  std::uint64_t admission_rejections_ = 0;
   std::uint64_t l1_hits_ = 0;
   std::uint64_t l2_hits_ = 0;
   std::uint64_t misses_ = 0;

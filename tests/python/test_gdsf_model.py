@@ -1,0 +1,121 @@
+"""GDSF: the C++ EmbeddingCache (through src/core/gdsf_driver) against a model
+of the rule written here from its statement, on seeded random traces. Every
+victim, in order, every hit and miss, and the final clock must agree.
+
+The rule (Cherkasova 1998, as epd/core/embedding_cache.h states it):
+priority = clock + frequency * cost / max(size, 1); the victim is the lowest
+priority, ties to the oldest touch; the clock becomes max(clock, victim's
+priority); a put never evicts the key it puts, and the newcomer is ranked
+with the clock its victims left. A put of a key counts a reference; an item
+larger than the capacity is skipped; a pop removes without counting.
+"""
+
+import os
+import random
+import subprocess
+
+import pytest
+
+DRIVER = os.environ.get("EPD_GDSF_DRIVER")
+DEFAULT_SECONDS_PER_BYTE = 1e-9
+
+
+class GdsfModel:
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.entries = {}  # key -> dict(nbytes, cost, freq, prio, seq)
+        self.clock = 0.0
+        self.seq = 0
+
+    def _rank(self, e):
+        e["prio"] = self.clock + e["freq"] * e["cost"] / max(e["nbytes"], 1)
+
+    def used(self):
+        return sum(e["nbytes"] for e in self.entries.values())
+
+    def put(self, key, nbytes, cost, out):
+        if nbytes > self.capacity:
+            out.append("ok")
+            return
+        if cost is None:
+            cost = nbytes * DEFAULT_SECONDS_PER_BYTE
+        self.seq += 1
+        e = self.entries.get(key)
+        if e is None:
+            e = self.entries[key] = {"freq": 1}
+        else:
+            e["freq"] += 1
+        e.update(nbytes=nbytes, cost=cost, seq=self.seq)
+        while self.used() > self.capacity:
+            victim = min((k for k in self.entries if k != key),
+                         key=lambda k: (self.entries[k]["prio"], self.entries[k]["seq"]))
+            self.clock = max(self.clock, self.entries[victim]["prio"])
+            del self.entries[victim]
+            out.append(f"evict {victim}")
+        self._rank(e)
+        out.append("ok")
+
+    def get(self, key, out):
+        e = self.entries.get(key)
+        if e is None:
+            out.append(f"miss {key}")
+            return
+        self.seq += 1
+        e["freq"] += 1
+        e["seq"] = self.seq
+        self._rank(e)
+        out.append(f"hit {key}")
+
+    def pop(self, key, out):
+        out.append(f"{'popped' if self.entries.pop(key, None) is not None else 'absent'} {key}")
+
+
+def random_ops(rng, capacity, n):
+    # A few cost levels, so that priorities tie and the sequence decides.
+    costs = [None, 0.0, 0.001, 0.002, 0.005, 0.05]
+    ops = []
+    for _ in range(n):
+        key = f"k{rng.randrange(30)}"
+        r = rng.random()
+        if r < 0.45:
+            nbytes = rng.choice([0, 1, 10, 25, 60, 100, capacity + 1])
+            ops.append(("put", key, nbytes, rng.choice(costs)))
+        elif r < 0.9:
+            ops.append(("get", key))
+        else:
+            ops.append(("pop", key))
+    return ops
+
+
+def run_driver(capacity, ops):
+    lines = [str(capacity)]
+    for op in ops:
+        if op[0] == "put":
+            lines.append(f"put {op[1]} {op[2]} {'-' if op[3] is None else repr(op[3])}")
+        else:
+            lines.append(f"{op[0]} {op[1]}")
+    r = subprocess.run([DRIVER], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
+    return r.stdout.splitlines()
+
+
+@pytest.mark.skipif(not DRIVER, reason="EPD_GDSF_DRIVER not set (ctest gdsf_model_test sets it)")
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("capacity", [0, 100, 250, 1000])
+def test_same_victims_hits_and_clock_as_the_model(seed, capacity):
+    rng = random.Random(seed * 1009 + capacity)
+    ops = random_ops(rng, capacity, 3000)
+    model = GdsfModel(capacity)
+    expected = []
+    for op in ops:
+        if op[0] == "put":
+            model.put(op[1], op[2], op[3], expected)
+        elif op[0] == "get":
+            model.get(op[1], expected)
+        else:
+            model.pop(op[1], expected)
+    got = run_driver(capacity, ops)
+    assert got[-1].startswith("clock ")
+    assert got[:-1] == expected
+    assert float(got[-1].split()[1]) == model.clock
+    if capacity in (100, 250):  # the traces must exercise eviction, not only hits
+        assert sum(1 for line in expected if line.startswith("evict")) > 50

@@ -1,0 +1,174 @@
+// Lines are parsed one at a time, so a malformed line is reported with its
+// number. A flat object of plain strings and numbers (what bench/traces.py
+// and plan's users write) takes a scanner of its own, ~10x faster than a DOM
+// parse, which a 10^7-line trace needs to stay within plan's time budget;
+// any line it does not recognise in full (escapes, nesting, literals, a bad
+// number, a missing field) goes to nlohmann::json, which decides and words
+// the error, so both paths accept and reject the same lines.
+#include "cache_trace.h"
+
+#include <charconv>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "cli_util.h"
+#include "epd/core/embedding_cache.h"
+
+namespace epd::cli {
+
+std::uint64_t KeyHash(std::string_view key) {
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a 64 offset basis
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ULL;
+  h += 0x9e3779b97f4a7c15ULL;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+  return h ^ (h >> 31);
+}
+
+namespace {
+
+std::string_view NextLine(std::string_view text, std::size_t& at) {
+  const std::size_t end = text.find('\n', at);
+  const std::size_t stop = end == std::string_view::npos ? text.size() : end;
+  std::string_view line = text.substr(at, stop - at);
+  at = stop + 1;
+  return line;
+}
+
+bool Blank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
+
+// The fast path (see the top of the file): the access, or nullopt to let
+// the DOM parse decide.
+std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_seconds_per_byte) {
+  std::size_t i = 0;
+  auto ws = [&] {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) ++i;
+  };
+  auto string = [&]() -> std::optional<std::string_view> {
+    if (i >= line.size() || line[i] != '"') return std::nullopt;
+    const std::size_t end = line.find_first_of("\"\\", i + 1);
+    if (end == std::string_view::npos || line[end] != '"') return std::nullopt;
+    std::string_view out = line.substr(i + 1, end - i - 1);
+    i = end + 1;
+    return out;
+  };
+  ws();
+  if (i >= line.size() || line[i++] != '{') return std::nullopt;
+  std::optional<std::string_view> key;
+  std::optional<std::int64_t> bytes;
+  std::optional<double> cost;
+  for (bool first = true;; first = false) {
+    ws();
+    if (i < line.size() && line[i] == '}' && first) return std::nullopt;  // empty object: let the DOM say why
+    auto name = string();
+    ws();
+    if (!name || i >= line.size() || line[i++] != ':') return std::nullopt;
+    ws();
+    if (i < line.size() && line[i] == '"') {
+      auto v = string();
+      if (!v) return std::nullopt;
+      if (*name == "key")
+        key = v;
+      else if (*name != "tenant")
+        return std::nullopt;
+    } else {
+      const std::size_t end = line.find_first_of(",} \t\r", i);
+      const std::string_view num = line.substr(i, end == std::string_view::npos ? std::string_view::npos : end - i);
+      double d;
+      auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), d);
+      if (ec != std::errc() || ptr != num.data() + num.size() || !std::isfinite(d) || d < 0) return std::nullopt;
+      if (*name == "bytes") {
+        std::int64_t n;
+        auto [p2, e2] = std::from_chars(num.data(), num.data() + num.size(), n);
+        if (e2 != std::errc() || p2 != num.data() + num.size() || n > kMaxCacheBytes) return std::nullopt;
+        bytes = n;
+      } else if (*name == "cost_s") {
+        cost = d;
+      } else if (*name != "t_ms") {
+        return std::nullopt;
+      }
+      i += num.size();
+    }
+    ws();
+    if (i < line.size() && line[i] == ',') {
+      ++i;
+      continue;
+    }
+    if (i < line.size() && line[i] == '}') break;
+    return std::nullopt;
+  }
+  ++i;
+  ws();
+  if (i != line.size() || !key || key->empty() || !bytes) return std::nullopt;
+  return CacheAccess{KeyHash(*key), *bytes, cost ? *cost : static_cast<double>(*bytes) * default_seconds_per_byte};
+}
+
+}  // namespace
+
+bool LooksLikeReplayTrace(std::string_view text) {
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::string_view line = NextLine(text, at);
+    if (Blank(line)) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    return j.is_object() && (j.contains("images") || j.contains("videos"));
+  }
+  return false;
+}
+
+StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const std::string& name,
+                                                   const CacheTraceOptions& options) {
+  std::vector<CacheAccess> out;
+  out.reserve(text.size() / 64);
+  std::size_t at = 0;
+  for (std::size_t n = 1; at < text.size(); ++n) {
+    if (options.progress && (n & 0xffff) == 0) options.progress(at, text.size());
+    std::string_view line = NextLine(text, at);
+    if (Blank(line)) continue;
+    if (auto fast = ScanFlatLine(line, options.default_seconds_per_byte)) {
+      out.push_back(*fast);
+      continue;
+    }
+    auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return error("not valid JSON");
+    if (!j.is_object()) return error("expected a JSON object");
+    if (j.contains("images") || j.contains("videos")) {
+      return error("a replay trace line (images/videos), not a cache trace: give --images DIR and --model DIR");
+    }
+    auto key = j.find("key");
+    if (key == j.end() || !key->is_string() || key->get_ref<const std::string&>().empty()) {
+      return error("key must be a non-empty string");
+    }
+    auto bytes = j.find("bytes");
+    if (bytes == j.end() || !(bytes->is_number_unsigned() || (bytes->is_number_integer() && *bytes >= 0)) ||
+        bytes->get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxCacheBytes)) {
+      return error("bytes must be an integer, 0 <= bytes <= 2^62 - 1");
+    }
+    CacheAccess a{KeyHash(key->get_ref<const std::string&>()), bytes->get<std::int64_t>(), 0};
+    auto cost = j.find("cost_s");
+    if (cost == j.end()) {
+      a.seconds = static_cast<double>(a.bytes) * options.default_seconds_per_byte;
+    } else {
+      if (!cost->is_number() || !(cost->get<double>() >= 0) || !std::isfinite(cost->get<double>())) {
+        return error("cost_s must be a finite number >= 0");
+      }
+      a.seconds = cost->get<double>();
+    }
+    auto t = j.find("t_ms");
+    if (t != j.end() && (!t->is_number() || !(t->get<double>() >= 0))) return error("t_ms must be a number >= 0");
+    auto tenant = j.find("tenant");
+    if (tenant != j.end() && !tenant->is_string()) return error("tenant must be a string");
+    out.push_back(a);
+  }
+  return out;
+}
+
+StatusOr<std::vector<CacheAccess>> ReadCacheTrace(const std::string& path, const CacheTraceOptions& options) {
+  StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return InvalidArgument("cannot open trace " + path);
+  return ParseCacheTrace(*text, path, options);
+}
+
+}  // namespace epd::cli

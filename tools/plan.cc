@@ -1,0 +1,292 @@
+// The plan's phases, in order: a pass over the trace for its keys and
+// working set; the LRU curve (exact, or SHARDS with a Misra-Gries head); the
+// MiniSim curves; the sizing rows; a replay per row. Each phase reports
+// through options.progress.
+#include "plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <unordered_map>
+
+#include "epd/core/mini_sim.h"
+#include "epd/core/shards.h"
+
+namespace epd::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct MixHash {
+  std::size_t operator()(std::uint64_t k) const { return static_cast<std::size_t>(ShardsSampler::Mix(k)); }
+};
+
+std::int64_t Bytes(double b) {
+  return static_cast<std::int64_t>(std::clamp(b, 0.0, static_cast<double>(kMaxCacheBytes)));
+}
+
+double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+
+// Decimal units, three significant figures or so.
+std::string Gb(double bytes) {
+  if (bytes < 0) return "-";
+  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  int u = 0;
+  while (u < 5 && bytes >= 1000) {
+    bytes /= 1000;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+nlohmann::json WeightsJson(const Weights& w) {
+  return {{"objects", w.objects}, {"bytes", w.bytes}, {"seconds", w.seconds}};
+}
+
+}  // namespace
+
+double TierHits::Ratio(const Weights& w, Weighting by) const {
+  const double total = Pick(Total(), by);
+  return total > 0 ? Pick(w, by) / total : 0;
+}
+
+Weights TierHits::Total() const {
+  Weights t = l1;
+  t += l2;
+  t += l3;
+  t += miss;
+  return t;
+}
+
+TierHits ReplayTiers(std::span<const CacheAccess> trace, double l1, double l2, double l3, const PlanOptions& o) {
+  TieredOptions to;
+  to.eviction = o.eviction;
+  to.l1_admission = o.l1_admission;
+  to.admission.window = o.doorkeeper_window;
+  TieredEmbeddingCache<std::uint64_t, char, MixHash> tiers(Bytes(l1), Bytes(l2), to);
+  EmbeddingCache<std::uint64_t, char, MixHash> bottom(Bytes(l3), CacheOptions{o.eviction});
+  tiers.set_l2_victim_hook(
+      [&bottom](const std::uint64_t& k, char&&, std::int64_t n, const EntryCost& c) { bottom.Put(k, 0, n, c); });
+  TierHits h;
+  for (const CacheAccess& a : trace) {
+    const Weights w = Weights::Of(a);
+    CacheTier tier;
+    if (tiers.Get(a.key, &tier).has_value()) {
+      (tier == CacheTier::kL1 ? h.l1 : h.l2) += w;
+      continue;
+    }
+    if (auto held = bottom.Pop(a.key)) {
+      h.l3 += w;
+      tiers.Put(a.key, 0, a.bytes, {held->cost.seconds, held->cost.frequency + 1});
+      continue;
+    }
+    h.miss += w;
+    tiers.Put(a.key, 0, a.bytes, {a.seconds});
+  }
+  h.l1_write_bytes = tiers.l1_write_bytes();
+  return h;
+}
+
+PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
+  auto progress = [&o](const char* phase, std::size_t done, std::size_t total) {
+    if (o.progress) o.progress(phase, done, total);
+  };
+  PlanResult r;
+  r.requests = trace.size();
+  const Clock::time_point t0 = Clock::now();
+  {
+    std::unordered_map<std::uint64_t, std::int64_t> sizes;
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+      const CacheAccess& a = trace[i];
+      sizes[a.key] = a.bytes;
+      r.total_seconds += a.seconds;
+      r.largest_entry = std::max(r.largest_entry, static_cast<double>(a.bytes));
+      if ((i & 0xfffff) == 0) progress("keys", i, trace.size());
+    }
+    r.distinct_keys = sizes.size();
+    for (const auto& [k, b] : sizes) r.working_set_bytes += static_cast<double>(b);
+  }
+  const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max<double>(1, r.distinct_keys);
+  const double lo = std::max({r.largest_entry, 8 * mean, r.working_set_bytes / 1e4, 1.0});
+  const double hi = std::max(lo * 2, r.working_set_bytes * 1.25);
+  const std::vector<double> caps = LogCapacities(lo, hi, o.points);
+
+  // LRU: exact or SHARDS.
+  std::vector<std::uint64_t> head;
+  r.exact = trace.size() <= o.exact_max;
+  std::optional<ReuseHistogram> lru;
+  if (r.exact) {
+    progress("lru (exact)", 0, 1);
+    lru = ExactReuseHistogram(trace);
+  } else {
+    head = HeavyHitters(trace, o.shards_head);
+    ShardsSampler s({o.shards_rate, o.shards_max_keys, head});
+    for (std::size_t i = 0; i < trace.size(); ++i) {
+      s.Access(trace[i]);
+      if ((i & 0xfffff) == 0) progress("lru (shards)", i, trace.size());
+    }
+    lru = s.histogram();
+    r.shards_rate = s.rate();
+    r.shards_head = s.head_keys();
+    r.sampled_fraction = static_cast<double>(s.sampled_accesses()) / std::max<double>(1, trace.size());
+    r.sampler_bytes = s.memory_bytes();
+  }
+  r.max_hit_ratio = lru->MaxHitRatio();
+  r.curves.push_back(EvaluateCurve(
+      *lru, caps,
+      r.exact ? "lru (exact)" : fmt::format("lru (shards {:g}% + {} head keys)", 100 * o.shards_rate, head.size())));
+
+  // GDSF and GDSF + doorkeeper by MiniSim; the whole trace when it is small.
+  MiniSimOptions m;
+  m.rate = trace.size() <= 200'000 ? 1.0 : o.minisim_rate;
+  m.doorkeeper_window = o.doorkeeper_window;
+  if (m.rate < 1) {
+    if (head.empty()) head = HeavyHitters(trace, o.shards_head);
+    m.exact_keys.assign(head.begin(),
+                        head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
+  }
+  for (bool dk : {false, true}) {
+    const SimPolicy p{EvictionPolicy::kGdsf, dk};
+    progress(dk ? "gdsf+doorkeeper" : "gdsf", 0, 1);
+    MissRatioCurve c = SimulateCurve(trace, p, caps, m);
+    c.label = p.Name() + (m.rate >= 1 ? " (simulated)" : fmt::format(" (minisim {:g}%)", 100 * m.rate));
+    r.curves.push_back(std::move(c));
+  }
+  r.curves_s = Seconds(t0);
+
+  // Sizing off the policy's curve; with the doorkeeper L1 reads its own.
+  const bool gdsf = o.eviction == EvictionPolicy::kGdsf;
+  const bool dk = o.l1_admission == L1Admission::kDoorkeeper;
+  r.policy = SimPolicy{o.eviction, dk}.Name();
+  const MissRatioCurve& curve = gdsf ? r.curves[1] : r.curves[0];
+  const MissRatioCurve& l1_curve = dk ? r.curves[2] : curve;
+  auto hit = [](const MissRatioCurve& c, double bytes) { return 1 - c.MissRatioAt(bytes).seconds; };
+  const Clock::time_point t1 = Clock::now();
+  for (std::size_t i = 0; i < o.targets.size(); ++i) {
+    SizingRow row;
+    row.target = o.targets[i];
+    row.hit_ratio = o.targets[i] * r.max_hit_ratio.seconds;
+    // Nothing to save (no key repeats): no cache at all.
+    row.total_bytes = row.hit_ratio <= 0 ? 0
+                      : !gdsf && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
+                                         : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
+    if (row.total_bytes >= 0) {
+      row.l1_bytes = std::min(row.total_bytes, o.l1_max_bytes);
+      row.l2_bytes = std::min(row.total_bytes - row.l1_bytes, o.l2_max_bytes);
+      row.l3_bytes = row.total_bytes - row.l1_bytes - row.l2_bytes;
+      auto at = [&](double b) { return !gdsf && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
+      row.predicted_l1 = dk ? hit(l1_curve, row.l1_bytes) : at(row.l1_bytes);
+      row.predicted_l12 = at(row.l1_bytes + row.l2_bytes);
+      row.predicted_all = at(row.total_bytes);
+      progress("replay", i, o.targets.size());
+      row.replayed = ReplayTiers(trace, row.l1_bytes, row.l2_bytes, row.l3_bytes, o);
+    }
+    r.rows.push_back(row);
+  }
+  r.replay_s = Seconds(t1);
+  return r;
+}
+
+std::string PlanText(const PlanResult& r) {
+  std::string o;
+  o += fmt::format("plan: {} requests, {} distinct keys, working set {}, largest entry {:.1f} MB, encode {:.1f} s\n",
+                   r.requests, r.distinct_keys, Gb(r.working_set_bytes), r.largest_entry / 1e6, r.total_seconds);
+  o += fmt::format("  infinite cache hit ratio: {:.3f} of objects, {:.3f} of bytes, {:.3f} of encode seconds\n",
+                   r.max_hit_ratio.objects, r.max_hit_ratio.bytes, r.max_hit_ratio.seconds);
+  if (!r.exact) {
+    o += fmt::format("  sampler: tail rate {:.3g}%, {} head keys, {:.1f}% of accesses tracked, {:.1f} MB\n",
+                     100 * r.shards_rate, r.shards_head, 100 * r.sampled_fraction, r.sampler_bytes / 1e6);
+  }
+  o += "\nmiss ratio curves (miss ratio by objects / bytes / encode seconds):\n";
+  o += fmt::format("  {:>12}", "capacity");
+  for (const MissRatioCurve& c : r.curves) o += fmt::format("  {:>24}", c.label.substr(0, 24));
+  o += "\n";
+  const std::size_t n = r.curves.empty() ? 0 : r.curves[0].points.size();
+  for (std::size_t i = 0; i < n; i += std::max<std::size_t>(1, n / 12)) {
+    o += fmt::format("  {:>12}", Gb(r.curves[0].points[i].capacity_bytes));
+    for (const MissRatioCurve& c : r.curves) {
+      const Weights& m = c.points[i].miss_ratio;
+      o += fmt::format("  {:>24}", fmt::format("{:.3f} / {:.3f} / {:.3f}", m.objects, m.bytes, m.seconds));
+    }
+    o += "\n";
+  }
+  o += fmt::format("\nsizing ({}; exclusive tiers read off one curve; hit ratios by encode seconds):\n", r.policy);
+  o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
+                   "L2", "L3", "predicted L1/L1+2/all", "replayed L1/L1+2/all");
+  for (const SizingRow& row : r.rows) {
+    const std::string what = fmt::format("{:.0f}% of max ({:.3f})", 100 * row.target, row.hit_ratio);
+    if (row.total_bytes < 0) {
+      o += fmt::format("  {:>22} unreachable on the curve\n", what);
+      continue;
+    }
+    const TierHits& h = row.replayed;
+    const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
+    const double l3 = h.Ratio(h.l3, Weighting::kSeconds);
+    o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", what, Gb(row.total_bytes),
+                     Gb(row.l1_bytes), Gb(row.l2_bytes), Gb(row.l3_bytes),
+                     fmt::format("{:.3f}/{:.3f}/{:.3f}", row.predicted_l1, row.predicted_l12, row.predicted_all),
+                     fmt::format("{:.3f}/{:.3f}/{:.3f}", l1, l1 + l2, l1 + l2 + l3));
+  }
+  auto join = [&r](const char* sep, auto&& item) {
+    std::string s;
+    for (const SizingRow& row : r.rows) s += (s.empty() ? "" : sep) + item(row);
+    return s;
+  };
+  o += fmt::format("  for {} % of encode seconds saved: L1 {}, L2 {}, L3 {}\n",
+                   join("/", [](const SizingRow& x) { return fmt::format("{:.0f}", 100 * x.target); }),
+                   join(" / ", [](const SizingRow& x) { return Gb(x.l1_bytes); }),
+                   join(" / ", [](const SizingRow& x) { return Gb(x.l2_bytes); }),
+                   join(" / ", [](const SizingRow& x) { return Gb(x.l3_bytes); }));
+  return o;
+}
+
+std::string PlanJson(const PlanResult& r) {
+  nlohmann::json j = {{"requests", r.requests},
+                      {"distinct_keys", r.distinct_keys},
+                      {"working_set_bytes", r.working_set_bytes},
+                      {"largest_entry_bytes", r.largest_entry},
+                      {"encode_seconds", r.total_seconds},
+                      {"max_hit_ratio", WeightsJson(r.max_hit_ratio)},
+                      {"exact", r.exact},
+                      {"policy", r.policy},
+                      {"curves_s", r.curves_s},
+                      {"replay_s", r.replay_s}};
+  if (!r.exact) {
+    j["sampler"] = {{"tail_rate", r.shards_rate},
+                    {"head_keys", r.shards_head},
+                    {"tracked_fraction", r.sampled_fraction},
+                    {"memory_bytes", r.sampler_bytes}};
+  }
+  for (const MissRatioCurve& c : r.curves) {
+    nlohmann::json pts = nlohmann::json::array();
+    for (const CurvePoint& p : c.points) {
+      pts.push_back({{"capacity_bytes", p.capacity_bytes}, {"miss_ratio", WeightsJson(p.miss_ratio)}});
+    }
+    j["curves"].push_back({{"label", c.label}, {"points", pts}});
+  }
+  for (const SizingRow& row : r.rows) {
+    nlohmann::json x = {{"target", row.target}, {"hit_ratio", row.hit_ratio}, {"reachable", row.total_bytes >= 0}};
+    if (row.total_bytes >= 0) {
+      const TierHits& h = row.replayed;
+      x["bytes"] = {{"total", row.total_bytes}, {"l1", row.l1_bytes}, {"l2", row.l2_bytes}, {"l3", row.l3_bytes}};
+      x["predicted_seconds_hit_ratio"] = {
+          {"l1", row.predicted_l1}, {"l1_l2", row.predicted_l12}, {"all", row.predicted_all}};
+      const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
+      x["replayed_seconds_hit_ratio"] = {
+          {"l1", l1}, {"l1_l2", l1 + l2}, {"all", l1 + l2 + h.Ratio(h.l3, Weighting::kSeconds)}};
+      x["replayed"] = {{"l1", WeightsJson(h.l1)},
+                       {"l2", WeightsJson(h.l2)},
+                       {"l3", WeightsJson(h.l3)},
+                       {"miss", WeightsJson(h.miss)},
+                       {"l1_write_bytes", h.l1_write_bytes}};
+    }
+    j["sizing"].push_back(x);
+  }
+  return j.dump() + "\n";
+}
+
+}  // namespace epd::cli

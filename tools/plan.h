@@ -1,0 +1,97 @@
+// tools/plan.h: what `epd-encode plan` computes from a cache trace: the
+// miss-ratio curves, the tier sizes for a share of the encode seconds an
+// infinite cache would save, the hit ratios those sizes are predicted to
+// give, and the hit ratios a replay of the trace through the real caches at
+// those sizes gives (docs/PLAN.md).
+//
+// Curves (epd/core/miss_ratio_curve.h and friends):
+//   - LRU: exact stack distances for traces up to exact_max requests,
+//     SHARDS above (shards_rate on the tail, the shards_head hottest keys
+//     exactly, at most shards_max_keys tail keys);
+//   - GDSF and GDSF + doorkeeper: MiniSim at minisim_rate.
+// Sizing: for each target t (0.8, 0.9, 0.95), the smallest total capacity
+// whose encode-seconds hit ratio on the policy's curve is t x the curve's
+// maximum (an infinite cache: everything but cold misses). With exclusive
+// tiers the total fills L1 up to l1_max_bytes, then L2 up to l2_max_bytes,
+// then L3; each tier's predicted hit ratio is the curve at L1, L1 + L2 and
+// the total (with the doorkeeper, L1's is read off the doorkeeper curve).
+// Replay: TieredEmbeddingCache at (L1, L2) with the policy, L2's victims
+// demoted into an L3 EmbeddingCache; a miss in L1/L2 that L3 holds is moved
+// back into the tiered cache, so the three tiers stay exclusive.
+//
+// Thread safety: pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "epd/core/embedding_cache.h"
+#include "epd/core/miss_ratio_curve.h"
+#include "epd/core/tiered_cache.h"
+
+namespace epd::cli {
+
+struct PlanOptions {
+  EvictionPolicy eviction = EvictionPolicy::kGdsf;
+  L1Admission l1_admission = L1Admission::kNone;
+  std::vector<double> targets = {0.8, 0.9, 0.95};
+  double l1_max_bytes = 16e9;   // device memory the cache may take
+  double l2_max_bytes = 256e9;  // host memory the cache may take
+  std::size_t exact_max = 1'000'000;
+  double shards_rate = 0.05;
+  std::size_t shards_max_keys = 131072;
+  std::size_t shards_head = 8192;
+  double minisim_rate = 0.05;
+  std::size_t minisim_head = 2048;
+  std::uint64_t doorkeeper_window = 1 << 16;
+  int points = 24;
+  // (phase, done, total) at most every few percent, for a progress bar.
+  std::function<void(const char*, std::size_t, std::size_t)> progress;
+};
+
+struct TierHits {
+  Weights l1, l2, l3, miss;  // weight served by each, or missed
+  std::int64_t l1_write_bytes = 0;
+  double Ratio(const Weights& w, Weighting by) const;  // w / total by `by`
+  Weights Total() const;
+};
+
+struct SizingRow {
+  double target = 0;        // share of the maximum encode-seconds hit ratio
+  double hit_ratio = 0;     // target x maximum: the encode-seconds hit ratio asked for
+  double total_bytes = -1;  // -1: not reachable on the curve
+  double l1_bytes = 0, l2_bytes = 0, l3_bytes = 0;
+  double predicted_l1 = 0, predicted_l12 = 0, predicted_all = 0;  // encode-seconds hit ratios
+  TierHits replayed;
+};
+
+struct PlanResult {
+  std::size_t requests = 0;
+  std::size_t distinct_keys = 0;
+  double working_set_bytes = 0;  // bytes of the distinct keys
+  double largest_entry = 0;
+  double total_seconds = 0;
+  Weights max_hit_ratio;  // an infinite LRU cache's
+  bool exact = true;
+  double shards_rate = 1;  // final tail rate (SHARDS only)
+  std::size_t shards_head = 0;
+  double sampled_fraction = 1;  // accesses the stack processed
+  std::size_t sampler_bytes = 0;
+  std::vector<MissRatioCurve> curves;  // [0] LRU, then gdsf, gdsf+doorkeeper
+  std::string policy;                  // the sized policy's name
+  std::vector<SizingRow> rows;
+  double curves_s = 0, replay_s = 0;
+};
+
+PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& options);
+
+// Replays the trace through exclusive L1/L2/L3 caches (see above).
+TierHits ReplayTiers(std::span<const CacheAccess> trace, double l1, double l2, double l3, const PlanOptions& options);
+
+std::string PlanText(const PlanResult& r);
+std::string PlanJson(const PlanResult& r);
+
+}  // namespace epd::cli

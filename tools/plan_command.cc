@@ -1,0 +1,204 @@
+// `epd-encode plan`: sizes the cache tiers from a trace (docs/PLAN.md).
+//
+// Input: a cache trace (key, bytes, cost_s per line; tools/cache_trace.h),
+// or a replay trace (images per request; docs/REPLAY.md) with --images and
+// --model, from which each image's content key, entry size (post-merge
+// tokens x hidden x (1 + deepstack layers) x dtype bytes, from its header)
+// and cost (tokens x --seconds-per-token) are derived without decoding.
+// Output: the curves, the sizing table and the replayed hit ratios
+// (tools/plan.h), as text or --json; --plot draws the curves.
+//
+// Exit codes: 0 done; 1 usage or input error (a malformed trace names its
+// line; a missing gnuplot with --plot fails before any work).
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "cache_trace.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "flag_checks.h"
+#include "plan.h"
+#include "plan_plot.h"
+#include "trace.h"
+#ifdef EPD_WITH_INSPECT_MODEL
+#include "epd/media/content_key.h"
+#include "epd/media/preprocess.h"
+#include "epd/model/checkpoint.h"
+#endif
+
+namespace epd::cli {
+namespace {
+
+struct PlanFlags {
+  std::string trace, images, model, plot, eviction = "gdsf", admission = "none", dtype = "bfloat16";
+  bool json = false, progress = false;
+  double l1_max_gb = 16, l2_max_gb = 256, seconds_per_byte = 1e-9, seconds_per_token = 1.25e-5;
+  double shards_rate = 0.05, minisim_rate = 0.05;
+  std::int64_t exact_max = 1'000'000, shards_max_keys = 131072, window = 65536;
+};
+
+// A one-line bar on stderr, redrawn at most every 100 ms by the caller's thread.
+class PhaseBar {
+ public:
+  explicit PhaseBar(bool on) : on_(on) {}
+  ~PhaseBar() {
+    if (drawn_) std::fputc('\n', stderr);
+  }
+  void Update(const char* phase, std::size_t done, std::size_t total) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (drawn_ && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    drawn_ = true;
+    const int width = 30, filled = total == 0 ? width : static_cast<int>(width * done / total);
+    std::fprintf(stderr, "\rplan %-18s [%s%s] %3d%%", phase, std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), total == 0 ? 100 : static_cast<int>(100 * done / total));
+    std::fflush(stderr);
+  }
+
+ private:
+  bool on_;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+int Fail(const std::string& message) {
+  spdlog::error("plan: {}", message);
+  return 1;
+}
+
+#ifdef EPD_WITH_INSPECT_MODEL
+// Keys, sizes and modelled costs of a replay trace's images, from headers.
+StatusOr<std::vector<CacheAccess>> FromReplayTrace(const PlanFlags& f) {
+  auto trace = ReadTrace(f.trace);
+  if (!trace.ok()) return trace.status();
+  auto ckpt = OpenCheckpoint(f.model);
+  if (!ckpt.ok()) return ckpt.status();
+  const PreprocessConfig& cfg = (*ckpt)->preprocess();
+  const VisionConfig& v = (*ckpt)->vision();
+  const std::int64_t per_token = v.out_hidden * (1 + v.deepstack_layers()) * (f.dtype == "float32" ? 4 : 2);
+  std::map<std::string, CacheAccess> seen;  // path -> its access
+  std::vector<CacheAccess> out;
+  for (const TraceRequest& r : *trace) {
+    if (!r.videos.empty()) return InvalidArgument("request '" + r.id + "': plan derives images only, not videos");
+    for (const std::string& p : r.images) {
+      auto it = seen.find(p);
+      if (it == seen.end()) {
+        std::filesystem::path path(p);
+        if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
+        StatusOr<std::string> bytes = ReadFile(path.string());
+        if (!bytes.ok()) return InvalidArgument("request '" + r.id + "': cannot read image " + path.string());
+        const auto* data = reinterpret_cast<const std::uint8_t*>(bytes->data());
+        auto grid = ProbeGrid({data, bytes->size()}, cfg);
+        if (!grid.ok()) return InvalidArgument("request '" + r.id + "', " + p + ": " + grid.status().message());
+        const std::int64_t tokens = grid->grid.tokens(cfg.merge_size);
+        const ContentKey key = ComputeContentKey((*ckpt)->model_id(), cfg, {data, bytes->size()});
+        it = seen.emplace(p, CacheAccess{KeyHash(key.Hex()), tokens * per_token,
+                                         static_cast<double>(tokens) * f.seconds_per_token})
+                 .first;
+      }
+      out.push_back(it->second);
+    }
+  }
+  return out;
+}
+#endif
+
+StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar) {
+  StatusOr<std::string> text = ReadFile(f.trace);
+  if (!text.ok()) return InvalidArgument("cannot open trace " + f.trace);
+  if (LooksLikeReplayTrace(*text)) {
+    if (f.model.empty()) {
+      return InvalidArgument(f.trace +
+                             " is a replay trace (images per request): give --model DIR (and --images DIR) "
+                             "to derive keys, sizes and costs, or a cache trace (docs/PLAN.md)");
+    }
+#ifdef EPD_WITH_INSPECT_MODEL
+    return FromReplayTrace(f);
+#else
+    return InvalidArgument("this epd-encode was built without epd::model: --model is unavailable");
+#endif
+  }
+  CacheTraceOptions o;
+  o.default_seconds_per_byte = f.seconds_per_byte;
+  o.progress = [&bar](std::size_t done, std::size_t total) { bar.Update("read", done, total); };
+  return ParseCacheTrace(*text, f.trace, o);
+}
+
+int RunPlanCommand(const PlanFlags& f) {
+  auto eviction = ParseEvictionPolicy(f.eviction);
+  if (!eviction.ok()) return Fail(eviction.status().message());
+  auto admission = ParseL1Admission(f.admission);
+  if (!admission.ok()) return Fail(admission.status().message());
+  if (!f.plot.empty() && !HaveGnuplot()) {
+    return Fail("--plot needs gnuplot, which is not on PATH (Debian package gnuplot-nox)");
+  }
+  PhaseBar bar(f.progress || isatty(STDERR_FILENO));
+  auto trace = LoadTrace(f, bar);
+  if (!trace.ok()) return Fail(trace.status().message());
+
+  PlanOptions o;
+  o.eviction = *eviction;
+  o.l1_admission = *admission;
+  o.l1_max_bytes = f.l1_max_gb * 1e9;
+  o.l2_max_bytes = f.l2_max_gb * 1e9;
+  o.exact_max = static_cast<std::size_t>(f.exact_max);
+  o.shards_rate = f.shards_rate;
+  o.shards_max_keys = static_cast<std::size_t>(f.shards_max_keys);
+  o.minisim_rate = f.minisim_rate;
+  o.doorkeeper_window = static_cast<std::uint64_t>(f.window);
+  o.progress = [&bar](const char* phase, std::size_t done, std::size_t total) { bar.Update(phase, done, total); };
+  const PlanResult r = RunPlan(*trace, o);
+  bar.Update("done", 1, 1);
+  std::fputs((f.json ? PlanJson(r) : PlanText(r)).c_str(), stdout);
+  if (!f.plot.empty()) {
+    Status s = PlotCurves(r.curves, fmt::format("{} ({} requests)", f.trace, r.requests), f.plot);
+    if (!s.ok()) return Fail(s.message());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void RegisterPlanCommand(CLI::App& app) {
+  auto f = std::make_shared<PlanFlags>();
+  CLI::App* cmd = app.add_subcommand("plan", "Size the cache tiers from a trace: miss-ratio curves (docs/PLAN.md)");
+  cmd->add_option("--trace", f->trace, "cache trace (key, bytes, cost_s per line) or replay trace")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--images", f->images, "a replay trace's image directory")->check(CLI::ExistingDirectory);
+  cmd->add_option("--model", f->model, "checkpoint directory, to derive a replay trace's keys and sizes")
+      ->check(CLI::ExistingDirectory);
+  // A flag with its default shown and a check.
+  auto option = [cmd](const char* name, auto& value, const char* help, const CLI::Validator& check) {
+    cmd->add_option(name, value, help)->capture_default_str()->check(check);
+  };
+  option("--dtype", f->dtype, "embedding dtype for derived sizes", CLI::IsMember({"float32", "bfloat16"}));
+  option("--seconds-per-token", f->seconds_per_token, "derived cost per post-merge token, s", NonNegative("s"));
+  option("--seconds-per-byte", f->seconds_per_byte, "cost of a cache-trace line without cost_s, s/B",
+         NonNegative("s/B"));
+  option("--eviction", f->eviction, "policy the tiers are sized for", CLI::IsMember({"lru", "gdsf"}));
+  option("--l1-admission", f->admission, "L1 admission filter", CLI::IsMember({"none", "doorkeeper"}));
+  option("--window", f->window, "doorkeeper window, requests", Integer(1));
+  option("--l1-max-gb", f->l1_max_gb, "device memory L1 may take, GB", NonNegative("GB"));
+  option("--l2-max-gb", f->l2_max_gb, "host memory L2 may take, GB", NonNegative("GB"));
+  option("--exact-max", f->exact_max, "exact stack distances up to this many requests, SHARDS above", Integer(0));
+  option("--shards-rate", f->shards_rate, "SHARDS tail sampling rate", Number(0, 1, "", true));
+  option("--shards-max-keys", f->shards_max_keys, "SHARDS tail keys kept at most (fixed memory)", Integer(1));
+  option("--minisim-rate", f->minisim_rate, "MiniSim sampling rate for the GDSF curves", Number(0, 1, "", true));
+  cmd->add_flag("--json", f->json, "print one JSON object instead of the tables");
+  cmd->add_option("--plot", f->plot, "also draw the curves to this PNG (needs gnuplot)");
+  cmd->add_flag("--progress", f->progress, "draw the progress bar even when stderr is not a terminal");
+  cmd->callback([f] {
+    const int rc = RunPlanCommand(*f);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace epd::cli

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `epd-encode plan` (pytest; the binary from EPD_ENCODE).
+
+Expected values are computed here from the trace alone: a brute-force LRU
+(a list in recency order) for the exact curve, and counts for the trivial
+traces.
+"""
+
+import json
+import os
+import random
+import subprocess
+
+import pytest
+
+EPD = os.environ.get("EPD_ENCODE")
+pytestmark = pytest.mark.skipif(not EPD, reason="EPD_ENCODE not set (ctest plan_e2e sets it)")
+
+
+def run(*args, env=None):
+    return subprocess.run([EPD, "plan", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def write(path, lines):
+    path.write_text("".join((json.dumps(x) if isinstance(x, dict) else x) + "\n" for x in lines))
+    return str(path)
+
+
+def lru_hits(trace, capacity):
+    """Which accesses hit an LRU of `capacity` bytes (evict from the cold end until it fits)."""
+    stack, used, hits = [], 0, []
+    for key, nbytes, _ in trace:
+        if key in [k for k, _ in stack]:
+            i = [k for k, _ in stack].index(key)
+            stack.append(stack.pop(i))
+            hits.append(True)
+            continue
+        hits.append(False)
+        if nbytes > capacity:
+            continue
+        stack.append((key, nbytes))
+        used += nbytes
+        while used > capacity:
+            used -= stack.pop(0)[1]
+    return hits
+
+
+def test_malformed_trace_fails_naming_the_line(tmp_path):
+    path = write(tmp_path / "t.jsonl", [{"key": "a", "bytes": 10, "cost_s": 0.1}, "", {"key": "b", "bytes": -3}])
+    r = run("--trace", path)
+    assert r.returncode == 1
+    assert f"{path}:3: bytes must be an integer" in r.stderr
+    r = run("--trace", write(tmp_path / "u.jsonl", [{"key": "a", "bytes": 1}, "{not json"]))
+    assert r.returncode == 1 and "u.jsonl:2: not valid JSON" in r.stderr
+    r = run("--trace", write(tmp_path / "v.jsonl", [{"key": "a", "bytes": 1, "cost_s": "slow"}]))
+    assert r.returncode == 1 and "v.jsonl:1: cost_s must be a finite number >= 0" in r.stderr
+
+
+def test_no_repeats_give_curves_flat_at_zero_hits(tmp_path):
+    lines = [{"key": f"k{i}", "bytes": 1000 + i, "cost_s": 0.01} for i in range(500)]
+    r = run("--trace", write(tmp_path / "t.jsonl", lines), "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["distinct_keys"] == 500
+    assert j["max_hit_ratio"] == {"objects": 0.0, "bytes": 0.0, "seconds": 0.0}
+    for c in j["curves"]:
+        for p in c["points"]:
+            assert p["miss_ratio"] == {"objects": 1.0, "bytes": 1.0, "seconds": 1.0}, c["label"]
+    for row in j["sizing"]:
+        assert row["reachable"] is False or row["bytes"]["total"] == 0
+
+
+def test_exact_curve_matches_a_brute_force_lru_and_replay_matches_prediction(tmp_path):
+    rng = random.Random(3)
+    sizes = {f"k{i}": rng.randrange(100, 1000) for i in range(120)}
+    trace = []
+    for _ in range(4000):
+        k = f"k{min(119, int(rng.paretovariate(1.2)) - 1)}" if rng.random() < 0.8 else f"k{rng.randrange(120)}"
+        trace.append((k, sizes[k], sizes[k] * 1e-6 * (1 + (hash(k) % 7))))
+    lines = [{"key": k, "bytes": b, "cost_s": c} for k, b, c in trace]
+    r = run("--trace", write(tmp_path / "t.jsonl", lines), "--json", "--eviction", "lru", "--l1-max-gb", "0.00001",
+            "--l2-max-gb", "0.00002")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["exact"] is True and j["requests"] == 4000
+    lru = j["curves"][0]
+    for p in lru["points"][::7]:
+        cap = p["capacity_bytes"]
+        hits = lru_hits(trace, int(cap))
+        missed_seconds = sum(c for (_, _, c), h in zip(trace, hits) if not h)
+        assert p["miss_ratio"]["seconds"] == pytest.approx(missed_seconds / sum(c for _, _, c in trace), abs=1e-9)
+    for row in j["sizing"]:
+        assert row["reachable"]
+        pred, got = row["predicted_seconds_hit_ratio"]["all"], row["replayed_seconds_hit_ratio"]["all"]
+        assert abs(pred - got) <= 0.02, row
+
+
+def test_plot_without_gnuplot_fails_with_a_clear_message(tmp_path):
+    path = write(tmp_path / "t.jsonl", [{"key": "a", "bytes": 10}])
+    env = dict(os.environ, PATH=str(tmp_path))  # no gnuplot there
+    r = run("--trace", path, "--plot", str(tmp_path / "p.png"), env=env)
+    assert r.returncode == 1
+    assert "gnuplot" in r.stderr and "gnuplot-nox" in r.stderr
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_replay_trace_without_model_says_what_to_give(tmp_path):
+    path = write(tmp_path / "t.jsonl", [{"id": "r1", "images": ["a.png"]}])
+    r = run("--trace", path)
+    assert r.returncode == 1
+    assert "is a replay trace" in r.stderr and "--model" in r.stderr

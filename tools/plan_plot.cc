@@ -1,0 +1,58 @@
+// gnuplot reads the script from a file and the curves from one data file
+// per curve, all in a fresh temporary directory removed afterwards.
+#include "plan_plot.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli_util.h"
+
+namespace epd::cli {
+
+bool HaveGnuplot() {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return false;
+  std::stringstream dirs(path);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    if (!dir.empty() && access((dir + "/gnuplot").c_str(), X_OK) == 0) return true;
+  }
+  return false;
+}
+
+Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& title, const std::string& png) {
+  namespace fs = std::filesystem;
+  if (!HaveGnuplot()) {
+    return Status(StatusCode::kUnavailable, "gnuplot not found on PATH (Debian package gnuplot-nox); no plot written");
+  }
+  char tmpl[] = "/tmp/epd-plan-plot-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return Status(StatusCode::kUnavailable, "cannot create a temporary directory");
+  const fs::path dir(tmpl);
+  std::string plots;
+  for (std::size_t i = 0; i < curves.size(); ++i) {
+    std::ofstream d(dir / fmt::format("c{}.dat", i));
+    for (const CurvePoint& p : curves[i].points) d << p.capacity_bytes / 1e9 << ' ' << p.miss_ratio.seconds << '\n';
+    plots += fmt::format("{}'c{}.dat' using 1:2 with linespoints title '{}'", i == 0 ? "" : ", ", i, curves[i].label);
+  }
+  const std::string script = fmt::format(
+      "set terminal pngcairo size 960,540 noenhanced font ',10'\nset output '{}'\nset title '{}'\n"
+      "set logscale x\nset xlabel 'cache capacity (GB)'\nset ylabel 'miss ratio, by encode seconds'\n"
+      "set yrange [0:1]\nset grid\nset key top right\nplot {}\n",
+      fs::absolute(png).string(), title, plots);
+  std::ofstream(dir / "plot.gp") << script;
+  const std::string cmd = fmt::format("cd '{}' && gnuplot plot.gp 2> err.txt", dir.string());
+  const int rc = std::system(cmd.c_str());
+  StatusOr<std::string> err = ReadFile((dir / "err.txt").string());
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (rc != 0 || !fs::exists(png)) {
+    return Status(StatusCode::kUnavailable, "gnuplot failed for " + png + ": " + (err.ok() ? *err : std::string()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace epd::cli

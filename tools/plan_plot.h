@@ -1,0 +1,23 @@
+// tools/plan_plot.h: the PNG `epd-encode plan --plot` draws with gnuplot
+// (Debian gnuplot-nox), as bench/gnuplot_png.py does for the benchmark
+// report: one encode-seconds miss-ratio curve per policy against capacity
+// (log scale). gnuplot is optional: without it the plot fails with a
+// message naming the package, and nothing else changes.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "epd/core/miss_ratio_curve.h"
+#include "epd/core/status.h"
+
+namespace epd::cli {
+
+// Whether `gnuplot` is on PATH.
+bool HaveGnuplot();
+
+// Writes `png`. kUnavailable when gnuplot is missing or fails (its stderr in
+// the message).
+Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& title, const std::string& png);
+
+}  // namespace epd::cli
