@@ -82,6 +82,7 @@ struct WorkerFlags {
   double video_fps = VideoSampling{}.fps;
   std::int64_t video_max_frames = VideoSampling{}.max_frames;
   double video_max_seconds = VideoLimits{}.max_duration_s;
+  std::string video_rotation = "on";  // VideoSampling::apply_rotation: "on" or "off"
   bool no_video_chunk_cache = false;  // WorkerOptions::video_chunk_cache off (to measure what it saves)
 };
 

@@ -218,12 +218,16 @@ class VideoSampling:
     total_pixels: int = 90316800
     resized_height: Optional[int] = None
     resized_width: Optional[int] = None
+    # Show a container's frames as its display matrix says (as ffmpeg
+    # autorotates), or as stored; sent as VIDEO_ROTATION_ON / _OFF.
+    apply_rotation: bool = True
 
 
 def video_key(model_id: str, cfg: PreprocessConfig, sampling: VideoSampling, video: bytes = b"",
               frames: Sequence[bytes] = ()) -> bytes:
     """epd::ComputeVideoKey (SHA-256 mode): the key of a whole video, over the
-    container bytes (or the frame images, in order) and the sampling."""
+    container bytes with apply_rotation (or the frame images, in order) and
+    the sampling."""
     s = sampling
     h = hashlib.sha256(_key_prefix(b"epd/key/video", model_id, cfg))
     ints = [(0x41, -1 if s.nframes is None else s.nframes), (0x42, s.min_frames), (0x43, s.max_frames),
@@ -234,6 +238,7 @@ def video_key(model_id: str, cfg: PreprocessConfig, sampling: VideoSampling, vid
     for tag, v in ints:
         h.update(_field(tag, struct.pack("<q", v)))
     if video:
+        h.update(_field(0x49, struct.pack("<q", 1 if s.apply_rotation else 0)))
         h.update(_field(0x33, bytes(video)))
     else:
         for f in frames:
@@ -860,6 +865,8 @@ class EncodeClient:
                 m.sampling.total_pixels = s.total_pixels
                 m.sampling.resized_height = s.resized_height or 0
                 m.sampling.resized_width = s.resized_width or 0
+                m.sampling.rotation = (encoder_pb2.VIDEO_ROTATION_ON if s.apply_rotation
+                                       else encoder_pb2.VIDEO_ROTATION_OFF)
         metadata = ([(ROUTE_HEADER, route)] if route else []) + self._auth
         if use_shm or use_ipc:
             session_id = self._session_id()
