@@ -51,6 +51,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python"))
+import child_process  # noqa: E402 - each replay dies with this script
 from gnuplot_png import render_png  # noqa: E402
 from online_limit import requests_from_trace, simulate  # noqa: E402
 
@@ -179,7 +181,7 @@ def run_json(cmd: list[str], log: list[str]) -> dict | None:
     shown = " ".join(cmd).replace(REPO + "/", "")
     print("+ " + shown, file=sys.stderr, flush=True)
     log.append(shown)
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = child_process.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         print(f"e2e: exit {r.returncode}: {r.stderr.strip()[-500:]}", file=sys.stderr)
         return None

@@ -43,6 +43,8 @@ import grpc
 from PIL import Image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+import child_process  # noqa: E402 - the server dies with this script
 
 
 def load_stubs():
@@ -81,8 +83,8 @@ def rss_kb(pid, field):
 
 class Server:
     def __init__(self, binary, args):
-        self.proc = subprocess.Popen([binary, "serve", "--host", "127.0.0.1", "--port", "0", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = child_process.popen([binary, "serve", "--host", "127.0.0.1", "--port", "0", *args],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"READY port=(\d+)", line)
         if not m:

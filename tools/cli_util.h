@@ -1,8 +1,9 @@
 // tools/cli_util.h: small helpers the epd-encode subcommands share, one home
-// each: reading a whole file, the SplitMix64 generator, nearest-rank
-// percentiles, and the process's malloc tuning.
+// each: reading a whole file (any, or only a regular one under a size
+// limit), the SplitMix64 generator, nearest-rank percentiles, and the
+// process's malloc tuning.
 //
-// Thread safety: ReadFile and Percentile are thread-safe; a SplitMix64 is
+// Thread safety: ReadFile, ReadRegularFile and Percentile are thread-safe; a SplitMix64 is
 // not (one per thread); TuneMalloc is process-wide (call it once, before
 // starting threads).
 #pragma once
@@ -18,6 +19,20 @@ namespace epd::cli {
 // The whole file as bytes; kNotFound ("cannot open PATH") when it cannot be
 // opened.
 StatusOr<std::string> ReadFile(const std::string& path);
+
+// The largest request the server takes by default (ServerOptions::
+// max_request_bytes, `serve --max-request-mb 64`), the limit `replay` puts
+// on each file it reads.
+inline constexpr std::int64_t kDefaultMaxRequestBytes = std::int64_t{64} << 20;
+
+// The whole of `path` when it is a regular file of at most max_bytes bytes.
+// Nothing else is read: the open does not block (a FIFO with no writer
+// would hang a plain open), and /dev/zero or a directory is refused before
+// a byte is read. Errors: kNotFound "cannot open PATH: <errno text>";
+// kInvalidArgument naming PATH and what it is (a FIFO, a character device,
+// a directory, ...) or its size against max_bytes. Cost: one read of the
+// file; memory its size.
+StatusOr<std::string> ReadRegularFile(const std::string& path, std::int64_t max_bytes);
 
 // SplitMix64 (Steele, Lea, Flood: "Fast splittable pseudorandom number
 // generators", OOPSLA 2014): one 64-bit state; each step adds the golden

@@ -58,6 +58,7 @@ struct ReplayFlags {
   bool json = false;
   bool mrc = false;
   std::string out;
+  double max_request_mb = static_cast<double>(kDefaultMaxRequestBytes) / (1 << 20);  // each file read
 };
 
 // Redraws a one-line bar on stderr every 100 ms until Stop().
@@ -130,7 +131,7 @@ PlanResult MrcOf(const std::vector<CacheAccess>& accesses, const ReplayFlags& f)
 }
 
 StatusOr<std::vector<TraceRequest>> BuildTrace(const ReplayFlags& f) {
-  if (!f.trace.empty()) return ReadTrace(f.trace);
+  if (!f.trace.empty()) return ReadTrace(f.trace, static_cast<std::int64_t>(f.max_request_mb * (1 << 20)));
   auto images = ListImages(f.images);
   if (!images.ok()) return images.status();
   GeneratorOptions g;
@@ -162,8 +163,15 @@ int RunReplay(const ReplayFlags& f) {
       std::filesystem::path path(p);
       if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
       if (media.count(p) != 0) continue;
-      StatusOr<std::string> bytes = ReadFile(path.string());
-      if (!bytes.ok()) return Fail("request '" + r.id + "': cannot read image " + path.string());
+      // Regular files only, each at most a request's size: a path naming
+      // /dev/zero or a FIFO fails here at once.
+      StatusOr<std::string> bytes =
+          ReadRegularFile(path.string(), static_cast<std::int64_t>(f.max_request_mb * (1 << 20)));
+      if (!bytes.ok()) {
+        const bool video = std::find(r.videos.begin(), r.videos.end(), p) != r.videos.end();
+        return Fail("request '" + r.id + "': cannot read " + (video ? "video " : "image ") + path.string() + ": " +
+                    std::string(bytes.status().message()));
+      }
       media[p] = MediaBytes(std::move(*bytes));
     }
   }
@@ -356,6 +364,11 @@ void RegisterReplayCommand(CLI::App& app) {
       ->capture_default_str()
       ->check(Positive("requests/s"));
   cmd->add_option("--write-trace", f->write_trace, "also write the (generated) trace as JSON Lines");
+  cmd->add_option("--max-request-mb", f->max_request_mb,
+                  "largest file read (the trace, each image and video), MB: serve's request limit; only regular "
+                  "files are read")
+      ->capture_default_str()
+      ->check(Positive("MB"));
   CLI::Option* rt = cmd->add_flag("--realtime", f->realtime, "submit each request at its arrival_ms");
   CLI::Option* fast =
       cmd->add_flag("--as-fast-as-possible", f->as_fast_as_possible, "submit every request at once (the default)");

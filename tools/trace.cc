@@ -48,6 +48,10 @@ StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const st
         return error("arrival_ms must be a number >= 0");
       }
       r.arrival_ms = j["arrival_ms"].get<double>();
+      if (!(r.arrival_ms < kMaxArrivalMs)) {
+        return error("arrival_ms " + j["arrival_ms"].dump() + " is not below " + std::to_string(kMaxArrivalMs) +
+                     " (about 285 years): --realtime waits for it in int64 nanoseconds, which it would overflow");
+      }
     }
     const char* const kImagesRule = "images must be a non-empty array of strings";
     for (const char* field : {"images", "videos"}) {
@@ -67,9 +71,9 @@ StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const st
   return out;
 }
 
-StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path) {
-  StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) return InvalidArgument("cannot open trace " + path);
+StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path, std::int64_t max_bytes) {
+  StatusOr<std::string> text = ReadRegularFile(path, max_bytes);
+  if (!text.ok()) return InvalidArgument("cannot read trace " + path + ": " + std::string(text.status().message()));
   return ParseTrace(*text, path);
 }
 

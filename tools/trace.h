@@ -4,8 +4,8 @@
 // Trace format (JSON Lines, one request per line; blank lines are skipped):
 //   {"id": "r1", "arrival_ms": 12.5, "images": ["a.jpg", "sub/b.png"]}
 //   id          string, unique within the trace [default "line-<N>"]
-//   arrival_ms  number >= 0, when the request arrives, relative to the
-//               start of the replay [default 0]
+//   arrival_ms  number >= 0 and below kMaxArrivalMs, when the request
+//               arrives, relative to the start of the replay [default 0]
 //   images      array of image paths; relative ones are resolved against
 //               the --images directory (or the working directory without it)
 //   videos      array of video paths (MP4, WebM, ...), resolved likewise;
@@ -33,9 +33,15 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "epd/core/status.h"
 
 namespace epd::cli {
+
+// The bound on arrival_ms: replay --realtime waits until start + arrival_ms
+// on steady_clock, in int64 nanoseconds (at most 9.22e12 ms); 9e12 leaves
+// room for a start of up to 7 years of uptime.
+inline constexpr std::int64_t kMaxArrivalMs = 9'000'000'000'000;
 
 struct TraceRequest {
   std::string id;
@@ -54,7 +60,10 @@ struct TraceRequest {
 
 // Parses a JSON Lines trace; `name` prefixes error messages.
 StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const std::string& name);
-StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path);
+// Reads `path` (a regular file of at most max_bytes: ReadRegularFile) and
+// parses it; kInvalidArgument "cannot read trace PATH: why" otherwise.
+StatusOr<std::vector<TraceRequest>> ReadTrace(const std::string& path,
+                                              std::int64_t max_bytes = kDefaultMaxRequestBytes);
 
 // The trace as JSON Lines, readable by ParseTrace.
 std::string TraceToJsonLines(const std::vector<TraceRequest>& trace);

@@ -1,7 +1,15 @@
 #include "trace.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <map>
 
 namespace epd::cli {
@@ -39,6 +47,82 @@ TEST(TraceTest, ErrorsNameTheLine) {
     EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(t.status().message(), message);
   }
+}
+
+// Issue 27, fault 9: --realtime waited start + arrival_ms in int64
+// nanoseconds; 9.3e12 ms overflowed it and the request went at once.
+TEST(TraceTest, AnArrivalThatWouldOverflowTheRealtimeClockIsRefusedNamingTheLine) {
+  for (const char* arrival : {"9.3e12", "9223372036855", "1e300", "9000000000000"}) {
+    const std::string text =
+        std::string("{\"images\": [\"a\"]}\n{\"images\": [\"a\"], \"arrival_ms\": ") + arrival + "}\n";
+    auto t = ParseTrace(text, "t.jsonl");
+    ASSERT_FALSE(t.ok()) << arrival;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(t.status().message().rfind("t.jsonl:2: arrival_ms ", 0), 0u) << t.status().message();
+    EXPECT_NE(t.status().message().find("not below 9000000000000"), std::string::npos) << t.status().message();
+  }
+  auto ok = ParseTrace("{\"images\": [\"a\"], \"arrival_ms\": 8999999999999}\n", "t.jsonl");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ((*ok)[0].arrival_ms, 8999999999999.0);
+}
+
+// A fresh directory under the test's temp dir, removed at the end.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "epd-trace-XXXXXX").string();
+    path = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Issue 27, fault 9: a trace naming /dev/zero grew RSS to 20 GB, a FIFO hung
+// for ever. Only regular files under the size limit are read.
+TEST(TraceTest, OnlyARegularFileUnderTheLimitIsReadAsATrace) {
+  auto null = ReadTrace("/dev/null");  // was read as an empty trace
+  ASSERT_FALSE(null.ok());
+  EXPECT_EQ(null.status().message(),
+            "cannot read trace /dev/null: /dev/null is a character device, not a regular file: only files are read");
+  auto zero = ReadRegularFile("/dev/zero", kDefaultMaxRequestBytes);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("a character device"), std::string::npos) << zero.status().message();
+
+  TempDir dir;
+  auto is_dir = ReadTrace(dir.path.string());
+  ASSERT_FALSE(is_dir.ok());
+  EXPECT_NE(is_dir.status().message().find("is a directory"), std::string::npos) << is_dir.status().message();
+
+  const std::string big = (dir.path / "big.jsonl").string();
+  {
+    std::ofstream f(big);
+    f << std::string(1001, ' ');
+  }
+  auto over = ReadTrace(big, 1000);
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.status().message().find("is 1001 bytes"), std::string::npos) << over.status().message();
+  EXPECT_NE(over.status().message().find("over the limit of 1000 bytes"), std::string::npos);
+  EXPECT_TRUE(ReadTrace(big, 1001).ok());  // blank lines only: an empty trace
+
+  EXPECT_EQ(ReadTrace((dir.path / "missing.jsonl").string()).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TraceTest, AFifoIsRefusedAtOnceInsteadOfWaitingForAWriter) {
+  TempDir dir;
+  const std::string fifo = (dir.path / "trace.fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto read = std::async(std::launch::async, [&] { return ReadTrace(fifo); });
+  const bool returned = read.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!returned) {  // the old blocking open: give it a writer so the test ends
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) ::close(w);
+  }
+  auto t = read.get();
+  ASSERT_TRUE(returned) << "ReadTrace waited for a writer on a FIFO";
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("is a FIFO, not a regular file"), std::string::npos) << t.status().message();
 }
 
 TEST(TraceTest, JsonLinesRoundTrip) {

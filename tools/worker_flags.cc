@@ -119,6 +119,11 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
                  "videos: longest one video's decode may run, s (stopped between frames)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--video-rotation", f.video_rotation,
+                 "videos: show frames as the container's display matrix says, as ffmpeg autorotates (a request "
+                 "may override; part of the video key)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   cmd.add_flag("--no-video-chunk-cache", f.no_video_chunk_cache,
                "videos: encode and cache each video whole, not per temporal chunk (to measure what chunks save)");
 }
@@ -211,6 +216,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.video_sampling.fps = f.video_fps;
   o.video_sampling.max_frames = f.video_max_frames;
   o.video_sampling.min_frames = std::min(o.video_sampling.min_frames, f.video_max_frames);
+  o.video_sampling.apply_rotation = f.video_rotation != "off";
   o.video_limits.max_duration_s = f.video_max_seconds;
   o.video_limits.max_decode_frames = f.video_max_decode_frames;
   o.video_limits.max_decode_pixels = f.video_max_decode_pixels;

@@ -86,6 +86,7 @@ struct WorkerFlags {
   std::int64_t video_max_decode_frames = VideoLimits{}.max_decode_frames;
   std::int64_t video_max_decode_pixels = VideoLimits{}.max_decode_pixels;
   double video_max_decode_seconds = VideoLimits{}.max_decode_seconds;
+  std::string video_rotation = "on";  // VideoSampling::apply_rotation: "on" or "off"
   bool no_video_chunk_cache = false;  // WorkerOptions::video_chunk_cache off (to measure what it saves)
 };
 

@@ -18,8 +18,10 @@
 // Video keys (same version) add, after the header:
 //   "epd/key/video":        0x40..0x48 the VideoSampling fields (fps as the
 //                           IEEE-754 bits of the double; absent optionals as
-//                           -1), then 0x33 the container bytes, or 0x34 once
-//                           per frame image (each length-prefixed, in order)
+//                           -1), then for a container 0x49 apply_rotation
+//                           (int64 LE, 0 or 1) and 0x33 the container bytes,
+//                           or for a frame list 0x34 once per frame image
+//                           (each length-prefixed, in order)
 //   "epd/key/video-chunk":  0x20 width, 0x21 height, 0x23 frame count, then
 //                           0x35 once per frame's RGB8 pixels, in order
 // Because every value carries its length, the encoding is injective: two
@@ -75,6 +77,7 @@ enum Tag : std::uint8_t {
   kTagSampleTotalPixels = 0x46,
   kTagSampleResizedHeight = 0x47,
   kTagSampleResizedWidth = 0x48,
+  kTagSampleRotation = 0x49,
 };
 
 constexpr std::string_view kDomainEncoded = "epd/key/encoded";
@@ -211,6 +214,8 @@ ContentKey ComputeVideoKey(std::string_view model_id, const PreprocessConfig& cf
   enc.Int(kTagSampleTotalPixels, sampling.total_pixels);
   enc.Int(kTagSampleResizedHeight, sampling.resized_height.value_or(-1));
   enc.Int(kTagSampleResizedWidth, sampling.resized_width.value_or(-1));
+  // Only a container has a display matrix; a frame list's key is unchanged.
+  if (!frame_list) enc.Int(kTagSampleRotation, sampling.apply_rotation ? 1 : 0);
   for (std::span<const std::uint8_t> part : parts) {
     enc.Bytes(frame_list ? kTagVideoFrameImage : kTagVideoContainer, part);
   }

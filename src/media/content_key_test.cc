@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "digest.h"
@@ -188,52 +189,101 @@ TEST(ContentKeyTest, ParseHexRejectsBadInput) {
   EXPECT_NE(nonhex.status().message().find("position 10"), std::string::npos) << nonhex.status().message();
 }
 
+// An independent re-encoding of the documented layout (content_key.cc's
+// header comment): tag, 8-byte little-endian length, value.
+void Field(Bytes& out, std::uint8_t tag, const Bytes& v) {
+  out.push_back(tag);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(std::uint64_t{v.size()} >> (8 * i)));
+  out.insert(out.end(), v.begin(), v.end());
+}
+
+Bytes Le(std::uint64_t v, int n) {
+  Bytes b;
+  for (int i = 0; i < n; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  return b;
+}
+
+Bytes Floats(const std::array<float, 3>& f) {
+  Bytes b;
+  for (float x : f) {
+    std::uint32_t u;
+    std::memcpy(&u, &x, 4);
+    Bytes p = Le(u, 4);
+    b.insert(b.end(), p.begin(), p.end());
+  }
+  return b;
+}
+
+// The fields every key starts with, for model "m" and the default config.
+Bytes DefaultHeader(std::string_view domain) {
+  const PreprocessConfig cfg;
+  Bytes msg;
+  Field(msg, 0x00, B(domain));
+  Field(msg, 0x01, Le(2, 4));
+  Field(msg, 0x02, B("m"));
+  Field(msg, 0x10, Le(14, 8));
+  Field(msg, 0x11, Le(2, 8));
+  Field(msg, 0x12, Le(2, 8));
+  Field(msg, 0x13, Le(3136, 8));
+  Field(msg, 0x14, Le(1003520, 8));
+  Field(msg, 0x15, Floats(cfg.mean));
+  Field(msg, 0x16, Floats(cfg.std));
+  Field(msg, 0x17, Le(0, 8));
+  Field(msg, 0x18, Le(1, 8));                 // EXIF orientation applied
+  Field(msg, 0x19, Bytes{1, 255, 255, 255});  // composite on white
+  return msg;
+}
+
+ContentKey Sha256Key(const Bytes& msg) {
+  auto sha = internal::NewSha256();
+  sha->Update(msg);
+  ContentKey key;
+  key.bytes = sha->Final();
+  return key;
+}
+
 // The key must not silently change between releases: a change would make
 // every persisted cache entry miss. If this fails on purpose, bump
 // kContentKeyVersion and update the expected value.
 TEST(ContentKeyTest, EncodingIsStableForVersion2) {
-  // Independent re-encoding of the documented layout for a tiny input.
-  auto field = [](Bytes& out, std::uint8_t tag, const Bytes& v) {
-    out.push_back(tag);
-    for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(std::uint64_t{v.size()} >> (8 * i)));
-    out.insert(out.end(), v.begin(), v.end());
-  };
-  auto le = [](std::uint64_t v, int n) {
-    Bytes b;
-    for (int i = 0; i < n; ++i) b.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
-    return b;
-  };
-  auto floats = [&](const std::array<float, 3>& f) {
-    Bytes b;
-    for (float x : f) {
-      std::uint32_t u;
-      std::memcpy(&u, &x, 4);
-      Bytes p = le(u, 4);
-      b.insert(b.end(), p.begin(), p.end());
+  Bytes msg = DefaultHeader("epd/key/encoded");
+  Field(msg, 0x30, B("xyz"));
+  EXPECT_EQ(ComputeContentKey("m", PreprocessConfig{}, B("xyz")), Sha256Key(msg));
+}
+
+// A container's video key holds apply_rotation (tag 0x49) after the
+// sampling fields; a frame list's does not (its frames follow EXIF instead).
+TEST(VideoKeyTest, ContainerKeyEncodesTheRotationSwitchAndFrameListKeysDoNot) {
+  auto sampling_fields = [](Bytes& msg) {
+    const VideoSampling s;
+    Field(msg, 0x40, Le(0x4000000000000000ull, 8));  // 2.0 as IEEE-754 bits
+    Field(msg, 0x41, Le(static_cast<std::uint64_t>(-1), 8));
+    for (const auto& [tag, v] :
+         {std::pair{0x42, s.min_frames}, std::pair{0x43, s.max_frames}, std::pair{0x44, s.min_pixels},
+          std::pair{0x45, s.max_pixels}, std::pair{0x46, s.total_pixels}}) {
+      Field(msg, static_cast<std::uint8_t>(tag), Le(static_cast<std::uint64_t>(v), 8));
     }
-    return b;
+    Field(msg, 0x47, Le(static_cast<std::uint64_t>(-1), 8));
+    Field(msg, 0x48, Le(static_cast<std::uint64_t>(-1), 8));
   };
-  PreprocessConfig cfg;
-  Bytes msg;
-  field(msg, 0x00, B("epd/key/encoded"));
-  field(msg, 0x01, le(2, 4));
-  field(msg, 0x02, B("m"));
-  field(msg, 0x10, le(14, 8));
-  field(msg, 0x11, le(2, 8));
-  field(msg, 0x12, le(2, 8));
-  field(msg, 0x13, le(3136, 8));
-  field(msg, 0x14, le(1003520, 8));
-  field(msg, 0x15, floats(cfg.mean));
-  field(msg, 0x16, floats(cfg.std));
-  field(msg, 0x17, le(0, 8));
-  field(msg, 0x18, le(1, 8));                 // EXIF orientation applied
-  field(msg, 0x19, Bytes{1, 255, 255, 255});  // composite on white
-  field(msg, 0x30, B("xyz"));
-  auto sha = internal::NewSha256();
-  sha->Update(msg);
-  ContentKey expected;
-  expected.bytes = sha->Final();
-  EXPECT_EQ(ComputeContentKey("m", cfg, B("xyz")), expected);
+  const Bytes mp4 = B("mp4 bytes");
+  const std::vector<std::span<const std::uint8_t>> parts = {mp4};
+  for (const bool rotation : {true, false}) {
+    Bytes msg = DefaultHeader("epd/key/video");
+    sampling_fields(msg);
+    Field(msg, 0x49, Le(rotation ? 1 : 0, 8));
+    Field(msg, 0x33, mp4);
+    VideoSampling s;
+    s.apply_rotation = rotation;
+    EXPECT_EQ(ComputeVideoKey("m", PreprocessConfig{}, s, parts, false), Sha256Key(msg)) << rotation;
+  }
+  Bytes frames = DefaultHeader("epd/key/video");
+  sampling_fields(frames);
+  Field(frames, 0x34, mp4);
+  VideoSampling off;
+  off.apply_rotation = false;
+  EXPECT_EQ(ComputeVideoKey("m", PreprocessConfig{}, {}, parts, true), Sha256Key(frames));
+  EXPECT_EQ(ComputeVideoKey("m", PreprocessConfig{}, off, parts, true), Sha256Key(frames));
 }
 
 TEST(ContentKeyTest, DecodeOptionsChangeTheKey) {
@@ -297,7 +347,10 @@ TEST(VideoKeyTest, EverySamplingFieldChangesTheKey) {
   s.resized_height = 224;
   s.resized_width = 224;
   add(s);
-  EXPECT_EQ(keys.size(), 9u);
+  s = {};
+  s.apply_rotation = false;
+  add(s);
+  EXPECT_EQ(keys.size(), 10u);
 }
 
 TEST(VideoKeyTest, ContainerFrameListAndImageKeysOfTheSameBytesDiffer) {

@@ -83,7 +83,7 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
         m->ModifySendStatus(s);
       }
       if (!refused_unparsed || !Callback()) {
-        outcomes_->Record(info_->method(), Peer(), FromGrpc(s));
+        outcomes_->Record(info_->method(), Peer(), ClientEndedOr(FromGrpc(s)));
       } else {
         // No message reached the handler: either it did not parse, or the
         // client cancelled before sending it (gRPC's handler sees the same
@@ -112,6 +112,21 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   bool Callback() const { return dynamic_cast<const grpc::CallbackServerContext*>(info_->server_context()) != nullptr; }
 
   std::string Peer() const { return info_->server_context() != nullptr ? info_->server_context()->peer() : "?"; }
+
+  // `status`, unless it is UNKNOWN on a callback call the client ended: gRPC's
+  // health Watch answers a client's cancel (or its deadline) with UNKNOWN
+  // "OnCancel()", which is no server error. (IsCancelled is valid at any
+  // point of a callback call; a sync one is left as it is.)
+  Status ClientEndedOr(Status status) const {
+    if (status.code() != StatusCode::kUnknown || !Callback() || !info_->server_context()->IsCancelled()) {
+      return status;
+    }
+    if (info_->server_context()->deadline() <= std::chrono::system_clock::now()) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "the call's deadline passed (the service said: " + std::string(status.message()) + ")");
+    }
+    return Cancelled("the client cancelled the call (the service said: " + std::string(status.message()) + ")");
+  }
 
   // Records the outcome of a call refused for want of a request message once
   // both that refusal was sent and the call's close arrived: a cancel when the

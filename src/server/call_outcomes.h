@@ -18,6 +18,10 @@
 // cancelled before sending it; for a callback method (Encode) such a call is
 // counted (and logged) as CANCELLED, decided when the call's close arrives
 // (POST_RECV_CLOSE). A sync method's is still counted as INVALID_ARGUMENT.
+// Likewise a callback call the client ended that a service then finishes
+// with UNKNOWN (gRPC's health Watch says UNKNOWN "OnCancel()" when its
+// client cancels) is counted and logged as CANCELLED, or DEADLINE_EXCEEDED
+// when the call's deadline had passed: a client's cancel is no error.
 //
 // Thread safety: thread-safe.
 #pragma once

@@ -295,6 +295,8 @@ VideoSampling FromProto(const v1::VideoSampling& p, const VideoSampling& default
   if (p.total_pixels() != 0) s.total_pixels = p.total_pixels();
   if (p.resized_height() != 0) s.resized_height = p.resized_height();
   if (p.resized_width() != 0) s.resized_width = p.resized_width();
+  if (p.rotation() == v1::VIDEO_ROTATION_ON) s.apply_rotation = true;
+  if (p.rotation() == v1::VIDEO_ROTATION_OFF) s.apply_rotation = false;
   return s;
 }
 
@@ -308,6 +310,7 @@ void ToProto(const VideoSampling& s, v1::VideoSampling* out) {
   out->set_total_pixels(s.total_pixels);
   if (s.resized_height.has_value()) out->set_resized_height(*s.resized_height);
   if (s.resized_width.has_value()) out->set_resized_width(*s.resized_width);
+  out->set_rotation(s.apply_rotation ? v1::VIDEO_ROTATION_ON : v1::VIDEO_ROTATION_OFF);
 }
 
 grpc::Status ToGrpc(const Status& s) {

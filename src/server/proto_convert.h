@@ -53,7 +53,8 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out);
 ServerStats FromProto(const v1::StatsResponse& m);
 
 // A request's sampling over the server's defaults: each field left 0 (proto3's
-// unset) keeps the default. Validation is the worker's (VideoSampling::Validate).
+// unset; for rotation, VIDEO_ROTATION_UNSET or an unknown value) keeps the
+// default. Validation is the worker's (VideoSampling::Validate).
 VideoSampling FromProto(const v1::VideoSampling& p, const VideoSampling& defaults);
 void ToProto(const VideoSampling& s, v1::VideoSampling* out);
 

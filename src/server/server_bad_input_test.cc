@@ -253,6 +253,46 @@ TEST(ServerBadInputTest, MalformedProtobufIsInvalidArgumentAndCounted) {
   ExpectStillServing(t);
 }
 
+// Issue 27, fault 9: gRPC's health service finishes a Watch the client
+// cancels with UNKNOWN ("OnCancel()"), which was counted and logged as a
+// server error. A client's cancel is a cancel.
+TEST(ServerBadInputTest, AClientEndingAHealthWatchIsCountedAsCancelledNotUnknown) {
+  LogLines log;
+  TestServerOptions o;
+  o.server.log = log.Sink();
+  TestServer t = StartTestServer(o);
+  grpc::GenericStub stub(grpc::CreateChannel(t.target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&ctx, "/grpc.health.v1.Health/Watch", &cq);
+  void* tag;
+  bool ok = false;
+  auto step = [&](auto&& op) {
+    op();
+    return cq.Next(&tag, &ok) && ok;
+  };
+  grpc::Slice empty("");  // HealthCheckRequest{service: ""}: no bytes
+  grpc::ByteBuffer request(&empty, 1), reply;
+  ASSERT_TRUE(step([&] { call->StartCall(nullptr); }));
+  ASSERT_TRUE(step([&] { call->Write(request, nullptr); }));
+  ASSERT_TRUE(step([&] { call->WritesDone(nullptr); }));
+  ASSERT_TRUE(step([&] { call->Read(&reply, nullptr); }));  // the first status: SERVING
+  ctx.TryCancel();
+  grpc::Status status;
+  step([&] { call->Finish(&status, nullptr); });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  EXPECT_TRUE(WaitFor([&] { return ErrorsWith(t, StatusCode::kCancelled) == 1; }));
+  EXPECT_EQ(ErrorsWith(t, StatusCode::kUnknown), 0u);
+  EXPECT_TRUE(WaitFor([&] { return log.Has("/grpc.health.v1.Health/Watch"); }));
+  EXPECT_TRUE(log.Has("Watch from "));
+  EXPECT_FALSE(log.Has("UNKNOWN"));
+  EXPECT_TRUE(log.Has("CANCELLED"));
+}
+
 TEST(ServerBadInputTest, UncachedCallerKeyWithoutImageIsInvalidArgument) {
   TestServer t = StartTestServer();
   v1::EncodeRequest req;

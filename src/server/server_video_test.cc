@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "epd/video/video_decoder.h"
 #include "test_server.h"
@@ -113,6 +115,46 @@ TEST(ServerVideoTest, ItemMixingImageAndVideoIsInvalidArgument) {
   EXPECT_EQ(c.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(c.status.error_message().find("mixes kinds"), std::string::npos) << c.status.error_message();
   ExpectStillServing(t);
+}
+
+// Issue 27, fault 2: 0, 90, 180 and 270 degrees gave byte-identical
+// embeddings, served as chunk hits of one another. Each is now its own
+// picture: four misses of two chunks each, 90 and 270 portrait.
+TEST(ServerVideoTest, RotatedCopiesOfOneVideoAreDistinctVideosAndQuarterTurnsArePortrait) {
+  TestServer t = StartVideoServer();
+  std::vector<std::string> mains;
+  for (const char* name : {"rgb.mp4", "rgb_rot90.mp4", "rgb_rot180.mp4", "rgb_rot270.mp4"}) {
+    SCOPED_TRACE(name);
+    RawCall c = CallEncode(*t.stub, VideoRequest(name, Fixture(name)));
+    ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+    ASSERT_EQ(c.items[0].grid_thw_size(), 3);
+    const bool portrait =
+        std::string(name).find("90") != std::string::npos || std::string(name).find("270") != std::string::npos;
+    // 168x112 shown 392 wide and 280 high (20 x 14 patches), or the turn.
+    EXPECT_EQ(c.items[0].grid_thw(1), portrait ? 28 : 20);
+    EXPECT_EQ(c.items[0].grid_thw(2), portrait ? 20 : 28);
+    EXPECT_EQ(c.items[0].source(), v1::SOURCE_MISS);
+    mains.push_back(c.items[0].main());
+  }
+  for (std::size_t i = 0; i < mains.size(); ++i) {
+    for (std::size_t j = i + 1; j < mains.size(); ++j) EXPECT_NE(mains[i], mains[j]) << i << " vs " << j;
+  }
+  const WorkerStats s = t.server->Stats().worker;
+  EXPECT_EQ(s.chunk_hits, 0u);
+  EXPECT_EQ(s.chunk_misses, 8u);
+}
+
+TEST(ServerVideoTest, ARequestWithRotationOffGetsTheStoredFramesServedAsChunkHits) {
+  TestServer t = StartVideoServer();
+  RawCall stored = CallEncode(*t.stub, VideoRequest("stored", Fixture("rgb.mp4")));
+  ASSERT_TRUE(stored.status.ok()) << stored.status.error_message();
+  v1::EncodeRequest off = VideoRequest("off", Fixture("rgb_rot90.mp4"));
+  off.mutable_items(0)->mutable_sampling()->set_rotation(v1::VIDEO_ROTATION_OFF);
+  RawCall c = CallEncode(*t.stub, off);
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_EQ(c.items[0].grid_thw(1), 20);  // landscape, as stored
+  EXPECT_EQ(c.items[0].main(), stored.items[0].main());
+  EXPECT_EQ(t.server->Stats().worker.chunk_hits, 2u);  // the same pixels: both chunks hit
 }
 
 TEST(ServerVideoTest, ServerWithoutDecoderRefusesContainersButTakesFrames) {

@@ -9,9 +9,10 @@
 //   redis.Cli({"CONFIG", "SET", "maxmemory", "1mb"});     // one command, via hiredis-free RESP
 //   redis.Cli({"GET", RedisKey("epd:v:", key)});         // a tier's own key for `key`
 //
-// The port is found by binding port 0 and closing it just before redis
-// starts; a race with another process taking it makes Start() fail loudly
-// (it waits for PING), never pass silently.
+// Started through SpawnDyingWithParent (child_process.h): the server dies
+// with the test process even when ctest kills it. The port is found by
+// binding port 0 and closing it just before redis starts; a race with another process taking it makes Start() fail
+// loudly (it waits for PING), never pass silently.
 #pragma once
 
 #include <arpa/inet.h>
@@ -29,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.h"
 #include "epd/media/content_key.h"
 
 namespace epd::test_util {
@@ -159,14 +161,7 @@ class RedisServer {
                                      "--appendonly", "no",        "--daemonize",
                                      "no",           "--logfile", dir_ + "/redis.log"};
     args.insert(args.end(), extra_.begin(), extra_.end());
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(binary_.c_str(), argv.data());
-      std::_Exit(127);
-    }
+    pid_ = SpawnDyingWithParent(std::move(args));  // dies with the test, even a killed one
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (std::chrono::steady_clock::now() < deadline) {
       const int fd = Connect();

@@ -5,6 +5,7 @@
 # of its types, so nothing above this edge includes an FFmpeg header.
 add_library(epd_video
   ${CMAKE_CURRENT_LIST_DIR}/video_decoder.cc
+  ${CMAKE_CURRENT_LIST_DIR}/video_orientation.cc
 )
 add_library(epd::video ALIAS epd_video)
 target_link_libraries(epd_video PUBLIC epd::media PRIVATE PkgConfig::FFMPEG)

@@ -22,7 +22,21 @@ Writes into OUT_DIR:
   ten_hours.mp4     h264.mp4 whose mvhd and mdhd claim 36000 s
   unknown_codec.mp4 h264.mp4 whose sample entry type avc1 is renamed zzzz
   garbage.bin       4 KiB of a fixed pseudo-random pattern
+Rotation (docs/VIDEO.md), all lossless RGB H.264 (libx264rgb -qp 0) of
+testsrc 168x112, 8 frames at 10 fps, so decoded pixels are exact:
+  rgb.mp4           no display matrix
+  rgb_rot90.mp4, rgb_rot180.mp4, rgb_rot270.mp4
+                    rgb.mp4 remuxed with -metadata:s:v rotate=N (the tkhd
+                    matrix; FFmpeg reads rotate=90 as 90 degrees
+                    counterclockwise, av_display_rotation_get 90)
+  rgb_hflip.mp4     rgb.mp4 whose tkhd matrix mirrors x (a horizontal flip)
+  rgb_rot45.mp4     rgb.mp4 whose tkhd matrix turns by 45 degrees
+  rgb_sei90.mkv     rgb.mp4's stream with an H.264 display-orientation SEI
+                    of 90 degrees (h264_metadata) and no container matrix
+  <name>_frame5.png frame 5 of each MP4 as ffmpeg's own autorotate shows it
+  rgb_sei90_frame0.png  frame 0 of rgb_sei90.mkv, likewise
 """
+import math
 import os
 import struct
 import subprocess
@@ -61,6 +75,45 @@ def patch_duration(data, box_path, seconds):
     assert data[body] == 0, "version 1 box not handled"
     timescale = struct.unpack(">I", data[body + 12:body + 16])[0]
     data[body + 16:body + 20] = struct.pack(">I", timescale * seconds)
+
+
+def set_track_matrix(data, matrix):
+    """Writes a version-0 tkhd's 3x3 matrix (9 int32: a b u c d v x y w;
+    16.16 fixed point, u v w 2.30)."""
+    pos = find_box(data, ["moov", "trak", "tkhd"])
+    body = pos + 8
+    assert data[body] == 0, "version 1 tkhd not handled"
+    # version/flags 4, creation/modification/track_ID/reserved/duration 20,
+    # reserved 8, layer/alternate_group/volume/reserved 8, then the matrix.
+    off = body + 4 + 20 + 8 + 8
+    data[off:off + 36] = struct.pack(">9i", *matrix)
+
+
+def make_rotation_fixtures(exe, p):
+    ffmpeg(exe, "-f", "lavfi", "-i", "testsrc=size=168x112:rate=10", "-frames:v", "8", "-c:v", "libx264rgb", "-qp",
+           "0", "-pix_fmt", "rgb24", p("rgb.mp4"))
+    names = ["rgb"]
+    for deg in (90, 180, 270):
+        ffmpeg(exe, "-i", p("rgb.mp4"), "-c", "copy", "-metadata:s:v", f"rotate={deg}", p(f"rgb_rot{deg}.mp4"))
+        names.append(f"rgb_rot{deg}")
+    one, unit = 1 << 16, 1 << 30
+    base = open(p("rgb.mp4"), "rb").read()
+    c45 = int(round(math.cos(math.pi / 4) * one))
+    for name, matrix in (("rgb_hflip", [-one, 0, 0, 0, one, 0, 168 * one, 0, unit]),
+                         ("rgb_rot45", [c45, -c45, 0, c45, c45, 0, 0, 0, unit])):
+        data = bytearray(base)
+        set_track_matrix(data, matrix)
+        open(p(name + ".mp4"), "wb").write(data)
+    names.append("rgb_hflip")
+    ffmpeg(exe, "-i", p("rgb.mp4"), "-c", "copy", "-bsf:v", "h264_metadata=display_orientation=insert:rotate=90",
+           p("rgb_sei90.mkv"))
+    for name in names:
+        ffmpeg(exe, "-i", p(name + ".mp4"), "-vf", r"select=eq(n\,5)", "-frames:v", "1", "-pix_fmt", "rgb24",
+               p(name + "_frame5.png"))
+    # The SEI rides on the first frame only, and ffmpeg turns only the frames
+    # that carry it (the rest it scales back to the first one's size): its
+    # frame 0 is the reference.
+    ffmpeg(exe, "-i", p("rgb_sei90.mkv"), "-frames:v", "1", "-pix_fmt", "rgb24", p("rgb_sei90_frame0.png"))
 
 
 def sample_entry(data):
@@ -115,6 +168,8 @@ def main():
     entry = sample_entry(unknown)
     unknown[entry + 4:entry + 8] = b"zzzz"
     open(p("unknown_codec.mp4"), "wb").write(unknown)
+
+    make_rotation_fixtures(exe, p)
 
     state, junk = 12345, bytearray()
     for _ in range(4096):

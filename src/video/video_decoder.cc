@@ -24,6 +24,10 @@
 //     each to RGB24 at its source size with swscale, and resizes it with
 //     epd::ResizeRgb, the image path's resampler, so a video frame and the
 //     same picture sent as an image become identical pixels.
+//   - Rotation: the display matrix (the container's, else the first decoded
+//     frame's) is read as a VideoOrientation and each sampled frame turned
+//     and flipped at its source size, before the resize, as ffmpeg's
+//     autorotate filters it before scaling (video_orientation.h).
 //   - FFmpeg's own logging is routed, once per process, to a callback that
 //     prints nothing and keeps the thread's last error line, which is added
 //     to the Status message (FFmpeg's return codes alone are often generic).
@@ -54,6 +58,8 @@ extern "C" {
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "video_orientation.h"
 
 namespace epd {
 namespace {
@@ -101,6 +107,18 @@ void SilenceFfmpegOnce() {
 // " (FFmpeg: <its last error line>)" when it logged one since the last call.
 std::string FfmpegSays() {
   std::string said = t_ffmpeg_error.empty() ? "" : "; FFmpeg: " + t_ffmpeg_error;
+  t_ffmpeg_error.clear();
+  return said;
+}
+
+// Why FFmpeg failed to open a container: its logged error line when it
+// logged one, else the text of `err`. The line comes first because a
+// demuxer's return code can be wrong: for a picture size it refuses, the Y4M
+// demuxer returns AVERROR(EINVAL) plus its 6-byte "FRAME\n" magic, which
+// av_strerror renders as "Device or resource busy".
+std::string OpenFailureReason(int err) {
+  if (t_ffmpeg_error.empty()) return AvError(err);
+  std::string said = "FFmpeg: " + t_ffmpeg_error;
   t_ffmpeg_error.clear();
   return said;
 }
@@ -196,6 +214,14 @@ double ClaimedDuration(const AVFormatContext* fmt, const AVStream* st) {
     d = std::max(d, static_cast<double>(fmt->duration) / AV_TIME_BASE);
   }
   return d;
+}
+
+// The (height, width) sampling resizes from: as shown under `o`.
+StatusOr<ResizedSize> ShownFrameSize(const VideoInfo& info, const VideoOrientation& o, std::int64_t nframes,
+                                     const VideoSampling& s, const PreprocessConfig& cfg) {
+  if (Status st = internal::CheckQuarterTurn(o); !st.ok()) return st;
+  return o.swaps_axes() ? VideoFrameSize(info.width, info.height, nframes, s, cfg)
+                        : VideoFrameSize(info.height, info.width, nframes, s, cfg);
 }
 
 bool IsVideo(const AVStream* st) {
@@ -311,8 +337,8 @@ Status Demuxer::Open(std::span<const std::uint8_t> bytes, const VideoLimits& lim
   fmt_->flags |= AVFMT_FLAG_CUSTOM_IO;
   // Reads the header only (on failure FFmpeg frees fmt_ and nulls it).
   if (int err = avformat_open_input(&fmt_, nullptr, nullptr, nullptr); err < 0) {
-    return InvalidArgument("not a readable video container: corrupt, truncated or an unknown format (" + AvError(err) +
-                           FfmpegSays() + ")");
+    return InvalidArgument("not a readable video container: corrupt, truncated or an unknown format (" +
+                           OpenFailureReason(err) + ")");
   }
   if (Status s = CheckHeader(limits); !s.ok()) return s;
 
@@ -342,6 +368,7 @@ Status Demuxer::Open(std::span<const std::uint8_t> bytes, const VideoLimits& lim
   info_.duration_s = ClaimedDuration(fmt_, stream_);
   info_.frames = stream_->nb_frames > 0 ? stream_->nb_frames
                                         : static_cast<std::int64_t>(std::llround(info_.duration_s * info_.fps));
+  info_.orientation = internal::StreamOrientation(stream_);
 
   decoder_ = avcodec_find_decoder(par->codec_id);
   if (decoder_ == nullptr) {
@@ -451,6 +478,16 @@ StatusOr<VideoInfo> ProbeVideo(std::span<const std::uint8_t> bytes, const VideoL
   return d.info();
 }
 
+StatusOr<GridTHW> VideoHeaderGrid(const VideoInfo& info, const VideoSampling& s, const PreprocessConfig& cfg) {
+  if (Status st = cfg.Validate(); !st.ok()) return st;
+  StatusOr<std::int64_t> nframes = SampleFrameCount(s, info.frames, info.fps, cfg.temporal_patch_size);
+  if (!nframes.ok()) return nframes.status();
+  StatusOr<ResizedSize> size =
+      ShownFrameSize(info, s.apply_rotation ? info.orientation : VideoOrientation{}, *nframes, s, cfg);
+  if (!size.ok()) return size.status();
+  return GridTHW{*nframes / cfg.temporal_patch_size, size->height / cfg.patch_size, size->width / cfg.patch_size};
+}
+
 StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const VideoSampling& sampling,
                                    const PreprocessConfig& cfg, const VideoLimits& limits, std::stop_token stop) {
   if (Status s = sampling.Validate(); !s.ok()) return s;
@@ -478,7 +515,8 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
   // Frames decode in order, up to the last sampled one.
   if (Status s = CheckDecodeWork(indices.back() + 1, info.width, info.height, limits); !s.ok()) return s;
   if (Status s = budget.Between(); !s.ok()) return s;
-  StatusOr<ResizedSize> size = VideoFrameSize(info.height, info.width, *nframes, sampling, cfg);
+  VideoOrientation orientation = sampling.apply_rotation ? info.orientation : VideoOrientation{};
+  StatusOr<ResizedSize> size = ShownFrameSize(info, orientation, *nframes, sampling, cfg);
   if (!size.ok()) return size.status();
   const double bytes_needed =
       static_cast<double>(*nframes) * static_cast<double>(size->height) * static_cast<double>(size->width) * 3.0;
@@ -525,10 +563,18 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
       }
       if (Status s = budget.Charge(frame.get()); !s.ok()) return s;
       if (next < indices.size() && decoded == indices[next]) {
+        if (next == 0 && sampling.apply_rotation && info.orientation.identity()) {
+          // No container matrix: the bitstream's (a display-orientation
+          // SEI), as ffmpeg's autorotate reads it. A swap keeps the bytes.
+          orientation = internal::FrameOrientation(frame.get());
+          size = ShownFrameSize(info, orientation, *nframes, sampling, cfg);
+          if (!size.ok()) return size.status();
+        }
         StatusOr<RgbImage> rgb = ToRgb(frame.get(), sws);
         if (!rgb.ok()) return rgb.status();
+        const RgbImage shown = internal::OrientFrame(std::move(*rgb), orientation);
         StatusOr<RgbImage> resized =
-            ResizeRgb(*rgb, static_cast<int>(size->width), static_cast<int>(size->height), cfg.resample);
+            ResizeRgb(shown, static_cast<int>(size->width), static_cast<int>(size->height), cfg.resample);
         if (!resized.ok()) return resized.status();
         out.frames.push_back(std::move(*resized));
         std::int64_t pts = frame->best_effort_timestamp;

@@ -11,7 +11,10 @@
 #include <iterator>
 #include <stop_token>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "video_orientation.h"
 
 namespace epd {
 namespace {
@@ -162,6 +165,144 @@ TEST(DecodeVideoTest, Patch16CheckpointUsesFactor32) {
   EXPECT_EQ(v->grid, (GridTHW{2, 20, 28}));
 }
 
+// --- rotation: the display matrix, as ffmpeg's autorotate applies it -------
+
+// A frame as ffmpeg's autorotate shows it (make_video_fixtures.py):
+// "<name>_frame5.png".
+RgbImage FfmpegFrame(const std::string& png) {
+  auto image = DecodeImage(Fixture(png));
+  EXPECT_TRUE(image.ok()) << png << ": " << image.status().ToString();
+  return image.ok() ? *image : RgbImage{};
+}
+
+// Samples `file` at its shown size, unresized (168x112 and 112x168 are
+// multiples of 28): frames 0, 2, 5, 7 of the 8.
+StatusOr<SampledVideo> DecodeUnresized(const std::string& file, bool portrait, bool rotation = true) {
+  VideoSampling s;
+  s.resized_height = portrait ? 168 : 112;
+  s.resized_width = portrait ? 112 : 168;
+  s.apply_rotation = rotation;
+  return DecodeVideo(Fixture(file), s, {});
+}
+
+struct RotationCase {
+  const char* name;
+  const char* file;
+  bool portrait;
+  VideoOrientation header;  // what ProbeVideo reads from the container
+  const char* frame0_png;   // ffmpeg's frame 0, when there is one
+};
+
+class RotationTest : public ::testing::TestWithParam<RotationCase> {};
+
+TEST_P(RotationTest, FramesAreFfmpegsAutorotatedPixelsExactly) {
+  const RotationCase& c = GetParam();
+  auto v = DecodeUnresized(c.file, c.portrait);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  ASSERT_EQ(v->frames.size(), 4u);
+  // Sampled frame 2 is source frame 5. The SEI case's frame 5 is compared
+  // with the container matrix's (ffmpeg turns only its SEI frame, 0).
+  const bool sei = c.frame0_png != nullptr;
+  const RgbImage want = FfmpegFrame(sei ? "rgb_rot90_frame5.png" : std::string(c.name) + "_frame5.png");
+  ASSERT_EQ(want.width, c.portrait ? 112 : 168);
+  EXPECT_EQ(v->frames[2].width, want.width);
+  EXPECT_EQ(v->frames[2].height, want.height);
+  EXPECT_EQ(v->frames[2].pixels, want.pixels);  // lossless RGB: exact
+  if (sei) EXPECT_EQ(v->frames[0].pixels, FfmpegFrame(c.frame0_png).pixels);
+  auto info = ProbeVideo(Fixture(c.file));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->orientation, c.header);
+}
+
+TEST_P(RotationTest, RotationOffDecodesTheFramesAsStored) {
+  const RotationCase& c = GetParam();
+  auto off = DecodeUnresized(c.file, false, /*rotation=*/false);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_EQ(off->frames[2].pixels, FfmpegFrame("rgb_frame5.png").pixels);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, RotationTest,
+    ::testing::Values(RotationCase{"rgb", "rgb.mp4", false, {}, nullptr},
+                      RotationCase{"rgb_rot90", "rgb_rot90.mp4", true, {90, false, true}, nullptr},
+                      RotationCase{"rgb_rot180", "rgb_rot180.mp4", false, {180, false, true}, nullptr},
+                      RotationCase{"rgb_rot270", "rgb_rot270.mp4", true, {270, false, true}, nullptr},
+                      RotationCase{"rgb_hflip", "rgb_hflip.mp4", false, {0, true, true}, nullptr},
+                      // The SEI is in the bitstream: the header has no matrix.
+                      RotationCase{"rgb_sei90", "rgb_sei90.mkv", true, {}, "rgb_sei90_frame0.png"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(RotationTest, AQuarterTurnMakesTheHeaderGridAndTheSampledGridPortrait) {
+  // 112x168 stored, shown 168x112 (HxW): min_pixels 100352 > 18816, beta =
+  // sqrt(100352 / 18816) = 2.309; 168 * 2.309 / 28 = 13.9 -> 392, 112 *
+  // 2.309 / 28 = 9.2 -> 280. Grid (2, 28, 20); landscape (2, 20, 28).
+  auto info = ProbeVideo(Fixture("rgb_rot90.mp4"));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->width, 168);
+  EXPECT_EQ(info->display_width(), 112);
+  EXPECT_EQ(info->display_height(), 168);
+  auto header = VideoHeaderGrid(*info, {}, {});
+  ASSERT_TRUE(header.ok()) << header.status().ToString();
+  EXPECT_EQ(*header, (GridTHW{2, 28, 20}));
+  auto v = DecodeVideo(Fixture("rgb_rot90.mp4"), {}, {});
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->grid, *header);
+  EXPECT_EQ(v->frames[0].height, 392);
+  EXPECT_EQ(v->frames[0].width, 280);
+  VideoSampling off;
+  off.apply_rotation = false;
+  auto stored = VideoHeaderGrid(*info, off, {});
+  ASSERT_TRUE(stored.ok());
+  EXPECT_EQ(*stored, (GridTHW{2, 20, 28}));
+  // The SEI-only file is portrait once decoded (its header cannot say).
+  auto sei = DecodeVideo(Fixture("rgb_sei90.mkv"), {}, {});
+  ASSERT_TRUE(sei.ok()) << sei.status().ToString();
+  EXPECT_EQ(sei->grid, (GridTHW{2, 28, 20}));
+}
+
+TEST(RotationTest, AnAngleThatIsNotAQuarterTurnIsRefusedNamingItUnlessRotationIsOff) {
+  auto v = DecodeVideo(Fixture("rgb_rot45.mp4"), {}, {});
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(v.status().message().find("45 degrees"), std::string::npos) << v.status().message();
+  auto off = DecodeUnresized("rgb_rot45.mp4", false, /*rotation=*/false);
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_EQ(off->frames[2].pixels, FfmpegFrame("rgb_frame5.png").pixels);
+  auto info = ProbeVideo(Fixture("rgb_rot45.mp4"));
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->orientation.quarter_turn);
+  EXPECT_EQ(info->orientation.ccw_degrees, 45);
+}
+
+TEST(OrientFrameTest, TurnsAndFlipsATinyFrameByHand) {
+  // 3x2 (WxH): pixel (x, y) holds (x, y, 7).
+  RgbImage f;
+  f.width = 3;
+  f.height = 2;
+  for (int y = 0; y < 2; ++y) {
+    for (int x = 0; x < 3; ++x) f.pixels.insert(f.pixels.end(), {std::uint8_t(x), std::uint8_t(y), 7});
+  }
+  auto at = [](const RgbImage& img, int x, int y) {
+    const std::size_t i = (static_cast<std::size_t>(y) * img.width + x) * 3;
+    return std::pair<int, int>{img.pixels[i], img.pixels[i + 1]};
+  };
+  // 90 degrees counterclockwise: the right column becomes the top row.
+  const RgbImage ccw = internal::OrientFrame(f, {90, false, true});
+  ASSERT_EQ(ccw.width, 2);
+  ASSERT_EQ(ccw.height, 3);
+  EXPECT_EQ(at(ccw, 0, 0), (std::pair<int, int>{2, 0}));
+  EXPECT_EQ(at(ccw, 1, 0), (std::pair<int, int>{2, 1}));
+  EXPECT_EQ(at(ccw, 0, 2), (std::pair<int, int>{0, 0}));
+  EXPECT_EQ(at(ccw, 1, 2), (std::pair<int, int>{0, 1}));
+  // A horizontal flip: columns reversed, rows kept.
+  const RgbImage flip = internal::OrientFrame(f, {0, true, true});
+  ASSERT_EQ(flip.width, 3);
+  EXPECT_EQ(at(flip, 0, 0), (std::pair<int, int>{2, 0}));
+  EXPECT_EQ(at(flip, 2, 1), (std::pair<int, int>{0, 1}));
+  // The identity is the frame itself.
+  EXPECT_EQ(internal::OrientFrame(f, {}).pixels, f.pixels);
+}
+
 // --- bad input: each a clean kInvalidArgument naming the problem ------------
 
 struct BadCase {
@@ -193,6 +334,21 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return n;
     });
+
+// Issue 27, fault 9: the Y4M demuxer's error code for a size it refuses is
+// off by its frame magic's length and read "Device or resource busy".
+TEST(ProbeVideoTest, AY4mOpenErrorSaysWhatFfmpegRefusedAndNothingStray) {
+  auto v = ProbeVideo(Fixture("invalid_size.y4m"));
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().message(),
+            "not a readable video container: corrupt, truncated or an unknown format (FFmpeg: Picture size "
+            "100000x100000 is invalid)");
+  // Without a logged reason, the code's own text (garbage: no demuxer fits).
+  auto garbage = ProbeVideo(Fixture("garbage.bin"));
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_NE(garbage.status().message().find("Invalid data found when processing input"), std::string::npos)
+      << garbage.status().message();
+}
 
 TEST(ProbeVideoTest, RefusesLyingHeadersBeforeDecoding) {
   auto huge = ProbeVideo(Fixture("huge.y4m"));

@@ -22,12 +22,12 @@ import os
 import random
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+import child_process  # noqa: E402
 import server_harness as h  # noqa: E402
 
 RUN_LOCAL = os.path.join(h.REPO, "deploy", "nginx", "run-local.sh")
@@ -90,12 +90,15 @@ def main():
     servers_base, front, rr = base, base + 3, base + 4
     state = tempfile.mkdtemp(prefix="epd-affinity-")
     env = dict(os.environ, EPD_ENCODE_BIN=h.encode_binary())
+    # run-local.sh leaves its servers and nginx detached: if this test is
+    # killed, the watchdog stops them.
+    cleanup = child_process.on_death([RUN_LOCAL, "stop", "--dir", state])
 
     def local(*args):
-        subprocess.run([RUN_LOCAL, *args, "--dir", state], check=True, env=env, timeout=120)
+        child_process.run([RUN_LOCAL, *args, "--dir", state], check=True, env=env, timeout=120)
 
     t0 = time.monotonic()
-    subprocess.run([RUN_LOCAL, "start", "--dir", state, "--servers", "3", "--base-port", str(servers_base),
+    child_process.run([RUN_LOCAL, "start", "--dir", state, "--servers", "3", "--base-port", str(servers_base),
                     "--front-port", str(front), "--rr-port", str(rr), "--"] + h.tiny_serve_args() +
                    ["--cache-mb", "0.06", "--host-cache-mb", "0"], check=True, env=env, timeout=180)
     failures = []
@@ -146,7 +149,8 @@ def main():
         print(f"failover: {len(moved)} of {len(owner)} keys remapped ({frac:.2f}; the stopped server owned them)")
         check(0.15 < frac < 0.55, "failover: about a third of the keys moved")
     finally:
-        subprocess.run([RUN_LOCAL, "stop", "--dir", state], env=env, timeout=120)
+        child_process.run([RUN_LOCAL, "stop", "--dir", state], env=env, timeout=120)
+        child_process.forget(cleanup)
         print(f"took {time.monotonic() - t0:.1f} s")
     if failures:
         for log in sorted(os.listdir(os.path.join(state, "logs"))):

@@ -22,8 +22,9 @@ redis_harness.py, the one launcher of the Python tests.
 Every process is started by this module, recorded by PID, and stopped by that
 PID (SIGTERM, then SIGKILL after a grace) in close(), which __exit__ and an
 atexit hook both call, so a failing test leaves nothing running. Children are
-also started with PR_SET_PDEATHSIG, so they die with the test process if it is
-killed outright. Each Cluster keeps its state (nginx config and logs, redis
+started through child_process.popen, so they die with the test process if it
+is killed outright (nginx in a process group of its own, which the watchdog
+kills with its workers). Each Cluster keeps its state (nginx config and logs, redis
 dir, server logs) in one temporary directory, removed on close unless
 keep_dir is set or EPD_KEEP_CLUSTER_DIR=1.
 
@@ -42,9 +43,10 @@ import tempfile
 import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
+import child_process
 import server_harness as h
 from redis_harness import RedisServer, redis_binary  # noqa: F401 - redis_binary is part of this API
-from server_harness import die_with_parent, stop_pid
+from server_harness import stop_pid
 
 NGINX_TEMPLATE = os.path.join(h.REPO, "deploy", "nginx", "nginx.conf.template")
 
@@ -146,23 +148,6 @@ def field_delta(before: Dict[str, Dict[str, object]], after: Dict[str, Dict[str,
     return sum(int(after[n].get(field, 0) or 0) - int(before.get(n, {}).get(field, 0) or 0) for n in names)
 
 
-# --- processes ---------------------------------------------------------------
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by us) counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 # --- encode servers ------------------------------------------------------------
 
 
@@ -194,8 +179,7 @@ class EncodeServer:
         with open(self.log, "a") as log:
             log.write(f"--- start {self.starts}: {' '.join(argv)}\n")
             log.flush()
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                         text=True, preexec_fn=die_with_parent)
+            self.proc = child_process.popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
         self.starts += 1
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -284,9 +268,12 @@ class Nginx:
 
     def start(self, addresses: Sequence[str]) -> None:
         self.render(addresses)
-        self.proc = subprocess.Popen([nginx_binary(), "-p", self.dir, "-c", self.conf, "-e", self._log("error.log"),
-                                      "-g", "daemon off;"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(self._log("stderr.log"), "a"), preexec_fn=die_with_parent)
+        # Its own process group: the watchdog kills the workers too if the
+        # test dies (they outlive their master otherwise).
+        with open(self._log("stderr.log"), "a") as err:
+            self.proc = child_process.popen([nginx_binary(), "-p", self.dir, "-c", self.conf, "-e",
+                                             self._log("error.log"), "-g", "daemon off;"], group=True,
+                                            stdout=subprocess.DEVNULL, stderr=err)
         h.wait_port(self.front_port, 20, self.proc)
         self._wait_workers(set())
 
@@ -328,11 +315,9 @@ class Nginx:
 
     def stop(self) -> None:
         if self.proc is not None:
-            workers = self.workers()
-            stop_pid(self.proc, signal.SIGQUIT)
-            for w in workers:  # a worker outliving its master (never expected)
-                if _alive(w):
-                    os.kill(w, signal.SIGKILL)
+            # SIGQUIT: a graceful stop; then SIGKILL to the group, for a
+            # worker outliving its master (never expected).
+            child_process.stop_group(self.proc, signal.SIGQUIT)
             self.proc = None
 
 

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 from typing import List, Optional, Sequence, Union
 
+import child_process
 import server_harness as h
 
 
@@ -123,8 +124,7 @@ class RedisServer:
                 args += ["--maxmemory", f"{int(self.maxmemory_mb * 1024 * 1024)}",
                          "--maxmemory-policy", "allkeys-lru"]
             args += self.extra
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, preexec_fn=h.die_with_parent)
+            self.proc = child_process.popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 h.wait_port(self.port, timeout, self.proc)
                 self.command("PING")

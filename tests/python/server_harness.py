@@ -2,7 +2,6 @@
 binary and the tiny test tower, making PNG fixtures, starting and stopping
 servers. Not a test module (pytest collects only test_*.py)."""
 
-import ctypes
 import os
 import signal
 import socket
@@ -12,6 +11,8 @@ import tempfile
 import time
 import zlib
 from typing import List, Optional, Tuple
+
+import child_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -76,15 +77,8 @@ def free_ports(n: int) -> List[int]:
 
 # --- processes, by PID ----------------------------------------------------------
 
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """preexec_fn: SIGKILL this child when the test process dies."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - best effort, Linux only
-        pass
+# Every child is started through child_process.popen / run, so that it dies
+# with the test even when the test is killed.
 
 
 def stop_pid(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20.0) -> Optional[int]:
@@ -132,7 +126,7 @@ def start_server(extra: List[str], timeout: float = 60.0) -> Tuple[subprocess.Po
     args = [encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0"] + extra
     # stderr to a file: a pipe nobody reads would block the server once full.
     err = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
+    proc = child_process.popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
     proc.err_file = err
     proc.err_text = None
     STARTED.append(proc)

@@ -16,6 +16,7 @@ import tempfile
 
 import pytest
 
+import child_process
 import server_harness as h
 
 reason = h.missing_reason()
@@ -80,6 +81,29 @@ def test_other_sampling_is_another_key(server, mp4):
         assert r.ok and r.grid_thw[0] == 4  # 2 s at 4 fps: 8 frames
         info = c.health()
         assert r.key == ec.video_key(info.model_id, info.preprocess, ec.VideoSampling(fps=4.0), video=data)
+
+
+def test_a_rotated_video_is_portrait_unless_the_request_turns_rotation_off(server, mp4):
+    # The same stream with a 90-degree display matrix: 120x160 shown, so the
+    # grid's h and w swap; with rotation off it is the stored landscape one,
+    # and each has its own key (tag 0x49), which the Python key matches.
+    rotated = mp4 + ".rot90.mp4"
+    child_process.run(["ffmpeg", "-y", "-loglevel", "error", "-i", mp4, "-c", "copy", "-metadata:s:v", "rotate=90",
+                       rotated], check=True)
+    data = open(rotated, "rb").read()
+    with ec.EncodeClient(server, timeout=60) as c:
+        info = c.health()
+        [plain] = c.encode([ec.Item(video=open(mp4, "rb").read())])
+        [portrait] = c.encode([ec.Item(video=data)])
+        off_sampling = ec.VideoSampling(apply_rotation=False)
+        [stored] = c.encode([ec.Item(video=data, sampling=off_sampling)])
+        t, gh, gw = plain.grid_thw
+        assert gh != gw and tuple(portrait.grid_thw) == (t, gw, gh)
+        assert tuple(stored.grid_thw) == tuple(plain.grid_thw) and stored.main == plain.main
+        assert portrait.main != plain.main
+        assert portrait.key == ec.video_key(info.model_id, info.preprocess, ec.VideoSampling(), video=data)
+        assert stored.key == ec.video_key(info.model_id, info.preprocess, off_sampling, video=data)
+        assert stored.key != portrait.key
 
 
 def test_cli_client_sends_a_video_file(server, mp4):

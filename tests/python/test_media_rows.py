@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
+import child_process
 import server_harness as h
 from test_pillow_parity import exif_bytes, png_chunk, qwen2vl_tokens, write_png
 
@@ -131,9 +132,9 @@ def replay(images, trace_lines, *flags):
         with open(trace, "w") as f:
             f.write("".join(json.dumps(t) + "\n" for t in trace_lines))
         out = os.path.join(d, "emb.safetensors")
-        r = subprocess.run([h.encode_binary(), "replay", "--model", h.tiny_tower(), "--threads", "1", "--trace",
-                            trace, "--images", images, "--json", "--out", out, "--max-items-per-batch", "1", *flags],
-                           capture_output=True, text=True, timeout=300)
+        r = child_process.run([h.encode_binary(), "replay", "--model", h.tiny_tower(), "--threads", "1", "--trace",
+                               trace, "--images", images, "--json", "--out", out, "--max-items-per-batch", "1", *flags],
+                              capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout), read_safetensors(out)
 

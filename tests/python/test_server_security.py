@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+import child_process
 import server_harness as h
 
 reason = h.missing_reason()
@@ -180,8 +181,8 @@ def test_tls_without_client_ca_and_token_alone(pki):
 
 def test_server_refuses_a_key_that_is_not_the_certificates(pki):
     p = lambda n: os.path.join(pki, n)  # noqa: E731
-    r = subprocess.run([h.encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0", *h.tiny_serve_args(),
-                        "--tls-cert", p("server.crt"), "--tls-key", p("client.key")],
-                       capture_output=True, text=True, timeout=120)
+    r = child_process.run([h.encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0", *h.tiny_serve_args(),
+                           "--tls-cert", p("server.crt"), "--tls-key", p("client.key")],
+                          capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "does not belong to the certificate" in r.stderr

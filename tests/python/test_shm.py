@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+import child_process
 import server_harness as h
 
 if h.missing_reason():
@@ -122,8 +123,8 @@ def test_killed_client_loses_its_leases_through_its_session_and_the_memory_is_re
                                                           "--shm-max-sessions", "1", "--listen", f"unix:{sock}"])
     try:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, f"unix:{sock}"], stdout=subprocess.PIPE, text=True,
-                                  env=env)
+        holder = child_process.popen([sys.executable, "-c", HOLDER, f"unix:{sock}"], stdout=subprocess.PIPE,
+                                     text=True, env=env)
         line = holder.stdout.readline()
         assert line.startswith("HELD"), line
         held = int(line.split()[1])
@@ -241,8 +242,8 @@ def test_keepalive_flags_refuse_values_that_would_round_to_grpc_defaults():
     # Kept in whole milliseconds, 0.0004 s was 0 ms, which means gRPC's
     # default (two hours for --keepalive-s): the opposite of what was asked.
     for flag in ("--keepalive-s", "--keepalive-timeout-s"):
-        r = subprocess.run([h.encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0", *h.tiny_serve_args(),
-                            flag, "0.0004"], capture_output=True, text=True, timeout=30)
+        r = child_process.run([h.encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0", *h.tiny_serve_args(),
+                               flag, "0.0004"], capture_output=True, text=True, timeout=30)
         assert r.returncode != 0, f"{flag} 0.0004 was accepted"
         assert f"{flag}: expected 0 or a number from 0.001 to 86400 (s), got '0.0004'" in r.stderr
 

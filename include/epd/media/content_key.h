@@ -104,8 +104,9 @@ StatusOr<ContentKey> CallerContentKey(std::string_view model_id, const Preproces
                                       std::string_view caller_key);
 
 // Key of a whole video as received (domain "epd/key/video"): the model id,
-// cfg, every VideoSampling field, and either the container bytes (one part,
-// frame_list false) or the encoded frame images in order (frame_list true).
+// cfg, every VideoSampling field, and either the container bytes with
+// apply_rotation (one part, frame_list false) or the encoded frame images in
+// order (frame_list true; apply_rotation is not used, nor hashed).
 // Computed before decoding, so an exact repeat of a video with the same
 // sampling costs one lookup and no decode. Cost: one pass over the bytes.
 ContentKey ComputeVideoKey(std::string_view model_id, const PreprocessConfig& cfg, const VideoSampling& sampling,

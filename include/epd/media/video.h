@@ -48,6 +48,12 @@ struct VideoSampling {
   // still rounded by smart_resize; both or neither.
   std::optional<std::int64_t> resized_height;
   std::optional<std::int64_t> resized_width;
+  // Show a container's frames as its display matrix says (turned and
+  // flipped, as `ffmpeg` autorotates; epd/video/video_decoder.h), so a
+  // 90-degree phone video is encoded portrait. Off: as stored. Frame lists
+  // ignore it (each frame image follows PreprocessConfig's EXIF rule). Part
+  // of a container's video key.
+  bool apply_rotation = true;
 
   // The qwen-vl-utils defaults for a checkpoint of ViT patch `patch_size`
   // (spatial merge 2, so factor f = 2 * patch_size): min_pixels 128 f^2,

@@ -17,8 +17,8 @@ written as ``tag (1 byte) || length (uint64 LE) || value``, in this order:
   0x19          alpha policy, 4 bytes: composite (0 or 1), background R, G, B
                 (all 0 when composite is 0)
   0x30          the encoded image bytes (0x32: the caller key; a video:
-                0x40..0x48 its sampling, then 0x33 the container or 0x34 per
-                frame)
+                0x40..0x48 its sampling, then 0x49 apply_rotation and 0x33
+                the container, or 0x34 per frame)
 
 The model id and preprocessing come from the server's Health answer. Only
 SHA-256 keys are derived here; a server in xxh3-fast mode is routed by the
@@ -70,6 +70,9 @@ class VideoSampling:
     total_pixels: int = 90316800
     resized_height: Optional[int] = None
     resized_width: Optional[int] = None
+    # Show a container's frames as its display matrix says (as ffmpeg
+    # autorotates), or as stored; sent as VIDEO_ROTATION_ON / _OFF.
+    apply_rotation: bool = True
 
 
 def _field(tag: int, value: bytes) -> bytes:
@@ -118,7 +121,8 @@ def caller_content_key(model_id: str, cfg: PreprocessConfig, caller_key: Union[s
 def video_key(model_id: str, cfg: PreprocessConfig, sampling: VideoSampling, video: bytes = b"",
               frames: Sequence[bytes] = ()) -> bytes:
     """epd::ComputeVideoKey (SHA-256 mode): the key of a whole video, over the
-    container bytes (or the frame images, in order) and the sampling."""
+    container bytes with apply_rotation (or the frame images, in order) and
+    the sampling."""
     s = sampling
     h = hashlib.sha256(_key_prefix(b"epd/key/video", model_id, cfg))
     ints = [(0x41, -1 if s.nframes is None else s.nframes), (0x42, s.min_frames), (0x43, s.max_frames),
@@ -129,6 +133,7 @@ def video_key(model_id: str, cfg: PreprocessConfig, sampling: VideoSampling, vid
     for tag, v in ints:
         h.update(_field(tag, struct.pack("<q", v)))
     if video:
+        h.update(_field(0x49, struct.pack("<q", 1 if s.apply_rotation else 0)))
         h.update(_field(0x33, bytes(video)))
     else:
         for f in frames:

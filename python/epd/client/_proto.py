@@ -76,6 +76,7 @@ def _set_sampling(m, s: VideoSampling) -> None:
     m.total_pixels = s.total_pixels
     m.resized_height = s.resized_height or 0
     m.resized_width = s.resized_width or 0
+    m.rotation = encoder_pb2.VIDEO_ROTATION_ON if s.apply_rotation else encoder_pb2.VIDEO_ROTATION_OFF
 
 
 def encode_request(rid: str, items: Sequence[Item], use_shm: bool, use_ipc: bool) -> encoder_pb2.EncodeRequest:
