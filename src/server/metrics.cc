@@ -163,6 +163,15 @@ class StatsCollectable : public prometheus::Collectable {
     counter("epd_sink_full_stalls_total", "Worker steps skipped because result buffers were full",
             static_cast<double>(w.sink_full_stalls));
     gauge("epd_buffered_bytes", "Result bytes waiting to be written to clients", static_cast<double>(s.buffered_bytes));
+    // Clients that stop reading (docs/SERVER.md).
+    gauge("epd_reply_held_bytes", "Memory held for replies handed to gRPC and not yet sent",
+          static_cast<double>(s.reply_held_bytes));
+    counter("epd_reply_refusals_total", "Calls ended RESOURCE_EXHAUSTED by the per-connection or total reply budget",
+            static_cast<double>(s.reply_refusals));
+    counter("epd_throttled_calls_total", "Calls whose tenant's unsent results passed its share of the buffered bound",
+            static_cast<double>(s.throttled_calls));
+    counter("epd_write_timeouts_total", "Calls cancelled because the client accepted no reply bytes in time",
+            static_cast<double>(s.write_timeouts));
     // Shared-memory delivery (docs/SHM.md); all 0 without an arena.
     gauge("epd_shm_capacity_bytes", "Size of the shared-memory arena", static_cast<double>(s.shm.capacity_bytes));
     gauge("epd_shm_leased_bytes", "Arena bytes under lease (each shared span once)",

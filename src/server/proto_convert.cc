@@ -214,6 +214,10 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   out->set_l2_capacity_bytes(s.l2_capacity_bytes);
   for (const auto& [code, n] : s.rpc_errors) (*out->mutable_rpc_errors())[GrpcCodeName(static_cast<int>(code))] = n;
   out->set_buffered_bytes(s.buffered_bytes);
+  out->set_reply_held_bytes(s.reply_held_bytes);
+  out->set_reply_refusals(s.reply_refusals);
+  out->set_throttled_calls(s.throttled_calls);
+  out->set_write_timeouts(s.write_timeouts);
   out->set_shm_capacity_bytes(s.shm.capacity_bytes);
   out->set_shm_leased_bytes(s.shm.leased_bytes);
   out->set_shm_leases(s.shm.leases);
@@ -291,6 +295,10 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   s.l2_capacity_bytes = m.l2_capacity_bytes();
   for (const auto& [name, n] : m.rpc_errors()) s.rpc_errors[CodeFromName(name)] += n;
   s.buffered_bytes = m.buffered_bytes();
+  s.reply_held_bytes = m.reply_held_bytes();
+  s.reply_refusals = m.reply_refusals();
+  s.throttled_calls = m.throttled_calls();
+  s.write_timeouts = m.write_timeouts();
   s.shm.capacity_bytes = m.shm_capacity_bytes();
   s.shm.leased_bytes = m.shm_leased_bytes();
   s.shm.leases = m.shm_leases();
