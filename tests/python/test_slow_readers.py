@@ -104,12 +104,15 @@ def test_a_client_that_stops_reading_does_not_hold_up_another_clients_miss():
             # Every result is delivered (hits) and waits on its call.
             assert wait_until(lambda: c.stats()["buffered_bytes"] == 2 * 256 * item), c.stats()
             assert 2 * 256 * item > 256 * MIB
-            # Both calls went past their tenant's share (a quarter of 256 MiB).
-            assert c.stats()["throttled_calls"] == 2
-            # Another client's fresh miss runs on the tower while they wait.
-            [miss] = c.encode([striped_png(56, 56, 7)], request_id="fresh-miss")
+            # Another client's fresh miss runs on the tower while they wait
+            # (before the fix it waited as long as the stalled reader did).
+            with ec.EncodeClient(f"127.0.0.1:{port}", timeout=20) as other:
+                [miss] = other.encode([striped_png(56, 56, 7)], request_id="fresh-miss")
             assert miss.ok and miss.source == "miss" and miss.tokens == 4
+            # Both stalled calls went past their tenant's share (a quarter of
+            # 256 MiB): throttled, their results wait on them alone.
             s = c.stats()
+            assert s["throttled_calls"] == 2
             assert s["sink_full_stalls"] == 0
             # The stalled calls are still open and were sent nothing.
             assert peer.ended(sids) == []
