@@ -315,11 +315,11 @@ void EncodeCall::OnWriteDone(bool ok) {
 }
 
 void EncodeCall::ArmWriteTimer(Clock::time_point due) {
-  if (timer_armed_ || server_.options.write_timeout.count() <= 0) return;
+  if (timer_armed_ || call_done_ || server_.options.write_timeout.count() <= 0) return;
   timer_armed_ = true;
-  // A weak reference: a call that ends is not kept alive (with its rows)
-  // until the timer fires.
-  server_.pool->PostAt(due, [weak = weak_from_this()] {
+  // A weak reference, and OnDone cancels the task: a finished call is
+  // neither kept alive nor left on the pool's queue for the timeout.
+  write_timer_ = server_.pool->PostAt(due, [weak = weak_from_this()] {
     if (std::shared_ptr<EncodeCall> self = weak.lock()) self->CheckWriteProgress();
   });
 }
@@ -418,9 +418,12 @@ void EncodeCall::OnDone() {
   }
   bool admitted, lost_last = false;
   std::int64_t held, buffered;
+  internal::TaskPool::TaskId timer;
   {
     std::lock_guard<std::mutex> lock(mu_);
     admitted = admitted_;
+    call_done_ = true;
+    timer = timer_armed_ ? write_timer_ : internal::TaskPool::TaskId{};
     // The last write went out with an OK status (so counted as OK) and the
     // client went away before it arrived (ctx_ is valid until OnDone returns).
     lost_last = in_transport_ && final_ok_ && give_up_.ok() && ctx_->IsCancelled();
@@ -432,6 +435,7 @@ void EncodeCall::OnDone() {
     ready_.clear();
     in_transport_ = false;
   }
+  server_.pool->Cancel(timer);
   if (lost_last) {
     server_.outcomes->Record(kEncodeMethod, connection_,
                              Cancelled("the client went away before it read the last reply (" +

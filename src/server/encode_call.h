@@ -61,6 +61,7 @@
 #include "epd/v1/encoder.grpc.pb.h"
 #include "epd/worker/worker_loop.h"
 #include "reply_budget.h"
+#include "task_pool.h"
 
 namespace epd {
 
@@ -98,9 +99,11 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   // With the writer role and give_up_ set: drops the queued results, cancels
   // the request in the worker and finishes the call with give_up_.
   void GiveUp(std::unique_lock<std::mutex>& lock);
-  // The write-progress timer (ServerOptions::write_timeout): armed when a
-  // write is handed over, it cancels the call when that write has not
-  // completed in time. REQUIRES: mu_ held (Arm).
+  // The write-progress timer (ServerOptions::write_timeout): one per call,
+  // armed when a write is handed over and none is armed; when it fires it
+  // cancels the call if that write has not completed in time, re-arms for
+  // the write now in transport, or ends. OnDone cancels it. REQUIRES: mu_
+  // held (Arm).
   void ArmWriteTimer(Clock::time_point due);
   void CheckWriteProgress();
   // Asks the request budget for message_bytes_ by admit_by_ (admission.h);
@@ -168,7 +171,9 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   bool throttled_ = false;                        // counted once as throttled (its tenant past its share)
   bool in_transport_ = false;                     // a write is handed to gRPC and not completed
   bool final_ok_ = false;                         // the last write went out with an OK status
-  bool timer_armed_ = false;                      // a CheckWriteProgress is posted
+  bool timer_armed_ = false;                      // a CheckWriteProgress is posted (write_timer_)
+  internal::TaskPool::TaskId write_timer_;        // cancelled by OnDone, so no finished call waits on the pool
+  bool call_done_ = false;                        // OnDone has run: arm no timer
   Clock::time_point write_started_;               // when the write in transport was handed over
   std::size_t delivered_ = 0, written_ = 0, failed_ = 0;
   std::int64_t first_failed_ = -1;
