@@ -23,8 +23,9 @@
 #   share/epd/models/*.pt           the default towers (the CLI's default
 #                                   --model, found relative to bin/)
 #   share/epd/systemd/epd-encode.service   deploy/systemd's example unit
-#   EPD_INSTALL_PYTHONDIR/epd/      the Python package (extension, client,
-#                                   gRPC stubs)
+#   EPD_INSTALL_PYTHONDIR/epd/      the Python package (extension, the client
+#                                   package epd/client/, gRPC stubs epd/v1/,
+#                                   generated _version.py, _service_config.py)
 # Only what this build made is installed: a build without gRPC has no
 # server component, and so on; epdConfig.cmake knows which.
 include(CMakePackageConfigHelpers)
@@ -145,7 +146,9 @@ install(FILES ${PROJECT_SOURCE_DIR}/deploy/systemd/epd-encode.service
 # --- the Python package ------------------------------------------------------------
 if(TARGET epd_python_core)
   install(TARGETS epd_python_core LIBRARY DESTINATION ${EPD_INSTALL_PYTHONDIR}/epd)
-  # The pure-Python files and the generated gRPC stubs (epd/v1/), as built.
+  # The pure-Python files with their folders (the client package epd/client/)
+  # and the generated ones (_version.py, _service_config.py, the gRPC stubs
+  # epd/v1/), as the build tree holds them.
   install(DIRECTORY ${CMAKE_BINARY_DIR}/python/epd/ DESTINATION ${EPD_INSTALL_PYTHONDIR}/epd
           FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
 endif()
