@@ -269,7 +269,10 @@ void EncodeCall::Write(ItemResult r, bool last) {
                                           std::to_string(n_) + " items were sent)");
   }
   if (!give_up_.ok()) {
-    // Refused, or cancelled while the reply was built: it is not sent.
+    // Refused, or cancelled while the reply was built: it is not sent. (A
+    // reference reply's lease, if one was made, lapses at its deadline: a
+    // reply of a few hundred bytes is refused only on a connection already
+    // full of others.)
     lock.unlock();
     msg_ = v1::EncodedItem();
     if (refusal.ok()) s.replies->Unhold(account_, held);
