@@ -71,6 +71,11 @@ struct ServeFlags {
   std::int64_t max_items_per_request = 256;
   double max_request_mb = 64;
   double max_buffered_mb = 256;
+  double max_buffered_mb_per_tenant = 0;  // 0 = a quarter of max_buffered_mb
+  double max_reply_mb = 1024;
+  double max_reply_mb_per_connection = 256;
+  double write_timeout_s = 30;
+  int max_concurrent_streams = ServerOptions{}.max_concurrent_streams;
   int max_rpc_threads = 256;
   std::vector<std::string> listen;
   double shm_arena_mb = 0;
@@ -107,6 +112,11 @@ int RunServe(const ServeFlags& f) {
   so.max_items_per_request = f.max_items_per_request;
   so.max_request_bytes = static_cast<std::int64_t>(f.max_request_mb * (1 << 20));
   so.max_buffered_bytes = static_cast<std::int64_t>(f.max_buffered_mb * (1 << 20));
+  so.max_buffered_bytes_per_tenant = static_cast<std::int64_t>(f.max_buffered_mb_per_tenant * (1 << 20));
+  so.max_reply_bytes = static_cast<std::int64_t>(f.max_reply_mb * (1 << 20));
+  so.max_reply_bytes_per_connection = static_cast<std::int64_t>(f.max_reply_mb_per_connection * (1 << 20));
+  so.write_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.write_timeout_s * 1000));
+  so.max_concurrent_streams = f.max_concurrent_streams;
   so.max_rpc_threads = f.max_rpc_threads;
   so.keepalive = std::chrono::milliseconds(static_cast<std::int64_t>(f.keepalive_s * 1000));
   so.keepalive_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.keepalive_timeout_s * 1000));
@@ -413,6 +423,29 @@ void RegisterServerCommands(CLI::App& app) {
                     "result bytes waiting for slow clients above which no new tower batch starts, MB")
         ->capture_default_str()
         ->check(Number(0.001, 1e9, "MB"));
+    cmd->add_option("--max-buffered-mb-per-tenant", f->max_buffered_mb_per_tenant,
+                    "one tenant's share of --max-buffered-mb: what it buffers past this never stops the tower; "
+                    "0 = a quarter of --max-buffered-mb")
+        ->capture_default_str()
+        ->check(ZeroOrNumber(0.001, 1e9, "MB"));
+    cmd->add_option("--max-reply-mb", f->max_reply_mb,
+                    "memory held for replies handed to gRPC and not yet sent, all clients, MB; a reply past it "
+                    "ends its call with RESOURCE_EXHAUSTED")
+        ->capture_default_str()
+        ->check(Number(0.001, 1e9, "MB"));
+    cmd->add_option("--max-reply-mb-per-connection", f->max_reply_mb_per_connection,
+                    "the same per client connection, MB")
+        ->capture_default_str()
+        ->check(Number(0.001, 1e9, "MB"));
+    cmd->add_option("--write-timeout-s", f->write_timeout_s,
+                    "cancel an Encode call whose client accepts no reply bytes for this long, s; 0 = never")
+        ->capture_default_str()
+        ->check(ZeroOrNumber(0.001, 86400, "s"));
+    cmd->add_option("--max-concurrent-streams", f->max_concurrent_streams,
+                    "calls one client connection may have open at once (HTTP/2 max_concurrent_streams); "
+                    "0 = no limit")
+        ->capture_default_str()
+        ->check(Integer(0, 1 << 30));
     cmd->add_option("--max-rpc-threads", f->max_rpc_threads,
                     "most handler threads of the sync methods (Health, Stats, Release); Encode calls hold none")
         ->capture_default_str()

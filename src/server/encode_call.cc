@@ -2,6 +2,7 @@
 #include "encode_call.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "ipc_delivery.h"
@@ -25,6 +26,8 @@ using Clock = std::chrono::steady_clock;
 // Stream*), past the 5 ms allowed before.
 constexpr auto kDeadlineSlack = std::chrono::milliseconds(5);
 constexpr int kDeadlineSlackDivisor = 50;
+// The method's name as gRPC reports it (what CallOutcomes counts under).
+constexpr char kEncodeMethod[] = "/epd.v1.Encoder/Encode";
 
 std::int64_t ResultBytes(const ItemResult& r) {
   return r.embedding != nullptr ? static_cast<std::int64_t>(r.embedding->nbytes()) : 0;
@@ -55,6 +58,8 @@ void EncodeCall::Start() {
   StatusOr<std::string> tenant = internal::TenantOf(*ctx_, s.options.tenant_metadata);
   if (!tenant.ok()) return FinishWith(tenant.status());
   tenant_ = std::move(*tenant);
+  connection_ = ctx_->peer();
+  account_ = s.replies->Open(tenant_, connection_);
   // CUDA IPC for device-resident rows; the rest (and the overflow) by shared
   // memory when the call allows it, else inline (ipc_delivery.h).
   by_ipc_ = req_->delivery() == v1::DELIVERY_CUDA_IPC && s.ipc != nullptr;
@@ -165,7 +170,12 @@ void EncodeCall::Deliver(const ItemResult& r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_ || !give_up_.ok()) return;
-    server_.buffered_bytes.fetch_add(ResultBytes(r));
+    // Past its tenant's share the call is throttled: its results wait here
+    // and no longer count towards stopping the tower (reply_budget.h).
+    if (server_.replies->Buffer(account_, ResultBytes(r)) && !throttled_) {
+      throttled_ = true;
+      server_.replies->CountThrottled();
+    }
     ready_.push_back(r);
     ++delivered_;
     if (writer_) return;
@@ -194,25 +204,12 @@ void EncodeCall::PumpOrPost() {
 }
 
 void EncodeCall::Pump() {
-  EncodeServer::Impl& s = server_;
   std::unique_lock<std::mutex> lock(mu_);
   if (finished_) {
     writer_ = false;
     return;
   }
-  if (!give_up_.ok()) {
-    std::int64_t left = 0;
-    for (const ItemResult& r : ready_) left += ResultBytes(r);
-    ready_.clear();
-    const bool cancel_worker = submitted_ && !done_;
-    const Status g = give_up_;
-    lock.unlock();
-    s.Unbuffer(left);
-    // By ticket: a call refused for an id another call holds (ALREADY_EXISTS)
-    // must not cancel that call.
-    if (cancel_worker) s.loop->Cancel(id_, ticket_);
-    return FinishWith(g);
-  }
+  if (!give_up_.ok()) return GiveUp(lock);
   // The last item waits for on_done, to go out with the call's status.
   const bool last = written_ + 1 == n_;
   if (!ready_.empty() && (!last || done_)) {
@@ -227,25 +224,8 @@ void EncodeCall::Pump() {
         first_failure_ = r.status;
       }
     }
-    Status final_status;
-    if (last) {
-      final_status = FinalStatus();
-      finished_ = true;
-    }
     lock.unlock();
-    msg_.Clear();
-    if (!by_ipc_ || !internal::ToProtoByIpc(*s.ipc, s.ipc_device_name, r, s.options.server_id, &msg_, ipc_owner_)) {
-      internal::ToProto(r, s.options.server_id, &msg_, place_payload_);
-    }
-    msg_bytes_ = ResultBytes(r);
-    r.embedding.reset();
-    if (!last) return StartWrite(&msg_);
-    // The last item and the status go out in one batch: one send and one
-    // wake-up fewer per call, which is most of a single-item hit's transport
-    // work. (It has no OnWriteDone; a client gone by then shows in OnDone.)
-    s.Unbuffer(msg_bytes_);
-    ObserveDuration();
-    return StartWriteAndFinish(&msg_, grpc::WriteOptions(), internal::ToGrpc(final_status));
+    return Write(std::move(r), last);
   }
   if (done_ && ready_.empty()) {
     const Status st = FinalStatus();
@@ -255,10 +235,79 @@ void EncodeCall::Pump() {
   writer_ = false;
 }
 
+void EncodeCall::GiveUp(std::unique_lock<std::mutex>& lock) {
+  EncodeServer::Impl& s = server_;
+  std::int64_t left = 0;
+  for (const ItemResult& r : ready_) left += ResultBytes(r);
+  ready_.clear();
+  const bool cancel_worker = submitted_ && !done_;
+  const Status g = give_up_;
+  lock.unlock();
+  s.replies->Unbuffer(account_, left);
+  // By ticket: a call refused for an id another call holds (ALREADY_EXISTS)
+  // must not cancel that call.
+  if (cancel_worker) s.loop->Cancel(id_, ticket_);
+  FinishWith(g);
+}
+
+void EncodeCall::Write(ItemResult r, bool last) {
+  EncodeServer::Impl& s = server_;
+  msg_.Clear();
+  if (!by_ipc_ || !internal::ToProtoByIpc(*s.ipc, s.ipc_device_name, r, s.options.server_id, &msg_, ipc_owner_)) {
+    internal::ToProto(r, s.options.server_id, &msg_, place_payload_);
+  }
+  const std::int64_t item_bytes = ResultBytes(r);
+  r.embedding.reset();
+  // Held until the write completes: our message and gRPC's serialized copy
+  // of it, each the message's size (measured: 200 unread 2.5 MiB replies
+  // took 1048 MB of RSS, 2.0 times their bytes; docs/SERVER.md).
+  const std::int64_t held = 2 * static_cast<std::int64_t>(msg_.ByteSizeLong());
+  Status refusal = s.replies->Hold(account_, held);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!refusal.ok() && give_up_.ok()) {
+    give_up_ = Status(refusal.code(), refusal.message() + " (" + std::to_string(written_) + " of " +
+                                          std::to_string(n_) + " items were sent)");
+  }
+  if (!give_up_.ok()) {
+    // Refused, or cancelled while the reply was built: it is not sent. (A
+    // reference reply's lease, if one was made, lapses at its deadline: a
+    // reply of a few hundred bytes is refused only on a connection already
+    // full of others.)
+    lock.unlock();
+    msg_ = v1::EncodedItem();
+    if (refusal.ok()) s.replies->Unhold(account_, held);
+    s.replies->Unbuffer(account_, item_bytes);
+    lock.lock();
+    return GiveUp(lock);
+  }
+  msg_bytes_ = item_bytes;
+  msg_held_ = held;
+  in_transport_ = true;
+  write_started_ = Clock::now();
+  ArmWriteTimer(write_started_ + s.options.write_timeout);
+  if (!last) {
+    lock.unlock();
+    return StartWrite(&msg_);
+  }
+  const Status final_status = FinalStatus();
+  finished_ = true;
+  final_ok_ = final_status.ok();
+  lock.unlock();
+  // The last item and the status go out in one batch: one send and one
+  // wake-up fewer per call, which is most of a single-item hit's transport
+  // work. (It has no OnWriteDone; its bytes are given back in OnDone.)
+  ObserveDuration();
+  StartWriteAndFinish(&msg_, grpc::WriteOptions(), internal::ToGrpc(final_status));
+}
+
 void EncodeCall::OnWriteDone(bool ok) {
-  server_.Unbuffer(msg_bytes_);
+  server_.replies->Unhold(account_, msg_held_);
+  server_.replies->Unbuffer(account_, msg_bytes_);
+  msg_ = v1::EncodedItem();  // our copy of the rows goes now, not at the next write
   {
     std::lock_guard<std::mutex> lock(mu_);
+    msg_held_ = msg_bytes_ = 0;
+    in_transport_ = false;
     if (ok) {
       ++written_;
     } else if (give_up_.ok()) {
@@ -266,6 +315,45 @@ void EncodeCall::OnWriteDone(bool ok) {
     }
   }
   PumpOrPost();
+}
+
+void EncodeCall::ArmWriteTimer(Clock::time_point due) {
+  if (timer_armed_ || call_done_ || server_.options.write_timeout.count() <= 0) return;
+  timer_armed_ = true;
+  // A weak reference, and OnDone cancels the task: a finished call is
+  // neither kept alive nor left on the pool's queue for the timeout.
+  write_timer_ = server_.pool->PostAt(due, [weak = weak_from_this()] {
+    if (std::shared_ptr<EncodeCall> self = weak.lock()) self->CheckWriteProgress();
+  });
+}
+
+void EncodeCall::CheckWriteProgress() {
+  EncodeServer::Impl& s = server_;
+  const auto timeout = s.options.write_timeout;
+  Status why;
+  bool record = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timer_armed_ = false;
+    if (!in_transport_) return;  // no write waits on the client: nothing to time
+    if (Clock::now() < write_started_ + timeout) return ArmWriteTimer(write_started_ + timeout);
+    char secs[32];
+    std::snprintf(secs, sizeof(secs), "%.1f", std::chrono::duration<double>(timeout).count());
+    why = Cancelled(std::string("the client accepted no reply bytes for ") + secs +
+                    " s (--write-timeout-s); the call was cancelled after " + std::to_string(written_) + " of " +
+                    std::to_string(n_) + " items were sent");
+    if (give_up_.ok()) give_up_ = why;
+    // The last write went out with its status, which outcomes counted as OK:
+    // this call's end is counted here. (Other calls finish with give_up_
+    // when their write fails, and are counted then.)
+    record = finished_ && final_ok_;
+  }
+  s.replies->CountWriteTimeout();
+  if (record) s.outcomes->Record(kEncodeMethod, connection_, why);
+  // Resetting the stream frees what gRPC holds for it; the write then fails
+  // (OnWriteDone(false)) or the call ends (OnDone).
+  std::lock_guard<std::recursive_mutex> lock(ctx_mu_);
+  if (!ctx_done_) ctx_->TryCancel();
 }
 
 void EncodeCall::OnCancel() {
@@ -327,11 +415,38 @@ Status EncodeCall::FinalStatus() const {
 }
 
 void EncodeCall::OnDone() {
-  bool admitted;
+  {
+    std::lock_guard<std::recursive_mutex> lock(ctx_mu_);
+    ctx_done_ = true;
+  }
+  bool admitted, lost_last = false;
+  std::int64_t held, buffered;
+  internal::TaskPool::TaskId timer;
   {
     std::lock_guard<std::mutex> lock(mu_);
     admitted = admitted_;
+    call_done_ = true;
+    timer = timer_armed_ ? write_timer_ : internal::TaskPool::TaskId{};
+    // The last write went out with an OK status (so counted as OK) and the
+    // client went away before it arrived (ctx_ is valid until OnDone returns).
+    lost_last = in_transport_ && final_ok_ && give_up_.ok() && ctx_->IsCancelled();
+    // The last write's bytes (sent, or dropped with the stream), and any
+    // result still queued on a call that ended without giving up.
+    held = std::exchange(msg_held_, 0);
+    buffered = std::exchange(msg_bytes_, 0);
+    for (const ItemResult& r : ready_) buffered += ResultBytes(r);
+    ready_.clear();
+    in_transport_ = false;
   }
+  server_.pool->Cancel(timer);
+  if (lost_last) {
+    server_.outcomes->Record(kEncodeMethod, connection_,
+                             Cancelled("the client went away before it read the last reply (" +
+                                       std::to_string(written_) + " of " + std::to_string(n_) + " items were sent)"));
+  }
+  server_.replies->Unhold(account_, held);
+  server_.replies->Unbuffer(account_, buffered);
+  server_.replies->Close(account_);
   if (admitted) server_.budget->Release(message_bytes_);
   self_.reset();  // may destroy this
 }

@@ -15,9 +15,19 @@
 //     worker thread (a large reply would delay tower batches) nor on gRPC's
 //     (it would hold up other calls' reactions).
 // The last item goes out with the call's status (StartWriteAndFinish): one
-// send per single-item call. A slow client delays only its own writes; what
-// it leaves queued is counted in buffered_bytes, and the worker's
-// sink_full() stops starting tower batches while that passes the limit.
+// send per single-item call. A slow client delays only its own writes.
+//
+// What its replies hold is charged to the server's ReplyBudget
+// (reply_budget.h) under the call's tenant and connection: each delivered
+// result's bytes are buffered until the write that carries it completes (the
+// last one: until OnDone), and count towards the worker's sink_full() only
+// up to the tenant's share; each reply handed to gRPC holds twice its
+// message size (ours plus gRPC's serialized copy) until that write completes,
+// and a reply that would pass the connection's or the server's reply budget
+// ends the call with RESOURCE_EXHAUSTED naming it. A write the client has
+// not accepted within ServerOptions::write_timeout cancels the call
+// (counted, logged): a client that stops reading loses its call instead of
+// pinning its replies for as long as it keeps the connection.
 //
 // Cancellation and deadlines reach the call when gRPC reports them
 // (OnCancel), with no polling: it cancels the request in the worker, and items delivered after that are dropped
@@ -50,6 +60,8 @@
 #include "epd/server/server.h"
 #include "epd/v1/encoder.grpc.pb.h"
 #include "epd/worker/worker_loop.h"
+#include "reply_budget.h"
+#include "task_pool.h"
 
 namespace epd {
 
@@ -80,6 +92,20 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   void OnDone() override;
 
  private:
+  // Builds the reply of `r`, charges it to the reply budget and starts its
+  // write (`last`: with the call's status). A refusal by the budget gives
+  // the call up instead. REQUIRES: the writer role, mu_ not held.
+  void Write(ItemResult r, bool last);
+  // With the writer role and give_up_ set: drops the queued results, cancels
+  // the request in the worker and finishes the call with give_up_.
+  void GiveUp(std::unique_lock<std::mutex>& lock);
+  // The write-progress timer (ServerOptions::write_timeout): one per call,
+  // armed when a write is handed over and none is armed; when it fires it
+  // cancels the call if that write has not completed in time, re-arms for
+  // the write now in transport, or ends. OnDone cancels it. REQUIRES: mu_
+  // held (Arm).
+  void ArmWriteTimer(Clock::time_point due);
+  void CheckWriteProgress();
   // Asks the request budget for message_bytes_ by admit_by_ (admission.h);
   // Admitted gets the answer, and submits or finishes the call. Both hold
   // the writer role (Start's).
@@ -121,8 +147,15 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   bool references_ = false;      // payloads go by reference: cheap to build on any thread
   std::function<bool(const Embedding&, v1::EncodedItem*)> place_payload_;
 
-  v1::EncodedItem msg_;         // the write in flight (writer role)
-  std::int64_t msg_bytes_ = 0;  // its item's buffered bytes
+  v1::EncodedItem msg_;                     // the write in flight (writer role)
+  std::int64_t msg_bytes_ = 0;              // its item's buffered bytes (writer role; OnDone for the last write)
+  std::int64_t msg_held_ = 0;               // what it holds in the reply budget (likewise)
+  internal::ReplyBudget::Account account_;  // set by Start once the tenant is known; closed in OnDone
+  std::string connection_;                  // the call's peer (its connection), from Start
+  // OnDone has begun: ctx_ may be gone. Guards ctx_->TryCancel from the
+  // write timer; recursive because gRPC may run OnDone inside TryCancel.
+  std::recursive_mutex ctx_mu_;
+  bool ctx_done_ = false;  // guarded by ctx_mu_
 
   std::mutex mu_;
   bool writer_ = true;                            // Start holds the role until the request is submitted
@@ -135,6 +168,13 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   Status request_status_;                         // RequestResult::status, valid once done_
   Status give_up_;                                // cancelled, past the deadline, or the client went away
   std::deque<ItemResult> ready_;                  // delivered, not yet written
+  bool throttled_ = false;                        // counted once as throttled (its tenant past its share)
+  bool in_transport_ = false;                     // a write is handed to gRPC and not completed
+  bool final_ok_ = false;                         // the last write went out with an OK status
+  bool timer_armed_ = false;                      // a CheckWriteProgress is posted (write_timer_)
+  internal::TaskPool::TaskId write_timer_;        // cancelled by OnDone, so no finished call waits on the pool
+  bool call_done_ = false;                        // OnDone has run: arm no timer
+  Clock::time_point write_started_;               // when the write in transport was handed over
   std::size_t delivered_ = 0, written_ = 0, failed_ = 0;
   std::int64_t first_failed_ = -1;
   Status first_failure_;

@@ -20,7 +20,9 @@
 //   epd_requests_total, epd_items_total, epd_tower_batches_total,
 //   epd_tower_failures_total, epd_item_errors_total{code},
 //   epd_rpc_errors_total{code}, epd_buffered_bytes,
-//   epd_sink_full_stalls_total; histograms epd_batch_tokens,
+//   epd_sink_full_stalls_total, epd_reply_held_bytes,
+//   epd_reply_refusals_total, epd_throttled_calls_total,
+//   epd_write_timeouts_total; histograms epd_batch_tokens,
 //   epd_tower_seconds, epd_request_seconds.
 //
 // Thread safety: thread-safe (prometheus-cpp histograms lock internally; the

@@ -28,6 +28,7 @@
 #include "ipc_leases.h"
 #include "metrics.h"
 #include "proto_convert.h"
+#include "reply_budget.h"
 #include "shm_arena.h"
 #include "shm_session.h"
 #include "task_pool.h"
@@ -48,6 +49,7 @@ struct EncodeServer::Impl final
   std::unique_ptr<WorkerLoop> loop;
   std::unique_ptr<internal::TokenCheck> auth;
   std::unique_ptr<internal::RequestBudget> budget;
+  std::unique_ptr<internal::ReplyBudget> replies;    // what unsent replies hold (reply_budget.h)
   std::unique_ptr<internal::CallOutcomes> outcomes;  // outlives `server`, whose interceptor uses it
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<internal::ShmArena> arena;        // null = no shared-memory delivery
@@ -58,7 +60,6 @@ struct EncodeServer::Impl final
   int port = 0;
 
   std::atomic<bool> serving{false};
-  std::atomic<std::int64_t> buffered_bytes{0};
   std::atomic<std::uint64_t> next_auto_id{1};
   std::mutex shutdown_mu;
   bool shut_down = false;  // guarded by shutdown_mu
@@ -74,7 +75,14 @@ struct EncodeServer::Impl final
     s.l1_capacity_bytes = worker_options.l1_capacity_bytes;
     s.l2_capacity_bytes = worker_options.l2_capacity_bytes;
     s.rpc_errors = outcomes->Errors();
-    s.buffered_bytes = buffered_bytes.load();
+    if (replies != nullptr) {
+      const internal::ReplyBudget::Stats r = replies->Snapshot();
+      s.buffered_bytes = r.buffered_bytes;
+      s.reply_held_bytes = r.held_bytes;
+      s.reply_refusals = r.refusals;
+      s.throttled_calls = r.throttled_calls;
+      s.write_timeouts = r.write_timeouts;
+    }
     if (budget != nullptr) {
       s.request_bytes_in_flight = budget->in_flight();
       s.admission_waiting = budget->waiting();
@@ -83,14 +91,6 @@ struct EncodeServer::Impl final
     if (ipc != nullptr) s.ipc = ipc->Stats();
     if (sessions != nullptr) sessions->AddStats(&s.shm);
     return s;
-  }
-
-  void Unbuffer(std::int64_t bytes) {
-    if (bytes == 0) return;
-    const std::int64_t before = buffered_bytes.fetch_sub(bytes);
-    // Crossing back under the limit: let the worker start batches again now
-    // rather than at its next 1 ms poll.
-    if (before > options.max_buffered_bytes && before - bytes <= options.max_buffered_bytes) loop->Wake();
   }
 
   // Request-level checks that need no worker state (see server.h, step 1).

@@ -357,19 +357,14 @@ TEST(EncodeServerTest, ShutdownCancelsCallsStillRunningAfterTheGrace) {
 // after the hit; none of 18 on a connection of its own). Most likely the other
 // calls' traffic (the hit's 3 MiB) let gRPC's flow control raise the window
 // of every stream on the connection, so the server's Writes completed.
-std::unique_ptr<v1::Encoder::Stub> NonReadingClientStub(const std::string& target) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024);
-  // A channel of its own: not shared with the test's other calls.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return v1::Encoder::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
-}
-
-TEST(EncodeServerTest, ClientThatDoesNotReadHoldsTowerBatchesButNotHits) {
+// The global bound, when one tenant may pass it alone (a share above the
+// bound; by default a tenant's share is a quarter of it and this cannot
+// happen, see the next test).
+TEST(EncodeServerTest, ClientThatDoesNotReadHoldsTowerBatchesWhenItsShareIsPastTheBoundButNotHits) {
   TestServerOptions o;
   o.tower.hidden = 1 << 16;  // 4 tokens x 65536 x 3 halves x 4 B = 3 MiB per 56x56 item
   o.server.max_buffered_bytes = 1 << 20;
+  o.server.max_buffered_bytes_per_tenant = 2 << 20;
   TestServer t = StartTestServer(o);
   const std::string cached = Png(56, 56, 30);
   ASSERT_TRUE(CallEncode(*t.stub, MakeRequest("warm", {cached})).status.ok());
@@ -406,7 +401,50 @@ TEST(EncodeServerTest, ClientThatDoesNotReadHoldsTowerBatchesButNotHits) {
   EXPECT_EQ(read, 3);
   RawCall o2 = other.get();
   EXPECT_TRUE(o2.status.ok()) << o2.status.error_message();
-  EXPECT_EQ(t.server->Stats().buffered_bytes, 0);
+  // The last reply's bytes are given back when its call is done, which may
+  // follow the client's Finish by a moment.
+  EXPECT_TRUE(WaitFor([&] { return t.server->Stats().buffered_bytes == 0; }));
+}
+
+// Issue 27, fault 4: with the default share (a quarter of the bound), one
+// tenant that stops reading is throttled (its results wait on its call) and
+// the tower goes on for everyone else: sink_full never holds.
+TEST(EncodeServerTest, ClientThatDoesNotReadPastItsTenantsShareHoldsNoTowerBatch) {
+  TestServerOptions o;
+  o.tower.hidden = 1 << 16;  // 3 MiB per 56x56 item, as above
+  o.server.max_buffered_bytes = 1 << 20;
+  TestServer t = StartTestServer(o);
+
+  const auto slow_stub = NonReadingClientStub(t.target);
+  grpc::ClientContext slow_ctx;
+  slow_ctx.AddMetadata("x-epd-tenant", "slow");
+  auto slow = slow_stub->Encode(&slow_ctx, MakeRequest("slow", {Png(56, 56, 41), Png(56, 56, 42), Png(56, 56, 43)}));
+  // All three results wait on the slow call: 9 MiB, nine times the bound.
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().buffered_bytes == 3 * (3 << 20); }));
+  EXPECT_EQ(t.server->Stats().throttled_calls, 1u);
+
+  // Another tenant's miss runs on the tower meanwhile.
+  const std::string img = Png(56, 56, 44);
+  RawCall other = CallEncode(*t.stub, MakeRequest("other", {img}));
+  ASSERT_TRUE(other.status.ok()) << other.status.error_message();
+  ASSERT_EQ(other.items.size(), 1u);
+  EXPECT_EQ(other.items[0].source(), v1::SOURCE_MISS);
+  const Embedding want = Expected(img, o.tower);
+  EXPECT_TRUE(other.items[0].main() == std::string(reinterpret_cast<const char*>(want.main.data()), want.main.size()))
+      << "wrong rows";
+  const ServerStats s = t.server->Stats();
+  EXPECT_EQ(s.worker.sink_full_stalls, 0u);
+  // The other call too: its one 3 MiB result is past its tenant's share of
+  // 256 KiB, so it did not count towards the bound either.
+  EXPECT_EQ(s.throttled_calls, 2u);
+
+  // The slow client still gets all of its results when it reads.
+  v1::EncodedItem item;
+  int read = 0;
+  while (slow->Read(&item)) ++read;
+  EXPECT_TRUE(slow->Finish().ok());
+  EXPECT_EQ(read, 3);
+  EXPECT_TRUE(WaitFor([&] { return t.server->Stats().buffered_bytes == 0; }));
 }
 
 // A bare HTTP/1.0 GET, so the test does not trust the exposer's own client.

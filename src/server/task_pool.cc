@@ -12,13 +12,28 @@ TaskPool::TaskPool(int threads) {
 
 TaskPool::~TaskPool() { Shutdown(); }
 
-void TaskPool::PostAt(Clock::time_point when, std::function<void()> task) {
+TaskPool::TaskId TaskPool::PostAt(Clock::time_point when, std::function<void()> task) {
+  TaskId id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    tasks_.emplace(std::make_pair(when, next_seq_++), std::move(task));
+    if (stopping_) return id;
+    id = TaskId{when, next_seq_++};
+    tasks_.emplace(std::make_pair(when, id.seq), std::move(task));
   }
   cv_.notify_one();
+  return id;
+}
+
+bool TaskPool::Cancel(const TaskId& id) {
+  std::function<void()> dropped;  // destroyed outside the lock: it may own anything
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tasks_.find(std::make_pair(id.when, id.seq));
+    if (it == tasks_.end()) return false;
+    dropped = std::move(it->second);
+    tasks_.erase(it);
+  }
+  return true;
 }
 
 void TaskPool::Shutdown() {

@@ -3,9 +3,10 @@
 //
 // EncodeServer's callback-API calls use it for the work that must not run on
 // the thread that triggers it: building an inline reply (a copy of up to
-// megabytes of rows) when the worker thread delivers an item; and the timer
+// megabytes of rows) when the worker thread delivers an item; the timer
 // that refuses a call still waiting for room in the request budget at its
-// deadline (admission.h).
+// deadline (admission.h); and a call's write-progress timer (encode_call.h),
+// cancelled when the call ends.
 //
 // Tasks due at the same time run in the order posted (FIFO); tasks run
 // concurrently on up to `threads` threads. A task must not throw.
@@ -37,9 +38,19 @@ class TaskPool {
   TaskPool(const TaskPool&) = delete;
   TaskPool& operator=(const TaskPool&) = delete;
 
+  // Names a posted task, for Cancel.
+  struct TaskId {
+    Clock::time_point when{};
+    std::uint64_t seq = 0;
+  };
+
   void Post(std::function<void()> task) { PostAt(Clock::time_point::min(), std::move(task)); }
   // Runs `task` at `when` or soon after. O(log pending).
-  void PostAt(Clock::time_point when, std::function<void()> task);
+  TaskId PostAt(Clock::time_point when, std::function<void()> task);
+  // Drops task `id` if it has not started: true when it was dropped (it
+  // will never run), false when it ran, is running, or was never posted
+  // (a default TaskId). O(log pending).
+  bool Cancel(const TaskId& id);
   void Shutdown();
 
  private:
@@ -49,8 +60,8 @@ class TaskPool {
   std::condition_variable cv_;
   // (due time, post order) -> task: the earliest first, FIFO among equals.
   std::map<std::pair<Clock::time_point, std::uint64_t>, std::function<void()>> tasks_;  // guarded by mu_
-  std::uint64_t next_seq_ = 0;                                                          // guarded by mu_
-  bool stopping_ = false;                                                               // guarded by mu_
+  std::uint64_t next_seq_ = 1;  // 0 names no task (a default TaskId); guarded by mu_
+  bool stopping_ = false;       // guarded by mu_
   std::vector<std::thread> threads_;
 };
 

@@ -36,6 +36,24 @@ TEST(TaskPoolTest, OneThreadRunsDueTasksInPostOrder) {
   EXPECT_EQ(order, expected);
 }
 
+TEST(TaskPoolTest, CancelDropsADelayedTaskOnlyBeforeItRuns) {
+  TaskPool pool(2);
+  std::atomic<int> ran{0};
+  const TaskPool::TaskId late = pool.PostAt(Clock::now() + std::chrono::hours(1), [&] { ++ran; });
+  std::promise<void> done;
+  const TaskPool::TaskId soon = pool.PostAt(Clock::now(), [&] {
+    ++ran;
+    done.set_value();
+  });
+  done.get_future().wait();
+  EXPECT_TRUE(pool.Cancel(late));
+  EXPECT_FALSE(pool.Cancel(late));                // once
+  EXPECT_FALSE(pool.Cancel(soon));                // it ran
+  EXPECT_FALSE(pool.Cancel(TaskPool::TaskId{}));  // names none
+  pool.Shutdown();
+  EXPECT_EQ(ran.load(), 1);
+}
+
 TEST(TaskPoolTest, AnEarlierDueTimeRunsFirstWhateverThePostOrder) {
   TaskPool pool(1);
   std::promise<void> gate;

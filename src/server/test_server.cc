@@ -44,6 +44,14 @@ RawCall CallEncode(v1::Encoder::Stub& stub, const v1::EncodeRequest& request, st
   return out;
 }
 
+std::unique_ptr<v1::Encoder::Stub> NonReadingClientStub(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return v1::Encoder::NewStub(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+}
+
 v1::EncodeRequest MakeRequest(const std::string& id, const std::vector<std::string>& images) {
   v1::EncodeRequest r;
   r.set_id(id);

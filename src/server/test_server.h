@@ -59,6 +59,11 @@ inline RawCall CallEncodeIn(v1::Encoder::Stub& stub, const v1::EncodeRequest& re
   return CallEncode(stub, request, std::chrono::milliseconds(10000), session_id);
 }
 
+// A stub on a channel of its own (not shared with other stubs) whose client
+// reads nothing until the test does: no BDP probing, a 64 KiB stream
+// window, so a reply larger than that stays in the server's transport.
+std::unique_ptr<v1::Encoder::Stub> NonReadingClientStub(const std::string& target);
+
 // A request of one image per string, ids as given.
 v1::EncodeRequest MakeRequest(const std::string& id, const std::vector<std::string>& images);
 

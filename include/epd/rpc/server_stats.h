@@ -169,8 +169,22 @@ struct ServerStats {
   // max_request_bytes: RESOURCE_EXHAUSTED, up to twice that size, see
   // ServerOptions::max_request_bytes).
   std::map<StatusCode, std::uint64_t> rpc_errors;
-  // Bytes of results queued on calls and not yet written.
+  // Bytes of results delivered to calls and not yet sent: queued on a call,
+  // or in a write the client has not accepted yet (a call's last write:
+  // until the call is done).
   std::int64_t buffered_bytes = 0;
+  // Replies to clients that read slowly or not at all (docs/SERVER.md,
+  // "Clients that stop reading"): the memory held now for replies handed to
+  // gRPC and not yet sent (twice each message: the server's copy and gRPC's
+  // serialized one); calls ended with RESOURCE_EXHAUSTED because a reply
+  // would pass the per-connection or the total reply budget; calls whose
+  // tenant's unsent results passed its share of max_buffered_bytes (counted
+  // once each); calls cancelled because the client accepted no reply bytes
+  // for write_timeout.
+  std::int64_t reply_held_bytes = 0;
+  std::uint64_t reply_refusals = 0;
+  std::uint64_t throttled_calls = 0;
+  std::uint64_t write_timeouts = 0;
   // The in-flight request budget (ServerOptions::max_inflight_request_bytes):
   // the message bytes of admitted Encode calls not yet ended (0 once every
   // call has ended), and the calls waiting for room in it.
@@ -205,6 +219,18 @@ inline constexpr StatField<ServerStats> kServerStatsFields[] = {
     {"buffered_bytes", &ServerStats::buffered_bytes, StatKind::kGauge, StatUnit::kBytes,
      "Result bytes waiting to be written to clients",
      {"buffered_bytes"}, {"epd_buffered_bytes"}, ""},
+    {"reply_held_bytes", &ServerStats::reply_held_bytes, StatKind::kGauge, StatUnit::kBytes,
+     "Memory held for replies handed to gRPC and not yet sent",
+     {"reply_held_bytes"}, {"epd_reply_held_bytes"}, ""},
+    {"reply_refusals", &ServerStats::reply_refusals, StatKind::kCounter, StatUnit::kCount,
+     "Calls ended RESOURCE_EXHAUSTED by the per-connection or total reply budget",
+     {"reply_refusals"}, {"epd_reply_refusals_total"}, ""},
+    {"throttled_calls", &ServerStats::throttled_calls, StatKind::kCounter, StatUnit::kCount,
+     "Calls whose tenant's unsent results passed its share of the buffered bound",
+     {"throttled_calls"}, {"epd_throttled_calls_total"}, ""},
+    {"write_timeouts", &ServerStats::write_timeouts, StatKind::kCounter, StatUnit::kCount,
+     "Calls cancelled because the client accepted no reply bytes in time",
+     {"write_timeouts"}, {"epd_write_timeouts_total"}, ""},
     {"request_bytes_in_flight", &ServerStats::request_bytes_in_flight, StatKind::kGauge, StatUnit::kBytes,
      "Message bytes of admitted Encode calls not yet ended (the request budget)",
      {}, {}, ""},

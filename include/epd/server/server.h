@@ -36,11 +36,18 @@
 //   call with DEADLINE_EXCEEDED or CANCELLED. Cancellation by the client is
 //   noticed when gRPC reports it (no polling), and so is a deadline.
 //
-// Backpressure: results queued on calls but not yet written hold their
-// embeddings alive. When those bytes exceed max_buffered_bytes the worker's
-// sink_full() holds, so it starts no new tower batch (cache hits are still
-// served) until writers drain below the limit. Memory beyond the caches is
-// therefore bounded by about max_buffered_bytes plus one batch's output.
+// Backpressure: results delivered to calls but not yet sent hold their
+// embeddings alive. They are charged to the call's tenant, and when the
+// tenants' bytes, each counted up to its share (max_buffered_bytes_per_tenant),
+// exceed max_buffered_bytes the worker's sink_full() holds, so it starts no
+// new tower batch (cache hits are still served) until writers drain below the
+// limit. One tenant whose client stops reading therefore never stops the
+// tower for the others (its share is under the limit): its results wait on
+// its own calls (it is throttled), and write_timeout cancels a call whose
+// client accepts nothing. Memory a reply handed to gRPC holds (its message,
+// twice) is bounded per connection and in total (max_reply_bytes_per_connection,
+// max_reply_bytes): a reply past either ends its call with RESOURCE_EXHAUSTED
+// naming the budget. docs/SERVER.md, "Clients that stop reading".
 //
 // Shutdown(grace): Health and grpc.health.v1 report not serving; new calls
 // are refused; calls in flight keep running until `grace` has passed, then
@@ -135,9 +142,11 @@ struct ServerOptions {
   // Default 1 GiB. See docs/SERVER.md, "Memory".
   std::int64_t max_inflight_request_bytes = std::int64_t{1} << 30;
   std::chrono::milliseconds admission_wait{100};
-  // Runs (on a gRPC thread) when the admitted request bytes fall back to 0
-  // after a burst, one that held at least max_inflight_request_bytes / 16 in
-  // flight at once (a steady stream of small calls never does), e.g. to
+  // Runs (on a gRPC or pool thread) when the admitted request bytes fall
+  // back to 0 after a burst, one that held at least
+  // max_inflight_request_bytes / 16 in flight at once (a steady stream of
+  // small calls never does), and likewise when the reply bytes held for
+  // clients fall back to 0 after a burst of max_reply_bytes / 16, e.g. to
   // return freed heap to the OS (the CLI calls malloc_trim). Null = nothing.
   std::function<void()> on_requests_drained{};
   // The fair share a call is charged to under ScheduleOrder::kFair (see
@@ -149,6 +158,30 @@ struct ServerOptions {
   // Results waiting for slow clients, bytes, above which the worker starts no
   // new tower batch (see Backpressure above). Default 256 MiB.
   std::int64_t max_buffered_bytes = std::int64_t{256} << 20;
+  // One tenant's share of max_buffered_bytes: its buffered bytes past this
+  // do not count towards stopping the tower. 0 = max_buffered_bytes / 4.
+  // A share above max_buffered_bytes lets one tenant stop the tower again.
+  std::int64_t max_buffered_bytes_per_tenant = 0;
+  // Memory held for replies handed to gRPC and not yet sent, bytes: in
+  // total, and per connection (a gRPC peer, i.e. one TCP connection; all
+  // Unix-socket clients share one). A reply that would pass either ends its
+  // call with RESOURCE_EXHAUSTED naming the budget, unless nothing else is
+  // held there (so each budget holds at most itself plus one reply). When
+  // the held bytes fall back to 0 after a burst of max_reply_bytes / 16,
+  // on_requests_drained runs too.
+  std::int64_t max_reply_bytes = std::int64_t{1} << 30;
+  std::int64_t max_reply_bytes_per_connection = std::int64_t{256} << 20;
+  // An Encode call whose client accepts none of a reply for this long (a
+  // write handed to gRPC that does not complete: HTTP/2 flow control, the
+  // client not reading) is cancelled, counted (ServerStats::write_timeouts)
+  // and logged. Progress is a completed message: a client must take one
+  // reply (up to a few MB) in this time. 0 = never.
+  std::chrono::milliseconds write_timeout{30000};
+  // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: calls one connection may have
+  // open at once (a client opening more is refused by gRPC with
+  // REFUSED_STREAM; gRPC clients queue them instead). 0 = gRPC's default
+  // (no limit).
+  int max_concurrent_streams = 256;
   // Most handler threads of the sync methods (Health, Stats, Release); a
   // call of theirs arriving when all are busy is refused with
   // RESOURCE_EXHAUSTED by gRPC. Encode and Session calls hold none: the
