@@ -59,6 +59,7 @@ struct Connection {
   std::string in;
   std::size_t in_off = 0;
   int served = 0;          // requests answered on this connection
+  bool draining = false;   // refused (413, 431): input is read and dropped until EOF or the deadline
   bool got_bytes = false;  // bytes of a head arrived since admission / the last response
   HttpClock::time_point deadline{};
 };

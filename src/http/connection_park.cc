@@ -167,6 +167,15 @@ void ConnectionPark::Pump(int fd) {
   auto it = parked_.find(fd);
   if (it == parked_.end()) return;
   Connection& c = *it->second.conn;
+  if (c.draining) {
+    for (;;) {
+      c.in.clear();
+      c.in_off = 0;
+      const Connection::Io io = c.ReadAvailable(1 << 16);
+      if (io == Connection::Io::kClosed) return Drop(fd, nullptr, 0);
+      if (io == Connection::Io::kWouldBlock) return;
+    }
+  }
   if (c.ssl != nullptr && !c.handshaken) {
     const Connection::Io h = c.Handshake();
     if (h == Connection::Io::kClosed) return Drop(fd, &tls_failures_, 0);
@@ -184,11 +193,20 @@ void ConnectionPark::Pump(int fd) {
   }
   if (c.HeadComplete()) {
     if (const auto length = c.DeclaredContentLength(); length.has_value() && *length > o_.max_body_bytes) {
-      return Drop(fd, nullptr, 413);
+      return Linger(fd, 413);
     }
     return HandOver(fd);
   }
-  if (c.pending().size() > o_.max_head_bytes) Drop(fd, nullptr, 431);
+  if (c.pending().size() > o_.max_head_bytes) Linger(fd, 431);
+}
+
+void ConnectionPark::Linger(int fd, int refuse_status) {
+  Parked& p = parked_.at(fd);
+  refuse_(*p.conn, refuse_status);
+  shutdown(fd, SHUT_WR);
+  p.conn->draining = true;
+  SetDeadline(p, HttpClock::now() + std::chrono::seconds(2));
+  Pump(fd);  // drops what is there already
 }
 
 void ConnectionPark::HandOver(int fd) {
@@ -222,7 +240,9 @@ void ConnectionPark::ExpireDue() {
   while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
     const int fd = deadlines_.begin()->second;
     const Connection& c = *parked_.at(fd).conn;
-    if (c.got_bytes) {
+    if (c.draining) {
+      Drop(fd, nullptr, 0);
+    } else if (c.got_bytes) {
       Drop(fd, &header_timeouts_, 408);
     } else {
       Drop(fd, c.served > 0 ? &idle_closed_ : &header_timeouts_, 0);

@@ -15,7 +15,10 @@
 // part of a head had arrived, silently otherwise. A head over
 // max_head_bytes gets 431, and one declaring a Content-Length over
 // max_body_bytes gets 413 from the park, so no thread waits for (or reads
-// and discards, as httplib would) a body that will be refused. When more
+// and discards, as httplib would) a body that will be refused. After such a
+// refusal the park shuts its side down and drops what the client still
+// sends for up to 2 s (a "lingering close"), so a client that sends its body
+// without waiting reads the 413 instead of a reset. When more
 // than max_idle connections are parked,
 // the one nearest its deadline is closed (counted as evicted).
 //
@@ -94,6 +97,7 @@ class ConnectionPark {
   void SetDeadline(Parked& p, HttpClock::time_point when);
   void HandOver(int fd);
   void Drop(int fd, std::atomic<std::uint64_t>* counter, int refuse_status);
+  void Linger(int fd, int refuse_status);  // refuse, then drain until EOF or 2 s
   void ExpireDue();
   int WaitMs() const;
 
