@@ -20,6 +20,8 @@
 // published), kwargs that are not objects, and "ec_transfer_params" naming a
 // "consumer_zmq" (a push connector's: code unsupported_connector).
 //
+// Parsed with simdjson (chat_request.cc says why).
+//
 // Thread safety: a pure function.
 #pragma once
 

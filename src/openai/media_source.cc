@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -55,17 +56,32 @@ StatusOr<std::string> MediaSource::FromData(const std::string& url) const {
     return ResourceExhausted("the data: URL holds about " + std::to_string(encoded / 4 * 3) + " bytes; at most " +
                              std::to_string(max_bytes_) + " are accepted (--media-max-mb)");
   }
+  const std::string_view payload = std::string_view(url).substr(comma + 1);
   std::string out(encoded / 4 * 3 + 3, '\0');
-  EVP_ENCODE_CTX* ctx = EVP_ENCODE_CTX_new();
-  EVP_DecodeInit(ctx);
-  int n = 0, tail = 0;
-  const int rc =
-      EVP_DecodeUpdate(ctx, reinterpret_cast<unsigned char*>(out.data()), &n,
-                       reinterpret_cast<const unsigned char*>(url.data() + comma + 1), static_cast<int>(encoded));
-  const int fin = rc < 0 ? -1 : EVP_DecodeFinal(ctx, reinterpret_cast<unsigned char*>(out.data()) + n, &tail);
-  EVP_ENCODE_CTX_free(ctx);
-  if (rc < 0 || fin < 0) return InvalidArgument("the data: URL's payload is not valid base64");
-  out.resize(static_cast<std::size_t>(n + tail));
+  auto* dst = reinterpret_cast<unsigned char*>(out.data());
+  const auto* src = reinterpret_cast<const unsigned char*>(payload.data());
+  // (Not find_first_of: libstdc++ runs a memchr over the set per character.)
+  const bool one_block = payload.size() % 4 == 0 && std::none_of(payload.begin(), payload.end(), [](char c) {
+                           return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+                         });
+  if (one_block) {
+    // One block, no line breaks: EVP_DecodeBlock, several times faster than
+    // the line-oriented EVP_DecodeUpdate. It writes the padding's zero
+    // bytes too, which are cut off here.
+    const int n = EVP_DecodeBlock(dst, src, static_cast<int>(payload.size()));
+    if (n < 0) return InvalidArgument("the data: URL's payload is not valid base64");
+    const std::size_t pad = payload.ends_with("==") ? 2 : payload.ends_with("=") ? 1 : 0;
+    out.resize(static_cast<std::size_t>(n) - pad);
+  } else {
+    EVP_ENCODE_CTX* ctx = EVP_ENCODE_CTX_new();
+    EVP_DecodeInit(ctx);
+    int n = 0, tail = 0;
+    const int rc = EVP_DecodeUpdate(ctx, dst, &n, src, static_cast<int>(payload.size()));
+    const int fin = rc < 0 ? -1 : EVP_DecodeFinal(ctx, dst + n, &tail);
+    EVP_ENCODE_CTX_free(ctx);
+    if (rc < 0 || fin < 0) return InvalidArgument("the data: URL's payload is not valid base64");
+    out.resize(static_cast<std::size_t>(n + tail));
+  }
   if (out.empty()) return InvalidArgument("the data: URL's payload is empty");
   return out;
 }
