@@ -9,7 +9,8 @@
 #                                   generated epd/core/version.h
 #   lib/libepd_*.a                  the libraries (static, position
 #                                   independent), exported as epd::core,
-#                                   epd::media, epd::video, epd::model,
+#                                   epd::media, epd::video,
+#                                   epd::safetensors, epd::model,
 #                                   epd::gpu,
 #                                   epd::gpu_cuda, epd::torch_tower,
 #                                   epd::checkpoint_tower, epd::worker, epd::l3,
@@ -23,8 +24,9 @@
 #   share/epd/models/*.pt           the default towers (the CLI's default
 #                                   --model, found relative to bin/)
 #   share/epd/systemd/epd-encode.service   deploy/systemd's example unit
-#   EPD_INSTALL_PYTHONDIR/epd/      the Python package (extension, client,
-#                                   gRPC stubs)
+#   EPD_INSTALL_PYTHONDIR/epd/      the Python package (extension, the client
+#                                   package epd/client/, gRPC stubs epd/v1/,
+#                                   generated _version.py, _service_config.py)
 # Only what this build made is installed: a build without gRPC has no
 # server component, and so on; epdConfig.cmake knows which.
 include(CMakePackageConfigHelpers)
@@ -41,17 +43,18 @@ set(_epd_components
   "core|epd_core|"
   "media|epd_media|core"
   "video|epd_video|media"
-  "model|epd_model|core,media"
+  "safetensors|epd_safetensors|core"
+  "model|epd_model|core,media,safetensors"
   "gpu|epd_gpu|core"
   "gpu_cuda|epd_gpu_cuda|gpu"
   "torch_tower|epd_torch_tower|core"
   "checkpoint_tower|epd_checkpoint_tower|model,torch_tower"
-  "worker|epd_worker|core,media"
+  "worker|epd_worker|core,media,safetensors"
   "l3|epd_l3|core,media"
   "http|epd_http|core"
   "proto|epd_proto|core,media"
   "server|epd_server|worker,proto,http"
-  "openai|epd_openai|server,http,model"
+  "openai|epd_openai|server,http,safetensors"
   "client|epd_client|media,proto")
 
 # proto is epd_proto, the layer table's internal "rpc": generated gRPC code
@@ -147,7 +150,9 @@ install(FILES ${PROJECT_SOURCE_DIR}/deploy/systemd/epd-encode.service
 # --- the Python package ------------------------------------------------------------
 if(TARGET epd_python_core)
   install(TARGETS epd_python_core LIBRARY DESTINATION ${EPD_INSTALL_PYTHONDIR}/epd)
-  # The pure-Python files and the generated gRPC stubs (epd/v1/), as built.
+  # The pure-Python files with their folders (the client package epd/client/)
+  # and the generated ones (_version.py, _service_config.py, the gRPC stubs
+  # epd/v1/), as the build tree holds them.
   install(DIRECTORY ${CMAKE_BINARY_DIR}/python/epd/ DESTINATION ${EPD_INSTALL_PYTHONDIR}/epd
           FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
 endif()

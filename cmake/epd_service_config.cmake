@@ -10,7 +10,7 @@
 # epd_write_service_config(cpp OUTPUT): a header with epd::v1::kEncoderServiceConfig
 #   and epd::v1::kRetryBufferBytes (src/server/CMakeLists.txt, for src/client).
 # epd_write_service_config(python OUTPUT): a module with ENCODER_SERVICE_CONFIG
-#   and RETRY_BUFFER_BYTES (python/CMakeLists.txt, for python/epd/client.py).
+#   and RETRY_BUFFER_BYTES (python/CMakeLists.txt, for python/epd/client/).
 set(EPD_SERVICE_CONFIG_JSON ${CMAKE_CURRENT_LIST_DIR}/../proto/epd/v1/encoder_service_config.json)
 set(EPD_RETRY_BUFFER_BYTES 67108864)
 

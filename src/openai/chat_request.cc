@@ -125,17 +125,19 @@ std::variant<ChatRequest, FrontError> ParseChatRequest(std::string_view text) {
     }
   }
   bool stream = false;
-  if (const std::optional<element> s = Field(body, "stream"); s.has_value() && s->get(stream) == simdjson::SUCCESS &&
-                                                              stream) {
+  if (const std::optional<element> s = Field(body, "stream");
+      s.has_value() && s->get(stream) == simdjson::SUCCESS && stream) {
     return Bad("stream: true is not supported: an encoder instance answers once the items are published",
                "stream_unsupported", "stream");
   }
   if (auto e = TakeKwargs(body, "mm_processor_kwargs", out.mm_processor_kwargs)) return *e;
   if (auto e = TakeKwargs(body, "media_io_kwargs", out.media_io_kwargs)) return *e;
-  if (const std::optional<element> ec = Field(body, "ec_transfer_params"); ec.has_value() && Field(*ec, "consumer_zmq")) {
-    return Bad("ec_transfer_params.consumer_zmq names a push connector's consumer; this encoder publishes files for "
-               "ECExampleConnector (--ec-dir) only",
-               "unsupported_connector", "ec_transfer_params.consumer_zmq");
+  if (const std::optional<element> ec = Field(body, "ec_transfer_params");
+      ec.has_value() && Field(*ec, "consumer_zmq")) {
+    return Bad(
+        "ec_transfer_params.consumer_zmq names a push connector's consumer; this encoder publishes files for "
+        "ECExampleConnector (--ec-dir) only",
+        "unsupported_connector", "ec_transfer_params.consumer_zmq");
   }
   return out;
 }

@@ -135,7 +135,7 @@ TEST(MediaSourceTest, DataUrlsDecodeAndFileUrlsStayUnderTheAllowedPath) {
   auto src = MediaSource::Create(fo, (root / "allowed").string());
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   EXPECT_EQ(*(*src)->Resolve("data:image/png;base64,aGVs\nbG8="), "hello");  // with a line break
-  EXPECT_EQ(*(*src)->Resolve("data:;base64,aGVsbG8="), "hello");              // one block, one '='
+  EXPECT_EQ(*(*src)->Resolve("data:;base64,aGVsbG8="), "hello");             // one block, one '='
   EXPECT_EQ(*(*src)->Resolve("data:image/png;base64,aGk="), "hi");
   EXPECT_EQ(*(*src)->Resolve("data:image/png;base64,aGkh"), "hi!");
   EXPECT_EQ((*src)->Resolve("data:image/png;base64,@@@@").status().code(), StatusCode::kInvalidArgument);

@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "epd/model/safetensors_file.h"
+#include "epd/safetensors/safetensors_codec.h"
 
 namespace epd {
 namespace {
@@ -26,18 +26,6 @@ constexpr char kTempPrefix[] = ".encoder_cache.safetensors.tmp-";
 Status WriteFailed(const std::string& path, int err) {
   return Status(StatusCode::kInternal,
                 "ec_dir_write_failed: cannot write " + path + ": " + std::strerror(err) + " (--ec-dir)");
-}
-
-TensorDType SafetensorsType(DType d) {
-  switch (d) {
-    case DType::kBFloat16:
-      return TensorDType::kBF16;
-    case DType::kFloat16:
-      return TensorDType::kF16;
-    case DType::kFloat32:
-      break;
-  }
-  return TensorDType::kF32;
 }
 
 // main rows, each followed by its deepstack row (levels in order).
@@ -235,7 +223,7 @@ StatusOr<EcOutcome> EcPublisher::Publish(const std::string& id, const Embedding&
       rows = interleaved;
     }
     const NamedTensor t{"ec_cache",
-                        TensorView{SafetensorsType(e.dtype), {e.tokens, e.hidden * (1 + e.deepstack_layers)}, rows}};
+                        TensorView{ToTensorDType(e.dtype), {e.tokens, e.hidden * (1 + e.deepstack_layers)}, rows}};
     StatusOr<std::string> bytes = SerializeSafetensors(std::span<const NamedTensor>(&t, 1));
     if (!bytes.ok()) return bytes.status();
     size = static_cast<std::int64_t>(bytes->size());

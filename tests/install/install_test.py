@@ -13,7 +13,9 @@ as a user would.
    the installed binary takes it as its --model default, and replays two
    requests with it;
 5. imports the installed Python package from the prefix (not the build
-   tree) and checks epd.__version__ and a cache round trip.
+   tree) and checks epd.__version__ and a cache round trip; with grpc,
+   imports each public name of the client package epd.client and checks
+   that all its modules and the service config come from the prefix.
 The expected version is read from the top-level CMakeLists.txt's project().
 Exits 0 on success; prints what differs otherwise.
 """
@@ -28,6 +30,17 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
+
+
+# What users and the tests import from epd.client (the package's public
+# names, each imported by name from the installed package) and the modules
+# that package is made of.
+CLIENT_NAMES = ["CudaIpcLease", "CudaIpcRef", "EncodeClient", "EncodeError", "EncodeResult", "Item", "ItemResult",
+                "KEY_VERSION", "PreprocessConfig", "ROUTE_HEADER", "SESSION_HEADER", "SESSION_RETRY_S",
+                "ServerInfo", "ShmLease", "VideoSampling", "caller_content_key", "content_key", "to_vllm_batch",
+                "video_key"]
+CLIENT_MODULES = ["__init__.py", "_client.py", "_keys.py", "_leases.py", "_proto.py", "_results.py",
+                  "_routing.py"]
 
 
 def run(cmd, **kw):
@@ -123,25 +136,40 @@ def main():
             expect("epd imported from the prefix", got_file.startswith(str(prefix.resolve())), True)
             # LRU over 250 bytes: a, b in; a touched; c evicts b.
             expect("installed EmbeddingCache evicts the least recently used", got_keys.strip(), "['a', 'c']")
-            # The gRPC client, when this Python has grpc: it imports the module
-            # generated from Encode's service config (retry policy), which must
-            # be installed with it and say what the JSON file says.
-            client_py = ("import json, pathlib\n"
+            # The gRPC client, when this Python has grpc: the package
+            # epd.client imports from the prefix with every public name, and
+            # with the module generated from Encode's service config (retry
+            # policy), which must be installed with it and say what the JSON
+            # file says.
+            client_py = ("import json, pathlib, sys\n"
                          "try:\n"
                          "    import grpc  # noqa: F401\n"
                          "except ImportError:\n"
                          "    print('no-grpc'); raise SystemExit\n"
+                         f"from epd.client import {', '.join(CLIENT_NAMES)}\n"
                          "import epd.client, epd._service_config as sc\n"
-                         "print(pathlib.Path(sc.__file__).resolve(), json.dumps(json.loads(sc.ENCODER_SERVICE_CONFIG), "
-                         "sort_keys=True))\n")
+                         "files = sorted(str(pathlib.Path(m.__file__).resolve()) for n, m in sys.modules.items()\n"
+                         "               if n == 'epd.client' or n.startswith('epd.client.'))\n"
+                         "print(json.dumps({'config_file': str(pathlib.Path(sc.__file__).resolve()),\n"
+                         "                  'config': json.loads(sc.ENCODER_SERVICE_CONFIG), 'files': files,\n"
+                         "                  'alias': EncodeResult is ItemResult,\n"
+                         "                  'all': sorted(epd.client.__all__)}))\n")
             got = (run([sys.executable, "-c", client_py], env=env, cwd=tmp).strip()
                    if (build / "python" / "epd" / "v1").is_dir() else "no-grpc")
             if got != "no-grpc":
-                got_file, got_config = got.split(" ", 1)
-                expect("epd._service_config imported from the prefix", got_file.startswith(str(prefix.resolve())),
-                       True)
+                got = json.loads(got)
+                expect("epd._service_config imported from the prefix",
+                       got["config_file"].startswith(str(prefix.resolve())), True)
                 want = json.loads((source / "proto/epd/v1/encoder_service_config.json").read_text())
-                expect("installed Encode service config", got_config, json.dumps(want, sort_keys=True))
+                expect("installed Encode service config", got["config"], want)
+                pkg = (prefix / pydir.group(1) / "epd" / "client").resolve()
+                expect("epd.client's modules, all imported from the installed package",
+                       [Path(f).relative_to(pkg).as_posix() if Path(f).is_relative_to(pkg) else f
+                        for f in got["files"]], CLIENT_MODULES)
+                expect("no single-module client.py installed beside the package",
+                       (prefix / pydir.group(1) / "epd" / "client.py").exists(), False)
+                expect("epd.client.EncodeResult is ItemResult", got["alias"], True)
+                expect("epd.client.__all__", got["all"], sorted(CLIENT_NAMES))
     print("install test: ok")
 
 
