@@ -495,7 +495,8 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--http", f->http,
                     "instead of --server: the base URL of an OpenAI-compatible front (serve --http-port), "
                     "e.g. http://127.0.0.1:8000; sends the files as data: URLs to /v1/chat/completions");
-    cmd->add_option("--uuid", f->uuids, "with --http: the uuid of each file's item, in order (repeatable)");
+    cmd->add_option("--uuid", f->uuids, "with --http: the uuid of each file's item, in order (repeat the flag)")
+        ->allow_extra_args(false);
     cmd->add_option("images", f->images, "image files (JPEG, PNG, ...) and video files (MP4, WebM, AVI)")
         ->required()
         ->check(CLI::ExistingFile);

@@ -446,3 +446,24 @@ def test_qwen3_vl_video_reports_one_timestamp_per_temporal_patch(qwen3, mp4):
     meta = reply["ec_transfer_params"][content_uuid(part)]["metadata"]
     assert meta["video_grid_thw"] == list(r.grid_thw)
     assert meta["timestamps"] == pytest.approx(want)
+
+
+def test_the_cli_client_sends_files_through_the_front(encoder):
+    path = os.path.join(encoder.tmp, "cli.png")
+    with open(path, "wb") as f:
+        f.write(h.png(64, 64, 55))
+    grid = encoder.grpc_rows(path)[3]
+    base = f"http://127.0.0.1:{encoder.http_port}"
+    run = subprocess.run([h.encode_binary(), "client", "--http", base, "--auth-token-file", encoder.token_file,
+                          "--uuid", "cli-item", path, path], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    tokens = grid[0] * grid[1] * grid[2] // 4
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"index=0 id=cli-item kind=image grid={grid[0]}x{grid[1]}x{grid[2]}"
+    assert re.fullmatch(rf"index=1 id=[0-9a-f]{{64}} kind=image grid={grid[0]}x{grid[1]}x{grid[2]}", lines[1])
+    assert lines[2] == f"prompt_tokens={2 * tokens}"
+    assert os.path.isfile(encoder.file("cli-item"))
+    refused = subprocess.run([h.encode_binary(), "client", "--http", base, path], capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("HTTP 401 AuthenticationError (invalid_api_key): ")
