@@ -51,8 +51,10 @@ set(_epd_components
   "checkpoint_tower|epd_checkpoint_tower|model,torch_tower"
   "worker|epd_worker|core,media,safetensors"
   "l3|epd_l3|core,media"
+  "http|epd_http|core"
   "proto|epd_proto|core,media"
-  "server|epd_server|worker,proto"
+  "server|epd_server|worker,proto,http"
+  "openai|epd_openai|server,http,safetensors"
   "client|epd_client|media,proto")
 
 # proto is epd_proto, the layer table's internal "rpc": generated gRPC code

@@ -22,7 +22,7 @@
 # "rpc" is the internal epd_proto (generated gRPC code and the conversions);
 # its one public header, the stats both ends report, is shared by server and
 # client.
-set(EPD_LAYERS core media video safetensors model gpu gpu_cuda torch_tower checkpoint_tower worker l3 rpc server client python)
+set(EPD_LAYERS core media video safetensors model gpu gpu_cuda torch_tower checkpoint_tower worker l3 http rpc server openai client python)
 
 set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
@@ -74,13 +74,23 @@ set(EPD_LAYER_l3_TARGET epd_l3)
 set(EPD_LAYER_l3_USES core media)
 set(EPD_LAYER_l3_HEADERS l3_ring.h l3_value.h redis_tier.h)
 
+# The HTTP edge: cpp-httplib (HttpEndpoint) and libcurl (MediaFetcher).
+set(EPD_LAYER_http_TARGET epd_http)
+set(EPD_LAYER_http_USES core)
+set(EPD_LAYER_http_HEADERS http_endpoint.h media_fetch.h)
+
 set(EPD_LAYER_rpc_TARGET epd_proto)
 set(EPD_LAYER_rpc_USES core media)
 set(EPD_LAYER_rpc_HEADERS server_stats.h)
 
 set(EPD_LAYER_server_TARGET epd_server)
-set(EPD_LAYER_server_USES core media safetensors gpu worker rpc)
-set(EPD_LAYER_server_HEADERS server.h)
+set(EPD_LAYER_server_USES core media safetensors gpu worker rpc http)
+set(EPD_LAYER_server_HEADERS front_door.h server.h)
+
+# The OpenAI-compatible front and ECExampleConnector publication (docs/VLLM.md).
+set(EPD_LAYER_openai_TARGET epd_openai)
+set(EPD_LAYER_openai_USES core media safetensors gpu worker rpc http server)
+set(EPD_LAYER_openai_HEADERS ec_publisher.h openai_front.h)
 
 set(EPD_LAYER_client_TARGET epd_client)
 set(EPD_LAYER_client_USES core media gpu rpc)

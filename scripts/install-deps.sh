@@ -21,6 +21,7 @@ build_pkgs=(
   libgrpc++-dev libabsl-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl openssl
   libhiredis-dev redis-server
+  libcpp-httplib-dev libcurl4-openssl-dev libsimdjson-dev
   clang libclang-rt-14-dev clang-format clang-tidy
 )
 bench_pkgs=(libleveldb-dev librocksdb-dev python3-pil gnuplot-nox)

@@ -4,9 +4,13 @@
 //
 //   serve         runs an EncodeServer until SIGTERM or SIGINT, then shuts
 //                 down gracefully (--grace-s) and exits 0. Prints one line
-//                 "READY port=<p> metrics_port=<m> server_id=<id>" on stdout
-//                 once it accepts calls, so scripts can wait for it.
-//   client        encodes image and video files (a video is recognised by
+//                 "READY port=<p> metrics_port=<m> server_id=<id> http_port=<h>"
+//                 on stdout once it accepts calls, so scripts can wait for it
+//                 (http_port -1 without --http-port: the OpenAI-compatible
+//                 front, docs/VLLM.md, tools/http_front_flags.h).
+//   client        with --http URL: through the OpenAI-compatible front
+//                 (tools/http_client.h); otherwise over gRPC:
+//                 encodes image and video files (a video is recognised by
 //                 its container's magic bytes, MP4/MOV, WebM/Matroska, AVI,
 //                 or forced with --video); one stdout line per item:
 //                   index=<i> key=<hex> tokens=<n> hidden=<h> source=<l1|l2|l3|miss|joined> ms=<server ms> server=<id>
@@ -37,10 +41,14 @@
 #include "commands.h"
 #include "epd/client/client.h"
 #include "epd/gpu/device.h"
+#include "epd/openai/openai_front.h"
+#include "epd/server/front_door.h"
 #include "epd/server/server.h"
 #include "epd/worker/safetensors.h"
 #include "exit_deadline.h"
 #include "flag_checks.h"
+#include "http_client.h"
+#include "http_front_flags.h"
 #include "security_flags.h"
 #include "worker_flags.h"
 #ifdef EPD_CLIENT_WITH_CUDA
@@ -62,7 +70,7 @@ struct ServeFlags {
   std::string host = "0.0.0.0";
   int port = 50051;
   int metrics_port = -1;
-  std::string metrics_host = "0.0.0.0";
+  std::string metrics_host;  // "" = --host
   std::string server_id;
   std::int64_t max_queue = 1024;
   double grace_s = 10;
@@ -86,6 +94,7 @@ struct ServeFlags {
   double max_inflight_request_mb = 1024;
   std::string tenant_header = ServerOptions{}.tenant_metadata;
   ServerSecurityFlags security;
+  HttpFrontFlags http;
   ServeFlags() { worker.order = "fair"; }  // a server has many clients
 };
 
@@ -145,6 +154,19 @@ int RunServe(const ServeFlags& f) {
       EncodeServer::Start(so, std::move(parts->options), std::move(parts->tower));
   if (!server.ok()) Fail(1, "cannot start the server: " + server.status().ToString());
 
+  std::unique_ptr<OpenAiFront> front;
+  if (f.http.port >= 0) {
+    StatusOr<std::unique_ptr<OpenAiFront>> started =
+        OpenAiFront::Start(MakeOpenAiFrontOptions(f.http, so), (*server)->front_door());
+    if (!started.ok()) {
+      (*server)->Shutdown(std::chrono::milliseconds(0));
+      Fail(1, "cannot start the HTTP front: " + started.status().ToString());
+    }
+    front = std::move(*started);
+    spdlog::info("OpenAI-compatible front on {}://{}:{} serving model '{}'; EC files: {}",
+                 so.tls_cert_pem.empty() ? "http" : "https", f.http.host, front->port(), front->served_model_name(),
+                 f.http.ec_dir.empty() ? std::string("not published (no --ec-dir)") : f.http.ec_dir);
+  }
   std::string also;
   for (const std::string& a : f.listen) also += " and " + a;
   spdlog::info("serving {} on {}:{}{} as '{}' (shared memory: {}; CUDA IPC: {}; metrics: {})", tower, f.host,
@@ -154,9 +176,10 @@ int RunServe(const ServeFlags& f) {
                so.ipc_export_bytes > 0 ? fmt::format("{:.0f} MiB of exports", f.ipc_export_mb) : std::string("off"),
                (*server)->metrics_port() < 0
                    ? std::string("off")
-                   : fmt::format("http://{}:{}/metrics", so.metrics_address, (*server)->metrics_port()));
-  std::printf("READY port=%d metrics_port=%d server_id=%s\n", (*server)->port(), (*server)->metrics_port(),
-              (*server)->server_id().c_str());
+                   : fmt::format("http://{}:{}/metrics", so.metrics_address.empty() ? f.host : so.metrics_address,
+                                 (*server)->metrics_port()));
+  std::printf("READY port=%d metrics_port=%d server_id=%s http_port=%d\n", (*server)->port(), (*server)->metrics_port(),
+              (*server)->server_id().c_str(), front != nullptr ? front->port() : -1);
   std::fflush(stdout);
 
   int sig = 0;
@@ -167,7 +190,8 @@ int RunServe(const ServeFlags& f) {
     const std::chrono::milliseconds grace(static_cast<std::int64_t>(f.grace_s * 1000));
     const ExitDeadline backstop(grace + std::chrono::seconds(1),
                                 "shutdown outlived --grace-s + 1 s (a tower batch still running?); exiting now");
-    (*server)->Shutdown(grace);
+    (*server)->Shutdown(grace);  // the front answers 503 from here; its calls in flight finish
+    if (front != nullptr) front->Stop();
   }
   const ServerStats s = (*server)->Stats();
   spdlog::info("stopped after {} requests ({} items: {} l1, {} l2, {} l3, {} miss, {} joined)", s.worker.requests,
@@ -179,6 +203,8 @@ int RunServe(const ServeFlags& f) {
 
 struct ClientFlags {
   std::string server;
+  std::string http;  // the OpenAI-compatible front's base URL instead of --server
+  std::vector<std::string> uuids;
   std::vector<std::string> images;
   std::string out;
   double timeout_s = 30;
@@ -191,14 +217,6 @@ struct ClientFlags {
   double video_fps = 0;  // 0: the server's default
   ClientSecurityFlags security;
 };
-
-// A video container by its magic bytes: ISO BMFF (MP4, MOV: "ftyp" at byte
-// 4), EBML (WebM, Matroska: 1A 45 DF A3), RIFF AVI.
-bool LooksLikeVideo(const std::string& b) {
-  if (b.size() >= 8 && b.compare(4, 4, "ftyp") == 0) return true;
-  if (b.size() >= 4 && b.compare(0, 4, "\x1a\x45\xdf\xa3") == 0) return true;
-  return b.size() >= 12 && b.compare(0, 4, "RIFF") == 0 && b.compare(8, 4, "AVI ") == 0;
-}
 
 // The device --cuda-ipc imports the server's rows on: CUDA device
 // `f.cuda_device`, opened before any call so that a build or machine without
@@ -251,6 +269,21 @@ StatusOr<EmbeddingPtr> CopyIpcToHost(Device& device, const IpcLease& lease) {
 
 int RunClient(const ClientFlags& f) {
   TuneMalloc(MallocUse::kMessages);
+  if (f.server.empty() == f.http.empty()) Fail(1, "give exactly one of --server HOST:PORT (gRPC) and --http URL");
+  if (!f.http.empty()) {
+    HttpClientOptions h;
+    h.base_url = f.http;
+    h.files = f.images;
+    h.uuids = f.uuids;
+    h.video = f.video;
+    h.timeout_s = f.timeout_s;
+    h.ca_file = f.security.tls_ca;
+    ClientOptions security;
+    if (Status s = ApplyClientSecurityFlags(f.security, security); !s.ok()) Fail(1, s.message());
+    h.token = security.auth_token;
+    return RunHttpClient(h);
+  }
+  if (!f.uuids.empty()) Fail(1, "--uuid goes with --http");
   // Declared before the client and the results, so it outlives both and
   // every IpcLease they hold (ClientOptions::ipc_device).
   std::unique_ptr<Device> ipc_device;
@@ -393,8 +426,7 @@ void RegisterServerCommands(CLI::App& app) {
     cmd->add_option("--metrics-port", f->metrics_port, "Prometheus /metrics port, -1 = off, 0 = any free port")
         ->capture_default_str()
         ->check(Integer(-1, 65535));
-    cmd->add_option("--metrics-host", f->metrics_host, "address the metrics endpoint listens on")
-        ->capture_default_str();
+    cmd->add_option("--metrics-host", f->metrics_host, "address the metrics endpoint listens on [--host]");
     cmd->add_option("--server-id", f->server_id, "name reported in every item [<hostname>:<port>]");
     cmd->add_option("--max-queue", f->max_queue,
                     "most images queued for the tower; requests past it get RESOURCE_EXHAUSTED (0 = unbounded)")
@@ -484,6 +516,7 @@ void RegisterServerCommands(CLI::App& app) {
                     "metadata key naming a client's fair share under --order fair; empty = by client address only")
         ->capture_default_str();
     AddServerSecurityFlags(*cmd, f->security);
+    AddHttpFrontFlags(*cmd, f->http);
     cmd->callback([f] {
       if (int rc = RunServe(*f); rc != 0) throw CLI::RuntimeError(rc);
     });
@@ -491,7 +524,12 @@ void RegisterServerCommands(CLI::App& app) {
   {
     auto f = std::make_shared<ClientFlags>();
     CLI::App* cmd = app.add_subcommand("client", "encode image and video files with a running server");
-    cmd->add_option("--server", f->server, "HOST:PORT of a server or of the nginx front, or unix:/path")->required();
+    cmd->add_option("--server", f->server, "HOST:PORT of a server or of the nginx front, or unix:/path");
+    cmd->add_option("--http", f->http,
+                    "instead of --server: the base URL of an OpenAI-compatible front (serve --http-port), "
+                    "e.g. http://127.0.0.1:8000; sends the files as data: URLs to /v1/chat/completions");
+    cmd->add_option("--uuid", f->uuids, "with --http: the uuid of each file's item, in order (repeat the flag)")
+        ->allow_extra_args(false);
     cmd->add_option("images", f->images, "image files (JPEG, PNG, ...) and video files (MP4, WebM, AVI)")
         ->required()
         ->check(CLI::ExistingFile);

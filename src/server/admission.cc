@@ -125,22 +125,28 @@ std::string PeerWithoutPort(const std::string& peer) {
   return host;
 }
 
+StatusOr<std::string> TenantFrom(const std::optional<std::string>& value, const std::string& tenant_key,
+                                 const std::string& peer) {
+  if (tenant_key.empty() || !value.has_value()) return peer;
+  bool printable = !value->empty() && value->size() <= 128;
+  for (const char c : *value) printable = printable && c >= 0x20 && c <= 0x7e;
+  if (!printable) {
+    return InvalidArgument("the metadata '" + tenant_key +
+                           "' must be 1..128 bytes of printable ASCII (a tenant id); got " +
+                           std::to_string(value->size()) + " bytes");
+  }
+  return "tenant:" + *value;
+}
+
 StatusOr<std::string> TenantOf(const grpc::ServerContextBase& ctx, const std::string& tenant_key) {
+  std::optional<std::string> value;
   if (!tenant_key.empty()) {
     const auto& md = ctx.client_metadata();
     if (auto it = md.find(grpc::string_ref(tenant_key)); it != md.end()) {
-      const std::string value(it->second.data(), it->second.size());
-      bool printable = !value.empty() && value.size() <= 128;
-      for (const char c : value) printable = printable && c >= 0x20 && c <= 0x7e;
-      if (!printable) {
-        return InvalidArgument("the metadata '" + tenant_key +
-                               "' must be 1..128 bytes of printable ASCII (a tenant id); got " +
-                               std::to_string(value.size()) + " bytes");
-      }
-      return "tenant:" + value;
+      value = std::string(it->second.data(), it->second.size());
     }
   }
-  return PeerWithoutPort(ctx.peer());
+  return TenantFrom(value, tenant_key, PeerWithoutPort(ctx.peer()));
 }
 
 }  // namespace epd::internal

@@ -39,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "epd/core/status.h"
@@ -118,6 +119,12 @@ class RequestBudget {
 // connections share one share. A value that is empty, longer than 128 bytes
 // or not printable ASCII is kInvalidArgument naming the key.
 StatusOr<std::string> TenantOf(const grpc::ServerContextBase& ctx, const std::string& tenant_key);
+// The same rule for any front: `value` is what the client sent under
+// `tenant_key` (nullopt = nothing), `peer` its address without the port in
+// gRPC's spelling ("ipv4:10.0.0.7", "ipv6:[::1]"), so a client has one
+// share whichever front it calls.
+StatusOr<std::string> TenantFrom(const std::optional<std::string>& value, const std::string& tenant_key,
+                                 const std::string& peer);
 // The address part of a gRPC peer string ("ipv4:1.2.3.4:567" ->
 // "ipv4:1.2.3.4", "ipv6:[::1]:80" -> "ipv6:[::1]"); others unchanged.
 std::string PeerWithoutPort(const std::string& peer);

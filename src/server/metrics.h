@@ -25,13 +25,21 @@
 //   epd_write_timeouts_total; histograms epd_batch_tokens,
 //   epd_tower_seconds, epd_request_seconds.
 //
+// Serving: Serve() puts the page on an epd::HttpEndpoint (epd/http/
+// http_endpoint.h) at GET /metrics (and /): idle connections hold no
+// thread, and with `authorize` set (the server's bearer token) a scrape
+// without the token gets 401. AddSource() appends more families, already in
+// the text exposition format, to every page (the OpenAI front's counters,
+// epd/openai/openai_front.h), so a front never touches the tables here.
+//
 // Thread safety: thread-safe (prometheus-cpp histograms lock internally; the
-// snapshot function must be thread-safe).
+// snapshot function and the sources must be thread-safe).
 #pragma once
 
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "epd/core/status.h"
@@ -40,18 +48,30 @@
 
 namespace epd::internal {
 
+struct MetricsEndpointOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  // Checks the Authorization header of a scrape (nullopt = absent); null =
+  // no check.
+  std::function<Status(const std::optional<std::string>&)> authorize{};
+  std::chrono::milliseconds read_timeout{5000};
+};
+
 class ServerMetrics {
  public:
   // `snapshot` is called on every scrape (on the exposer's thread).
   explicit ServerMetrics(std::function<ServerStats()> snapshot);
   ~ServerMetrics();
 
-  // Serves /metrics on address:port (port 0 = any free port), each
-  // connection on its own thread (at most 16 at once). A connection that has
-  // not sent its request head within `read_timeout` is closed unanswered.
-  // kUnavailable when it cannot bind; kInvalidArgument for a timeout <= 0.
-  // Call at most once.
-  Status Serve(const std::string& address, int port, std::chrono::milliseconds read_timeout = std::chrono::seconds(5));
+  // Serves /metrics on host:port (port 0 = any free port). A connection that
+  // has not sent a complete request head within `read_timeout` (from accept,
+  // or between keep-alive requests from its first byte; idle keep-alive
+  // connections are closed after it too) is closed. kUnavailable when it
+  // cannot bind; kInvalidArgument for a timeout <= 0. Call at most once.
+  Status Serve(const MetricsEndpointOptions& options);
+  // Appends the text `text()` returns (Prometheus text exposition format,
+  // complete families) to every page. Thread-safe.
+  void AddSource(std::function<std::string()> text);
   // The bound port, -1 before Serve.
   int port() const;
   // Closes the endpoint (no scrape runs after it returns). Idempotent.

@@ -1,7 +1,8 @@
 // The /metrics endpoint against misbehaving HTTP clients: a connection that
-// sends nothing, or trickles its request, must not hold up anyone's scrape.
-// The endpoint is driven through internal::ServerMetrics with a fixed
-// ServerStats, so the page's values are known here.
+// sends nothing, or trickles its request, or idles after a scrape, must not
+// hold up anyone's scrape (issue 27, fault 6); and with a token the page
+// needs it. The endpoint is driven through internal::ServerMetrics with a
+// fixed ServerStats, so the page's values are known here.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -10,9 +11,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "auth.h"
 #include "metrics.h"
 
 namespace epd::internal {
@@ -33,9 +38,9 @@ int Connect(int port) {
   return fd;
 }
 
-std::string Scrape(int port) {
+std::string Scrape(int port, const std::string& headers = "") {
   const int fd = Connect(port);
-  const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
+  const std::string req = "GET /metrics HTTP/1.0\r\n" + headers + "\r\n";
   EXPECT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   std::string out;
   char buf[4096];
@@ -58,14 +63,22 @@ ServerStats Fixed() {
   return s;
 }
 
+MetricsEndpointOptions On(std::chrono::milliseconds read_timeout) {
+  MetricsEndpointOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.read_timeout = read_timeout;
+  return o;
+}
+
 TEST(MetricsHttpTest, SilentConnectionDoesNotBlockAScrape) {
   ServerMetrics m(Fixed);
   // A read timeout far longer than any scrape: the scrape below cannot be
   // waiting for the silent connection to time out.
-  ASSERT_TRUE(m.Serve("127.0.0.1", 0, std::chrono::minutes(10)).ok());
+  ASSERT_TRUE(m.Serve(On(std::chrono::minutes(10))).ok());
   const int silent = Connect(m.port());
   const std::string page = Scrape(m.port());
-  EXPECT_NE(page.find("HTTP/1.0 200 OK"), std::string::npos) << page;
+  EXPECT_NE(page.find(" 200 OK\r\n"), std::string::npos) << page;
   EXPECT_NE(page.find("epd_cache_misses_total 7\n"), std::string::npos) << page;
   // Still open: the scrape was answered beside it, not after it.
   EXPECT_FALSE(ClosedByServer(silent));
@@ -75,7 +88,7 @@ TEST(MetricsHttpTest, SilentConnectionDoesNotBlockAScrape) {
 
 TEST(MetricsHttpTest, ManySilentConnectionsDoNotBlockAScrape) {
   ServerMetrics m(Fixed);
-  ASSERT_TRUE(m.Serve("127.0.0.1", 0, std::chrono::minutes(10)).ok());
+  ASSERT_TRUE(m.Serve(On(std::chrono::minutes(10))).ok());
   std::vector<int> silent;
   for (int i = 0; i < 8; ++i) silent.push_back(Connect(m.port()));
   EXPECT_NE(Scrape(m.port()).find("epd_cache_misses_total 7\n"), std::string::npos);
@@ -83,9 +96,61 @@ TEST(MetricsHttpTest, ManySilentConnectionsDoNotBlockAScrape) {
   m.Stop();
 }
 
+// Fault 6: 16 idle connections made every scrape of the old responder take
+// 4.5 s and 200 made it time out, since each held one of its 16 threads
+// for the read timeout. Here 200 connections that sent nothing, and 40
+// that scraped once over keep-alive and then went quiet, all stay open
+// (a 10-minute read timeout) while a fresh scrape is answered.
+TEST(MetricsHttpTest, TwoHundredIdleConnectionsDoNotBlockAScrape) {
+  ServerMetrics m(Fixed);
+  ASSERT_TRUE(m.Serve(On(std::chrono::minutes(10))).ok());
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) idle.push_back(Connect(m.port()));
+  for (int i = 0; i < 40; ++i) {
+    const int fd = Connect(m.port());
+    const std::string req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    std::string got;
+    char buf[4096];
+    while (got.find("epd_cache_misses_total 7\n") == std::string::npos) {
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      ASSERT_GT(n, 0) << got;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+    idle.push_back(fd);  // kept alive, now idle
+  }
+  for (int k = 0; k < 3; ++k) EXPECT_NE(Scrape(m.port()).find("epd_cache_misses_total 7\n"), std::string::npos);
+  for (int fd : idle) {
+    EXPECT_FALSE(ClosedByServer(fd));
+    close(fd);
+  }
+  m.Stop();
+}
+
+// With the server's bearer token, a scrape must carry it (Prometheus sends
+// `authorization` from its scrape config).
+TEST(MetricsHttpTest, AScrapeNeedsTheBearerTokenWhenAuthIsOn) {
+  ServerMetrics m(Fixed);
+  auto token = std::make_shared<TokenCheck>("s3cret");
+  MetricsEndpointOptions o = On(std::chrono::seconds(5));
+  o.authorize = [token](const std::optional<std::string>& h) { return token->CheckHeader(h); };
+  ASSERT_TRUE(m.Serve(o).ok());
+  const std::string none = Scrape(m.port());
+  EXPECT_NE(none.find(" 401 Unauthorized\r\n"), std::string::npos) << none;
+  EXPECT_EQ(none.find("epd_cache_misses_total"), std::string::npos) << none;
+  EXPECT_NE(none.find("WWW-Authenticate: Bearer"), std::string::npos) << none;
+  const std::string wrong = Scrape(m.port(), "Authorization: Bearer nope\r\n");
+  EXPECT_NE(wrong.find(" 401 Unauthorized\r\n"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("the bearer token is not this server's"), std::string::npos) << wrong;
+  const std::string right = Scrape(m.port(), "Authorization: Bearer s3cret\r\n");
+  EXPECT_NE(right.find(" 200 OK\r\n"), std::string::npos) << right;
+  EXPECT_NE(right.find("epd_cache_misses_total 7\n"), std::string::npos) << right;
+  m.Stop();
+}
+
 TEST(MetricsHttpTest, TricklingClientIsClosedAfterTheReadTimeout) {
   ServerMetrics m(Fixed);
-  ASSERT_TRUE(m.Serve("127.0.0.1", 0, milliseconds(200)).ok());
+  ASSERT_TRUE(m.Serve(On(milliseconds(200))).ok());
   const int slow = Connect(m.port());
   // One byte of a never-ending header line every 20 ms: each read succeeds,
   // so only a deadline on the whole head ends it. Give up after 3000 bytes
@@ -108,7 +173,7 @@ TEST(MetricsHttpTest, TricklingClientIsClosedAfterTheReadTimeout) {
 
 TEST(MetricsHttpTest, StopReturnsWhileAConnectionIsSilent) {
   ServerMetrics m(Fixed);
-  ASSERT_TRUE(m.Serve("127.0.0.1", 0, std::chrono::minutes(10)).ok());
+  ASSERT_TRUE(m.Serve(On(std::chrono::minutes(10))).ok());
   const int silent = Connect(m.port());
   // Let the accept thread take it, so Stop has a connection thread to end.
   EXPECT_NE(Scrape(m.port()).find("200 OK"), std::string::npos);

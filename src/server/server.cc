@@ -5,7 +5,8 @@
 //
 // Threads: gRPC's own (they receive calls and run the callback reactions),
 // the sync methods' handler threads, the WorkerLoop thread, a small TaskPool
-// (inline replies, admission deadlines) and the metrics exposer's thread.
+// (inline replies, admission deadlines) and the metrics endpoint's
+// (epd::HttpEndpoint: an accept thread, an epoll thread, two servers).
 #include "epd/server/server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -45,6 +46,15 @@ int ClampMs(std::chrono::milliseconds d) {
 
 // Threads that build inline replies and run admission deadlines (task_pool.h).
 int PoolThreads() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 8u)); }
+
+// The host part of a "host:port" address ("[::1]:80" -> "::1"); 127.0.0.1
+// for a Unix socket: where the metrics endpoint listens by default.
+std::string HostOf(const std::string& address) {
+  if (address.starts_with("unix:")) return "127.0.0.1";
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
 
 std::string HostName() {
   char buf[256] = {};
@@ -276,7 +286,13 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
         HostName() + ":" + (options.address.starts_with("unix:") ? options.address : std::to_string(self->port));
   }
   if (options.metrics_port >= 0) {
-    if (Status s = self->metrics->Serve(options.metrics_address, options.metrics_port); !s.ok()) {
+    internal::MetricsEndpointOptions mo;
+    mo.host = options.metrics_address.empty() ? HostOf(options.address) : options.metrics_address;
+    mo.port = options.metrics_port;
+    if (self->auth->enabled()) {
+      mo.authorize = [self](const std::optional<std::string>& h) { return self->auth->CheckHeader(h); };
+    }
+    if (Status s = self->metrics->Serve(mo); !s.ok()) {
       self->server->Shutdown(std::chrono::system_clock::now());
       self->loop->Shutdown(std::chrono::milliseconds(0));
       return s;

@@ -137,6 +137,7 @@ def start_server(extra: List[str], timeout: float = 60.0) -> Tuple[subprocess.Po
             break
         if line.startswith("READY "):
             fields = dict(kv.split("=", 1) for kv in line.split()[1:])
+            proc.ready = fields  # every field of the READY line (http_port, ...)
             return proc, int(fields["port"]), int(fields["metrics_port"])
     proc.kill()
     proc.wait()

@@ -88,6 +88,8 @@
 
 namespace epd {
 
+class ServerFrontDoor;  // epd/server/front_door.h
+
 struct ServerOptions {
   // "host:port" to listen on. Port 0 picks a free port (see port()). Or
   // "unix:/path" for a Unix domain socket (port() is then 0).
@@ -123,10 +125,13 @@ struct ServerOptions {
   // Reported in every EncodedItem and in Health/Stats; empty = "<host>:<port>"
   // with the machine's host name and the bound port.
   std::string server_id;
-  // Prometheus text exposition at http://<metrics_address>:<port>/metrics.
-  // -1 = off, 0 = a free port (see metrics_port()).
+  // Prometheus text exposition at http://<metrics_address>:<port>/metrics
+  // (epd::HttpEndpoint: idle connections hold no thread). -1 = off, 0 = a
+  // free port (see metrics_port()). Empty metrics_address = the host of
+  // `address` (127.0.0.1 for a Unix socket). With auth_token set, a scrape
+  // must carry "Authorization: Bearer <token>" too (401 otherwise).
   int metrics_port = -1;
-  std::string metrics_address = "0.0.0.0";
+  std::string metrics_address{};
   // Most items one request may carry (INVALID_ARGUMENT beyond it).
   std::int64_t max_items_per_request = 256;
   // Largest request message accepted, bytes; larger ones get
@@ -240,6 +245,9 @@ class EncodeServer {
   int metrics_port() const;  // the bound metrics port, -1 when off
   const std::string& server_id() const;
   ServerStats Stats() const;
+  // The way in for another front end over this server's worker, budget,
+  // token and metrics (epd/server/front_door.h, which defines it).
+  ServerFrontDoor front_door();
 
   // See the header comment. Idempotent; returns when everything has stopped.
   void Shutdown(std::chrono::milliseconds grace);

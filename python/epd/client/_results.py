@@ -121,6 +121,12 @@ class ItemResult:
                              f"{self.cuda_ipc.device}); map r.cuda_ipc.memory_handle with the CUDA runtime, "
                              "or ask for shared memory or inline bytes")
 
+    def to_openai_part(self, uuid: Optional[str] = None, deepstack: bool = True) -> Dict[str, object]:
+        """This result as an image_embeds (video_embeds) chat content part for
+        vLLM's online server with --enable-mm-embeds: epd.openai_part."""
+        from epd.openai_part import to_openai_part
+        return to_openai_part(self, uuid=uuid, deepstack=deepstack)
+
     def to_vllm(self, deepstack: bool = True) -> Dict[str, object]:
         """This image as vLLM's precomputed image embeddings for Qwen-VL models:
         ``{"image_embeds": E, "image_grid_thw": G}``, to pass as

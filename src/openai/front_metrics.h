@@ -1,0 +1,34 @@
+// src/openai/front_metrics.h (internal): the OpenAI front's counters and
+// their Prometheus text (appended to the server's /metrics page, see
+// epd/openai/openai_front.h for the names). Built with prometheus-cpp's
+// TextSerializer.
+//
+// Thread safety: thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "epd/http/http_endpoint.h"
+#include "epd/openai/ec_publisher.h"
+
+namespace epd::internal {
+
+class FrontMetrics {
+ public:
+  void CountResponse(int status);
+  // "ok", "refused", "too_large", "failed", "bad_url".
+  void CountFetch(const std::string& outcome);
+  std::map<int, std::uint64_t> Responses() const;
+  // `ec`: null when nothing is published.
+  std::string Render(const EcPublisherStats* ec, const HttpEndpointStats& http) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, std::uint64_t> responses_;        // guarded by mu_
+  std::map<std::string, std::uint64_t> fetches_;  // guarded by mu_
+};
+
+}  // namespace epd::internal

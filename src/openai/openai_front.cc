@@ -1,0 +1,299 @@
+// See epd/openai/openai_front.h. The request's path through here:
+// ChatResponse (count, time) -> Answer (checks) -> Resolve (media bytes) ->
+// ServerFrontDoor::Encode (the worker) -> Group (ids) -> Publish (files)
+// -> ChatCompletion (the reply).
+#include "epd/openai/openai_front.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <map>
+#include <variant>
+
+#include "chat_reply.h"
+#include "chat_request.h"
+#include "front_error.h"
+#include "front_metrics.h"
+#include "kwargs_check.h"
+#include "media_source.h"
+
+namespace epd {
+namespace {
+
+using internal::FrontError;
+using internal::MediaKind;
+
+using Clock = std::chrono::steady_clock;
+
+std::int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The media-source failure of one item as the front answers it.
+FrontError MediaError(const Status& s, const internal::ChatItem& item) {
+  static const std::map<StatusCode, std::pair<int, const char*>> kMap = {
+      {StatusCode::kPermissionDenied, {400, "media_url_refused"}},
+      {StatusCode::kNotFound, {400, "media_not_found"}},
+      {StatusCode::kInvalidArgument, {400, "invalid_media_url"}},
+      {StatusCode::kResourceExhausted, {413, "media_too_large"}},
+      {StatusCode::kUnavailable, {502, "media_fetch_failed"}}};
+  const auto it = kMap.find(s.code());
+  const auto [status, code] = it != kMap.end() ? it->second : std::pair<int, const char*>{500, "media_error"};
+  const std::string field = item.kind == MediaKind::kImage ? ".image_url.url" : ".video_url.url";
+  return FrontError{status, "item " + std::to_string(item.index) + " (" + item.where + "): " + s.message(), code,
+                    item.where + field};
+}
+
+std::string FetchOutcome(StatusCode c) {
+  switch (c) {
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kPermissionDenied:
+      return "refused";
+    case StatusCode::kResourceExhausted:
+      return "too_large";
+    case StatusCode::kUnavailable:
+      return "failed";
+    default:
+      return "bad_url";
+  }
+}
+
+bool IsJson(const std::optional<std::string>& content_type) {
+  if (!content_type.has_value()) return false;
+  std::string t = content_type->substr(0, content_type->find(';'));
+  t.erase(std::remove_if(t.begin(), t.end(), [](unsigned char c) { return std::isspace(c); }), t.end());
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  return t == "application/json";
+}
+
+}  // namespace
+
+struct OpenAiFront::Impl {
+  OpenAiFrontOptions o;
+  ServerFrontDoor door;
+  std::string model;
+  std::int64_t started_s = UnixSeconds();
+  std::unique_ptr<internal::MediaSource> media;
+  std::shared_ptr<EcPublisher> ec;  // null = nothing published
+  std::shared_ptr<internal::FrontMetrics> metrics = std::make_shared<internal::FrontMetrics>();
+  std::shared_ptr<HttpEndpoint> http;
+  std::atomic<std::uint64_t> seq{0};
+
+  explicit Impl(ServerFrontDoor d) : door(d) {}
+
+  HttpResponse ChatResponse(const HttpRequest& r) {
+    const auto start = Clock::now();
+    HttpResponse out = Answer(r);
+    metrics->CountResponse(out.status);
+    door.ObserveRequest(std::chrono::duration<double>(Clock::now() - start).count());
+    if (const auto id = r.Header("x-request-id")) out.headers.emplace_back("X-Request-Id", *id);
+    return out;
+  }
+
+  std::optional<FrontError> Check(const HttpRequest& r, const internal::ChatRequest& req) const {
+    if (req.model.has_value() && *req.model != model) {
+      return FrontError{404, "The model `" + *req.model + "` does not exist; this encoder serves `" + model + "`",
+                        "model_not_found", "model"};
+    }
+    if (auto e = internal::CheckProcessingKwargs(req.mm_processor_kwargs, req.media_io_kwargs, door.worker_options())) {
+      return e;
+    }
+    const auto n = static_cast<std::int64_t>(req.items.size());
+    if (n > door.max_items_per_request()) {
+      return FrontError{400,
+                        "the request has " + std::to_string(n) + " media items; at most " +
+                            std::to_string(door.max_items_per_request()) + " are accepted (--max-items-per-request)",
+                        "too_many_items", "messages"};
+    }
+    for (const internal::ChatItem& item : req.items) {
+      if (!item.uuid.has_value()) continue;
+      if (Status s = EcPublisher::CheckId(*item.uuid); !s.ok()) {
+        return FrontError{400, "item " + std::to_string(item.index) + ": " + s.message(), "invalid_uuid",
+                          item.where + ".uuid"};
+      }
+    }
+    if (StatusOr<std::string> t = door.Tenant(r.Header(door.tenant_header()), r.remote_ip); !t.ok()) {
+      return FrontError{400, t.status().message(), "invalid_tenant", door.tenant_header()};
+    }
+    return std::nullopt;
+  }
+
+  // The worker's request for `req`'s items; bytes held go to `bytes`.
+  std::variant<EncodeRequest, FrontError> Resolve(const HttpRequest& r, const internal::ChatRequest& req,
+                                                  std::int64_t& bytes) {
+    EncodeRequest out;
+    out.tenant = *door.Tenant(r.Header(door.tenant_header()), r.remote_ip);
+    for (const internal::ChatItem& item : req.items) {
+      StatusOr<std::string> got = media->Resolve(item.url);
+      if (item.url.rfind("http", 0) == 0) metrics->CountFetch(FetchOutcome(got.status().code()));
+      if (!got.ok()) return MediaError(got.status(), item);
+      bytes += static_cast<std::int64_t>(got->size());
+      EncodeItemInput in;
+      if (item.kind == MediaKind::kVideo) {
+        in.video = VideoInput{MediaBytes(std::move(*got)), {}, std::nullopt};
+      } else {
+        in.media = MediaBytes(std::move(*got));
+      }
+      out.items.push_back(std::move(in));
+    }
+    return out;
+  }
+
+  // The request-level or lowest-index item failure, as answered.
+  static std::optional<FrontError> Failure(const RequestResult& res) {
+    if (!res.status.ok()) {
+      return FrontError{internal::HttpStatusOf(res.status.code(), false), res.status.message(),
+                        res.status.code() == StatusCode::kResourceExhausted ? "over_capacity" : "encode_refused"};
+    }
+    for (const ItemResult& it : res.items) {
+      if (it.status.ok()) continue;
+      const int status = internal::HttpStatusOf(it.status.code(), true);
+      return FrontError{status, "item " + std::to_string(it.index) + ": " + it.status.message(),
+                        status == 422 ? "undecodable_media" : "encode_failed"};
+    }
+    return std::nullopt;
+  }
+
+  // One entry per id, in order of first appearance; `reps` gets the
+  // result each entry publishes.
+  std::variant<std::vector<internal::PublishedItem>, FrontError> Group(const internal::ChatRequest& req,
+                                                                       const RequestResult& res,
+                                                                       std::vector<const ItemResult*>& reps) const {
+    std::vector<internal::PublishedItem> out;
+    std::map<std::string, std::size_t> at;
+    const FrontTowerInfo tower = door.tower();
+    for (const internal::ChatItem& item : req.items) {
+      const ItemResult& r = res.items[static_cast<std::size_t>(item.index)];
+      const std::string id = item.uuid.value_or(r.key.Hex());
+      if (auto it = at.find(id); it != at.end()) {
+        if (reps[it->second]->key != r.key) {
+          return FrontError{400,
+                            "the uuid '" + id + "' names two different media in this request (items " +
+                                std::to_string(out[it->second].indices[0]) + " and " + std::to_string(item.index) + ")",
+                            "uuid_conflict", item.where + ".uuid"};
+        }
+        out[it->second].indices.push_back(item.index);
+        continue;
+      }
+      internal::PublishedItem p{id, item.kind, r.embedding->grid, {}, {item.index}};
+      if (item.kind == MediaKind::kVideo && tower.deepstack_layers > 0 && r.video != nullptr) {
+        p.timestamps = internal::PatchTimestamps(r.video->timestamps_s, p.grid.t,
+                                                 door.worker_options().preprocess.temporal_patch_size);
+      }
+      at[id] = out.size();
+      out.push_back(std::move(p));
+      reps.push_back(&r);
+    }
+    return out;
+  }
+
+  std::optional<FrontError> Publish(const std::vector<internal::PublishedItem>& items,
+                                    const std::vector<const ItemResult*>& reps) {
+    if (ec == nullptr) return std::nullopt;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      StatusOr<EmbeddingPtr> host = ToHost(reps[i]->embedding);
+      StatusOr<EcOutcome> done = host.ok() ? ec->Publish(items[i].id, **host) : StatusOr<EcOutcome>(host.status());
+      if (!done.ok()) {
+        const std::string m = done.status().message();
+        return FrontError{500, "item " + std::to_string(items[i].indices[0]) + ": " + m,
+                          m.rfind("ec_dir_write_failed", 0) == 0 ? "ec_dir_write_failed" : "ec_publish_failed"};
+      }
+    }
+    return std::nullopt;
+  }
+
+  HttpResponse Answer(const HttpRequest& r) {
+    if (!door.serving()) return ErrorResponse(FrontError{503, "the server is draining (shutting down)", "draining"});
+    if (!IsJson(r.Header("Content-Type"))) {
+      return ErrorResponse(FrontError{
+          415, "the request body must be application/json, got '" + r.Header("Content-Type").value_or("none") + "'",
+          "unsupported_media_type"});
+    }
+    auto parsed = internal::ParseChatRequest(r.body);
+    if (auto* e = std::get_if<FrontError>(&parsed)) return ErrorResponse(*e);
+    const internal::ChatRequest& req = std::get<internal::ChatRequest>(parsed);
+    if (auto e = Check(r, req)) return ErrorResponse(*e);
+    std::int64_t bytes = static_cast<std::int64_t>(r.body.size());
+    auto built = Resolve(r, req, bytes);
+    if (auto* e = std::get_if<FrontError>(&built)) return ErrorResponse(*e);
+    const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), bytes);
+    if (auto e = Failure(res)) return ErrorResponse(*e);
+    std::vector<const ItemResult*> reps;
+    auto grouped = Group(req, res, reps);
+    if (auto* e = std::get_if<FrontError>(&grouped)) return ErrorResponse(*e);
+    const auto& items = std::get<std::vector<internal::PublishedItem>>(grouped);
+    if (auto e = Publish(items, reps)) return ErrorResponse(*e);
+    std::int64_t tokens = 0;
+    for (const ItemResult& it : res.items) tokens += it.embedding->tokens;
+    char id[32];
+    std::snprintf(id, sizeof(id), "chatcmpl-%016llx", static_cast<unsigned long long>(++seq));
+    return internal::ChatCompletion(id, model, UnixSeconds(), items, tokens);
+  }
+
+  HttpResponse Health(const HttpRequest&) const {
+    if (!door.serving()) return ErrorResponse(FrontError{503, "the server is draining (shutting down)", "draining"});
+    return HttpResponse{200, "application/json", ""};
+  }
+
+  HttpResponse Models(const HttpRequest&) const {
+    const nlohmann::json card = {{"id", model},
+                                 {"object", "model"},
+                                 {"created", started_s},
+                                 {"owned_by", "epd-encode"},
+                                 {"root", door.worker_options().model_id},
+                                 {"parent", nullptr}};
+    return HttpResponse{200, "application/json", nlohmann::json{{"object", "list"}, {"data", {card}}}.dump()};
+  }
+};
+
+OpenAiFront::OpenAiFront(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OpenAiFront::~OpenAiFront() { Stop(); }
+
+StatusOr<std::unique_ptr<OpenAiFront>> OpenAiFront::Start(OpenAiFrontOptions options, ServerFrontDoor door) {
+  auto impl = std::make_unique<Impl>(door);
+  Impl* self = impl.get();
+  self->o = std::move(options);
+  self->model = self->o.served_model_name.empty() ? door.worker_options().model_id : self->o.served_model_name;
+  StatusOr<std::unique_ptr<internal::MediaSource>> media =
+      internal::MediaSource::Create(self->o.media, self->o.allowed_local_media_path);
+  if (!media.ok()) return media.status();
+  self->media = std::move(*media);
+  if (!self->o.ec_dir.empty()) {
+    StatusOr<std::unique_ptr<EcPublisher>> ec =
+        EcPublisher::Open({self->o.ec_dir, self->o.ec_dir_max_bytes, self->o.ec_dir_grace, nullptr});
+    if (!ec.ok()) return ec.status();
+    self->ec = std::move(*ec);
+  }
+  HttpEndpointOptions http = self->o.http;
+  if (door.auth_enabled()) {
+    http.authorize = [door](const std::optional<std::string>& h) { return door.Authorize(h); };
+  }
+  http.error_page = internal::EndpointErrorPage;
+  StatusOr<std::unique_ptr<HttpEndpoint>> ep = HttpEndpoint::Start(
+      http, {{"POST", "/v1/chat/completions", true, [self](const HttpRequest& r) { return self->ChatResponse(r); }},
+             {"GET", "/v1/models", true, [self](const HttpRequest& r) { return self->Models(r); }},
+             {"GET", "/health", false, [self](const HttpRequest& r) { return self->Health(r); }}});
+  if (!ep.ok()) return ep.status();
+  self->http = std::move(*ep);
+  door.AddMetricsSource([metrics = self->metrics, ec = self->ec, http = self->http] {
+    const EcPublisherStats stats = ec != nullptr ? ec->Stats() : EcPublisherStats{};
+    return metrics->Render(ec != nullptr ? &stats : nullptr, http->Stats());
+  });
+  return std::unique_ptr<OpenAiFront>(new OpenAiFront(std::move(impl)));
+}
+
+int OpenAiFront::port() const { return impl_->http->port(); }
+const std::string& OpenAiFront::served_model_name() const { return impl_->model; }
+
+OpenAiFrontStats OpenAiFront::Stats() const {
+  OpenAiFrontStats s;
+  s.responses = impl_->metrics->Responses();
+  if (impl_->ec != nullptr) s.ec = impl_->ec->Stats();
+  s.http = impl_->http->Stats();
+  return s;
+}
+
+void OpenAiFront::Stop() { impl_->http->Stop(); }
+
+}  // namespace epd
