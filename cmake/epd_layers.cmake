@@ -65,7 +65,7 @@ set(EPD_LAYER_worker_HEADERS encode_worker.h safetensors.h worker_loop.h)
 
 set(EPD_LAYER_l3_TARGET epd_l3)
 set(EPD_LAYER_l3_USES core media)
-set(EPD_LAYER_l3_HEADERS l3_ring.h l3_value.h redis_tier.h)
+set(EPD_LAYER_l3_HEADERS l3_keyring.h l3_lease.h l3_mac.h l3_ring.h l3_value.h redis_tier.h)
 
 set(EPD_LAYER_rpc_TARGET epd_proto)
 set(EPD_LAYER_rpc_USES core media)

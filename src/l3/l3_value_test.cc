@@ -1,6 +1,9 @@
-// The L3 value format (epd/l3/l3_value.h): a round trip keeps every field and
-// byte, the header sits at the documented offsets with an XXH3-64 checksum
-// computed here independently, and every kind of damage is rejected.
+// The L3 value format (epd/l3/l3_value.h), format 1 (no keyring): a round
+// trip keeps every field and byte, the header sits at the documented offsets
+// with an XXH3-64 checksum computed here independently, and every kind of
+// damage is rejected, including a degenerate grid, a grid that disagrees with
+// the tokens and non-finite rows (issue 27, fault 3). Format 2 (a keyring)
+// is in l3_value_keyed_test.cc.
 #define XXH_INLINE_ALL
 #include "epd/l3/l3_value.h"
 
@@ -68,10 +71,11 @@ TEST(L3Value, RoundTripKeepsShapeGridAndBytes) {
 TEST(L3Value, HeaderFieldsSitAtTheDocumentedOffsets) {
   const std::string v = EncodeL3Value(KeyOf(2), Sample(), 7);
   EXPECT_EQ(v.substr(0, 4), "EPL3");
-  EXPECT_EQ(Le(v, 4, 2), kL3FormatVersion);
+  EXPECT_EQ(Le(v, 4, 2), kL3FormatChecksummed);
   EXPECT_EQ(Le(v, 6, 2), 112u);
   EXPECT_EQ(Le(v, 8, 4), 7u);
   EXPECT_EQ(Le(v, 12, 1), 1u);  // bfloat16
+  EXPECT_EQ(Le(v, 13, 3), 0u);  // no merge size byte in format 1
   EXPECT_EQ(Le(v, 16, 8), 6u);
   EXPECT_EQ(Le(v, 24, 8), 4u);
   EXPECT_EQ(Le(v, 32, 8), 2u);
@@ -83,16 +87,6 @@ TEST(L3Value, HeaderFieldsSitAtTheDocumentedOffsets) {
   std::string covered = v.substr(0, 104) + v.substr(112);
   EXPECT_EQ(Le(v, 104, 8), XXH3_64bits(covered.data(), covered.size()));
   EXPECT_EQ(static_cast<unsigned char>(v[112]), 1u);  // main[0]
-}
-
-TEST(L3Value, EmptyEmbeddingRoundTrips) {
-  Embedding e;
-  e.hidden = 8;
-  const std::string v = EncodeL3Value(KeyOf(3), e, kContentKeyVersion);
-  StatusOr<EmbeddingPtr> back = DecodeL3Value(v, KeyOf(3), kContentKeyVersion);
-  ASSERT_TRUE(back.ok());
-  EXPECT_EQ((*back)->tokens, 0);
-  EXPECT_EQ((*back)->hidden, 8);
 }
 
 void ExpectRejected(const std::string& v, const std::string& why, const ContentKey& key = KeyOf(1)) {
@@ -110,7 +104,10 @@ TEST(L3Value, FlippedPayloadByteFailsTheChecksum) {
 
 TEST(L3Value, FlippedGridByteFailsTheChecksum) {
   std::string v = EncodeL3Value(KeyOf(1), Sample(), kContentKeyVersion);
-  v[48] ^= 0x02;  // grid h: still a valid shape, only the checksum notices
+  // Grid (1, 4, 6) -> (1, 2, 12): still 6 tokens, a valid shape; only the
+  // checksum notices.
+  v[48] ^= 0x06;
+  v[56] ^= 0x0a;
   ExpectRejected(v, "checksum");
 }
 
@@ -124,7 +121,7 @@ TEST(L3Value, TruncatedValueIsRejected) {
 TEST(L3Value, OtherFormatOrKeyVersionIsRejected) {
   std::string v = EncodeL3Value(KeyOf(1), Sample(), kContentKeyVersion);
   std::string f = v;
-  SetLe(f, 4, 2, kL3FormatVersion + 1);
+  SetLe(f, 4, 2, 7);
   Reseal(f);
   ExpectRejected(f, "format version");
   std::string k = v;
@@ -148,13 +145,116 @@ TEST(L3Value, BadMagicDtypeOrShapeIsRejected) {
   Reseal(d);
   ExpectRejected(d, "dtype");
   std::string s = v;
-  SetLe(s, 16, 8, 7);  // 7 tokens: the payload no longer matches the shape
+  SetLe(s, 16, 8, 7);  // 7 tokens, grid (1, 4, 7): the payload no longer matches the shape
+  SetLe(s, 56, 8, 7);
   Reseal(s);
   ExpectRejected(s, "the shape needs");
   std::string n = v;
   SetLe(n, 24, 8, static_cast<std::uint64_t>(-4));
   Reseal(n);
   ExpectRejected(n, "out of range");
+}
+
+// A value with no rows and no grid (what an empty embedding encodes to) is
+// refused: grid (0, 0, 0) is degenerate (it was served before; issue 27).
+TEST(L3Value, DegenerateGridIsRejected) {
+  Embedding empty;
+  empty.hidden = 8;
+  ExpectRejected(EncodeL3Value(KeyOf(1), empty, kContentKeyVersion), "degenerate grid (0, 0, 0)");
+  for (std::size_t side : {0u, 1u, 2u}) {
+    std::string v = EncodeL3Value(KeyOf(1), Sample(), kContentKeyVersion);
+    SetLe(v, 40 + 8 * side, 8, side == 1 ? 0 : static_cast<std::uint64_t>(-2));  // t or w < 0, h == 0
+    Reseal(v);
+    ExpectRejected(v, "degenerate grid");
+  }
+}
+
+TEST(L3Value, GridThatDoesNotGiveTheTokensIsRejected) {
+  // Sample: 6 tokens, grid (1, 4, 6): 24 patches / 2^2 = 6. Grid (1, 4, 8)
+  // gives 8 tokens under merge 2; (1, 2, 12) gives 6 (another shape with the
+  // same count: only the request's own probe can tell, see the worker).
+  std::string v = EncodeL3Value(KeyOf(1), Sample(), kContentKeyVersion);
+  SetLe(v, 56, 8, 8);
+  Reseal(v);
+  ExpectRejected(v, "grid (1, 4, 8) with merge size 2 does not give 6 tokens");
+  std::string same_count = EncodeL3Value(KeyOf(1), Sample(), kContentKeyVersion);
+  SetLe(same_count, 48, 8, 2);
+  SetLe(same_count, 56, 8, 12);
+  Reseal(same_count);
+  EXPECT_TRUE(DecodeL3Value(same_count, KeyOf(1), kContentKeyVersion).ok());
+  // The reader's merge size decides in format 1: under merge 1 the sample's
+  // 24 patches are 24 tokens, not 6.
+  L3ValueOptions merge1;
+  merge1.merge_size = 1;
+  StatusOr<EmbeddingPtr> r =
+      DecodeL3Value(EncodeL3Value(KeyOf(1), Sample(), kContentKeyVersion), KeyOf(1), kContentKeyVersion, merge1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("merge size 1 does not give 6 tokens"), std::string::npos);
+}
+
+// Element `index` of the value's rows (main then deepstack) set to `bits`
+// (an element of the value's dtype), checksum recomputed.
+std::string WithElement(const Embedding& e, std::size_t index, std::uint64_t bits) {
+  std::string v = EncodeL3Value(KeyOf(1), e, kContentKeyVersion);
+  SetLe(v, 112 + index * DTypeSize(e.dtype), DTypeSize(e.dtype), bits);
+  Reseal(v);
+  return v;
+}
+
+Embedding SampleOf(DType d) {
+  Embedding e = Sample();
+  e.dtype = d;
+  e.main.assign(e.main_bytes(), std::byte{0});
+  e.deepstack.assign(e.deepstack_bytes(), std::byte{0});
+  return e;
+}
+
+TEST(L3Value, NonFiniteRowsAreRejectedInEveryDtype) {
+  struct Case {
+    DType dtype;
+    std::uint64_t nan, inf, neg_inf, max_finite, smallest_denormal;
+  };
+  // IEEE 754 binary32 and binary16 bit patterns; bfloat16 is binary32's top
+  // half.
+  const Case cases[] = {{DType::kFloat32, 0x7fc00000, 0x7f800000, 0xff800000, 0x7f7fffff, 0x00000001},
+                        {DType::kBFloat16, 0x7fc0, 0x7f80, 0xff80, 0x7f7f, 0x0001},
+                        {DType::kFloat16, 0x7e00, 0x7c00, 0xfc00, 0x7bff, 0x0001}};
+  for (const Case& c : cases) {
+    const Embedding e = SampleOf(c.dtype);
+    const std::size_t elements = e.ExpectedBytes() / DTypeSize(c.dtype);
+    const std::size_t main_elements = e.main_bytes() / DTypeSize(c.dtype);
+    // In the first and last main element and the last deepstack element.
+    for (std::size_t at : {std::size_t{0}, main_elements - 1, elements - 1}) {
+      for (std::uint64_t bad : {c.nan, c.inf, c.neg_inf}) {
+        SCOPED_TRACE(DTypeName(c.dtype));
+        ExpectRejected(WithElement(e, at, bad), "non-finite");
+      }
+      // The largest finite value and a denormal are not flagged.
+      EXPECT_TRUE(DecodeL3Value(WithElement(e, at, c.max_finite), KeyOf(1), kContentKeyVersion).ok());
+      EXPECT_TRUE(DecodeL3Value(WithElement(e, at, c.smallest_denormal), KeyOf(1), kContentKeyVersion).ok());
+    }
+  }
+}
+
+// Rows larger than one scan block (16 KiB) and a main/deepstack boundary
+// that is not a multiple of it: every byte still comes back, and a NaN in
+// the last element is still found.
+TEST(L3Value, LargeValueRoundTripsAcrossScanBlocks) {
+  Embedding e;
+  e.tokens = 300;
+  e.hidden = 37;
+  e.deepstack_layers = 3;
+  e.grid = {1, 20, 60};
+  e.main.resize(e.main_bytes());
+  e.deepstack.resize(e.deepstack_bytes());
+  for (std::size_t i = 0; i < e.main.size(); ++i) e.main[i] = static_cast<std::byte>((i * 13) % 61);
+  for (std::size_t i = 0; i < e.deepstack.size(); ++i) e.deepstack[i] = static_cast<std::byte>((i * 7) % 59);
+  StatusOr<EmbeddingPtr> back =
+      DecodeL3Value(EncodeL3Value(KeyOf(1), e, kContentKeyVersion), KeyOf(1), kContentKeyVersion);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ((*back)->main, e.main);
+  EXPECT_EQ((*back)->deepstack, e.deepstack);
+  ExpectRejected(WithElement(e, e.ExpectedBytes() / 4 - 1, 0x7fc00000), "non-finite");
 }
 
 }  // namespace

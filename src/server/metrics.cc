@@ -76,6 +76,8 @@ void AddSharedTier(const SharedTierStats& l3, std::vector<MetricFamily>& out) {
       {"epd_l3_hits_total", l3.hits},
       {"epd_l3_misses_total", l3.misses},
       {"epd_l3_corrupt_total", l3.corrupt},
+      {"epd_l3_auth_failures_total", l3.auth_failures},
+      {"epd_l3_lease_auth_failures_total", l3.lease_auth_failures},
       {"epd_l3_writes_total", l3.writes},
       {"epd_l3_write_bytes_total", l3.write_bytes},
       {"epd_l3_write_drops_total", l3.write_drops},

@@ -168,6 +168,8 @@ static std::vector<std::pair<const char*, std::uint64_t SharedTierStats::*>> L3C
           {"hits", &SharedTierStats::hits},
           {"misses", &SharedTierStats::misses},
           {"corrupt", &SharedTierStats::corrupt},
+          {"auth_failures", &SharedTierStats::auth_failures},
+          {"lease_auth_failures", &SharedTierStats::lease_auth_failures},
           {"writes", &SharedTierStats::writes},
           {"write_bytes", &SharedTierStats::write_bytes},
           {"write_drops", &SharedTierStats::write_drops},
