@@ -13,30 +13,15 @@
 #include <cstring>
 
 #include "l3_hex.h"
+#include "l3_test_util.h"
 
 namespace epd {
 namespace {
 
 constexpr std::int64_t kNow = 1'790'000'000'000;  // Unix ms
 
-ContentKey KeyOf(std::uint8_t seed) {
-  ContentKey k;
-  for (std::size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<std::uint8_t>(seed ^ (i * 5));
-  return k;
-}
-
-std::shared_ptr<const L3Keyring> Ring(std::uint32_t id, std::uint8_t fill,
-                                      std::optional<std::pair<std::uint32_t, std::uint8_t>> previous = {}) {
-  L3Secret s;
-  s.fill(fill);
-  std::optional<std::pair<std::uint32_t, L3Secret>> p;
-  if (previous) {
-    L3Secret ps;
-    ps.fill(previous->second);
-    p = std::make_pair(previous->first, ps);
-  }
-  return *L3Keyring::FromSecrets(id, s, p);
-}
+constexpr auto KeyOf = test_util::TestKey;
+using test_util::TestKeyring;
 
 std::string Lease(const L3Keyring& ring, const ContentKey& key, const std::string& owner, std::int64_t expiry) {
   StatusOr<std::string> v = MakeLeaseValue(&ring, key, owner, expiry);
@@ -59,7 +44,7 @@ TEST(L3Lease, WithoutAKeyringTheValueIsTheOwnerId) {
 }
 
 TEST(L3Lease, AuthenticLeaseNamesItsOwnerAndItsTagIsTheDocumentedHmac) {
-  auto ring = Ring(3, 0x5a);
+  auto ring = TestKeyring(3, 0x5a);
   const std::string owner = "host a:17:0011 with spaces";
   const std::string v = Lease(*ring, KeyOf(1), owner, kNow + 10000);
   EXPECT_EQ(*LeaseOwner(ring.get(), KeyOf(1), v, kNow), owner);
@@ -88,7 +73,7 @@ TEST(L3Lease, AuthenticLeaseNamesItsOwnerAndItsTagIsTheDocumentedHmac) {
 }
 
 TEST(L3Lease, ForgedCopiedAlteredOrReplayedLeasesAreRefused) {
-  auto ring = Ring(3, 0x5a);
+  auto ring = TestKeyring(3, 0x5a);
   const std::string v = Lease(*ring, KeyOf(1), "server-a", kNow + 10000);
   ExpectForged(*ring, KeyOf(1), "server-a", "not an authenticated lease");  // a bare owner id
   ExpectForged(*ring, KeyOf(1), "", "not an authenticated lease");
@@ -100,8 +85,8 @@ TEST(L3Lease, ForgedCopiedAlteredOrReplayedLeasesAreRefused) {
   std::string altered_expiry = v;
   altered_expiry.replace(8, later.size(), later);
   ExpectForged(*ring, KeyOf(1), altered_expiry, "tag mismatch");
-  ExpectForged(*Ring(3, 0x11), KeyOf(1), v, "tag mismatch");  // another cluster's key
-  ExpectForged(*Ring(4, 0x5a), KeyOf(1), v, "key id 3, which this server does not hold");
+  ExpectForged(*TestKeyring(3, 0x11), KeyOf(1), v, "tag mismatch");  // another cluster's key
+  ExpectForged(*TestKeyring(4, 0x5a), KeyOf(1), v, "key id 3, which this server does not hold");
   // Replayed: its expiry is more than the slack (2 s) in the past.
   const std::string old = Lease(*ring, KeyOf(1), "server-a", kNow - 2001);
   ExpectForged(*ring, KeyOf(1), old, "expired 2001 ms ago");
@@ -109,9 +94,9 @@ TEST(L3Lease, ForgedCopiedAlteredOrReplayedLeasesAreRefused) {
 }
 
 TEST(L3Lease, PreviousKeyIsAcceptedDuringARotation) {
-  const std::string old = Lease(*Ring(1, 0x01), KeyOf(1), "server-a", kNow + 5000);
-  EXPECT_EQ(*LeaseOwner(Ring(2, 0x02, std::make_pair(1u, std::uint8_t{0x01})).get(), KeyOf(1), old, kNow), "server-a");
-  ExpectForged(*Ring(2, 0x02), KeyOf(1), old, "key id 1, which this server does not hold");
+  const std::string old = Lease(*TestKeyring(1, 0x01), KeyOf(1), "server-a", kNow + 5000);
+  EXPECT_EQ(*LeaseOwner(TestKeyring(2, 0x02, std::make_pair(1u, std::uint8_t{0x01})).get(), KeyOf(1), old, kNow), "server-a");
+  ExpectForged(*TestKeyring(2, 0x02), KeyOf(1), old, "key id 1, which this server does not hold");
 }
 
 }  // namespace

@@ -126,7 +126,7 @@ class RedisTier final : public SharedTier {
         ++(auth ? s.auth_failures : s.corrupt);
         ++s.misses;
       });
-      Log(auth ? "auth" : "corrupt",
+      Log(auth ? "unauthenticated" : "corrupt",
           "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + e.status().message());
       // Deleted so no other process fetches and rejects it again; the
       // encode that follows writes a good one. Only these exact bytes: a
@@ -169,7 +169,7 @@ class RedisTier final : public SharedTier {
       StatusOr<std::string> owner = LeaseOwner(opt_.keyring.get(), key, found, WallMs());
       if (owner.ok()) return *owner == opt_.owner_id ? LeaseResult::kHeldByUs : LeaseResult::kHeldByOther;
       Count([](SharedTierStats& s) { ++s.lease_auth_failures; });
-      Log("auth", "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + owner.status().message());
+      Log("unauthenticated", "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + owner.status().message());
       Ok(shard.Run({"EVAL", kCompareDeleteScript, "1", k, found}));
     }
     // Forged again between our delete and our SET NX: the next poll retries.

@@ -14,6 +14,7 @@
 #include "epd/l3/l3_lease.h"
 #include "epd/l3/l3_value.h"
 #include "epd/media/content_key.h"
+#include "l3_test_util.h"
 #include "redis_server.h"
 #include "test_names.h"
 
@@ -296,18 +297,7 @@ TEST(RedisTier, NanRowsOrADegenerateGridAreRejectedDeletedAndCounted) {
   EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(31))}), ":0\r\n");
 }
 
-std::shared_ptr<const L3Keyring> Ring(std::uint32_t id, std::uint8_t fill,
-                                      std::optional<std::pair<std::uint32_t, std::uint8_t>> previous = {}) {
-  L3Secret s;
-  s.fill(fill);
-  std::optional<std::pair<std::uint32_t, L3Secret>> p;
-  if (previous) {
-    L3Secret ps;
-    ps.fill(previous->second);
-    p = std::make_pair(previous->first, ps);
-  }
-  return *L3Keyring::FromSecrets(id, s, p);
-}
+using test_util::TestKeyring;
 
 std::string ValueIn(const RedisServer& redis, const ContentKey& key) {
   const std::string r = redis.Cli({"GET", RedisKey("epd:v:", key)});
@@ -317,7 +307,7 @@ std::string ValueIn(const RedisServer& redis, const ContentKey& key) {
 
 TEST(RedisTierKeyed, ForgedChecksummedValueIsRefusedDeletedAndReencodedAndAKeyedOneIsServed) {
   RedisServer redis(EPD_REDIS_SERVER);
-  const auto ring = Ring(1, 0x21);
+  const auto ring = TestKeyring(1, 0x21);
   std::vector<std::string> log;
   auto t = Open({redis.url()}, "a", &log, ring);
   // Other rows under this key, with a correct XXH3 checksum and no MAC.
@@ -355,15 +345,15 @@ TEST(RedisTierKeyed, ForgedChecksummedValueIsRefusedDeletedAndReencodedAndAKeyed
 
 TEST(RedisTierKeyed, ValueUnderTheOldKeyIsServedDuringARotationAndRefusedAfterIt) {
   RedisServer redis(EPD_REDIS_SERVER);
-  auto before = Open({redis.url()}, "a", nullptr, Ring(1, 0x21));
+  auto before = Open({redis.url()}, "a", nullptr, TestKeyring(1, 0x21));
   before->PutAsync(KeyOf(42), Rows(3, 2, 5));
   AwaitWrites(*before, 1);
-  auto during = Open({redis.url()}, "b", nullptr, Ring(2, 0x22, std::make_pair(1u, std::uint8_t{0x21})));
+  auto during = Open({redis.url()}, "b", nullptr, TestKeyring(2, 0x22, std::make_pair(1u, std::uint8_t{0x21})));
   StatusOr<EmbeddingPtr> got = during->Get(KeyOf(42));
   ASSERT_TRUE(got.ok());
   ASSERT_NE(*got, nullptr);
   EXPECT_EQ((*got)->main, Rows(3, 2, 5)->main);
-  auto after = Open({redis.url()}, "c", nullptr, Ring(2, 0x22));
+  auto after = Open({redis.url()}, "c", nullptr, TestKeyring(2, 0x22));
   EXPECT_EQ(*after->Get(KeyOf(42)), nullptr);
   EXPECT_EQ(after->Stats().auth_failures, 1u);
   EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(42))}), ":0\r\n");
@@ -371,7 +361,7 @@ TEST(RedisTierKeyed, ValueUnderTheOldKeyIsServedDuringARotationAndRefusedAfterIt
 
 TEST(RedisTierKeyed, ForgedCopiedOrReplayedLeaseIsDeletedAndTakenAndARealOneIsNot) {
   RedisServer redis(EPD_REDIS_SERVER);
-  const auto ring = Ring(1, 0x21);
+  const auto ring = TestKeyring(1, 0x21);
   auto a = Open({redis.url()}, "server-a", nullptr, ring);
   auto b = Open({redis.url()}, "server-b", nullptr, ring);
   // A bare owner id (what a lease was before, and what a forger can write).
@@ -411,7 +401,7 @@ TEST(RedisTier, RejectAsyncDeletesTheValueReadButNotOneWrittenSince) {
   for (const bool keyed : {false, true}) {
     SCOPED_TRACE(keyed ? "keyed" : "checksummed");
     redis.Cli({"FLUSHALL"});
-    const auto ring = keyed ? Ring(1, 0x21) : nullptr;
+    const auto ring = keyed ? TestKeyring(1, 0x21) : nullptr;
     auto t = Open({redis.url()}, "a", nullptr, ring);
     auto w = Open({redis.url()}, "w", nullptr, ring);
     w->PutAsync(KeyOf(60), Rows(2, 3, 1));
