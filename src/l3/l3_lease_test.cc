@@ -95,7 +95,8 @@ TEST(L3Lease, ForgedCopiedAlteredOrReplayedLeasesAreRefused) {
 
 TEST(L3Lease, PreviousKeyIsAcceptedDuringARotation) {
   const std::string old = Lease(*TestKeyring(1, 0x01), KeyOf(1), "server-a", kNow + 5000);
-  EXPECT_EQ(*LeaseOwner(TestKeyring(2, 0x02, std::make_pair(1u, std::uint8_t{0x01})).get(), KeyOf(1), old, kNow), "server-a");
+  EXPECT_EQ(*LeaseOwner(TestKeyring(2, 0x02, std::make_pair(1u, std::uint8_t{0x01})).get(), KeyOf(1), old, kNow),
+            "server-a");
   ExpectForged(*TestKeyring(2, 0x02), KeyOf(1), old, "key id 1, which this server does not hold");
 }
 

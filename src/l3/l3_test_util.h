@@ -24,8 +24,8 @@ inline ContentKey TestKey(std::uint8_t seed) {
 
 // A keyring whose current key has id `id` and a secret of 32 bytes `fill`,
 // and optionally a previous key (id, fill).
-inline std::shared_ptr<const L3Keyring> TestKeyring(std::uint32_t id, std::uint8_t fill,
-                                                    std::optional<std::pair<std::uint32_t, std::uint8_t>> previous = {}) {
+inline std::shared_ptr<const L3Keyring> TestKeyring(
+    std::uint32_t id, std::uint8_t fill, std::optional<std::pair<std::uint32_t, std::uint8_t>> previous = {}) {
   L3Secret s;
   s.fill(fill);
   std::optional<std::pair<std::uint32_t, L3Secret>> p;

@@ -169,7 +169,8 @@ class RedisTier final : public SharedTier {
       StatusOr<std::string> owner = LeaseOwner(opt_.keyring.get(), key, found, WallMs());
       if (owner.ok()) return *owner == opt_.owner_id ? LeaseResult::kHeldByUs : LeaseResult::kHeldByOther;
       Count([](SharedTierStats& s) { ++s.lease_auth_failures; });
-      Log("unauthenticated", "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + owner.status().message());
+      Log("unauthenticated",
+          "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + owner.status().message());
       Ok(shard.Run({"EVAL", kCompareDeleteScript, "1", k, found}));
     }
     // Forged again between our delete and our SET NX: the next poll retries.
