@@ -9,7 +9,8 @@
 #                                   generated epd/core/version.h
 #   lib/libepd_*.a                  the libraries (static, position
 #                                   independent), exported as epd::core,
-#                                   epd::media, epd::video, epd::model,
+#                                   epd::media, epd::video,
+#                                   epd::safetensors, epd::model,
 #                                   epd::gpu,
 #                                   epd::gpu_cuda, epd::torch_tower,
 #                                   epd::checkpoint_tower, epd::worker, epd::l3,
@@ -42,12 +43,13 @@ set(_epd_components
   "core|epd_core|"
   "media|epd_media|core"
   "video|epd_video|media"
-  "model|epd_model|core,media"
+  "safetensors|epd_safetensors|core"
+  "model|epd_model|core,media,safetensors"
   "gpu|epd_gpu|core"
   "gpu_cuda|epd_gpu_cuda|gpu"
   "torch_tower|epd_torch_tower|core"
   "checkpoint_tower|epd_checkpoint_tower|model,torch_tower"
-  "worker|epd_worker|core,media"
+  "worker|epd_worker|core,media,safetensors"
   "l3|epd_l3|core,media"
   "proto|epd_proto|core,media"
   "server|epd_server|worker,proto"

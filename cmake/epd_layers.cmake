@@ -22,13 +22,13 @@
 # "rpc" is the internal epd_proto (generated gRPC code and the conversions);
 # its one public header, the stats both ends report, is shared by server and
 # client.
-set(EPD_LAYERS core media video model gpu gpu_cuda torch_tower checkpoint_tower worker l3 rpc server client python)
+set(EPD_LAYERS core media video safetensors model gpu gpu_cuda torch_tower checkpoint_tower worker l3 rpc server client python)
 
 set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
 set(EPD_LAYER_core_HEADERS
   concurrent_cache.h content_key_type.h embedding.h embedding_cache.h encode_scheduler.h encode_types.h
-  grid.h shared_tier.h status.h tiered_cache.h version.h vision_tower.h)
+  grid.h shared_tier.h stat_fields.h status.h tiered_cache.h version.h vision_tower.h)
 
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
@@ -39,8 +39,14 @@ set(EPD_LAYER_video_TARGET epd_video)
 set(EPD_LAYER_video_USES core media)
 set(EPD_LAYER_video_HEADERS video_decoder.h)
 
+# The safetensors format, once: the checkpoint reader (model) and the
+# embedding files (worker) both use it.
+set(EPD_LAYER_safetensors_TARGET epd_safetensors)
+set(EPD_LAYER_safetensors_USES core)
+set(EPD_LAYER_safetensors_HEADERS safetensors_codec.h)
+
 set(EPD_LAYER_model_TARGET epd_model)
-set(EPD_LAYER_model_USES core media)
+set(EPD_LAYER_model_USES core media safetensors)
 set(EPD_LAYER_model_HEADERS checkpoint.h safetensors_file.h)
 
 set(EPD_LAYER_gpu_TARGET epd_gpu)
@@ -56,11 +62,11 @@ set(EPD_LAYER_torch_tower_USES core)
 set(EPD_LAYER_torch_tower_HEADERS torch_tower.h)
 
 set(EPD_LAYER_checkpoint_tower_TARGET epd_checkpoint_tower)
-set(EPD_LAYER_checkpoint_tower_USES core media model torch_tower)
+set(EPD_LAYER_checkpoint_tower_USES core media safetensors model torch_tower)
 set(EPD_LAYER_checkpoint_tower_HEADERS checkpoint_tower.h)
 
 set(EPD_LAYER_worker_TARGET epd_worker)
-set(EPD_LAYER_worker_USES core media)
+set(EPD_LAYER_worker_USES core media safetensors)
 set(EPD_LAYER_worker_HEADERS encode_worker.h safetensors.h worker_loop.h)
 
 set(EPD_LAYER_l3_TARGET epd_l3)
@@ -72,7 +78,7 @@ set(EPD_LAYER_rpc_USES core media)
 set(EPD_LAYER_rpc_HEADERS server_stats.h)
 
 set(EPD_LAYER_server_TARGET epd_server)
-set(EPD_LAYER_server_USES core media gpu worker rpc)
+set(EPD_LAYER_server_USES core media safetensors gpu worker rpc)
 set(EPD_LAYER_server_HEADERS server.h)
 
 set(EPD_LAYER_client_TARGET epd_client)

@@ -93,6 +93,14 @@ class ProgressBar {
   std::thread thread_;
 };
 
+// Sets out[row.report] for each row of `table` that has a replay key.
+template <typename Table, typename S>
+void AddReportFields(const Table& table, const S& s, nlohmann::json& out) {
+  for (const auto& row : table) {
+    if (!row.report.empty()) VisitStat(row, s, [&](const auto& v) { out[std::string(row.report)] = v; });
+  }
+}
+
 int Fail(const std::string& message) {
   spdlog::error("replay: {}", message);
   return 1;
@@ -240,51 +248,26 @@ int RunReplay(const ReplayFlags& f) {
   const double p50 = Percentile(latency, 0.50), p99 = Percentile(latency, 0.99);
   const double items_per_s = wall_s > 0 ? static_cast<double>(items) / wall_s : 0;
   if (f.json) {
+    // The counters go by their field tables' replay keys (epd/core/stat_fields.h).
     nlohmann::json j = {
         {"requests", n},
         {"items", items},
         {"distinct_keys", distinct.size()},
-        {"hits_l1", s.hits_l1},
-        {"hits_l2", s.hits_l2},
-        {"hits_l3", s.hits_l3},
-        {"joins", s.joins},
-        {"misses", s.misses},
-        {"shape_mismatches", s.shape_mismatches},
-        {"cache_errors", s.cache_errors},
         {"failed_items", failed_items},
         {"failed_requests", failed_requests},
         {"errors", failures},
-        {"tower_batches", s.tower_batches},
-        {"tower_items", s.tower_items},
-        {"tower_tokens", s.tower_tokens},
         {"mean_batch_tokens", mean_batch_tokens},
         {"latency_ms_p50", p50},
         {"latency_ms_p99", p99},
         {"items_per_s", items_per_s},
         {"wall_s", wall_s},
-        {"tower_s", s.tower_seconds},
         {"tower_busy_fraction", wall_s > 0 ? std::min(1.0, s.tower_seconds / wall_s) : 0},
-        {"l1_bytes", s.l1_used_bytes},  // report key kept for bench/report.py
-        {"l2_bytes", s.l2_used_bytes},
-        {"demotions", s.demotions},
-        {"promotions", s.promotions},
-        {"video_items", s.video_items},
-        {"video_decodes", s.video_decodes},
-        {"chunk_hits", s.chunk_hits},
-        {"chunk_misses", s.chunk_misses},
-        {"chunk_joins", s.chunk_joins},
         {"model_id", model_id},
     };
+    AddReportFields(kWorkerStatsFields, s, j);
     if (loop.has_shared_tier()) {
-      j["l3"] = {{"hits", l3.hits},
-                 {"misses", l3.misses},
-                 {"corrupt", l3.corrupt},
-                 {"writes", l3.writes},
-                 {"write_drops", l3.write_drops},
-                 {"lease_waits", l3.lease_waits},
-                 {"lease_takeovers", l3.lease_takeovers},
-                 {"degraded", l3.degraded},
-                 {"errors", l3.errors}};
+      nlohmann::json& l3j = j["l3"] = {{"errors", l3.errors}};
+      AddReportFields(kSharedTierStatsFields, l3, l3j);
     }
     std::fputs((j.dump() + "\n").c_str(), stdout);
   } else {

@@ -1,6 +1,6 @@
 # Standalone build of src/gpu for scripts/gpu-check.sh: epd::core, GoogleTest,
-# CUDA and, optionally, the torch tower and epd::media + epd::worker +
-# epd::model (+ epd::checkpoint_tower and checkpoint_tower_bench with the
+# CUDA and, optionally, the torch tower and epd::media + epd::safetensors +
+# epd::worker + epd::model (+ epd::checkpoint_tower and checkpoint_tower_bench with the
 # torch tower), each from its own library.cmake, and nothing else (no gRPC or Python); then
 # src/gpu/CMakeLists.txt adds the tier and bench/gpu.
 #
@@ -132,6 +132,7 @@ _epd_sysroot_require(${_epd_sysroot_inc}/stb/stb_image_resize.h)
 set(STB_INCLUDE_DIR ${_epd_sysroot_inc})
 
 include(${EPD_ROOT}/src/media/library.cmake)
+include(${EPD_ROOT}/src/safetensors/library.cmake)
 include(${EPD_ROOT}/src/worker/library.cmake)
 
 # --- epd::model, epd::checkpoint_tower and checkpoint_tower_bench -------------

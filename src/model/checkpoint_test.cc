@@ -46,8 +46,9 @@ json Header(const fs::path& p) {
   return json::parse(bytes.substr(8, HeaderLength(bytes)));
 }
 
-// Rewrites the JSON header of a safetensors file, keeping its data bytes.
-void EditHeader(const fs::path& p, const std::function<void(json&)>& edit) {
+// Rewrites the JSON header of a safetensors file, keeping its data bytes
+// (and appending `more` after them).
+void EditHeader(const fs::path& p, const std::function<void(json&)>& edit, const std::string& more = "") {
   const std::string bytes = ReadAll(p);
   const std::uint64_t n = HeaderLength(bytes);
   json h = json::parse(bytes.substr(8, n));
@@ -55,7 +56,24 @@ void EditHeader(const fs::path& p, const std::function<void(json&)>& edit) {
   const std::string text = h.dump();
   std::string out;
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((text.size() >> (8 * i)) & 0xff));
-  WriteAll(p, out + text + bytes.substr(8 + n));
+  WriteAll(p, out + text + bytes.substr(8 + n) + more);
+}
+
+// Adds tensor `to` to a safetensors file: `from`'s entry, over a copy of its
+// bytes appended to the data (two entries may not share bytes).
+void CopyTensor(const fs::path& p, const std::string& from, const std::string& to) {
+  const std::string bytes = ReadAll(p);
+  const std::uint64_t data = 8 + HeaderLength(bytes);
+  const json offsets = Header(p)[from]["data_offsets"];
+  const auto begin = offsets[0].get<std::uint64_t>(), end = offsets[1].get<std::uint64_t>();
+  const std::uint64_t at = bytes.size() - data;
+  EditHeader(
+      p,
+      [&](json& h) {
+        h[to] = h[from];
+        h[to]["data_offsets"] = {at, at + (end - begin)};
+      },
+      bytes.substr(data + begin, end - begin));
 }
 
 void EditJson(const fs::path& p, const std::function<void(json&)>& edit) {
@@ -279,8 +297,7 @@ TEST_F(CheckpointTest, WrongShapeIsNamed) {
 
 TEST_F(CheckpointTest, UnexpectedVisionTensorIsNamed) {
   const fs::path dir = Copy("qwen2_vl_f32");
-  EditHeader(dir / "model.safetensors",
-             [](json& h) { h["visual.blocks.0.attn.extra.weight"] = h["visual.blocks.0.norm1.weight"]; });
+  CopyTensor(dir / "model.safetensors", "visual.blocks.0.norm1.weight", "visual.blocks.0.attn.extra.weight");
   ExpectError(dir, StatusCode::kInvalidArgument, {"unexpected tensor", "visual.blocks.0.attn.extra.weight"});
 }
 
@@ -359,8 +376,7 @@ TEST_F(CheckpointTest, ArchitecturesDecideWithoutModelType) {
 
 TEST_F(CheckpointTest, VisionTensorsUnderBothPrefixesAreRejected) {
   const fs::path dir = Copy("qwen2_vl_f32");
-  EditHeader(dir / "model.safetensors",
-             [](json& h) { h["model.visual.merger.ln_q.weight"] = h["visual.merger.ln_q.weight"]; });
+  CopyTensor(dir / "model.safetensors", "visual.merger.ln_q.weight", "model.visual.merger.ln_q.weight");
   ExpectError(dir, StatusCode::kInvalidArgument, {"both"});
 }
 

@@ -1,8 +1,9 @@
 # Defines epd_model (alias epd::model) from safetensors_file.cc and
 # checkpoint.cc. Shared by src/model/CMakeLists.txt (the normal build) and
 # src/gpu/standalone.cmake (the device machine's build), which each provide
-# epd::core, epd::media and the imported target nlohmann_json::nlohmann_json
-# (header-only) first. nlohmann-json stays PRIVATE: the public headers
+# epd::core, epd::media, epd::safetensors (the format, which the public
+# safetensors_file.h includes) and the imported target
+# nlohmann_json::nlohmann_json (header-only) first. nlohmann-json stays PRIVATE: the public headers
 # mention none of it. src/media is a private include directory for media's
 # internal SHA-256 (digest.h), which the model id uses. Paths are absolute
 # because add_library resolves relative ones against the including
@@ -13,4 +14,4 @@ add_library(epd::model ALIAS epd_model)
 target_include_directories(epd_model PUBLIC $<BUILD_INTERFACE:${_epd_model_root}/include>
                            $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
                            PRIVATE ${_epd_model_root}/src/media)
-target_link_libraries(epd_model PUBLIC epd::core epd::media PRIVATE nlohmann_json::nlohmann_json)
+target_link_libraries(epd_model PUBLIC epd::core epd::media epd::safetensors PRIVATE nlohmann_json::nlohmann_json)

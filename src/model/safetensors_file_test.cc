@@ -9,24 +9,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "safetensors_bytes.h"
+
 namespace epd {
 namespace {
 
-std::string Le64(std::uint64_t v) {
-  std::string s;
-  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  return s;
-}
-
-std::string FloatBytes(std::initializer_list<float> values) {
-  std::string s;
-  for (float f : values) {
-    char b[4];
-    std::memcpy(b, &f, 4);
-    s.append(b, 4);
-  }
-  return s;
-}
+using test_util::FloatBytes;
+using test_util::Le64;
 
 class SafetensorsFileTest : public ::testing::Test {
  protected:

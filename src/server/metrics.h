@@ -3,8 +3,8 @@
 // Two sources feed the text exposition at /metrics:
 //   * Counters and gauges the worker already keeps (WorkerStats) are not
 //     mirrored into prometheus-cpp objects; a Collectable builds them from a
-//     fresh ServerStats snapshot on every scrape, so they can never drift
-//     from the Stats RPC.
+//     fresh ServerStats snapshot on every scrape (stats_series.h, from the
+//     same field tables as the Stats RPC), so they can never drift from it.
 //   * Per-event distributions the worker does not keep are prometheus-cpp
 //     histograms, observed as events happen: tokens and latency of every
 //     tower batch (ObserveBatch, from the MeteredTower decorator on the

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -161,177 +162,125 @@ void ToProto(const ItemResult& r, const std::string& server_id, v1::EncodedItem*
   out->set_deepstack(reinterpret_cast<const char*>(e.deepstack.data()), e.deepstack.size());
 }
 
-// The shared tier's counters by their StatsResponse.l3_counters names; the
-// one list both directions use.
-static std::vector<std::pair<const char*, std::uint64_t SharedTierStats::*>> L3CounterFields() {
-  return {{"gets", &SharedTierStats::gets},
-          {"hits", &SharedTierStats::hits},
-          {"misses", &SharedTierStats::misses},
-          {"corrupt", &SharedTierStats::corrupt},
-          {"auth_failures", &SharedTierStats::auth_failures},
-          {"lease_auth_failures", &SharedTierStats::lease_auth_failures},
-          {"writes", &SharedTierStats::writes},
-          {"write_bytes", &SharedTierStats::write_bytes},
-          {"write_drops", &SharedTierStats::write_drops},
-          {"leases_acquired", &SharedTierStats::leases_acquired},
-          {"leases_released", &SharedTierStats::leases_released},
-          {"lease_waits", &SharedTierStats::lease_waits},
-          {"lease_wait_hits", &SharedTierStats::lease_wait_hits},
-          {"lease_takeovers", &SharedTierStats::lease_takeovers},
-          {"lease_wait_timeouts", &SharedTierStats::lease_wait_timeouts}};
+namespace {
+
+namespace pb = google::protobuf;
+
+// The proto type that holds a member of type T.
+template <typename T>
+constexpr pb::FieldDescriptor::CppType kCppTypeOf =
+    std::is_same_v<T, std::uint64_t>  ? pb::FieldDescriptor::CPPTYPE_UINT64
+    : std::is_same_v<T, std::int64_t> ? pb::FieldDescriptor::CPPTYPE_INT64
+    : std::is_same_v<T, double>       ? pb::FieldDescriptor::CPPTYPE_DOUBLE
+                                      : pb::FieldDescriptor::CPPTYPE_BOOL;
+
+void SetScalar(const pb::Reflection* r, pb::Message* m, const pb::FieldDescriptor* f, std::uint64_t v) {
+  r->SetUInt64(m, f, v);
+}
+void SetScalar(const pb::Reflection* r, pb::Message* m, const pb::FieldDescriptor* f, std::int64_t v) {
+  r->SetInt64(m, f, v);
+}
+void SetScalar(const pb::Reflection* r, pb::Message* m, const pb::FieldDescriptor* f, double v) {
+  r->SetDouble(m, f, v);
+}
+void SetScalar(const pb::Reflection* r, pb::Message* m, const pb::FieldDescriptor* f, bool v) { r->SetBool(m, f, v); }
+void GetScalar(const pb::Reflection* r, const pb::Message& m, const pb::FieldDescriptor* f, std::uint64_t& v) {
+  v = r->GetUInt64(m, f);
+}
+void GetScalar(const pb::Reflection* r, const pb::Message& m, const pb::FieldDescriptor* f, std::int64_t& v) {
+  v = r->GetInt64(m, f);
+}
+void GetScalar(const pb::Reflection* r, const pb::Message& m, const pb::FieldDescriptor* f, double& v) {
+  v = r->GetDouble(m, f);
+}
+void GetScalar(const pb::Reflection* r, const pb::Message& m, const pb::FieldDescriptor* f, bool& v) {
+  v = r->GetBool(m, f);
 }
 
+// The StatsResponse field a table row names, when it exists and holds a T
+// (for a map entry: a map<string, T>); null otherwise, and the row is
+// skipped (stats_tables_test proves no row is).
+template <typename T>
+const pb::FieldDescriptor* FieldFor(const StatProto& p) {
+  if (p.field.empty()) return nullptr;
+  const pb::FieldDescriptor* f = v1::StatsResponse::descriptor()->FindFieldByName(std::string(p.field));
+  if (f == nullptr) return nullptr;
+  if (p.key.empty()) return !f->is_repeated() && f->cpp_type() == kCppTypeOf<T> ? f : nullptr;
+  return f->is_map() && f->message_type()->map_key()->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING &&
+                 f->message_type()->map_value()->cpp_type() == kCppTypeOf<T>
+             ? f
+             : nullptr;
+}
+
+// Writes each row of `table` with a proto field from `s` into `out`.
+template <typename Table, typename S>
+void StatsToProto(const Table& table, const S& s, v1::StatsResponse* out) {
+  const pb::Reflection* r = out->GetReflection();
+  for (const auto& row : table) {
+    VisitStat(row, s, [&](const auto& v) {
+      const pb::FieldDescriptor* f = FieldFor<std::decay_t<decltype(v)>>(row.proto);
+      if (f == nullptr) return;
+      if (row.proto.key.empty()) return SetScalar(r, out, f, v);
+      pb::Message* entry = r->AddMessage(out, f);
+      entry->GetReflection()->SetString(entry, f->message_type()->map_key(), std::string(row.proto.key));
+      SetScalar(entry->GetReflection(), entry, f->message_type()->map_value(), v);
+    });
+  }
+}
+
+// Reads each row of `table` with a proto field from `m` into `s` (a map entry
+// that is absent leaves the member as it is).
+template <typename Table, typename S>
+void StatsFromProto(const Table& table, const v1::StatsResponse& m, S& s) {
+  const pb::Reflection* r = m.GetReflection();
+  for (const auto& row : table) {
+    VisitStat(row, s, [&](auto& v) {
+      const pb::FieldDescriptor* f = FieldFor<std::decay_t<decltype(v)>>(row.proto);
+      if (f == nullptr) return;
+      if (row.proto.key.empty()) return GetScalar(r, m, f, v);
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        const pb::Message& entry = r->GetRepeatedMessage(m, f, i);
+        const pb::Reflection* er = entry.GetReflection();
+        if (er->GetString(entry, f->message_type()->map_key()) == row.proto.key) {
+          GetScalar(er, entry, f->message_type()->map_value(), v);
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
+
+// The numbers go by the field tables (epd/core/stat_fields.h); what is no
+// number (the id and the by-code and by-kind maps) by hand. The L3 rows are
+// sent only by a server with a tier: without one they are all zero anyway.
 void ToProto(const ServerStats& s, v1::StatsResponse* out) {
-  const WorkerStats& w = s.worker;
   out->set_server_id(s.server_id);
-  out->set_requests(w.requests);
-  out->set_items(w.items);
-  out->set_hits_l1(w.hits_l1);
-  out->set_hits_l2(w.hits_l2);
-  out->set_misses(w.misses);
-  out->set_joins(w.joins);
-  out->set_shape_mismatches(w.shape_mismatches);
-  out->set_cache_errors(w.cache_errors);
-  out->set_rejected_requests(w.rejected_requests);
-  out->set_cancelled_requests(w.cancelled_requests);
-  out->set_tower_batches(w.tower_batches);
-  out->set_tower_items(w.tower_items);
-  out->set_tower_tokens(w.tower_tokens);
-  out->set_tower_seconds(w.tower_seconds);
-  out->set_tower_failures(w.tower_failures);
-  out->set_sink_full_stalls(w.sink_full_stalls);
-  for (const auto& [code, n] : w.errors) (*out->mutable_item_errors())[GrpcCodeName(static_cast<int>(code))] = n;
-  out->set_in_flight_requests(w.in_flight_requests);
-  out->set_pending_items(w.pending_items);
-  out->set_pending_tokens(w.pending_tokens);
-  out->set_l1_evictions(w.l1_evictions);
-  out->set_l2_evictions(w.l2_evictions);
-  out->set_demotions(w.demotions);
-  out->set_promotions(w.promotions);
-  out->set_l1_used_bytes(w.l1_used_bytes);
-  out->set_l2_used_bytes(w.l2_used_bytes);
-  out->set_l1_entries(w.l1_entries);
-  out->set_l2_entries(w.l2_entries);
-  out->set_l1_capacity_bytes(s.l1_capacity_bytes);
-  out->set_l2_capacity_bytes(s.l2_capacity_bytes);
+  StatsToProto(kServerStatsFields, s, out);
+  StatsToProto(kWorkerStatsFields, s.worker, out);
+  StatsToProto(kShmStatsFields, s.shm, out);
+  StatsToProto(kIpcStatsFields, s.ipc, out);
+  for (const auto& [code, n] : s.worker.errors) {
+    (*out->mutable_item_errors())[GrpcCodeName(static_cast<int>(code))] = n;
+  }
   for (const auto& [code, n] : s.rpc_errors) (*out->mutable_rpc_errors())[GrpcCodeName(static_cast<int>(code))] = n;
-  out->set_buffered_bytes(s.buffered_bytes);
-  out->set_shm_capacity_bytes(s.shm.capacity_bytes);
-  out->set_shm_leased_bytes(s.shm.leased_bytes);
-  out->set_shm_leases(s.shm.leases);
-  out->set_shm_items(s.shm.items);
-  out->set_shm_fallbacks(s.shm.fallbacks);
-  out->set_shm_released(s.shm.released);
-  out->set_shm_expired(s.shm.expired);
-  out->set_shm_refused_releases(s.shm.refused_releases);
-  out->set_shm_reused(s.shm.reused);
-  out->set_shm_evicted(s.shm.evicted);
-  out->set_ipc_capacity_bytes(s.ipc.capacity_bytes);
-  out->set_ipc_exported_bytes(s.ipc.exported_bytes);
-  out->set_ipc_leases(s.ipc.leases);
-  out->set_ipc_exports(s.ipc.exports);
-  out->set_ipc_items(s.ipc.items);
-  out->set_ipc_reused(s.ipc.reused);
-  out->set_ipc_fallbacks(s.ipc.fallbacks);
-  out->set_ipc_not_resident(s.ipc.not_resident);
-  out->set_ipc_released(s.ipc.released);
-  out->set_ipc_expired(s.ipc.expired);
-  out->set_ipc_refused_releases(s.ipc.refused_releases);
-  out->set_ipc_session_reclaimed(s.ipc.session_reclaimed);
-  out->set_shm_sessions(s.shm.sessions);
-  out->set_shm_sessions_opened(s.shm.sessions_opened);
-  out->set_shm_sessions_refused(s.shm.sessions_refused);
-  out->set_shm_session_reclaimed(s.shm.session_reclaimed);
-  out->set_shm_session_unknown(s.shm.session_unknown);
-  out->set_hits_l3(w.hits_l3);
-  out->set_l3_enabled(s.l3_enabled);
-  out->set_l3_degraded(s.l3.degraded);
   if (s.l3_enabled) {
-    for (const auto& [name, field] : L3CounterFields()) (*out->mutable_l3_counters())[name] = s.l3.*field;
+    StatsToProto(kSharedTierStatsFields, s.l3, out);
     for (const auto& [kind, n] : s.l3.errors) (*out->mutable_l3_errors())[kind] = n;
   }
-  out->set_video_items(w.video_items);
-  out->set_video_decodes(w.video_decodes);
-  out->set_chunk_hits(w.chunk_hits);
-  out->set_chunk_misses(w.chunk_misses);
-  out->set_chunk_joins(w.chunk_joins);
 }
 
 ServerStats FromProto(const v1::StatsResponse& m) {
   ServerStats s;
-  WorkerStats& w = s.worker;
   s.server_id = m.server_id();
-  w.requests = m.requests();
-  w.items = m.items();
-  w.hits_l1 = m.hits_l1();
-  w.hits_l2 = m.hits_l2();
-  w.misses = m.misses();
-  w.joins = m.joins();
-  w.shape_mismatches = m.shape_mismatches();
-  w.cache_errors = m.cache_errors();
-  w.rejected_requests = m.rejected_requests();
-  w.cancelled_requests = m.cancelled_requests();
-  w.tower_batches = m.tower_batches();
-  w.tower_items = m.tower_items();
-  w.tower_tokens = m.tower_tokens();
-  w.tower_seconds = m.tower_seconds();
-  w.tower_failures = m.tower_failures();
-  w.sink_full_stalls = m.sink_full_stalls();
-  for (const auto& [name, n] : m.item_errors()) w.errors[CodeFromName(name)] += n;
-  w.in_flight_requests = m.in_flight_requests();
-  w.pending_items = m.pending_items();
-  w.pending_tokens = m.pending_tokens();
-  w.l1_evictions = m.l1_evictions();
-  w.l2_evictions = m.l2_evictions();
-  w.demotions = m.demotions();
-  w.promotions = m.promotions();
-  w.l1_used_bytes = m.l1_used_bytes();
-  w.l2_used_bytes = m.l2_used_bytes();
-  w.l1_entries = m.l1_entries();
-  w.l2_entries = m.l2_entries();
-  s.l1_capacity_bytes = m.l1_capacity_bytes();
-  s.l2_capacity_bytes = m.l2_capacity_bytes();
+  StatsFromProto(kServerStatsFields, m, s);
+  StatsFromProto(kWorkerStatsFields, m, s.worker);
+  StatsFromProto(kShmStatsFields, m, s.shm);
+  StatsFromProto(kIpcStatsFields, m, s.ipc);
+  StatsFromProto(kSharedTierStatsFields, m, s.l3);
+  for (const auto& [name, n] : m.item_errors()) s.worker.errors[CodeFromName(name)] += n;
   for (const auto& [name, n] : m.rpc_errors()) s.rpc_errors[CodeFromName(name)] += n;
-  s.buffered_bytes = m.buffered_bytes();
-  s.shm.capacity_bytes = m.shm_capacity_bytes();
-  s.shm.leased_bytes = m.shm_leased_bytes();
-  s.shm.leases = m.shm_leases();
-  s.shm.items = m.shm_items();
-  s.shm.fallbacks = m.shm_fallbacks();
-  s.shm.released = m.shm_released();
-  s.shm.expired = m.shm_expired();
-  s.shm.refused_releases = m.shm_refused_releases();
-  s.shm.reused = m.shm_reused();
-  s.shm.evicted = m.shm_evicted();
-  s.ipc.capacity_bytes = m.ipc_capacity_bytes();
-  s.ipc.exported_bytes = m.ipc_exported_bytes();
-  s.ipc.leases = m.ipc_leases();
-  s.ipc.exports = m.ipc_exports();
-  s.ipc.items = m.ipc_items();
-  s.ipc.reused = m.ipc_reused();
-  s.ipc.fallbacks = m.ipc_fallbacks();
-  s.ipc.not_resident = m.ipc_not_resident();
-  s.ipc.released = m.ipc_released();
-  s.ipc.expired = m.ipc_expired();
-  s.ipc.refused_releases = m.ipc_refused_releases();
-  s.ipc.session_reclaimed = m.ipc_session_reclaimed();
-  s.shm.sessions = m.shm_sessions();
-  s.shm.sessions_opened = m.shm_sessions_opened();
-  s.shm.sessions_refused = m.shm_sessions_refused();
-  s.shm.session_reclaimed = m.shm_session_reclaimed();
-  s.shm.session_unknown = m.shm_session_unknown();
-  w.hits_l3 = m.hits_l3();
-  s.l3_enabled = m.l3_enabled();
-  s.l3.degraded = m.l3_degraded();
-  for (const auto& [name, field] : L3CounterFields()) {
-    if (auto it = m.l3_counters().find(name); it != m.l3_counters().end()) s.l3.*field = it->second;
-  }
   for (const auto& [kind, n] : m.l3_errors()) s.l3.errors[kind] = n;
-  w.video_items = m.video_items();
-  w.video_decodes = m.video_decodes();
-  w.chunk_hits = m.chunk_hits();
-  w.chunk_misses = m.chunk_misses();
-  w.chunk_joins = m.chunk_joins();
   return s;
 }
 

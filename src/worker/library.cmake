@@ -1,7 +1,8 @@
 # Defines epd_worker (alias epd::worker) from this directory's sources.
 # Shared by src/worker/CMakeLists.txt (the normal build) and
 # src/gpu/standalone.cmake (the device machine's build), which each provide
-# epd::core, epd::media, Threads::Threads and nlohmann_json::nlohmann_json
+# epd::core, epd::media, epd::safetensors (the codec of safetensors.cc,
+# private: the public headers mention none of it) and Threads::Threads
 # first. Paths are absolute because add_library resolves relative ones
 # against the including directory, not this file's.
 get_filename_component(_epd_worker_root ${CMAKE_CURRENT_LIST_DIR}/../.. ABSOLUTE)
@@ -22,4 +23,4 @@ target_include_directories(epd_worker PUBLIC
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 target_link_libraries(epd_worker
   PUBLIC epd::core epd::media Threads::Threads
-  PRIVATE nlohmann_json::nlohmann_json)
+  PRIVATE epd::safetensors)

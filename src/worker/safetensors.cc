@@ -1,32 +1,26 @@
-// The writer builds the JSON header first (nlohmann::json keeps object keys
-// sorted, so the header text is a pure function of the entries), then appends
-// each tensor's bytes in the same ascending-key order the offsets were
-// assigned in. The reader validates everything a hostile or truncated file can
-// get wrong (header length past the end, offsets outside the buffer or not
-// matching dtype x shape, unknown dtypes, main/deepstack row mismatch) before
-// it copies any bytes into an Embedding.
+// The embedding layout (epd/worker/safetensors.h) over the one safetensors
+// codec (epd/safetensors/safetensors_codec.h): the writer turns each entry
+// into named tensors (main, deepstack, grid) and lets the codec lay them out;
+// the reader lets the codec validate the header (lengths, offsets, dtypes,
+// byte counts) and then checks only what this layout adds (hex key names,
+// embedding dtypes, [rows, cols] shapes, the grid, main/deepstack agreement)
+// before it copies any bytes into an Embedding.
 #include "epd/worker/safetensors.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
+
+#include "epd/safetensors/safetensors_codec.h"
 
 namespace epd {
 namespace {
 
-using nlohmann::json;
-
 constexpr std::string_view kDeepstackSuffix = ".deepstack";
 constexpr std::string_view kGridSuffix = ".grid_thw";
-// The grid tensor: I64 [3] = t, h, w; 24 bytes.
-constexpr std::size_t kGridBytes = 3 * sizeof(std::int64_t);
-// A sanity bound on the header: 100 MB, as the safetensors reference reader.
-constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+// What ParseEmbeddingsSafetensors' messages start with: it has no file name.
+constexpr std::string_view kBytesSource = "malformed safetensors";
 
 std::optional<ContentKey> ParseHex(std::string_view hex) {
   if (hex.size() != 64) return std::nullopt;
@@ -43,13 +37,6 @@ std::optional<ContentKey> ParseHex(std::string_view hex) {
     key.bytes[i] = static_cast<std::uint8_t>(hi * 16 + lo);
   }
   return key;
-}
-
-std::optional<DType> ParseDType(std::string_view name) {
-  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
-    if (DTypeSafetensorsName(d) == name) return d;
-  }
-  return std::nullopt;
 }
 
 Status CheckEntry(const KeyedEmbedding& e) {
@@ -95,42 +82,118 @@ StatusOr<std::vector<const KeyedEmbedding*>> SortedDistinct(std::span<const Keye
   return out;
 }
 
-void AppendLe64(std::string& out, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+// Eight little-endian bytes of each value, as the file holds an I64.
+std::string Le64Bytes(std::initializer_list<std::int64_t> values) {
+  std::string out;
+  for (std::int64_t v : values) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((static_cast<std::uint64_t>(v) >> (8 * i)) & 0xff));
+  }
+  return out;
 }
 
-std::int64_t ReadLe64(std::string_view b) {
+std::int64_t ReadLe64(std::span<const std::byte> b) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(b[i]);
   return static_cast<std::int64_t>(v);
 }
 
-Status Malformed(const std::string& what) { return InvalidArgument("malformed safetensors: " + what); }
+// The layout's rules over the tensors the codec validated; `source` starts
+// every message.
+class EmbeddingReader {
+ public:
+  explicit EmbeddingReader(std::string_view source) : source_(source) {}
 
-// A "<key>.grid_thw" entry: dtype I64, shape [3], 24 bytes inside `data`,
-// three positive values.
-StatusOr<GridTHW> ParseGrid(const std::string& name, const json& v, std::string_view data) {
-  const json& shape = v["shape"];
-  const json& offs = v["data_offsets"];
-  if (v["dtype"] != "I64" || shape != json::array({3})) {
-    return Malformed("tensor '" + name + "' is " + v["dtype"].dump() + " " + shape.dump() + ", expected \"I64\" [3]");
+  StatusOr<SafetensorsContents> Read(std::string_view bytes) {
+    StatusOr<ParsedSafetensors> parsed = ParseSafetensors(std::as_bytes(std::span(bytes)), source_);
+    if (!parsed.ok()) return parsed.status();
+    for (const auto& [name, t] : parsed->tensors) {
+      if (Status s = Place(name, t); !s.ok()) return s;
+    }
+    SafetensorsContents out;
+    out.metadata = std::move(parsed->metadata);
+    for (const auto& [key, main] : mains_) {
+      StatusOr<EmbeddingPtr> e = Assemble(key, *main);
+      if (!e.ok()) return e.status();
+      out.embeddings.push_back({key, std::move(*e)});
+    }
+    if (!deeps_.empty()) return Bad("deepstack tensor of " + deeps_.begin()->first.Hex() + " has no main tensor");
+    if (!grids_.empty()) return Bad("grid_thw tensor of " + grids_.begin()->first.Hex() + " has no main tensor");
+    return out;
   }
-  if (offs.size() != 2 || !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
-    return Malformed("tensor '" + name + "' data_offsets " + offs.dump() + " is not [begin, end]");
+
+ private:
+  Status Bad(const std::string& what) const { return InvalidArgument(std::string(source_) + ": " + what); }
+
+  // Files one tensor under its key as main, deepstack or grid.
+  Status Place(const std::string& name, const TensorView& t) {
+    std::string_view stem = name;
+    bool deep = false, grid = false;
+    if (stem.size() > kDeepstackSuffix.size() && stem.ends_with(kDeepstackSuffix)) {
+      stem.remove_suffix(kDeepstackSuffix.size());
+      deep = true;
+    } else if (stem.size() > kGridSuffix.size() && stem.ends_with(kGridSuffix)) {
+      stem.remove_suffix(kGridSuffix.size());
+      grid = true;
+    }
+    const std::optional<ContentKey> key = ParseHex(stem);
+    if (!key) return Bad("tensor name '" + name + "' is not a 64-digit hex key");
+    if (grid) {
+      StatusOr<GridTHW> g = ParseGrid(name, t);
+      if (!g.ok()) return g.status();
+      grids_[*key] = *g;
+      return Status::Ok();
+    }
+    if (!ToEmbeddingDType(t.dtype)) {
+      return Bad("tensor '" + name + "' has unsupported dtype " + std::string(TensorDTypeName(t.dtype)));
+    }
+    if (t.shape.size() != 2)
+      return Bad("tensor '" + name + "' shape " + ShapeToString(t.shape) + " is not [rows, cols]");
+    (deep ? deeps_ : mains_)[*key] = &t;
+    return Status::Ok();
   }
-  const std::uint64_t begin = offs[0].get<std::uint64_t>(), end = offs[1].get<std::uint64_t>();
-  if (begin > end || end > data.size() || end - begin != kGridBytes) {
-    return Malformed("tensor '" + name + "' data_offsets " + offs.dump() + " are not 24 bytes inside the " +
-                     std::to_string(data.size()) + "-byte data section");
+
+  // A "<key>.grid_thw" tensor: I64 [3] (so 24 bytes, which the codec
+  // checked), three positive values.
+  StatusOr<GridTHW> ParseGrid(const std::string& name, const TensorView& t) const {
+    if (t.dtype != TensorDType::kI64 || t.shape != std::vector<std::int64_t>{3}) {
+      return Bad("tensor '" + name + "' is " + std::string(TensorDTypeName(t.dtype)) + " " + ShapeToString(t.shape) +
+                 ", expected I64 [3]");
+    }
+    const GridTHW g{ReadLe64(t.bytes), ReadLe64(t.bytes.subspan(8)), ReadLe64(t.bytes.subspan(16))};
+    if (!g.known()) {
+      return Bad("tensor '" + name + "' holds [" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
+                 std::to_string(g.w) + "]; t, h and w must be positive");
+    }
+    return g;
   }
-  const std::string_view b = data.substr(begin, kGridBytes);
-  const GridTHW g{ReadLe64(b), ReadLe64(b.substr(8)), ReadLe64(b.substr(16))};
-  if (!g.known()) {
-    return Malformed("tensor '" + name + "' holds [" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
-                     std::to_string(g.w) + "]; t, h and w must be positive");
+
+  StatusOr<EmbeddingPtr> Assemble(const ContentKey& key, const TensorView& main) {
+    auto e = std::make_shared<Embedding>();
+    e->tokens = main.shape[0];
+    e->hidden = main.shape[1];
+    e->dtype = *ToEmbeddingDType(main.dtype);
+    e->main.assign(main.bytes.begin(), main.bytes.end());
+    if (auto g = grids_.find(key); g != grids_.end()) {
+      e->grid = g->second;
+      grids_.erase(g);
+    }
+    if (auto d = deeps_.find(key); d != deeps_.end()) {
+      const TensorView& ds = *d->second;
+      if (ds.dtype != main.dtype || ds.shape[0] != main.shape[0] || main.shape[1] == 0 ||
+          ds.shape[1] % main.shape[1] != 0) {
+        return Bad("deepstack tensor of " + key.Hex() + " does not match its main tensor");
+      }
+      e->deepstack_layers = ds.shape[1] / main.shape[1];
+      e->deepstack.assign(ds.bytes.begin(), ds.bytes.end());
+      deeps_.erase(d);
+    }
+    return EmbeddingPtr(std::move(e));
   }
-  return g;
-}
+
+  std::string_view source_;
+  std::map<ContentKey, const TensorView*> mains_, deeps_;
+  std::map<ContentKey, GridTHW> grids_;
+};
 
 }  // namespace
 
@@ -153,172 +216,39 @@ StatusOr<std::string> SerializeEmbeddingsSafetensors(std::span<const KeyedEmbedd
   auto sorted = SortedDistinct(entries);
   if (!sorted.ok()) return sorted.status();
 
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::uint64_t offset = 0;
-  auto add = [&](const std::string& name, const Embedding& m, std::int64_t cols, std::size_t nbytes) {
-    header[name] = {{"dtype", std::string(DTypeSafetensorsName(m.dtype))},
-                    {"shape", {m.tokens, cols}},
-                    {"data_offsets", {offset, offset + nbytes}}};
-    offset += nbytes;
-  };
+  // The codec orders tensors by name, which is ascending key and, per key,
+  // main, deepstack, grid (the suffixes sort in that order after the key).
+  std::vector<std::string> grids;  // the I64 bytes of each grid, alive for the call
+  grids.reserve(sorted->size());
+  std::vector<NamedTensor> tensors;
+  tensors.reserve(3 * sorted->size());
   for (const KeyedEmbedding* e : *sorted) {
     const Embedding& m = *e->embedding;
     const std::string hex = e->key.Hex();
-    add(hex, m, m.hidden, m.main.size());
-    if (m.deepstack_layers > 0)
-      add(hex + std::string(kDeepstackSuffix), m, m.hidden * m.deepstack_layers, m.deepstack.size());
+    const TensorDType dtype = ToTensorDType(m.dtype);
+    tensors.push_back({hex, {dtype, {m.tokens, m.hidden}, m.main}});
+    if (m.deepstack_layers > 0) {
+      tensors.push_back(
+          {hex + std::string(kDeepstackSuffix), {dtype, {m.tokens, m.hidden * m.deepstack_layers}, m.deepstack}});
+    }
     if (m.grid.known()) {
-      header[hex + std::string(kGridSuffix)] = {
-          {"dtype", "I64"}, {"shape", json::array({3})}, {"data_offsets", {offset, offset + kGridBytes}}};
-      offset += kGridBytes;
+      grids.push_back(Le64Bytes({m.grid.t, m.grid.h, m.grid.w}));
+      tensors.push_back(
+          {hex + std::string(kGridSuffix), {TensorDType::kI64, {3}, std::as_bytes(std::span(grids.back()))}});
     }
   }
-  std::string text = header.dump();
-  // Pad so the data starts 8-byte aligned (8-byte length prefix + header).
-  text.append((8 - text.size() % 8) % 8, ' ');
-
-  std::string out;
-  out.reserve(8 + text.size() + offset);
-  AppendLe64(out, text.size());
-  out += text;
-  for (const KeyedEmbedding* e : *sorted) {
-    const Embedding& m = *e->embedding;
-    out.append(reinterpret_cast<const char*>(m.main.data()), m.main.size());
-    if (m.deepstack_layers > 0) out.append(reinterpret_cast<const char*>(m.deepstack.data()), m.deepstack.size());
-    if (m.grid.known()) {
-      for (std::int64_t v : {m.grid.t, m.grid.h, m.grid.w}) AppendLe64(out, static_cast<std::uint64_t>(v));
-    }
-  }
-  return out;
+  return SerializeSafetensors(tensors, metadata);
 }
 
 Status WriteEmbeddingsSafetensors(const std::string& path, std::span<const KeyedEmbedding> entries,
                                   const std::map<std::string, std::string>& metadata) {
   auto bytes = SerializeEmbeddingsSafetensors(entries, metadata);
   if (!bytes.ok()) return bytes.status();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return Status(StatusCode::kUnavailable, "cannot open " + tmp + " for writing");
-    f.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return Status(StatusCode::kUnavailable, "cannot write " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Status(StatusCode::kUnavailable, "cannot rename " + tmp + " to " + path);
-  }
-  return Status::Ok();
+  return WriteFileAtomically(path, *bytes);
 }
 
 StatusOr<SafetensorsContents> ParseEmbeddingsSafetensors(std::string_view bytes) {
-  if (bytes.size() < 8)
-    return Malformed("file is " + std::to_string(bytes.size()) + " bytes, shorter than the 8-byte header length");
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint8_t>(bytes[i]);
-  if (n > kMaxHeaderBytes || n > bytes.size() - 8) {
-    return Malformed("header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) +
-                     " bytes)");
-  }
-  const std::string_view data = bytes.substr(8 + n);
-  json header = json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);
-  if (!header.is_object()) return Malformed("header is not a JSON object");
-
-  SafetensorsContents out;
-  struct Tensor {
-    DType dtype;
-    std::int64_t rows, cols;
-    std::string_view bytes;
-  };
-  std::map<ContentKey, Tensor> mains, deeps;
-  std::map<ContentKey, GridTHW> grids;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) return Malformed("__metadata__ is not an object");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) return Malformed("__metadata__ value '" + m.key() + "' is not a string");
-        out.metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    std::string_view stem = name;
-    bool deep = false, grid = false;
-    if (stem.size() > kDeepstackSuffix.size() && stem.ends_with(kDeepstackSuffix)) {
-      stem.remove_suffix(kDeepstackSuffix.size());
-      deep = true;
-    } else if (stem.size() > kGridSuffix.size() && stem.ends_with(kGridSuffix)) {
-      stem.remove_suffix(kGridSuffix.size());
-      grid = true;
-    }
-    const std::optional<ContentKey> key = ParseHex(stem);
-    if (!key) return Malformed("tensor name '" + name + "' is not a 64-digit hex key");
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
-        !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array()) {
-      return Malformed("tensor '" + name + "' lacks dtype, shape or data_offsets");
-    }
-    if (grid) {
-      StatusOr<GridTHW> g = ParseGrid(name, v, data);
-      if (!g.ok()) return g.status();
-      grids[*key] = *g;
-      continue;
-    }
-    const std::optional<DType> dtype = ParseDType(v["dtype"].get<std::string>());
-    if (!dtype) return Malformed("tensor '" + name + "' has unsupported dtype " + v["dtype"].dump());
-    const json& shape = v["shape"];
-    const json& offs = v["data_offsets"];
-    if (shape.size() != 2 || !shape[0].is_number_unsigned() || !shape[1].is_number_unsigned()) {
-      return Malformed("tensor '" + name + "' shape " + shape.dump() + " is not [rows, cols]");
-    }
-    if (offs.size() != 2 || !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
-      return Malformed("tensor '" + name + "' data_offsets " + offs.dump() + " is not [begin, end]");
-    }
-    const std::uint64_t rows = shape[0].get<std::uint64_t>(), cols = shape[1].get<std::uint64_t>();
-    const std::uint64_t begin = offs[0].get<std::uint64_t>(), end = offs[1].get<std::uint64_t>();
-    if (begin > end || end > data.size()) {
-      return Malformed("tensor '" + name + "' data_offsets " + offs.dump() + " fall outside the " +
-                       std::to_string(data.size()) + "-byte data section");
-    }
-    // Bound each factor before multiplying so the product cannot overflow.
-    if (rows > data.size() || cols > data.size() || rows * cols * DTypeSize(*dtype) != end - begin) {
-      return Malformed("tensor '" + name + "' shape " + shape.dump() + " does not match its " +
-                       std::to_string(end - begin) + " bytes");
-    }
-    Tensor t{*dtype, static_cast<std::int64_t>(rows), static_cast<std::int64_t>(cols), data.substr(begin, end - begin)};
-    (deep ? deeps : mains)[*key] = t;
-  }
-
-  for (const auto& [key, main] : mains) {
-    auto e = std::make_shared<Embedding>();
-    e->tokens = main.rows;
-    e->hidden = main.cols;
-    e->dtype = main.dtype;
-    const auto* p = reinterpret_cast<const std::byte*>(main.bytes.data());
-    e->main.assign(p, p + main.bytes.size());
-    if (auto g = grids.find(key); g != grids.end()) {
-      e->grid = g->second;
-      grids.erase(g);
-    }
-    if (auto d = deeps.find(key); d != deeps.end()) {
-      const Tensor& ds = d->second;
-      if (ds.dtype != main.dtype || ds.rows != main.rows || main.cols == 0 || ds.cols % main.cols != 0) {
-        return Malformed("deepstack tensor of " + key.Hex() + " does not match its main tensor");
-      }
-      e->deepstack_layers = ds.cols / main.cols;
-      const auto* q = reinterpret_cast<const std::byte*>(ds.bytes.data());
-      e->deepstack.assign(q, q + ds.bytes.size());
-      deeps.erase(d);
-    }
-    out.embeddings.push_back({key, std::move(e)});
-  }
-  if (!deeps.empty()) return Malformed("deepstack tensor of " + deeps.begin()->first.Hex() + " has no main tensor");
-  if (!grids.empty()) return Malformed("grid_thw tensor of " + grids.begin()->first.Hex() + " has no main tensor");
-  return out;
+  return EmbeddingReader(kBytesSource).Read(bytes);
 }
 
 StatusOr<SafetensorsContents> ReadEmbeddingsSafetensors(const std::string& path) {
@@ -326,7 +256,8 @@ StatusOr<SafetensorsContents> ReadEmbeddingsSafetensors(const std::string& path)
   if (!f) return Status(StatusCode::kUnavailable, "cannot open " + path);
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (f.bad()) return Status(StatusCode::kUnavailable, "cannot read " + path);
-  return ParseEmbeddingsSafetensors(bytes);
+  const std::string source = "safetensors file " + path;
+  return EmbeddingReader(source).Read(bytes);
 }
 
 }  // namespace epd

@@ -1,6 +1,7 @@
 // epd/core/encode_types.h: what the encode stage reports about its work: how an
 // item was served (ItemSource), one item's result (ItemResult) and the
-// worker's counters (WorkerStats).
+// worker's counters (WorkerStats), with their field table
+// (kWorkerStatsFields, epd/core/stat_fields.h).
 //
 // These are plain value types of the core, shared by the worker
 // (epd/worker/encode_worker.h), the server's stats (epd/rpc/server_stats.h) and the
@@ -25,6 +26,7 @@
 
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
+#include "epd/core/stat_fields.h"
 #include "epd/core/status.h"
 
 namespace epd {
@@ -132,5 +134,121 @@ struct WorkerStats {
   std::int64_t l1_entries = 0;
   std::int64_t l2_entries = 0;
 };
+
+// Every numeric field of WorkerStats, once (epd/core/stat_fields.h): the Stats
+// RPC, /metrics and `replay --json` are built from this table. `errors` (by
+// status code) is no number; the conversions carry it by hand (StatsResponse
+// item_errors, epd_item_errors_total{code}).
+// A row per field reads as a table; clang-format would give each cell a line.
+// clang-format off
+inline constexpr StatField<WorkerStats> kWorkerStatsFields[] = {
+    // name, member, kind, unit, help,
+    //   proto field, Prometheus series, replay --json key
+    {"requests", &WorkerStats::requests, StatKind::kCounter, StatUnit::kCount,
+     "Requests accepted by the worker",
+     {"requests"}, {"epd_requests_total"}, ""},
+    {"items", &WorkerStats::items, StatKind::kCounter, StatUnit::kCount,
+     "Items of accepted requests",
+     {"items"}, {"epd_items_total"}, ""},
+    {"hits_l1", &WorkerStats::hits_l1, StatKind::kCounter, StatUnit::kCount,
+     "Items served from the cache, by tier",
+     {"hits_l1"}, {"epd_cache_hits_total", "tier", "l1"}, "hits_l1"},
+    {"hits_l2", &WorkerStats::hits_l2, StatKind::kCounter, StatUnit::kCount,
+     "Items served from the cache, by tier",
+     {"hits_l2"}, {"epd_cache_hits_total", "tier", "l2"}, "hits_l2"},
+    {"hits_l3", &WorkerStats::hits_l3, StatKind::kCounter, StatUnit::kCount,
+     "Items served from the cache, by tier",
+     {"hits_l3"}, {"epd_cache_hits_total", "tier", "l3"}, "hits_l3"},
+    {"misses", &WorkerStats::misses, StatKind::kCounter, StatUnit::kCount,
+     "Items that missed the cache (ran the tower or failed before it)",
+     {"misses"}, {"epd_cache_misses_total"}, "misses"},
+    {"joins", &WorkerStats::joins, StatKind::kCounter, StatUnit::kCount,
+     "Items that joined a computation already queued or running",
+     {"joins"}, {"epd_joins_total"}, "joins"},
+    {"shape_mismatches", &WorkerStats::shape_mismatches, StatKind::kCounter, StatUnit::kCount,
+     "Cache hits whose shape differed from the request's",
+     {"shape_mismatches"}, {"epd_shape_mismatches_total"}, "shape_mismatches"},
+    {"video_items", &WorkerStats::video_items, StatKind::kCounter, StatUnit::kCount,
+     "Video items (also counted as cache hits or misses above)",
+     {"video_items"}, {"epd_video_items_total"}, "video_items"},
+    {"video_decodes", &WorkerStats::video_decodes, StatKind::kCounter, StatUnit::kCount,
+     "Video items decoded (not served whole from the cache)",
+     {"video_decodes"}, {"epd_video_decodes_total"}, "video_decodes"},
+    {"chunk_hits", &WorkerStats::chunk_hits, StatKind::kCounter, StatUnit::kCount,
+     "Temporal chunks of decoded videos, by outcome",
+     {"chunk_hits"}, {"epd_video_chunks_total", "outcome", "hit"}, "chunk_hits"},
+    {"chunk_misses", &WorkerStats::chunk_misses, StatKind::kCounter, StatUnit::kCount,
+     "Temporal chunks of decoded videos, by outcome",
+     {"chunk_misses"}, {"epd_video_chunks_total", "outcome", "miss"}, "chunk_misses"},
+    {"chunk_joins", &WorkerStats::chunk_joins, StatKind::kCounter, StatUnit::kCount,
+     "Temporal chunks of decoded videos, by outcome",
+     {"chunk_joins"}, {"epd_video_chunks_total", "outcome", "joined"}, "chunk_joins"},
+    {"rejected_requests", &WorkerStats::rejected_requests, StatKind::kCounter, StatUnit::kCount,
+     "Requests the worker refused (duplicate id, queue limit)",
+     {"rejected_requests"}, {"epd_rejected_requests_total"}, ""},
+    {"cancelled_requests", &WorkerStats::cancelled_requests, StatKind::kCounter, StatUnit::kCount,
+     "Requests cancelled (deadline, client, shutdown)",
+     {"cancelled_requests"}, {"epd_cancelled_requests_total"}, ""},
+    {"tower_batches", &WorkerStats::tower_batches, StatKind::kCounter, StatUnit::kCount,
+     "Tower calls, failed ones included",
+     {"tower_batches"}, {"epd_tower_batches_total"}, "tower_batches"},
+    {"tower_items", &WorkerStats::tower_items, StatKind::kCounter, StatUnit::kCount,
+     "Computations sent to the tower",
+     {"tower_items"}, {"epd_tower_items_total"}, "tower_items"},
+    {"tower_tokens", &WorkerStats::tower_tokens, StatKind::kCounter, StatUnit::kTokens,
+     "Post-merge tokens of the computations sent to the tower",
+     {"tower_tokens"}, {}, "tower_tokens"},
+    // Not a series: /metrics has each batch's time in the histogram epd_tower_seconds.
+    {"tower_seconds", &WorkerStats::tower_seconds, StatKind::kCounter, StatUnit::kSeconds,
+     "Wall time inside VisionTower::Encode",
+     {"tower_seconds"}, {}, "tower_s"},
+    {"tower_failures", &WorkerStats::tower_failures, StatKind::kCounter, StatUnit::kCount,
+     "Tower batches that failed",
+     {"tower_failures"}, {"epd_tower_failures_total"}, ""},
+    {"sink_full_stalls", &WorkerStats::sink_full_stalls, StatKind::kCounter, StatUnit::kCount,
+     "Worker steps skipped because result buffers were full",
+     {"sink_full_stalls"}, {"epd_sink_full_stalls_total"}, ""},
+    {"callback_exceptions", &WorkerStats::callback_exceptions, StatKind::kCounter, StatUnit::kCount,
+     "Request callbacks that threw (caught by the worker)",
+     {}, {}, ""},
+    {"cache_errors", &WorkerStats::cache_errors, StatKind::kCounter, StatUnit::kCount,
+     "Cache operations whose tier copy failed (served as a miss, or the victim dropped)",
+     {"cache_errors"}, {"epd_cache_errors_total"}, "cache_errors"},
+    {"in_flight_requests", &WorkerStats::in_flight_requests, StatKind::kGauge, StatUnit::kCount,
+     "Requests accepted and not yet complete",
+     {"in_flight_requests"}, {"epd_in_flight_requests"}, ""},
+    {"pending_items", &WorkerStats::pending_items, StatKind::kGauge, StatUnit::kCount,
+     "Computations queued for the tower",
+     {"pending_items"}, {"epd_queue_items"}, ""},
+    {"pending_tokens", &WorkerStats::pending_tokens, StatKind::kGauge, StatUnit::kTokens,
+     "Post-merge tokens queued for the tower",
+     {"pending_tokens"}, {"epd_queue_tokens"}, ""},
+    {"l1_evictions", &WorkerStats::l1_evictions, StatKind::kCounter, StatUnit::kCount,
+     "Capacity victims, by tier",
+     {"l1_evictions"}, {"epd_cache_evictions_total", "tier", "l1"}, ""},
+    {"l2_evictions", &WorkerStats::l2_evictions, StatKind::kCounter, StatUnit::kCount,
+     "Capacity victims, by tier",
+     {"l2_evictions"}, {"epd_cache_evictions_total", "tier", "l2"}, ""},
+    {"demotions", &WorkerStats::demotions, StatKind::kCounter, StatUnit::kCount,
+     "L1 victims moved to L2",
+     {"demotions"}, {"epd_cache_demotions_total"}, "demotions"},
+    {"promotions", &WorkerStats::promotions, StatKind::kCounter, StatUnit::kCount,
+     "L2 hits moved to L1",
+     {"promotions"}, {"epd_cache_promotions_total"}, "promotions"},
+    // replay's l1_bytes, l2_bytes (and tower_s) predate the field names; docs/REPLAY.md and bench/ read them.
+    {"l1_used_bytes", &WorkerStats::l1_used_bytes, StatKind::kGauge, StatUnit::kBytes,
+     "Bytes held by the cache, by tier",
+     {"l1_used_bytes"}, {"epd_cache_bytes", "tier", "l1"}, "l1_bytes"},
+    {"l2_used_bytes", &WorkerStats::l2_used_bytes, StatKind::kGauge, StatUnit::kBytes,
+     "Bytes held by the cache, by tier",
+     {"l2_used_bytes"}, {"epd_cache_bytes", "tier", "l2"}, "l2_bytes"},
+    {"l1_entries", &WorkerStats::l1_entries, StatKind::kGauge, StatUnit::kCount,
+     "Entries held by the cache, by tier",
+     {"l1_entries"}, {"epd_cache_entries", "tier", "l1"}, ""},
+    {"l2_entries", &WorkerStats::l2_entries, StatKind::kGauge, StatUnit::kCount,
+     "Entries held by the cache, by tier",
+     {"l2_entries"}, {"epd_cache_entries", "tier", "l2"}, ""},
+};
+// clang-format on
 
 }  // namespace epd

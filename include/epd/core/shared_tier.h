@@ -36,6 +36,7 @@
 
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
+#include "epd/core/stat_fields.h"
 #include "epd/core/status.h"
 
 namespace epd {
@@ -91,6 +92,66 @@ struct SharedTierStats {
   // "reply" (any other error reply), "down" (skipped while reconnecting).
   std::map<std::string, std::uint64_t> errors;
 };
+
+// Every numeric field of SharedTierStats, once (epd/core/stat_fields.h). In
+// StatsResponse the counters are entries of the map l3_counters, sent only by
+// a server with a tier; `errors` (by kind) is no number and travels by hand
+// (l3_errors, epd_l3_errors_total{kind}).
+// A row per field reads as a table; clang-format would give each cell a line.
+// clang-format off
+inline constexpr StatField<SharedTierStats> kSharedTierStatsFields[] = {
+    // name, member, kind, unit, help,
+    //   proto field (or map entry), Prometheus series, replay --json key (under "l3")
+    {"degraded", &SharedTierStats::degraded, StatKind::kGauge, StatUnit::kFlag,
+     "1 while the last operation on some L3 Redis failed",
+     {"l3_degraded"}, {"epd_l3_degraded"}, "degraded"},
+    {"gets", &SharedTierStats::gets, StatKind::kCounter, StatUnit::kCount,
+     "L3 Get calls",
+     {"l3_counters", "gets"}, {"epd_l3_gets_total"}, ""},
+    {"hits", &SharedTierStats::hits, StatKind::kCounter, StatUnit::kCount,
+     "L3 Gets that returned a valid value",
+     {"l3_counters", "hits"}, {"epd_l3_hits_total"}, "hits"},
+    {"misses", &SharedTierStats::misses, StatKind::kCounter, StatUnit::kCount,
+     "L3 Gets that found no value (corrupt ones included)",
+     {"l3_counters", "misses"}, {"epd_l3_misses_total"}, "misses"},
+    {"corrupt", &SharedTierStats::corrupt, StatKind::kCounter, StatUnit::kCount,
+     "L3 values rejected: header, checksum, key, grid, non-finite rows, or by the caller's check",
+     {"l3_counters", "corrupt"}, {"epd_l3_corrupt_total"}, "corrupt"},
+    {"auth_failures", &SharedTierStats::auth_failures, StatKind::kCounter, StatUnit::kCount,
+     "L3 values refused for no valid MAC under the cluster key (--l3-key-file)",
+     {"l3_counters", "auth_failures"}, {"epd_l3_auth_failures_total"}, ""},
+    {"lease_auth_failures", &SharedTierStats::lease_auth_failures, StatKind::kCounter, StatUnit::kCount,
+     "L3 leases refused for no valid MAC under the cluster key, deleted and taken",
+     {"l3_counters", "lease_auth_failures"}, {"epd_l3_lease_auth_failures_total"}, ""},
+    {"writes", &SharedTierStats::writes, StatKind::kCounter, StatUnit::kCount,
+     "L3 values written",
+     {"l3_counters", "writes"}, {"epd_l3_writes_total"}, "writes"},
+    {"write_bytes", &SharedTierStats::write_bytes, StatKind::kCounter, StatUnit::kBytes,
+     "Encoded bytes of the L3 values written",
+     {"l3_counters", "write_bytes"}, {"epd_l3_write_bytes_total"}, ""},
+    {"write_drops", &SharedTierStats::write_drops, StatKind::kCounter, StatUnit::kCount,
+     "L3 writes dropped: queue full or the tier failed",
+     {"l3_counters", "write_drops"}, {"epd_l3_write_drops_total"}, "write_drops"},
+    {"leases_acquired", &SharedTierStats::leases_acquired, StatKind::kCounter, StatUnit::kCount,
+     "L3 leases taken",
+     {"l3_counters", "leases_acquired"}, {"epd_l3_leases_acquired_total"}, ""},
+    {"leases_released", &SharedTierStats::leases_released, StatKind::kCounter, StatUnit::kCount,
+     "L3 leases released (compare-and-delete found ours)",
+     {"l3_counters", "leases_released"}, {"epd_l3_leases_released_total"}, ""},
+    {"lease_waits", &SharedTierStats::lease_waits, StatKind::kCounter, StatUnit::kCount,
+     "Items that waited for another process's L3 lease",
+     {"l3_counters", "lease_waits"}, {"epd_l3_lease_waits_total"}, "lease_waits"},
+    {"lease_wait_hits", &SharedTierStats::lease_wait_hits, StatKind::kCounter, StatUnit::kCount,
+     "Lease waits that got the holder's value",
+     {"l3_counters", "lease_wait_hits"}, {"epd_l3_lease_wait_hits_total"}, ""},
+    {"lease_takeovers", &SharedTierStats::lease_takeovers, StatKind::kCounter, StatUnit::kCount,
+     "Lease waits that took the lease after it lapsed",
+     {"l3_counters", "lease_takeovers"}, {"epd_l3_lease_takeovers_total"}, "lease_takeovers"},
+    {"lease_wait_timeouts", &SharedTierStats::lease_wait_timeouts, StatKind::kCounter, StatUnit::kCount,
+     "Lease waits that gave up (LeaseWaitPolicy::wait)",
+     {"l3_counters", "lease_wait_timeouts"}, {"epd_l3_lease_wait_timeouts_total"}, ""},
+};
+// clang-format on
 
 class SharedTier {
  public:
