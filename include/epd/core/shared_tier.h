@@ -158,7 +158,7 @@ class SharedTier {
   virtual ~SharedTier() = default;
 
   // The value stored for `key`: a host Embedding, or nullptr for a miss (a
-  // rejected value is a miss too, counted in `corrupt`). kUnavailable /
+  // rejected value is a miss too, counted in `corrupt` or `auth_failures`). kUnavailable /
   // kDeadlineExceeded when the tier did not answer in time. Blocks up to the
   // tier's timeout.
   virtual StatusOr<EmbeddingPtr> Get(const ContentKey& key) = 0;
