@@ -13,6 +13,13 @@
 //   l3_decode  DecodeL3Value on bytes already in memory (l3_get without the
 //              network: the difference is Redis and the socket);
 //   l3_encode  EncodeL3Value (the writer thread's cost per tower result);
+//   mac_hmac_sha256, mac_gmac
+//              HMAC-SHA256 and GMAC (AES-256-GCM, the value as AAD) over the
+//              whole value's bytes, one call each (epd/l3/l3_mac.h): the
+//              measurement behind the choice of GMAC for values (docs/L3.md);
+//   l3_get_keyed, l3_decode_keyed, l3_encode_keyed
+//              the same three with a cluster keyring (format 2: GMAC instead
+//              of XXH3, checked in the same pass as the copy);
 //   l3_put     PutAsync until a Get finds the value (the write's latency as
 //              another server sees it; polled every 100 us, so it includes
 //              up to that plus one Get).
@@ -49,6 +56,7 @@
 #include "epd/core/embedding.h"
 #include "epd/core/embedding_cache.h"
 #include "epd/core/shared_tier.h"
+#include "epd/l3/l3_mac.h"
 #include "epd/l3/l3_value.h"
 #include "epd/l3/redis_tier.h"
 #include "epd/media/content_key.h"
@@ -213,6 +221,26 @@ void KillRedisAndExit(int sig) {
   std::exit(1);
 }
 
+// Stores `e` under `key` through `tier`, waits until a Get finds it, then
+// times Gets of it.
+Summary StoreAndTimeGet(SharedTier& tier, const ContentKey& key, const std::shared_ptr<Embedding>& e, int warmup,
+                        int samples) {
+  tier.PutAsync(key, e);
+  for (int tries = 0;; ++tries) {
+    StatusOr<EmbeddingPtr> g = tier.Get(key);
+    if (g.ok() && *g) break;
+    if (tries > 100000) Die("the value never appeared in Redis");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return Time(warmup, samples, [&] {
+    StatusOr<EmbeddingPtr> g = tier.Get(key);
+    if (!g.ok() || !*g) Die("Get missed a stored value: " + (g.ok() ? std::string("miss") : g.status().ToString()));
+    if ((*g)->nbytes() != e->nbytes() || std::memcmp((*g)->main.data(), e->main.data(), 64) != 0) {
+      Die("Get returned other bytes");
+    }
+  });
+}
+
 int Run(int argc, char** argv) {
   const Flags f = ParseFlags(argc, argv);
   // As `epd-encode serve` does (TuneMalloc, tools/cli_util.h): keep blocks
@@ -242,6 +270,15 @@ int Run(int argc, char** argv) {
   StatusOr<std::shared_ptr<SharedTier>> opened = OpenRedisTier(o);
   if (!opened.ok()) Die("OpenRedisTier: " + opened.status().ToString());
   std::shared_ptr<SharedTier> tier = *opened;
+  // A fixed test key: the bench measures cost, not secrecy.
+  L3Secret secret;
+  secret.fill(0x5c);
+  const std::shared_ptr<const L3Keyring> ring = *L3Keyring::FromSecrets(1, secret);
+  o.keyring = ring;
+  o.key_prefix = "epd-keyed:";
+  StatusOr<std::shared_ptr<SharedTier>> opened_keyed = OpenRedisTier(o);
+  if (!opened_keyed.ok()) Die("OpenRedisTier (keyed): " + opened_keyed.status().ToString());
+  std::shared_ptr<SharedTier> keyed_tier = *opened_keyed;
 
   const std::int64_t row_bytes = f.hidden * (1 + f.deepstack) * 4;
   std::ostringstream rows;
@@ -283,20 +320,34 @@ int Run(int argc, char** argv) {
       }
     });
 
-    tier->PutAsync(key, e);
-    for (int tries = 0;; ++tries) {
-      StatusOr<EmbeddingPtr> g = tier->Get(key);
-      if (g.ok() && *g) break;
-      if (tries > 100000) Die("the value never appeared in Redis");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    const Summary get = Time(f.warmup, samples, [&] {
-      StatusOr<EmbeddingPtr> g = tier->Get(key);
-      if (!g.ok() || !*g) Die("Get missed a stored value: " + (g.ok() ? std::string("miss") : g.status().ToString()));
-      if ((*g)->nbytes() != e->nbytes() || std::memcmp((*g)->main.data(), e->main.data(), 64) != 0) {
-        Die("Get returned other bytes");
-      }
+    const Summary get = StoreAndTimeGet(*tier, key, e, f.warmup, samples);
+    const ContentKey keyed_key = KeyFor(2000000 + key_n);
+    const Summary get_keyed = StoreAndTimeGet(*keyed_tier, keyed_key, e, f.warmup, samples);
+
+    L3ValueOptions keyed;
+    keyed.keyring = ring;
+    const std::string keyed_value = EncodeL3Value(key, *e, kContentKeyVersion, keyed);
+    const Summary encode_keyed = Time(f.warmup, samples, [&] {
+      std::string v = EncodeL3Value(key, *e, kContentKeyVersion, keyed);
+      if (v.size() != keyed_value.size()) Die("EncodeL3Value size changed");
     });
+    const Summary decode_keyed = Time(f.warmup, samples, [&] {
+      StatusOr<EmbeddingPtr> d = DecodeL3Value(keyed_value, key, kContentKeyVersion, keyed);
+      if (!d.ok()) Die("DecodeL3Value (keyed): " + d.status().ToString());
+    });
+    // The two MACs over the same bytes (the keyed value's), nothing else.
+    std::uint8_t tag_sink = 0;
+    const Summary hmac = Time(f.warmup, samples, [&] {
+      HmacSha256 m(ring->current().lease_key);
+      m.Update(keyed_value.data(), keyed_value.size());
+      tag_sink ^= (*m.Final())[0];
+    });
+    const Summary gmac = Time(f.warmup, samples, [&] {
+      Gmac m(ring->current().value_key, Gmac::Iv{});
+      m.Update(keyed_value.data(), keyed_value.size());
+      tag_sink ^= (*m.Final())[0];
+    });
+    if (tag_sink == 0x100) Die("unreachable");  // keeps the tags alive
     // Free Redis memory before the next size.
     redis.Cli({"FLUSHALL"});
 
@@ -304,9 +355,15 @@ int Run(int argc, char** argv) {
     rows << "    {\"mib\": " << mib << ", \"bytes\": " << e->nbytes() << ", \"value_bytes\": " << value.size()
          << ", \"tokens\": " << tokens << ",\n     \"l1_hit\": " << Json(l1_hit) << ",\n     \"l3_get\": " << Json(get)
          << ",\n     \"l3_decode\": " << Json(decode) << ",\n     \"l3_encode\": " << Json(encode)
-         << ",\n     \"l3_put_visible\": " << Json(put) << "}";
-    std::fprintf(stderr, "%.1f MiB: L1 hit p50 %.2f us; L3 get p50 %.0f us p99 %.0f us; decode p50 %.0f us\n", mib,
-                 l1_hit.p50, get.p50, get.p99, decode.p50);
+         << ",\n     \"l3_put_visible\": " << Json(put) << ",\n     \"l3_get_keyed\": " << Json(get_keyed)
+         << ",\n     \"l3_decode_keyed\": " << Json(decode_keyed)
+         << ",\n     \"l3_encode_keyed\": " << Json(encode_keyed) << ",\n     \"mac_hmac_sha256\": " << Json(hmac)
+         << ",\n     \"mac_gmac\": " << Json(gmac) << "}";
+    std::fprintf(stderr,
+                 "%.1f MiB: L1 hit p50 %.2f us; L3 get p50 %.0f us p99 %.0f us (keyed %.0f / %.0f); decode p50 %.0f us "
+                 "(keyed %.0f); HMAC-SHA256 p50 %.0f us, GMAC p50 %.0f us\n",
+                 mib, l1_hit.p50, get.p50, get.p99, get_keyed.p50, get_keyed.p99, decode.p50, decode_keyed.p50,
+                 hmac.p50, gmac.p50);
   }
   const SharedTierStats st = tier->Stats();
   std::ostringstream out;

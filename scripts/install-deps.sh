@@ -20,7 +20,7 @@ build_pkgs=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev libabsl-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl openssl
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server stunnel4 python3-xxhash python3-cryptography
   libcpp-httplib-dev libcurl4-openssl-dev libsimdjson-dev
   clang libclang-rt-14-dev clang-format clang-tidy
 )

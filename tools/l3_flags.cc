@@ -34,10 +34,16 @@ void AddL3Flags(CLI::App& cmd, L3Flags& f) {
       ->check(NonNegative("MB"));
   cmd.add_option("--l3-threads", f.threads, "L3 lookup threads")->capture_default_str()->check(Integer(1, 256));
   cmd.add_option("--l3-prefix", f.prefix, "prefix of every Redis key")->capture_default_str();
+  cmd.add_option("--l3-key-file", f.key_file,
+                 "cluster key file: L3 values and leases carry a MAC under it; the same file on every server "
+                 "(docs/L3.md); without it the L3 tier trusts everyone who can write to the Redis");
 }
 
 Status ApplyL3Flags(const L3Flags& f, WorkerOptions& o) {
-  if (f.urls.empty()) return Status::Ok();
+  if (f.urls.empty()) {
+    return f.key_file.empty() ? Status::Ok()
+                              : InvalidArgument("--l3-key-file needs --l3 (no shared tier is configured)");
+  }
 #ifdef EPD_HAVE_L3
   RedisTierOptions r;
   r.urls = f.urls;
@@ -49,10 +55,19 @@ Status ApplyL3Flags(const L3Flags& f, WorkerOptions& o) {
   r.wait.lookup_threads = f.threads;
   r.max_write_queue_bytes = std::max<std::int64_t>(1, static_cast<std::int64_t>(f.write_queue_mb * (1 << 20)));
   r.key_prefix = f.prefix;
+  r.merge_size = o.preprocess.merge_size;
+  if (!f.key_file.empty()) {
+    StatusOr<std::shared_ptr<const L3Keyring>> ring = L3Keyring::Load(f.key_file);
+    if (!ring.ok()) return ring.status();
+    r.keyring = *std::move(ring);
+  }
+  const std::string auth = r.keyring != nullptr
+                               ? "values and leases authenticated, " + r.keyring->Describe()
+                               : "no --l3-key-file: values and leases are trusted from anyone who can write to Redis";
   r.log = [](const std::string& line) { spdlog::warn("{}", line); };
   StatusOr<std::shared_ptr<SharedTier>> tier = OpenRedisTier(std::move(r));
   if (!tier.ok()) return tier.status();
-  spdlog::info("L3: {} (single flight {})", (*tier)->Describe(), f.lease_ms > 0 ? "on" : "off");
+  spdlog::info("L3: {} (single flight {}; {})", (*tier)->Describe(), f.lease_ms > 0 ? "on" : "off", auth);
   o.shared_tier = *std::move(tier);
   return Status::Ok();
 #else

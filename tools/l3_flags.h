@@ -15,6 +15,12 @@
 //   --l3-write-queue-mb MB     embeddings queued for writing at most [256]
 //   --l3-threads N             lookup threads (blocking Redis calls) [4]
 //   --l3-prefix P              prefix of every Redis key ["epd:"]
+//   --l3-key-file PATH         the cluster key file (epd/l3/l3_keyring.h):
+//                              values and leases carry a MAC under it, and
+//                              what does not authenticate is refused; the
+//                              same file on every server [none: values carry
+//                              a checksum only, and the tier trusts everyone
+//                              who can write to the Redis]
 //
 // Thread safety: not thread-safe (parse-time helpers).
 #pragma once
@@ -38,13 +44,17 @@ struct L3Flags {
   double write_queue_mb = 256;
   int threads = 4;
   std::string prefix = "epd:";
+  std::string key_file;
 };
 
 void AddL3Flags(CLI::App& cmd, L3Flags& flags);
 
 // Opens the shared tier into `options.shared_tier` when --l3 is given (no
 // connection yet: a Redis that is down makes the server degraded, not
-// fail). Errors: kInvalidArgument for a bad URL or value;
+// fail), with `options.preprocess.merge_size` as the merge size values are
+// checked against. Errors: kInvalidArgument for a bad URL or value, a key
+// file that cannot be read or parsed (epd/l3/l3_keyring.h), or --l3-key-file
+// without --l3;
 // kFailedPrecondition when this build has no L3 (EPD_WITH_L3=OFF).
 Status ApplyL3Flags(const L3Flags& flags, WorkerOptions& options);
 

@@ -1,24 +1,35 @@
 // The L3 value codec (epd/l3/l3_value.h). Every field is written and read at a
 // fixed offset through PutLe/GetLe, so the format does not depend on the
 // host's struct layout or byte order. Decoding checks cheap fields first
-// (sizes, magic, versions, shape) and the checksum last, so a value from
-// another format version is named as such rather than as a bad checksum.
+// (sizes, magic, versions, shape) and the checksum or tag in one pass with
+// the copy and the finiteness check (RowScan), so a value from another
+// format version is named as such rather than as a bad checksum.
+//
+// A keyed reader decides authenticity before anything else it reports: a
+// value whose header fails a check is reported as kUnauthenticated when its
+// tag does not match either (a forgery with a bad header), and as kDataLoss
+// only when the tag matches (a key holder wrote a bad value).
 #include "epd/l3/l3_value.h"
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
-#include <limits>
 #include <memory>
+#include <vector>
 
 namespace epd {
 namespace {
 
 constexpr char kMagic[4] = {'E', 'P', 'L', '3'};
-constexpr std::size_t kOffFormat = 4, kOffHeaderBytes = 6, kOffKeyVersion = 8, kOffDType = 12, kOffTokens = 16,
-                      kOffHidden = 24, kOffDeepstack = 32, kOffGrid = 40, kOffPayload = 64, kOffKey = 72,
-                      kOffChecksum = 104;
+constexpr std::size_t kOffFormat = 4, kOffHeaderBytes = 6, kOffKeyVersion = 8, kOffDType = 12, kOffMerge = 13,
+                      kOffTokens = 16, kOffHidden = 24, kOffDeepstack = 32, kOffGrid = 40, kOffPayload = 64,
+                      kOffKey = 72, kOffChecksum = 104, kOffKeyId = 104, kOffIv = 108, kOffTag = 120;
 static_assert(kOffChecksum + 8 == kL3HeaderBytes);
+static_assert(kOffTag + 16 == kL3KeyedHeaderBytes);
+// Rows are scanned in blocks that stay in L1 between the copy, the hash and
+// the finiteness check.
+constexpr std::size_t kScanBlock = 16 * 1024;
 
 void PutLe(std::uint64_t v, std::size_t n, char* out) {
   for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
@@ -29,99 +40,277 @@ std::uint64_t GetLe(const char* in, std::size_t n) {
   return v;
 }
 
-// XXH3-64 over the header's first kOffChecksum bytes, then the payload.
-std::uint64_t Checksum(const char* header, const char* payload, std::size_t payload_bytes) {
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, header, kOffChecksum);
-  XXH3_64bits_update(state, payload, payload_bytes);
-  const std::uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return h;
+Status Corrupt(const std::string& what) { return Status(StatusCode::kDataLoss, "L3 value rejected: " + what); }
+Status Unauthentic(const std::string& what) {
+  return Status(StatusCode::kUnauthenticated, "L3 value not authenticated: " + what);
 }
 
-Status Corrupt(const std::string& what) { return Status(StatusCode::kDataLoss, "L3 value rejected: " + what); }
+// What covers the bytes: XXH3-64 (format 1) or GMAC (format 2).
+class Digest {
+ public:
+  Digest() : xxh_(XXH3_createState()) { XXH3_64bits_reset(xxh_); }
+  Digest(const L3Key& key, const char* iv) {
+    Gmac::Iv v;
+    std::memcpy(v.data(), iv, v.size());
+    gmac_ = std::make_unique<Gmac>(key.value_key, v);
+  }
+  ~Digest() {
+    if (xxh_ != nullptr) XXH3_freeState(xxh_);
+  }
+  Digest(const Digest&) = delete;
+  Digest& operator=(const Digest&) = delete;
 
-}  // namespace
+  void Update(const char* p, std::size_t n) {
+    if (gmac_ != nullptr) {
+      gmac_->Update(p, n);
+    } else {
+      XXH3_64bits_update(xxh_, p, n);
+    }
+  }
+  std::uint64_t Checksum() { return XXH3_64bits_digest(xxh_); }
+  StatusOr<Gmac::Tag> Tag() { return gmac_->Final(); }
 
-std::string EncodeL3Value(const ContentKey& key, const Embedding& e, std::uint32_t key_version) {
-  const std::size_t payload = e.main.size() + e.deepstack.size();
-  std::string out(kL3HeaderBytes + payload, '\0');
-  char* h = out.data();
+ private:
+  XXH3_state_t* xxh_ = nullptr;
+  std::unique_ptr<Gmac> gmac_;
+};
+
+// True when no element of the n bytes is a NaN or an infinity, i.e. has
+// all exponent bits set (IEEE 754 binary32 and binary16, and bfloat16, which
+// has binary32's exponent). Eight bytes at a time, as lanes of a uint64:
+// per lane, (x & exponent) + lowest exponent bit carries into the lane's top
+// bit exactly when the exponent is all ones, and never into the next lane
+// (the sum is at most the top bit). One AND, ADD and OR per word, which the
+// compiler vectorizes; a trailing partial word is padded with zeros (finite).
+bool Finite(DType d, const char* p, std::size_t n) {
+  struct Lanes {
+    std::uint64_t exponent, low, top;
+  };
+  const Lanes l = d == DType::kFloat32    ? Lanes{0x7f8000007f800000u, 0x0080000000800000u, 0x8000000080000000u}
+                  : d == DType::kBFloat16 ? Lanes{0x7f807f807f807f80u, 0x0080008000800080u, 0x8000800080008000u}
+                                          : Lanes{0x7c007c007c007c00u, 0x0400040004000400u, 0x8000800080008000u};
+  const std::size_t words = n / 8;
+  std::uint64_t acc = 0;
+  for (std::size_t i = 0; i < words; ++i) {
+    std::uint64_t x;
+    std::memcpy(&x, p + 8 * i, 8);
+    acc |= (x & l.exponent) + l.low;
+  }
+  if (n % 8 != 0) {
+    std::uint64_t x = 0;
+    std::memcpy(&x, p + 8 * words, n % 8);
+    acc |= (x & l.exponent) + l.low;
+  }
+  return (acc & l.top) == 0;
+}
+
+// The one pass over the rows: appends them to `main` and `deepstack`,
+// feeds them to `digest` and checks them for finiteness, block by block.
+// Returns whether every element was finite.
+bool RowScan(const char* rows, Embedding& e, Digest& digest) {
+  bool finite = true;
+  const std::size_t main_bytes = e.main_bytes();
+  const std::size_t total = e.ExpectedBytes();
+  e.main.reserve(main_bytes);
+  e.deepstack.reserve(total - main_bytes);
+  for (std::size_t off = 0; off < total;) {
+    // Blocks end at the main/deepstack boundary (a multiple of the element
+    // size, as kScanBlock is).
+    const std::size_t end = std::min(off + kScanBlock, off < main_bytes ? main_bytes : total);
+    const char* p = rows + off;
+    const auto* b = reinterpret_cast<const std::byte*>(p);
+    std::vector<std::byte>& out = off < main_bytes ? e.main : e.deepstack;
+    out.insert(out.end(), b, b + (end - off));
+    digest.Update(p, end - off);
+    finite = Finite(e.dtype, p, end - off) && finite;
+    off = end;
+  }
+  return finite;
+}
+
+// Checks bytes [0, 104) (shared by both formats) and the value's size, and
+// fills `e`'s shape and grid. `merge` is the merge size the grid must agree
+// with. kDataLoss naming the first mismatch.
+Status CheckHeader(std::string_view value, std::size_t header_bytes, const ContentKey& key, std::uint32_t key_version,
+                   std::int64_t merge, Embedding& e) {
+  const char* h = value.data();
+  if (const std::uint64_t v = GetLe(h + kOffKeyVersion, 4); v != key_version) {
+    return Corrupt("content key version " + std::to_string(v) + ", this build uses " + std::to_string(key_version));
+  }
+  const std::uint64_t dtype = GetLe(h + kOffDType, 1);
+  if (dtype > static_cast<std::uint8_t>(DType::kFloat16)) return Corrupt("unknown dtype " + std::to_string(dtype));
+  if (GetLe(h + kOffMerge + 1, 2) != 0) return Corrupt("reserved header bytes 14..15 are not zero");
+  e.dtype = static_cast<DType>(dtype);
+  e.tokens = static_cast<std::int64_t>(GetLe(h + kOffTokens, 8));
+  e.hidden = static_cast<std::int64_t>(GetLe(h + kOffHidden, 8));
+  e.deepstack_layers = static_cast<std::int64_t>(GetLe(h + kOffDeepstack, 8));
+  e.grid.t = static_cast<std::int64_t>(GetLe(h + kOffGrid, 8));
+  e.grid.h = static_cast<std::int64_t>(GetLe(h + kOffGrid + 8, 8));
+  e.grid.w = static_cast<std::int64_t>(GetLe(h + kOffGrid + 16, 8));
+  // Bounded so the byte count below cannot overflow: 2^24 rows or columns,
+  // 2^10 deepstack layers are far beyond any vision tower.
+  if (e.tokens < 0 || e.hidden < 0 || e.deepstack_layers < 0 || e.tokens > (1 << 24) || e.hidden > (1 << 24) ||
+      e.deepstack_layers > (1 << 10)) {
+    return Corrupt("shape out of range (tokens " + std::to_string(e.tokens) + ", hidden " + std::to_string(e.hidden) +
+                   ", deepstack layers " + std::to_string(e.deepstack_layers) + ")");
+  }
+  const std::string grid =
+      "grid (" + std::to_string(e.grid.t) + ", " + std::to_string(e.grid.h) + ", " + std::to_string(e.grid.w) + ")";
+  if (e.grid.t <= 0 || e.grid.h <= 0 || e.grid.w <= 0) return Corrupt("degenerate " + grid);
+  // 128-bit products: each side is below 2^63, merge below 2^7.
+  const __int128 patches = static_cast<__int128>(e.grid.t) * e.grid.h * e.grid.w;
+  if (patches != static_cast<__int128>(e.tokens) * merge * merge) {
+    return Corrupt(grid + " with merge size " + std::to_string(merge) + " does not give " + std::to_string(e.tokens) +
+                   " tokens");
+  }
+  const std::uint64_t payload = GetLe(h + kOffPayload, 8);
+  if (payload != e.ExpectedBytes()) {
+    return Corrupt("payload of " + std::to_string(payload) + " bytes, but the shape needs " +
+                   std::to_string(e.ExpectedBytes()));
+  }
+  if (value.size() - header_bytes != payload) {
+    return Corrupt("value of " + std::to_string(value.size()) + " bytes, header says " +
+                   std::to_string(header_bytes + payload) + " (truncated or padded)");
+  }
+  if (std::memcmp(h + kOffKey, key.bytes.data(), key.bytes.size()) != 0) {
+    return Corrupt("stored for another content key");
+  }
+  return Status::Ok();
+}
+
+// Bytes [0, 104) of either format, with `format`, `header_bytes` and `merge`.
+void PutCommonHeader(const ContentKey& key, const Embedding& e, std::uint32_t key_version, std::uint16_t format,
+                     std::size_t header_bytes, std::int64_t merge, char* h) {
   std::memcpy(h, kMagic, 4);
-  PutLe(kL3FormatVersion, 2, h + kOffFormat);
-  PutLe(kL3HeaderBytes, 2, h + kOffHeaderBytes);
+  PutLe(format, 2, h + kOffFormat);
+  PutLe(header_bytes, 2, h + kOffHeaderBytes);
   PutLe(key_version, 4, h + kOffKeyVersion);
   PutLe(static_cast<std::uint8_t>(e.dtype), 1, h + kOffDType);
+  PutLe(static_cast<std::uint64_t>(merge), 1, h + kOffMerge);
   PutLe(static_cast<std::uint64_t>(e.tokens), 8, h + kOffTokens);
   PutLe(static_cast<std::uint64_t>(e.hidden), 8, h + kOffHidden);
   PutLe(static_cast<std::uint64_t>(e.deepstack_layers), 8, h + kOffDeepstack);
   PutLe(static_cast<std::uint64_t>(e.grid.t), 8, h + kOffGrid);
   PutLe(static_cast<std::uint64_t>(e.grid.h), 8, h + kOffGrid + 8);
   PutLe(static_cast<std::uint64_t>(e.grid.w), 8, h + kOffGrid + 16);
-  PutLe(payload, 8, h + kOffPayload);
+  PutLe(e.main.size() + e.deepstack.size(), 8, h + kOffPayload);
   std::memcpy(h + kOffKey, key.bytes.data(), key.bytes.size());
-  char* rows = h + kL3HeaderBytes;
-  if (!e.main.empty()) std::memcpy(rows, e.main.data(), e.main.size());
-  if (!e.deepstack.empty()) std::memcpy(rows + e.main.size(), e.deepstack.data(), e.deepstack.size());
-  PutLe(Checksum(h, rows, payload), 8, h + kOffChecksum);
-  return out;
 }
 
-StatusOr<EmbeddingPtr> DecodeL3Value(std::string_view value, const ContentKey& key, std::uint32_t key_version) {
-  if (value.size() < kL3HeaderBytes) {
-    return Corrupt(std::to_string(value.size()) + " bytes, shorter than the " + std::to_string(kL3HeaderBytes) +
-                   "-byte header");
-  }
+// Whether the format 2 value's tag matches, over the whole value as it is.
+bool TagMatches(std::string_view value, const L3Key& k) {
+  Digest d(k, value.data() + kOffIv);
+  d.Update(value.data(), kOffTag);
+  d.Update(value.data() + kL3KeyedHeaderBytes, value.size() - kL3KeyedHeaderBytes);
+  StatusOr<Gmac::Tag> tag = d.Tag();
+  return tag.ok() && TagsEqual(tag->data(), value.data() + kOffTag, tag->size());
+}
+
+StatusOr<EmbeddingPtr> DecodeChecksummed(std::string_view value, const ContentKey& key, std::uint32_t key_version,
+                                         std::int64_t merge) {
   const char* h = value.data();
-  if (std::memcmp(h, kMagic, 4) != 0) return Corrupt("bad magic (not an epd L3 value)");
-  if (const std::uint64_t f = GetLe(h + kOffFormat, 2); f != kL3FormatVersion) {
-    return Corrupt("format version " + std::to_string(f) + ", this build reads " + std::to_string(kL3FormatVersion));
-  }
   if (const std::uint64_t n = GetLe(h + kOffHeaderBytes, 2); n != kL3HeaderBytes) {
     return Corrupt("header of " + std::to_string(n) + " bytes, expected " + std::to_string(kL3HeaderBytes));
   }
-  if (const std::uint64_t v = GetLe(h + kOffKeyVersion, 4); v != key_version) {
-    return Corrupt("content key version " + std::to_string(v) + ", this build uses " + std::to_string(key_version));
+  if (value.size() < kL3HeaderBytes) return Corrupt("shorter than its header (truncated)");
+  if (GetLe(h + kOffMerge, 1) != 0) return Corrupt("format 1 with a merge size byte set");
+  auto e = std::make_shared<Embedding>();
+  if (Status s = CheckHeader(value, kL3HeaderBytes, key, key_version, merge, *e); !s.ok()) return s;
+  Digest d;
+  d.Update(h, kOffChecksum);
+  const bool finite = RowScan(h + kL3HeaderBytes, *e, d);
+  if (GetLe(h + kOffChecksum, 8) != d.Checksum()) return Corrupt("checksum mismatch");
+  if (!finite) return Corrupt("non-finite row values (NaN or Inf)");
+  return EmbeddingPtr(std::move(e));
+}
+
+StatusOr<EmbeddingPtr> DecodeAuthenticated(std::string_view value, const ContentKey& key, std::uint32_t key_version,
+                                           std::int64_t merge, const L3Keyring& ring) {
+  const char* h = value.data();
+  if (const std::uint64_t n = GetLe(h + kOffHeaderBytes, 2); n != kL3KeyedHeaderBytes) {
+    return Unauthentic("header of " + std::to_string(n) + " bytes, expected " + std::to_string(kL3KeyedHeaderBytes));
   }
-  const std::uint64_t dtype = GetLe(h + kOffDType, 1);
-  if (dtype > static_cast<std::uint8_t>(DType::kFloat16) || GetLe(h + kOffDType + 1, 3) != 0) {
-    return Corrupt("unknown dtype " + std::to_string(dtype));
+  if (value.size() < kL3KeyedHeaderBytes) return Unauthentic("shorter than its header (truncated)");
+  const auto id = static_cast<std::uint32_t>(GetLe(h + kOffKeyId, 4));
+  const L3Key* k = ring.Find(id);
+  if (k == nullptr) {
+    return Unauthentic("under key id " + std::to_string(id) + ", which this server does not hold (" + ring.Describe() +
+                       "): unknown, or retired by a rotation");
   }
   auto e = std::make_shared<Embedding>();
-  e->dtype = static_cast<DType>(dtype);
-  e->tokens = static_cast<std::int64_t>(GetLe(h + kOffTokens, 8));
-  e->hidden = static_cast<std::int64_t>(GetLe(h + kOffHidden, 8));
-  e->deepstack_layers = static_cast<std::int64_t>(GetLe(h + kOffDeepstack, 8));
-  e->grid.t = static_cast<std::int64_t>(GetLe(h + kOffGrid, 8));
-  e->grid.h = static_cast<std::int64_t>(GetLe(h + kOffGrid + 8, 8));
-  e->grid.w = static_cast<std::int64_t>(GetLe(h + kOffGrid + 16, 8));
-  // Bounded so the byte count below cannot overflow: 2^24 rows or columns,
-  // 2^10 deepstack layers are far beyond any vision tower.
-  if (e->tokens < 0 || e->hidden < 0 || e->deepstack_layers < 0 || e->tokens > (1 << 24) || e->hidden > (1 << 24) ||
-      e->deepstack_layers > (1 << 10) || e->grid.t < 0 || e->grid.h < 0 || e->grid.w < 0) {
-    return Corrupt("shape out of range (tokens " + std::to_string(e->tokens) + ", hidden " + std::to_string(e->hidden) +
-                   ", deepstack layers " + std::to_string(e->deepstack_layers) + ")");
+  Status header = CheckHeader(value, kL3KeyedHeaderBytes, key, key_version, merge, *e);
+  if (header.ok() && GetLe(h + kOffMerge, 1) != static_cast<std::uint64_t>(merge)) {
+    header = Corrupt("merge size " + std::to_string(GetLe(h + kOffMerge, 1)) + ", this server's tower merges " +
+                     std::to_string(merge));
   }
-  const std::uint64_t payload = GetLe(h + kOffPayload, 8);
-  if (payload != e->ExpectedBytes()) {
-    return Corrupt("payload of " + std::to_string(payload) + " bytes, but the shape needs " +
-                   std::to_string(e->ExpectedBytes()));
-  }
-  if (value.size() - kL3HeaderBytes != payload) {
-    return Corrupt("value of " + std::to_string(value.size()) + " bytes, header says " +
-                   std::to_string(kL3HeaderBytes + payload) + " (truncated or padded)");
-  }
-  if (std::memcmp(h + kOffKey, key.bytes.data(), key.bytes.size()) != 0) {
-    return Corrupt("stored for another content key");
-  }
-  const char* rows = h + kL3HeaderBytes;
-  if (GetLe(h + kOffChecksum, 8) != Checksum(h, rows, payload)) return Corrupt("checksum mismatch");
-  const std::size_t main_bytes = e->main_bytes();
-  const auto* p = reinterpret_cast<const std::byte*>(rows);
-  e->main.assign(p, p + main_bytes);
-  e->deepstack.assign(p + main_bytes, p + payload);
+  if (!header.ok()) return TagMatches(value, *k) ? header : Unauthentic("tag mismatch (forged or altered value)");
+  Digest d(*k, h + kOffIv);
+  d.Update(h, kOffTag);
+  const bool finite = RowScan(h + kL3KeyedHeaderBytes, *e, d);
+  StatusOr<Gmac::Tag> tag = d.Tag();
+  if (!tag.ok()) return tag.status();
+  if (!TagsEqual(tag->data(), h + kOffTag, tag->size())) return Unauthentic("tag mismatch (forged or altered value)");
+  if (!finite) return Corrupt("non-finite row values (NaN or Inf)");
   return EmbeddingPtr(std::move(e));
+}
+
+}  // namespace
+
+std::string EncodeL3Value(const ContentKey& key, const Embedding& e, std::uint32_t key_version,
+                          const L3ValueOptions& o) {
+  const bool keyed = o.keyring != nullptr;
+  const std::size_t header = keyed ? kL3KeyedHeaderBytes : kL3HeaderBytes;
+  const std::size_t payload = e.main.size() + e.deepstack.size();
+  std::string out(header + payload, '\0');
+  char* h = out.data();
+  PutCommonHeader(key, e, key_version, keyed ? kL3FormatAuthenticated : kL3FormatChecksummed, header,
+                  keyed ? o.merge_size : 0, h);
+  char* rows = h + header;
+  if (!e.main.empty()) std::memcpy(rows, e.main.data(), e.main.size());
+  if (!e.deepstack.empty()) std::memcpy(rows + e.main.size(), e.deepstack.data(), e.deepstack.size());
+  if (!keyed) {
+    Digest d;
+    d.Update(h, kOffChecksum);
+    d.Update(rows, payload);
+    PutLe(d.Checksum(), 8, h + kOffChecksum);
+    return out;
+  }
+  const L3Key& k = o.keyring->current();
+  PutLe(k.id, 4, h + kOffKeyId);
+  Gmac::Iv iv;
+  if (Status s = RandomBytes(iv); !s.ok()) throw Error(s);
+  std::memcpy(h + kOffIv, iv.data(), iv.size());
+  Digest d(k, h + kOffIv);
+  d.Update(h, kOffTag);
+  d.Update(rows, payload);
+  StatusOr<Gmac::Tag> tag = d.Tag();
+  if (!tag.ok()) throw Error(tag.status());
+  std::memcpy(h + kOffTag, tag->data(), tag->size());
+  return out;
+}
+
+StatusOr<EmbeddingPtr> DecodeL3Value(std::string_view value, const ContentKey& key, std::uint32_t key_version,
+                                     const L3ValueOptions& o) {
+  const L3Keyring* ring = o.keyring.get();
+  auto reject = [&](const std::string& why) { return ring != nullptr ? Unauthentic(why) : Corrupt(why); };
+  if (value.size() < kOffKeyId) {
+    return reject(std::to_string(value.size()) + " bytes, shorter than any header");
+  }
+  const char* h = value.data();
+  if (std::memcmp(h, kMagic, 4) != 0) return reject("bad magic (not an epd L3 value)");
+  const std::uint64_t f = GetLe(h + kOffFormat, 2);
+  if (ring != nullptr && f == kL3FormatAuthenticated)
+    return DecodeAuthenticated(value, key, key_version, o.merge_size, *ring);
+  if (ring == nullptr && f == kL3FormatChecksummed) return DecodeChecksummed(value, key, key_version, o.merge_size);
+  if (ring != nullptr && f == kL3FormatChecksummed) {
+    return Unauthentic("format 1 carries no MAC, and this server requires one (--l3-key-file)");
+  }
+  if (ring == nullptr && f == kL3FormatAuthenticated) {
+    return Corrupt("format 2 (MAC under key id " + std::to_string(GetLe(h + kOffKeyId, 4)) +
+                   "), and this server has no --l3-key-file to check it");
+  }
+  return reject("format version " + std::to_string(f) + ", this build reads " +
+                std::to_string(ring != nullptr ? kL3FormatAuthenticated : kL3FormatChecksummed));
 }
 
 }  // namespace epd

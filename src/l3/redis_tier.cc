@@ -1,27 +1,26 @@
 // RedisTier: SharedTier on Redis through hiredis's blocking API.
 //
 // Design notes.
-// - Blocking hiredis calls with a per-socket timeout (redisSetTimeout), not
-//   the async API: the callers are already off the worker thread (the
-//   WorkerLoop's lookup threads and this tier's writer thread), and a pool of
-//   blocking connections per shard gives parallel calls without an event
-//   loop. Benefits: small, easy to reason about; a slow Redis costs each call
-//   at most `timeout`. Costs: one connection per concurrent caller per shard
-//   (a handful: lookup_threads + 1).
-// - A connection that saw an I/O error or timeout is closed, never reused
-//   (hiredis leaves such a context unusable), and the shard is marked down
-//   for a backoff; an error reply leaves the connection usable.
+// - Each Redis is a Shard (src/l3/redis_shard.h): a pool of blocking
+//   connections with a per-socket timeout, marked down for a backoff after
+//   an I/O error. The callers are already off the worker thread (the
+//   WorkerLoop's lookup threads and this tier's writer thread).
 // - Writes go through one writer thread and a queue bounded in bytes, so a
 //   slow or full Redis costs at most that much memory and never stalls the
 //   worker. A write is followed by the release of this process's lease (the
 //   value first, then the lease: a waiter that sees the lease gone finds the
 //   value).
-// - The lease release is compare-and-delete in Lua: deleting only when the
-//   lease still holds our owner id, so a lease that lapsed and was taken by
-//   another process survives our late release.
+// - Every delete is a compare-and-delete in Lua, so it never removes what
+//   another process wrote meanwhile: a lease release deletes only the exact
+//   lease value this process set (a lease that lapsed and was taken by
+//   another process survives our late release); a rejected value is deleted
+//   only while it still holds the exact bytes read; a value the caller
+//   refused (RejectAsync) only while its header, whose checksum or tag covers
+//   the rows, is still the one read.
+// - With a keyring, a lease that fails authentication is treated as absent:
+//   compare-and-deleted, then this process sets its own.
 #include "epd/l3/redis_tier.h"
 
-#include <hiredis/hiredis.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -35,17 +34,29 @@
 #include <set>
 #include <thread>
 
+#include "epd/l3/l3_lease.h"
 #include "epd/l3/l3_ring.h"
 #include "epd/l3/l3_value.h"
 #include "epd/media/content_key.h"
+#include "redis_shard.h"
 
 namespace epd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::CommandResult;
+using internal::Shard;
 
-constexpr const char* kReleaseScript =
+// Deletes KEYS[1] only while it holds exactly ARGV[1].
+constexpr const char* kCompareDeleteScript =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+// Deletes KEYS[1] only while its first ARGV[2] bytes are exactly ARGV[1].
+constexpr const char* kPrefixDeleteScript =
+    "if redis.call('GETRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1) == ARGV[1] then "
+    "return redis.call('DEL', KEYS[1]) else return 0 end";
+// Header bytes remembered per hit for RejectAsync (the longer format's).
+constexpr std::size_t kRememberBytes = kL3KeyedHeaderBytes;
+constexpr std::size_t kRememberMax = 1024;
 
 bool ParsePort(std::string_view s, int lo, int hi, int* out) {
   if (s.empty()) return false;
@@ -56,172 +67,10 @@ bool ParsePort(std::string_view s, int lo, int hi, int* out) {
   return true;
 }
 
-struct ReplyDeleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-
-// The outcome of one command: a reply, or the kind of failure and its text.
-struct CommandResult {
-  Reply reply;
-  std::string error_kind;  // empty when reply is set and is not an error reply
-  std::string error;
-};
-
-std::string ReplyErrorKind(std::string_view message) {
-  if (message.rfind("OOM", 0) == 0) return "oom";
-  if (message.rfind("NOAUTH", 0) == 0 || message.rfind("WRONGPASS", 0) == 0 ||
-      message.find("AUTH") != std::string_view::npos)
-    return "auth";
-  return "reply";
+std::int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
-
-class Shard {
- public:
-  Shard(RedisUrl url, const RedisTierOptions& o) : url_(std::move(url)), name_(url_.Name()), opt_(o) {
-    backoff_ = opt_.reconnect_min;
-  }
-  ~Shard() {
-    for (redisContext* c : idle_) redisFree(c);
-  }
-  const std::string& name() const { return name_; }
-  bool down() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return down_;
-  }
-
-  // Runs one command (argv) on a pooled connection. Never throws.
-  CommandResult Run(const std::vector<std::string_view>& argv) {
-    CommandResult out;
-    redisContext* c = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (down_ && Clock::now() < retry_at_) {
-        out.error_kind = "down";
-        out.error = "shard " + name_ + " is down; reconnecting after a backoff";
-        return out;
-      }
-      if (!idle_.empty()) {
-        c = idle_.back();
-        idle_.pop_back();
-      }
-    }
-    if (c == nullptr) {
-      std::string kind, error;
-      c = Connect(&kind, &error);
-      if (c == nullptr) {
-        MarkDown();
-        out.error_kind = kind;
-        out.error = error;
-        return out;
-      }
-    }
-    std::vector<const char*> args;
-    std::vector<std::size_t> lens;
-    for (std::string_view a : argv) {
-      args.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(args.size()), args.data(), lens.data()));
-    if (r == nullptr) {
-      out.error_kind = IoKind(c);
-      out.error = "shard " + name_ + ": " + (c->errstr[0] != '\0' ? std::string(c->errstr) : "no reply");
-      redisFree(c);
-      MarkDown();
-      return out;
-    }
-    out.reply.reset(r);
-    if (r->type == REDIS_REPLY_ERROR) {
-      out.error = "shard " + name_ + ": " + std::string(r->str, r->len);
-      out.error_kind = ReplyErrorKind(std::string_view(r->str, r->len));
-    }
-    MarkUp(c);
-    return out;
-  }
-
- private:
-  static std::string IoKind(const redisContext* c) {
-    const std::string_view e(c->errstr);
-    if (c->err == REDIS_ERR_IO &&
-        (e.find("temporarily unavailable") != std::string_view::npos || e.find("timed out") != std::string_view::npos))
-      return "timeout";
-    return "io";
-  }
-
-  // A new, authenticated connection with the timeout set, or nullptr.
-  redisContext* Connect(std::string* kind, std::string* error) {
-    timeval tv{};
-    tv.tv_sec = static_cast<time_t>(opt_.timeout.count() / 1000);
-    tv.tv_usec = static_cast<suseconds_t>((opt_.timeout.count() % 1000) * 1000);
-    redisContext* c = redisConnectWithTimeout(url_.host.c_str(), url_.port, tv);
-    if (c == nullptr || c->err) {
-      *kind = c != nullptr && IoKind(c) == "timeout" ? "timeout" : "connect";
-      *error = "cannot connect to " + name_ + ": " + (c != nullptr ? std::string(c->errstr) : "out of memory");
-      if (c != nullptr) redisFree(c);
-      return nullptr;
-    }
-    redisSetTimeout(c, tv);
-    auto setup = [&](const std::vector<std::string>& argv) {
-      std::vector<const char*> a;
-      std::vector<std::size_t> l;
-      for (const std::string& s : argv) {
-        a.push_back(s.data());
-        l.push_back(s.size());
-      }
-      Reply r(static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(a.size()), a.data(), l.data())));
-      if (r == nullptr) {
-        *kind = IoKind(c);
-        *error = "shard " + name_ + ": " + c->errstr;
-        return false;
-      }
-      if (r->type == REDIS_REPLY_ERROR) {
-        *kind = argv[0] == "AUTH" ? "auth" : "reply";
-        *error = "shard " + name_ + ": " + argv[0] + " failed: " + std::string(r->str, r->len);
-        return false;
-      }
-      return true;
-    };
-    bool ok = true;
-    if (!url_.password.empty()) {
-      ok = url_.user.empty() ? setup({"AUTH", url_.password}) : setup({"AUTH", url_.user, url_.password});
-    }
-    if (ok && url_.db != 0) ok = setup({"SELECT", std::to_string(url_.db)});
-    if (!ok) {
-      redisFree(c);
-      return nullptr;
-    }
-    return c;
-  }
-
-  void MarkDown() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (down_) {
-      backoff_ = std::min(backoff_ * 2, opt_.reconnect_max);
-    } else {
-      backoff_ = opt_.reconnect_min;
-    }
-    down_ = true;
-    retry_at_ = Clock::now() + backoff_;
-    // Pooled connections to a server that failed are likely dead too.
-    for (redisContext* c : idle_) redisFree(c);
-    idle_.clear();
-  }
-  void MarkUp(redisContext* c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    down_ = false;
-    backoff_ = opt_.reconnect_min;
-    idle_.push_back(c);
-  }
-
-  const RedisUrl url_;
-  const std::string name_;
-  const RedisTierOptions& opt_;
-  mutable std::mutex mu_;
-  std::vector<redisContext*> idle_;    // guarded by mu_
-  bool down_ = false;                  // guarded by mu_
-  Clock::time_point retry_at_;         // guarded by mu_
-  std::chrono::milliseconds backoff_;  // guarded by mu_
-};
 
 std::string DefaultOwnerId() {
   char host[256] = {};
@@ -235,6 +84,8 @@ std::string DefaultOwnerId() {
 class RedisTier final : public SharedTier {
  public:
   RedisTier(RedisTierOptions o, std::vector<RedisUrl> urls) : opt_(std::move(o)) {
+    value_opts_.keyring = opt_.keyring;
+    value_opts_.merge_size = opt_.merge_size;
     std::vector<std::string> names;
     for (RedisUrl& u : urls) {
       names.push_back(u.Name());
@@ -267,19 +118,23 @@ class RedisTier final : public SharedTier {
       Fail("reply", "shard " + shard.name() + ": GET answered type " + std::to_string(r.reply->type));
       return Status(StatusCode::kUnavailable, "L3 GET: unexpected reply type");
     }
-    StatusOr<EmbeddingPtr> e = DecodeL3Value(std::string_view(r.reply->str, r.reply->len), key, kContentKeyVersion);
+    const std::string_view bytes(r.reply->str, r.reply->len);
+    StatusOr<EmbeddingPtr> e = DecodeL3Value(bytes, key, kContentKeyVersion, value_opts_);
     if (!e.ok()) {
-      Count([](SharedTierStats& s) {
-        ++s.corrupt;
+      const bool auth = e.status().code() == StatusCode::kUnauthenticated;
+      Count([auth](SharedTierStats& s) {
+        ++(auth ? s.auth_failures : s.corrupt);
         ++s.misses;
       });
-      Log("corrupt", "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + e.status().message());
+      Log(auth ? "unauthenticated" : "corrupt",
+          "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + e.status().message());
       // Deleted so no other process fetches and rejects it again; the
-      // encode that follows writes a good one. (A good value written in
-      // between would be deleted too: a lost hit, never a wrong value.)
-      Ok(shard.Run({"DEL", k}));
+      // encode that follows writes a good one. Only these exact bytes: a
+      // valid value written since survives.
+      Ok(shard.Run({"EVAL", kCompareDeleteScript, "1", k, bytes}));
       return EmbeddingPtr();
     }
+    Remember(key, bytes.substr(0, std::min(bytes.size(), kRememberBytes)));
     Count([](SharedTierStats& s) { ++s.hits; });
     return e;
   }
@@ -288,33 +143,59 @@ class RedisTier final : public SharedTier {
     Shard& shard = ShardOf(key);
     const std::string k = LeaseKey(key);
     const std::string px = std::to_string(opt_.lease.count());
-    CommandResult r = shard.Run({"SET", k, opt_.owner_id, "NX", "PX", px});
-    if (!Ok(r)) return LeaseResult::kError;
-    if (r.reply->type == REDIS_REPLY_STATUS) {
-      {
-        std::lock_guard<std::mutex> lock(held_mu_);
-        held_.insert(key);
+    StatusOr<std::string> mine = MakeLeaseValue(opt_.keyring.get(), key, opt_.owner_id, WallMs() + opt_.lease.count());
+    if (!mine.ok()) {
+      Fail("lease", mine.status().message());
+      return LeaseResult::kError;
+    }
+    // Twice at most: a forged lease found on the first try is deleted and
+    // the SET NX repeated once.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      CommandResult r = shard.Run({"SET", k, *mine, "NX", "PX", px});
+      if (!Ok(r)) return LeaseResult::kError;
+      if (r.reply->type == REDIS_REPLY_STATUS) {
+        {
+          std::lock_guard<std::mutex> lock(held_mu_);
+          held_[key] = *mine;
+        }
+        Count([](SharedTierStats& s) { ++s.leases_acquired; });
+        return LeaseResult::kAcquired;
       }
-      Count([](SharedTierStats& s) { ++s.leases_acquired; });
-      return LeaseResult::kAcquired;
+      CommandResult holder = shard.Run({"GET", k});
+      if (!Ok(holder)) return LeaseResult::kError;
+      // Gone (it lapsed just now): the next poll takes it.
+      if (holder.reply->type != REDIS_REPLY_STRING) return LeaseResult::kHeldByOther;
+      const std::string_view found(holder.reply->str, holder.reply->len);
+      StatusOr<std::string> owner = LeaseOwner(opt_.keyring.get(), key, found, WallMs());
+      if (owner.ok()) return *owner == opt_.owner_id ? LeaseResult::kHeldByUs : LeaseResult::kHeldByOther;
+      Count([](SharedTierStats& s) { ++s.lease_auth_failures; });
+      Log("unauthenticated",
+          "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + owner.status().message());
+      Ok(shard.Run({"EVAL", kCompareDeleteScript, "1", k, found}));
     }
-    CommandResult holder = shard.Run({"GET", k});
-    if (!Ok(holder)) return LeaseResult::kError;
-    if (holder.reply->type == REDIS_REPLY_STRING &&
-        std::string_view(holder.reply->str, holder.reply->len) == opt_.owner_id) {
-      return LeaseResult::kHeldByUs;
-    }
-    // Taken by another process (or it lapsed just now: the next poll takes it).
+    // Forged again between our delete and our SET NX: the next poll retries.
     return LeaseResult::kHeldByOther;
   }
 
-  void PutAsync(const ContentKey& key, EmbeddingPtr embedding) override { Enqueue(key, std::move(embedding)); }
+  void PutAsync(const ContentKey& key, EmbeddingPtr embedding) override {
+    Enqueue({key, std::move(embedding), 0, std::nullopt});
+  }
   void ReleaseAsync(const ContentKey& key) override {
     {
       std::lock_guard<std::mutex> lock(held_mu_);
       if (held_.count(key) == 0) return;
     }
-    Enqueue(key, nullptr);
+    Enqueue({key, nullptr, 0, std::nullopt});
+  }
+  void RejectAsync(const ContentKey& key, const std::string& why) override {
+    Count([](SharedTierStats& s) { ++s.corrupt; });
+    Log("corrupt", "key " + key.Hex().substr(0, 16) + ": refused by the caller: " + why);
+    std::optional<std::string> header;
+    {
+      std::lock_guard<std::mutex> lock(remember_mu_);
+      if (auto it = remembered_.find(key); it != remembered_.end()) header = it->second.second;
+    }
+    if (header) Enqueue({key, nullptr, 0, std::move(header)});
   }
 
   LeaseWaitPolicy wait_policy() const override { return opt_.wait; }
@@ -337,8 +218,11 @@ class RedisTier final : public SharedTier {
  private:
   struct WriteJob {
     ContentKey key;
-    EmbeddingPtr embedding;  // null: release the lease only
+    EmbeddingPtr embedding;  // null: release the lease only (or reject)
     std::int64_t bytes = 0;
+    // Set: delete the value while it begins with these bytes (RejectAsync);
+    // no write, no release.
+    std::optional<std::string> reject_header;
   };
 
   Shard& ShardOf(const ContentKey& key) { return *shards_[ring_->ShardFor(key)]; }
@@ -388,18 +272,35 @@ class RedisTier final : public SharedTier {
     opt_.log(line);
   }
 
-  void Enqueue(const ContentKey& key, EmbeddingPtr e) {
+  // Keeps the header of a value just served, for RejectAsync (the last
+  // kRememberMax keys).
+  void Remember(const ContentKey& key, std::string_view header) {
+    std::lock_guard<std::mutex> lock(remember_mu_);
+    const std::uint64_t seq = ++remember_seq_;
+    remembered_[key] = {seq, std::string(header)};
+    remember_fifo_.emplace_back(seq, key);
+    while (remember_fifo_.size() > kRememberMax) {
+      const auto [old_seq, old_key] = remember_fifo_.front();
+      remember_fifo_.pop_front();
+      if (auto it = remembered_.find(old_key); it != remembered_.end() && it->second.first == old_seq) {
+        remembered_.erase(it);
+      }
+    }
+  }
+
+  void Enqueue(WriteJob job) {
+    const EmbeddingPtr& e = job.embedding;
     const std::int64_t bytes = e != nullptr ? static_cast<std::int64_t>(e->nbytes()) : 0;
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (e != nullptr && queued_bytes_ + bytes > opt_.max_write_queue_bytes) {
       Count([](SharedTierStats& s) { ++s.write_drops; });
       Log("queue", "the write queue is full (" + std::to_string(opt_.max_write_queue_bytes) +
                        " bytes); dropping writes until it drains");
-      e = nullptr;  // still release the lease, if held
+      job.embedding = nullptr;  // still release the lease, if held
     }
-    const std::int64_t charged = e != nullptr ? bytes : 0;
-    queued_bytes_ += charged;
-    queue_.push_back({key, std::move(e), charged});
+    job.bytes = job.embedding != nullptr ? bytes : 0;
+    queued_bytes_ += job.bytes;
+    queue_.push_back(std::move(job));
     queue_cv_.notify_one();
   }
 
@@ -413,17 +314,21 @@ class RedisTier final : public SharedTier {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      if (job.embedding != nullptr) Write(job);
-      Release(job.key);
+      if (job.reject_header) {
+        Reject(job.key, *job.reject_header);
+      } else {
+        if (job.embedding != nullptr) Write(job);
+        Release(job.key);
+      }
       std::lock_guard<std::mutex> lock(queue_mu_);
       queued_bytes_ -= job.bytes;
     }
     // Leases still held (their encodes never finished): release them so no
     // other process waits for their expiry.
-    std::set<ContentKey> held;
+    std::vector<ContentKey> held;
     {
       std::lock_guard<std::mutex> lock(held_mu_);
-      held = held_;
+      for (const auto& [k, v] : held_) held.push_back(k);
     }
     for (const ContentKey& k : held) Release(k);
   }
@@ -435,7 +340,14 @@ class RedisTier final : public SharedTier {
       Log("copy", "cannot copy an embedding to the host for L3: " + host.status().message());
       return;
     }
-    const std::string value = EncodeL3Value(job.key, **host, kContentKeyVersion);
+    std::string value;
+    try {
+      value = EncodeL3Value(job.key, **host, kContentKeyVersion, value_opts_);
+    } catch (const Error& e) {
+      Count([](SharedTierStats& s) { ++s.write_drops; });
+      Log("encode", std::string("cannot encode an L3 value: ") + e.what());
+      return;
+    }
     const std::string k = ValueKey(job.key);
     CommandResult r = opt_.ttl.count() > 0
                           ? ShardOf(job.key).Run({"SET", k, value, "PX", std::to_string(opt_.ttl.count() * 1000)})
@@ -451,15 +363,23 @@ class RedisTier final : public SharedTier {
   }
 
   void Release(const ContentKey& key) {
+    std::string mine;
     {
       std::lock_guard<std::mutex> lock(held_mu_);
-      if (held_.erase(key) == 0) return;
+      auto it = held_.find(key);
+      if (it == held_.end()) return;
+      mine = std::move(it->second);
+      held_.erase(it);
     }
-    CommandResult r = ShardOf(key).Run({"EVAL", kReleaseScript, "1", LeaseKey(key), opt_.owner_id});
+    CommandResult r = ShardOf(key).Run({"EVAL", kCompareDeleteScript, "1", LeaseKey(key), mine});
     if (!Ok(r)) return;  // it lapses by itself after `lease`
     if (r.reply->type == REDIS_REPLY_INTEGER && r.reply->integer == 1) {
       Count([](SharedTierStats& s) { ++s.leases_released; });
     }
+  }
+
+  void Reject(const ContentKey& key, const std::string& header) {
+    Ok(ShardOf(key).Run({"EVAL", kPrefixDeleteScript, "1", ValueKey(key), header, std::to_string(header.size())}));
   }
 
   struct LogState {
@@ -468,6 +388,7 @@ class RedisTier final : public SharedTier {
   };
 
   const RedisTierOptions opt_;
+  L3ValueOptions value_opts_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::unique_ptr<HashRing> ring_;
 
@@ -479,7 +400,13 @@ class RedisTier final : public SharedTier {
   std::map<std::string, LogState> logged_;  // guarded by log_mu_
 
   std::mutex held_mu_;
-  std::set<ContentKey> held_;  // leases this process holds; guarded by held_mu_
+  // Leases this process holds, with the exact value it set; guarded by held_mu_.
+  std::map<ContentKey, std::string> held_;
+
+  std::mutex remember_mu_;
+  std::uint64_t remember_seq_ = 0;                                          // guarded by remember_mu_
+  std::map<ContentKey, std::pair<std::uint64_t, std::string>> remembered_;  // guarded by remember_mu_
+  std::deque<std::pair<std::uint64_t, ContentKey>> remember_fifo_;          // guarded by remember_mu_
 
   std::mutex queue_mu_;
   std::condition_variable queue_cv_;
@@ -544,6 +471,7 @@ StatusOr<std::shared_ptr<SharedTier>> OpenRedisTier(RedisTierOptions o) {
     return InvalidArgument("the L3 lease wait policy needs wait >= 0, 0 < poll_initial <= poll_max, threads > 0");
   }
   if (o.key_prefix.empty()) return InvalidArgument("the L3 key prefix is empty");
+  if (o.merge_size < 1 || o.merge_size > 64) return InvalidArgument("the L3 merge size must be in 1..64");
   std::vector<RedisUrl> urls;
   std::set<std::string> names;
   for (const std::string& u : o.urls) {

@@ -2,15 +2,19 @@
 // starts on its own free port (src/testing/redis_server.h): values written by
 // one tier are read by another, leases are exclusive and released by
 // compare-and-delete, and every failure (Redis killed, restarted, full,
-// wrong password, a corrupt value) is counted and survived.
+// wrong password, a corrupt value) is counted and survived. With a cluster
+// keyring, forged values and leases are refused, counted, deleted and (for
+// leases) taken; a rotation accepts the previous key and then refuses it.
 #include "epd/l3/redis_tier.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 
+#include "epd/l3/l3_lease.h"
 #include "epd/l3/l3_value.h"
 #include "epd/media/content_key.h"
+#include "l3_test_util.h"
 #include "redis_server.h"
 #include "test_names.h"
 
@@ -19,6 +23,11 @@ namespace {
 
 using test_util::RedisKey;
 using test_util::RedisServer;
+
+std::int64_t WallMsForTest() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 ContentKey KeyOf(std::uint8_t seed) {
   ContentKey k;
@@ -36,8 +45,10 @@ EmbeddingPtr Rows(std::int64_t tokens, std::int64_t hidden, std::uint8_t fill) {
 }
 
 std::shared_ptr<SharedTier> Open(const std::vector<std::string>& urls, const std::string& owner = "",
-                                 std::vector<std::string>* log = nullptr) {
+                                 std::vector<std::string>* log = nullptr,
+                                 std::shared_ptr<const L3Keyring> keyring = nullptr) {
   RedisTierOptions o;
+  o.keyring = std::move(keyring);
   o.urls = urls;
   o.timeout = std::chrono::milliseconds(500);
   o.lease = std::chrono::milliseconds(60000);
@@ -266,6 +277,151 @@ TEST(RedisTier, KeysAreSpreadOverSeveralRedisServers) {
   EXPECT_GT(c1, 5);
   EXPECT_GT(c2, 5);
   for (int i = 0; i < 40; ++i) EXPECT_NE(*t->Get(KeyOf(static_cast<std::uint8_t>(i))), nullptr);
+}
+
+// Format 1 values with a correct checksum: what anyone who can write to the
+// Redis plants. The rows are finite and of the right shape.
+TEST(RedisTier, NanRowsOrADegenerateGridAreRejectedDeletedAndCounted) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto t = Open({redis.url()}, "a");
+  EmbeddingPtr nan = Rows(2, 2, 0xff);  // 0xffffffff: a NaN in every element
+  auto zero = std::make_shared<Embedding>(*Rows(2, 2, 7));
+  zero->grid = {0, 0, 0};
+  redis.Cli({"SET", RedisKey("epd:v:", KeyOf(30)), EncodeL3Value(KeyOf(30), *nan, kContentKeyVersion)});
+  redis.Cli({"SET", RedisKey("epd:v:", KeyOf(31)), EncodeL3Value(KeyOf(31), *zero, kContentKeyVersion)});
+  EXPECT_EQ(*t->Get(KeyOf(30)), nullptr);
+  EXPECT_EQ(*t->Get(KeyOf(31)), nullptr);
+  EXPECT_EQ(t->Stats().corrupt, 2u);
+  EXPECT_EQ(t->Stats().misses, 2u);
+  EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(30))}), ":0\r\n");
+  EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(31))}), ":0\r\n");
+}
+
+using test_util::TestKeyring;
+
+std::string ValueIn(const RedisServer& redis, const ContentKey& key) {
+  const std::string r = redis.Cli({"GET", RedisKey("epd:v:", key)});
+  const std::size_t body = r.find("\r\n") + 2;
+  return r[0] == '$' && r[1] != '-' ? r.substr(body, r.size() - body - 2) : std::string();
+}
+
+TEST(RedisTierKeyed, ForgedChecksummedValueIsRefusedDeletedAndReencodedAndAKeyedOneIsServed) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const auto ring = TestKeyring(1, 0x21);
+  std::vector<std::string> log;
+  auto t = Open({redis.url()}, "a", &log, ring);
+  // Other rows under this key, with a correct XXH3 checksum and no MAC.
+  redis.Cli({"SET", RedisKey("epd:v:", KeyOf(40)), EncodeL3Value(KeyOf(40), *Rows(2, 2, 9), kContentKeyVersion)});
+  EXPECT_EQ(*t->Get(KeyOf(40)), nullptr);
+  SharedTierStats s = t->Stats();
+  EXPECT_EQ(s.auth_failures, 1u);
+  EXPECT_EQ(s.corrupt, 0u);
+  EXPECT_EQ(s.misses, 1u);
+  EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(40))}), ":0\r\n");
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find("format 1 carries no MAC"), std::string::npos) << log[0];
+  // The re-encode writes format 2, which another keyed process serves.
+  t->PutAsync(KeyOf(40), Rows(2, 2, 7));
+  AwaitWrites(*t, 1);
+  EXPECT_EQ(t->Stats().write_bytes, kL3KeyedHeaderBytes + 2 * 2 * 4);
+  EXPECT_EQ(ValueIn(redis, KeyOf(40)).substr(4, 1), std::string(1, '\x02'));
+  auto b = Open({redis.url()}, "b", nullptr, ring);
+  StatusOr<EmbeddingPtr> got = b->Get(KeyOf(40));
+  ASSERT_TRUE(got.ok());
+  ASSERT_NE(*got, nullptr);
+  EXPECT_EQ((*got)->main, Rows(2, 2, 7)->main);
+  // The same forgery made with the key is accepted: the MAC proves who
+  // wrote it, not what (docs/L3.md, threat model).
+  L3ValueOptions with_key;
+  with_key.keyring = ring;
+  redis.Cli(
+      {"SET", RedisKey("epd:v:", KeyOf(41)), EncodeL3Value(KeyOf(41), *Rows(2, 2, 9), kContentKeyVersion, with_key)});
+  StatusOr<EmbeddingPtr> keyed = b->Get(KeyOf(41));
+  ASSERT_TRUE(keyed.ok());
+  ASSERT_NE(*keyed, nullptr);
+  EXPECT_EQ((*keyed)->main, Rows(2, 2, 9)->main);
+  EXPECT_EQ(b->Stats().auth_failures, 0u);
+}
+
+TEST(RedisTierKeyed, ValueUnderTheOldKeyIsServedDuringARotationAndRefusedAfterIt) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto before = Open({redis.url()}, "a", nullptr, TestKeyring(1, 0x21));
+  before->PutAsync(KeyOf(42), Rows(3, 2, 5));
+  AwaitWrites(*before, 1);
+  auto during = Open({redis.url()}, "b", nullptr, TestKeyring(2, 0x22, std::make_pair(1u, std::uint8_t{0x21})));
+  StatusOr<EmbeddingPtr> got = during->Get(KeyOf(42));
+  ASSERT_TRUE(got.ok());
+  ASSERT_NE(*got, nullptr);
+  EXPECT_EQ((*got)->main, Rows(3, 2, 5)->main);
+  auto after = Open({redis.url()}, "c", nullptr, TestKeyring(2, 0x22));
+  EXPECT_EQ(*after->Get(KeyOf(42)), nullptr);
+  EXPECT_EQ(after->Stats().auth_failures, 1u);
+  EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(42))}), ":0\r\n");
+}
+
+TEST(RedisTierKeyed, ForgedCopiedOrReplayedLeaseIsDeletedAndTakenAndARealOneIsNot) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const auto ring = TestKeyring(1, 0x21);
+  auto a = Open({redis.url()}, "server-a", nullptr, ring);
+  auto b = Open({redis.url()}, "server-b", nullptr, ring);
+  // A bare owner id (what a lease was before, and what a forger can write).
+  redis.Cli({"SET", RedisKey("epd:lease:", KeyOf(50)), "server-x", "PX", "60000"});
+  EXPECT_EQ(a->TryLease(KeyOf(50)), LeaseResult::kAcquired);
+  EXPECT_EQ(a->Stats().lease_auth_failures, 1u);
+  const std::string held = redis.Cli({"GET", RedisKey("epd:lease:", KeyOf(50))});
+  const std::string value = held.substr(held.find("\r\n") + 2, held.size() - held.find("\r\n") - 4);
+  StatusOr<std::string> owner = LeaseOwner(ring.get(), KeyOf(50), value, WallMsForTest());
+  ASSERT_TRUE(owner.ok()) << owner.status().ToString();
+  EXPECT_EQ(*owner, "server-a");
+  // That real lease holds b back, and is not counted as forged.
+  EXPECT_EQ(b->TryLease(KeyOf(50)), LeaseResult::kHeldByOther);
+  EXPECT_EQ(b->Stats().lease_auth_failures, 0u);
+  EXPECT_EQ(a->TryLease(KeyOf(50)), LeaseResult::kHeldByUs);
+  // Copied to another key: refused there.
+  redis.Cli({"SET", RedisKey("epd:lease:", KeyOf(51)), value, "PX", "60000"});
+  EXPECT_EQ(b->TryLease(KeyOf(51)), LeaseResult::kAcquired);
+  // Replayed after its lifetime (a lease of a from long ago).
+  const std::string old = *MakeLeaseValue(ring.get(), KeyOf(52), "server-a", WallMsForTest() - 60000);
+  redis.Cli({"SET", RedisKey("epd:lease:", KeyOf(52)), old, "PX", "60000"});
+  EXPECT_EQ(b->TryLease(KeyOf(52)), LeaseResult::kAcquired);
+  EXPECT_EQ(b->Stats().lease_auth_failures, 2u);
+  // b releases its own leases by their exact value.
+  b->ReleaseAsync(KeyOf(51));
+  b->ReleaseAsync(KeyOf(52));
+  b->PutAsync(KeyOf(53), Rows(1, 1, 1));  // queued after the releases
+  AwaitWrites(*b, 1);
+  EXPECT_EQ(b->Stats().leases_released, 2u);
+  EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:lease:", KeyOf(51))}), ":0\r\n");
+}
+
+// The worker's hook (issue 27, fault 3): a value the caller refuses is
+// deleted while it is the one read, and survives once rewritten.
+TEST(RedisTier, RejectAsyncDeletesTheValueReadButNotOneWrittenSince) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  for (const bool keyed : {false, true}) {
+    SCOPED_TRACE(keyed ? "keyed" : "checksummed");
+    redis.Cli({"FLUSHALL"});
+    const auto ring = keyed ? TestKeyring(1, 0x21) : nullptr;
+    auto t = Open({redis.url()}, "a", nullptr, ring);
+    auto w = Open({redis.url()}, "w", nullptr, ring);
+    w->PutAsync(KeyOf(60), Rows(2, 3, 1));
+    w->PutAsync(KeyOf(61), Rows(2, 3, 1));
+    AwaitWrites(*w, 2);
+    ASSERT_NE(*t->Get(KeyOf(60)), nullptr);
+    ASSERT_NE(*t->Get(KeyOf(61)), nullptr);
+    // 61 is rewritten (other rows) before the caller's refusal arrives.
+    w->PutAsync(KeyOf(61), Rows(2, 3, 2));
+    AwaitWrites(*w, 3);
+    const std::string rewritten = ValueIn(redis, KeyOf(61));
+    t->RejectAsync(KeyOf(60), "grid differs from the probe");
+    t->RejectAsync(KeyOf(61), "grid differs from the probe");
+    t->RejectAsync(KeyOf(62), "never read");  // only counted
+    t->PutAsync(KeyOf(63), Rows(1, 1, 1));    // queued after the deletes
+    AwaitWrites(*t, 1);
+    EXPECT_EQ(redis.Cli({"EXISTS", RedisKey("epd:v:", KeyOf(60))}), ":0\r\n");
+    EXPECT_EQ(ValueIn(redis, KeyOf(61)), rewritten);
+    EXPECT_EQ(t->Stats().corrupt, 3u);
+  }
 }
 
 }  // namespace

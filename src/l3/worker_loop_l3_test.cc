@@ -2,8 +2,9 @@
 // own): several loops stand for several encode servers. What one encodes,
 // another serves as an L3 hit with the exact bytes FakeTower gives that
 // image; the cluster-wide lease makes one loop encode a key that several ask
-// for at once; a lapsed lease is taken over; and a Redis that is killed,
-// full or holding a corrupt value never fails a request.
+// for at once; a lapsed lease is taken over; a Redis that is killed,
+// full or holding a corrupt value never fails a request; and with a cluster
+// key a forged value is re-encoded and a forged lease stalls nothing.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -12,6 +13,7 @@
 #include "epd/l3/redis_tier.h"
 #include "epd/media/content_key.h"
 #include "epd/worker/worker_loop.h"
+#include "l3_test_util.h"
 #include "redis_server.h"
 #include "test_names.h"
 #include "worker_test_util.h"
@@ -77,6 +79,18 @@ void AwaitWrites(const Node& node, std::uint64_t n) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_GE(node.loop->SharedTierStatsSnapshot().writes, n);
+}
+
+// `img`, whose stored value `n` must refuse: encoded by n's tower with its
+// own rows, the refusal counted in `counter`, and written back.
+void ExpectRefusedAndReencoded(Node& n, const std::string& img, std::uint64_t SharedTierStats::*counter) {
+  RequestResult r = EncodeOne(n, "r", img);
+  ASSERT_TRUE(r.all_ok());
+  EXPECT_EQ(r.items[0].source, ItemSource::kMiss);
+  ExpectSameEmbedding(*r.items[0].embedding, Expected(img));
+  EXPECT_EQ(n.loop->SharedTierStatsSnapshot().*counter, 1u);
+  EXPECT_EQ(n.tower->items_encoded(), 1);
+  AwaitWrites(n, 1);
 }
 
 TEST(WorkerLoopL3, SecondServerServesWhatTheFirstEncodedAsAnL3Hit) {
@@ -230,12 +244,7 @@ TEST(WorkerLoopL3, CorruptValueIsRejectedReencodedAndRewritten) {
   bad[bad.size() / 2] ^= 0x40;
   redis.Cli({"SET", RedisKey("epd:v:", key), bad});
   auto a = MakeNode(TierOptions(redis, "a"));
-  RequestResult ra = EncodeOne(*a, "r", img);
-  ASSERT_TRUE(ra.all_ok());
-  EXPECT_EQ(ra.items[0].source, ItemSource::kMiss);
-  ExpectSameEmbedding(*ra.items[0].embedding, Expected(img));
-  EXPECT_EQ(a->loop->SharedTierStatsSnapshot().corrupt, 1u);
-  AwaitWrites(*a, 1);
+  ExpectRefusedAndReencoded(*a, img, &SharedTierStats::corrupt);
   auto b = MakeNode(TierOptions(redis, "b"));
   RequestResult rb = EncodeOne(*b, "r", img);
   EXPECT_EQ(rb.items[0].source, ItemSource::kL3);
@@ -297,6 +306,54 @@ TEST(WorkerLoopL3, FullRedisRefusesWritesAndServingGoesOn) {
   EXPECT_EQ(s.writes, 0u);
   EXPECT_GT(s.errors.count("oom"), 0u);
   EXPECT_EQ(a->loop->Stats().misses, 4u);
+}
+
+std::shared_ptr<const L3Keyring> ClusterKey() { return test_util::TestKeyring(9, 0x3c); }
+
+// A forged value: another image's rows under this image's key, with a
+// correct checksum (issue 25: 5 of 5 such values were served).
+TEST(WorkerLoopL3, ForgedValueIsServedWithoutAKeyAndRefusedAndReencodedWithOne) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 60), other = Png(56, 56, 61);
+  const ContentKey key = KeyOf(img);
+  const std::string forged = EncodeL3Value(key, Expected(other), kContentKeyVersion);
+  // Today's exposure, the control: an unkeyed server serves the forgery.
+  redis.Cli({"SET", RedisKey("epd:v:", key), forged});
+  auto open = MakeNode(TierOptions(redis, "open"));
+  RequestResult served = EncodeOne(*open, "r", img);
+  ASSERT_TRUE(served.all_ok());
+  EXPECT_EQ(served.items[0].source, ItemSource::kL3);
+  ExpectSameEmbedding(*served.items[0].embedding, Expected(other));
+
+  RedisTierOptions o = TierOptions(redis, "a");
+  o.keyring = ClusterKey();
+  auto a = MakeNode(o);
+  ExpectRefusedAndReencoded(*a, img, &SharedTierStats::auth_failures);
+  o.owner_id = "b";
+  auto b = MakeNode(o);
+  RequestResult rb = EncodeOne(*b, "r", img);
+  EXPECT_EQ(rb.items[0].source, ItemSource::kL3);
+  ExpectSameEmbedding(*rb.items[0].embedding, Expected(img));
+}
+
+// A forged lease held a key back for the whole wait (12 s by default) before
+// the MAC (WaitEndsAfterThePolicysDeadlineAndEncodesLocally is that
+// behaviour, without a key); with a key it is deleted and taken at once.
+TEST(WorkerLoopL3, ForgedLeaseDoesNotStallAKeyedServer) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 62);
+  redis.Cli({"SET", RedisKey("epd:lease:", KeyOf(img)), "forged-holder", "PX", "600000"});
+  RedisTierOptions o = TierOptions(redis, "a");  // would wait 30 s
+  o.keyring = ClusterKey();
+  auto a = MakeNode(o);
+  RequestResult ra = EncodeOne(*a, "r", img);
+  ASSERT_TRUE(ra.all_ok());
+  EXPECT_EQ(ra.items[0].source, ItemSource::kMiss);
+  const SharedTierStats s = a->loop->SharedTierStatsSnapshot();
+  EXPECT_EQ(s.lease_auth_failures, 1u);
+  EXPECT_EQ(s.lease_waits, 0u);
+  EXPECT_EQ(s.leases_acquired, 1u);
+  EXPECT_EQ(a->tower->items_encoded(), 1);
 }
 
 }  // namespace

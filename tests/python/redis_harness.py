@@ -84,6 +84,15 @@ class _RespReader:
         raise RedisError(f"unexpected RESP reply {line[:40]!r}")
 
 
+def command_at(port: int, *args: Union[str, bytes, int], timeout: float = 10.0):
+    """One command to whatever speaks RESP on 127.0.0.1:port (a RedisServer,
+    or a TLS tunnel's local end), on a fresh connection; the reply as
+    RedisServer.command returns it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(_resp_encode(args))
+        return _RespReader(s).read()
+
+
 class RedisServer:
     """A redis-server of our own on a free loopback port; stopped by PID.
     restart() keeps the port.
@@ -160,9 +169,7 @@ class RedisServer:
         """One command on a fresh connection; the decoded reply: a status
         string, an integer, bulk bytes, a list, or None. An error reply raises
         RedisError."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
-            s.sendall(_resp_encode(args))
-            return _RespReader(s).read()
+        return command_at(self.port, *args, timeout=timeout)
 
     def keys(self, pattern: str = "*") -> List[bytes]:
         """Every key matching `pattern` (SCAN, so it never blocks Redis)."""

@@ -16,73 +16,13 @@ started), never against the code's own output:
 - a lease left by a holder that died is taken over once it lapses."""
 
 import concurrent.futures as cf
-import time
 import urllib.request
 
-import pytest
-
-import redis_harness as rh
+import l3_harness
 import server_harness as h
+from l3_harness import redis, servers, wait_for  # noqa: F401 (fixtures)
 
-reason = h.missing_reason()
-if reason:
-    pytest.skip(reason, allow_module_level=True)
-if rh.redis_binary() is None:
-    pytest.skip("redis-server is not installed (scripts/install-deps.sh installs it)", allow_module_level=True)
-try:
-    from epd import client as ec
-except ImportError as e:
-    pytest.skip(f"epd.client is not importable ({e})", allow_module_level=True)
-
-
-class Server:
-    def __init__(self, redis_url: str, name: str, extra=()):
-        args = h.tiny_serve_args() + ["--server-id", name, "--metrics-port", "0", "--l3", redis_url,
-                                      "--l3-timeout-ms", "500", "--l3-lease-ms", "20000", "--l3-wait-ms", "20000"]
-        self.proc, self.port, self.metrics_port = h.start_server(args + list(extra))
-        self.client = ec.EncodeClient(f"127.0.0.1:{self.port}", timeout=60)
-
-    def encode(self, images):
-        return self.client.encode(images)
-
-    def stats(self):
-        return self.client.stats()
-
-    def stop(self):
-        self.client.close()
-        assert h.stop_server(self.proc) == 0
-
-
-def wait_for(pred, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def redis():
-    r = rh.RedisServer()
-    r.start()
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def servers(redis):
-    started = []
-
-    def start(name, extra=()):
-        s = Server(redis.url, name, extra)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        if s.proc.poll() is None:
-            s.stop()
+l3_harness.skip_module_unless_runnable()
 
 
 def test_second_and_restarted_servers_serve_what_the_first_encoded(redis, servers):

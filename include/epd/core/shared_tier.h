@@ -64,11 +64,20 @@ struct LeaseWaitPolicy {
 
 // Counters since start (monotonic) and the tier's state now.
 struct SharedTierStats {
-  bool degraded = false;          // now: the last operation on some shard failed
-  std::uint64_t gets = 0;         // Get calls
-  std::uint64_t hits = 0;         // Gets that returned a valid value
-  std::uint64_t misses = 0;       // Gets that found no value
-  std::uint64_t corrupt = 0;      // values rejected (header, checksum, key); also misses
+  bool degraded = false;      // now: the last operation on some shard failed
+  std::uint64_t gets = 0;     // Get calls
+  std::uint64_t hits = 0;     // Gets that returned a valid value
+  std::uint64_t misses = 0;   // Gets that found no value
+  std::uint64_t corrupt = 0;  // values rejected (header, checksum, key, grid, non-finite rows),
+                              // also misses; and values the caller refused (RejectAsync), which
+                              // Get had counted as hits
+  // With a cluster key (--l3-key-file): values refused because they carry no
+  // valid MAC under a key this process holds (format 1, an unknown or retired
+  // key id, a tag mismatch); also misses, not counted in `corrupt`.
+  std::uint64_t auth_failures = 0;
+  // ... and leases refused likewise (forged, copied from another key,
+  // replayed after their expiry): deleted and taken by this process.
+  std::uint64_t lease_auth_failures = 0;
   std::uint64_t writes = 0;       // values written
   std::uint64_t write_bytes = 0;  // their encoded bytes
   std::uint64_t write_drops = 0;  // writes dropped: queue full or the tier failed
@@ -106,8 +115,14 @@ inline constexpr StatField<SharedTierStats> kSharedTierStatsFields[] = {
      "L3 Gets that found no value (corrupt ones included)",
      {"l3_counters", "misses"}, {"epd_l3_misses_total"}, "misses"},
     {"corrupt", &SharedTierStats::corrupt, StatKind::kCounter, StatUnit::kCount,
-     "L3 values rejected: header, checksum or key",
+     "L3 values rejected: header, checksum, key, grid, non-finite rows, or by the caller's check",
      {"l3_counters", "corrupt"}, {"epd_l3_corrupt_total"}, "corrupt"},
+    {"auth_failures", &SharedTierStats::auth_failures, StatKind::kCounter, StatUnit::kCount,
+     "L3 values refused for no valid MAC under the cluster key (--l3-key-file)",
+     {"l3_counters", "auth_failures"}, {"epd_l3_auth_failures_total"}, ""},
+    {"lease_auth_failures", &SharedTierStats::lease_auth_failures, StatKind::kCounter, StatUnit::kCount,
+     "L3 leases refused for no valid MAC under the cluster key, deleted and taken",
+     {"l3_counters", "lease_auth_failures"}, {"epd_l3_lease_auth_failures_total"}, ""},
     {"writes", &SharedTierStats::writes, StatKind::kCounter, StatUnit::kCount,
      "L3 values written",
      {"l3_counters", "writes"}, {"epd_l3_writes_total"}, "writes"},
@@ -143,7 +158,7 @@ class SharedTier {
   virtual ~SharedTier() = default;
 
   // The value stored for `key`: a host Embedding, or nullptr for a miss (a
-  // rejected value is a miss too, counted in `corrupt`). kUnavailable /
+  // rejected value is a miss too, counted in `corrupt` or `auth_failures`). kUnavailable /
   // kDeadlineExceeded when the tier did not answer in time. Blocks up to the
   // tier's timeout.
   virtual StatusOr<EmbeddingPtr> Get(const ContentKey& key) = 0;
@@ -157,6 +172,17 @@ class SharedTier {
   // Queues the release of this process's lease on `key`, if held (e.g. the
   // encode failed). Never blocks.
   virtual void ReleaseAsync(const ContentKey& key) = 0;
+  // The caller's own check refused the value Get just returned for `key`
+  // (e.g. the worker found that its grid, tokens, hidden size, dtype or
+  // deepstack layers differ from what the request's header probe predicts;
+  // issue 27, fault 3). Queues the deletion of the stored value, only if it
+  // is still the one this Get read (a compare-and-delete on its header,
+  // whose checksum or MAC covers the rows: a value rewritten meanwhile
+  // survives), and counts it in `corrupt`; `why` goes to the log. The caller
+  // then encodes the item, and its write replaces the value. A key this
+  // process has not read lately (the last 1024 hits) is only counted.
+  // Never blocks.
+  virtual void RejectAsync(const ContentKey& key, const std::string& why) = 0;
 
   virtual LeaseWaitPolicy wait_policy() const = 0;
   virtual SharedTierStats Stats() const = 0;

@@ -2,8 +2,8 @@
 // Valkey, through hiredis.
 //
 // Keys: "<prefix>v:<content key hex>" holds a value (epd/l3/l3_value.h) with a
-// TTL; "<prefix>lease:<content key hex>" holds the owner id of the process
-// encoding that key, set with `SET ... NX PX <lease>`. Keys are spread over
+// TTL; "<prefix>lease:<content key hex>" holds the lease of the process
+// encoding that key (epd/l3/l3_lease.h), set with `SET ... NX PX <lease>`. Keys are spread over
 // the URLs by consistent hashing (epd/l3/l3_ring.h), value and lease of one key
 // always on the same shard. Eviction is Redis's own: run it with a
 // `maxmemory` and `maxmemory-policy allkeys-lru` (docs/L3.md).
@@ -12,7 +12,16 @@
 // it is taken; PutAsync queues a SET PX on a writer thread, followed by a
 // compare-and-delete of this process's lease (a one-line Lua script, so a
 // lease that lapsed and was taken by another process is never deleted).
-// Every command waits at most `timeout`.
+// A rejected value costs one more EVAL (its compare-and-delete), a forged
+// lease an EVAL and a second SET NX. Every command waits at most `timeout`.
+//
+// Checks on every value read (DecodeL3Value): header, shape, grid against
+// tokens and merge_size, finite rows, and the checksum (no keyring) or the
+// MAC (keyring). A value that fails is a miss, counted in `corrupt` or, when
+// it does not authenticate, `auth_failures`, and is deleted while it still
+// holds the bytes read. With a keyring a lease that does not authenticate is
+// counted in `lease_auth_failures`, deleted likewise and taken by this
+// process, so a forged lease cannot hold a key back.
 //
 // Failures: a shard that refuses the connection, times out or drops it is
 // marked down and retried after a backoff (reconnect_min doubling to
@@ -24,9 +33,10 @@
 //
 // Security: AUTH with the URL's password, or user and password (Redis 6
 // ACL), on every connection; SELECT of the URL's database. Debian 12's
-// hiredis (0.14) has no TLS: put stunnel or an nginx stream proxy with TLS
-// in front of a remote Redis, or keep Redis on a private network
-// (docs/L3.md).
+// hiredis (0.14) has no TLS: put stunnel in front of a remote Redis on both
+// ends, or keep Redis on a private network. Without a keyring the tier
+// trusts everyone who can write to the Redis; the threat model is in
+// docs/L3.md.
 //
 // Thread safety: thread-safe. Connections are pooled per shard (one per
 // concurrent caller), so Get/TryLease from several threads run in parallel.
@@ -48,6 +58,7 @@
 
 #include "epd/core/shared_tier.h"
 #include "epd/core/status.h"
+#include "epd/l3/l3_keyring.h"
 
 namespace epd {
 
@@ -93,6 +104,13 @@ struct RedisTierOptions {
   std::chrono::milliseconds reconnect_min{100};
   std::chrono::milliseconds reconnect_max{5000};
   std::chrono::seconds log_interval{10};
+  // The cluster keyring (epd/l3/l3_keyring.h, --l3-key-file): values and
+  // leases are authenticated under it. Null: values carry an XXH3 checksum,
+  // leases the bare owner id, and anyone who can write to the Redis can
+  // make every server serve chosen rows or hold a key back.
+  std::shared_ptr<const L3Keyring> keyring;
+  // The tower's merge size (1..64): a value's tokens must be t*h*w/merge^2.
+  std::int64_t merge_size = 2;
   // Receives the rate-limited error lines; called from any thread. Null = none.
   std::function<void(const std::string&)> log;
 };
@@ -100,7 +118,8 @@ struct RedisTierOptions {
 // Parses the URLs and starts the writer thread. Does not connect: shards are
 // connected on first use, so a Redis that is down at start only makes the
 // tier degraded. Errors: kInvalidArgument for no URL, a bad URL, the same
-// shard twice, a non-positive timeout, lease or queue size, negative ttl.
+// shard twice, a non-positive timeout, lease or queue size, negative ttl,
+// a merge size outside 1..64.
 StatusOr<std::shared_ptr<SharedTier>> OpenRedisTier(RedisTierOptions options);
 
 }  // namespace epd
