@@ -54,7 +54,10 @@ trap 'rm -f "$log"' EXIT
 # clang's --driver-mode; unknown warning flags are not errors.
 "$tidy" -quiet -p "$build" -j "$(nproc)" -extra-arg=-Wno-unknown-warning-option \
   "${files[@]}" >"$log" 2>&1 || true
-findings=$(grep -cE '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" || true)
+# run-clang-tidy may colour its output even into a file: strip the escapes
+# before matching, or every finding goes unseen.
+sed -i 's/\x1b\[[0-9;]*m//g' "$log"
+findings=$(grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u | wc -l || true)
 grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u || true
 if ((findings > 0)); then
   echo "lint.sh: $findings finding(s)" >&2

@@ -29,7 +29,7 @@ static_assert(kOffChecksum + 8 == kL3HeaderBytes);
 static_assert(kOffTag + 16 == kL3KeyedHeaderBytes);
 // Rows are scanned in blocks that stay in L1 between the copy, the hash and
 // the finiteness check.
-constexpr std::size_t kScanBlock = 16 * 1024;
+constexpr std::size_t kScanBlock = std::size_t{16} * 1024;
 
 void PutLe(std::uint64_t v, std::size_t n, char* out) {
   for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);

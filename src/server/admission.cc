@@ -118,7 +118,7 @@ std::string PeerWithoutPort(const std::string& peer) {
   const bool v4 = peer.rfind("ipv4:", 0) == 0, v6 = peer.rfind("ipv6:", 0) == 0;
   const std::size_t colon = peer.rfind(':');
   if ((!v4 && !v6) || colon == std::string::npos || colon <= 5) return peer;
-  const std::string host = peer.substr(0, colon);
+  std::string host = peer.substr(0, colon);
   // An IPv6 address has colons of its own: the port follows its closing
   // bracket, written "]" or, URI-escaped, "%5D".
   if (v6 && !(host.ends_with("]") || host.ends_with("%5D") || host.ends_with("%5d"))) return peer;

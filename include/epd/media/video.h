@@ -41,9 +41,9 @@ struct VideoSampling {
   std::optional<std::int64_t> nframes;  // exact frame count instead of fps (rounded to temporal_patch_size)
   std::int64_t min_frames = 4;
   std::int64_t max_frames = 768;
-  std::int64_t min_pixels = 128 * 28 * 28;  // per frame, after resize
-  std::int64_t max_pixels = 768 * 28 * 28;  // per frame, after resize
-  std::int64_t total_pixels = 90'316'800;   // budget over all sampled frames (128000*28*28*0.9)
+  std::int64_t min_pixels = std::int64_t{128} * 28 * 28;  // per frame, after resize
+  std::int64_t max_pixels = std::int64_t{768} * 28 * 28;  // per frame, after resize
+  std::int64_t total_pixels = 90'316'800;                 // budget over all sampled frames (128000*28*28*0.9)
   // Optional fixed size (qwen-vl-utils' resized_height / resized_width),
   // still rounded by smart_resize; both or neither.
   std::optional<std::int64_t> resized_height;
