@@ -103,6 +103,19 @@ class TenantLedger {
   std::vector<Row> rows_;
 };
 
+// One tenant's share of a two-tier cache, for stats and /metrics: bytes held
+// per tier, puts refused per tier, and its entries evicted per tier (an L1
+// victim is demoted to L2 when it fits there).
+struct TenantCacheRow {
+  std::string tenant;  // its name ("" for kSharedTenant)
+  std::int64_t l1_bytes = 0;
+  std::int64_t l2_bytes = 0;
+  std::uint64_t l1_refusals = 0;
+  std::uint64_t l2_refusals = 0;
+  std::uint64_t l1_evictions = 0;
+  std::uint64_t l2_evictions = 0;
+};
+
 // "NAME=L1MB/L2MB" (a named reservation) or "L1MB/L2MB" (the default), in
 // MiB (2^20 bytes), each a whole number >= 0. kInvalidArgument naming `flag`
 // and the text otherwise.
