@@ -28,8 +28,9 @@ except ImportError as e:
 
 SIDE = 224          # 8 x 8 post-merge tokens per image on the tiny tower
 A_IMAGES = 12       # tenant a's working set
-FLOOD_PER_ROUND = 60
+FLOOD_PER_ROUND = 40  # at least; see _run
 ROUNDS = 4
+SHARED = 16         # L1's shared pool, in entries
 
 
 def _client(port, tenant):
@@ -47,7 +48,8 @@ def _metric(text, name, **labels):
     return float(m.group(1))
 
 
-def _entry_bytes():
+@pytest.fixture(scope="module")
+def entry_bytes():
     """What one SIDE x SIDE image costs in L1 on this tower (a probe server)."""
     proc, port, _ = h.start_server(h.tiny_serve_args())
     try:
@@ -58,48 +60,52 @@ def _entry_bytes():
         assert h.stop_server(proc) == 0
 
 
-def _run(quota):
-    """The schedule on a server with L1 = 1 MiB + 16 entries, no L2; returns
-    (a's hit ratio, /metrics text)."""
-    entry = _entry_bytes()
+def _run(entry, quota):
+    """The schedule on a server with L1 = 1 MiB + SHARED entries and no L2;
+    returns (a's hit ratio, /metrics text, flood images per round). The
+    flood per round is sized so that, without a reservation, more than L1's
+    worth of other entries come between two uses of one of a's images."""
     assert A_IMAGES * entry <= 1 << 20, f"an entry of {entry} B: a's working set must fit 1 MiB"
-    cache_mb = 1 + 16 * entry / (1 << 20)
-    args = h.tiny_serve_args() + ["--cache-mb", f"{cache_mb:.6f}", "--host-cache-mb", "0"]
+    cache_bytes = (1 << 20) + SHARED * entry
+    flood = max(FLOOD_PER_ROUND, cache_bytes // entry - A_IMAGES + 24)
+    args = h.tiny_serve_args() + ["--cache-mb", repr(cache_bytes / (1 << 20)), "--host-cache-mb", "0"]
     if quota:
         args += ["--tenant-quota", "a=1/0"]
     proc, port, metrics_port = h.start_server(args)
     try:
         a, b = _client(port, "a"), _client(port, "b")
-        hits = total = 0
-        unique = 0
+        mine = [h.png(SIDE, SIDE, i) for i in range(A_IMAGES)]
+        hits = total = unique = 0
         for _ in range(ROUNDS):
-            for i in range(A_IMAGES):
-                (r,) = a.encode([h.png(SIDE, SIDE, i)])
+            for image in mine:
+                (r,) = a.encode([image])
                 assert r.ok, r
                 total += 1
                 hits += r.source in ("l1", "l2")
-            for _ in range(FLOOD_PER_ROUND):
+            for _ in range(flood):
                 unique += 1
                 (r,) = b.encode([h.png(SIDE, SIDE, 1000 + unique)])
                 assert r.ok, r
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-        return hits / total, metrics, entry
+        return hits / total, metrics, flood
     finally:
         assert h.stop_server(proc) == 0
 
 
-def test_a_flooding_tenant_leaves_the_reserved_tenants_hit_ratio_unchanged():
+def test_a_flooding_tenant_leaves_the_reserved_tenants_hit_ratio_unchanged(entry_bytes):
     expected = (ROUNDS - 1) / ROUNDS  # one miss per image, in the first round
-    ratio, metrics, entry = _run(quota=True)
+    ratio, metrics, flood = _run(entry_bytes, quota=True)
     assert abs(ratio - expected) <= 0.01, (ratio, expected)
-    # a holds its whole working set in L1 and lost nothing; b was evicted.
-    assert _metric(metrics, "epd_tenant_cache_bytes", tenant="tenant:a", tier="l1") == A_IMAGES * entry
+    # a holds its whole working set in L1 and lost nothing; b was evicted
+    # down to the shared pool, and nothing was refused.
+    assert _metric(metrics, "epd_tenant_cache_bytes", tenant="tenant:a", tier="l1") == A_IMAGES * entry_bytes
     assert _metric(metrics, "epd_tenant_cache_evictions_total", tenant="tenant:a", tier="l1") == 0
+    assert _metric(metrics, "epd_tenant_cache_bytes", tenant="tenant:b", tier="l1") <= SHARED * entry_bytes
     b_evicted = _metric(metrics, "epd_tenant_cache_evictions_total", tenant="tenant:b", tier="l1")
-    assert b_evicted >= ROUNDS * FLOOD_PER_ROUND - 16 - 1
+    assert b_evicted >= ROUNDS * flood - SHARED
     assert _metric(metrics, "epd_tenant_cache_refusals_total", tenant="tenant:b", tier="l1") == 0
 
-    control, _, _ = _run(quota=False)
+    control, _, _ = _run(entry_bytes, quota=False)
     assert control < expected - 0.2, f"without a reservation the flood must hurt: {control} vs {expected}"
 
 
