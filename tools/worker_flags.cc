@@ -98,6 +98,7 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str()
       ->check(Integer(1));
   AddL3Flags(cmd, f.l3);
+  AddTenantQuotaFlags(cmd, f.quotas);
   cmd.add_option("--video-fps", f.video_fps, "videos: default sampled frames per second (a request may override)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -167,6 +168,11 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
                              " MB (what the cache's byte counter holds), got " + got);
     }
   }
+  // The reservations against the capacities, before the tower loads.
+  StatusOr<std::shared_ptr<TenantQuotas>> quotas =
+      MakeTenantQuotas(f.quotas, f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20)),
+                       f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20)));
+  if (!quotas.ok()) return quotas.status();
 #ifdef EPD_HAVE_TORCH_TOWER
   if (f.model.empty()) return InvalidArgument("--model is required (this build has no default tower)");
   ModelOptions t;
@@ -199,6 +205,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   }
   o.l1_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20));
   o.l2_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20));
+  o.tenant_quotas = std::move(*quotas);
   StatusOr<AlphaPolicy> alpha = ParseAlphaPolicy(f.rgba_background);
   if (!alpha.ok()) return alpha.status();
   o.preprocess.decode.alpha = *alpha;
@@ -241,6 +248,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
 #else
   (void)f;
   (void)o;
+  (void)quotas;
   return FailedPrecondition("this epd-encode was built without the TorchScript tower (EPD_WITH_TORCH=OFF)");
 #endif
 }

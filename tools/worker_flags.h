@@ -43,6 +43,8 @@
 //                             [178956970, Pillow's DecompressionBombError
 //                             threshold]; not in the key
 //   --l3 URL, --l3-*          the shared L3 tier on Redis (l3_flags.h)
+//   --tenant-quota NAME=L1MB/L2MB, --tenant-quota-default L1MB/L2MB
+//                             per-tenant cache reservations (tenant_quota_flags.h)
 //
 // Thread safety: not thread-safe (parse-time helpers).
 #pragma once
@@ -56,6 +58,7 @@
 #include "epd/gpu/device.h"
 #include "epd/worker/encode_worker.h"
 #include "l3_flags.h"
+#include "tenant_quota_flags.h"
 
 namespace epd::cli {
 
@@ -77,6 +80,7 @@ struct WorkerFlags {
   std::string rgba_background = "white";
   std::int64_t max_decode_pixels = DecodeLimits{}.max_pixels;
   L3Flags l3;
+  TenantQuotaFlags quotas;
   // Videos (docs/VIDEO.md): the default sampling (the rest is qwen-vl-utils'
   // for the model's patch size, VideoSampling::ForPatchSize) and limits.
   double video_fps = VideoSampling{}.fps;

@@ -16,6 +16,7 @@ add_library(epd_core
   ${CMAKE_CURRENT_LIST_DIR}/encode_scheduler.cc
   ${CMAKE_CURRENT_LIST_DIR}/encode_types.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_scheduler.cc
+  ${CMAKE_CURRENT_LIST_DIR}/tenant_quota.cc
 )
 add_library(epd::core ALIAS epd_core)
 target_include_directories(epd_core PUBLIC

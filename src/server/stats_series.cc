@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "proto_convert.h"
+#include "tenant_cache_series.h"
 
 namespace epd::internal {
 namespace {
@@ -80,7 +81,9 @@ std::vector<MetricFamily> StatsFamilies(const ServerStats& s) {
   f.AddMap("epd_item_errors_total", "Failed items, by status code", "code", s.worker.errors, CodeName);
   f.AddMap("epd_rpc_errors_total", "Calls (any service) that ended with an error, by status code", "code", s.rpc_errors,
            CodeName);
-  return f.Take();
+  std::vector<MetricFamily> out = f.Take();
+  for (MetricFamily& t : TenantCacheFamilies(s.worker.tenant_cache)) out.push_back(std::move(t));
+  return out;
 }
 
 }  // namespace epd::internal

@@ -7,7 +7,8 @@
 // IpcStats, then SharedTierStats only when l3_enabled), a labelled family's
 // series in row order; then by hand, from the maps, epd_l3_errors_total{kind}
 // (with a tier), epd_item_errors_total{code} and epd_rpc_errors_total{code}
-// (present even when empty). A family takes its type and HELP from its
+// (present even when empty); last, with tenant quotas, the per-tenant cache
+// families (tenant_cache_series.h). A family takes its type and HELP from its
 // first row.
 //
 // Thread safety: a pure function. Complexity: O(rows + map entries).

@@ -20,6 +20,7 @@
 #include "epd/rpc/server_stats.h"
 #include "metrics.h"
 #include "proto_convert.h"
+#include "tenant_cache_series.h"
 
 namespace epd {
 namespace {
@@ -110,6 +111,7 @@ ServerStats Filled() {
   s.worker.errors = {{StatusCode::kInvalidArgument, 11}, {StatusCode::kInternal, 12}};
   s.rpc_errors = {{StatusCode::kResourceExhausted, 13}, {StatusCode::kUnauthenticated, 14}};
   for (const char* kind : {"connect", "timeout", "io", "oom", "auth", "reply", "down"}) s.l3.errors[kind] = 20;
+  s.worker.tenant_cache = {{"", 1, 2, 3, 4, 5, 6}, {"tenant:a", 7, 8, 9, 10, 11, 12}};
   return s;
 }
 
@@ -313,6 +315,28 @@ TEST(StatsTablesTest, EverySeriesTheDocsNameIsOnThePage) {
     }
   }
   EXPECT_GT(names, 40);
+}
+
+// Tenant rows past the label cap are summed into tenant="other"; each
+// family has one series per (tenant label, tier).
+TEST(StatsTablesTest, TenantCacheFamiliesFoldPastTheLabelCap) {
+  const std::vector<TenantCacheRow> rows = {{"", 1, 2, 0, 0, 0, 0},
+                                            {"tenant:a", 10, 20, 1, 0, 4, 0},
+                                            {"tenant:b", 100, 200, 2, 0, 8, 0},
+                                            {"tenant:c", 1000, 2000, 3, 0, 16, 0}};
+  const std::vector<prometheus::MetricFamily> f = internal::TenantCacheFamilies(rows, 2);
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_EQ(f[0].name, "epd_tenant_cache_bytes");
+  std::map<std::string, double> bytes, refusals;
+  for (const auto& m : f[0].metric) bytes[m.label[0].value + "/" + m.label[1].value] = m.gauge.value;
+  for (const auto& m : f[1].metric) refusals[m.label[0].value + "/" + m.label[1].value] = m.counter.value;
+  EXPECT_EQ(bytes.size(), 6u);  // shared, tenant:a, other x l1, l2
+  EXPECT_EQ(bytes["shared/l1"], 1);
+  EXPECT_EQ(bytes["tenant:a/l2"], 20);
+  EXPECT_EQ(bytes["other/l1"], 1100);  // b + c
+  EXPECT_EQ(bytes["other/l2"], 2200);
+  EXPECT_EQ(refusals["other/l1"], 5);
+  EXPECT_TRUE(internal::TenantCacheFamilies({}).empty());
 }
 
 TEST(StatsTablesTest, ReplayReportsExactlyItsKeys) {

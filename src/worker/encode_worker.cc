@@ -179,7 +179,8 @@ bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, Clock::
   // A shared-tier value is adopted only when L1/L2 hold nothing for the key
   // (a cached value of another shape is re-encoded).
   if (item.ready != nullptr && !cache.Contains(res.key)) {
-    if (std::optional<EmbeddingPtr> l3 = cache.Adopt(res.key, std::move(item.ready), want)) {
+    if (std::optional<EmbeddingPtr> l3 =
+            cache.Adopt(res.key, std::move(item.ready), want, cache.TenantOf(table.tenant(r)))) {
       res.source = ItemSource::kL3;
       res.embedding = std::move(*l3);
       return false;
@@ -281,7 +282,7 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
       StatusOr<EmbeddingPtr> rows = output->Next(e.image.grid, e.image.tokens());
       if (rows.ok()) {
         embedding = std::move(*rows);
-        cache.Put(job.key, embedding);
+        cache.Put(job.key, embedding, cache.TenantOf(job.tenant));
         if (job.video_timing != nullptr) videos.Cached(job.key, job.video_timing);
       } else {
         status = rows.status();

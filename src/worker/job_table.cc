@@ -68,7 +68,9 @@ std::optional<JobId> JobTable::InFlight(const ContentKey& key) const {
 }
 
 void JobTable::Wait(JobId job, const Waiter& w) {
-  jobs_.at(job).waiters.push_back(w);
+  Job& j = jobs_.at(job);
+  if (j.waiters.empty() && j.tenant.empty()) j.tenant = requests_.at(w.request).tenant;
+  j.waiters.push_back(w);
   std::vector<JobId>& waits = requests_.at(w.request).items.at(static_cast<std::size_t>(w.index)).waits;
   if (std::find(waits.begin(), waits.end(), job) == waits.end()) waits.push_back(job);
 }

@@ -81,6 +81,9 @@ class JobTable {
     // A whole video's job (grid (t, h, w)): its timing, delivered with the
     // embedding to every waiter. Null for images and chunks.
     std::shared_ptr<const VideoTiming> video_timing;
+    // The tenant of the request that first waited on it: the one its cache
+    // entry is charged to (WorkerOptions::tenant_quotas).
+    std::string tenant;
   };
   // A batch's timing, for the results it delivers.
   struct BatchTiming {

@@ -9,7 +9,34 @@ WorkerCache::WorkerCache(const WorkerOptions& options, const VisionTower& tower,
     : options_(options),
       tower_(tower),
       stats_(stats),
-      cache_(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device) {}
+      cache_(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device) {
+  if (!options.tenant_quotas) return;
+  // The named tenants hold their ids from the start, so their reservations
+  // are kept before their first request.
+  const std::size_t known = options.tenant_quotas->size();
+  for (std::size_t t = 0; t < known; ++t) Reserve(static_cast<TenantId>(t));
+}
+
+void WorkerCache::Reserve(TenantId t) {
+  if (t < reserved_.size() && reserved_[t]) return;
+  if (reserved_.size() <= t) reserved_.resize(static_cast<std::size_t>(t) + 1, false);
+  const TierBytes r = options_.tenant_quotas->reservation(t);
+  // The registry keeps every sum within its capacities; a worker of smaller
+  // capacities than the registry's keeps the tenant on the shared pool.
+  try {
+    cache_.SetTenantReservation(t, r.l1, r.l2);
+  } catch (const Error&) {
+    cache_.SetTenantReservation(t, 0, 0);
+  }
+  reserved_[t] = true;
+}
+
+TenantId WorkerCache::TenantOf(std::string_view name) {
+  if (!options_.tenant_quotas) return kSharedTenant;
+  const TenantId t = options_.tenant_quotas->Intern(name);
+  Reserve(t);
+  return t;
+}
 
 bool WorkerCache::Fits(const Embedding& e, std::int64_t tokens) const {
   return e.shape() == tower_.OutputShape(tokens == 0 ? e.tokens : tokens) && e.nbytes() == e.ExpectedBytes();
@@ -51,8 +78,10 @@ std::optional<EmbeddingPtr> WorkerCache::L2OnlyGet(const ContentKey& key) {
   std::optional<PoppedEntry<EmbeddingPtr>> held = cache_.l2().Pop(key);
   if (!held.has_value()) return std::nullopt;
   EmbeddingPtr host = held->value;
-  // Back as MRU; the same charge again evicts nothing.
-  cache_.l2().Put(key, std::move(held->value), held->nbytes);
+  // Back as MRU, with its tenant; the same charge again evicts nothing.
+  EntryCost charge;
+  charge.tenant = held->cost.tenant;
+  cache_.l2().Put(key, std::move(held->value), held->nbytes, charge);
   if (!L2Only(held->nbytes)) return std::nullopt;  // promotable: the tiered get takes it
   return options_.to_device ? options_.to_device(host) : host;
 }
@@ -96,7 +125,8 @@ bool WorkerCache::ServeHit(const ContentKey& key, std::int64_t tokens, ItemResul
   return true;
 }
 
-std::optional<EmbeddingPtr> WorkerCache::Adopt(const ContentKey& key, EmbeddingPtr ready, std::int64_t tokens) {
+std::optional<EmbeddingPtr> WorkerCache::Adopt(const ContentKey& key, EmbeddingPtr ready, std::int64_t tokens,
+                                               TenantId tenant) {
   if (!Fits(*ready, tokens)) {
     ++stats_.shape_mismatches;
     return std::nullopt;
@@ -109,23 +139,25 @@ std::optional<EmbeddingPtr> WorkerCache::Adopt(const ContentKey& key, EmbeddingP
       return std::nullopt;
     }
   }
-  Put(key, ready);
+  Put(key, ready, tenant);
   ++stats_.hits_l3;
   return ready;
 }
 
 // A put cannot throw from a tier copy: its only copies are demotions and the
 // L2 placement, both fenced by HostCopy.
-void WorkerCache::Put(const ContentKey& key, const EmbeddingPtr& e) {
+void WorkerCache::Put(const ContentKey& key, const EmbeddingPtr& e, TenantId tenant) {
   const auto nbytes = static_cast<std::int64_t>(e->nbytes());
+  EntryCost charge;
+  charge.tenant = tenant;
   if (!L2Only(nbytes)) {
-    cache_.Put(key, e, nbytes);
+    cache_.Put(key, e, nbytes, charge);
     return;
   }
   cache_.l1().Pop(key);  // a stale L1 copy (a re-encode): the tiers stay exclusive
   EmbeddingPtr host = HostCopy(e);
   if (host == nullptr) return;  // the copy failed: dropped, as a failed demotion is
-  cache_.l2().Put(key, std::move(host), nbytes);
+  cache_.l2().Put(key, std::move(host), nbytes, charge);
   placed_in_l2_ = true;
 }
 
@@ -138,6 +170,17 @@ void WorkerCache::Report(WorkerStats& s) const {
   s.l2_used_bytes = cache_.l2().current_bytes();
   s.l1_entries = static_cast<std::int64_t>(cache_.l1().size());
   s.l2_entries = static_cast<std::int64_t>(cache_.l2().size());
+  s.tenant_cache.clear();
+  const TenantLedger* l1 = cache_.l1().tenants();
+  const TenantLedger* l2 = cache_.l2().tenants();
+  if (l1 == nullptr || l2 == nullptr) return;
+  for (std::size_t i = 0; i < reserved_.size(); ++i) {
+    const auto t = static_cast<TenantId>(i);
+    const TenantLedger::Row a = l1->row(t);
+    const TenantLedger::Row b = l2->row(t);
+    s.tenant_cache.push_back(
+        {options_.tenant_quotas->name(t), a.bytes, b.bytes, a.refusals, b.refusals, a.evictions, b.evictions});
+  }
 }
 
 }  // namespace epd::internal

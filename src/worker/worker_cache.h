@@ -29,6 +29,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
+#include <vector>
 
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
@@ -64,9 +66,18 @@ class WorkerCache {
   // (mismatch counted), moved to the device when to_device is set (a throw
   // counted in cache_errors), cached and counted in hits_l3. nullopt when
   // it cannot be served; the item is then encoded.
-  std::optional<EmbeddingPtr> Adopt(const ContentKey& key, EmbeddingPtr ready, std::int64_t tokens);
-  // Caches `e` (L1, or L2 under the L2-only rule). Never throws from a hook.
-  void Put(const ContentKey& key, const EmbeddingPtr& e);
+  // It is charged to `tenant` (see Put).
+  std::optional<EmbeddingPtr> Adopt(const ContentKey& key, EmbeddingPtr ready, std::int64_t tokens,
+                                    TenantId tenant = kSharedTenant);
+  // Caches `e` (L1, or L2 under the L2-only rule), charged to `tenant` (an
+  // id from TenantOf; ignored without quotas). Never throws from a hook. A
+  // put a tenant's reservation plus the shared pool cannot hold is refused
+  // (counted per tier in Report's tenant rows).
+  void Put(const ContentKey& key, const EmbeddingPtr& e, TenantId tenant = kSharedTenant);
+  // The id entries of tenant `name` are charged to: interned in
+  // WorkerOptions::tenant_quotas, whose reservation for it is set in both
+  // tiers on first sight; kSharedTenant without quotas. O(1) expected.
+  TenantId TenantOf(std::string_view name);
   // `host` copied to the device by to_device; `host` itself when the hook
   // is unset, returns null or throws (counted in cache_errors).
   EmbeddingPtr OnDevice(EmbeddingPtr host);
@@ -86,6 +97,8 @@ class WorkerCache {
   // caller and left in L2 as MRU; nullopt when the key is in L1, absent or
   // promotable (the tiered get takes it).
   std::optional<EmbeddingPtr> L2OnlyGet(const ContentKey& key);
+  // Sets tenant t's reservation in both tiers once.
+  void Reserve(TenantId t);
   // A get behind the promotion fence.
   std::optional<EmbeddingPtr> Get(const ContentKey& key, CacheTier* tier);
 
@@ -93,7 +106,8 @@ class WorkerCache {
   const VisionTower& tower_;
   WorkerStats& stats_;
   Cache cache_;
-  bool placed_in_l2_ = false;  // Put has put an entry straight into L2 (see L2Only)
+  bool placed_in_l2_ = false;   // Put has put an entry straight into L2 (see L2Only)
+  std::vector<bool> reserved_;  // by tenant id: its reservation is set
 };
 
 }  // namespace epd::internal

@@ -115,6 +115,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -123,6 +124,7 @@
 
 #include "epd/core/gdsf_heap.h"
 #include "epd/core/status.h"
+#include "epd/core/tenant_quota.h"
 
 namespace epd {
 
@@ -148,6 +150,10 @@ struct EntryCost {
   double seconds = kUnmeasured;
   // References so far, >= 1; a tier hands it on when an entry moves.
   std::uint64_t frequency = 1;
+  // The tenant the entry is charged to (epd/core/tenant_quota.h); read only
+  // by a cache with tenant reservations, handed on by Pop and the costed
+  // hook so that a demotion or promotion keeps the charge.
+  TenantId tenant = kSharedTenant;
 };
 
 // Construction options of an EmbeddingCache; the defaults are the
@@ -272,11 +278,23 @@ class EmbeddingCache {
   // never `key` itself. A replace keeps the old frequency plus one (GDSF)
   // and takes the new cost. Throws epd::Error(kInvalidArgument) unless
   // 0 <= nbytes <= kMaxCacheBytes and the cost is valid (CheckEntryCost).
-  // Skips (returns) when nbytes > capacity_bytes().
-  void Put(const K& key, V value, std::int64_t nbytes, const EntryCost& cost = {}) {
+  // Skips (returns false) when nbytes > capacity_bytes(). With tenant
+  // reservations (SetTenantReservation), charges cost.tenant, evicts only
+  // entries of tenants over their reservation, and refuses (returns false,
+  // counted in refusals() and the ledger) a put the tenant's reservation
+  // plus the shared pool cannot hold; a skipped or refused put leaves an
+  // existing entry under `key` as it was. Returns true when `key` is held
+  // after the put.
+  bool Put(const K& key, V value, std::int64_t nbytes, const EntryCost& cost = {}) {
     CheckCacheBytes("nbytes", nbytes);
     CheckEntryCost(cost);
-    if (nbytes > capacity_bytes_) return;
+    if (nbytes > capacity_bytes_) return false;
+    const TenantId tenant = ledger_ ? cost.tenant : kSharedTenant;
+    if (ledger_ && !ledger_->Admits(tenant, nbytes)) {
+      ledger_->CountRefusal(tenant);
+      ++refusals_;
+      return false;
+    }
     const double seconds = cost.seconds == EntryCost::kUnmeasured
                                ? static_cast<double>(nbytes) * options_.default_seconds_per_byte
                                : cost.seconds;
@@ -291,6 +309,7 @@ class EmbeddingCache {
     if (e != kNone) {
       Entry& ent = slab_[e];
       cur_bytes_ += nbytes - ent.nbytes;
+      if (ledger_) Recharge(e, tenant, nbytes);
       replaced.emplace(std::exchange(ent.value, std::move(value)));
       ent.nbytes = nbytes;
       meta_[e] = Meta{seconds, std::max(meta_[e].frequency + 1, cost.frequency)};
@@ -300,6 +319,8 @@ class EmbeddingCache {
       InsertIndex(e, h);
       cur_bytes_ += nbytes;
       ++size_;
+      if (ledger_) Charge(e, tenant, nbytes);
+      ++orders_[tenant].size;
       meta_[e] = Meta{seconds, cost.frequency};
       Touch(e);
       if (size_ * 2 > index_.size()) Rehash(index_.size() * 2);
@@ -310,6 +331,7 @@ class EmbeddingCache {
     const std::uint64_t seq = slab_[e].seq;
     Evict(e);
     if (gdsf_ && clock_ != clock_before && slab_[e].seq == seq) Rank(e);
+    return true;
   }
 
   // Removes `key` and returns its value and charge; nullopt when absent.
@@ -317,7 +339,7 @@ class EmbeddingCache {
     const std::size_t h = hash_(key);
     const std::uint32_t e = Find(key, h);
     if (e == kNone) return std::nullopt;
-    PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes, EntryCost{meta_[e].seconds, meta_[e].frequency}};
+    PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes, CostOf(e)};
     Remove(e, h);
     return out;
   }
@@ -326,8 +348,30 @@ class EmbeddingCache {
   std::optional<EntryCost> CostOf(const K& key) const {
     const std::uint32_t e = Find(key, hash_(key));
     if (e == kNone) return std::nullopt;
-    return EntryCost{meta_[e].seconds, meta_[e].frequency};
+    return CostOf(e);
   }
+
+  // Tenant reservations (epd/core/tenant_quota.h). The first call switches
+  // per-tenant accounting on for good (entries already held are charged to
+  // kSharedTenant); without one, tenants are ignored and the cache is the
+  // reference's. Reserves `bytes` of this cache for `tenant`. Throws
+  // epd::Error(kInvalidArgument) when the reservations would sum past the
+  // capacity; nothing changes then. O(1) amortised. Victim selection then
+  // scans the tenants the cache has seen: O(T) more per eviction.
+  void SetTenantReservation(TenantId tenant, std::int64_t bytes) {
+    if (!ledger_) {
+      if (Status s = TenantLedger(capacity_bytes_).CheckReservation(tenant, bytes); !s.ok()) throw Error(std::move(s));
+      ledger_ = std::make_unique<TenantLedger>(capacity_bytes_);
+      tenant_.assign(slab_.size(), kSharedTenant);
+      ledger_->Charge(kSharedTenant, cur_bytes_);
+    }
+    ledger_->SetReservation(tenant, bytes);
+    if (orders_.size() <= tenant) orders_.resize(static_cast<std::size_t>(tenant) + 1);
+  }
+  // The per-tenant ledger, or null while no reservation was ever set.
+  const TenantLedger* tenants() const { return ledger_.get(); }
+  // Puts refused by a tenant reservation (see Put).
+  std::uint64_t refusals() const { return refusals_; }
 
   bool Contains(const K& key) const { return Find(key, hash_(key)) != kNone; }
   std::size_t size() const { return size_; }
@@ -349,28 +393,36 @@ class EmbeddingCache {
   // counting keys and values. For the overhead figure in the header comment.
   std::size_t bookkeeping_bytes() const {
     return index_.capacity() * sizeof(Slot) + slab_.capacity() * (sizeof(Entry) - sizeof(K) - sizeof(V)) +
-           log_.capacity() * sizeof(Record) + free_.capacity() * sizeof(std::uint32_t) +
-           meta_.capacity() * sizeof(Meta) + heap_.memory_bytes();
+           free_.capacity() * sizeof(std::uint32_t) + meta_.capacity() * sizeof(Meta) + OrderBytes() +
+           tenant_.capacity() * sizeof(TenantId);
   }
 
   // Visits entries in eviction order, next victim first, as (key, value,
   // nbytes): LRU to MRU under kLru (O(n), linear in the recency log, which
   // holds at most 3n + 64 records); lowest GDSF priority first under kGdsf
-  // (O(n log n), a sorted copy of the heap). For tests and debugging; does
-  // not count hits.
+  // (O(n log n), a sorted copy of the heap). With tenant reservations the
+  // walk merges every tenant's order (LRU: O(n log n), sorted by touch);
+  // which entry goes first then also depends on which tenants are over their
+  // reservation. For tests and debugging; does not count hits.
   template <typename F>
   void ForEachInEvictionOrder(F&& f) const {
     if (gdsf_) {
-      std::vector<GdsfHeap::Node> order = heap_.nodes();
+      std::vector<GdsfHeap::Node> order;
+      for (const Order& o : orders_) order.insert(order.end(), o.heap.nodes().begin(), o.heap.nodes().end());
       std::sort(order.begin(), order.end(), GdsfHeap::Less);
       for (const GdsfHeap::Node& n : order) f(slab_[n.id].key, slab_[n.id].value, slab_[n.id].nbytes);
       return;
     }
-    for (std::size_t i = log_head_; i < log_.size(); ++i) {
-      const Record& r = log_[i];
-      const Entry& ent = slab_[r.entry];
-      if (ent.seq == r.seq) f(ent.key, ent.value, ent.nbytes);
+    std::vector<Record> order;
+    for (const Order& o : orders_) {
+      for (std::size_t i = o.head; i < o.log.size(); ++i) {
+        if (slab_[o.log[i].entry].seq == o.log[i].seq) order.push_back(o.log[i]);
+      }
     }
+    if (orders_.size() > 1) {
+      std::sort(order.begin(), order.end(), [](const Record& a, const Record& b) { return a.seq < b.seq; });
+    }
+    for (const Record& r : order) f(slab_[r.entry].key, slab_[r.entry].value, slab_[r.entry].nbytes);
   }
   // The LRU name of the same walk (under kGdsf: eviction order too).
   template <typename F>
@@ -403,6 +455,49 @@ class EmbeddingCache {
     double seconds = 0;
     std::uint64_t frequency = 0;
   };
+  // One tenant's eviction order: its recency log (LRU) or heap (GDSF), and
+  // how many entries it holds. Without reservations there is one, for all.
+  struct Order {
+    std::vector<Record> log;
+    std::size_t head = 0;  // first record not yet consumed
+    GdsfHeap heap;
+    std::size_t size = 0;
+  };
+
+  TenantId TenantOf(std::uint32_t e) const { return ledger_ ? tenant_[e] : kSharedTenant; }
+  Order& OrderOf(std::uint32_t e) { return orders_[TenantOf(e)]; }
+  const Order& OrderOf(std::uint32_t e) const { return orders_[TenantOf(e)]; }
+
+  EntryCost CostOf(std::uint32_t e) const { return EntryCost{meta_[e].seconds, meta_[e].frequency, TenantOf(e)}; }
+
+  std::size_t OrderBytes() const {
+    std::size_t n = orders_.capacity() * sizeof(Order);
+    for (const Order& o : orders_) n += o.log.capacity() * sizeof(Record) + o.heap.memory_bytes();
+    return n;
+  }
+
+  // Charges a new entry e to `tenant` (a ledger is on).
+  void Charge(std::uint32_t e, TenantId tenant, std::int64_t nbytes) {
+    if (tenant_.size() < slab_.size()) tenant_.resize(slab_.size(), kSharedTenant);
+    if (orders_.size() <= tenant) orders_.resize(static_cast<std::size_t>(tenant) + 1);
+    tenant_[e] = tenant;
+    ledger_->Charge(tenant, nbytes);
+  }
+
+  // A replace of e charged to `tenant` with `nbytes`: the old charge is
+  // dropped, and e moves to the new tenant's order (its old log record goes
+  // stale with the Touch that follows).
+  void Recharge(std::uint32_t e, TenantId tenant, std::int64_t nbytes) {
+    const TenantId old = tenant_[e];
+    ledger_->Discharge(old, slab_[e].nbytes);
+    if (old != tenant) {
+      if (gdsf_) orders_[old].heap.Erase(e);
+      --orders_[old].size;
+      Charge(e, tenant, 0);
+      ++orders_[tenant].size;
+    }
+    ledger_->Charge(tenant, nbytes);
+  }
 
   static std::uint32_t Lo(std::size_t h) { return static_cast<std::uint32_t>(h); }
 
@@ -498,33 +593,35 @@ class EmbeddingCache {
   void Rank(std::uint32_t e) {
     const double size = static_cast<double>(std::max<std::int64_t>(slab_[e].nbytes, 1));
     const double priority = clock_ + static_cast<double>(meta_[e].frequency) * RankSeconds(e) / size;
-    if (heap_.contains(e)) {
-      heap_.Update(e, priority, slab_[e].seq);
+    GdsfHeap& heap = OrderOf(e).heap;
+    if (heap.contains(e)) {
+      heap.Update(e, priority, slab_[e].seq);
     } else {
-      heap_.Push(e, priority, slab_[e].seq);
+      heap.Push(e, priority, slab_[e].seq);
     }
   }
 
-  // Marks e most recently touched: appends to the recency log (LRU) or
-  // re-ranks it (GDSF).
+  // Marks e most recently touched: appends to its order's recency log (LRU)
+  // or re-ranks it (GDSF).
   void Touch(std::uint32_t e) {
     slab_[e].seq = ++seq_;
     if (gdsf_) {
       Rank(e);
       return;
     }
-    log_.push_back(Record{e, seq_});
-    if (log_.size() - log_head_ > 3 * size_ + 64) CompactLog();
+    Order& o = OrderOf(e);
+    o.log.push_back(Record{e, seq_});
+    if (o.log.size() - o.head > 3 * o.size + 64) CompactLog(o);
   }
 
-  void CompactLog() {
+  void CompactLog(Order& o) {
     std::size_t out = 0;
-    for (std::size_t i = log_head_; i < log_.size(); ++i) {
-      const Record r = log_[i];
-      if (slab_[r.entry].seq == r.seq) log_[out++] = r;
+    for (std::size_t i = o.head; i < o.log.size(); ++i) {
+      const Record r = o.log[i];
+      if (slab_[r.entry].seq == r.seq) o.log[out++] = r;
     }
-    log_.resize(out);
-    log_head_ = 0;
+    o.log.resize(out);
+    o.head = 0;
   }
 
   // Frees slab slot e, whose key hashes to h (value already moved out by
@@ -533,7 +630,10 @@ class EmbeddingCache {
   void Remove(std::uint32_t e, std::size_t h) {
     ++version_;
     EraseIndex(e, h);
-    if (gdsf_) heap_.Erase(e);
+    Order& o = OrderOf(e);
+    if (gdsf_) o.heap.Erase(e);
+    --o.size;
+    if (ledger_) ledger_->Discharge(tenant_[e], slab_[e].nbytes);
     Entry dead = std::move(slab_[e]);
     slab_[e] = Entry{};
     meta_[e] = Meta{};
@@ -542,41 +642,70 @@ class EmbeddingCache {
     --size_;
   }
 
-  // Index of the LRU entry, whose record is left at log_head_ (stale records
-  // before it are dropped). REQUIRES: size_ > 0.
-  std::uint32_t LruEntry() {
+  // Index of o's LRU entry, whose record is left at o.head (stale records
+  // before it are dropped). REQUIRES: o.size > 0.
+  std::uint32_t LruEntry(Order& o) {
     for (;;) {
-      assert(log_head_ < log_.size());
-      const Record r = log_[log_head_];
+      assert(o.head < o.log.size());
+      const Record r = o.log[o.head];
       if (slab_[r.entry].seq == r.seq) return r.entry;
-      ++log_head_;
+      ++o.head;
     }
   }
 
-  // GDSF's victim: the lowest priority other than `keep` (the entry being
-  // put). REQUIRES: size_ > 0, and size_ > 1 when `keep` is held.
-  std::uint32_t GdsfVictim(std::uint32_t keep) const {
-    const GdsfHeap::Node& min = heap_.Min();
-    return min.id != keep ? min.id : heap_.SecondMin().id;
+  // o's next victim other than `keep` (the entry being put), or kNone when
+  // o holds nothing else. Under LRU `keep` was touched last, so it is o's
+  // LRU entry only when it is o's only one.
+  std::uint32_t Candidate(Order& o, std::uint32_t keep) {
+    if (o.size == 0) return kNone;
+    if (!gdsf_) {
+      const std::uint32_t e = LruEntry(o);
+      return e != keep ? e : kNone;
+    }
+    const GdsfHeap::Node& min = o.heap.Min();
+    if (min.id != keep) return min.id;
+    return o.heap.size() > 1 ? o.heap.SecondMin().id : kNone;
+  }
+
+  // Whether a goes before b in the global order (oldest touch, or lowest
+  // GDSF priority then oldest).
+  bool Before(std::uint32_t a, std::uint32_t b) const {
+    if (!gdsf_) return slab_[a].seq < slab_[b].seq;
+    return GdsfHeap::Less(OrderOf(a).heap.node(a), OrderOf(b).heap.node(b));
+  }
+
+  // The next victim, never `keep`, or kNone. With reservations: the first,
+  // in the global order, of the candidates of tenants over their
+  // reservation (O(T) over the tenants seen).
+  std::uint32_t NextVictim(std::uint32_t keep) {
+    if (!ledger_) return Candidate(orders_[0], keep);
+    std::uint32_t best = kNone;
+    for (std::size_t t = 0; t < orders_.size(); ++t) {
+      if (!ledger_->Over(static_cast<TenantId>(t))) continue;
+      const std::uint32_t c = Candidate(orders_[t], keep);
+      if (c != kNone && (best == kNone || Before(c, best))) best = c;
+    }
+    return best;
   }
 
   // Evicts while over capacity, never `keep` (kNone: no entry is exempt).
   void Evict(std::uint32_t keep = kNone) {
     while (cur_bytes_ > capacity_bytes_ && size_ > 0) {
-      if (gdsf_ && size_ == 1 && heap_.Min().id == keep) break;
-      const std::uint32_t e = gdsf_ ? GdsfVictim(keep) : LruEntry();
+      const std::uint32_t e = NextVictim(keep);
+      if (e == kNone) break;
       // Hashed before anything changes: a Hash that throws leaves the victim
       // in place and still first in line, not half-removed.
       const std::size_t h = hash_(slab_[e].key);
       if (gdsf_) {
-        clock_ = std::max(clock_, heap_.node(e).priority);
+        clock_ = std::max(clock_, OrderOf(e).heap.node(e).priority);
       } else {
-        ++log_head_;  // consumes e's record
+        ++OrderOf(e).head;  // consumes e's record
       }
       K key = std::move(slab_[e].key);
       V value = std::move(slab_[e].value);
       const std::int64_t nbytes = slab_[e].nbytes;
-      const EntryCost cost{meta_[e].seconds, meta_[e].frequency};
+      const EntryCost cost = CostOf(e);
+      if (ledger_) ledger_->CountEviction(cost.tenant);
       Remove(e, h);
       ++evictions_;
       if (on_evict_costed_) {
@@ -585,7 +714,9 @@ class EmbeddingCache {
         on_evict_(key, std::move(value), nbytes);
       }
     }
-    if (log_head_ > 4096 && log_head_ * 2 > log_.size()) CompactLog();
+    for (Order& o : orders_) {
+      if (o.head > 4096 && o.head * 2 > o.log.size()) CompactLog(o);
+    }
   }
 
   std::int64_t capacity_bytes_;
@@ -598,11 +729,11 @@ class EmbeddingCache {
   std::vector<Slot> index_;
   std::vector<Entry> slab_;
   std::vector<std::uint32_t> free_;
-  std::vector<Record> log_;
-  std::vector<Meta> meta_;  // parallel to slab_
-  GdsfHeap heap_;           // GDSF only
-  double clock_ = 0;        // GDSF only
-  std::size_t log_head_ = 0;
+  std::vector<Meta> meta_;                             // parallel to slab_
+  std::vector<Order> orders_ = std::vector<Order>(1);  // by tenant; one without a ledger
+  std::vector<TenantId> tenant_;                       // parallel to slab_ while a ledger is on
+  std::unique_ptr<TenantLedger> ledger_;               // null: no reservations
+  double clock_ = 0;                                   // GDSF only
   std::size_t size_ = 0;
   std::int64_t cur_bytes_ = 0;
   std::uint64_t seq_ = 0;
@@ -610,6 +741,7 @@ class EmbeddingCache {
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
   std::uint64_t evictions_ = 0;
+  std::uint64_t refusals_ = 0;
   std::int64_t hit_bytes_ = 0;
   double hit_seconds_ = 0;
 };

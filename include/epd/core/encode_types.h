@@ -31,6 +31,7 @@
 #include "epd/core/embedding.h"
 #include "epd/core/stat_fields.h"
 #include "epd/core/status.h"
+#include "epd/core/tenant_quota.h"
 
 namespace epd {
 
@@ -158,6 +159,9 @@ struct WorkerStats {
   std::int64_t l2_used_bytes = 0;  // bytes cached in L2 now
   std::int64_t l1_entries = 0;
   std::int64_t l2_entries = 0;
+  // With tenant quotas (WorkerOptions::tenant_quotas): one row per tenant
+  // the cache has seen, in id order (kSharedTenant first); empty without.
+  std::vector<TenantCacheRow> tenant_cache;
 };
 
 // Every numeric field of WorkerStats, once (epd/core/stat_fields.h): the Stats

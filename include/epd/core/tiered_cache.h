@@ -53,6 +53,13 @@
 // the entry has already left L2 and is lost; for a failed demote: the victim
 // has already left L1 and is dropped).
 //
+// Tenant reservations (SetTenantReservation; epd/core/tenant_quota.h): each
+// tier keeps its own ledger, reservations and shared pool. An entry stays
+// charged to its tenant (EntryCost::tenant) through a demotion and a
+// promotion, so a tenant's L1 bytes plus its L2 bytes are what it holds. A
+// demotion L2 refuses drops the victim (counted in l2().refusals()); an L2
+// hit that L1 would refuse is served by a to_device copy and stays in L2.
+//
 // Complexity: as EmbeddingCache, plus one copy per promotion or demotion,
 // and O(1) filter work per Get and Put with the doorkeeper.
 // Ownership: as EmbeddingCache; a promoted value is the one `to_device` made.
@@ -178,6 +185,9 @@ class TieredEmbeddingCache {
       ++misses_;
       return std::nullopt;
     }
+    if (l1_.tenants() != nullptr && !l1_.tenants()->Admits(promoted->cost.tenant, promoted->nbytes)) {
+      return KeepInL2(key, std::move(*promoted), tier);
+    }
     V device_value = to_device_ ? to_device_(promoted->value) : std::move(promoted->value);
     ++l2_hits_;
     ++promotions_;
@@ -200,8 +210,22 @@ class TieredEmbeddingCache {
       PutIntoL2(key, std::move(value), nbytes, cost);
       return;
     }
-    l1_.Put(key, std::move(value), nbytes, cost);
-    if (nbytes <= l1_.capacity_bytes()) l1_write_bytes_ += nbytes;
+    if (l1_.Put(key, std::move(value), nbytes, cost)) l1_write_bytes_ += nbytes;
+  }
+
+  // Reserves `l1_bytes` of L1 and `l2_bytes` of L2 for `tenant` (see the
+  // header and EmbeddingCache::SetTenantReservation). Throws
+  // epd::Error(kInvalidArgument) naming the tier when either tier's
+  // reservations would sum past its capacity; nothing changes then.
+  void SetTenantReservation(TenantId tenant, std::int64_t l1_bytes, std::int64_t l2_bytes) {
+    const TenantLedger probe1(l1_.capacity_bytes());
+    const TenantLedger probe2(l2_.capacity_bytes());
+    const TenantLedger& a = l1_.tenants() ? *l1_.tenants() : probe1;
+    const TenantLedger& b = l2_.tenants() ? *l2_.tenants() : probe2;
+    if (Status s = a.CheckReservation(tenant, l1_bytes); !s.ok()) throw Error(Status(s.code(), "L1: " + s.message()));
+    if (Status s = b.CheckReservation(tenant, l2_bytes); !s.ok()) throw Error(Status(s.code(), "L2: " + s.message()));
+    l1_.SetTenantReservation(tenant, l1_bytes);
+    l2_.SetTenantReservation(tenant, l2_bytes);
   }
 
   // Called for each L2 victim (the bottom tier's drops), with its cost;
@@ -276,6 +300,18 @@ class TieredEmbeddingCache {
     CheckEntryCost(cost);
     ++admission_rejections_;
     CopyIntoL2(key, std::move(value), nbytes, cost);
+  }
+
+  // A popped L2 hit that L1 would refuse: back into L2 (as its MRU), and a
+  // device copy for the caller.
+  std::optional<V> KeepInL2(const K& key, PoppedEntry<V>&& held, CacheTier* tier) {
+    V device_value = to_device_ ? to_device_(held.value) : held.value;
+    ++l2_hits_;
+    l2_hit_bytes_ += held.nbytes;
+    l2_hit_seconds_ += held.cost.seconds;
+    if (tier != nullptr) *tier = CacheTier::kL2;
+    l2_.Put(key, std::move(held.value), held.nbytes, held.cost);
+    return device_value;
   }
 
   // The doorkeeper's L2 hit on a key not yet admitted: a device copy for the

@@ -23,6 +23,7 @@
 #include "epd/core/job_scheduler.h"
 #include "epd/core/shared_tier.h"
 #include "epd/core/status.h"
+#include "epd/core/tenant_quota.h"
 #include "epd/core/vision_tower.h"
 #include "epd/media/content_key.h"
 #include "epd/media/image.h"
@@ -143,6 +144,14 @@ struct WorkerOptions {
   // lease before a miss is encoded, and writes tower results back
   // (epd/worker/worker_loop.h). A plain EncodeWorker only serves `ready` values.
   std::shared_ptr<SharedTier> shared_tier;
+
+  // Per-tenant cache reservations (epd/core/tenant_quota.h): each put is
+  // charged to the tenant of the request that made the entry (a job's first
+  // waiter; a video's chunks to the requesting tenant), and eviction takes
+  // from tenants over their reservation first. Its capacities should be
+  // l1_capacity_bytes and l2_capacity_bytes. Null: no quotas, the cache is
+  // the reference's.
+  std::shared_ptr<TenantQuotas> tenant_quotas;
 
   // OK, or kInvalidArgument naming the first bad field: empty model_id,
   // invalid preprocess config, max_pixels <= 0, negative capacity,
