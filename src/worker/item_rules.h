@@ -29,7 +29,10 @@ namespace epd::internal {
 
 // The content key of every item of `request` (images: CallerContentKey or
 // ComputeContentKey over the bytes; videos: VideoItemKey), or why there is
-// none (an empty caller key, a video carrying image bytes). O(bytes hashed).
+// none (an empty caller key, a video carrying image bytes), each moved into
+// the request's KeyNamespace when it has one (NamespacedContentKey: the one
+// place tenant isolation is applied; everything downstream sees only the
+// namespaced key). O(bytes hashed).
 std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& options, const EncodeRequest& request);
 
 // An item's header grid (ProbeGrid), probed at most once per item. `media`

@@ -87,9 +87,33 @@ struct EncodeItemInput {
   // (docs/VIDEO.md). expected_tokens, when > 0, must equal the video's
   // post-merge tokens.
   std::optional<VideoInput> video;
+  // The caller marks the item shareable across tenants (catalog images,
+  // shared system images). It changes the key only when the request's
+  // KeyNamespace allows public items (see KeyNamespace); otherwise it is
+  // ignored and the item stays in its tenant's namespace.
+  bool is_public = false;
 
   bool is_video() const { return video.has_value(); }
 };
+
+// The key namespace a request's items are cached under (tenant isolation,
+// docs/SECURITY.md). Set by the server from the caller's credential; the
+// worker applies it in one place (KeysFor), so the caches, the in-flight
+// joins, L3 values and leases, shared-memory spans and CUDA IPC exports see
+// only namespaced keys (epd/media/tenant_key.h). Unset (EncodeRequest::
+// key_namespace empty) = no isolation: every caller shares one key space.
+struct KeyNamespace {
+  // The HMAC secret (--tenant-secret-file's bytes); non-null, shared.
+  std::shared_ptr<const std::string> secret;
+  // The namespace of the request's own items: "tenant:<name>".
+  std::string name;
+  // Items marked is_public go to the "public" namespace instead (the tenant
+  // is one of --public-readers).
+  bool public_allowed = false;
+};
+
+// The namespace name of public items (KeyNamespace::public_allowed).
+inline constexpr std::string_view kPublicNamespace = "public";
 
 struct EncodeRequest {
   std::string id;  // unique among in-flight requests; non-empty
@@ -99,6 +123,8 @@ struct EncodeRequest {
   // tenant's decodes never hold all of them). Requests with the same tenant
   // share one fair share; "" is a tenant like any other.
   std::string tenant{};
+  // See KeyNamespace; nullopt = unsalted keys.
+  std::optional<KeyNamespace> key_namespace{};
 };
 
 }  // namespace epd
