@@ -52,15 +52,18 @@ import os
 import platform
 import random
 import stat
+import struct
 import sys
 import tempfile
-import threading
 import time
+import uuid
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 SCHEMA = "epd-bench-side-channel/1"
 JOIN_DELAY_S = 0.004
+JOIN_SIDE = 448
 
 TOKENS = {"victim": "tok-victim-0001", "attacker": "tok-attacker-0002", "ops": "tok-ops-0003"}
 
@@ -128,6 +131,14 @@ class Cluster:
             self.h.stop_server(p)
 
 
+def fresh(base: bytes, tag: str) -> bytes:
+    """`base` (a PNG) with a tEXt chunk naming `tag` before IEND: the same
+    pixels, bytes (so a content key) never sent before."""
+    data = b"epd\x00" + tag.encode()
+    chunk = struct.pack(">I", len(data)) + b"tEXt" + data + struct.pack(">I", zlib.crc32(b"tEXt" + data) & 0xFFFFFFFF)
+    return base[:-12] + chunk + base[-12:]
+
+
 def clients(ec, port):
     return {t: ec.EncodeClient(f"127.0.0.1:{port}", timeout=60, auth_token=tok) for t, tok in TOKENS.items()}
 
@@ -149,32 +160,32 @@ def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
         near = clients(ec, cluster.ports[0])
         far = clients(ec, cluster.ports[-1])
         prober = "victim" if setting == "control" else "attacker"
-        side = 448 if channel == "join" else 56
+        side = JOIN_SIDE if channel == "join" else 56
+        base = h.png(side, side, seed_base % 251)
+        run = uuid.uuid4().hex
         # Warm up both tenants' paths (connections, Health, the tower).
         for i in range(5):
-            timed(near["victim"], h.png(side, side, seed_base - 1 - i))
-            timed(far[prober], h.png(side, side, seed_base - 100 - i))
+            timed(near["victim"], fresh(base, f"{run}-warm-v{i}"))
+            timed(far[prober], fresh(base, f"{run}-warm-p{i}"))
         rng = random.Random(seed_base)
         arms = [True] * trials + [False] * trials
         rng.shuffle(arms)
         sent, not_sent, sources = [], [], {}
         pool = cf.ThreadPoolExecutor(1)
         for i, victim_sends in enumerate(arms):
-            x = h.png(side, side, seed_base + i)
+            x = fresh(base, f"{run}-{i}")
             fut = None
             if victim_sends:
                 if channel == "join":
                     fut = pool.submit(timed, near["victim"], x)
                     time.sleep(JOIN_DELAY_S)
                 else:
+                    before = cluster_writes(near) if channel == "l3" else 0
                     timed(near["victim"], x)
-                    if channel == "l3":
-                        want = i + 1
+                    if channel == "l3":  # the value is in Redis before the probe
                         deadline = time.monotonic() + 10
-                        while time.monotonic() < deadline:
-                            if near["ops"].stats()["l3_counters"].get("writes", 0) >= cluster_writes(near) and True:
-                                break
-                        _ = want
+                        while cluster_writes(near) <= before and time.monotonic() < deadline:
+                            time.sleep(0.002)
             elif channel == "join":
                 time.sleep(JOIN_DELAY_S)
             dt, src = timed(far[prober], x)

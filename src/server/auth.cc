@@ -18,7 +18,7 @@ constexpr char kBearer[] = "Bearer ";
 }  // namespace
 
 TokenCheck::TokenCheck(const std::string& token) {
-  if (!token.empty()) table_.push_back({Sha256(token), TokenOwner{"default", true}});
+  if (!token.empty()) table_.push_back({Sha256(token), TokenOwner{"default", true, true}});
 }
 
 TokenCheck::TokenCheck(const std::vector<Entry>& entries) {

@@ -36,6 +36,10 @@ namespace epd::internal {
 struct TokenOwner {
   std::string tenant;
   bool is_operator = false;
+  // The single shared token (ServerOptions::auth_token): every client holds
+  // it, so it names tenant "default" but no client in particular (the fair
+  // order keeps telling its clients apart by address or header).
+  bool shared = false;
 };
 
 class TokenCheck {

@@ -168,6 +168,30 @@ TEST(TenantIsolationTest, StatsAreTheCallersTenantsAndGlobalOnlyForAnOperator) {
   EXPECT_EQ(op.hits_l1(), 1u);
 }
 
+v1::EncodeRequest FramesRequest(const std::string& id, int frames) {
+  v1::EncodeRequest r;
+  r.set_id(id);
+  v1::EncodeItem* item = r.add_items();
+  for (int k = 0; k < frames; ++k) item->mutable_video_frames()->add_frames(Png(56, 56, 40 + k));
+  item->mutable_sampling()->set_min_pixels(28 * 28);
+  item->mutable_sampling()->set_max_pixels(56 * 56);
+  return r;
+}
+
+TEST(TenantIsolationTest, AVideosTemporalChunksStayInTheirTenantsNamespace) {
+  TestServer t = StartTestServer(TenantOptions());
+  // Alice's 4 frames are 2 temporal chunks; bob's first 2 frames are the
+  // same pixels as her first chunk, in a video of their own.
+  ASSERT_TRUE(As(t, "tok-a", FramesRequest("a4", 4)).status.ok());
+  ASSERT_EQ(t.server->Stats().worker.chunk_misses, 2u);
+  ASSERT_TRUE(As(t, "tok-b", FramesRequest("b2", 2)).status.ok());
+  EXPECT_EQ(t.server->Stats().worker.chunk_hits, 0u);
+  EXPECT_EQ(t.server->Stats().worker.chunk_misses, 3u);
+  // Alice's own 2-frame video hits her chunk (the control).
+  ASSERT_TRUE(As(t, "tok-a", FramesRequest("a2", 2)).status.ok());
+  EXPECT_EQ(t.server->Stats().worker.chunk_hits, 1u);
+}
+
 // The probe: a victim sends some of 40 fresh images; an attacker then
 // sends all 40. With isolation the attacker's `source` is "miss" every time;
 // without it, `source` tells exactly which the victim sent (the control).

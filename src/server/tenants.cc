@@ -15,7 +15,7 @@ constexpr char kDefaultTenant[] = "default";
 
 std::vector<TokenCheck::Entry> EntriesOf(const ServerOptions& o) {
   std::vector<TokenCheck::Entry> out;
-  if (!o.auth_token.empty()) out.push_back({o.auth_token, TokenOwner{kDefaultTenant, true}});
+  if (!o.auth_token.empty()) out.push_back({o.auth_token, TokenOwner{kDefaultTenant, true, true}});
   for (const TenantToken& t : o.tenant_tokens) out.push_back({t.token, TokenOwner{t.tenant, t.is_operator}});
   return out;
 }
@@ -111,7 +111,7 @@ StatusOr<Caller> TenantDirectory::Identify(const std::optional<std::string>& aut
     if (!owner.ok()) return owner.status();
     c.tenant = std::move(owner->tenant);
     c.is_operator = owner->is_operator;
-    c.named_by_credential = true;
+    c.named_by_credential = !owner->shared;
   } else if (mutual_tls_ && cert_subject_field.has_value()) {
     if (Status s = CheckTenantName(*cert_subject_field, "the client certificate's " + cert_field_); !s.ok()) return s;
     c.tenant = *cert_subject_field;

@@ -13,7 +13,8 @@
 // Operators (a token marked operator, or any caller when the server has no
 // credentials at all) may read global Stats; other callers read their own
 // tenant's. The fair order's share is "tenant:<name>" for a tenant named by a
-// credential, else today's rule (admission.h, TenantFrom).
+// credential, else today's rule (admission.h, TenantFrom); the single shared
+// auth_token names tenant "default" but no client, so it keeps today's rule.
 //
 // With isolation salted, every request carries KeyNamespace{secret,
 // "tenant:<name>", public_allowed}: the worker keys its items in that

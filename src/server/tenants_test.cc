@@ -133,10 +133,12 @@ TEST(TenantDirectoryTest, SaltedByDefaultWithTwoTenantsAndRefusedWithoutASecret)
   auto single = TenantDirectory::Create(one);
   ASSERT_TRUE(single.ok());
   EXPECT_FALSE((*single)->salted());
-  StatusOr<Caller> c = (*single)->Identify(std::string("Bearer only"), std::nullopt, std::nullopt, "p");
+  StatusOr<Caller> c = (*single)->Identify(std::string("Bearer only"), std::nullopt, std::nullopt, "ipv4:1.2.3.4");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->tenant, "default");
   EXPECT_TRUE(c->is_operator);
+  EXPECT_FALSE(c->named_by_credential);  // every client holds it: the fair order is today's
+  EXPECT_EQ(c->share, "ipv4:1.2.3.4");
 }
 
 TEST(TenantDirectoryTest, BadTablesAreRefused) {

@@ -34,6 +34,12 @@ namespace epd::internal {
 // place tenant isolation is applied; everything downstream sees only the
 // namespaced key). O(bytes hashed).
 std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& options, const EncodeRequest& request);
+// Gives each video item of `request` the namespace its temporal chunks are
+// keyed in (VideoInput::chunk_namespace): the one KeysFor gives the item.
+void CarryNamespaceToVideos(EncodeRequest& request);
+// A temporal chunk's key moved into `ns` (NamespacedContentKey); as is
+// without one. The chunk-key counterpart of KeysFor's rule.
+ContentKey ChunkKeyIn(const std::optional<KeyNamespace>& ns, const ContentKey& key);
 
 // An item's header grid (ProbeGrid), probed at most once per item. `media`
 // and `options` must outlive the probe.
