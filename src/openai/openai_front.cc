@@ -126,8 +126,7 @@ struct OpenAiFront::Impl {
   }
 
   // The worker's request for `req`'s items; bytes held go to `bytes`.
-  std::variant<EncodeRequest, FrontError> Resolve(const HttpRequest& r, const internal::ChatRequest& req,
-                                                  std::int64_t& bytes) {
+  std::variant<EncodeRequest, FrontError> Resolve(const internal::ChatRequest& req, std::int64_t& bytes) {
     EncodeRequest out;
     for (const internal::ChatItem& item : req.items) {
       StatusOr<std::string> got = media->Resolve(item.url);
@@ -220,7 +219,7 @@ struct OpenAiFront::Impl {
     const internal::ChatRequest& req = std::get<internal::ChatRequest>(parsed);
     if (auto e = Check(r, req)) return ErrorResponse(*e);
     std::int64_t bytes = static_cast<std::int64_t>(r.body.size());
-    auto built = Resolve(r, req, bytes);
+    auto built = Resolve(req, bytes);
     if (auto* e = std::get_if<FrontError>(&built)) return ErrorResponse(*e);
     const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), bytes, *Caller(r));
     if (auto e = Failure(res)) return ErrorResponse(*e);
