@@ -12,8 +12,14 @@ Channels (real `epd-encode serve` processes on loopback, the tiny tower):
   l2      the same on a server whose L1 holds no entry (--cache-mb 0.01),
           so a completed encode is held in L2 (the control's `source` says
           which tier answered; reported);
-  join    the victim's call is in flight (a larger image, the attacker's
-          call sent JOIN_DELAY_S after it): the attacker joins it or not;
+  join    the victim's call is in flight (a larger image; the attacker's
+          call is sent 0.5 x a miss's median time after it, measured in the
+          warm-up): the attacker joins it or not. The victim's call also
+          keeps the tower busy, which the attacker sees whatever the keys:
+          so
+  join-matched  the same, except that in the "not sent" arm the victim
+          sends another fresh image Y at the same moment: equal load in
+          both arms, so what is left is the content (the join) alone;
   l3      a two-server cluster on one real redis-server: the victim's
           encode completed on server 1 (its L3 write awaited), the
           attacker calls server 2.
@@ -62,7 +68,7 @@ import zlib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 SCHEMA = "epd-bench-side-channel/1"
-JOIN_DELAY_S = 0.004
+JOIN_FRACTION = 0.5
 JOIN_SIDE = 448
 
 TOKENS = {"victim": "tok-victim-0001", "attacker": "tok-attacker-0002", "ops": "tok-ops-0003"}
@@ -153,20 +159,22 @@ def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
     isolation = "none" if setting == "none" else "salted"
     flags = ["--tokens-file", files["tokens"], "--tenant-secret-file", files["secret"], "--tenant-isolation", isolation]
     if channel == "l2":
-        flags += ["--cache-mb", "0.01", "--host-cache-mb", "256"]
-    n = 2 if channel == "l3" else 1
+        flags += ["--cache-mb", "0.0005", "--host-cache-mb", "256"]
+    n = 2 if channel == "l3" else 1  # (the join channels: one server)
     cluster = Cluster(h, None, flags, n, redis if channel == "l3" else None)
     try:
         near = clients(ec, cluster.ports[0])
         far = clients(ec, cluster.ports[-1])
         prober = "victim" if setting == "control" else "attacker"
-        side = JOIN_SIDE if channel == "join" else 56
+        joining = channel.startswith("join")
+        side = JOIN_SIDE if joining else 56
         base = h.png(side, side, seed_base % 251)
         run = uuid.uuid4().hex
         # Warm up both tenants' paths (connections, Health, the tower).
         for i in range(5):
             timed(near["victim"], fresh(base, f"{run}-warm-v{i}"))
             timed(far[prober], fresh(base, f"{run}-warm-p{i}"))
+        delay = JOIN_FRACTION * sorted(timed(near["victim"], fresh(base, f"{run}-t{i}"))[0] for i in range(5))[2]
         rng = random.Random(seed_base)
         arms = [True] * trials + [False] * trials
         rng.shuffle(arms)
@@ -175,19 +183,18 @@ def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
         for i, victim_sends in enumerate(arms):
             x = fresh(base, f"{run}-{i}")
             fut = None
-            if victim_sends:
-                if channel == "join":
-                    fut = pool.submit(timed, near["victim"], x)
-                    time.sleep(JOIN_DELAY_S)
-                else:
-                    before = cluster_writes(near) if channel == "l3" else 0
-                    timed(near["victim"], x)
-                    if channel == "l3":  # the value is in Redis before the probe
-                        deadline = time.monotonic() + 10
-                        while cluster_writes(near) <= before and time.monotonic() < deadline:
-                            time.sleep(0.002)
-            elif channel == "join":
-                time.sleep(JOIN_DELAY_S)
+            if joining and (victim_sends or channel == "join-matched"):
+                fut = pool.submit(timed, near["victim"], x if victim_sends else fresh(base, f"{run}-{i}-other"))
+                time.sleep(delay)
+            elif joining:
+                time.sleep(delay)
+            elif victim_sends:
+                before = cluster_writes(near) if channel == "l3" else 0
+                timed(near["victim"], x)
+                if channel == "l3":  # the value is in Redis before the probe
+                    deadline = time.monotonic() + 10
+                    while cluster_writes(near) <= before and time.monotonic() < deadline:
+                        time.sleep(0.002)
             dt, src = timed(far[prober], x)
             if fut is not None:
                 fut.result()
@@ -199,6 +206,8 @@ def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
             c.close()
         out = analyse(sent, not_sent)
         out["probe_sources_when_sent"] = sources
+        if joining:
+            out["join_delay_ms"] = 1e3 * delay
         return out
     finally:
         cluster.close()
@@ -209,18 +218,32 @@ def cluster_writes(c):
     return c["ops"].stats()["l3_counters"].get("writes", 0)
 
 
-def hit_cost(h, ec, files, isolation, n=400):
-    flags = ["--tokens-file", files["tokens"], "--tenant-secret-file", files["secret"], "--tenant-isolation", isolation]
-    cl = Cluster(h, None, flags)
+def hit_cost(h, ec, files, n=500):
+    """p50/p90 of an L1 hit by its own tenant, isolation none vs salted: two
+    servers up at once, calls alternated, so both see the same load."""
+    out, cls, cs = {}, {}, {}
     try:
-        c = clients(ec, cl.ports[0])["victim"]
-        img = h.png(56, 56, 424242)
-        timed(c, img)
-        ts = sorted(timed(c, img)[0] for _ in range(n))
-        c.close()
-        return {"p50_ms": 1e3 * ts[n // 2], "p90_ms": 1e3 * ts[int(0.9 * n)], "n": n}
+        for iso in ("none", "salted"):
+            cls[iso] = Cluster(h, None, ["--tokens-file", files["tokens"], "--tenant-secret-file", files["secret"],
+                                         "--tenant-isolation", iso])
+            cs[iso] = clients(ec, cls[iso].ports[0])["victim"]
+        img = h.png(56, 56, 77)
+        ts = {iso: [] for iso in cs}
+        for iso in cs:
+            for _ in range(20):
+                timed(cs[iso], img)
+        for _ in range(n):
+            for iso in cs:
+                ts[iso].append(timed(cs[iso], img)[0])
+        for iso, v in ts.items():
+            v.sort()
+            out[iso] = {"p50_ms": 1e3 * v[n // 2], "p90_ms": 1e3 * v[int(0.9 * n)], "n": n}
+        for c in cs.values():
+            c.close()
+        return out
     finally:
-        cl.close()
+        for cl in cls.values():
+            cl.close()
 
 
 def write_files(d):
@@ -238,6 +261,7 @@ def write_files(d):
 def render(data):
     lines = ["| channel | setting | advantage (KS D) | bootstrap 95 % | KS p-value | p50 sent / not (ms) | "
              "probe's source when sent |", "|---|---|---|---|---|---|---|"]
+    data = dict(data)
     for row in data["rows"]:
         r = row["result"]
         lines.append(f"| {row['channel']} | {row['setting']} | {r['advantage']:.3f} | "
@@ -258,7 +282,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
     ap.add_argument("--trials", type=int, default=250)
-    ap.add_argument("--channels", default="l1,l2,join,l3")
+    ap.add_argument("--channels", default="l1,l2,join,join-matched,l3")
     ap.add_argument("--settings", default="salted,none,control")
     ap.add_argument("--render", help="print the table of this JSON file")
     ap.add_argument("--out", default=None)
@@ -291,7 +315,7 @@ def main() -> int:
                       f"p={r['p_value']:.3g} sources={r['probe_sources_when_sent']} ({time.time() - t0:.0f} s)",
                       flush=True)
                 data["rows"].append({"channel": channel, "setting": setting, "result": r})
-        data["hit_cost"] = {k: hit_cost(h, ec, files, k) for k in ("none", "salted")}
+        data["hit_cost"] = hit_cost(h, ec, files)
     finally:
         if redis is not None:
             redis.close()
