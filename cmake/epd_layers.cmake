@@ -33,7 +33,7 @@ set(EPD_LAYER_core_HEADERS
 
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
-set(EPD_LAYER_media_HEADERS content_key.h image.h preprocess.h video.h)
+set(EPD_LAYER_media_HEADERS content_key.h image.h preprocess.h tenant_key.h video.h)
 
 # FFmpeg's edge: container decoding (EPD_WITH_VIDEO).
 set(EPD_LAYER_video_TARGET epd_video)

@@ -70,6 +70,10 @@ void AddClientSecurityFlags(CLI::App& cmd, ClientSecurityFlags& f) {
                  "name to check the server's certificate against instead of the --server host");
   cmd.add_option("--auth-token-file", f.auth_token_file, "send \"authorization: Bearer <token>\" from this file")
       ->check(CLI::ExistingFile);
+  cmd.add_option("--tenant", f.tenant,
+                 "send this tenant name under --tenant-header (names the tenant only on a server with "
+                 "--trust-tenant-header and no credential naming one)");
+  cmd.add_option("--tenant-header", f.tenant_header, "metadata key --tenant goes under")->capture_default_str();
 }
 
 Status ApplyClientSecurityFlags(const ClientSecurityFlags& f, ClientOptions& o) {
@@ -78,6 +82,8 @@ Status ApplyClientSecurityFlags(const ClientSecurityFlags& f, ClientOptions& o) 
   if (Status s = ReadInto(f.tls_cert, "--tls-cert", o.tls_client_cert_pem); !s.ok()) return s;
   if (Status s = ReadInto(f.tls_key, "--tls-key", o.tls_client_key_pem); !s.ok()) return s;
   o.tls_server_name = f.tls_server_name;
+  o.tenant = f.tenant;
+  o.tenant_header = f.tenant_header;
   return ReadToken(f.auth_token_file, o.auth_token);
 }
 

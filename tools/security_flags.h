@@ -26,6 +26,7 @@ Status ApplyServerSecurityFlags(const ServerSecurityFlags& f, ServerOptions& opt
 struct ClientSecurityFlags {
   bool tls = false;
   std::string tls_ca, tls_cert, tls_key, tls_server_name, auth_token_file;
+  std::string tenant, tenant_header = "x-epd-tenant";
 };
 void AddClientSecurityFlags(CLI::App& cmd, ClientSecurityFlags& f);
 Status ApplyClientSecurityFlags(const ClientSecurityFlags& f, ClientOptions& options);

@@ -50,6 +50,7 @@
 #include "http_client.h"
 #include "http_front_flags.h"
 #include "security_flags.h"
+#include "tenant_flags.h"
 #include "worker_flags.h"
 #ifdef EPD_CLIENT_WITH_CUDA
 #include "epd/gpu_cuda/cuda_device.h"
@@ -94,6 +95,7 @@ struct ServeFlags {
   double max_inflight_request_mb = 1024;
   std::string tenant_header = ServerOptions{}.tenant_metadata;
   ServerSecurityFlags security;
+  TenantFlags tenants;
   HttpFrontFlags http;
   ServeFlags() { worker.order = "fair"; }  // a server has many clients
 };
@@ -148,6 +150,7 @@ int RunServe(const ServeFlags& f) {
   so.on_requests_drained = ReleaseFreeMemory;
   so.tenant_metadata = f.tenant_header;
   if (Status s = ApplyServerSecurityFlags(f.security, so); !s.ok()) Fail(1, s.message());
+  if (Status s = ApplyTenantFlags(f.tenants, so); !s.ok()) Fail(1, s.message());
   so.log = [](const std::string& line) { spdlog::warn("{}", line); };
   const std::string tower = parts->tower->Describe();
   StatusOr<std::unique_ptr<EncodeServer>> server =
@@ -516,6 +519,7 @@ void RegisterServerCommands(CLI::App& app) {
                     "metadata key naming a client's fair share under --order fair; empty = by client address only")
         ->capture_default_str();
     AddServerSecurityFlags(*cmd, f->security);
+    AddTenantFlags(*cmd, f->tenants);
     AddHttpFrontFlags(*cmd, f->http);
     cmd->callback([f] {
       if (int rc = RunServe(*f); rc != 0) throw CLI::RuntimeError(rc);

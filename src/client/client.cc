@@ -42,6 +42,7 @@ struct Group {
 void SetCallOptions(const ClientOptions& options, grpc::ClientContext& ctx) {
   ctx.set_deadline(std::chrono::system_clock::now() + options.timeout);
   if (!options.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.auth_token);
+  if (!options.tenant.empty()) ctx.AddMetadata(options.tenant_header, options.tenant);
 }
 
 // One lease's release, as the Release RPC and EncodeRequest.release carry it
@@ -330,6 +331,7 @@ struct EncodeClient::Impl {
       m->set_image(items[i].image);
       if (items[i].caller_key.has_value()) m->set_caller_key(*items[i].caller_key);
       m->set_expected_tokens(items[i].expected_tokens);
+      m->set_public_(items[i].is_public);
       m->set_video(items[i].video);
       if (!items[i].video_frames.empty()) {
         for (const std::string& f : items[i].video_frames) m->mutable_video_frames()->add_frames(f);

@@ -22,6 +22,7 @@ add_library(epd_media
   ${CMAKE_CURRENT_LIST_DIR}/image.cc
   ${CMAKE_CURRENT_LIST_DIR}/preprocess.cc
   ${CMAKE_CURRENT_LIST_DIR}/stb_image_resize_impl.cc
+  ${CMAKE_CURRENT_LIST_DIR}/tenant_key.cc
   ${CMAKE_CURRENT_LIST_DIR}/video_sampling.cc
 )
 add_library(epd::media ALIAS epd_media)

@@ -113,17 +113,21 @@ struct OpenAiFront::Impl {
                           item.where + ".uuid"};
       }
     }
-    if (StatusOr<std::string> t = door.Tenant(r.Header(door.tenant_header()), r.remote_ip); !t.ok()) {
+    if (StatusOr<CallerIdentity> t = Caller(r); !t.ok()) {
+      if (t.status().code() == StatusCode::kUnauthenticated)
+        return FrontError{401, t.status().message(), "invalid_token"};
       return FrontError{400, t.status().message(), "invalid_tenant", door.tenant_header()};
     }
     return std::nullopt;
   }
 
+  StatusOr<CallerIdentity> Caller(const HttpRequest& r) const {
+    return door.Caller(r.Header("Authorization"), r.Header(door.tenant_header()), r.remote_ip);
+  }
+
   // The worker's request for `req`'s items; bytes held go to `bytes`.
-  std::variant<EncodeRequest, FrontError> Resolve(const HttpRequest& r, const internal::ChatRequest& req,
-                                                  std::int64_t& bytes) {
+  std::variant<EncodeRequest, FrontError> Resolve(const internal::ChatRequest& req, std::int64_t& bytes) {
     EncodeRequest out;
-    out.tenant = *door.Tenant(r.Header(door.tenant_header()), r.remote_ip);
     for (const internal::ChatItem& item : req.items) {
       StatusOr<std::string> got = media->Resolve(item.url);
       if (item.url.rfind("http", 0) == 0) metrics->CountFetch(FetchOutcome(got.status().code()));
@@ -215,9 +219,9 @@ struct OpenAiFront::Impl {
     const internal::ChatRequest& req = std::get<internal::ChatRequest>(parsed);
     if (auto e = Check(r, req)) return ErrorResponse(*e);
     std::int64_t bytes = static_cast<std::int64_t>(r.body.size());
-    auto built = Resolve(r, req, bytes);
+    auto built = Resolve(req, bytes);
     if (auto* e = std::get_if<FrontError>(&built)) return ErrorResponse(*e);
-    const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), bytes);
+    const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), bytes, *Caller(r));
     if (auto e = Failure(res)) return ErrorResponse(*e);
     std::vector<const ItemResult*> reps;
     auto grouped = Group(req, res, reps);

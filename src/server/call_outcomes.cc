@@ -53,6 +53,14 @@ void CallOutcomes::Record(const std::string& method, const std::string& peer, co
   }
 }
 
+void CallOutcomes::SetTenantOf(std::function<std::string(const grpc::ServerContextBase&)> tenant_of) {
+  tenant_of_ = std::move(tenant_of);
+}
+
+std::string CallOutcomes::TenantOf(const grpc::ServerContextBase& ctx) const {
+  return tenant_of_ ? tenant_of_(ctx) : std::string();
+}
+
 std::map<StatusCode, std::uint64_t> CallOutcomes::Errors() const {
   std::lock_guard<std::mutex> lock(mu_);
   return errors_;
@@ -111,7 +119,14 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   // A callback-API method's call (Encode, Session), as opposed to a sync one.
   bool Callback() const { return dynamic_cast<const grpc::CallbackServerContext*>(info_->server_context()) != nullptr; }
 
-  std::string Peer() const { return info_->server_context() != nullptr ? info_->server_context()->peer() : "?"; }
+  // The peer, and the caller's tenant when the server names one (the log's
+  // "who": tenants.h).
+  std::string Peer() const {
+    const grpc::ServerContextBase* ctx = info_->server_context();
+    if (ctx == nullptr) return "?";
+    const std::string tenant = outcomes_->TenantOf(*ctx);
+    return tenant.empty() ? ctx->peer() : ctx->peer() + " (tenant " + tenant + ")";
+  }
 
   // `status`, unless it is UNKNOWN on a callback call the client ended: gRPC's
   // health Watch answers a client's cancel (or its deadline) with UNKNOWN

@@ -36,6 +36,9 @@
 
 #include "epd/core/status.h"
 
+namespace grpc {
+class ServerContextBase;
+}
 namespace grpc::experimental {
 class ServerInterceptorFactoryInterface;
 }
@@ -72,6 +75,12 @@ class CallOutcomes {
   // Counts a call that ended with `status` (OK is not counted) and logs it.
   void Record(const std::string& method, const std::string& peer, const Status& status);
 
+  // Names the caller's tenant in each logged line ("" = none named). Set
+  // once, before the server accepts calls; it runs on gRPC threads, for
+  // failed calls only.
+  void SetTenantOf(std::function<std::string(const grpc::ServerContextBase&)> tenant_of);
+  std::string TenantOf(const grpc::ServerContextBase& ctx) const;
+
   // Failed calls by code since start.
   std::map<StatusCode, std::uint64_t> Errors() const;
 
@@ -83,6 +92,7 @@ class CallOutcomes {
   mutable std::mutex mu_;
   std::map<StatusCode, std::uint64_t> errors_;  // guarded by mu_
   std::unique_ptr<RateLimitedLog> log_;
+  std::function<std::string(const grpc::ServerContextBase&)> tenant_of_;
 };
 
 }  // namespace epd::internal

@@ -45,7 +45,9 @@ grpc::ServerWriteReactor<v1::EncodedItem>* EncodeServer::Impl::Encode(grpc::Call
 void EncodeCall::Start() {
   self_ = shared_from_this();
   EncodeServer::Impl& s = server_;
-  if (Status st = s.auth->Check(*ctx_); !st.ok()) return FinishWith(st);
+  StatusOr<internal::Caller> caller = s.tenants->Identify(*ctx_);
+  if (!caller.ok()) return FinishWith(caller.status());
+  caller_ = std::move(*caller);
   message_bytes_ = static_cast<std::int64_t>(req_->ByteSizeLong());
   if (const std::int64_t bytes = message_bytes_; bytes > s.options.max_request_bytes) {
     return FinishWith(
@@ -55,9 +57,7 @@ void EncodeCall::Start() {
   if (!s.serving.load()) return FinishWith(Status(StatusCode::kUnavailable, "the server is shutting down"));
   if (Status st = s.Validate(*req_); !st.ok()) return FinishWith(st);
   if (Status st = internal::CheckClientRequestId(req_->id()); !st.ok()) return FinishWith(st);
-  StatusOr<std::string> tenant = internal::TenantOf(*ctx_, s.options.tenant_metadata);
-  if (!tenant.ok()) return FinishWith(tenant.status());
-  tenant_ = std::move(*tenant);
+  tenant_ = caller_.share;
   connection_ = ctx_->peer();
   account_ = s.replies->Open(tenant_, connection_);
   // CUDA IPC for device-resident rows; the rest (and the overflow) by shared
@@ -133,7 +133,9 @@ void EncodeCall::Submit() {
   }
   EncodeRequest request;
   request.id = id_;
-  request.tenant = std::move(tenant_);
+  request.tenant = tenant_;
+  request.key_namespace = caller_.key_namespace;
+  s.tenant_stats->CountRequest(caller_.tenant);
   request.items.reserve(n_);
   // The image bytes move out of the message instead of being copied, so a
   // request's bytes are held once, not twice, while it is in flight. The
@@ -142,6 +144,7 @@ void EncodeCall::Submit() {
     EncodeItemInput in;
     in.expected_tokens = item.expected_tokens();
     if (!item.video().empty() || item.has_video_frames()) {
+      in.is_public = item.public_();
       VideoInput v;
       v.container = std::move(*item.mutable_video());
       for (const std::string& f : item.video_frames().frames()) v.frames.emplace_back(f);
@@ -151,6 +154,7 @@ void EncodeCall::Submit() {
       continue;
     }
     in.media = std::move(*item.mutable_image());
+    in.is_public = item.public_();
     if (!item.caller_key().empty()) in.caller_key = item.caller_key();
     request.items.push_back(std::move(in));
   }
@@ -167,6 +171,7 @@ void EncodeCall::Submit() {
 }
 
 void EncodeCall::Deliver(const ItemResult& r) {
+  server_.tenant_stats->CountItem(caller_.tenant, r);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_ || !give_up_.ok()) return;
@@ -393,6 +398,9 @@ void EncodeCall::FinishWith(const Status& s) {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
     finished_ = true;
+  }
+  if (s.code() == StatusCode::kResourceExhausted && !caller_.tenant.empty()) {
+    server_.tenant_stats->CountRefusal(caller_.tenant);
   }
   ObserveDuration();
   Finish(internal::ToGrpc(s));  // counted and logged by `outcomes`' interceptor

@@ -62,6 +62,7 @@
 #include "epd/worker/worker_loop.h"
 #include "reply_budget.h"
 #include "task_pool.h"
+#include "tenants.h"
 
 namespace epd {
 
@@ -139,7 +140,8 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   // A cancel this close to the deadline counts as the deadline (encode_call.cc).
   std::chrono::system_clock::duration deadline_slack_{std::chrono::milliseconds(5)};
   std::int64_t message_bytes_ = 0;
-  std::string id_, tenant_;
+  std::string id_, tenant_;        // tenant_: the fair-order share (caller_.share)
+  internal::Caller caller_;        // who calls (tenants.h), from Start
   WorkerLoop::Ticket ticket_ = 0;  // set by Submit before another thread sees it
   std::size_t n_ = 0;
   bool by_ipc_ = false;

@@ -26,9 +26,11 @@ std::string GrpcPeer(const std::string& ip) {
 
 ServerFrontDoor EncodeServer::front_door() { return ServerFrontDoor(impl_.get()); }
 
-RequestResult ServerFrontDoor::Encode(EncodeRequest request, std::int64_t bytes) const {
+RequestResult ServerFrontDoor::Encode(EncodeRequest request, std::int64_t bytes, const CallerIdentity& caller) const {
   EncodeServer::Impl& s = *s_;
   request.id = internal::AutoRequestId(s.next_auto_id++);
+  request.tenant = caller.share;
+  request.key_namespace = caller.key_namespace;
   if (!s.serving.load()) return Refused(request.id, Status(StatusCode::kUnavailable, "the server is shutting down"));
   if (bytes > s.budget->capacity()) {
     return Refused(request.id,
@@ -49,9 +51,14 @@ RequestResult ServerFrontDoor::Encode(EncodeRequest request, std::int64_t bytes)
       return Refused(request.id, Status(StatusCode::kUnavailable, "the server is shutting down"));
     }
   }
-  if (Status st = grant.get(); !st.ok()) return Refused(request.id, st);
+  if (Status st = grant.get(); !st.ok()) {
+    if (st.code() == StatusCode::kResourceExhausted) s.tenant_stats->CountRefusal(caller.tenant);
+    return Refused(request.id, st);
+  }
+  s.tenant_stats->CountRequest(caller.tenant);
   RequestResult r = s.loop->Submit(std::move(request)).get();
   s.budget->Release(bytes);
+  for (const ItemResult& item : r.items) s.tenant_stats->CountItem(caller.tenant, item);
   return r;
 }
 
@@ -71,8 +78,9 @@ Status ServerFrontDoor::Authorize(const std::optional<std::string>& authorizatio
 
 bool ServerFrontDoor::auth_enabled() const { return s_->auth->enabled(); }
 
-StatusOr<std::string> ServerFrontDoor::Tenant(const std::optional<std::string>& value, const std::string& ip) const {
-  return internal::TenantFrom(value, s_->options.tenant_metadata, GrpcPeer(ip));
+StatusOr<CallerIdentity> ServerFrontDoor::Caller(const std::optional<std::string>& authorization,
+                                                 const std::optional<std::string>& value, const std::string& ip) const {
+  return s_->tenants->Identify(authorization, value, std::nullopt, GrpcPeer(ip));
 }
 
 const std::string& ServerFrontDoor::tenant_header() const { return s_->options.tenant_metadata; }

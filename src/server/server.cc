@@ -147,7 +147,19 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->tower_dtype = tower->dtype();
   self->metrics = std::make_shared<internal::ServerMetrics>([self] { return self->Snapshot(); });
   self->outcomes = std::make_unique<internal::CallOutcomes>(options.log);
-  self->auth = std::make_unique<internal::TokenCheck>(options.auth_token);
+  StatusOr<std::unique_ptr<internal::TenantDirectory>> tenants = internal::TenantDirectory::Create(options);
+  if (!tenants.ok()) return tenants.status();
+  self->tenants = std::move(*tenants);
+  self->auth = &self->tenants->tokens();
+  // Failed calls are logged with their tenant (an unknown token's as "?")
+  // where something names tenants.
+  self->outcomes->SetTenantOf([tenants = self->tenants.get()](const grpc::ServerContextBase& ctx) {
+    if (!tenants->names_tenants()) return std::string();
+    StatusOr<internal::Caller> c = tenants->Identify(ctx);
+    return c.ok() ? c->tenant : std::string("?");
+  });
+  self->tenant_stats = std::make_shared<internal::TenantStats>(options.max_tenant_labels, self->tenants->configured());
+  self->metrics->AddSource([stats = self->tenant_stats] { return stats->Render(); });
   self->pool = std::make_unique<internal::TaskPool>(PoolThreads());
   self->budget = std::make_unique<internal::RequestBudget>(options.max_inflight_request_bytes,
                                                            options.max_inflight_request_bytes / 16,
@@ -290,7 +302,15 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     mo.host = options.metrics_address.empty() ? HostOf(options.address) : options.metrics_address;
     mo.port = options.metrics_port;
     if (self->auth->enabled()) {
-      mo.authorize = [self](const std::optional<std::string>& h) { return self->auth->CheckHeader(h); };
+      // The page is global (every tenant's label): an operator's token only.
+      mo.authorize = [self](const std::optional<std::string>& h) -> Status {
+        StatusOr<internal::TokenOwner> owner = self->auth->Owner(h);
+        if (!owner.ok()) return owner.status();
+        if (!owner->is_operator) {
+          return Status(StatusCode::kPermissionDenied, "the metrics page is an operator's; this token is a tenant's");
+        }
+        return Status::Ok();
+      };
     }
     if (Status s = self->metrics->Serve(mo); !s.ok()) {
       self->server->Shutdown(std::chrono::system_clock::now());

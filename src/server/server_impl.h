@@ -32,8 +32,25 @@
 #include "shm_arena.h"
 #include "shm_session.h"
 #include "task_pool.h"
+#include "tenant_stats.h"
+#include "tenants.h"
 
 namespace epd {
+namespace internal {
+
+inline void ToProto(const TenantCounters& c, v1::TenantStats* out) {
+  out->set_requests(c.requests);
+  out->set_items(c.items);
+  out->set_hits_l1(c.hits_l1);
+  out->set_hits_l2(c.hits_l2);
+  out->set_hits_l3(c.hits_l3);
+  out->set_misses(c.misses);
+  out->set_joins(c.joins);
+  out->set_refusals(c.refusals);
+  out->set_failed_items(c.failed_items);
+}
+
+}  // namespace internal
 
 // The service. Encode (encode_call.h) and Session (shm_session.h) use the
 // callback API; Health, Stats and Release, which never wait, are sync.
@@ -47,7 +64,9 @@ struct EncodeServer::Impl final
 
   std::shared_ptr<internal::ServerMetrics> metrics;
   std::unique_ptr<WorkerLoop> loop;
-  std::unique_ptr<internal::TokenCheck> auth;
+  std::unique_ptr<internal::TenantDirectory> tenants;   // who calls, and their key namespace (tenants.h)
+  const internal::TokenCheck* auth = nullptr;           // tenants' token table
+  std::shared_ptr<internal::TenantStats> tenant_stats;  // shared with the metrics page's source
   std::unique_ptr<internal::RequestBudget> budget;
   std::unique_ptr<internal::ReplyBudget> replies;    // what unsent replies hold (reply_budget.h)
   std::unique_ptr<internal::CallOutcomes> outcomes;  // outlives `server`, whose interceptor uses it
@@ -177,9 +196,19 @@ struct EncodeServer::Impl final
     return internal::StartSessionReactor(sessions.get(), std::move(admission));
   }
 
+  // Global counters for an operator (or a server without credentials);
+  // a tenant credential gets its own tenant's counters only (tenants.h).
   grpc::Status Stats(grpc::ServerContext* ctx, const v1::StatsRequest*, v1::StatsResponse* out) override {
-    if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
-    internal::ToProto(Snapshot(), out);
+    StatusOr<internal::Caller> caller = tenants->Identify(*ctx);
+    if (!caller.ok()) return internal::ToGrpc(caller.status());
+    if (caller->is_operator) {
+      internal::ToProto(Snapshot(), out);
+    } else {
+      out->set_server_id(options.server_id);
+    }
+    out->set_scope(caller->is_operator ? "global" : "tenant");
+    out->set_tenant(caller->tenant);
+    internal::ToProto(tenant_stats->Of(caller->tenant), out->mutable_tenant_stats());
     return grpc::Status::OK;
   }
 };

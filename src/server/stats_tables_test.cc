@@ -33,7 +33,9 @@ namespace pb = google::protobuf;
 const std::map<std::string, std::string> kPrefix = {
     {"WorkerStats", ""}, {"ServerStats", ""}, {"ShmStats", "shm_"}, {"IpcStats", "ipc_"}, {"SharedTierStats", "l3_"}};
 // StatsResponse fields the conversion carries by hand (they are no number).
-const std::set<std::string> kByHand = {"server_id", "item_errors", "rpc_errors", "l3_errors"};
+// (scope, tenant, tenant_stats: the Stats RPC's caller scoping, server_impl.h.)
+const std::set<std::string> kByHand = {"server_id", "item_errors", "rpc_errors",  "l3_errors",
+                                       "scope",     "tenant",      "tenant_stats"};
 // The rows that stay in the process (commit 8aa0e98 for the budget's two).
 const std::set<std::string> kNotSent = {"WorkerStats.callback_exceptions", "ServerStats.request_bytes_in_flight",
                                         "ServerStats.admission_waiting"};

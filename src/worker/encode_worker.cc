@@ -118,6 +118,7 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
     ++stats.rejected_requests;
     return s;
   }
+  internal::CarryNamespaceToVideos(request);  // chunk keys in the items' namespaces
   const std::size_t n = request.items.size();
   const RequestNum r = table.Open(request.id, std::move(request.tenant), std::move(callbacks), n);
   ++stats.requests;

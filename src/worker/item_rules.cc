@@ -8,29 +8,64 @@
 #include <algorithm>
 
 #include "epd/media/content_key.h"
+#include "epd/media/tenant_key.h"
 #include "video_items.h"
 
 namespace epd::internal {
 
+namespace {
+
+// The namespace an item's keys go to: the request's, or "public" for an
+// item marked public where the request allows it.
+std::optional<KeyNamespace> ItemNamespace(const std::optional<KeyNamespace>& ns, const EncodeItemInput& item) {
+  if (!ns.has_value() || !item.is_public || !ns->public_allowed) return ns;
+  KeyNamespace pub = *ns;
+  pub.name = std::string(kPublicNamespace);
+  return pub;
+}
+
+// The item's key moved into its namespace (KeyNamespace); as is without one.
+StatusOr<ContentKey> InNamespace(const std::optional<KeyNamespace>& ns, const EncodeItemInput& item,
+                                 StatusOr<ContentKey> key) {
+  if (!ns.has_value() || !key.ok()) return key;
+  return ChunkKeyIn(ItemNamespace(ns, item), *key);
+}
+
+StatusOr<ContentKey> ContentKeyOf(const WorkerOptions& o, const EncodeItemInput& item) {
+  if (item.is_video()) {
+    if (item.caller_key.has_value() || !item.media.empty()) {
+      return InvalidArgument(
+          "a video item carries image bytes or a caller_key; a video is keyed by its own bytes and sampling");
+    }
+    return VideoItemKey(o, *item.video);
+  }
+  if (item.caller_key.has_value()) return CallerContentKey(o.model_id, o.preprocess, *item.caller_key);
+  return ComputeContentKey(o.model_id, o.preprocess, item.media.span(), o.key_mode);
+}
+
+}  // namespace
+
+// The one place a request's namespace is applied (KeyNamespace).
 std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& o, const EncodeRequest& request) {
   std::vector<StatusOr<ContentKey>> keys;
   keys.reserve(request.items.size());
   for (const EncodeItemInput& item : request.items) {
-    if (item.is_video()) {
-      if (item.caller_key.has_value() || !item.media.empty()) {
-        keys.push_back(
-            InvalidArgument("a video item carries image bytes or a caller_key; a video is keyed by its "
-                            "own bytes and sampling"));
-      } else {
-        keys.push_back(VideoItemKey(o, *item.video));
-      }
-    } else if (item.caller_key.has_value()) {
-      keys.push_back(CallerContentKey(o.model_id, o.preprocess, *item.caller_key));
-    } else {
-      keys.push_back(ComputeContentKey(o.model_id, o.preprocess, item.media.span(), o.key_mode));
-    }
+    keys.push_back(InNamespace(request.key_namespace, item, ContentKeyOf(o, item)));
   }
   return keys;
+}
+
+ContentKey ChunkKeyIn(const std::optional<KeyNamespace>& ns, const ContentKey& key) {
+  if (!ns.has_value()) return key;
+  const std::string& secret = *ns->secret;
+  return NamespacedContentKey({reinterpret_cast<const std::uint8_t*>(secret.data()), secret.size()}, ns->name, key);
+}
+
+void CarryNamespaceToVideos(EncodeRequest& request) {
+  if (!request.key_namespace.has_value()) return;
+  for (EncodeItemInput& item : request.items) {
+    if (item.is_video()) item.video->chunk_namespace = ItemNamespace(request.key_namespace, item);
+  }
 }
 
 const StatusOr<ProbedGrid>& HeaderProbe::Get() {

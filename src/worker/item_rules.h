@@ -29,8 +29,17 @@ namespace epd::internal {
 
 // The content key of every item of `request` (images: CallerContentKey or
 // ComputeContentKey over the bytes; videos: VideoItemKey), or why there is
-// none (an empty caller key, a video carrying image bytes). O(bytes hashed).
+// none (an empty caller key, a video carrying image bytes), each moved into
+// the request's KeyNamespace when it has one (NamespacedContentKey: the one
+// place tenant isolation is applied; everything downstream sees only the
+// namespaced key). O(bytes hashed).
 std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& options, const EncodeRequest& request);
+// Gives each video item of `request` the namespace its temporal chunks are
+// keyed in (VideoInput::chunk_namespace): the one KeysFor gives the item.
+void CarryNamespaceToVideos(EncodeRequest& request);
+// A temporal chunk's key moved into `ns` (NamespacedContentKey); as is
+// without one. The chunk-key counterpart of KeysFor's rule.
+ContentKey ChunkKeyIn(const std::optional<KeyNamespace>& ns, const ContentKey& key);
 
 // An item's header grid (ProbeGrid), probed at most once per item. `media`
 // and `options` must outlive the probe.

@@ -13,6 +13,8 @@
 #include <string>
 #include <utility>
 
+#include "item_rules.h"
+
 namespace epd::internal {
 
 const VideoSampling& SamplingFor(const WorkerOptions& options, const VideoInput& video) {
@@ -112,7 +114,7 @@ StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoIn
         options.model_id, cfg, frames.subspan(static_cast<std::size_t>(t * T), static_cast<std::size_t>(T)),
         options.key_mode);
     if (!key.ok()) return key.status();
-    out.chunk_keys.push_back(*key);
+    out.chunk_keys.push_back(ChunkKeyIn(input.chunk_namespace, *key));
   }
   out.video = std::make_shared<const SampledVideo>(std::move(*sampled));
   return out;

@@ -186,3 +186,32 @@ def test_server_refuses_a_key_that_is_not_the_certificates(pki):
                           capture_output=True, text=True, timeout=120)
     assert r.returncode == 1
     assert "does not belong to the certificate" in r.stderr
+
+
+def test_client_certificates_name_their_tenants_and_keep_them_apart(pki):
+    """Mutual TLS without tokens: each certificate's CN is its tenant, and
+    with isolation salted one image from two certificates is two entries."""
+    p = lambda n: os.path.join(pki, n)  # noqa: E731
+    for name in ("alice-svc", "bob-svc"):
+        if not os.path.exists(p(f"{name}.crt")):
+            _make_cert(pki, "ca", name)
+    secret = p("tenant-secret")
+    with open(secret, "wb") as f:
+        f.write(os.urandom(32))
+    os.chmod(secret, 0o600)
+    proc, port, _ = h.start_server(h.tiny_serve_args() + [
+        "--tls-cert", p("server.crt"), "--tls-key", p("server.key"), "--tls-client-ca", p("ca.crt"),
+        "--tenant-isolation", "salted", "--tenant-secret-file", secret])
+    try:
+        target = f"127.0.0.1:{port}"
+        with _client(target, pki, cert="alice-svc", token=None) as a, \
+                _client(target, pki, cert="bob-svc", token=None) as b:
+            x = h.png(56, 56, 7)
+            assert a.encode([x])[0].source == "miss"
+            assert b.encode([x])[0].source == "miss"
+            assert a.encode([x])[0].source == "l1"
+            sb = b.stats()
+            assert (sb["scope"], sb["tenant"]) == ("tenant", "bob-svc")
+            assert sb["tenant_stats"]["misses"] == 1 and sb["tower_items"] == 0
+    finally:
+        assert h.stop_server(proc) == 0, h.server_stderr(proc)

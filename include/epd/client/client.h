@@ -97,6 +97,11 @@ struct ClientOptions {
   std::string tls_server_name{};
   // Non-empty: sent on every call as "authorization: Bearer <auth_token>".
   std::string auth_token{};
+  // Non-empty: sent on every call under `tenant_header`. It names the tenant
+  // only on a server with --trust-tenant-header and no credential naming one
+  // (docs/SECURITY.md); elsewhere it names the fair order's share at most.
+  std::string tenant{};
+  std::string tenant_header = "x-epd-tenant";
   // Delivery::kCudaIpc: the Device that imports the rows (a CUDA device of
   // this node, or a FakeDevice for a server running on one). Not owned; it
   // must outlive the client and every IpcLease it returns. Required for
@@ -137,6 +142,9 @@ struct ClientItem {
   std::string video{};                      // MP4, WebM, ... bytes (docs/VIDEO.md)
   std::vector<std::string> video_frames{};  // or a video as its frames
   std::optional<VideoSampling> sampling{};  // per-request sampling; unset = the server's default
+  // Shareable across tenants: keyed in the "public" namespace when the
+  // server lists this client's tenant in --public-readers (docs/SECURITY.md).
+  bool is_public = false;
 
   bool is_video() const { return !video.empty() || !video_frames.empty(); }
 };

@@ -50,7 +50,9 @@ class ServerFrontDoor {
   // here (request.id is overwritten). A refusal comes back as
   // RequestResult::status with no items: kUnavailable (shutting down),
   // kResourceExhausted (budget, queue), or the worker's.
-  RequestResult Encode(EncodeRequest request, std::int64_t bytes) const;
+  // `caller` (from Caller()) sets the request's fair share and key
+  // namespace and is counted in the per-tenant stats.
+  RequestResult Encode(EncodeRequest request, std::int64_t bytes, const CallerIdentity& caller) const;
 
   bool serving() const;
   const std::string& server_id() const;
@@ -61,10 +63,14 @@ class ServerFrontDoor {
   // (nullopt = absent); OK when the server has no token.
   Status Authorize(const std::optional<std::string>& authorization) const;
   bool auth_enabled() const;
-  // The fair share of a client that sent `value` under tenant_header()
-  // (nullopt = absent) from address `ip` (no port): as for a gRPC call from
-  // the same address (admission.h, TenantFrom).
-  StatusOr<std::string> Tenant(const std::optional<std::string>& value, const std::string& ip) const;
+  // Who a client is that sent the Authorization header `authorization` and
+  // `value` under tenant_header() (nullopt = absent) from address `ip` (no
+  // port): as for a gRPC call with the same metadata from the same address
+  // (src/server/tenants.h; HTTP has no client certificate here).
+  // kUnauthenticated for a refused token, kInvalidArgument for a malformed
+  // tenant header.
+  StatusOr<CallerIdentity> Caller(const std::optional<std::string>& authorization,
+                                  const std::optional<std::string>& value, const std::string& ip) const;
   const std::string& tenant_header() const;
   // One front request's wall time, into the epd_request_seconds histogram.
   void ObserveRequest(double seconds) const;

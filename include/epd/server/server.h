@@ -77,6 +77,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,29 @@
 namespace epd {
 
 class ServerFrontDoor;  // epd/server/front_door.h
+
+// One line of a tokens file (--tokens-file): a bearer token, the tenant it
+// names, and whether it is an operator's (global Stats; docs/SECURITY.md).
+struct TenantToken {
+  std::string token;   // non-empty
+  std::string tenant;  // 1..128 bytes of printable ASCII, no spaces
+  bool is_operator = false;
+};
+
+// Whether tenants share one key space (kNone) or each has its own (kSalted,
+// epd/media/tenant_key.h). kAuto = kSalted as soon as tenant_tokens name more
+// than one tenant, else kNone. docs/SECURITY.md.
+enum class TenantIsolation : std::uint8_t { kAuto = 0, kNone = 1, kSalted = 2 };
+
+// Who a call's caller is, decided once per call from its credential
+// (src/server/tenants.h has the rule; docs/SECURITY.md).
+struct CallerIdentity {
+  std::string tenant;                         // never empty ("default" when nothing names one)
+  bool named_by_credential = false;           // a token or a client certificate named it
+  bool is_operator = false;                   // may read global Stats and the metrics page
+  std::string share;                          // the fair order's share (EncodeRequest::tenant)
+  std::optional<KeyNamespace> key_namespace;  // set under isolation salted
+};
 
 struct ServerOptions {
   // "host:port" to listen on. Port 0 picks a free port (see port()). Or
@@ -219,6 +243,29 @@ struct ServerOptions {
   // constant time). gRPC's standard health and reflection services do not
   // ask for it. Send it only over TLS or a private network.
   std::string auth_token{};
+  // Tenants (docs/SECURITY.md, "Who the tenant is"). Non-empty: every call
+  // must carry one of these bearer tokens (auth_token, if also set, is one
+  // more: tenant "default", an operator), and the token names the caller's
+  // tenant; a tenant header it sends too is ignored. Without tokens, a
+  // mutual-TLS client certificate names the tenant by its subject field
+  // tls_tenant_field ("CN", another RDN such as "O" or "OU", or "subject"
+  // for the whole subject as gRPC's AuthContext prints it). Only where no
+  // credential names a tenant and trust_tenant_header is set does the
+  // tenant_metadata header name it; else the caller is tenant "default".
+  std::vector<TenantToken> tenant_tokens{};
+  std::string tls_tenant_field = "CN";
+  bool trust_tenant_header = false;
+  // Key namespaces per tenant; kSalted needs tenant_secret (>= 16 bytes,
+  // the same on every server of a cluster, e.g. --tenant-secret-file).
+  TenantIsolation tenant_isolation = TenantIsolation::kAuto;
+  std::string tenant_secret{};
+  // Tenants whose items marked public go to the shared "public" namespace
+  // (readable by every tenant listed); "*" = every tenant. Others' public
+  // marks are ignored.
+  std::vector<std::string> public_readers{};
+  // Per-tenant metrics: at most this many tenant labels on the metrics page;
+  // later tenants are folded into the label "other". >= 1.
+  int max_tenant_labels = 32;
   // Receives one line per call that ended with an error (any service, refusals
   // before a handler ran included: a request that does not parse), at most
   // 10 lines a second; the next line let through

@@ -53,6 +53,25 @@ class MediaBytes {
   std::shared_ptr<const std::string> bytes_;
 };
 
+// The key namespace a request's items are cached under (tenant isolation,
+// docs/SECURITY.md). Set by the server from the caller's credential; the
+// worker applies it in one place (KeysFor), so the caches, the in-flight
+// joins, L3 values and leases, shared-memory spans and CUDA IPC exports see
+// only namespaced keys (epd/media/tenant_key.h). Unset (EncodeRequest::
+// key_namespace empty) = no isolation: every caller shares one key space.
+struct KeyNamespace {
+  // The HMAC secret (--tenant-secret-file's bytes); non-null, shared.
+  std::shared_ptr<const std::string> secret;
+  // The namespace of the request's own items: "tenant:<name>".
+  std::string name;
+  // Items marked is_public go to the "public" namespace instead (the tenant
+  // is one of --public-readers).
+  bool public_allowed = false;
+};
+
+// The namespace name of public items (KeyNamespace::public_allowed).
+inline constexpr std::string_view kPublicNamespace = "public";
+
 // A video item's input: the container bytes (MP4/H.264, WebM/VP9, ...:
 // what WorkerOptions::decode_video reads) or a list of encoded frame images
 // (SampleFrameList), exactly one of the two; and optional sampling options
@@ -61,6 +80,10 @@ struct VideoInput {
   MediaBytes container;
   std::vector<MediaBytes> frames;
   std::optional<VideoSampling> sampling;
+  // The namespace of the video's temporal chunk keys. The worker sets it
+  // from the request's KeyNamespace when it accepts the request (callers
+  // leave it unset); unset = unsalted chunk keys.
+  std::optional<KeyNamespace> chunk_namespace{};
 };
 
 // One image or video of a request.
@@ -87,6 +110,11 @@ struct EncodeItemInput {
   // (docs/VIDEO.md). expected_tokens, when > 0, must equal the video's
   // post-merge tokens.
   std::optional<VideoInput> video;
+  // The caller marks the item shareable across tenants (catalog images,
+  // shared system images). It changes the key only when the request's
+  // KeyNamespace allows public items (see KeyNamespace); otherwise it is
+  // ignored and the item stays in its tenant's namespace.
+  bool is_public = false;
 
   bool is_video() const { return video.has_value(); }
 };
@@ -99,6 +127,8 @@ struct EncodeRequest {
   // tenant's decodes never hold all of them). Requests with the same tenant
   // share one fair share; "" is a tenant like any other.
   std::string tenant{};
+  // See KeyNamespace; nullopt = unsalted keys.
+  std::optional<KeyNamespace> key_namespace{};
 };
 
 }  // namespace epd

@@ -32,6 +32,11 @@ class EncodeClient:
       ``server_name`` checks the server's certificate against that name
       instead of the target's host (a certificate reached by IP).
     - ``auth_token``: sent on every call as ``authorization: Bearer <token>``.
+      With a tokens file on the server the token names this client's tenant.
+    - ``tenant``: sent on every call under ``tenant_header`` (default
+      ``x-epd-tenant``); it names the tenant only on a server started with
+      ``--trust-tenant-header`` and without a credential naming one
+      (docs/SECURITY.md), and the fair order's share otherwise.
 
     Raises ValueError for an empty target or half a client certificate.
     """
@@ -40,7 +45,8 @@ class EncodeClient:
                  max_response_bytes: int = 256 << 20, max_items_per_call: int = 256, *, tls: bool = False,
                  root_certificates: Optional[bytes] = None, certificate_chain: Optional[bytes] = None,
                  private_key: Optional[bytes] = None, server_name: Optional[str] = None,
-                 auth_token: Optional[str] = None, shm: bool = False, cuda_ipc: bool = False):
+                 auth_token: Optional[str] = None, shm: bool = False, cuda_ipc: bool = False,
+                 tenant: Optional[str] = None, tenant_header: str = "x-epd-tenant"):
         if not target:
             raise ValueError("target is empty; pass host:port or unix:/path")
         self.shm = shm
@@ -75,6 +81,8 @@ class EncodeClient:
         else:
             self._channel = grpc.insecure_channel(target, options=options)
         self._auth = [("authorization", f"Bearer {auth_token}")] if auth_token else []
+        if tenant:
+            self._auth.append((tenant_header, tenant))
         self._stub = encoder_pb2_grpc.EncoderStub(self._channel)
         self._info: Optional[ServerInfo] = None
         self._prefix = "py-" + uuid.uuid4().hex[:12] + "-"

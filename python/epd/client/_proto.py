@@ -47,6 +47,10 @@ class Item:
     video: bytes = b""
     video_frames: Sequence[bytes] = ()
     sampling: Optional[VideoSampling] = None
+    # Opt-in sharing across tenants (docs/SECURITY.md): keyed in the shared
+    # "public" namespace when the server lists this tenant in
+    # --public-readers; ignored otherwise.
+    public: bool = False
 
     @property
     def is_video(self) -> bool:
@@ -94,6 +98,7 @@ def encode_request(rid: str, items: Sequence[Item], use_shm: bool, use_ipc: bool
         if it.caller_key is not None:
             m.caller_key = it.caller_key.encode("utf-8") if isinstance(it.caller_key, str) else it.caller_key
         m.expected_tokens = it.expected_tokens
+        m.public = bool(it.public)
         if it.video:
             m.video = bytes(it.video)
         for f in it.video_frames:
@@ -145,11 +150,16 @@ def server_info(r) -> ServerInfo:
 
 
 def stats_dict(r) -> Dict[str, object]:
-    """A StatsResponse as a dict by field name (map fields as dicts)."""
+    """A StatsResponse as a dict by field name (map fields and messages,
+    such as tenant_stats, as dicts)."""
     out: Dict[str, object] = {}
     for f in r.DESCRIPTOR.fields:
         v = getattr(r, f.name)
-        out[f.name] = dict(v) if f.message_type is not None and f.message_type.GetOptions().map_entry else v
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            v = dict(v)
+        elif f.message_type is not None:
+            v = stats_dict(v)
+        out[f.name] = v
     return out
 
 

@@ -1,0 +1,153 @@
+"""Tenant isolation end to end (docs/SECURITY.md) with real processes:
+`epd-encode serve` with --tokens-file and --tenant-secret-file, over gRPC
+(the Python client), over the HTTP front (POST /v1/chat/completions), and
+as a two-server cluster sharing one real redis-server (redis_harness.py),
+every process stopped by PID.
+
+Independent values: the images each tenant sent (so which tower runs must
+happen), the tenants the tokens file names; never the server's own keys."""
+
+import base64
+import http.client
+import json
+import os
+import stat
+import tempfile
+
+import pytest
+
+import l3_harness
+import server_harness as h
+from l3_harness import redis, servers, wait_for  # noqa: F401 (fixtures)
+
+l3_harness.skip_module_unless_runnable()
+
+from epd import client as ec  # noqa: E402 (after the skip)
+
+TOKENS = {"alice": "tok-alice-1", "bob": "tok-bob-2", "ops": "tok-ops-3"}
+
+
+@pytest.fixture(scope="module")
+def secrets_dir():
+    d = tempfile.mkdtemp(prefix="epd-tenants-")
+    tokens = os.path.join(d, "tokens")
+    with open(tokens, "w") as f:
+        f.write("# token tenant [operator]\n")
+        f.write(f"{TOKENS['alice']} alice\n{TOKENS['bob']} bob\n{TOKENS['ops']} ops operator\n")
+    secret = os.path.join(d, "secret")
+    with open(secret, "wb") as f:
+        f.write(os.urandom(32))
+    for p in (tokens, secret):
+        os.chmod(p, stat.S_IRUSR | stat.S_IWUSR)
+    yield d, tokens, secret
+
+
+def tenant_flags(secrets_dir, readers="alice,bob"):
+    _, tokens, secret = secrets_dir
+    return ["--tokens-file", tokens, "--tenant-secret-file", secret, "--public-readers", readers]
+
+
+def client(port, tenant):
+    return ec.EncodeClient(f"127.0.0.1:{port}", timeout=60, auth_token=TOKENS[tenant])
+
+
+def test_salted_without_a_secret_refuses_to_start_naming_the_flag(secrets_dir):
+    _, tokens, _ = secrets_dir
+    with pytest.raises(RuntimeError, match="--tenant-secret-file"):
+        h.start_server(h.tiny_serve_args() + ["--tokens-file", tokens])
+
+
+def test_a_tokens_file_others_may_read_is_refused(secrets_dir):
+    d, tokens, secret = secrets_dir
+    loose = os.path.join(d, "loose")
+    with open(tokens) as f, open(loose, "w") as g:
+        g.write(f.read())
+    os.chmod(loose, 0o644)
+    with pytest.raises(RuntimeError, match="chmod 600"):
+        h.start_server(h.tiny_serve_args() + ["--tokens-file", loose, "--tenant-secret-file", secret])
+
+
+def test_grpc_tenants_do_not_share_entries_and_an_unknown_token_is_refused(secrets_dir):
+    proc, port, _ = h.start_server(h.tiny_serve_args() + tenant_flags(secrets_dir))
+    try:
+        a, b, op = client(port, "alice"), client(port, "bob"), client(port, "ops")
+        x = h.png(56, 56, 301)
+        assert a.encode([x])[0].source == "miss"
+        assert b.encode([x])[0].source == "miss"
+        assert a.encode([x])[0].source == "l1"
+        assert op.stats()["tower_items"] == 2
+        # Public: shared by alice and bob.
+        cat = h.png(56, 56, 302)
+        assert a.encode([ec.Item(image=cat, public=True)])[0].source == "miss"
+        assert b.encode([ec.Item(image=cat, public=True)])[0].source == "l1"
+        assert b.stats()["tenant_stats"]["hits_l1"] == 1
+        assert b.stats()["scope"] == "tenant" and b.stats()["tower_items"] == 0
+        stranger = ec.EncodeClient(f"127.0.0.1:{port}", timeout=60, auth_token="not-a-token")
+        with pytest.raises(ec.EncodeError) as e:
+            stranger.encode([x])
+        assert "UNAUTHENTICATED" in str(e.value.code)
+        # A tenant token claiming another tenant by header is still itself.
+        claim = ec.EncodeClient(f"127.0.0.1:{port}", timeout=60, auth_token=TOKENS["bob"], tenant="alice")
+        assert claim.encode([h.png(56, 56, 303)])[0].source == "miss"
+        assert a.stats()["tenant_stats"]["requests"] == 3
+        assert b.stats()["tenant_stats"]["requests"] == 3
+        for c in (a, b, op, stranger, claim):
+            c.close()
+    finally:
+        assert h.stop_server(proc) == 0, h.server_stderr(proc)
+
+
+def chat(port, token, blob):
+    body = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(blob).decode()}}]}]}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
+                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    r = conn.getresponse()
+    data = r.read()
+    conn.close()
+    return r.status, data
+
+
+def test_http_front_tenants_are_isolated_and_credentialed(secrets_dir):
+    proc, port, _ = h.start_server(h.tiny_serve_args() + tenant_flags(secrets_dir) + ["--http-port", "0"])
+    try:
+        http_port = int(proc.ready["http_port"])
+        x = h.png(56, 56, 311)
+        assert chat(http_port, TOKENS["alice"], x)[0] == 200
+        assert chat(http_port, TOKENS["bob"], x)[0] == 200
+        assert chat(http_port, TOKENS["alice"], x)[0] == 200
+        a, b, op = client(port, "alice"), client(port, "bob"), client(port, "ops")
+        sa, sb = a.stats()["tenant_stats"], b.stats()["tenant_stats"]
+        assert (sa["misses"], sa["hits_l1"]) == (1, 1)
+        assert (sb["misses"], sb["hits_l1"]) == (1, 0), "bob's request for alice's image ran the tower"
+        assert op.stats()["tower_items"] == 2
+        # The same image over gRPC is alice's own hit: one namespace per tenant, whichever front.
+        assert a.encode([x])[0].source == "l1"
+        assert chat(http_port, "not-a-token", x)[0] == 401
+        for c in (a, b, op):
+            c.close()
+    finally:
+        assert h.stop_server(proc) == 0, h.server_stderr(proc)
+
+
+def test_two_server_cluster_l3_values_stay_in_their_tenants_namespace(redis, servers, secrets_dir):
+    flags = tenant_flags(secrets_dir)
+    s1, s2 = servers("s1", flags), servers("s2", flags)
+    a1, a2, b2 = client(s1.port, "alice"), client(s2.port, "alice"), client(s2.port, "bob")
+    op1, op2 = client(s1.port, "ops"), client(s2.port, "ops")
+    x = h.png(56, 56, 321)
+    assert a1.encode([x])[0].source == "miss"
+    wait_for(lambda: op1.stats()["l3_counters"].get("writes", 0) >= 1, "s1's L3 write")
+    # Bob on the other server: his L3 lookup misses alice's value.
+    assert b2.encode([x])[0].source == "miss"
+    # Alice on the other server: her own value, from L3 (the control).
+    assert a2.encode([x])[0].source == "l3"
+    assert op2.stats()["tower_items"] == 1
+    # Public items cross servers and tenants through L3.
+    cat = h.png(56, 56, 322)
+    assert a1.encode([ec.Item(image=cat, public=True)])[0].source == "miss"
+    wait_for(lambda: op1.stats()["l3_counters"].get("writes", 0) >= 2, "s1's second L3 write")
+    assert b2.encode([ec.Item(image=cat, public=True)])[0].source == "l3"
+    for c in (a1, a2, b2, op1, op2):
+        c.close()
