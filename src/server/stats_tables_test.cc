@@ -323,7 +323,11 @@ TEST(StatsTablesTest, ReplayReportsExactlyItsKeys) {
                                            "misses",        "shape_mismatches", "cache_errors", "tower_batches",
                                            "tower_items",   "tower_tokens",     "tower_s",      "l1_bytes",
                                            "l2_bytes",      "demotions",        "promotions",   "video_items",
-                                           "video_decodes", "chunk_hits",       "chunk_misses", "chunk_joins"}));
+                                           "video_decodes", "chunk_hits",       "chunk_misses", "chunk_joins",
+                                           "hit_bytes_l1",  "hit_bytes_l2",     "hit_bytes_l3", "miss_bytes",
+                                           "hit_seconds_l1", "hit_seconds_l2",  "hit_seconds_l3", "miss_seconds",
+                                           "encode_seconds_saved", "l1_write_bytes", "l2_write_bytes",
+                                           "l1_admission_rejections", "adopt_rejections"}));
   EXPECT_EQ(l3, (std::set<std::string>{"hits", "misses", "corrupt", "writes", "write_drops", "lease_waits",
                                        "lease_takeovers", "degraded"}));
 }

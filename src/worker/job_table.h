@@ -81,11 +81,15 @@ class JobTable {
     // A whole video's job (grid (t, h, w)): its timing, delivered with the
     // embedding to every waiter. Null for images and chunks.
     std::shared_ptr<const VideoTiming> video_timing;
+    // Seconds of work this job's entry cost before it was queued (a video
+    // chunk's share of its container decode), added to its measured cost.
+    double prior_seconds = 0;
   };
   // A batch's timing, for the results it delivers.
   struct BatchTiming {
     Clock::time_point start;  // tower call start
     double tower_ms = 0;
+    double entry_seconds = -1;  // the delivered entry's measured cost (ItemResult::encode_seconds)
   };
 
   // `stats` must outlive the table; `dedup` registers jobs by key.

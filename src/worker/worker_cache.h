@@ -18,9 +18,19 @@
 //     served as a miss, a failed demotion drops the victim (the eviction goes
 //     on, so L1 stays within its capacity: unwinding out of the cache would
 //     abandon it half-way), a failed L2-only placement drops the entry.
+//   - The adoption check (adopt_check.h): a value from outside the process
+//     that does not match what the request predicts is refused, counted in
+//     adopt_rejections and kept for TakeRefused, so the shared tier's owner
+//     (WorkerLoop) deletes it there; the item is then encoded.
+//   - Costs (issue 26): every entry is put with its measured EntryCost
+//     (docs/PLAN.md, "What the worker passes"), the tiers are built with
+//     WorkerOptions' eviction, l1_admission and promote_seconds_per_byte,
+//     and each hit adds its bytes and its cost to the per-tier weights.
 //
 // Counts in the WorkerStats it is given: shape_mismatches, cache_errors,
-// hits_l1 / hits_l2 (ServeHit only), hits_l3 (Adopt).
+// adopt_rejections, hits_l1 / hits_l2 with hit_bytes_* / hit_seconds_*
+// (Lookup: images, chunks and videos), hits_l3 and its weights (Adopt),
+// encode_seconds_saved (the hit seconds of all three).
 //
 // Complexity: each call O(1) map work plus the hooks' copies.
 // Thread safety: thread-compatible (the worker's owning thread). Contains may
@@ -29,6 +39,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
@@ -36,6 +49,7 @@
 #include "epd/core/tiered_cache.h"
 #include "epd/core/vision_tower.h"
 #include "epd/worker/worker_options.h"
+#include "adopt_check.h"
 
 namespace epd::internal {
 
@@ -60,18 +74,37 @@ class WorkerCache {
   // Lookup, and on a hit sets res.embedding and res.source and counts it in
   // hits_l1 / hits_l2. Returns whether it hit.
   bool ServeHit(const ContentKey& key, std::int64_t tokens, ItemResult& res);
-  // A value the shared tier (L3) supplied: checked with Fits(tokens)
-  // (mismatch counted), moved to the device when to_device is set (a throw
-  // counted in cache_errors), cached and counted in hits_l3. nullopt when
-  // it cannot be served; the item is then encoded.
-  std::optional<EmbeddingPtr> Adopt(const ContentKey& key, EmbeddingPtr ready, std::int64_t tokens);
-  // Caches `e` (L1, or L2 under the L2-only rule). Never throws from a hook.
-  void Put(const ContentKey& key, const EmbeddingPtr& e);
+  // A value the shared tier (L3) supplied, with the cost measured where it
+  // was encoded: checked with CheckAdoptedValue against `want` (a refusal
+  // counted in adopt_rejections, and in shape_mismatches when the shape
+  // differs, and kept for TakeRefused), moved to the device when to_device
+  // is set (a throw counted in cache_errors), cached with `cost` and counted
+  // in hits_l3. nullopt when it cannot be served; the item is then encoded.
+  // A cost that is neither finite and >= 0 nor kUnmeasured counts as
+  // kUnmeasured.
+  std::optional<EmbeddingPtr> Adopt(const ContentKey& key, EmbeddingPtr ready, const AdoptExpectation& want,
+                                    EntryCost cost);
+  // Caches `e` with its measured cost (L1, or L2 under the L2-only rule).
+  // Never throws from a hook.
+  void Put(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost);
+  // The cost the cache holds for `key` (either tier), without touching it.
+  std::optional<EntryCost> CostOf(const ContentKey& key) const;
+
+  // A value Adopt refused, and why (the check's message).
+  struct Refused {
+    ContentKey key;
+    std::string why;
+  };
+  // The values refused since the last call, oldest first.
+  std::vector<Refused> TakeRefused() { return std::exchange(refused_, {}); }
   // `host` copied to the device by to_device; `host` itself when the hook
   // is unset, returns null or throws (counted in cache_errors).
   EmbeddingPtr OnDevice(EmbeddingPtr host);
 
   bool Contains(const ContentKey& key) const { return cache_.Contains(key); }
+  // Seconds the cache charges an entry put with `cost` (an unmeasured one:
+  // nbytes x default_seconds_per_byte, as EmbeddingCache does).
+  double Seconds(const EntryCost& cost, std::int64_t nbytes) const;
   // Fills the cache fields of `s` (evictions, tier moves, occupancy).
   void Report(WorkerStats& s) const;
 
@@ -88,12 +121,15 @@ class WorkerCache {
   std::optional<EmbeddingPtr> L2OnlyGet(const ContentKey& key);
   // A get behind the promotion fence.
   std::optional<EmbeddingPtr> Get(const ContentKey& key, CacheTier* tier);
+  // Adds a served hit's bytes and cost to the weights of `source`'s tier.
+  void CountHit(ItemSource source, std::int64_t nbytes, double seconds);
 
   const WorkerOptions& options_;
   const VisionTower& tower_;
   WorkerStats& stats_;
   Cache cache_;
   bool placed_in_l2_ = false;  // Put has put an entry straight into L2 (see L2Only)
+  std::vector<Refused> refused_;
 };
 
 }  // namespace epd::internal
