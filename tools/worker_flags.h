@@ -73,7 +73,7 @@ struct WorkerFlags {
   double cache_mb = 1024;
   double host_cache_mb = 4096;
   bool no_cache = false;
-  std::string eviction = "lru";      // WorkerOptions::eviction
+  std::string eviction = "lru";       // WorkerOptions::eviction
   std::string l1_admission = "none";  // WorkerOptions::l1_admission
   std::int64_t max_tokens_per_batch = 8192;
   std::int64_t max_items_per_batch = 16;

@@ -192,9 +192,7 @@ std::size_t HeaderBytes(const char* h, std::size_t base) {
   return n == base || n == base + kCostBytes ? static_cast<std::size_t>(n) : 0;
 }
 
-std::string HeaderSizes(std::size_t base) {
-  return std::to_string(base) + " or " + std::to_string(base + kCostBytes);
-}
+std::string HeaderSizes(std::size_t base) { return std::to_string(base) + " or " + std::to_string(base + kCostBytes); }
 
 // The cost field of a header of `header_bytes` (base `base`): its seconds,
 // kL3Unmeasured when the header has none. kDataLoss for a negative or
@@ -270,8 +268,8 @@ StatusOr<EmbeddingPtr> DecodeAuthenticated(std::string_view value, const Content
 
 }  // namespace
 
-std::string EncodeL3Value(const ContentKey& key, const Embedding& e, std::uint32_t key_version,
-                          const L3ValueOptions& o, double encode_seconds) {
+std::string EncodeL3Value(const ContentKey& key, const Embedding& e, std::uint32_t key_version, const L3ValueOptions& o,
+                          double encode_seconds) {
   const bool keyed = o.keyring != nullptr;
   const std::size_t base = keyed ? kL3KeyedHeaderBytes : kL3HeaderBytes;
   const bool costed = std::isfinite(encode_seconds) && encode_seconds >= 0;

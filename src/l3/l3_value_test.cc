@@ -434,7 +434,6 @@ TEST(L3ValueKeyed, PreviousKeyIsAcceptedDuringARotationAndRefusedAfter) {
   ExpectRefused(new_value, before, StatusCode::kUnauthenticated, "key id 2, which this server does not hold");
 }
 
-
 // ---- The optional encode cost (issue 26): a value written with a measured
 // cost carries it in 8 more header bytes, under the checksum or the tag (both
 // computed here independently); a value without one is byte for byte the

@@ -359,7 +359,6 @@ TEST(WorkerLoopL3, ForgedLeaseDoesNotStallAKeyedServer) {
   EXPECT_EQ(a->tower->items_encoded(), 1);
 }
 
-
 // Issue 27, fault 3: values the tier itself accepts (checksummed or
 // authentic, and self-consistent) that do not match what the request
 // predicts. Planted for `img`, such a value must be refused by the worker
@@ -446,7 +445,6 @@ TEST(WorkerLoopL3, AuthenticValueFromAnotherHiddenSizeIsRefusedDeletedAndReencod
   ExpectPlantedValueRefused(redis, *a, img, Planted(img, Expected(img, {.hidden = 16}), ClusterKey()));
   EXPECT_EQ(a->loop->SharedTierStatsSnapshot().auth_failures, 0u);
 }
-
 
 // Issue 26: the encode cost measured where a value was encoded travels with
 // it through L3 (the value's cost field) and is what its adoptions save.

@@ -16,8 +16,7 @@ Status Refused(const std::string& what) {
 }
 
 Status Differs(const char* field, std::int64_t got, std::int64_t want, const char* source) {
-  return Refused("has " + std::string(field) + " " + std::to_string(got) + ", " + source + " " +
-                 std::to_string(want));
+  return Refused("has " + std::string(field) + " " + std::to_string(got) + ", " + source + " " + std::to_string(want));
 }
 
 }  // namespace

@@ -95,8 +95,7 @@ std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::PickLocked() const {
 
 StatusOr<PreprocessedImage> PrefetchDecoder::Decode(Task& task) const {
   const auto start = std::chrono::steady_clock::now();
-  StatusOr<PreprocessedImage> r =
-      task.make ? task.make() : DecodeAndPreprocess(task.media.span(), config_, limits_);
+  StatusOr<PreprocessedImage> r = task.make ? task.make() : DecodeAndPreprocess(task.media.span(), config_, limits_);
   task.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }

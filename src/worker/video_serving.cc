@@ -78,11 +78,11 @@ class VideoServing::Item final : public ItemSink, public GateBarrier {
   // The assembly, once expanded into chunks.
   GridTHW grid;
   std::shared_ptr<const VideoTiming> timing;
-  std::vector<EmbeddingPtr> chunks;  // by temporal index; null until in
+  std::vector<EmbeddingPtr> chunks;    // by temporal index; null until in
   std::vector<ContentKey> chunk_keys;  // by temporal index (the assembly's cost)
-  std::int64_t remaining = 0;        // chunk results still to come
-  Status failure;                    // the first chunk's failure
-  double queue_ms = 0;               // the slowest chunk's
+  std::int64_t remaining = 0;          // chunk results still to come
+  Status failure;                      // the first chunk's failure
+  double queue_ms = 0;                 // the slowest chunk's
   double tower_ms = 0;
 };
 

@@ -43,13 +43,13 @@
 #include <utility>
 #include <vector>
 
+#include "adopt_check.h"
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
 #include "epd/core/encode_types.h"
 #include "epd/core/tiered_cache.h"
 #include "epd/core/vision_tower.h"
 #include "epd/worker/worker_options.h"
-#include "adopt_check.h"
 
 namespace epd::internal {
 

@@ -85,8 +85,8 @@ namespace epd {
 
 inline constexpr std::uint16_t kL3FormatChecksummed = 1;
 inline constexpr std::uint16_t kL3FormatAuthenticated = 2;
-inline constexpr std::size_t kL3HeaderBytes = 112;       // format 1
-inline constexpr std::size_t kL3KeyedHeaderBytes = 136;  // format 2
+inline constexpr std::size_t kL3HeaderBytes = 112;             // format 1
+inline constexpr std::size_t kL3KeyedHeaderBytes = 136;        // format 2
 inline constexpr std::size_t kL3CostedHeaderBytes = 120;       // format 1 with the cost field
 inline constexpr std::size_t kL3KeyedCostedHeaderBytes = 144;  // format 2 with the cost field
 // A value that carries no encode cost (EntryCost::kUnmeasured's value).
