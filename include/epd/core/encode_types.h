@@ -171,8 +171,11 @@ struct WorkerStats {
   // entry it made (miss_*). So the object, byte and encode-second hit ratios
   // of tier X are hits_X / (all hits + misses), hit_bytes_X / (all hit bytes
   // + miss_bytes) and hit_seconds_X / (all hit seconds + miss_seconds).
-  // Joins are in none of them. encode_seconds_saved is the three tiers' hit
-  // seconds summed: tower (and decode) seconds the cache spared.
+  // Joins are in none of them. A video's temporal chunks count as the
+  // entries they are (a chunk served from L1 in hit_*_l1, a chunk the tower
+  // ran in miss_*), besides the whole-video entry when that is what hit.
+  // encode_seconds_saved is the three tiers' hit seconds summed: tower (and
+  // decode) seconds the cache spared.
   std::uint64_t hit_bytes_l1 = 0;
   std::uint64_t hit_bytes_l2 = 0;
   std::uint64_t hit_bytes_l3 = 0;
