@@ -20,7 +20,7 @@ each policy, one replay; reported: LRU's and GDSF's encode-second hit ratio
 object hit ratios, and GDSF's encode seconds saved over LRU's. One run each.
 
 Usage: measured_economics_bench.py --build BUILD [--requests N] [--keys K]
-         [--rate R] [--out FILE.json]
+         [--rate R] [--out FILE.json] [--docs]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -93,6 +94,32 @@ def object_ratio(r: dict) -> float:
     return r["hits_l1"] / n if n else 0.0
 
 
+def render(r: dict) -> str:
+    """docs/BENCHMARKS-measured-economics.md for result `r`."""
+    lines = [
+        "## Cache economics with measured costs: GDSF against LRU through replay", "",
+        f"Measured {r['date']} on the 2-core development machine (shared: load average {r['load_before']} before, "
+        f"{r['load_after']} after), by `bench/measured_economics_bench.py`. Unlike the section above, every cost is "
+        "what the worker measured for the entry (its JPEG decode and preprocessing plus its token share of its "
+        "tower batch, docs/PLAN.md \"What the worker passes\"), read back from `replay --json`. The trace is "
+        f"`bench/traces.py`'s production shape scaled down: {r['requests']:,} requests (Zipf 0.9 over 4 tenants, 30% "
+        f"one-hit wonders, bursts, a popularity shift) over {r['distinct_keys']:,} distinct keys, each a JPEG whose "
+        f"area is the trace's source size x {r['area_scale']}, replayed with `--realtime` at {r['rate']:g} "
+        f"requests/s through the default model (the random Qwen2.5-VL checkpoint) on CPU with `--max-pixels "
+        f"{r['max_pixels']}` (at most {r['max_pixels'] // 784} tokens), one cache (`--host-cache-mb 0`). Working "
+        f"set {r['distinct_mb']:.1f} MB; the distinct keys' measured cost {r['all_miss_seconds']:.1f} s. One run "
+        "per row.", "",
+        "| capacity (share of working set) | LRU seconds hit | GDSF seconds hit | GDSF / LRU seconds saved "
+        "| LRU object hit | GDSF object hit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in r["rows"]:
+        lines.append(f"| {row['cache_mb']:.2f} MB ({row['share']:.0%}) | {row['lru_seconds_hit']:.3f} | "
+                     f"{row['gdsf_seconds_hit']:.3f} | {1 + row['gdsf_over_lru']:.3f} | {row['lru_object_hit']:.3f} | "
+                     f"{row['gdsf_object_hit']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--build", required=True)
@@ -101,11 +128,14 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=40)
     p.add_argument("--area-scale", type=float, default=0.25)
     p.add_argument("--max-pixels", type=int, default=100352)  # 128 tokens at most
-    p.add_argument("--shares", default="0.05,0.1,0.2")
+    p.add_argument("--shares", default="0.1,0.2,0.4")
     p.add_argument("--out", default="")
+    p.add_argument("--docs", action="store_true", help="write docs/BENCHMARKS-measured-economics.md")
     a = p.parse_args()
     work = os.path.join(a.build, "bench-results", "measured-economics")
     os.makedirs(work, exist_ok=True)
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     trace, images, distinct = build_inputs(work, a.requests, a.keys, a.rate, a.area_scale)
     # The distinct bytes, measured: every key once, no eviction (a big cache).
     full = replay(a.build, trace, images, "lru", 1 << 16, a.max_pixels)
@@ -122,12 +152,17 @@ def main() -> int:
                      "lru_saved_s": saved_lru, "gdsf_saved_s": saved_gdsf,
                      "gdsf_over_lru": saved_gdsf / saved_lru - 1 if saved_lru > 0 else float("nan")})
         print(json.dumps(rows[-1]), file=sys.stderr)
-    result = {"requests": a.requests, "distinct_keys": distinct, "distinct_mb": distinct_mb,
-              "all_miss_seconds": full["miss_seconds"], "rate": a.rate, "max_pixels": a.max_pixels, "rows": rows}
+    result = {"date": date, "load_before": load_before, "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+              "requests": a.requests, "distinct_keys": distinct, "distinct_mb": distinct_mb,
+              "all_miss_seconds": full["miss_seconds"], "rate": a.rate, "max_pixels": a.max_pixels,
+              "area_scale": a.area_scale, "rows": rows}
     text = json.dumps(result, indent=1)
     if a.out:
         with open(a.out, "w") as f:
             f.write(text + "\n")
+    if a.docs:
+        with open(os.path.join(ROOT, "docs", "BENCHMARKS-measured-economics.md"), "w") as f:
+            f.write(render(result))
     print(text)
     return 0
 
