@@ -57,24 +57,31 @@ def make_image(path: str, area: float, seed: int) -> None:
         "-vf", f"noise=alls={20 + seed % 30}:allf=u", "-frames:v", "1", "-q:v", "3", path])
 
 
-def build_inputs(work: str, requests: int, keys: int, rate: float, area_scale: float) -> tuple[str, str, int]:
+def build_inputs(work: str, requests: int, keys: int, rate: float, area_scale: float,
+                 prefix: int = 0) -> tuple[str, str, int]:
+    """The replay trace (the first `prefix` requests of the cache trace when
+    > 0), its images and its number of distinct keys."""
     cache_trace = os.path.join(work, "cache_trace.jsonl")
     sh([sys.executable, os.path.join(ROOT, "bench", "traces.py"), "--requests", str(requests), "--keys",
         str(keys), "--seed", "3", "--rate", str(rate), "--out", cache_trace])
     images = os.path.join(work, "images")
     os.makedirs(images, exist_ok=True)
     names: dict[str, str] = {}
-    replay = os.path.join(work, "replay.jsonl")
+    replay = os.path.join(work, f"replay-{prefix}.jsonl" if prefix else "replay.jsonl")
+    distinct = set()
     with open(cache_trace) as f, open(replay, "w") as out:
         for i, line in enumerate(f):
+            if prefix and i >= prefix:
+                break
             e = json.loads(line)
+            distinct.add(e["key"])
             if e["key"] not in names:
                 names[e["key"]] = f"k{len(names):05d}.jpg"
                 path = os.path.join(images, names[e["key"]])
                 if not os.path.isfile(path):
                     make_image(path, source_mp(e) * 1e6 * area_scale, len(names))
             out.write(json.dumps({"id": f"r{i}", "arrival_ms": e["t_ms"], "images": [names[e["key"]]]}) + "\n")
-    return replay, images, len(names)
+    return replay, images, len(distinct)
 
 
 def replay(build: str, trace: str, images: str, policy: str, cache_mb: float, max_pixels: int) -> dict:
@@ -102,8 +109,10 @@ def render(r: dict) -> str:
         f"{r['load_after']} after), by `bench/measured_economics_bench.py`. Unlike the section above, every cost is "
         "what the worker measured for the entry (its JPEG decode and preprocessing plus its token share of its "
         "tower batch, docs/PLAN.md \"What the worker passes\"), read back from `replay --json`. The trace is "
-        f"`bench/traces.py`'s production shape scaled down: {r['requests']:,} requests (Zipf 0.9 over 4 tenants, 30% "
-        f"one-hit wonders, bursts, a popularity shift) over {r['distinct_keys']:,} distinct keys, each a JPEG whose "
+        f"`bench/traces.py`'s production shape scaled down: the first {r['requests']:,} requests of a "
+        f"{r['trace_requests']:,}-request trace (Zipf 0.9 over 4 tenants, 30% one-hit wonders, bursts; the popularity "
+        f"shift at its midpoint falls outside a prefix shorter than half) over {r['distinct_keys']:,} distinct keys, "
+        "each a JPEG whose "
         f"area is the trace's source size x {r['area_scale']}, replayed with `--realtime` at {r['rate']:g} "
         f"requests/s through the default model (the random Qwen2.5-VL checkpoint) on CPU with `--max-pixels "
         f"{r['max_pixels']}` (at most {r['max_pixels'] // 784} tokens), one cache (`--host-cache-mb 0`). Working "
@@ -129,6 +138,7 @@ def main() -> int:
     p.add_argument("--area-scale", type=float, default=0.25)
     p.add_argument("--max-pixels", type=int, default=100352)  # 128 tokens at most
     p.add_argument("--shares", default="0.1,0.2,0.4")
+    p.add_argument("--prefix", type=int, default=0, help="replay only the trace's first N requests")
     p.add_argument("--out", default="")
     p.add_argument("--docs", action="store_true", help="write docs/BENCHMARKS-measured-economics.md")
     a = p.parse_args()
@@ -136,7 +146,7 @@ def main() -> int:
     os.makedirs(work, exist_ok=True)
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    trace, images, distinct = build_inputs(work, a.requests, a.keys, a.rate, a.area_scale)
+    trace, images, distinct = build_inputs(work, a.requests, a.keys, a.rate, a.area_scale, a.prefix)
     # The distinct bytes, measured: every key once, no eviction (a big cache).
     full = replay(a.build, trace, images, "lru", 1 << 16, a.max_pixels)
     distinct_mb = full["miss_bytes"] / (1 << 20)
@@ -153,7 +163,7 @@ def main() -> int:
                      "gdsf_over_lru": saved_gdsf / saved_lru - 1 if saved_lru > 0 else float("nan")})
         print(json.dumps(rows[-1]), file=sys.stderr)
     result = {"date": date, "load_before": load_before, "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-              "requests": a.requests, "distinct_keys": distinct, "distinct_mb": distinct_mb,
+              "requests": a.prefix or a.requests, "trace_requests": a.requests, "distinct_keys": distinct, "distinct_mb": distinct_mb,
               "all_miss_seconds": full["miss_seconds"], "rate": a.rate, "max_pixels": a.max_pixels,
               "area_scale": a.area_scale, "rows": rows}
     text = json.dumps(result, indent=1)
