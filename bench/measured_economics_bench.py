@@ -101,6 +101,11 @@ def object_ratio(r: dict) -> float:
     return r["hits_l1"] / n if n else 0.0
 
 
+def total(saved: float, ratio: float) -> str:
+    """A run's total measured cost, hits and misses: saved / seconds hit."""
+    return f"{saved / ratio:.1f} s" if ratio > 0 else "n/a"
+
+
 def render(r: dict) -> str:
     """docs/BENCHMARKS-measured-economics.md for result `r`."""
     lines = [
@@ -118,14 +123,28 @@ def render(r: dict) -> str:
         f"{r['max_pixels']}` (at most {r['max_pixels'] // 784} tokens), one cache (`--host-cache-mb 0`). Working "
         f"set {r['distinct_mb']:.1f} MB; the distinct keys' measured cost {r['all_miss_seconds']:.1f} s. One run "
         "per row.", "",
-        "| capacity (share of working set) | LRU seconds hit | GDSF seconds hit | GDSF / LRU seconds saved "
-        "| LRU object hit | GDSF object hit |",
-        "|---|---|---|---|---|---|",
+        "| capacity (share of working set) | LRU seconds hit | GDSF seconds hit | GDSF / LRU seconds hit "
+        "| LRU seconds saved (of total measured) | GDSF seconds saved (of total measured) | LRU object hit "
+        "| GDSF object hit |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
+        ratio = row["gdsf_seconds_hit"] / row["lru_seconds_hit"] if row["lru_seconds_hit"] > 0 else float("nan")
         lines.append(f"| {row['cache_mb']:.2f} MB ({row['share']:.0%}) | {row['lru_seconds_hit']:.3f} | "
-                     f"{row['gdsf_seconds_hit']:.3f} | {1 + row['gdsf_over_lru']:.3f} | {row['lru_object_hit']:.3f} | "
+                     f"{row['gdsf_seconds_hit']:.3f} | {ratio:.3f} | {row['lru_saved_s']:.1f} s "
+                     f"({total(row['lru_saved_s'], row['lru_seconds_hit'])}) | {row['gdsf_saved_s']:.1f} s "
+                     f"({total(row['gdsf_saved_s'], row['gdsf_seconds_hit'])}) | {row['lru_object_hit']:.3f} | "
                      f"{row['gdsf_object_hit']:.3f} |")
+    lines += [
+        "",
+        "Seconds hit = hit_seconds_l1 / (hit_seconds_l1 + miss_seconds) within one run. The seconds saved are not "
+        "comparable across runs: each run measures its own costs, and on this shared machine the same entries' "
+        "measured costs differed from run to run (the totals in parentheses; every key once, in a cache that "
+        f"holds all: {r['all_miss_seconds']:.1f} s) (with `--realtime` the backlog, and so the batch "
+        "sizes, differ too), so a run whose entries measured cheaper saves fewer seconds at the same hits. The "
+        "within-run ratio is the comparison; the issue's target (GDSF saves >= 20% more encode seconds than LRU "
+        "where LRU hits 30-70%) is judged on it.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -141,7 +160,14 @@ def main() -> int:
     p.add_argument("--prefix", type=int, default=0, help="replay only the trace's first N requests")
     p.add_argument("--out", default="")
     p.add_argument("--docs", action="store_true", help="write docs/BENCHMARKS-measured-economics.md")
+    p.add_argument("--render", default="", help="only write the docs page from this --out JSON")
     a = p.parse_args()
+    if a.render:
+        with open(a.render) as f:
+            result = json.load(f)
+        with open(os.path.join(ROOT, "docs", "BENCHMARKS-measured-economics.md"), "w") as f:
+            f.write(render(result))
+        return 0
     work = os.path.join(a.build, "bench-results", "measured-economics")
     os.makedirs(work, exist_ok=True)
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
