@@ -155,7 +155,10 @@ TEST(StatsTablesTest, EveryRowIsAStatsResponseFieldOfItsTypeAndEveryFieldARowOrB
     EXPECT_TRUE(fields_covered.count(name) + map_keys.count(name) + kByHand.count(name) == 1)
         << "StatsResponse." << name << " is in no table (or in one and carried by hand too)";
   }
+  // The L3 tier's 13 counters, and the two of the cluster key (docs/L3.md).
   EXPECT_EQ(map_keys["l3_counters"].size(), 15u);
+  EXPECT_EQ(map_keys["l3_counters"].count("auth_failures"), 1u);
+  EXPECT_EQ(map_keys["l3_counters"].count("lease_auth_failures"), 1u);
 }
 
 TEST(StatsTablesTest, RoundTripOverTheWireKeepsEveryFieldOfADistinctlyFilledSnapshot) {
@@ -189,6 +192,7 @@ TEST(StatsTablesTest, RoundTripOverTheWireKeepsEveryFieldOfADistinctlyFilledSnap
   EXPECT_TRUE(m.l3_enabled());
   EXPECT_TRUE(m.l3_degraded());
   EXPECT_EQ(m.l3_counters().size(), 15u);
+  EXPECT_EQ(m.l3_counters().at("auth_failures"), s.l3.auth_failures);
   EXPECT_EQ(m.l3_counters().at("lease_wait_timeouts"), s.l3.lease_wait_timeouts);
   EXPECT_EQ(m.item_errors().at("INVALID_ARGUMENT"), 11u);
   EXPECT_EQ(m.rpc_errors().at("UNAUTHENTICATED"), 14u);

@@ -4,6 +4,7 @@
 # epd::media first. FFmpeg stays PRIVATE: epd/video/video_decoder.h mentions none
 # of its types, so nothing above this edge includes an FFmpeg header.
 add_library(epd_video
+  ${CMAKE_CURRENT_LIST_DIR}/decode_budget.cc
   ${CMAKE_CURRENT_LIST_DIR}/video_decoder.cc
   ${CMAKE_CURRENT_LIST_DIR}/video_orientation.cc
 )

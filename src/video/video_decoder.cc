@@ -59,10 +59,14 @@ extern "C" {
 #include <string>
 #include <vector>
 
+#include "decode_budget.h"
 #include "video_orientation.h"
 
 namespace epd {
 namespace {
+
+using internal::CheckDecodeWork;
+using internal::DecodeBudget;
 
 constexpr int kIoBufferSize = 64 * 1024;
 
@@ -227,67 +231,6 @@ StatusOr<ResizedSize> ShownFrameSize(const VideoInfo& info, const VideoOrientati
 bool IsVideo(const AVStream* st) {
   return st->codecpar->codec_type == AVMEDIA_TYPE_VIDEO && !(st->disposition & AV_DISPOSITION_ATTACHED_PIC);
 }
-
-// The decode work of `frames` frames of width x height against the limits
-// (VideoLimits::max_decode_frames, max_decode_pixels); a 0 count or size is
-// not known yet and passes.
-Status CheckDecodeWork(std::int64_t frames, std::int64_t width, std::int64_t height, const VideoLimits& limits) {
-  if (frames > limits.max_decode_frames) {
-    return InvalidArgument("decoding the video takes " + std::to_string(frames) + " frames, over the limit of " +
-                           std::to_string(limits.max_decode_frames) + " (max_decode_frames)");
-  }
-  const double pixels = static_cast<double>(frames) * static_cast<double>(std::max<std::int64_t>(width, 0)) *
-                        static_cast<double>(std::max<std::int64_t>(height, 0));
-  if (pixels > static_cast<double>(limits.max_decode_pixels)) {
-    return InvalidArgument("decoding the video takes " + std::to_string(frames) + " frames of " +
-                           std::to_string(width) + "x" + std::to_string(height) + ", " + Num(pixels) +
-                           " pixels, over the limit of " + std::to_string(limits.max_decode_pixels) +
-                           " (max_decode_pixels)");
-  }
-  return Status::Ok();
-}
-
-// The decode work spent so far, charged frame by frame, and the checks made
-// between frames: the stop token, the wall-time limit, and the frame and
-// pixel limits on what was actually decoded (a stream may grow its frames
-// past what the header said).
-class DecodeBudget {
- public:
-  DecodeBudget(const VideoLimits& limits, std::stop_token stop)
-      : limits_(limits), stop_(std::move(stop)), start_(std::chrono::steady_clock::now()) {}
-
-  Status Charge(const AVFrame* frame) {
-    ++frames_;
-    pixels_ += static_cast<double>(frame->width) * static_cast<double>(frame->height);
-    if (frames_ > limits_.max_decode_frames || pixels_ > static_cast<double>(limits_.max_decode_pixels)) {
-      return InvalidArgument("the video decoded to more than its header announced: " + std::to_string(frames_) +
-                             " frames, " + Num(pixels_) + " pixels so far, over the limit of " +
-                             std::to_string(limits_.max_decode_frames) + " frames (max_decode_frames) or " +
-                             std::to_string(limits_.max_decode_pixels) + " pixels (max_decode_pixels)");
-    }
-    return Between();
-  }
-
-  // Before the next frame.
-  Status Between() const {
-    if (stop_.stop_requested()) {
-      return Cancelled("the video decode was stopped after " + std::to_string(frames_) + " frames: its request ended");
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    if (seconds > limits_.max_decode_seconds) {
-      return InvalidArgument("decoding the video took over " + Num(limits_.max_decode_seconds) +
-                             " s (max_decode_seconds); stopped after " + std::to_string(frames_) + " frames");
-    }
-    return Status::Ok();
-  }
-
- private:
-  const VideoLimits& limits_;
-  const std::stop_token stop_;
-  const std::chrono::steady_clock::time_point start_;
-  std::int64_t frames_ = 0;
-  double pixels_ = 0;
-};
 
 Status CheckSize(const AVStream* st, const VideoLimits& limits) {
   const std::int64_t w = st->codecpar->width, h = st->codecpar->height;
@@ -561,7 +504,7 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
         return InvalidArgument("corrupt video stream at frame " + std::to_string(decoded) + " (" + AvError(err) +
                                FfmpegSays() + ")");
       }
-      if (Status s = budget.Charge(frame.get()); !s.ok()) return s;
+      if (Status s = budget.Charge(frame->width, frame->height); !s.ok()) return s;
       if (next < indices.size() && decoded == indices[next]) {
         if (next == 0 && sampling.apply_rotation && info.orientation.identity()) {
           // No container matrix: the bitstream's (a display-orientation

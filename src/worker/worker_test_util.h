@@ -106,7 +106,9 @@ class WorkerRig {
   // unless it leaves nothing to do (a video whose chunks all hit).
   static void Drain(EncodeWorker& w) {
     while (w.HasQueuedWork()) {
-      if (w.Step() == 0) ASSERT_FALSE(w.HasQueuedWork()) << "Step() ran no batch with work left";
+      if (w.Step() == 0) {
+        ASSERT_FALSE(w.HasQueuedWork()) << "Step() ran no batch with work left";
+      }
     }
   }
 

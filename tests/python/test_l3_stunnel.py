@@ -24,7 +24,6 @@ import subprocess
 import pytest
 
 import child_process
-
 import l3_harness
 import redis_harness as rh
 import server_harness as h
@@ -58,8 +57,7 @@ def make_pki(d):
 
 
 def spawn(args, log):
-    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=child_process.die_with_parent())
+    return child_process.popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ import time
 
 import pytest
 
+import child_process
 import server_harness as h
 
 reason = h.missing_reason()
@@ -184,8 +185,8 @@ def encoder():
 
 
 def start_origin(bind, directory):
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "media_origin.py"), "--bind", bind, "--dir", directory,
-                             "--slow-s", "10"], stdout=subprocess.PIPE, text=True, preexec_fn=h.die_with_parent)
+    proc = child_process.popen([sys.executable, os.path.join(HERE, "media_origin.py"), "--bind", bind, "--dir",
+                                directory, "--slow-s", "10"], stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.startswith("READY "), line
     return proc, int(line.split("port=")[1])
