@@ -729,6 +729,14 @@ def render_economics(ctx: Context) -> str | None:
     return _included_section("BENCHMARKS-economics.md")
 
 
+def render_measured_economics(ctx: Context) -> str | None:
+    """docs/BENCHMARKS-measured-economics.md, written by
+    bench/measured_economics_bench.py (not part of `make bench`: a replay per
+    policy and capacity, about 15 minutes on 2 cores): GDSF against LRU with
+    the worker's measured costs."""
+    return _included_section("BENCHMARKS-measured-economics.md")
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -779,6 +787,7 @@ SECTIONS = [
     ("Checkpoint towers: C++ against the Python reference", render_checkpoint),
     ("Video: chunk caching on overlapping clips", render_video),
     ("Cache economics: GDSF, the doorkeeper and plan", render_economics),
+    ("Cache economics with measured costs: GDSF against LRU through replay", render_measured_economics),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),

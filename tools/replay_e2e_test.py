@@ -167,6 +167,28 @@ def main():
     check(h["joins"] + h["hits_l1"] == 2, f"the repeats joined or hit: {h}")
     check(h["tower_batches"] == 2, f"one item per batch: {h}")
 
+    # 3b. --eviction gdsf with the doorkeeper (issue 26): a.png three times,
+    # far enough apart that each finds the last one's entry. Its first put
+    # goes to L2 (the doorkeeper's first request), its second request
+    # promotes it (an L2 hit), its third is an L1 hit; each hit weighs the
+    # entry's bytes (tokens x out_hidden x 4) and its measured cost, which is
+    # what its miss cost.
+    with open(hand, "w") as f:
+        for i in range(3):
+            f.write(json.dumps({"id": f"g{i}", "arrival_ms": 1500 * i, "images": ["a.png"]}) + "\n")
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--json", "--realtime", "--eviction",
+                             "gdsf", "--l1-admission", "doorkeeper")
+    check(rc == 0, f"gdsf replay failed: {stderr}")
+    g = json.loads(stdout)
+    entry = tokens["a.png"] * out_hidden * 4
+    check((g["misses"], g["hits_l2"], g["hits_l1"], g["l1_admission_rejections"]) == (1, 1, 1, 1), f"gdsf: {g}")
+    check(g["miss_bytes"] == g["hit_bytes_l2"] == g["hit_bytes_l1"] == entry, f"gdsf bytes, entry {entry}: {g}")
+    check(g["miss_seconds"] > 0 and g["hit_seconds_l2"] == g["hit_seconds_l1"] == g["miss_seconds"], f"gdsf s: {g}")
+    check(abs(g["encode_seconds_saved"] - 2 * g["miss_seconds"]) <= 1e-6 * g["miss_seconds"], f"saved: {g}")
+    check(g["l2_write_bytes"] == entry and g["l1_write_bytes"] == entry, f"write bytes: {g}")
+    rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--eviction", "fifo")
+    check(rc == 1 and "--eviction" in stderr and "fifo" in stderr, f"--eviction fifo: {rc} {stderr}")
+
     # 4. A corrupt image fails its item only (exit 3); a missing one is a setup error (exit 1).
     with open(os.path.join(images, "zz_bad.png"), "wb") as f:
         f.write(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)

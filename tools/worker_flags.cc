@@ -63,6 +63,16 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str()
       ->check(NonNegative("MB"));
   cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
+  cmd.add_option("--eviction", f.eviction,
+                 "eviction of L1 and L2: lru (the reference's) or gdsf (by measured encode cost per byte, "
+                 "docs/PLAN.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"lru", "gdsf"}));
+  cmd.add_option("--l1-admission", f.l1_admission,
+                 "L1 admission: none, or doorkeeper (a key enters L1 on its second request within a window, L2 on "
+                 "its first)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "doorkeeper"}));
   cmd.add_option("--max-tokens-per-batch", f.max_tokens_per_batch, "tower batch token budget")
       ->capture_default_str()
       ->check(Integer(1));
@@ -215,6 +225,9 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.max_tokens_per_batch = f.max_tokens_per_batch;
   o.max_items_per_batch = f.max_items_per_batch;
   o.decode_threads = f.decode_threads;
+  // Both were checked by the flags' IsMember.
+  o.eviction = *ParseEvictionPolicy(f.eviction);
+  o.l1_admission = *ParseL1Admission(f.l1_admission);
   o.order = f.order == "by_key" ? ScheduleOrder::kByKey
             : f.order == "fair" ? ScheduleOrder::kFair
                                 : ScheduleOrder::kFifo;

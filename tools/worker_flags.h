@@ -25,6 +25,11 @@
 //   --cache-mb MB             L1 cache capacity [1024]
 //   --host-cache-mb MB        L2 (host) cache capacity [4096]
 //   --no-cache                caching and in-flight dedup off (baselines)
+//   --eviction lru|gdsf       eviction of L1 and L2 [lru, the reference's];
+//                             gdsf ranks by measured encode cost per byte
+//   --l1-admission none|doorkeeper
+//                             L1 admission filter [none]; doorkeeper: L1 on a
+//                             key's second request in a window, L2 on its first
 //   --max-tokens-per-batch N  tower batch token budget [8192]
 //   --max-items-per-batch N   tower batch item bound [16]
 //   --order fifo|by_key|fair  scheduler order [fifo; serve: fair]
@@ -71,6 +76,8 @@ struct WorkerFlags {
   double cache_mb = 1024;
   double host_cache_mb = 4096;
   bool no_cache = false;
+  std::string eviction = "lru";       // WorkerOptions::eviction
+  std::string l1_admission = "none";  // WorkerOptions::l1_admission
   std::int64_t max_tokens_per_batch = 8192;
   std::int64_t max_items_per_batch = 16;
   std::string order = "fifo";

@@ -14,6 +14,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -27,6 +28,11 @@ constexpr std::size_t kOffFormat = 4, kOffHeaderBytes = 6, kOffKeyVersion = 8, k
                       kOffKey = 72, kOffChecksum = 104, kOffKeyId = 104, kOffIv = 108, kOffTag = 120;
 static_assert(kOffChecksum + 8 == kL3HeaderBytes);
 static_assert(kOffTag + 16 == kL3KeyedHeaderBytes);
+// The optional cost field: the last 8 bytes of a header that is that much
+// longer than the format's base header.
+constexpr std::size_t kCostBytes = 8;
+static_assert(kL3HeaderBytes + kCostBytes == kL3CostedHeaderBytes);
+static_assert(kL3KeyedHeaderBytes + kCostBytes == kL3KeyedCostedHeaderBytes);
 // Rows are scanned in blocks that stay in L1 between the copy, the hash and
 // the finiteness check.
 constexpr std::size_t kScanBlock = std::size_t{16} * 1024;
@@ -75,35 +81,6 @@ class Digest {
   std::unique_ptr<Gmac> gmac_;
 };
 
-// True when no element of the n bytes is a NaN or an infinity, i.e. has
-// all exponent bits set (IEEE 754 binary32 and binary16, and bfloat16, which
-// has binary32's exponent). Eight bytes at a time, as lanes of a uint64:
-// per lane, (x & exponent) + lowest exponent bit carries into the lane's top
-// bit exactly when the exponent is all ones, and never into the next lane
-// (the sum is at most the top bit). One AND, ADD and OR per word, which the
-// compiler vectorizes; a trailing partial word is padded with zeros (finite).
-bool Finite(DType d, const char* p, std::size_t n) {
-  struct Lanes {
-    std::uint64_t exponent, low, top;
-  };
-  const Lanes l = d == DType::kFloat32    ? Lanes{0x7f8000007f800000u, 0x0080000000800000u, 0x8000000080000000u}
-                  : d == DType::kBFloat16 ? Lanes{0x7f807f807f807f80u, 0x0080008000800080u, 0x8000800080008000u}
-                                          : Lanes{0x7c007c007c007c00u, 0x0400040004000400u, 0x8000800080008000u};
-  const std::size_t words = n / 8;
-  std::uint64_t acc = 0;
-  for (std::size_t i = 0; i < words; ++i) {
-    std::uint64_t x;
-    std::memcpy(&x, p + 8 * i, 8);
-    acc |= (x & l.exponent) + l.low;
-  }
-  if (n % 8 != 0) {
-    std::uint64_t x = 0;
-    std::memcpy(&x, p + 8 * words, n % 8);
-    acc |= (x & l.exponent) + l.low;
-  }
-  return (acc & l.top) == 0;
-}
-
 // The one pass over the rows: appends them to `main` and `deepstack`,
 // feeds them to `digest` and checks them for finiteness, block by block.
 // Returns whether every element was finite.
@@ -122,7 +99,7 @@ bool RowScan(const char* rows, Embedding& e, Digest& digest) {
     std::vector<std::byte>& out = off < main_bytes ? e.main : e.deepstack;
     out.insert(out.end(), b, b + (end - off));
     digest.Update(p, end - off);
-    finite = Finite(e.dtype, p, end - off) && finite;
+    finite = ElementsFinite(e.dtype, b, end - off) && finite;
     off = end;
   }
   return finite;
@@ -198,6 +175,8 @@ void PutCommonHeader(const ContentKey& key, const Embedding& e, std::uint32_t ke
 }
 
 // Whether the format 2 value's tag matches, over the whole value as it is.
+// The cost field, when present, lies between the tag and the rows, so one
+// update covers both.
 bool TagMatches(std::string_view value, const L3Key& k) {
   Digest d(k, value.data() + kOffIv);
   d.Update(value.data(), kOffTag);
@@ -206,31 +185,60 @@ bool TagMatches(std::string_view value, const L3Key& k) {
   return tag.ok() && TagsEqual(tag->data(), value.data() + kOffTag, tag->size());
 }
 
+// The header length a value declares, when it is `base` or `base` plus the
+// cost field; 0 otherwise.
+std::size_t HeaderBytes(const char* h, std::size_t base) {
+  const std::uint64_t n = GetLe(h + kOffHeaderBytes, 2);
+  return n == base || n == base + kCostBytes ? static_cast<std::size_t>(n) : 0;
+}
+
+std::string HeaderSizes(std::size_t base) { return std::to_string(base) + " or " + std::to_string(base + kCostBytes); }
+
+// The cost field of a header of `header_bytes` (base `base`): its seconds,
+// kL3Unmeasured when the header has none. kDataLoss for a negative or
+// non-finite cost.
+StatusOr<double> ReadCost(const char* h, std::size_t header_bytes, std::size_t base) {
+  if (header_bytes == base) return kL3Unmeasured;
+  double seconds;
+  const std::uint64_t bits = GetLe(h + base, kCostBytes);
+  std::memcpy(&seconds, &bits, sizeof seconds);
+  if (!(std::isfinite(seconds) && seconds >= 0)) return Corrupt("encode cost " + std::to_string(seconds) + " s");
+  return seconds;
+}
+
 StatusOr<EmbeddingPtr> DecodeChecksummed(std::string_view value, const ContentKey& key, std::uint32_t key_version,
-                                         std::int64_t merge) {
+                                         std::int64_t merge, double* cost) {
   const char* h = value.data();
-  if (const std::uint64_t n = GetLe(h + kOffHeaderBytes, 2); n != kL3HeaderBytes) {
-    return Corrupt("header of " + std::to_string(n) + " bytes, expected " + std::to_string(kL3HeaderBytes));
+  const std::size_t hb = HeaderBytes(h, kL3HeaderBytes);
+  if (hb == 0) {
+    return Corrupt("header of " + std::to_string(GetLe(h + kOffHeaderBytes, 2)) + " bytes, expected " +
+                   HeaderSizes(kL3HeaderBytes));
   }
-  if (value.size() < kL3HeaderBytes) return Corrupt("shorter than its header (truncated)");
+  if (value.size() < hb) return Corrupt("shorter than its header (truncated)");
   if (GetLe(h + kOffMerge, 1) != 0) return Corrupt("format 1 with a merge size byte set");
   auto e = std::make_shared<Embedding>();
-  if (Status s = CheckHeader(value, kL3HeaderBytes, key, key_version, merge, *e); !s.ok()) return s;
+  if (Status s = CheckHeader(value, hb, key, key_version, merge, *e); !s.ok()) return s;
   Digest d;
   d.Update(h, kOffChecksum);
-  const bool finite = RowScan(h + kL3HeaderBytes, *e, d);
+  d.Update(h + kL3HeaderBytes, hb - kL3HeaderBytes);  // the cost field, if any
+  const bool finite = RowScan(h + hb, *e, d);
   if (GetLe(h + kOffChecksum, 8) != d.Checksum()) return Corrupt("checksum mismatch");
   if (!finite) return Corrupt("non-finite row values (NaN or Inf)");
+  StatusOr<double> seconds = ReadCost(h, hb, kL3HeaderBytes);
+  if (!seconds.ok()) return seconds.status();
+  if (cost != nullptr) *cost = *seconds;
   return EmbeddingPtr(std::move(e));
 }
 
 StatusOr<EmbeddingPtr> DecodeAuthenticated(std::string_view value, const ContentKey& key, std::uint32_t key_version,
-                                           std::int64_t merge, const L3Keyring& ring) {
+                                           std::int64_t merge, const L3Keyring& ring, double* cost) {
   const char* h = value.data();
-  if (const std::uint64_t n = GetLe(h + kOffHeaderBytes, 2); n != kL3KeyedHeaderBytes) {
-    return Unauthentic("header of " + std::to_string(n) + " bytes, expected " + std::to_string(kL3KeyedHeaderBytes));
+  const std::size_t hb = HeaderBytes(h, kL3KeyedHeaderBytes);
+  if (hb == 0) {
+    return Unauthentic("header of " + std::to_string(GetLe(h + kOffHeaderBytes, 2)) + " bytes, expected " +
+                       HeaderSizes(kL3KeyedHeaderBytes));
   }
-  if (value.size() < kL3KeyedHeaderBytes) return Unauthentic("shorter than its header (truncated)");
+  if (value.size() < hb) return Unauthentic("shorter than its header (truncated)");
   const auto id = static_cast<std::uint32_t>(GetLe(h + kOffKeyId, 4));
   const L3Key* k = ring.Find(id);
   if (k == nullptr) {
@@ -238,7 +246,7 @@ StatusOr<EmbeddingPtr> DecodeAuthenticated(std::string_view value, const Content
                        "): unknown, or retired by a rotation");
   }
   auto e = std::make_shared<Embedding>();
-  Status header = CheckHeader(value, kL3KeyedHeaderBytes, key, key_version, merge, *e);
+  Status header = CheckHeader(value, hb, key, key_version, merge, *e);
   if (header.ok() && GetLe(h + kOffMerge, 1) != static_cast<std::uint64_t>(merge)) {
     header = Corrupt("merge size " + std::to_string(GetLe(h + kOffMerge, 1)) + ", this server's tower merges " +
                      std::to_string(merge));
@@ -246,31 +254,43 @@ StatusOr<EmbeddingPtr> DecodeAuthenticated(std::string_view value, const Content
   if (!header.ok()) return TagMatches(value, *k) ? header : Unauthentic("tag mismatch (forged or altered value)");
   Digest d(*k, h + kOffIv);
   d.Update(h, kOffTag);
-  const bool finite = RowScan(h + kL3KeyedHeaderBytes, *e, d);
+  d.Update(h + kL3KeyedHeaderBytes, hb - kL3KeyedHeaderBytes);  // the cost field, if any
+  const bool finite = RowScan(h + hb, *e, d);
   StatusOr<Gmac::Tag> tag = d.Tag();
   if (!tag.ok()) return tag.status();
   if (!TagsEqual(tag->data(), h + kOffTag, tag->size())) return Unauthentic("tag mismatch (forged or altered value)");
   if (!finite) return Corrupt("non-finite row values (NaN or Inf)");
+  StatusOr<double> seconds = ReadCost(h, hb, kL3KeyedHeaderBytes);
+  if (!seconds.ok()) return seconds.status();
+  if (cost != nullptr) *cost = *seconds;
   return EmbeddingPtr(std::move(e));
 }
 
 }  // namespace
 
-std::string EncodeL3Value(const ContentKey& key, const Embedding& e, std::uint32_t key_version,
-                          const L3ValueOptions& o) {
+std::string EncodeL3Value(const ContentKey& key, const Embedding& e, std::uint32_t key_version, const L3ValueOptions& o,
+                          double encode_seconds) {
   const bool keyed = o.keyring != nullptr;
-  const std::size_t header = keyed ? kL3KeyedHeaderBytes : kL3HeaderBytes;
+  const std::size_t base = keyed ? kL3KeyedHeaderBytes : kL3HeaderBytes;
+  const bool costed = std::isfinite(encode_seconds) && encode_seconds >= 0;
+  const std::size_t header = base + (costed ? kCostBytes : 0);
   const std::size_t payload = e.main.size() + e.deepstack.size();
   std::string out(header + payload, '\0');
   char* h = out.data();
   PutCommonHeader(key, e, key_version, keyed ? kL3FormatAuthenticated : kL3FormatChecksummed, header,
                   keyed ? o.merge_size : 0, h);
+  if (costed) {
+    std::uint64_t bits;
+    std::memcpy(&bits, &encode_seconds, sizeof bits);
+    PutLe(bits, kCostBytes, h + base);
+  }
   char* rows = h + header;
   if (!e.main.empty()) std::memcpy(rows, e.main.data(), e.main.size());
   if (!e.deepstack.empty()) std::memcpy(rows + e.main.size(), e.deepstack.data(), e.deepstack.size());
   if (!keyed) {
     Digest d;
     d.Update(h, kOffChecksum);
+    d.Update(h + base, header - base);  // the cost field, if any
     d.Update(rows, payload);
     PutLe(d.Checksum(), 8, h + kOffChecksum);
     return out;
@@ -282,6 +302,7 @@ std::string EncodeL3Value(const ContentKey& key, const Embedding& e, std::uint32
   std::memcpy(h + kOffIv, iv.data(), iv.size());
   Digest d(k, h + kOffIv);
   d.Update(h, kOffTag);
+  d.Update(h + base, header - base);  // the cost field, if any
   d.Update(rows, payload);
   StatusOr<Gmac::Tag> tag = d.Tag();
   if (!tag.ok()) throw Error(tag.status());
@@ -290,7 +311,7 @@ std::string EncodeL3Value(const ContentKey& key, const Embedding& e, std::uint32
 }
 
 StatusOr<EmbeddingPtr> DecodeL3Value(std::string_view value, const ContentKey& key, std::uint32_t key_version,
-                                     const L3ValueOptions& o) {
+                                     const L3ValueOptions& o, double* encode_seconds) {
   const L3Keyring* ring = o.keyring.get();
   auto reject = [&](const std::string& why) { return ring != nullptr ? Unauthentic(why) : Corrupt(why); };
   if (value.size() < kOffKeyId) {
@@ -300,8 +321,10 @@ StatusOr<EmbeddingPtr> DecodeL3Value(std::string_view value, const ContentKey& k
   if (std::memcmp(h, kMagic, 4) != 0) return reject("bad magic (not an epd L3 value)");
   const std::uint64_t f = GetLe(h + kOffFormat, 2);
   if (ring != nullptr && f == kL3FormatAuthenticated)
-    return DecodeAuthenticated(value, key, key_version, o.merge_size, *ring);
-  if (ring == nullptr && f == kL3FormatChecksummed) return DecodeChecksummed(value, key, key_version, o.merge_size);
+    return DecodeAuthenticated(value, key, key_version, o.merge_size, *ring, encode_seconds);
+  if (ring == nullptr && f == kL3FormatChecksummed) {
+    return DecodeChecksummed(value, key, key_version, o.merge_size, encode_seconds);
+  }
   if (ring != nullptr && f == kL3FormatChecksummed) {
     return Unauthentic("format 1 carries no MAC, and this server requires one (--l3-key-file)");
   }

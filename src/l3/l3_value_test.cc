@@ -14,7 +14,9 @@
 #include <openssl/params.h>
 #include <xxhash.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "epd/media/content_key.h"
 #include "l3_test_util.h"
@@ -430,6 +432,86 @@ TEST(L3ValueKeyed, PreviousKeyIsAcceptedDuringARotationAndRefusedAfter) {
   EXPECT_EQ(new_value.substr(120, 16), IndependentTag(new_value, 2));
   EXPECT_TRUE(DecodeL3Value(new_value, KeyOf(1), kContentKeyVersion, after).ok());
   ExpectRefused(new_value, before, StatusCode::kUnauthenticated, "key id 2, which this server does not hold");
+}
+
+// ---- The optional encode cost (issue 26): a value written with a measured
+// cost carries it in 8 more header bytes, under the checksum or the tag (both
+// computed here independently); a value without one is byte for byte the
+// format the builds before the field wrote, and reads back as unmeasured; a
+// tampered cost is refused like any tampered byte.
+
+std::uint64_t Bits(double x) {
+  std::uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+TEST(L3ValueCost, ChecksummedValueCarriesTheCostUnderItsChecksum) {
+  const Embedding e = Sample();
+  const std::string plain = EncodeL3Value(KeyOf(40), e, kContentKeyVersion);
+  ASSERT_EQ(plain.size(), 112u + 144u);  // the format before the field
+  EXPECT_EQ(Le(plain, 6, 2), 112u);
+  double cost = 0;
+  ASSERT_TRUE(DecodeL3Value(plain, KeyOf(40), kContentKeyVersion, {}, &cost).ok());
+  EXPECT_EQ(cost, kL3Unmeasured);
+
+  const std::string v = EncodeL3Value(KeyOf(40), e, kContentKeyVersion, {}, 0.0375);
+  ASSERT_EQ(v.size(), 120u + 144u);
+  EXPECT_EQ(Le(v, 6, 2), 120u);
+  EXPECT_EQ(Le(v, 112, 8), Bits(0.0375));
+  EXPECT_EQ(static_cast<unsigned char>(v[120]), 1u);  // main[0]
+  const std::string covered = v.substr(0, 104) + v.substr(112);
+  EXPECT_EQ(Le(v, 104, 8), XXH3_64bits(covered.data(), covered.size()));
+  StatusOr<EmbeddingPtr> back = DecodeL3Value(v, KeyOf(40), kContentKeyVersion, {}, &cost);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(cost, 0.0375);
+  EXPECT_EQ((*back)->main, e.main);
+  EXPECT_EQ((*back)->deepstack, e.deepstack);
+
+  // A cost not measured writes no field.
+  EXPECT_EQ(EncodeL3Value(KeyOf(40), e, kContentKeyVersion, {}, kL3Unmeasured), plain);
+  EXPECT_EQ(EncodeL3Value(KeyOf(40), e, kContentKeyVersion, {}, std::nan("")).size(), plain.size());
+
+  std::string flipped = v;
+  flipped[113] ^= 0x10;
+  ExpectRejected(flipped, "checksum mismatch", KeyOf(40));
+  std::string negative = v;
+  SetLe(negative, 112, 8, Bits(-2.0));
+  Reseal(negative);
+  ExpectRejected(negative, "encode cost -2", KeyOf(40));
+  std::string other_size = v;
+  SetLe(other_size, 6, 2, 128);
+  ExpectRejected(other_size, "header of 128 bytes, expected 112 or 120", KeyOf(40));
+}
+
+TEST(L3ValueCost, AuthenticatedValueCarriesTheCostUnderItsTag) {
+  const L3ValueOptions o = Keyed(TestKeyring(7, 1));
+  const Embedding e = KeyedSample();
+  const std::string plain = EncodeL3Value(KeyOf(1), e, kContentKeyVersion, o);
+  EXPECT_EQ(Le(plain, 6, 2), 136u);
+  double cost = 0;
+  ASSERT_TRUE(DecodeL3Value(plain, KeyOf(1), kContentKeyVersion, o, &cost).ok());
+  EXPECT_EQ(cost, kL3Unmeasured);
+
+  const std::string v = EncodeL3Value(KeyOf(1), e, kContentKeyVersion, o, 1.5);
+  ASSERT_EQ(v.size(), 144u + 96u);
+  EXPECT_EQ(Le(v, 6, 2), 144u);
+  EXPECT_EQ(Le(v, 136, 8), Bits(1.5));
+  EXPECT_EQ(v.substr(120, 16), IndependentTag(v, 1));
+  EXPECT_EQ(std::memcmp(v.data() + 144, e.main.data(), 48), 0);
+  StatusOr<EmbeddingPtr> back = DecodeL3Value(v, KeyOf(1), kContentKeyVersion, o, &cost);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(cost, 1.5);
+  EXPECT_EQ((*back)->deepstack, e.deepstack);
+
+  // Whoever can write to Redis but holds no key cannot change the cost.
+  std::string cheaper = v;
+  SetLe(cheaper, 136, 8, Bits(1e-9));
+  ExpectRefused(cheaper, o, StatusCode::kUnauthenticated, "tag mismatch");
+  // A key holder that writes a bad cost wrote a bad value.
+  SetLe(cheaper, 136, 8, Bits(std::numeric_limits<double>::infinity()));
+  ResealTag(cheaper, 1);
+  ExpectRefused(cheaper, o, StatusCode::kDataLoss, "encode cost inf");
 }
 
 }  // namespace

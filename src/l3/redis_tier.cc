@@ -104,7 +104,11 @@ class RedisTier final : public SharedTier {
     writer_.join();
   }
 
-  StatusOr<EmbeddingPtr> Get(const ContentKey& key) override {
+  using SharedTier::Get;
+  using SharedTier::PutAsync;
+
+  StatusOr<EmbeddingPtr> Get(const ContentKey& key, double* encode_seconds) override {
+    if (encode_seconds != nullptr) *encode_seconds = kL3Unmeasured;
     Count([](SharedTierStats& s) { ++s.gets; });
     const std::string k = ValueKey(key);
     Shard& shard = ShardOf(key);
@@ -119,7 +123,7 @@ class RedisTier final : public SharedTier {
       return Status(StatusCode::kUnavailable, "L3 GET: unexpected reply type");
     }
     const std::string_view bytes(r.reply->str, r.reply->len);
-    StatusOr<EmbeddingPtr> e = DecodeL3Value(bytes, key, kContentKeyVersion, value_opts_);
+    StatusOr<EmbeddingPtr> e = DecodeL3Value(bytes, key, kContentKeyVersion, value_opts_, encode_seconds);
     if (!e.ok()) {
       const bool auth = e.status().code() == StatusCode::kUnauthenticated;
       Count([auth](SharedTierStats& s) {
@@ -177,8 +181,8 @@ class RedisTier final : public SharedTier {
     return LeaseResult::kHeldByOther;
   }
 
-  void PutAsync(const ContentKey& key, EmbeddingPtr embedding) override {
-    Enqueue({key, std::move(embedding), 0, std::nullopt});
+  void PutAsync(const ContentKey& key, EmbeddingPtr embedding, double encode_seconds) override {
+    Enqueue({key, std::move(embedding), 0, std::nullopt, encode_seconds});
   }
   void ReleaseAsync(const ContentKey& key) override {
     {
@@ -223,6 +227,7 @@ class RedisTier final : public SharedTier {
     // Set: delete the value while it begins with these bytes (RejectAsync);
     // no write, no release.
     std::optional<std::string> reject_header;
+    double encode_seconds = kL3Unmeasured;  // the value's cost field (-1: none)
   };
 
   Shard& ShardOf(const ContentKey& key) { return *shards_[ring_->ShardFor(key)]; }
@@ -342,7 +347,7 @@ class RedisTier final : public SharedTier {
     }
     std::string value;
     try {
-      value = EncodeL3Value(job.key, **host, kContentKeyVersion, value_opts_);
+      value = EncodeL3Value(job.key, **host, kContentKeyVersion, value_opts_, job.encode_seconds);
     } catch (const Error& e) {
       Count([](SharedTierStats& s) { ++s.write_drops; });
       Log("encode", std::string("cannot encode an L3 value: ") + e.what());

@@ -7,6 +7,9 @@
 // key a forged value is re-encoded and a forged lease stalls nothing.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <future>
+#include <limits>
 #include <thread>
 
 #include "epd/l3/l3_value.h"
@@ -354,6 +357,126 @@ TEST(WorkerLoopL3, ForgedLeaseDoesNotStallAKeyedServer) {
   EXPECT_EQ(s.lease_waits, 0u);
   EXPECT_EQ(s.leases_acquired, 1u);
   EXPECT_EQ(a->tower->items_encoded(), 1);
+}
+
+// Issue 27, fault 3: values the tier itself accepts (checksummed or
+// authentic, and self-consistent) that do not match what the request
+// predicts. Planted for `img`, such a value must be refused by the worker
+// (adopt_rejections, and the tier's `corrupt` through RejectAsync), deleted
+// from Redis while the item's re-encode still waits on the tower, and
+// re-encoded with a fresh encode's rows, which are then written back.
+// `by_worker` false: the tier's own decode refuses it (NaN rows).
+void ExpectPlantedValueRefused(RedisServer& redis, Node& n, const std::string& img, const std::string& value,
+                               bool by_worker = true) {
+  const std::string k = RedisKey("epd:v:", KeyOf(img));
+  redis.Cli({"SET", k, value});
+  n.tower->Close();
+  std::future<RequestResult> f = n.loop->Submit(Request("r", {img}));
+  n.tower->WaitForEncodes(1);  // the item went on as a miss
+  for (int i = 0; i < 2000 && redis.Cli({"EXISTS", k}) != ":0\r\n"; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(redis.Cli({"EXISTS", k}), ":0\r\n") << "the refused value must leave the tier";
+  n.tower->Open();
+  RequestResult r = f.get();
+  ASSERT_TRUE(r.all_ok()) << r.items[0].status.ToString();
+  EXPECT_EQ(r.items[0].source, ItemSource::kMiss);
+  ExpectSameEmbedding(*r.items[0].embedding, Expected(img));
+  EXPECT_EQ(n.tower->items_encoded(), 1);
+  EXPECT_EQ(n.loop->Stats().adopt_rejections, by_worker ? 1u : 0u);
+  EXPECT_EQ(n.loop->Stats().hits_l3, 0u);
+  EXPECT_EQ(n.loop->SharedTierStatsSnapshot().corrupt, 1u);
+  AwaitWrites(n, 1);
+  EXPECT_EQ(redis.Cli({"EXISTS", k}), ":1\r\n") << "the re-encode is written back";
+}
+
+std::string Planted(const std::string& img, const Embedding& e, std::shared_ptr<const L3Keyring> ring = nullptr) {
+  L3ValueOptions o;
+  o.keyring = std::move(ring);
+  return EncodeL3Value(KeyOf(img), e, kContentKeyVersion, o);
+}
+
+TEST(WorkerLoopL3, ValueWithTheRightTokensButAnotherGridIsRefusedDeletedAndReencoded) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 70);  // grid (1, 4, 4): 4 tokens
+  Embedding e = Expected(img);
+  e.grid = {1, 2, 8};  // 4 tokens too
+  auto a = MakeNode(TierOptions(redis, "a"));
+  ExpectPlantedValueRefused(redis, *a, img, Planted(img, e));
+  // What the tier holds now is the fresh encode: another server serves it.
+  auto b = MakeNode(TierOptions(redis, "b"));
+  RequestResult rb = EncodeOne(*b, "r", img);
+  EXPECT_EQ(rb.items[0].source, ItemSource::kL3);
+  ExpectSameEmbedding(*rb.items[0].embedding, Expected(img));
+}
+
+TEST(WorkerLoopL3, ValueWithNaNRowsIsRefusedDeletedAndReencoded) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 71);
+  Embedding e = Expected(img);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(e.main.data() + 4, &nan, sizeof nan);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  ExpectPlantedValueRefused(redis, *a, img, Planted(img, e), /*by_worker=*/false);
+}
+
+TEST(WorkerLoopL3, ValueOfAnotherDtypeIsRefusedDeletedAndReencoded) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 72);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  ExpectPlantedValueRefused(redis, *a, img, Planted(img, Expected(img, {.dtype = DType::kBFloat16})));
+}
+
+TEST(WorkerLoopL3, ValueWithAnotherDeepstackCountIsRefusedDeletedAndReencoded) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 73);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  ExpectPlantedValueRefused(redis, *a, img, Planted(img, Expected(img, {.deepstack_layers = 3})));
+}
+
+// A server of another configuration (hidden size 16) holds the cluster key:
+// its value is authentic, and still not this server's to serve.
+TEST(WorkerLoopL3, AuthenticValueFromAnotherHiddenSizeIsRefusedDeletedAndReencoded) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  const std::string img = Png(56, 56, 74);
+  RedisTierOptions o = TierOptions(redis, "a");
+  o.keyring = ClusterKey();
+  auto a = MakeNode(o);
+  ExpectPlantedValueRefused(redis, *a, img, Planted(img, Expected(img, {.hidden = 16}), ClusterKey()));
+  EXPECT_EQ(a->loop->SharedTierStatsSnapshot().auth_failures, 0u);
+}
+
+// Issue 26: the encode cost measured where a value was encoded travels with
+// it through L3 (the value's cost field) and is what its adoptions save.
+TEST(WorkerLoopL3, AnAdoptedValueCarriesTheCostMeasuredWhereItWasEncoded) {
+  RedisServer redis(EPD_REDIS_SERVER);
+  auto a = MakeNode(TierOptions(redis, "a"));
+  const std::string img = Png(56, 84, 75);
+  RequestResult ra = EncodeOne(*a, "r", img);
+  ASSERT_TRUE(ra.all_ok());
+  const double cost = a->loop->Stats().miss_seconds;
+  ASSERT_GT(cost, 0);
+  EXPECT_EQ(ra.items[0].encode_seconds, cost);
+  AwaitWrites(*a, 1);
+  // The stored value's cost field, read with the codec.
+  const std::string reply = redis.Cli({"GET", RedisKey("epd:v:", KeyOf(img))});
+  const std::size_t body = reply.find("\r\n") + 2;
+  const std::string value = reply.substr(body, reply.size() - body - 2);
+  double stored = 0;
+  ASSERT_TRUE(DecodeL3Value(value, KeyOf(img), kContentKeyVersion, {}, &stored).ok());
+  EXPECT_EQ(stored, cost);
+
+  auto b = MakeNode(TierOptions(redis, "b"));
+  RequestResult rb = EncodeOne(*b, "r", img);
+  ASSERT_TRUE(rb.all_ok());
+  EXPECT_EQ(rb.items[0].source, ItemSource::kL3);
+  EXPECT_EQ(rb.items[0].encode_seconds, -1);  // b did not encode it
+  EXPECT_EQ(b->loop->Stats().hit_seconds_l3, cost);
+  EXPECT_EQ(EncodeOne(*b, "r2", img).items[0].source, ItemSource::kL1);
+  const WorkerStats s = b->loop->Stats();
+  EXPECT_EQ(s.hit_seconds_l1, cost);  // cached in L1 with that cost
+  EXPECT_EQ(s.encode_seconds_saved, 2 * cost);
+  EXPECT_EQ(s.miss_seconds, 0);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // Parts (each header states its invariants):
 //   item_rules.h      keys, header probe, expected tokens, queue bound, fair cost
 //   worker_cache.h    L1/L2 placement, device-hook fences, L3 adoption, the hit check
+//   adopt_check.h     what an adopted value must match
 //   job_table.h       requests, jobs, waiters; delivery of results
 //   job_queue.h       jobs not yet in a batch: the scheduler, the prefetch, the gate
 //   video_serving.h   video items: lookup, decode off this thread, chunks, assembly
@@ -89,6 +90,9 @@ struct EncodeWorker::Impl {
   std::int64_t Poll();
   bool StartBatch(std::function<void()> on_finished);
   std::int64_t FinishBatch();
+  // Caches a tower result with its measured cost, and counts it as a miss's
+  // weight (miss_bytes, miss_seconds).
+  void Cache(const internal::JobTable::Job& job, const EmbeddingPtr& embedding, double seconds);
   void Abort(RequestNum r, const Status& status);
   bool Known(const ContentKey& key) const { return cache.Contains(key) || table.InFlight(key).has_value(); }
 };
@@ -180,8 +184,11 @@ bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, Clock::
   // A shared-tier value is adopted only when L1/L2 hold nothing for the key
   // (a cached value of another shape is re-encoded).
   if (item.ready != nullptr && !cache.Contains(res.key)) {
-    if (std::optional<EmbeddingPtr> l3 =
-            cache.Adopt(res.key, std::move(item.ready), want, cache.TenantOf(table.tenant(r)))) {
+    internal::AdoptExpectation expect{want, std::nullopt};
+    if (!item.media.empty() && header.Get().ok()) expect.grid = header.Get()->grid;
+    EntryCost cost{item.ready_seconds};
+    cost.tenant = cache.TenantOf(table.tenant(r));
+    if (std::optional<EmbeddingPtr> l3 = cache.Adopt(res.key, std::move(item.ready), expect, cost)) {
       res.source = ItemSource::kL3;
       res.embedding = std::move(*l3);
       return false;
@@ -279,21 +286,31 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
     internal::JobTable::Job& job = table.job(e.job);
     EmbeddingPtr embedding;
     Status status = e.decode_status.ok() ? failure : e.decode_status;
+    internal::JobTable::BatchTiming timing{b->start, b->tower_ms};
     if (e.decode_status.ok() && failure.ok()) {
       StatusOr<EmbeddingPtr> rows = output->Next(e.image.grid, e.image.tokens());
       if (rows.ok()) {
         embedding = std::move(*rows);
-        cache.Put(job.key, embedding, cache.TenantOf(job.tenant));
-        if (job.video_timing != nullptr) videos.Cached(job.key, job.video_timing);
+        timing.entry_seconds = internal::EntrySeconds(*b, e, job.prior_seconds);
+        Cache(job, embedding, timing.entry_seconds);
       } else {
         status = rows.status();
       }
     }
-    table.DeliverJob(e.job, {b->start, b->tower_ms}, embedding, status);
+    table.DeliverJob(e.job, timing, embedding, status);
     table.EraseJob(e.job);
   }
   table.Fire();
   return static_cast<std::int64_t>(b->entries.size());
+}
+
+void EncodeWorker::Impl::Cache(const internal::JobTable::Job& job, const EmbeddingPtr& embedding, double seconds) {
+  EntryCost cost{seconds};
+  cost.tenant = cache.TenantOf(job.tenant);
+  cache.Put(job.key, embedding, cost);
+  stats.miss_bytes += embedding->nbytes();
+  stats.miss_seconds += seconds;
+  if (job.video_timing != nullptr) videos.Cached(job.key, job.video_timing);
 }
 
 bool EncodeWorker::HasQueuedWork() const {
@@ -302,6 +319,12 @@ bool EncodeWorker::HasQueuedWork() const {
 }
 
 bool EncodeWorker::HasLocal(const ContentKey& key) const { return impl_->Known(key); }
+
+std::vector<EncodeWorker::RefusedValue> EncodeWorker::TakeRefused() {
+  std::vector<RefusedValue> out;
+  for (internal::WorkerCache::Refused& r : impl_->cache.TakeRefused()) out.push_back({r.key, std::move(r.why)});
+  return out;
+}
 
 void EncodeWorker::SetWake(std::function<void()> wake) { impl_->videos.SetWake(std::move(wake)); }
 bool EncodeWorker::DecodeFinished() const { return impl_->videos.CompletionReady(); }

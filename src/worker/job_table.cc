@@ -109,6 +109,7 @@ void JobTable::DeliverJob(JobId id, const BatchTiming& timing, const EmbeddingPt
     if (embedding != nullptr) {
       res.embedding = embedding;
       res.video = job.video_timing;
+      res.encode_seconds = timing.entry_seconds;
     } else {
       res.status = status;
     }

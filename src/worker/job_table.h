@@ -84,11 +84,15 @@ class JobTable {
     // The tenant of the request that first waited on it: the one its cache
     // entry is charged to (WorkerOptions::tenant_quotas).
     std::string tenant;
+    // Seconds of work this job's entry cost before it was queued (a video
+    // chunk's share of its container decode), added to its measured cost.
+    double prior_seconds = 0;
   };
   // A batch's timing, for the results it delivers.
   struct BatchTiming {
     Clock::time_point start;  // tower call start
     double tower_ms = 0;
+    double entry_seconds = -1;  // the delivered entry's measured cost (ItemResult::encode_seconds)
   };
 
   // `stats` must outlive the table; `dedup` registers jobs by key.

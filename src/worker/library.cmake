@@ -7,6 +7,7 @@
 # against the including directory, not this file's.
 get_filename_component(_epd_worker_root ${CMAKE_CURRENT_LIST_DIR}/../.. ABSOLUTE)
 add_library(epd_worker
+  ${CMAKE_CURRENT_LIST_DIR}/adopt_check.cc
   ${CMAKE_CURRENT_LIST_DIR}/batch_output.cc
   ${CMAKE_CURRENT_LIST_DIR}/encode_worker.cc
   ${CMAKE_CURRENT_LIST_DIR}/item_rules.cc

@@ -61,6 +61,11 @@ void CommandRunner::Submit(LoopCommand& c) {
                              }};
   const bool cancelled = c.cancelled;
   Status s = worker_.Submit(std::move(c.request), std::move(callbacks), std::move(c.keys));
+  // Values the worker refused are deleted from the tier before the items'
+  // re-encodes are written back (both go through the tier's write queue).
+  if (parking_ != nullptr) {
+    for (EncodeWorker::RefusedValue& r : worker_.TakeRefused()) parking_->Reject(r.key, r.why);
+  }
   if (s.ok() && cancelled) worker_.Cancel(id);
   if (s.ok()) return;
   if (holds) holder_.erase(id);
@@ -71,9 +76,11 @@ bool CommandRunner::Park(LoopCommand& c) {
   auto parked = std::make_shared<LoopCommand>(std::move(c));
   const SharedTierParking::Outcome outcome = parking_->Park(
       parked->request, parked->keys, parked->ticket, [this](const ContentKey& k) { return worker_.HasLocal(k); },
-      [this, parked](std::vector<EmbeddingPtr> ready, bool cancelled) {
+      [this, parked](std::vector<EmbeddingPtr> ready, std::vector<double> seconds, bool cancelled) {
         for (std::size_t i = 0; i < ready.size(); ++i) {
-          if (ready[i] != nullptr) parked->request.items[i].ready = std::move(ready[i]);
+          if (ready[i] == nullptr) continue;
+          parked->request.items[i].ready = std::move(ready[i]);
+          parked->request.items[i].ready_seconds = seconds[i];
         }
         parked->resolved = true;
         parked->cancelled = cancelled;

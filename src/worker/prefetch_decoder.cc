@@ -7,6 +7,7 @@
 // without counting it in ready_.
 #include "prefetch_decoder.h"
 
+#include <chrono>
 #include <optional>
 #include <span>
 
@@ -22,6 +23,7 @@ struct PrefetchDecoder::Task {
   State state = State::kQueued;
   bool dropped = false;
   std::optional<StatusOr<PreprocessedImage>> result;
+  double seconds = 0;  // wall time of the decode (or make), once it ran
 };
 
 PrefetchDecoder::PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead,
@@ -92,11 +94,13 @@ std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::PickLocked() const {
 }
 
 StatusOr<PreprocessedImage> PrefetchDecoder::Decode(Task& task) const {
-  if (task.make) return task.make();
-  return DecodeAndPreprocess(task.media.span(), config_, limits_);
+  const auto start = std::chrono::steady_clock::now();
+  StatusOr<PreprocessedImage> r = task.make ? task.make() : DecodeAndPreprocess(task.media.span(), config_, limits_);
+  task.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
 }
 
-StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& task) {
+StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& task, double* seconds) {
   std::unique_lock<std::mutex> lock(mu_);
   if (task->state == Task::State::kQueued) {
     // No helper has started it: decode here rather than wait behind others.
@@ -106,6 +110,7 @@ StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& t
     StatusOr<PreprocessedImage> r = Decode(*task);
     task->media = MediaBytes();
     task->make = nullptr;
+    if (seconds != nullptr) *seconds = task->seconds;
     return r;
   }
   done_cv_.wait(lock, [&] { return task->state == Task::State::kDone; });
@@ -113,6 +118,7 @@ StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& t
   task->result.reset();
   task->state = Task::State::kGone;
   --ready_;
+  if (seconds != nullptr) *seconds = task->seconds;
   lock.unlock();
   work_cv_.notify_one();  // room for one more prefetched result
   return r;

@@ -72,7 +72,9 @@ class PrefetchDecoder {
   int threads() const { return static_cast<int>(threads_.size()); }
 
   // The decoded and preprocessed image, or the decode error (kInvalidArgument).
-  StatusOr<PreprocessedImage> Take(const std::shared_ptr<Task>& task);
+  // `seconds`, when set, receives the decode's own wall time (seconds,
+  // whichever thread ran it; not the wait for it): the entry's decode cost.
+  StatusOr<PreprocessedImage> Take(const std::shared_ptr<Task>& task, double* seconds = nullptr);
 
   // Forgets the task (cancelled work): a queued task is skipped, a running
   // one's result discarded.
@@ -81,6 +83,7 @@ class PrefetchDecoder {
  private:
   void Run();
   std::shared_ptr<Task> Push(std::shared_ptr<Task> task);
+  // Runs the task's decode and records its wall time in it.
   StatusOr<PreprocessedImage> Decode(Task& task) const;
   // The queued task a helper may start now, or null. REQUIRES: mu_ held.
   std::shared_ptr<Task> PickLocked() const;

@@ -18,17 +18,18 @@ SharedTierLookup::SharedTierLookup(std::shared_ptr<SharedTier> tier)
 SharedTierLookup::~SharedTierLookup() { Stop(); }
 
 bool SharedTierLookup::Submit(const std::shared_ptr<LookupBatch>& batch) {
-  std::vector<std::pair<std::size_t, EmbeddingPtr>> found;  // settled below, outside mu_
+  std::vector<std::pair<std::size_t, Recent>> found;  // settled below, outside mu_
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
     batch->values.assign(batch->keys.size(), nullptr);
+    batch->seconds.assign(batch->keys.size(), -1);
     batch->remaining = batch->keys.size();
     const Clock::time_point now = Clock::now();
     ForgetRecentLocked(now);
     for (std::size_t i = 0; i < batch->keys.size(); ++i) {
       if (auto r = recent_.find(batch->keys[i]); r != recent_.end()) {
-        found.emplace_back(i, r->second.value);
+        found.emplace_back(i, r->second);
         continue;
       }
       auto [leader, fresh] = leaders_.try_emplace(batch->keys[i]);
@@ -46,7 +47,7 @@ bool SharedTierLookup::Submit(const std::shared_ptr<LookupBatch>& batch) {
     cv_.notify_all();
   }
   // Outside mu_: the last Settle runs `done`, which takes the WorkerLoop's lock.
-  for (auto& [i, value] : found) Settle(*batch, i, std::move(value));
+  for (auto& [i, recent] : found) Settle(*batch, i, std::move(recent.value), recent.seconds);
   return true;
 }
 
@@ -115,14 +116,15 @@ void SharedTierLookup::Loop() {
 
 bool SharedTierLookup::Run(Task& t) {
   const ContentKey& key = t.batch->keys[t.index];
-  StatusOr<EmbeddingPtr> got = tier_->Get(key);
+  double seconds = -1;
+  StatusOr<EmbeddingPtr> got = tier_->Get(key, &seconds);
   if (!got.ok()) {
     End(t, nullptr);
     return true;
   }
   if (*got != nullptr) {
     if (t.waited) ++lease_wait_hits_;
-    End(t, *std::move(got));
+    End(t, *std::move(got), seconds);
     return true;
   }
   if (!policy_.single_flight) {
@@ -131,11 +133,11 @@ bool SharedTierLookup::Run(Task& t) {
   }
   switch (tier_->TryLease(key)) {
     case LeaseResult::kAcquired: {
-      StatusOr<EmbeddingPtr> again = tier_->Get(key);
+      StatusOr<EmbeddingPtr> again = tier_->Get(key, &seconds);
       if (again.ok() && *again != nullptr) {
         tier_->ReleaseAsync(key);
         if (t.waited) ++lease_wait_hits_;
-        End(t, *std::move(again));
+        End(t, *std::move(again), seconds);
         return true;
       }
       if (t.waited) ++lease_takeovers_;
@@ -167,7 +169,7 @@ bool SharedTierLookup::Run(Task& t) {
   return false;
 }
 
-void SharedTierLookup::End(Task& t, EmbeddingPtr value) {
+void SharedTierLookup::End(Task& t, EmbeddingPtr value, double seconds) {
   std::vector<std::pair<std::shared_ptr<LookupBatch>, std::size_t>> followers;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -178,18 +180,19 @@ void SharedTierLookup::End(Task& t, EmbeddingPtr value) {
     }
     if (value != nullptr) {
       const Clock::time_point now = Clock::now();
-      recent_[t.batch->keys[t.index]] = Recent{value, now + kRecentFor};
+      recent_[t.batch->keys[t.index]] = Recent{value, seconds, now + kRecentFor};
       recent_fifo_.emplace_back(now + kRecentFor, t.batch->keys[t.index]);
       ForgetRecentLocked(now);
     }
   }
   // Outside mu_: `done` takes the WorkerLoop's lock.
-  for (auto& [batch, index] : followers) Settle(*batch, index, value);
-  Settle(*t.batch, t.index, std::move(value));
+  for (auto& [batch, index] : followers) Settle(*batch, index, value, seconds);
+  Settle(*t.batch, t.index, std::move(value), seconds);
 }
 
-void SharedTierLookup::Settle(LookupBatch& batch, std::size_t index, EmbeddingPtr value) {
+void SharedTierLookup::Settle(LookupBatch& batch, std::size_t index, EmbeddingPtr value, double seconds) {
   batch.values[index] = std::move(value);
+  batch.seconds[index] = seconds;
   if (batch.remaining.fetch_sub(1) == 1 && batch.done) batch.done();
 }
 
@@ -213,10 +216,14 @@ SharedTierParking::Outcome SharedTierParking::Park(const EncodeRequest& request,
   batch->done = [this, b, id = request.id, n = request.items.size(), item_key = std::move(item_key),
                  resume = std::move(resume)] {
     std::vector<EmbeddingPtr> ready(n);
-    for (const auto& [item, k] : item_key) ready[item] = b->values[k];
+    std::vector<double> seconds(n, -1);
+    for (const auto& [item, k] : item_key) {
+      ready[item] = b->values[k];
+      seconds[item] = b->seconds[k];
+    }
     std::lock_guard<std::mutex> lock(mu_);
     parked_.erase(id);
-    resume(std::move(ready), b->cancelled.load());
+    resume(std::move(ready), std::move(seconds), b->cancelled.load());
   };
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -248,7 +255,8 @@ RequestCallbacks SharedTierParking::WithWriteBack(RequestCallbacks callbacks) co
                             // value is not written either.
                             if (r.source == ItemSource::kMiss && r.video == nullptr) {
                               if (r.status.ok() && r.embedding != nullptr) {
-                                tier->PutAsync(r.key, r.embedding);  // releases our lease after the write
+                                // Releases our lease after the write.
+                                tier->PutAsync(r.key, r.embedding, r.encode_seconds);
                               } else {
                                 tier->ReleaseAsync(r.key);
                               }

@@ -53,10 +53,12 @@ namespace epd::internal {
 
 // The keys of one request that L1/L2 missed, and what the tier gave for
 // each. `done` runs exactly once, on a lookup thread (or in Stop), after every
-// key has ended; values[i] is then the value for keys[i] or null.
+// key has ended; values[i] is then the value for keys[i] or null, and
+// seconds[i] the encode cost stored with it (-1: none).
 struct LookupBatch {
   std::vector<ContentKey> keys;
   std::vector<EmbeddingPtr> values;
+  std::vector<double> seconds;
   std::atomic<bool> cancelled{false};  // set by the caller: end waits at once
   std::function<void()> done;
   std::atomic<std::size_t> remaining{0};
@@ -96,13 +98,14 @@ class SharedTierLookup {
   void Loop();
   // One step of the key's lookup; true when it ended (value set or not).
   bool Run(Task& t);
-  void End(Task& t, EmbeddingPtr value);
+  // `seconds`: the cost stored with `value` (-1: none).
+  void End(Task& t, EmbeddingPtr value, double seconds = -1);
   // Drops lately found values past their deadline, and the oldest beyond
   // kRecentMax.
   void ForgetRecentLocked(Clock::time_point now);
 
   // Ends one key of `batch` with `value`; runs `done` when it was the last.
-  static void Settle(LookupBatch& batch, std::size_t index, EmbeddingPtr value);
+  static void Settle(LookupBatch& batch, std::size_t index, EmbeddingPtr value, double seconds);
 
   const std::shared_ptr<SharedTier> tier_;
   const LeaseWaitPolicy policy_;
@@ -121,6 +124,7 @@ class SharedTierLookup {
   static constexpr std::size_t kRecentMax = 256;
   struct Recent {
     EmbeddingPtr value;
+    double seconds = -1;
     Clock::time_point until;
   };
   std::map<ContentKey, Recent> recent_;                               // guarded by mu_
@@ -152,9 +156,10 @@ class SharedTierParking {
     kDuplicate,  // a request with this id is parked: refuse it (AlreadyInFlight)
   };
   // What comes back: per item, the value found (null: none, or not looked
-  // up), and whether a Cancel reached it while parked. Runs under this
-  // parking's mutex, on a lookup thread or inside Stop.
-  using Resume = std::function<void(std::vector<EmbeddingPtr> ready, bool cancelled)>;
+  // up) and the encode cost stored with it (-1: none), and whether a Cancel
+  // reached it while parked. Runs under this parking's mutex, on a lookup
+  // thread or inside Stop.
+  using Resume = std::function<void(std::vector<EmbeddingPtr> ready, std::vector<double> seconds, bool cancelled)>;
   // Looks up the image keys of `request` that are ok, carry no ready value
   // and are not `local` (videos stay local: their whole-video value carries
   // sampling timestamps the tier does not hold, and their chunk keys exist
@@ -170,6 +175,9 @@ class SharedTierParking {
   // video) is written to the tier, which releases this process's lease, and
   // a failed or undelivered miss releases it at once.
   RequestCallbacks WithWriteBack(RequestCallbacks callbacks) const;
+  // The worker refused the value the tier gave for `key` (its adoption
+  // check, `why`): SharedTier::RejectAsync deletes it there. Never blocks.
+  void Reject(const ContentKey& key, const std::string& why) const { tier_->RejectAsync(key, why); }
 
   // Ends every lookup (parked requests come back with what was found) and
   // joins the lookup threads. Idempotent.

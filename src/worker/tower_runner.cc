@@ -13,6 +13,13 @@
 
 namespace epd::internal {
 
+double EntrySeconds(const Batch& b, const BatchEntry& e, double prior_seconds) {
+  const double tower_s = b.tower_ms / 1e3;
+  const double share =
+      b.tokens > 0 ? tower_s * static_cast<double>(e.image.tokens()) / static_cast<double>(b.tokens) : 0;
+  return e.decode_seconds + prior_seconds + share;
+}
+
 TowerRunner::TowerRunner(VisionTower& tower, PrefetchDecoder& decoder)
     : tower_(tower), decoder_(decoder), thread_([this] { Loop(); }) {}
 
@@ -72,7 +79,7 @@ void TowerRunner::Run(Batch& b) {
   std::vector<TowerItem> items;
   items.reserve(b.entries.size());
   for (BatchEntry& e : b.entries) {
-    StatusOr<PreprocessedImage> pre = decoder_.Take(e.decode);
+    StatusOr<PreprocessedImage> pre = decoder_.Take(e.decode, &e.decode_seconds);
     e.decode = nullptr;
     if (!pre.ok()) {
       e.decode_status = pre.status();

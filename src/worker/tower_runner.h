@@ -42,6 +42,7 @@ struct BatchEntry {
   std::shared_ptr<PrefetchDecoder::Task> decode;  // taken (and cleared) by the tower thread
   Status decode_status;                           // the decode's error, if any
   PreprocessedImage image;
+  double decode_seconds = 0;  // wall time of its decode and preprocessing
 };
 
 // A started batch. Filled by the owner, then the tower thread's until `done`,
@@ -58,6 +59,13 @@ struct Batch {
   Clock::time_point start;  // tower call start
   double tower_ms = 0;
 };
+
+// The measured cost of entry `e` of the finished batch `b`, in seconds: its
+// decode and preprocessing, plus `prior_seconds` (work done before it was
+// queued: a video chunk's share of its container decode), plus its share of
+// the tower call apportioned by post-merge tokens, tower_s * tokens_e /
+// b.tokens (docs/PLAN.md, "What the worker passes").
+double EntrySeconds(const Batch& b, const BatchEntry& e, double prior_seconds);
 
 class TowerRunner {
  public:

@@ -47,6 +47,9 @@ struct PreparedVideo {
   std::vector<ContentKey> chunk_keys;         // one per temporal patch, in order
   GridTHW grid;                               // (t, h, w); each chunk is (1, h, w)
   std::shared_ptr<const VideoTiming> timing;
+  // Wall time of the decode and sampling (PrepareVideo), set by the caller
+  // that timed it; each chunk's cost carries its share (docs/PLAN.md).
+  double decode_seconds = 0;
 };
 
 // What can be refused without a decode (cheap; at Submit): the input's

@@ -78,10 +78,11 @@ class VideoServing::Item final : public ItemSink, public GateBarrier {
   // The assembly, once expanded into chunks.
   GridTHW grid;
   std::shared_ptr<const VideoTiming> timing;
-  std::vector<EmbeddingPtr> chunks;  // by temporal index; null until in
-  std::int64_t remaining = 0;        // chunk results still to come
-  Status failure;                    // the first chunk's failure
-  double queue_ms = 0;               // the slowest chunk's
+  std::vector<EmbeddingPtr> chunks;    // by temporal index; null until in
+  std::vector<ContentKey> chunk_keys;  // by temporal index (the assembly's cost)
+  std::int64_t remaining = 0;          // chunk results still to come
+  Status failure;                      // the first chunk's failure
+  double queue_ms = 0;                 // the slowest chunk's
   double tower_ms = 0;
 };
 
@@ -146,9 +147,11 @@ std::shared_ptr<VideoServing::Decode> VideoServing::StartDecode(const ContentKey
   in_flight_.push_back(d);
   ++p_.stats.video_decodes;
   pool_.Post(tenant, [this, d] {
+    const Clock::time_point start = Clock::now();
     StatusOr<PreparedVideo> r = d->stop.stop_requested()
                                     ? StatusOr<PreparedVideo>(Cancelled("the video's request ended before its decode"))
                                     : PrepareVideo(p_.options, d->input, d->stop.get_token());
+    if (r.ok()) r->decode_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     std::lock_guard<std::mutex> lock(mu_);
     d->result.emplace(std::move(r));
     done_.push_back(d);
@@ -231,6 +234,7 @@ void VideoServing::ExpandWhole(Item& v, const PreparedVideo& p) {
   }
   const JobId id = p_.table.NewJob(v.key);
   p_.table.job(id).video_timing = p.timing;
+  p_.table.job(id).prior_seconds = p.decode_seconds;
   p_.table.Wait(id, w);
   p_.queue.AddNow(Work(v, id, 0, p.grid.tokens(p_.options.preprocess.merge_size),
                        [video = p.video, cfg = p_.options.preprocess] { return PreprocessWholeVideo(*video, cfg); }));
@@ -254,6 +258,10 @@ void VideoServing::ExpandChunks(Item& v, const PreparedVideo& p) {
   v.grid = p.grid;
   v.timing = p.timing;
   v.chunks.assign(static_cast<std::size_t>(p.grid.t), nullptr);
+  v.chunk_keys = p.chunk_keys;
+  // Each chunk's share of the container decode: chunks have equal tokens,
+  // so by tokens it is an equal share.
+  const double decode_share = p.decode_seconds / static_cast<double>(p.grid.t);
   const std::int64_t chunk_tokens = GridTHW{1, p.grid.h, p.grid.w}.tokens(p_.options.preprocess.merge_size);
   for (std::int64_t c = 0; c < p.grid.t; ++c) {
     const ContentKey& key = p.chunk_keys[static_cast<std::size_t>(c)];
@@ -271,6 +279,7 @@ void VideoServing::ExpandChunks(Item& v, const PreparedVideo& p) {
     }
     ++p_.stats.chunk_misses;
     const JobId id = p_.table.NewJob(key);
+    p_.table.job(id).prior_seconds = decode_share;
     p_.table.Wait(id, w);
     ++v.remaining;
     p_.queue.AddNow(Work(v, id, c, chunk_tokens, [video = p.video, c, cfg = p_.options.preprocess] {
@@ -293,7 +302,9 @@ ItemResult VideoServing::Assemble(Item& v) {
     // With a GPU tier L1 holds device embeddings; the concatenation was made
     // on the host. A failed copy serves (and caches) the host one.
     res.embedding = p_.cache.OnDevice(std::move(*whole));
-    p_.cache.Put(v.key, res.embedding, p_.cache.TenantOf(p_.table.tenant(v.request)));
+    EntryCost cost{ChunkSeconds(v.chunk_keys)};
+    cost.tenant = p_.cache.TenantOf(p_.table.tenant(v.request));
+    p_.cache.Put(v.key, res.embedding, cost);
     timings_.Put(v.key, v.timing);
     res.video = v.timing;
   }
@@ -303,6 +314,14 @@ ItemResult VideoServing::Assemble(Item& v) {
   res.source = ItemSource::kMiss;
   res.total_ms = Ms(Clock::now() - v.arrived);
   return res;
+}
+
+double VideoServing::ChunkSeconds(const std::vector<ContentKey>& keys) const {
+  double seconds = 0;
+  for (const ContentKey& k : keys) {
+    if (std::optional<EntryCost> c = p_.cache.CostOf(k)) seconds += c->seconds;
+  }
+  return seconds;
 }
 
 void VideoServing::Post(const Item& v, ItemResult res) {

@@ -123,8 +123,12 @@ class VideoServing {
   std::int64_t NewChunkJobs(const PreparedVideo& p) const;
   JobWork Work(const Item& v, JobId id, std::int64_t part, std::int64_t cost,
                std::function<StatusOr<PreprocessedImage>()> make) const;
-  // The video's result once every chunk is in (Item::Take).
+  // The video's result once every chunk is in (Item::Take), cached under
+  // the whole-video key with the sum of its chunks' costs.
   ItemResult Assemble(Item& v);
+  // The costs the cache holds for `keys`, summed (a chunk evicted meanwhile
+  // adds nothing).
+  double ChunkSeconds(const std::vector<ContentKey>& keys) const;
   // Posts the item's final result.
   void Post(const Item& v, ItemResult res);
 

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "epd/worker/encode_worker.h"
 #include "video_test_clips.h"
@@ -338,6 +340,36 @@ TEST_P(VideoWorkerTest, VideoWithMoreNewChunksThanTheQueueHoldsIsInvalidAndCache
   ASSERT_TRUE(c_.done["again"].all_ok()) << Item("again").status.ToString();
   testing::ExpectSameEmbedding(*Item("again").embedding, WantClip(0, 3));
   EXPECT_EQ(w->stats().tower_items, 3u);
+}
+
+// Issue 26: each chunk's cost carries an equal share of its container's
+// decode (held here for 150 ms), and the whole video, assembled from its
+// chunks, is cached with their sum: what its whole-video hit saves.
+TEST_P(VideoWorkerTest, ChunksCarryAShareOfTheDecodeAndTheWholeVideoTheirSum) {
+  WorkerOptions o = Options();
+  o.decode_video = [this](std::span<const std::uint8_t> b, const VideoSampling&, const PreprocessConfig& cfg,
+                          const VideoLimits&, std::stop_token) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    return FakeDecode(b, cfg, &decodes_);
+  };
+  auto w = Make(o);
+  ASSERT_TRUE(w->Submit(Req("v", {VideoItem(Clip(0, 3))}), c_.For("v")).ok());
+  Drain(*w);
+  ASSERT_TRUE(c_.done["v"].all_ok());
+  const WorkerStats m = w->stats();
+  // Three chunk entries: the decode once (in thirds), their preprocessing
+  // and the tower time.
+  EXPECT_GE(m.miss_seconds - m.tower_seconds, 0.15);
+  EXPECT_LT(m.miss_seconds - m.tower_seconds, 0.15 + 0.25) << "three 56x56 chunk preprocessings";
+  ASSERT_TRUE(w->Submit(Req("again", {VideoItem(Clip(0, 3))}), c_.For("again")).ok());
+  EXPECT_EQ(Item("again").source, ItemSource::kL1);
+  EXPECT_NEAR(w->stats().hit_seconds_l1, m.miss_seconds, 1e-9);
+  // A clip of its first two chunks (decoded again): two chunk hits, each
+  // worth a third of the first decode at least.
+  ASSERT_TRUE(w->Submit(Req("two", {VideoItem(Clip(0, 2))}), c_.For("two")).ok());
+  Drain(*w);
+  EXPECT_EQ(w->stats().chunk_hits, 2u);
+  EXPECT_GE(w->stats().hit_seconds_l1 - m.miss_seconds, 2 * 0.05);
 }
 
 INSTANTIATE_TEST_SUITE_P(DecodeThreads, VideoWorkerTest, ::testing::Values(0, 1, 2),

@@ -1,15 +1,28 @@
 // WorkerCache (worker_cache.h).
 #include "worker_cache.h"
 
+#include <cmath>
 #include <utility>
 
 namespace epd::internal {
+namespace {
+
+TieredOptions TiersOf(const WorkerOptions& o) {
+  TieredOptions t;
+  t.eviction = o.eviction;
+  t.l1_admission = o.l1_admission;
+  t.promote_seconds_per_byte = o.promote_seconds_per_byte;
+  return t;
+}
+
+}  // namespace
 
 WorkerCache::WorkerCache(const WorkerOptions& options, const VisionTower& tower, WorkerStats& stats)
     : options_(options),
       tower_(tower),
       stats_(stats),
-      cache_(options.l1_capacity_bytes, options.l2_capacity_bytes, FencedToHost(), options.to_device) {
+      cache_(options.l1_capacity_bytes, options.l2_capacity_bytes, TiersOf(options), FencedToHost(),
+             options.to_device) {
   if (!options.tenant_quotas) return;
   // The named tenants hold their ids from the start, so their reservations
   // are kept before their first request.
@@ -36,6 +49,36 @@ TenantId WorkerCache::TenantOf(std::string_view name) {
   const TenantId t = options_.tenant_quotas->Intern(name);
   Reserve(t);
   return t;
+}
+
+double WorkerCache::Seconds(const EntryCost& cost, std::int64_t nbytes) const {
+  return cost.seconds == EntryCost::kUnmeasured
+             ? static_cast<double>(nbytes) * cache_.options().default_seconds_per_byte
+             : cost.seconds;
+}
+
+std::optional<EntryCost> WorkerCache::CostOf(const ContentKey& key) const {
+  if (std::optional<EntryCost> c = cache_.l1().CostOf(key)) return c;
+  return cache_.l2().CostOf(key);
+}
+
+void WorkerCache::CountHit(ItemSource source, std::int64_t nbytes, double seconds) {
+  const auto bytes = static_cast<std::uint64_t>(nbytes);
+  switch (source) {
+    case ItemSource::kL1:
+      stats_.hit_bytes_l1 += bytes;
+      stats_.hit_seconds_l1 += seconds;
+      break;
+    case ItemSource::kL2:
+      stats_.hit_bytes_l2 += bytes;
+      stats_.hit_seconds_l2 += seconds;
+      break;
+    default:
+      stats_.hit_bytes_l3 += bytes;
+      stats_.hit_seconds_l3 += seconds;
+      break;
+  }
+  stats_.encode_seconds_saved += seconds;
 }
 
 bool WorkerCache::Fits(const Embedding& e, std::int64_t tokens) const {
@@ -78,10 +121,12 @@ std::optional<EmbeddingPtr> WorkerCache::L2OnlyGet(const ContentKey& key) {
   std::optional<PoppedEntry<EmbeddingPtr>> held = cache_.l2().Pop(key);
   if (!held.has_value()) return std::nullopt;
   EmbeddingPtr host = held->value;
-  // Back as MRU, with its tenant; the same charge again evicts nothing.
-  EntryCost charge;
-  charge.tenant = held->cost.tenant;
-  cache_.l2().Put(key, std::move(held->value), held->nbytes, charge);
+  // Back as MRU with its cost and tenant (its frequency too: under GDSF the
+  // put of a key not held counts no hit); the same charge again evicts
+  // nothing.
+  EntryCost cost = held->cost;
+  ++cost.frequency;
+  cache_.l2().Put(key, std::move(held->value), held->nbytes, cost);
   if (!L2Only(held->nbytes)) return std::nullopt;  // promotable: the tiered get takes it
   return options_.to_device ? options_.to_device(host) : host;
 }
@@ -113,7 +158,11 @@ std::optional<WorkerCache::Hit> WorkerCache::Lookup(const ContentKey& key, std::
     ++stats_.shape_mismatches;
     return std::nullopt;
   }
-  return Hit{std::move(*hit), tier == CacheTier::kL1 ? ItemSource::kL1 : ItemSource::kL2};
+  const ItemSource source = tier == CacheTier::kL1 ? ItemSource::kL1 : ItemSource::kL2;
+  const auto nbytes = static_cast<std::int64_t>((*hit)->nbytes());
+  const std::optional<EntryCost> cost = CostOf(key);
+  CountHit(source, nbytes, cost.has_value() ? cost->seconds : 0);
+  return Hit{std::move(*hit), source};
 }
 
 bool WorkerCache::ServeHit(const ContentKey& key, std::int64_t tokens, ItemResult& res) {
@@ -125,10 +174,15 @@ bool WorkerCache::ServeHit(const ContentKey& key, std::int64_t tokens, ItemResul
   return true;
 }
 
-std::optional<EmbeddingPtr> WorkerCache::Adopt(const ContentKey& key, EmbeddingPtr ready, std::int64_t tokens,
-                                               TenantId tenant) {
-  if (!Fits(*ready, tokens)) {
-    ++stats_.shape_mismatches;
+std::optional<EmbeddingPtr> WorkerCache::Adopt(const ContentKey& key, EmbeddingPtr ready, const AdoptExpectation& want,
+                                               EntryCost cost) {
+  // A cost from outside the process that the cache would refuse counts as
+  // not measured.
+  if (!(std::isfinite(cost.seconds) && cost.seconds >= 0)) cost.seconds = EntryCost::kUnmeasured;
+  if (Status s = CheckAdoptedValue(*ready, want, tower_, options_.preprocess.merge_size); !s.ok()) {
+    ++stats_.adopt_rejections;
+    if (!Fits(*ready, want.tokens)) ++stats_.shape_mismatches;
+    refused_.push_back({key, s.message()});
     return std::nullopt;
   }
   if (options_.to_device) {
@@ -139,25 +193,25 @@ std::optional<EmbeddingPtr> WorkerCache::Adopt(const ContentKey& key, EmbeddingP
       return std::nullopt;
     }
   }
-  Put(key, ready, tenant);
+  Put(key, ready, cost);
   ++stats_.hits_l3;
+  const auto nbytes = static_cast<std::int64_t>(ready->nbytes());
+  CountHit(ItemSource::kL3, nbytes, Seconds(cost, nbytes));
   return ready;
 }
 
 // A put cannot throw from a tier copy: its only copies are demotions and the
 // L2 placement, both fenced by HostCopy.
-void WorkerCache::Put(const ContentKey& key, const EmbeddingPtr& e, TenantId tenant) {
+void WorkerCache::Put(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost) {
   const auto nbytes = static_cast<std::int64_t>(e->nbytes());
-  EntryCost charge;
-  charge.tenant = tenant;
   if (!L2Only(nbytes)) {
-    cache_.Put(key, e, nbytes, charge);
+    cache_.Put(key, e, nbytes, cost);
     return;
   }
   cache_.l1().Pop(key);  // a stale L1 copy (a re-encode): the tiers stay exclusive
   EmbeddingPtr host = HostCopy(e);
   if (host == nullptr) return;  // the copy failed: dropped, as a failed demotion is
-  cache_.l2().Put(key, std::move(host), nbytes, charge);
+  cache_.l2().Put(key, std::move(host), nbytes, cost);
   placed_in_l2_ = true;
 }
 
@@ -173,6 +227,9 @@ void WorkerCache::Report(WorkerStats& s) const {
   s.tenant_cache.clear();
   const TenantLedger* l1 = cache_.l1().tenants();
   const TenantLedger* l2 = cache_.l2().tenants();
+  s.l1_write_bytes = static_cast<std::uint64_t>(cache_.l1_write_bytes());
+  s.l2_write_bytes = static_cast<std::uint64_t>(cache_.l2_write_bytes());
+  s.l1_admission_rejections = cache_.admission_rejections();
   if (l1 == nullptr || l2 == nullptr) return;
   for (std::size_t i = 0; i < reserved_.size(); ++i) {
     const auto t = static_cast<TenantId>(i);

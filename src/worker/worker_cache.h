@@ -18,9 +18,19 @@
 //     served as a miss, a failed demotion drops the victim (the eviction goes
 //     on, so L1 stays within its capacity: unwinding out of the cache would
 //     abandon it half-way), a failed L2-only placement drops the entry.
+//   - The adoption check (adopt_check.h): a value from outside the process
+//     that does not match what the request predicts is refused, counted in
+//     adopt_rejections and kept for TakeRefused, so the shared tier's owner
+//     (WorkerLoop) deletes it there; the item is then encoded.
+//   - Costs (issue 26): every entry is put with its measured EntryCost
+//     (docs/PLAN.md, "What the worker passes"), the tiers are built with
+//     WorkerOptions' eviction, l1_admission and promote_seconds_per_byte,
+//     and each hit adds its bytes and its cost to the per-tier weights.
 //
 // Counts in the WorkerStats it is given: shape_mismatches, cache_errors,
-// hits_l1 / hits_l2 (ServeHit only), hits_l3 (Adopt).
+// adopt_rejections, hits_l1 / hits_l2 with hit_bytes_* / hit_seconds_*
+// (Lookup: images, chunks and videos), hits_l3 and its weights (Adopt),
+// encode_seconds_saved (the hit seconds of all three).
 //
 // Complexity: each call O(1) map work plus the hooks' copies.
 // Thread safety: thread-compatible (the worker's owning thread). Contains may
@@ -29,9 +39,12 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "adopt_check.h"
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
 #include "epd/core/encode_types.h"
@@ -62,27 +75,43 @@ class WorkerCache {
   // Lookup, and on a hit sets res.embedding and res.source and counts it in
   // hits_l1 / hits_l2. Returns whether it hit.
   bool ServeHit(const ContentKey& key, std::int64_t tokens, ItemResult& res);
-  // A value the shared tier (L3) supplied: checked with Fits(tokens)
-  // (mismatch counted), moved to the device when to_device is set (a throw
-  // counted in cache_errors), cached and counted in hits_l3. nullopt when
-  // it cannot be served; the item is then encoded.
-  // It is charged to `tenant` (see Put).
-  std::optional<EmbeddingPtr> Adopt(const ContentKey& key, EmbeddingPtr ready, std::int64_t tokens,
-                                    TenantId tenant = kSharedTenant);
-  // Caches `e` (L1, or L2 under the L2-only rule), charged to `tenant` (an
-  // id from TenantOf; ignored without quotas). Never throws from a hook. A
-  // put a tenant's reservation plus the shared pool cannot hold is refused
-  // (counted per tier in Report's tenant rows).
-  void Put(const ContentKey& key, const EmbeddingPtr& e, TenantId tenant = kSharedTenant);
+  // A value the shared tier (L3) supplied, with the cost measured where it
+  // was encoded: checked with CheckAdoptedValue against `want` (a refusal
+  // counted in adopt_rejections, and in shape_mismatches when the shape
+  // differs, and kept for TakeRefused), moved to the device when to_device
+  // is set (a throw counted in cache_errors), cached with `cost` (charged to
+  // cost.tenant, see Put) and counted in hits_l3. nullopt when it cannot be
+  // served; the item is then encoded. A cost that is neither finite and >= 0
+  // nor kUnmeasured counts as kUnmeasured.
+  std::optional<EmbeddingPtr> Adopt(const ContentKey& key, EmbeddingPtr ready, const AdoptExpectation& want,
+                                    EntryCost cost);
+  // Caches `e` with its measured cost (L1, or L2 under the L2-only rule),
+  // charged to cost.tenant (an id from TenantOf; ignored without quotas).
+  // Never throws from a hook. A put a tenant's reservation plus the shared
+  // pool cannot hold is refused (counted per tier in Report's tenant rows).
+  void Put(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost);
   // The id entries of tenant `name` are charged to: interned in
   // WorkerOptions::tenant_quotas, whose reservation for it is set in both
   // tiers on first sight; kSharedTenant without quotas. O(1) expected.
   TenantId TenantOf(std::string_view name);
+  // The cost the cache holds for `key` (either tier), without touching it.
+  std::optional<EntryCost> CostOf(const ContentKey& key) const;
+
+  // A value Adopt refused, and why (the check's message).
+  struct Refused {
+    ContentKey key;
+    std::string why;
+  };
+  // The values refused since the last call, oldest first.
+  std::vector<Refused> TakeRefused() { return std::exchange(refused_, {}); }
   // `host` copied to the device by to_device; `host` itself when the hook
   // is unset, returns null or throws (counted in cache_errors).
   EmbeddingPtr OnDevice(EmbeddingPtr host);
 
   bool Contains(const ContentKey& key) const { return cache_.Contains(key); }
+  // Seconds the cache charges an entry put with `cost` (an unmeasured one:
+  // nbytes x default_seconds_per_byte, as EmbeddingCache does).
+  double Seconds(const EntryCost& cost, std::int64_t nbytes) const;
   // Fills the cache fields of `s` (evictions, tier moves, occupancy).
   void Report(WorkerStats& s) const;
 
@@ -101,6 +130,8 @@ class WorkerCache {
   void Reserve(TenantId t);
   // A get behind the promotion fence.
   std::optional<EmbeddingPtr> Get(const ContentKey& key, CacheTier* tier);
+  // Adds a served hit's bytes and cost to the weights of `source`'s tier.
+  void CountHit(ItemSource source, std::int64_t nbytes, double seconds);
 
   const WorkerOptions& options_;
   const VisionTower& tower_;
@@ -108,6 +139,7 @@ class WorkerCache {
   Cache cache_;
   bool placed_in_l2_ = false;   // Put has put an entry straight into L2 (see L2Only)
   std::vector<bool> reserved_;  // by tenant id: its reservation is set
+  std::vector<Refused> refused_;
 };
 
 }  // namespace epd::internal

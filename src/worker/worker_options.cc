@@ -2,6 +2,7 @@
 // ValidateFor (those that do).
 #include "epd/worker/worker_options.h"
 
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -33,6 +34,10 @@ Status WorkerOptions::Validate() const {
   }
   if (decode_lookahead < 0) {
     return InvalidArgument("decode_lookahead must be >= 0, got " + std::to_string(decode_lookahead));
+  }
+  if (!(std::isfinite(promote_seconds_per_byte) && promote_seconds_per_byte >= 0)) {
+    return InvalidArgument("promote_seconds_per_byte must be finite and >= 0, got " +
+                           std::to_string(promote_seconds_per_byte));
   }
   return Status::Ok();
 }

@@ -44,7 +44,8 @@ def key_file(tmp_path, name, current, previous=None):
 
 
 def gmac_tag(value: bytes, secret: bytes) -> bytes:
-    """The format 2 tag of `value`: GMAC over bytes [0, 120) and the rows,
+    """The format 2 tag of `value`: GMAC over bytes [0, 120) and what follows
+    the tag (the encode cost field, when the header has one, and the rows),
     under HMAC-SHA256(secret, "epd-l3 value gmac v1"), IV at [108, 120)."""
     subkey = hmac.new(secret, b"epd-l3 value gmac v1", hashlib.sha256).digest()
     return AESGCM(subkey).encrypt(value[108:120], b"", value[:120] + value[136:])
@@ -69,10 +70,13 @@ def test_keyed_servers_share_values_and_refuse_and_rewrite_a_forgery(redis, serv
     assert [r.source for r in first] == ["miss", "miss"]
     a.await_writes(2)
     stored = redis.command("GET", f"epd:v:{first[0].key.hex()}")
-    assert stored[:4] == b"EPL3" and struct.unpack("<HH", stored[4:8]) == (2, 136)
+    # Format 2 with the encode cost field (header 144: the cost at [136, 144)).
+    assert stored[:4] == b"EPL3" and struct.unpack("<HH", stored[4:8]) == (2, 144)
     assert struct.unpack("<I", stored[104:108]) == (1,)  # key id
     assert stored[120:136] == gmac_tag(stored, SECRET_OLD)
-    assert stored[136:] == first[0].main + first[0].deepstack
+    (cost,) = struct.unpack("<d", stored[136:144])
+    assert 0 < cost < 60, cost  # seconds, as measured by a
+    assert stored[144:] == first[0].main + first[0].deepstack
     second = b.client.encode([img])[0]
     assert second.source == "l3" and second.main == first[0].main and second.deepstack == first[0].deepstack
 
@@ -85,7 +89,7 @@ def test_keyed_servers_share_values_and_refuse_and_rewrite_a_forgery(redis, serv
     assert c["auth_failures"] == 1 and c.get("corrupt", 0) == 0
     b.await_writes(1)
     rewritten = redis.command("GET", f"epd:v:{target_key.hex()}")
-    assert rewritten[136:] == r.main + r.deepstack and rewritten[120:136] == gmac_tag(rewritten, SECRET_OLD)
+    assert rewritten[144:] == r.main + r.deepstack and rewritten[120:136] == gmac_tag(rewritten, SECRET_OLD)
     again = a.client.encode([target])[0]
     assert again.source == "l3" and again.main == r.main
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{b.metrics_port}/metrics", timeout=10).read().decode()

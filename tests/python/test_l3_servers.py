@@ -109,7 +109,8 @@ def test_corrupt_value_is_rejected_reencoded_and_rewritten(redis, servers):
     assert a.stats()["l3_counters"]["corrupt"] == 1
     wait_for(lambda: a.stats()["l3_counters"].get("writes", 0) == 1, "the rewrite")
     value = redis.command("GET", f"epd:v:{key}")
-    assert value[:4] == b"EPL3" and len(value) == 112 + len(r.main) + len(r.deepstack)
+    # Format 1 with the encode cost field: a 120-byte header.
+    assert value[:4] == b"EPL3" and len(value) == 120 + len(r.main) + len(r.deepstack)
     b = servers("b")
     assert b.encode([img])[0].source == "l3"
 

@@ -127,4 +127,12 @@ using EmbeddingPtr = std::shared_ptr<const Embedding>;
 // embedding, one copy of nbytes() else.
 StatusOr<EmbeddingPtr> ToHost(const EmbeddingPtr& e);
 
+// True when none of the `n` bytes at `p`, read as elements of `dtype`, is a
+// NaN or an infinity (an IEEE 754 binary32 or binary16 exponent, or
+// bfloat16's, which is binary32's, with every bit set). A trailing partial
+// element counts as finite. O(n), no allocation; thread-safe.
+bool ElementsFinite(DType dtype, const std::byte* p, std::size_t n);
+// ElementsFinite over main and deepstack. REQUIRES: e.on_host().
+bool RowsFinite(const Embedding& e);
+
 }  // namespace epd

@@ -77,6 +77,11 @@ struct ItemResult {
   double queue_ms = 0;
   double tower_ms = 0;
   double total_ms = 0;
+  // For an item the tower ran (a miss with an embedding): the entry's
+  // measured encode cost in seconds, as cached (its decode and preprocessing
+  // plus its token share of the batch's tower call; docs/PLAN.md), and as
+  // written to the shared tier. -1 for every other item.
+  double encode_seconds = -1;
 };
 
 struct RequestResult {
@@ -162,6 +167,37 @@ struct WorkerStats {
   // With tenant quotas (WorkerOptions::tenant_quotas): one row per tenant
   // the cache has seen, in id order (kSharedTenant first); empty without.
   std::vector<TenantCacheRow> tenant_cache;
+
+  // Weighted hit ratios (issue 26). Per item served from a tier, the bytes
+  // of its entry and its encode cost in seconds (the measured EntryCost the
+  // entry was cached with: its decode and preprocessing plus its share of its
+  // tower batch; docs/PLAN.md); per tower computation, the same for the
+  // entry it made (miss_*). So the object, byte and encode-second hit ratios
+  // of tier X are hits_X / (all hits + misses), hit_bytes_X / (all hit bytes
+  // + miss_bytes) and hit_seconds_X / (all hit seconds + miss_seconds).
+  // Joins are in none of them. A video's temporal chunks count as the
+  // entries they are (a chunk served from L1 in hit_*_l1, a chunk the tower
+  // ran in miss_*), besides the whole-video entry when that is what hit.
+  // encode_seconds_saved is the three tiers' hit seconds summed: tower (and
+  // decode) seconds the cache spared.
+  std::uint64_t hit_bytes_l1 = 0;
+  std::uint64_t hit_bytes_l2 = 0;
+  std::uint64_t hit_bytes_l3 = 0;
+  std::uint64_t miss_bytes = 0;
+  double hit_seconds_l1 = 0;
+  double hit_seconds_l2 = 0;
+  double hit_seconds_l3 = 0;
+  double miss_seconds = 0;
+  double encode_seconds_saved = 0;
+  // Bytes written into each tier (puts, promotions, demotions), and puts the
+  // L1 doorkeeper sent to L2 instead (--l1-admission doorkeeper).
+  std::uint64_t l1_write_bytes = 0;
+  std::uint64_t l2_write_bytes = 0;
+  std::uint64_t l1_admission_rejections = 0;
+  // Values from the shared tier refused by the adoption check (grid, tokens,
+  // width, dtype or deepstack layers other than the request predicts, or
+  // non-finite rows; issue 27, fault 3): deleted there and encoded here.
+  std::uint64_t adopt_rejections = 0;
 };
 
 // Every numeric field of WorkerStats, once (epd/core/stat_fields.h): the Stats
@@ -277,6 +313,45 @@ inline constexpr StatField<WorkerStats> kWorkerStatsFields[] = {
     {"l2_entries", &WorkerStats::l2_entries, StatKind::kGauge, StatUnit::kCount,
      "Entries held by the cache, by tier",
      {"l2_entries"}, {"epd_cache_entries", "tier", "l2"}, ""},
+    {"hit_bytes_l1", &WorkerStats::hit_bytes_l1, StatKind::kCounter, StatUnit::kBytes,
+     "Bytes of the entries served from the cache, by tier",
+     {"hit_bytes_l1"}, {"epd_cache_hit_bytes_total", "tier", "l1"}, "hit_bytes_l1"},
+    {"hit_bytes_l2", &WorkerStats::hit_bytes_l2, StatKind::kCounter, StatUnit::kBytes,
+     "Bytes of the entries served from the cache, by tier",
+     {"hit_bytes_l2"}, {"epd_cache_hit_bytes_total", "tier", "l2"}, "hit_bytes_l2"},
+    {"hit_bytes_l3", &WorkerStats::hit_bytes_l3, StatKind::kCounter, StatUnit::kBytes,
+     "Bytes of the entries served from the cache, by tier",
+     {"hit_bytes_l3"}, {"epd_cache_hit_bytes_total", "tier", "l3"}, "hit_bytes_l3"},
+    {"miss_bytes", &WorkerStats::miss_bytes, StatKind::kCounter, StatUnit::kBytes,
+     "Bytes of the entries the tower made",
+     {"miss_bytes"}, {"epd_cache_miss_bytes_total"}, "miss_bytes"},
+    {"hit_seconds_l1", &WorkerStats::hit_seconds_l1, StatKind::kCounter, StatUnit::kSeconds,
+     "Measured encode cost of the entries served from the cache, by tier",
+     {"hit_seconds_l1"}, {"epd_cache_hit_encode_seconds_total", "tier", "l1"}, "hit_seconds_l1"},
+    {"hit_seconds_l2", &WorkerStats::hit_seconds_l2, StatKind::kCounter, StatUnit::kSeconds,
+     "Measured encode cost of the entries served from the cache, by tier",
+     {"hit_seconds_l2"}, {"epd_cache_hit_encode_seconds_total", "tier", "l2"}, "hit_seconds_l2"},
+    {"hit_seconds_l3", &WorkerStats::hit_seconds_l3, StatKind::kCounter, StatUnit::kSeconds,
+     "Measured encode cost of the entries served from the cache, by tier",
+     {"hit_seconds_l3"}, {"epd_cache_hit_encode_seconds_total", "tier", "l3"}, "hit_seconds_l3"},
+    {"miss_seconds", &WorkerStats::miss_seconds, StatKind::kCounter, StatUnit::kSeconds,
+     "Measured encode cost of the entries the tower made",
+     {"miss_seconds"}, {"epd_cache_miss_encode_seconds_total"}, "miss_seconds"},
+    {"encode_seconds_saved", &WorkerStats::encode_seconds_saved, StatKind::kCounter, StatUnit::kSeconds,
+     "Encode seconds the cache saved (the measured cost of every hit, all tiers)",
+     {"encode_seconds_saved"}, {"epd_encode_seconds_saved_total"}, "encode_seconds_saved"},
+    {"l1_write_bytes", &WorkerStats::l1_write_bytes, StatKind::kCounter, StatUnit::kBytes,
+     "Bytes written into the cache, by tier (puts, promotions, demotions)",
+     {"l1_write_bytes"}, {"epd_cache_write_bytes_total", "tier", "l1"}, "l1_write_bytes"},
+    {"l2_write_bytes", &WorkerStats::l2_write_bytes, StatKind::kCounter, StatUnit::kBytes,
+     "Bytes written into the cache, by tier (puts, promotions, demotions)",
+     {"l2_write_bytes"}, {"epd_cache_write_bytes_total", "tier", "l2"}, "l2_write_bytes"},
+    {"l1_admission_rejections", &WorkerStats::l1_admission_rejections, StatKind::kCounter, StatUnit::kCount,
+     "Puts the L1 doorkeeper sent to L2 (a first request)",
+     {"l1_admission_rejections"}, {"epd_cache_l1_admission_rejections_total"}, "l1_admission_rejections"},
+    {"adopt_rejections", &WorkerStats::adopt_rejections, StatKind::kCounter, StatUnit::kCount,
+     "Shared-tier values refused for not matching the request (deleted there, encoded here)",
+     {"adopt_rejections"}, {"epd_adopt_rejections_total"}, "adopt_rejections"},
 };
 // clang-format on
 

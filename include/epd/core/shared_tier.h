@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
@@ -161,14 +162,21 @@ class SharedTier {
   // rejected value is a miss too, counted in `corrupt` or `auth_failures`). kUnavailable /
   // kDeadlineExceeded when the tier did not answer in time. Blocks up to the
   // tier's timeout.
-  virtual StatusOr<EmbeddingPtr> Get(const ContentKey& key) = 0;
+  // `encode_seconds`, when set, receives the encode cost stored with the
+  // value (seconds, measured where it was encoded), or -1
+  // (EntryCost::kUnmeasured) when it carries none or on a miss.
+  virtual StatusOr<EmbeddingPtr> Get(const ContentKey& key, double* encode_seconds) = 0;
+  StatusOr<EmbeddingPtr> Get(const ContentKey& key) { return Get(key, nullptr); }
   // Tries to take the cluster-wide lease on `key` (see LeaseResult). Blocks
   // up to the tier's timeout.
   virtual LeaseResult TryLease(const ContentKey& key) = 0;
   // Queues a write of `embedding` under `key` (host bytes are read on the
   // writer's thread: ToHost), then the release of this process's lease on it,
   // if held. Never blocks; dropped and counted when the queue is full.
-  virtual void PutAsync(const ContentKey& key, EmbeddingPtr embedding) = 0;
+  // `encode_seconds` is the entry's measured encode cost, stored with it
+  // (-1: none).
+  virtual void PutAsync(const ContentKey& key, EmbeddingPtr embedding, double encode_seconds) = 0;
+  void PutAsync(const ContentKey& key, EmbeddingPtr embedding) { PutAsync(key, std::move(embedding), -1); }
   // Queues the release of this process's lease on `key`, if held (e.g. the
   // encode failed). Never blocks.
   virtual void ReleaseAsync(const ContentKey& key) = 0;

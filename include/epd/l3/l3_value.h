@@ -42,6 +42,16 @@
 //      120   16 GMAC tag over bytes [0, 120) and the payload, under the key's
 //               value key
 //      136    - payload
+// The optional encode cost (issue 26): a value written with a measured cost
+// has a header 8 bytes longer (header bytes 120 in format 1, 144 in format
+// 2), whose last 8 bytes are the cost in seconds (IEEE 754 binary64, finite,
+// >= 0), just before the payload; the checksum or the tag covers them too
+// (they are hashed after the fixed header fields, before the payload). A
+// value without one keeps the header sizes above, byte for byte what the
+// builds before the field wrote, and reads back as kL3Unmeasured. A reader
+// older than the field refuses a costed value as a header size mismatch (and
+// its tier deletes it), so a cluster upgrades its readers before any writer
+// writes costs: docs/L3.md, "Encode cost".
 // Size: header bytes + Embedding::nbytes().
 //
 // What a decoded value must satisfy besides its checksum or tag (issue 27,
@@ -75,8 +85,12 @@ namespace epd {
 
 inline constexpr std::uint16_t kL3FormatChecksummed = 1;
 inline constexpr std::uint16_t kL3FormatAuthenticated = 2;
-inline constexpr std::size_t kL3HeaderBytes = 112;       // format 1
-inline constexpr std::size_t kL3KeyedHeaderBytes = 136;  // format 2
+inline constexpr std::size_t kL3HeaderBytes = 112;             // format 1
+inline constexpr std::size_t kL3KeyedHeaderBytes = 136;        // format 2
+inline constexpr std::size_t kL3CostedHeaderBytes = 120;       // format 1 with the cost field
+inline constexpr std::size_t kL3KeyedCostedHeaderBytes = 144;  // format 2 with the cost field
+// A value that carries no encode cost (EntryCost::kUnmeasured's value).
+inline constexpr double kL3Unmeasured = -1;
 
 struct L3ValueOptions {
   // The cluster keyring. Null: format 1 is written and the only format read.
@@ -88,11 +102,13 @@ struct L3ValueOptions {
   std::int64_t merge_size = 2;
 };
 
-// The value for `key`. REQUIRES: embedding.on_host() (call ToHost first) and
-// its byte count matches its shape. Throws epd::Error(kInternal) only when
-// OpenSSL fails (no random bytes for the IV, out of memory).
+// The value for `key`, with the cost field when `encode_seconds` is finite
+// and >= 0 (the seconds it took to encode; anything else writes none).
+// REQUIRES: embedding.on_host() (call ToHost first) and its byte count
+// matches its shape. Throws epd::Error(kInternal) only when OpenSSL fails (no
+// random bytes for the IV, out of memory).
 std::string EncodeL3Value(const ContentKey& key, const Embedding& embedding, std::uint32_t key_version,
-                          const L3ValueOptions& options = {});
+                          const L3ValueOptions& options = {}, double encode_seconds = kL3Unmeasured);
 
 // Parses and checks a value read for `key`; returns a fresh host Embedding.
 // Errors, each naming the first failed check:
@@ -106,8 +122,11 @@ std::string EncodeL3Value(const ContentKey& key, const Embedding& embedding, std
 //     degenerate grid or one whose tokens disagree with it, another merge
 //     size, a payload length that disagrees with the shape or the value's
 //     size (truncated or padded), another content key, a checksum mismatch,
-//     non-finite rows. Without a keyring, a format 2 value is kDataLoss too.
+//     non-finite rows, a negative or non-finite cost field. Without a
+//     keyring, a format 2 value is kDataLoss too.
+// `encode_seconds`, when set, receives the value's cost field on success
+// (kL3Unmeasured when it has none).
 StatusOr<EmbeddingPtr> DecodeL3Value(std::string_view value, const ContentKey& key, std::uint32_t key_version,
-                                     const L3ValueOptions& options = {});
+                                     const L3ValueOptions& options = {}, double* encode_seconds = nullptr);
 
 }  // namespace epd

@@ -103,8 +103,14 @@ struct EncodeItemInput {
   // null otherwise. When the key is neither joinable nor in L1/L2, the worker
   // checks it against the expected shape like any hit and, if it matches,
   // caches it in L1 (through to_device when set) and delivers it as
-  // ItemSource::kL3; a mismatch counts in shape_mismatches and is encoded.
+  // ItemSource::kL3. A value that does not match the grid, tokens, width,
+  // dtype or deepstack layers this item predicts, or holds non-finite rows,
+  // is refused (WorkerStats::adopt_rejections; EncodeWorker::TakeRefused) and
+  // the item encoded.
   EmbeddingPtr ready;
+  // The encode cost measured where `ready` was made (seconds, the L3 value's
+  // cost field); -1 (EntryCost::kUnmeasured) when unknown.
+  double ready_seconds = -1;
   // Set for a video item (then `media` and `caller_key` must be empty): it is
   // decoded and sampled, cut into temporal chunks and answered from them
   // (docs/VIDEO.md). expected_tokens, when > 0, must equal the video's

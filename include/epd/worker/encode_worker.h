@@ -250,6 +250,18 @@ class EncodeWorker {
   // touch the LRU order. O(1).
   bool HasLocal(const ContentKey& key) const;
 
+  // A shared-tier value (EncodeItemInput::ready) that the adoption check
+  // refused, and why: its grid, tokens, width, dtype or deepstack layers
+  // differ from what the item predicts, or it holds non-finite rows.
+  struct RefusedValue {
+    ContentKey key;
+    std::string why;
+  };
+  // The values refused since the last call, oldest first (each also counted
+  // in WorkerStats::adopt_rejections). WorkerLoop hands them to
+  // SharedTier::RejectAsync, which deletes them from the tier.
+  std::vector<RefusedValue> TakeRefused();
+
   // Cancels the in-flight request `id`; false when there is none.
   bool Cancel(const std::string& id);
 

@@ -24,6 +24,7 @@
 #include "epd/core/shared_tier.h"
 #include "epd/core/status.h"
 #include "epd/core/tenant_quota.h"
+#include "epd/core/tiered_cache.h"
 #include "epd/core/vision_tower.h"
 #include "epd/media/content_key.h"
 #include "epd/media/image.h"
@@ -68,6 +69,16 @@ struct WorkerOptions {
   // delivered (they hold its buffers; epd/gpu/device.h).
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_host;
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_device;
+  // Eviction of both tiers and the L1 admission filter (TieredOptions,
+  // epd/core/tiered_cache.h; --eviction, --l1-admission). kLru and kNone are
+  // the reference's cache. Under kGdsf each entry is ranked by its measured
+  // encode cost per byte (docs/PLAN.md, "What the worker passes"); an entry
+  // that L2 can hold is ranked in L1 by what its promotion would cost,
+  // nbytes x promote_seconds_per_byte (seconds per byte, finite, >= 0; the
+  // default 4e-11 is a 25 GB/s host-to-device copy).
+  EvictionPolicy eviction = EvictionPolicy::kLru;
+  L1Admission l1_admission = L1Admission::kNone;
+  double promote_seconds_per_byte = 4e-11;
   // Turns one item's rows of a device-resident tower output (VisionTower::
   // output_on_device()) into the Embedding to cache and deliver, e.g. a
   // device -> device copy into an L1 entry. Required for such a tower
@@ -156,7 +167,7 @@ struct WorkerOptions {
   // OK, or kInvalidArgument naming the first bad field: empty model_id,
   // invalid preprocess config, max_pixels <= 0, negative capacity,
   // non-positive batch bounds, negative max_pending_items, decode_threads or
-  // decode_lookahead.
+  // decode_lookahead, a negative or non-finite promote_seconds_per_byte.
   Status Validate() const;
   // Validate(), then the checks against the tower EncodeWorker::Create
   // makes (kInvalidArgument): a patch_dim or merge_size other than the
