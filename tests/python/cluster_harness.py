@@ -44,6 +44,7 @@ import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import child_process
+import hang_report
 import server_harness as h
 from redis_harness import RedisServer, redis_binary  # noqa: F401 - redis_binary is part of this API
 from server_harness import stop_pid
@@ -96,11 +97,13 @@ def serve_supports(flag: str) -> bool:
 
 
 def preflight(need_redis: bool = True, need_nginx: bool = True, serve_flags: Sequence[str] = ()) -> Optional[int]:
-    """None when a cluster test script can run here. Otherwise it prints why
+    """None when a cluster test script can run here (and, under ctest, the
+    hang report is armed: hang_report.arm_from_env). Otherwise it prints why
     and returns the status its main() should exit with: 77 (CTest
     SKIP_RETURN_CODE) when a binary or module is missing (missing_reason),
     1 when this `epd-encode serve` lacks one of `serve_flags` (e.g. built
     without epd::l3)."""
+    hang_report.arm_from_env()  # stacks in the log if the script hangs (ctest's TIMEOUT)
     reason = missing_reason(need_redis=need_redis, need_nginx=need_nginx)
     if reason:
         print(f"SKIP: {reason}")
@@ -184,20 +187,15 @@ class EncodeServer:
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until the server printed READY (and its port is known)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("READY "):
-                fields = dict(kv.split("=", 1) for kv in line.split()[1:])
-                self.port = int(fields["port"])
-                # Nothing else is printed on stdout; drop the pipe so a late
-                # line can never block the server.
-                self.proc.stdout.close()
-                return
-        stop_pid(self.proc, signal.SIGKILL)
-        raise RuntimeError(f"{self.name} did not get ready; tail of {self.log}:\n{tail(self.log)}")
+        fields = h.read_ready(self.proc, timeout)
+        if fields is not None:
+            self.port = int(fields["port"])
+            # Nothing else is printed on stdout; drop the pipe so a late
+            # line can never block the server.
+            self.proc.stdout.close()
+            return
+        why = h.not_ready(self.proc, timeout)
+        raise RuntimeError(f"{self.name} did not get ready ({why}); tail of {self.log}:\n{tail(self.log)}")
 
     def stop(self, sig: int = signal.SIGTERM) -> Optional[int]:
         if self.proc is None:
