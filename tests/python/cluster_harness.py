@@ -208,9 +208,9 @@ class EncodeServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stats(self) -> Dict[str, object]:
+    def stats(self, timeout: float = 30.0) -> Dict[str, object]:
         from epd import client as ec
-        with ec.EncodeClient(self.address, timeout=30) as c:
+        with ec.EncodeClient(self.address, timeout=timeout) as c:
             return c.stats()
 
 
@@ -352,6 +352,9 @@ class Cluster:
         # name -> list of the last Stats of each earlier life.
         self.retired: Dict[str, List[Dict[str, object]]] = {}
         _open_clusters.append(self)
+        # A hung test's report (hang_report) shows each server's counters
+        # and the logs' tails: a request lost in a queue leaves no stack.
+        self._report = hang_report.add_section(f"cluster in {self.dir}", self.hang_text)
         if l3:
             self.redis = RedisServer(self.dir, maxmemory_mb=redis_maxmemory_mb)
             self.redis.start()
@@ -454,6 +457,21 @@ class Cluster:
             parts.append(f"--- redis log tail\n{tail(self.redis.log)}")
         return "\n".join(parts)
 
+    def hang_text(self) -> str:
+        """Each running server's PID and Stats, then logs(): the cluster's
+        part of a hang report."""
+        parts = []
+        for n, s in list(self.servers.items()):
+            proc = s.proc  # read once: the test's thread may stop it meanwhile
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                stats = s.stats(timeout=10)
+            except Exception as e:  # noqa: BLE001 - the other servers still count
+                stats = f"(Stats failed: {e!r})"
+            parts.append(f"--- {n} pid {proc.pid} at {s.address}: {stats}")
+        return "\n".join(parts + [self.logs()])
+
     @contextlib.contextmanager
     def logs_on_failure(self, checks: Checks):
         """Prints logs() when the block raises or when `checks` holds a
@@ -473,6 +491,7 @@ class Cluster:
         if self not in _open_clusters:
             return
         _open_clusters.remove(self)
+        hang_report.remove_section(self._report)
         errors = []
         for step in ([self.nginx.stop] if self.nginx else []) + \
                 [s.stop for s in self.servers.values()] + ([self.redis.stop] if self.redis else []):

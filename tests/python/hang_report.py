@@ -12,6 +12,11 @@ printed; these reports say who waits on what.
   at report_after(timeout) seconds the report is written to stderr, once,
   and the test goes on (ctest still ends it at its timeout). Without the
   variable (a run by hand) nothing is armed.
+- add_section(title, fn) / remove_section(token): text the report adds
+  after the stacks, e.g. a cluster's Stats and log tails (cluster_harness):
+  a request lost in a queue leaves no thread waiting on it, but shows in
+  the counters. `fn` runs on the report's thread; what it raises is
+  reported in its place.
 - process_stacks(pid): one process's thread stacks as text, for a harness
   about to SIGKILL a server that did not stop or did not get ready
   (server_harness.stop_pid, server_harness.wait_ready): `gdb -batch
@@ -32,12 +37,15 @@ import shutil
 import subprocess
 import sys
 import threading
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 # How long one gdb attach may take (attaching to a server that maps libtorch
 # takes seconds on a loaded machine), s.
 GDB_TIMEOUT_S = 90.0
 _armed = False
+_sections_lock = threading.Lock()
+_sections: Dict[int, Tuple[str, Callable[[], str]]] = {}
+_next_section = 0
 
 
 def report_after(timeout_s: float) -> float:
@@ -66,6 +74,35 @@ def arm_from_env() -> bool:
     timer.daemon = True
     timer.start()
     return True
+
+
+def add_section(title: str, fn: Callable[[], str]) -> int:
+    """Adds `fn()`'s text, under `title`, to every report from now on;
+    returns the token for remove_section()."""
+    global _next_section
+    with _sections_lock:
+        _next_section += 1
+        _sections[_next_section] = (title, fn)
+        return _next_section
+
+
+def remove_section(token: int) -> None:
+    """Undoes add_section(); a token already removed is ignored."""
+    with _sections_lock:
+        _sections.pop(token, None)
+
+
+def _section_texts() -> List[str]:
+    with _sections_lock:
+        sections = list(_sections.values())
+    out = []
+    for title, fn in sections:
+        try:
+            text = fn()
+        except Exception as e:  # noqa: BLE001 - the report goes on
+            text = f"(failed: {e!r})"
+        out.append(f"=== {title}\n{text}")
+    return out
 
 
 def descendants(root: int) -> List[int]:
@@ -156,6 +193,7 @@ def write_report(why: str, out=None) -> None:
     parts = [f"\n##### hang report: this test ({os.getpid()}) is {why}; stacks of the {len(pids)} "
              f"processes it started #####"]
     parts += [header + "\n" + _finish_gdb(p, g) for p, header, g in gdbs]
+    parts += _section_texts()
     parts.append("##### end of hang report #####\n")
     out.write("\n".join(parts) + "\n")
     out.flush()

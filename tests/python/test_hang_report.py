@@ -15,20 +15,26 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+import cluster_harness as ch
 import hang_report
 import server_harness as h
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The "test": arms the report from $EPD_TEST_TIMEOUT_S, starts a sleeping
-# child, prints its PID, then blocks in a function whose name the report
-# must show.
+# child, adds report sections (one that raises, one removed again), prints
+# the child's PID, then blocks in a function whose name the report must show.
 STUCK = r"""
 import subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
 import hang_report
 assert hang_report.arm_from_env()
 child = subprocess.Popen(["sleep", "300"])
+hang_report.add_section("the child", lambda: f"child {child.pid} running: {child.poll() is None}")
+hang_report.add_section("a broken part", lambda: 1 // 0)
+hang_report.remove_section(hang_report.add_section("removed", lambda: "never shown"))
 print(child.pid, flush=True)
 def stuck_waiting_for_the_server():
     time.sleep(300)
@@ -79,6 +85,11 @@ def test_an_armed_test_writes_its_python_stack_and_its_childrens_stacks():
         assert "nanosleep" in text, text  # sleep(1) waits in clock_nanosleep
     else:
         assert "state S" in text, text
+    # The sections, computed when the report is written; one that raises
+    # says so in its place; a removed one is absent.
+    assert f"=== the child\nchild {child_pid} running: True" in text, text
+    assert "=== a broken part\n(failed: ZeroDivisionError" in text, text
+    assert "never shown" not in text, text
 
 
 def test_process_stacks_shows_where_a_sleeping_process_waits():
@@ -133,3 +144,20 @@ def test_read_ready_gives_up_on_a_silent_process_and_on_one_that_exits():
         assert h.not_ready(quitter, 60) == "it exited with status 0"
     finally:
         quitter.stdout.close()
+
+
+@pytest.mark.skipif(ch.missing_reason(need_redis=False, need_nginx=False) is not None,
+                    reason=str(ch.missing_reason(need_redis=False, need_nginx=False)))
+def test_a_clusters_section_shows_each_running_servers_counters():
+    with ch.Cluster(h.tiny_serve_args(), l3=False) as c:
+        c.start_server("s0")
+        s0 = c.servers["s0"]
+        with c.client(s0.address) as cl:
+            cl.encode([h.png(28, 28, seed=1)])
+        text = c.hang_text()
+        # One encode of one image: the server counted one request.
+        assert f"--- s0 pid {s0.proc.pid} at {s0.address}: " in text, text
+        assert "'requests': 1," in text, text
+        assert f"--- s0 ({s0.log}) tail" in text, text  # then the logs' tails
+        c.stop_server("s0")
+        assert "--- s0 pid" not in c.hang_text()  # a stopped server has no counters to ask for
