@@ -170,7 +170,7 @@ class EncodeServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 240.0) -> None:
         self.spawn()
         self.wait_ready(timeout)
 
@@ -185,7 +185,7 @@ class EncodeServer:
             self.proc = child_process.popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
         self.starts += 1
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 240.0) -> None:
         """Until the server printed READY (and its port is known)."""
         fields = h.read_ready(self.proc, timeout)
         if fields is not None:

@@ -1,6 +1,7 @@
 """What a stuck test leaves in its log before it is killed: the Python stack
-of every thread of the test process, and the thread stacks of every process
-it started (servers, nginx, redis, a forked child that never reached exec).
+of every thread of the test process, its C stacks, and the thread stacks of
+every process it started (servers, nginx, redis, a forked child that never
+reached exec).
 Not a test module (pytest collects only test_*.py).
 
 A hang that ctest's timeout ends shows nothing but the last line the test
@@ -185,13 +186,15 @@ def process_stacks(pid: int) -> str:
 
 
 def write_report(why: str, out=None) -> None:
-    """Writes the stacks of every process this one started (in parallel) to
-    `out` (default stderr), headed by `why`."""
+    """Writes the stacks of this process and of every process it started
+    (attached in parallel) to `out` (default stderr), headed by `why`."""
     out = out or sys.stderr
-    pids = [p for p in descendants(os.getpid()) if not _is_gdb(p)]
+    # This process first: its C stacks say where a thread blocks below
+    # Python (a lock inside fork, a gRPC call), which faulthandler cannot.
+    pids = [os.getpid()] + [p for p in descendants(os.getpid()) if not _is_gdb(p)]
     gdbs = [(p, _header(p), _start_gdb(p)) for p in pids]
-    parts = [f"\n##### hang report: this test ({os.getpid()}) is {why}; stacks of the {len(pids)} "
-             f"processes it started #####"]
+    parts = [f"\n##### hang report: this test ({os.getpid()}) is {why}; stacks of it and of the "
+             f"{len(pids) - 1} processes it started #####"]
     parts += [header + "\n" + _finish_gdb(p, g) for p, header, g in gdbs]
     parts += _section_texts()
     parts.append("##### end of hang report #####\n")

@@ -163,9 +163,11 @@ def tiny_serve_args() -> List[str]:
     return ["--model", tiny_tower(), "--threads", "1"]
 
 
-def start_server(extra: List[str], timeout: float = 60.0) -> Tuple[subprocess.Popen, int, int]:
+def start_server(extra: List[str], timeout: float = 240.0) -> Tuple[subprocess.Popen, int, int]:
     """Starts `epd-encode serve --port 0` plus `extra`; returns (process,
-    port, metrics_port) once it printed READY."""
+    port, metrics_port) once it printed READY. RuntimeError, with the
+    server's stacks, when it has not within `timeout` s (libtorch's static
+    initialisation alone took over 60 s at a load of 16 on two cores)."""
     args = [encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0"] + extra
     # stderr to a file: a pipe nobody reads would block the server once full.
     err = tempfile.TemporaryFile(mode="w+")
