@@ -8,10 +8,18 @@ process through popen() or run() here. Not a test module.
 
 Two mechanisms (Linux):
 
-- PR_SET_PDEATHSIG(SIGKILL), set in the child between fork and exec
-  (die_with_parent, a preexec_fn): the kernel SIGKILLs the child when the
-  thread that forked it ends. A child whose parent died before prctl ran
-  kills itself at once (the parent's PID is compared with getppid()).
+- PR_SET_PDEATHSIG(SIGKILL), set in the child before the program runs: the
+  kernel SIGKILLs the child when the thread that forked it ends. A child
+  whose parent died before prctl ran kills itself at once (the parent's PID
+  is compared with getppid()). The child is started as `setpriv
+  --pdeathsig KILL -- sh -c 'check the parent; exec PROGRAM' PROGRAM ARGS`
+  (death_argv), so no Python code runs between fork and exec: with a
+  preexec_fn, CPython runs its at-fork handlers and takes the import lock
+  before forking, and uses fork() instead of vfork(), and a test process
+  with gRPC's threads once stayed blocked inside that fork for good
+  (cluster_scale_test: its main thread in _posixsubprocess.fork_exec, no
+  child created). die_with_parent, a preexec_fn doing the same, is the
+  fallback where setpriv (util-linux) is missing.
   Caveat: the "parent" is the forking *thread*; start servers from a thread
   that lives as long as they should (the test's main thread).
 - group=True, for servers that fork children of their own (nginx: the death
@@ -32,6 +40,7 @@ caveat above); the watchdog's registry is guarded by a lock.
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +64,45 @@ def die_with_parent(parent: Optional[int] = None):
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
+
+
+_SETPRIV = shutil.which("setpriv")
+_SH = shutil.which("sh") or "/bin/sh"
+# Run by sh after setpriv set the death signal: a parent that died before
+# that leaves the child with another parent; then the child ends itself.
+_CHECK_PARENT = 'if [ "$PPID" != "$EPD_DIE_WITH" ]; then kill -KILL $$; fi; unset EPD_DIE_WITH; exec "$@"'
+
+
+def death_argv(argv: List[str]) -> List[str]:
+    """`argv` prefixed so that it runs with PR_SET_PDEATHSIG(SIGKILL) and a
+    check that the process that started it is still its parent, with no
+    Python code in the child: setpriv sets the signal, sh compares $PPID
+    with $EPD_DIE_WITH (the parent's PID, _launch_kwargs) and execs
+    the program in the same process (its PID is the child's). Only where
+    setpriv exists (has_setpriv())."""
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", _SH, "-c", _CHECK_PARENT, argv[0], *argv]
+
+
+def has_setpriv() -> bool:
+    return _SETPRIV is not None
+
+
+def _launch_kwargs(argv: List[str], kwargs: dict) -> List[str]:
+    """The argv to start and the kwargs (updated in place) that make the
+    child die with this process: death_argv with EPD_DIE_WITH in its
+    environment, or the die_with_parent preexec_fn without setpriv. Raises
+    FileNotFoundError, as Popen itself would, for a program not found."""
+    if not has_setpriv():
+        kwargs["preexec_fn"] = die_with_parent()
+        return list(argv)
+    env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
+    program = argv[0]
+    found = program if os.sep in program else shutil.which(program, path=env.get("PATH", os.defpath))
+    if found is None or not os.access(found, os.X_OK):
+        raise FileNotFoundError(2, "No such file or directory", program)
+    env["EPD_DIE_WITH"] = str(os.getpid())
+    kwargs["env"] = env
+    return death_argv(list(argv))
 
 
 # --- the watchdog ---------------------------------------------------------------------
@@ -131,20 +179,22 @@ def forget(token: int) -> None:
 
 def popen(argv: List[str], group: bool = False, **kwargs) -> subprocess.Popen:
     """subprocess.Popen(argv, **kwargs) whose process dies with this one
-    (die_with_parent). group=True: it also leads a new process group (its
+    (death_argv). group=True: it also leads a new process group (its
     PID is the group's id), which the watchdog SIGKILLs if this process dies;
     stop such a process with stop_group(). stdin defaults to /dev/null."""
     kwargs.setdefault("stdin", subprocess.DEVNULL)
     if group:
         kwargs["process_group"] = 0
-    proc = subprocess.Popen(argv, preexec_fn=die_with_parent(), **kwargs)
+    argv = _launch_kwargs(argv, kwargs)
+    proc = subprocess.Popen(argv, **kwargs)
     proc.epd_watch = _watchdog.add({"pgid": proc.pid}) if group else None
     return proc
 
 
 def run(argv: List[str], **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run(argv, **kwargs) whose process dies with this one."""
-    return subprocess.run(argv, preexec_fn=die_with_parent(), **kwargs)
+    argv = _launch_kwargs(argv, kwargs)
+    return subprocess.run(argv, **kwargs)
 
 
 def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20.0) -> Optional[int]:

@@ -44,6 +44,7 @@ import time
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import child_process
+import hang_report
 import server_harness as h
 from redis_harness import RedisServer, redis_binary  # noqa: F401 - redis_binary is part of this API
 from server_harness import stop_pid
@@ -96,11 +97,13 @@ def serve_supports(flag: str) -> bool:
 
 
 def preflight(need_redis: bool = True, need_nginx: bool = True, serve_flags: Sequence[str] = ()) -> Optional[int]:
-    """None when a cluster test script can run here. Otherwise it prints why
+    """None when a cluster test script can run here (and, under ctest, the
+    hang report is armed: hang_report.arm_from_env). Otherwise it prints why
     and returns the status its main() should exit with: 77 (CTest
     SKIP_RETURN_CODE) when a binary or module is missing (missing_reason),
     1 when this `epd-encode serve` lacks one of `serve_flags` (e.g. built
     without epd::l3)."""
+    hang_report.arm_from_env()  # stacks in the log if the script hangs (ctest's TIMEOUT)
     reason = missing_reason(need_redis=need_redis, need_nginx=need_nginx)
     if reason:
         print(f"SKIP: {reason}")
@@ -167,7 +170,7 @@ class EncodeServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 240.0) -> None:
         self.spawn()
         self.wait_ready(timeout)
 
@@ -182,22 +185,17 @@ class EncodeServer:
             self.proc = child_process.popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
         self.starts += 1
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 240.0) -> None:
         """Until the server printed READY (and its port is known)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("READY "):
-                fields = dict(kv.split("=", 1) for kv in line.split()[1:])
-                self.port = int(fields["port"])
-                # Nothing else is printed on stdout; drop the pipe so a late
-                # line can never block the server.
-                self.proc.stdout.close()
-                return
-        stop_pid(self.proc, signal.SIGKILL)
-        raise RuntimeError(f"{self.name} did not get ready; tail of {self.log}:\n{tail(self.log)}")
+        fields = h.read_ready(self.proc, timeout)
+        if fields is not None:
+            self.port = int(fields["port"])
+            # Nothing else is printed on stdout; drop the pipe so a late
+            # line can never block the server.
+            self.proc.stdout.close()
+            return
+        why = h.not_ready(self.proc, timeout)
+        raise RuntimeError(f"{self.name} did not get ready ({why}); tail of {self.log}:\n{tail(self.log)}")
 
     def stop(self, sig: int = signal.SIGTERM) -> Optional[int]:
         if self.proc is None:
@@ -210,9 +208,9 @@ class EncodeServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stats(self) -> Dict[str, object]:
+    def stats(self, timeout: float = 30.0) -> Dict[str, object]:
         from epd import client as ec
-        with ec.EncodeClient(self.address, timeout=30) as c:
+        with ec.EncodeClient(self.address, timeout=timeout) as c:
             return c.stats()
 
 
@@ -354,6 +352,9 @@ class Cluster:
         # name -> list of the last Stats of each earlier life.
         self.retired: Dict[str, List[Dict[str, object]]] = {}
         _open_clusters.append(self)
+        # A hung test's report (hang_report) shows each server's counters
+        # and the logs' tails: a request lost in a queue leaves no stack.
+        self._report = hang_report.add_section(f"cluster in {self.dir}", self.hang_text)
         if l3:
             self.redis = RedisServer(self.dir, maxmemory_mb=redis_maxmemory_mb)
             self.redis.start()
@@ -456,6 +457,21 @@ class Cluster:
             parts.append(f"--- redis log tail\n{tail(self.redis.log)}")
         return "\n".join(parts)
 
+    def hang_text(self) -> str:
+        """Each running server's PID and Stats, then logs(): the cluster's
+        part of a hang report."""
+        parts = []
+        for n, s in list(self.servers.items()):
+            proc = s.proc  # read once: the test's thread may stop it meanwhile
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                stats = s.stats(timeout=10)
+            except Exception as e:  # noqa: BLE001 - the other servers still count
+                stats = f"(Stats failed: {e!r})"
+            parts.append(f"--- {n} pid {proc.pid} at {s.address}: {stats}")
+        return "\n".join(parts + [self.logs()])
+
     @contextlib.contextmanager
     def logs_on_failure(self, checks: Checks):
         """Prints logs() when the block raises or when `checks` holds a
@@ -475,6 +491,7 @@ class Cluster:
         if self not in _open_clusters:
             return
         _open_clusters.remove(self)
+        hang_report.remove_section(self._report)
         errors = []
         for step in ([self.nginx.stop] if self.nginx else []) + \
                 [s.stop for s in self.servers.values()] + ([self.redis.stop] if self.redis else []):

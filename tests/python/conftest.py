@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+import hang_report
 import server_harness
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -36,6 +37,13 @@ def reference():
         scheduler = _load("encode_scheduler")
 
     return Ref
+
+
+def pytest_configure(config):
+    # Under ctest ($EPD_TEST_TIMEOUT_S): the Python stacks of every thread and
+    # the thread stacks of every process the tests started go to stderr
+    # before ctest's timeout, so a hang says who waits on what.
+    hang_report.arm_from_env()
 
 
 # A failing test gets the stderr of every `epd-encode serve` it started

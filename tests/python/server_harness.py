@@ -3,16 +3,19 @@ binary and the tiny test tower, making PNG fixtures, starting and stopping
 servers. Not a test module (pytest collects only test_*.py)."""
 
 import os
+import select
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import zlib
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import child_process
+import hang_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -82,8 +85,10 @@ def free_ports(n: int) -> List[int]:
 
 
 def stop_pid(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20.0) -> Optional[int]:
-    """Sends `sig` to proc's PID, waits up to `grace` s, then SIGKILLs it.
-    Returns the exit status (None if it could not be reaped)."""
+    """Sends `sig` to proc's PID, waits up to `grace` s, then SIGKILLs it;
+    before the SIGKILL of a process that outlived its grace, its thread
+    stacks go to stderr (hang_report.process_stacks), so a stop that hangs
+    says where. Returns the exit status (None if it could not be reaped)."""
     if proc.poll() is None:
         try:
             os.kill(proc.pid, sig)
@@ -92,9 +97,47 @@ def stop_pid(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 2
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
+            if sig != signal.SIGKILL:
+                print(f"process {proc.pid} still runs {grace:.0f} s after signal {sig}; its stacks before the "
+                      f"SIGKILL:\n{hang_report.process_stacks(proc.pid)}", file=sys.stderr, flush=True)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
     return proc.returncode
+
+
+def read_ready(proc: subprocess.Popen, timeout: float) -> Optional[Dict[str, str]]:
+    """The fields of the READY line `epd-encode serve` prints on its stdout
+    (a pipe), within `timeout` s; None when the process closes its stdout
+    (exits) first or the time runs out. Reads the pipe's file descriptor
+    itself, so a server that never prints cannot block the caller past the
+    timeout (a readline() would)."""
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    pending = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        if not select.select([fd], [], [], min(left, 1.0))[0]:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.startswith(b"READY "):
+                return dict(kv.split("=", 1) for kv in line.decode(errors="replace").split()[1:])
+
+
+def not_ready(proc: subprocess.Popen, timeout: float) -> str:
+    """Why `proc` gave no READY line (for the caller's error), SIGKILLing it
+    when it still runs: then with its thread stacks, taken first."""
+    if proc.poll() is not None:
+        return f"it exited with status {proc.returncode}"
+    why = f"no READY line in {timeout:.0f} s; its stacks:\n{hang_report.process_stacks(proc.pid)}"
+    stop_pid(proc, signal.SIGKILL)
+    return why
 
 
 def wait_port(port: int, timeout: float, proc: Optional[subprocess.Popen] = None) -> None:
@@ -120,9 +163,11 @@ def tiny_serve_args() -> List[str]:
     return ["--model", tiny_tower(), "--threads", "1"]
 
 
-def start_server(extra: List[str], timeout: float = 60.0) -> Tuple[subprocess.Popen, int, int]:
+def start_server(extra: List[str], timeout: float = 240.0) -> Tuple[subprocess.Popen, int, int]:
     """Starts `epd-encode serve --port 0` plus `extra`; returns (process,
-    port, metrics_port) once it printed READY."""
+    port, metrics_port) once it printed READY. RuntimeError, with the
+    server's stacks, when it has not within `timeout` s (libtorch's static
+    initialisation alone took over 60 s at a load of 16 on two cores)."""
     args = [encode_binary(), "serve", "--host", "127.0.0.1", "--port", "0"] + extra
     # stderr to a file: a pipe nobody reads would block the server once full.
     err = tempfile.TemporaryFile(mode="w+")
@@ -130,30 +175,19 @@ def start_server(extra: List[str], timeout: float = 60.0) -> Tuple[subprocess.Po
     proc.err_file = err
     proc.err_text = None
     STARTED.append(proc)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith("READY "):
-            fields = dict(kv.split("=", 1) for kv in line.split()[1:])
-            proc.ready = fields  # every field of the READY line (http_port, ...)
-            return proc, int(fields["port"]), int(fields["metrics_port"])
-    proc.kill()
-    proc.wait()
+    fields = read_ready(proc, timeout)
+    if fields is not None:
+        proc.ready = fields  # every field of the READY line (http_port, ...)
+        return proc, int(fields["port"]), int(fields["metrics_port"])
+    why = not_ready(proc, timeout)
     err.seek(0)
-    raise RuntimeError(f"epd-encode serve did not get ready: {err.read()}")
+    raise RuntimeError(f"epd-encode serve did not get ready ({why}); its stderr: {err.read()}")
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> int:
-    """SIGTERM, wait, return the exit status."""
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    """SIGTERM, wait up to `timeout` s (then stacks and SIGKILL, stop_pid),
+    return the exit status."""
+    stop_pid(proc, signal.SIGTERM, grace=timeout)
     proc.stdout.close()
     proc.err_text = server_stderr(proc)
     proc.err_file.close()

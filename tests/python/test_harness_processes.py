@@ -133,3 +133,52 @@ def test_a_child_started_by_a_living_test_keeps_running():
     finally:
         assert child_process.stop_group(proc, signal.SIGTERM) == -signal.SIGTERM
     assert not child_process.alive(proc.pid)
+
+
+@pytest.mark.skipif(not child_process.has_setpriv(), reason="setpriv (util-linux) is not installed")
+def test_a_lock_another_thread_holds_does_not_keep_the_launcher_from_starting_a_child():
+    # With a preexec_fn, CPython runs its at-fork handlers before forking, and
+    # logging's takes logging's module lock; a test's main thread once stayed
+    # blocked for good inside such a fork (cluster_scale_test). The launcher
+    # runs no Python code around the fork, so a thread holding that lock (as
+    # one inside logging does) cannot hold up a start.
+    import logging
+    import threading
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with logging._lock:  # what logging's at-fork handler acquires
+            held.set()
+            release.wait(120)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    result = {}
+    # In a thread of its own, so that a start that blocks fails the test
+    # instead of hanging it; run() waits for the child in the same thread
+    # (the child's death signal follows the thread that started it).
+    starter = threading.Thread(target=lambda: result.update(rc=child_process.run(["true"]).returncode), daemon=True)
+    try:
+        starter.start()
+        starter.join(60)  # `true` takes milliseconds; a start that waits for the lock never ends
+        started = not starter.is_alive()
+    finally:
+        release.set()
+        holder.join(30)
+        starter.join(60)
+    assert started, "starting a child waited for a lock another thread held"
+    assert result == {"rc": 0}
+
+
+def test_the_child_runs_with_a_death_signal_and_no_trace_of_the_check():
+    # What the child sees (the program exec'ed in place of the wrapper): its
+    # PID is the one Popen reports, its death signal is SIGKILL, and the
+    # wrapper's variable is gone from its environment.
+    probe = ("import ctypes, os; v = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(v)); "
+             "print(os.getpid(), v.value, os.environ.get('EPD_DIE_WITH'))")
+    p = child_process.popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)
+    out, _ = p.communicate(timeout=120)
+    assert out.split() == [str(p.pid), str(int(signal.SIGKILL)), "None"]
+    with pytest.raises(FileNotFoundError):
+        child_process.popen(["epd-no-such-program"])
