@@ -90,9 +90,6 @@ struct EncodeWorker::Impl {
   std::int64_t Poll();
   bool StartBatch(std::function<void()> on_finished);
   std::int64_t FinishBatch();
-  // Caches a tower result with its measured cost, and counts it as a miss's
-  // weight (miss_bytes, miss_seconds).
-  void Cache(const internal::JobTable::Job& job, const EmbeddingPtr& embedding, double seconds);
   void Abort(RequestNum r, const Status& status);
   bool Known(const ContentKey& key) const { return cache.Contains(key) || table.InFlight(key).has_value(); }
 };
@@ -157,17 +154,9 @@ Status EncodeWorker::Impl::Admit(const EncodeRequest& request, std::vector<Statu
     return InvalidArgument("request '" + request.id + "' has " + std::to_string(n) + " items but " +
                            std::to_string(keys.size()) + " keys");
   }
-  if (options.max_pending_items == 0) return Status::Ok();
-  // An upper bound on the jobs this request would add (a video counts as
-  // one: its chunks are known only once decoded).
-  std::vector<ContentKey> valid;
-  for (const StatusOr<ContentKey>& k : keys) {
-    if (k.ok()) valid.push_back(*k);
-  }
-  const std::int64_t new_jobs =
-      internal::CountNewJobs(valid, options.dedup_in_flight, [this](const ContentKey& k) { return Known(k); });
-  return internal::CheckQueueBound(internal::RequestSubject(request.id), new_jobs, queue.load(),
-                                   options.max_pending_items);
+  return internal::CheckRequestQueueBound(
+      request.id, keys, options.dedup_in_flight, [this](const ContentKey& k) { return Known(k); }, queue.load(),
+      options.max_pending_items);
 }
 
 bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, Clock::time_point arrived, ItemResult& res) {
@@ -186,8 +175,7 @@ bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, Clock::
   if (item.ready != nullptr && !cache.Contains(res.key)) {
     internal::AdoptExpectation expect{want, std::nullopt};
     if (!item.media.empty() && header.Get().ok()) expect.grid = header.Get()->grid;
-    EntryCost cost{item.ready_seconds};
-    cost.tenant = cache.TenantOf(table.tenant(r));
+    const EntryCost cost = cache.CostFor(item.ready_seconds, table.tenant(r));
     if (std::optional<EmbeddingPtr> l3 = cache.Adopt(res.key, std::move(item.ready), expect, cost)) {
       res.source = ItemSource::kL3;
       res.embedding = std::move(*l3);
@@ -292,7 +280,8 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
       if (rows.ok()) {
         embedding = std::move(*rows);
         timing.entry_seconds = internal::EntrySeconds(*b, e, job.prior_seconds);
-        Cache(job, embedding, timing.entry_seconds);
+        cache.PutEncoded(job.key, embedding, cache.CostFor(timing.entry_seconds, job.tenant));
+        if (job.video_timing != nullptr) videos.Cached(job.key, job.video_timing);
       } else {
         status = rows.status();
       }
@@ -302,15 +291,6 @@ std::int64_t EncodeWorker::Impl::FinishBatch() {
   }
   table.Fire();
   return static_cast<std::int64_t>(b->entries.size());
-}
-
-void EncodeWorker::Impl::Cache(const internal::JobTable::Job& job, const EmbeddingPtr& embedding, double seconds) {
-  EntryCost cost{seconds};
-  cost.tenant = cache.TenantOf(job.tenant);
-  cache.Put(job.key, embedding, cost);
-  stats.miss_bytes += embedding->nbytes();
-  stats.miss_seconds += seconds;
-  if (job.video_timing != nullptr) videos.Cached(job.key, job.video_timing);
 }
 
 bool EncodeWorker::HasQueuedWork() const {

@@ -140,6 +140,17 @@ std::int64_t CountNewJobs(std::span<const ContentKey> keys, bool dedup,
   return n;
 }
 
+Status CheckRequestQueueBound(const std::string& request_id, std::span<const StatusOr<ContentKey>> keys, bool dedup,
+                              const std::function<bool(const ContentKey&)>& known, std::int64_t pending,
+                              std::int64_t limit) {
+  if (limit == 0) return Status::Ok();
+  std::vector<ContentKey> valid;
+  for (const StatusOr<ContentKey>& k : keys) {
+    if (k.ok()) valid.push_back(*k);
+  }
+  return CheckQueueBound(RequestSubject(request_id), CountNewJobs(valid, dedup, known), pending, limit);
+}
+
 Status AlreadyInFlight(const std::string& request_id) {
   return AlreadyExists("request '" + request_id + "' is already in flight");
 }

@@ -89,6 +89,12 @@ Status CheckQueueBound(const QueueBoundSubject& who, std::int64_t new_jobs, std:
 // dedup (a duplicate joins the first). O(keys^2) with dedup.
 std::int64_t CountNewJobs(std::span<const ContentKey> keys, bool dedup,
                           const std::function<bool(const ContentKey&)>& known);
+// The queue bound for request `request_id` whose items have `keys` (the
+// failed keys add no job; a video counts as one job, its chunks being known
+// only once decoded): CheckQueueBound of CountNewJobs over the valid keys.
+Status CheckRequestQueueBound(const std::string& request_id, std::span<const StatusOr<ContentKey>> keys, bool dedup,
+                              const std::function<bool(const ContentKey&)>& known, std::int64_t pending,
+                              std::int64_t limit);
 
 // kAlreadyExists: a request with this id is still in flight (in the worker
 // or parked for the shared tier).

@@ -302,9 +302,7 @@ ItemResult VideoServing::Assemble(Item& v) {
     // With a GPU tier L1 holds device embeddings; the concatenation was made
     // on the host. A failed copy serves (and caches) the host one.
     res.embedding = p_.cache.OnDevice(std::move(*whole));
-    EntryCost cost{ChunkSeconds(v.chunk_keys)};
-    cost.tenant = p_.cache.TenantOf(p_.table.tenant(v.request));
-    p_.cache.Put(v.key, res.embedding, cost);
+    p_.cache.Put(v.key, res.embedding, p_.cache.CostFor(ChunkSeconds(v.chunk_keys), p_.table.tenant(v.request)));
     timings_.Put(v.key, v.timing);
     res.video = v.timing;
   }

@@ -215,6 +215,12 @@ void WorkerCache::Put(const ContentKey& key, const EmbeddingPtr& e, const EntryC
   placed_in_l2_ = true;
 }
 
+void WorkerCache::PutEncoded(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost) {
+  Put(key, e, cost);
+  stats_.miss_bytes += e->nbytes();
+  if (cost.seconds != EntryCost::kUnmeasured) stats_.miss_seconds += cost.seconds;
+}
+
 void WorkerCache::Report(WorkerStats& s) const {
   s.l1_evictions = cache_.l1().evictions();
   s.l2_evictions = cache_.l2().evictions();

@@ -90,6 +90,16 @@ class WorkerCache {
   // Never throws from a hook. A put a tenant's reservation plus the shared
   // pool cannot hold is refused (counted per tier in Report's tenant rows).
   void Put(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost);
+  // Put, then counts `e` as the weight of a miss (miss_bytes, and
+  // miss_seconds by cost.seconds): a tower result.
+  void PutEncoded(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost);
+  // The cost of an entry that took `seconds` (or EntryCost::kUnmeasured),
+  // charged to tenant `name` (TenantOf).
+  EntryCost CostFor(double seconds, std::string_view name) {
+    EntryCost c{seconds};
+    c.tenant = TenantOf(name);
+    return c;
+  }
   // The id entries of tenant `name` are charged to: interned in
   // WorkerOptions::tenant_quotas, whose reservation for it is set in both
   // tiers on first sight; kSharedTenant without quotas. O(1) expected.
