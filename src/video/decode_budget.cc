@@ -7,15 +7,12 @@
 #include <utility>
 
 namespace epd::internal {
-namespace {
 
 std::string Num(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.6g", v);
   return buf;
 }
-
-}  // namespace
 
 Status CheckDecodeWork(std::int64_t frames, std::int64_t width, std::int64_t height, const VideoLimits& limits) {
   if (frames > limits.max_decode_frames) {

@@ -11,11 +11,15 @@
 #include <chrono>
 #include <cstdint>
 #include <stop_token>
+#include <string>
 
 #include "epd/core/status.h"
 #include "epd/media/video.h"
 
 namespace epd::internal {
+
+// `v` as printf's %.6g writes it, for the limits' messages.
+std::string Num(double v);
 
 // The decode work of `frames` frames of width x height pixels against
 // limits.max_decode_frames and limits.max_decode_pixels. A count or size of

@@ -67,18 +67,13 @@ namespace {
 
 using internal::CheckDecodeWork;
 using internal::DecodeBudget;
+using internal::Num;
 
 constexpr int kIoBufferSize = 64 * 1024;
 
 std::string AvError(int err) {
   char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
   av_strerror(err, buf, sizeof(buf));
-  return buf;
-}
-
-std::string Num(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.6g", v);
   return buf;
 }
 
