@@ -15,19 +15,12 @@
 
 #include "epd/core/mini_sim.h"
 #include "epd/core/shards.h"
+#include "plan_tiers.h"
 
 namespace epd::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct MixHash {
-  std::size_t operator()(std::uint64_t k) const { return static_cast<std::size_t>(ShardsSampler::Mix(k)); }
-};
-
-std::int64_t Bytes(double b) {
-  return static_cast<std::int64_t>(std::clamp(b, 0.0, static_cast<double>(kMaxCacheBytes)));
-}
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
@@ -63,32 +56,9 @@ Weights TierHits::Total() const {
 }
 
 TierHits ReplayTiers(std::span<const CacheAccess> trace, double l1, double l2, double l3, const PlanOptions& o) {
-  TieredOptions to;
-  to.eviction = o.eviction;
-  to.l1_admission = o.l1_admission;
-  to.admission.window = o.doorkeeper_window;
-  TieredEmbeddingCache<std::uint64_t, char, MixHash> tiers(Bytes(l1), Bytes(l2), to);
-  EmbeddingCache<std::uint64_t, char, MixHash> bottom(Bytes(l3), CacheOptions{o.eviction});
-  tiers.set_l2_victim_hook(
-      [&bottom](const std::uint64_t& k, char&&, std::int64_t n, const EntryCost& c) { bottom.Put(k, 0, n, c); });
-  TierHits h;
-  for (const CacheAccess& a : trace) {
-    const Weights w = Weights::Of(a);
-    CacheTier tier;
-    if (tiers.Get(a.key, &tier).has_value()) {
-      (tier == CacheTier::kL1 ? h.l1 : h.l2) += w;
-      continue;
-    }
-    if (auto held = bottom.Pop(a.key)) {
-      h.l3 += w;
-      tiers.Put(a.key, 0, a.bytes, {held->cost.seconds, held->cost.frequency + 1});
-      continue;
-    }
-    h.miss += w;
-    tiers.Put(a.key, 0, a.bytes, {a.seconds});
-  }
-  h.l1_write_bytes = tiers.l1_write_bytes();
-  return h;
+  TierReplayer r({l1, l2, l3}, 1.0, o);
+  for (const CacheAccess& a : trace) r.Access(a, false);
+  return r.Hits({}, {});
 }
 
 PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
@@ -163,9 +133,9 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   const bool dk = o.l1_admission == L1Admission::kDoorkeeper;
   r.policy = SimPolicy{o.eviction, dk}.Name();
   const MissRatioCurve& curve = gdsf ? r.curves[1] : r.curves[0];
-  const MissRatioCurve& l1_curve = dk ? r.curves[2] : curve;
   auto hit = [](const MissRatioCurve& c, double bytes) { return 1 - c.MissRatioAt(bytes).seconds; };
   const Clock::time_point t1 = Clock::now();
+  TierSample tiers;
   for (std::size_t i = 0; i < o.targets.size(); ++i) {
     SizingRow row;
     row.target = o.targets[i];
@@ -179,9 +149,16 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       row.l2_bytes = std::min(row.total_bytes - row.l1_bytes, o.l2_max_bytes);
       row.l3_bytes = row.total_bytes - row.l1_bytes - row.l2_bytes;
       auto at = [&](double b) { return !gdsf && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
-      row.predicted_l1 = dk ? hit(l1_curve, row.l1_bytes) : at(row.l1_bytes);
-      row.predicted_l12 = at(row.l1_bytes + row.l2_bytes);
       row.predicted_all = at(row.total_bytes);
+      // L1 and L1 + L2 by a miniature of the tiered cache itself (plan_tiers.h).
+      const TierSizes sizes{row.l1_bytes, row.l2_bytes, row.l3_bytes};
+      const double rate = TierRate(m.rate, sizes, mean);
+      if (rate != tiers.rate || tiers.accesses.empty()) tiers = SampleTrace(trace, rate, m.exact_keys);
+      progress("tiers (minisim)", i, o.targets.size());
+      const TierHits mini = SimulateTiers(tiers, sizes, o);
+      row.tiers_rate = rate;
+      row.predicted_l1 = mini.Ratio(mini.l1, Weighting::kSeconds);
+      row.predicted_l12 = row.predicted_l1 + mini.Ratio(mini.l2, Weighting::kSeconds);
       progress("replay", i, o.targets.size());
       row.replayed = ReplayTiers(trace, row.l1_bytes, row.l2_bytes, row.l3_bytes, o);
     }
@@ -214,7 +191,10 @@ std::string PlanText(const PlanResult& r) {
     }
     o += "\n";
   }
-  o += fmt::format("\nsizing ({}; exclusive tiers read off one curve; hit ratios by encode seconds):\n", r.policy);
+  o += fmt::format(
+      "\nsizing ({}; the total off its curve, L1 and L1+2 by a miniature of the tiers; hit ratios by encode "
+      "seconds):\n",
+      r.policy);
   o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
                    "L2", "L3", "predicted L1/L1+2/all", "replayed L1/L1+2/all");
   for (const SizingRow& row : r.rows) {
@@ -275,6 +255,7 @@ std::string PlanJson(const PlanResult& r) {
       x["bytes"] = {{"total", row.total_bytes}, {"l1", row.l1_bytes}, {"l2", row.l2_bytes}, {"l3", row.l3_bytes}};
       x["predicted_seconds_hit_ratio"] = {
           {"l1", row.predicted_l1}, {"l1_l2", row.predicted_l12}, {"all", row.predicted_all}};
+      x["tiers_minisim_rate"] = row.tiers_rate;
       const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
       x["replayed_seconds_hit_ratio"] = {
           {"l1", l1}, {"l1_l2", l1 + l2}, {"all", l1 + l2 + h.Ratio(h.l3, Weighting::kSeconds)}};

@@ -13,11 +13,15 @@
 // whose encode-seconds hit ratio on the policy's curve is t x the curve's
 // maximum (an infinite cache: everything but cold misses). With exclusive
 // tiers the total fills L1 up to l1_max_bytes, then L2 up to l2_max_bytes,
-// then L3; each tier's predicted hit ratio is the curve at L1, L1 + L2 and
-// the total (with the doorkeeper, L1's is read off the doorkeeper curve).
-// Replay: TieredEmbeddingCache at (L1, L2) with the policy, L2's victims
-// demoted into an L3 EmbeddingCache; a miss in L1/L2 that L3 holds is moved
-// back into the tiered cache, so the three tiers stay exclusive.
+// then L3; the total's predicted hit ratio is the curve at the total, L1's
+// and L1 + L2's come from a miniature of the tiered cache at those sizes
+// (plan_tiers.h: the keys sampled at the MiniSim rate plus the head, through
+// the real tiers scaled down), since the tiered L1 ranks by promotion cost
+// and keeps other entries than one cache on the curve would.
+// Replay (plan_tiers.h): TieredEmbeddingCache at (L1, L2) with the policy,
+// L2's victims demoted into an L3 EmbeddingCache; a miss in L1/L2 that L3
+// holds is moved back into the tiered cache, so the three tiers stay
+// exclusive.
 //
 // Thread safety: pure functions; thread-safe.
 #pragma once
@@ -64,7 +68,10 @@ struct SizingRow {
   double hit_ratio = 0;     // target x maximum: the encode-seconds hit ratio asked for
   double total_bytes = -1;  // -1: not reachable on the curve
   double l1_bytes = 0, l2_bytes = 0, l3_bytes = 0;
-  double predicted_l1 = 0, predicted_l12 = 0, predicted_all = 0;  // encode-seconds hit ratios
+  // Encode-seconds hit ratios: L1 and L1 + L2 from a miniature of the tiers
+  // (plan_tiers.h) at tiers_rate, all tiers off the policy's curve.
+  double predicted_l1 = 0, predicted_l12 = 0, predicted_all = 0;
+  double tiers_rate = 1;
   TierHits replayed;
 };
 

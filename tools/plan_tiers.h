@@ -1,0 +1,90 @@
+// tools/plan_tiers.h: a cache trace replayed through the tiers `epd-encode
+// plan` recommends, in full (the check) or in miniature (the per-tier
+// prediction), through the same code: a TieredEmbeddingCache (L1, L2) with
+// the plan's policy, L2's victims demoted into an L3 EmbeddingCache, and a
+// miss in L1/L2 that L3 holds moved back into the tiered cache (with its
+// cost and its frequency plus one), so the three tiers stay exclusive.
+//
+// The miniature (MiniSim, Waldspurger et al., USENIX ATC 2017, applied to
+// the whole tiered cache rather than to one cache): the keys with
+// ShardsSampler::Mix(key) < R x 2^64, every access of each, are replayed
+// through tiers of R x (L1, L2, L3) bytes, with the doorkeeper's window
+// scaled by R. The head (the hottest keys, HeavyHitters) is replayed at rate
+// 1 with its charge and its cost both scaled by R, so that it takes its
+// share of the scaled capacity and GDSF ranks it by the same cost per byte
+// as at full scale. Estimates: the head's weights as they are, the sampled
+// tail's scaled to the tail's true weight (post-stratified, as MiniSim and
+// SHARDS do here: epd/core/mini_sim.h).
+//
+// Units: capacities and charges in bytes, costs in encode seconds.
+// Complexity: O(log n) per replayed access (the caches' GDSF heaps).
+// Thread safety: thread-compatible; a TierReplayer must not move (the L2
+// victim hook captures it).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <unordered_set>
+#include <vector>
+
+#include "epd/core/embedding_cache.h"
+#include "epd/core/shards.h"
+#include "epd/core/tiered_cache.h"
+#include "plan.h"
+
+namespace epd::cli {
+
+// The full-scale sizes of the three tiers, bytes.
+struct TierSizes {
+  double l1 = 0, l2 = 0, l3 = 0;
+};
+
+struct TierKeyHash {
+  std::size_t operator()(std::uint64_t k) const { return static_cast<std::size_t>(ShardsSampler::Mix(k)); }
+};
+
+class TierReplayer {
+ public:
+  // Tiers of rate x sizes bytes. REQUIRES: 0 < rate <= 1.
+  TierReplayer(const TierSizes& sizes, double rate, const PlanOptions& options);
+  TierReplayer(const TierReplayer&) = delete;
+  TierReplayer& operator=(const TierReplayer&) = delete;
+
+  // One request; `head`: a head key, charged x rate (see above).
+  void Access(const CacheAccess& a, bool head);
+
+  // The weights served per tier, at full scale, for a trace whose accesses
+  // weigh `total` and whose head accesses weigh `head_total`. At rate 1
+  // (the full replay) the sums as counted. l1_write_bytes is the
+  // miniature's divided by the rate.
+  TierHits Hits(const Weights& total, const Weights& head_total) const;
+
+ private:
+  double rate_;
+  TieredEmbeddingCache<std::uint64_t, char, TierKeyHash> tiers_;
+  EmbeddingCache<std::uint64_t, char, TierKeyHash> bottom_;
+  TierHits head_, tail_;
+};
+
+// The accesses a miniature at `rate` replays, in trace order, with whether
+// each is a head key; and the whole trace's and the head's weights.
+struct TierSample {
+  double rate = 1;
+  std::vector<const CacheAccess*> accesses;
+  std::vector<bool> head;
+  Weights total, head_total;
+};
+
+// One pass over the trace. REQUIRES: 0 < rate <= 1; `trace` outlives the result.
+TierSample SampleTrace(std::span<const CacheAccess> trace, double rate, std::span<const std::uint64_t> head_keys);
+
+// The miniature's estimate of the full replay at `sizes` (see above).
+TierHits SimulateTiers(const TierSample& sample, const TierSizes& sizes, const PlanOptions& options);
+
+// The rate for a miniature of these sizes: `base`, raised in doublings up
+// to 1 until R x the smaller of L1 and L2 (of those not 0) holds
+// `min_entries` entries of `mean_bytes` (L3 is left out: a small L3 serves
+// little, and would raise the rate for all).
+double TierRate(double base, const TierSizes& sizes, double mean_bytes, double min_entries = 64);
+
+}  // namespace epd::cli
