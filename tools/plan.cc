@@ -70,6 +70,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   const Clock::time_point t0 = Clock::now();
   {
     std::unordered_map<std::uint64_t, std::int64_t> sizes;
+    sizes.reserve(trace.size() / 2);
     for (std::size_t i = 0; i < trace.size(); ++i) {
       const CacheAccess& a = trace[i];
       sizes[a.key] = a.bytes;

@@ -39,8 +39,10 @@ struct TierSizes {
   double l1 = 0, l2 = 0, l3 = 0;
 };
 
+// The caches' hash: the identity, since trace keys are already 64-bit
+// hashes (KeyHash: FNV-1a and the SplitMix64 finaliser).
 struct TierKeyHash {
-  std::size_t operator()(std::uint64_t k) const { return static_cast<std::size_t>(ShardsSampler::Mix(k)); }
+  std::size_t operator()(std::uint64_t k) const { return static_cast<std::size_t>(k); }
 };
 
 class TierReplayer {

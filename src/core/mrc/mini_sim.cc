@@ -42,26 +42,45 @@ Weights SimResult::MissRatio() const {
 
 namespace {
 
-// The accesses a miniature at `rate` replays (the head always), in order.
-std::vector<const CacheAccess*> Sample(std::span<const CacheAccess> trace, double rate,
-                                       const std::unordered_set<std::uint64_t>& head) {
-  std::vector<const CacheAccess*> out;
+// An access a miniature replays, and whether its key is in the head.
+struct Sampled {
+  const CacheAccess* access;
+  bool head;
+};
+
+std::uint64_t Threshold(double rate) { return rate >= 1 ? 0 : static_cast<std::uint64_t>(std::ldexp(rate, 64)); }
+
+// The accesses a miniature at `rate` replays (the head always), in order:
+// one pass over the trace, the head looked up once per access.
+std::vector<Sampled> Sample(std::span<const CacheAccess> trace, double rate,
+                            const std::unordered_set<std::uint64_t>& head) {
+  std::vector<Sampled> out;
   const bool all = rate >= 1;
-  const std::uint64_t threshold = all ? 0 : static_cast<std::uint64_t>(std::ldexp(rate, 64));
+  const std::uint64_t threshold = Threshold(rate);
   for (const CacheAccess& a : trace) {
-    if (all || ShardsSampler::Mix(a.key) < threshold || (!head.empty() && head.count(a.key) != 0)) out.push_back(&a);
+    const bool is_head = !all && !head.empty() && head.count(a.key) != 0;
+    if (all || is_head || ShardsSampler::Mix(a.key) < threshold) out.push_back({&a, is_head});
   }
   return out;
 }
 
-SimResult Replay(const std::vector<const CacheAccess*>& sampled, const Weights& total, double rate,
-                 const std::unordered_set<std::uint64_t>& head, const SimPolicy& policy, double capacity_bytes,
-                 const MiniSimOptions& options) {
+// The sample at a lower rate, from one at a higher one (sampled keys nest:
+// Mix(key) below a smaller threshold is below the larger one).
+std::vector<Sampled> Thin(const std::vector<Sampled>& from, double rate) {
+  std::vector<Sampled> out;
+  const std::uint64_t threshold = Threshold(rate);
+  for (const Sampled& s : from) {
+    if (s.head || ShardsSampler::Mix(s.access->key) < threshold) out.push_back(s);
+  }
+  return out;
+}
+
+SimResult Replay(const std::vector<Sampled>& sampled, const Weights& total, double rate, const SimPolicy& policy,
+                 double capacity_bytes, const MiniSimOptions& options) {
   SimResult out;
   out.capacity_bytes = capacity_bytes;
   out.rate = rate;
   out.total = total;
-  const bool all = rate >= 1;
   const auto scaled = static_cast<std::int64_t>(std::min(capacity_bytes * rate, static_cast<double>(kMaxCacheBytes)));
   EmbeddingCache<std::uint64_t, char, IdentityHash> cache(scaled, CacheOptions{policy.eviction});
   std::vector<AdmissionFilter> filter;
@@ -70,10 +89,10 @@ SimResult Replay(const std::vector<const CacheAccess*>& sampled, const Weights& 
     filter.emplace_back(AdmissionFilterOptions{window});
   }
   Weights head_total, head_hits, tail_total, tail_hits;
-  for (const CacheAccess* p : sampled) {
-    const CacheAccess& a = *p;
+  for (const Sampled& s : sampled) {
+    const CacheAccess& a = *s.access;
     const Weights w = Weights::Of(a);
-    const bool is_head = !all && !head.empty() && head.count(a.key) != 0;
+    const bool is_head = s.head;
     ++out.simulated;
     (is_head ? head_total : tail_total) += w;
     const std::uint32_t requests = filter.empty() ? 2 : filter[0].Record(a.key);
@@ -108,7 +127,7 @@ SimResult SimulateCapacity(std::span<const CacheAccess> trace, const SimPolicy& 
                            const MiniSimOptions& options) {
   const std::unordered_set<std::uint64_t> head(options.exact_keys.begin(), options.exact_keys.end());
   const double rate = RateFor(MeanBytes(trace), capacity_bytes, options);
-  return Replay(Sample(trace, rate, head), TotalOf(trace), rate, head, policy, capacity_bytes, options);
+  return Replay(Sample(trace, rate, head), TotalOf(trace), rate, policy, capacity_bytes, options);
 }
 
 MissRatioCurve SimulateCurve(std::span<const CacheAccess> trace, const SimPolicy& policy,
@@ -119,15 +138,16 @@ MissRatioCurve SimulateCurve(std::span<const CacheAccess> trace, const SimPolicy
   const Weights total = TotalOf(trace);
   const double mean = MeanBytes(trace);
   // One sample per distinct rate, shared by the capacities that use it.
+  // A lower rate thins the last sample rather than scanning the trace again.
   double sampled_rate = -1;
-  std::vector<const CacheAccess*> sampled;
+  std::vector<Sampled> sampled;
   for (double cap : capacities) {
     const double rate = RateFor(mean, cap, options);
     if (rate != sampled_rate) {
-      sampled = Sample(trace, rate, head);
+      sampled = sampled_rate > rate && sampled_rate < 1 ? Thin(sampled, rate) : Sample(trace, rate, head);
       sampled_rate = rate;
     }
-    c.points.push_back({cap, Replay(sampled, total, rate, head, policy, cap, options).MissRatio()});
+    c.points.push_back({cap, Replay(sampled, total, rate, policy, cap, options).MissRatio()});
   }
   return c;
 }

@@ -1,0 +1,151 @@
+// The per-tier prediction of `epd-encode plan` (a miniature of the tiered
+// cache, plan_tiers.h) against a full replay of the same trace through the
+// real TieredEmbeddingCache and an L3 EmbeddingCache, written here as the
+// oracle (its own loop, not TierReplayer). Issue 26: the predicted hit
+// ratios at the recommended sizes within 2 points of the replayed ones.
+#include "plan_tiers.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace epd::cli {
+namespace {
+
+// Zipf(s) popularity over `keys` keys (std::discrete_distribution over 1 / rank^s),
+// each key with a size of 200 to 2000 bytes and a cost per byte spread 10x.
+std::vector<CacheAccess> Workload(unsigned seed, int keys, int requests, double s) {
+  std::mt19937_64 rng(seed);
+  std::vector<double> popularity(keys);
+  for (int r = 0; r < keys; ++r) popularity[r] = std::pow(r + 1.0, -s);
+  std::discrete_distribution<int> pick(popularity.begin(), popularity.end());
+  std::uniform_int_distribution<std::int64_t> size(200, 2000);
+  std::uniform_real_distribution<double> per_byte(1e-7, 1e-6);
+  std::vector<std::int64_t> bytes(keys);
+  std::vector<double> seconds(keys);
+  for (int k = 0; k < keys; ++k) {
+    bytes[k] = size(rng);
+    seconds[k] = static_cast<double>(bytes[k]) * per_byte(rng);
+  }
+  std::vector<CacheAccess> out;
+  out.reserve(requests);
+  for (int i = 0; i < requests; ++i) {
+    const int k = pick(rng);
+    out.push_back({ShardsSampler::Mix(0x5eed0000ULL + static_cast<std::uint64_t>(k)), bytes[k], seconds[k]});
+  }
+  return out;
+}
+
+double WorkingSet(const std::vector<CacheAccess>& trace) {
+  std::unordered_set<std::uint64_t> seen;
+  double total = 0;
+  for (const CacheAccess& a : trace) {
+    if (seen.insert(a.key).second) total += static_cast<double>(a.bytes);
+  }
+  return total;
+}
+
+// Encode-seconds hit ratios of L1, L1 + L2 and all three, by a full replay.
+struct Replayed {
+  double l1 = 0, l12 = 0, all = 0;
+};
+
+Replayed Oracle(const std::vector<CacheAccess>& trace, const TierSizes& s, const PlanOptions& o) {
+  TieredOptions to;
+  to.eviction = o.eviction;
+  to.l1_admission = o.l1_admission;
+  to.admission.window = o.doorkeeper_window;
+  // The cache's hash is the plan's: the doorkeeper's sketch is indexed by it.
+  TieredEmbeddingCache<std::uint64_t, char, TierKeyHash> tiers(static_cast<std::int64_t>(s.l1),
+                                                               static_cast<std::int64_t>(s.l2), to);
+  EmbeddingCache<std::uint64_t, char, TierKeyHash> l3(static_cast<std::int64_t>(s.l3), CacheOptions{o.eviction});
+  tiers.set_l2_victim_hook(
+      [&l3](const std::uint64_t& k, char&&, std::int64_t n, const EntryCost& c) { l3.Put(k, 0, n, c); });
+  double l1 = 0, l2 = 0, l3_hits = 0, total = 0;
+  for (const CacheAccess& a : trace) {
+    total += a.seconds;
+    CacheTier where;
+    if (tiers.Get(a.key, &where)) {
+      (where == CacheTier::kL1 ? l1 : l2) += a.seconds;
+    } else if (auto held = l3.Pop(a.key)) {
+      l3_hits += a.seconds;
+      tiers.Put(a.key, 0, a.bytes, {held->cost.seconds, held->cost.frequency + 1});
+    } else {
+      tiers.Put(a.key, 0, a.bytes, {a.seconds});
+    }
+  }
+  return {l1 / total, (l1 + l2) / total, (l1 + l2 + l3_hits) / total};
+}
+
+Replayed Predicted(const TierHits& h) {
+  const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
+  return {l1, l1 + l2, l1 + l2 + h.Ratio(h.l3, Weighting::kSeconds)};
+}
+
+struct Case {
+  EvictionPolicy eviction;
+  L1Admission admission;
+  double l1, l2, l3;  // shares of the working set
+};
+
+class PlanTiersTest : public ::testing::TestWithParam<Case> {};
+
+// At rate 1 the miniature is the full replay: equal to the oracle.
+TEST_P(PlanTiersTest, FullRateEqualsTheReplay) {
+  const Case c = GetParam();
+  const std::vector<CacheAccess> trace = Workload(11, 20000, 100000, 0.9);
+  const double ws = WorkingSet(trace);
+  const TierSizes sizes{c.l1 * ws, c.l2 * ws, c.l3 * ws};
+  PlanOptions o;
+  o.eviction = c.eviction;
+  o.l1_admission = c.admission;
+  o.doorkeeper_window = 4096;
+  const Replayed want = Oracle(trace, sizes, o);
+  const Replayed got = Predicted(SimulateTiers(SampleTrace(trace, 1.0, {}), sizes, o));
+  EXPECT_NEAR(got.l1, want.l1, 1e-12);
+  EXPECT_NEAR(got.l12, want.l12, 1e-12);
+  EXPECT_NEAR(got.all, want.all, 1e-12);
+  const Replayed full = Predicted(ReplayTiers(trace, sizes.l1, sizes.l2, sizes.l3, o));
+  EXPECT_NEAR(full.l1, want.l1, 1e-12);
+  EXPECT_NEAR(full.all, want.all, 1e-12);
+}
+
+// At a 10% sample (plus the 2048 hottest keys) every tier is within 2 points
+// of the full replay, over three traces.
+TEST_P(PlanTiersTest, SampledPredictionIsWithinTwoPointsOfTheReplay) {
+  const Case c = GetParam();
+  for (unsigned seed : {21u, 22u, 23u}) {
+    const std::vector<CacheAccess> trace = Workload(seed, 100000, 600000, 0.9);
+    const double ws = WorkingSet(trace);
+    const TierSizes sizes{c.l1 * ws, c.l2 * ws, c.l3 * ws};
+    PlanOptions o;
+    o.eviction = c.eviction;
+    o.l1_admission = c.admission;
+    o.doorkeeper_window = 65536;
+    const Replayed want = Oracle(trace, sizes, o);
+    const TierSample sample = SampleTrace(trace, 0.1, HeavyHitters(trace, 2048));
+    EXPECT_LT(sample.accesses.size(), trace.size() / 2);
+    const Replayed got = Predicted(SimulateTiers(sample, sizes, o));
+    EXPECT_NEAR(got.l1, want.l1, 0.02) << "seed " << seed;
+    EXPECT_NEAR(got.l12, want.l12, 0.02) << "seed " << seed;
+    EXPECT_NEAR(got.all, want.all, 0.02) << "seed " << seed;
+    EXPECT_GT(want.l1, 0.05) << "the L1 under test serves something";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, PlanTiersTest,
+                         ::testing::Values(Case{EvictionPolicy::kGdsf, L1Admission::kNone, 0.01, 0.05, 0.2},
+                                           Case{EvictionPolicy::kGdsf, L1Admission::kDoorkeeper, 0.01, 0.05, 0.2},
+                                           Case{EvictionPolicy::kLru, L1Admission::kNone, 0.02, 0.1, 0.3}));
+
+TEST(TierRateTest, RaisedUntilTheSmallerTierHoldsEnoughEntries) {
+  EXPECT_EQ(TierRate(0.05, {1e6, 1e7, 0}, 1000), 0.05 * 2);  // 1e6 x 0.05 = 50 entries < 64; x 2: 100
+  EXPECT_EQ(TierRate(0.05, {1e9, 1e10, 1}, 1000), 0.05);     // L3 does not count
+  EXPECT_EQ(TierRate(0.05, {100, 1e10, 0}, 1000), 1.0);      // capped at 1
+  EXPECT_EQ(TierRate(0.05, {0, 0, 1e9}, 1000), 0.05);        // no L1 or L2
+}
+
+}  // namespace
+}  // namespace epd::cli
