@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace epd::cli {
@@ -138,7 +139,11 @@ TEST_P(PlanTiersTest, SampledPredictionIsWithinTwoPointsOfTheReplay) {
 INSTANTIATE_TEST_SUITE_P(Policies, PlanTiersTest,
                          ::testing::Values(Case{EvictionPolicy::kGdsf, L1Admission::kNone, 0.01, 0.05, 0.2},
                                            Case{EvictionPolicy::kGdsf, L1Admission::kDoorkeeper, 0.01, 0.05, 0.2},
-                                           Case{EvictionPolicy::kLru, L1Admission::kNone, 0.02, 0.1, 0.3}));
+                                           Case{EvictionPolicy::kLru, L1Admission::kNone, 0.02, 0.1, 0.3}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(EvictionPolicyName(info.param.eviction)) +
+                                  (info.param.admission == L1Admission::kDoorkeeper ? "_doorkeeper" : "");
+                         });
 
 TEST(TierRateTest, RaisedUntilTheSmallerTierHoldsEnoughEntries) {
   EXPECT_EQ(TierRate(0.05, {1e6, 1e7, 0}, 1000), 0.05 * 2);  // 1e6 x 0.05 = 50 entries < 64; x 2: 100
