@@ -8,9 +8,11 @@ Independent values: the images each tenant sent (so which tower runs must
 happen), the tenants the tokens file names; never the server's own keys."""
 
 import base64
+import concurrent.futures
 import http.client
 import json
 import os
+import signal
 import stat
 import tempfile
 
@@ -97,9 +99,11 @@ def test_grpc_tenants_do_not_share_entries_and_an_unknown_token_is_refused(secre
         assert h.stop_server(proc) == 0, h.server_stderr(proc)
 
 
-def chat(port, token, blob):
-    body = {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(blob).decode()}}]}]}
+def chat(port, token, blob, public=None):
+    part = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(blob).decode()}}
+    if public is not None:
+        part["epd_public"] = public  # our extension key (docs/VLLM.md)
+    body = {"messages": [{"role": "user", "content": [part]}]}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
@@ -131,6 +135,37 @@ def test_http_front_tenants_are_isolated_and_credentialed(secrets_dir):
         assert h.stop_server(proc) == 0, h.server_stderr(proc)
 
 
+def test_http_public_mark_is_shared_by_public_readers_only(secrets_dir):
+    # Readers alice and bob; ops is not one, so its mark is ignored.
+    proc, port, _ = h.start_server(h.tiny_serve_args() + tenant_flags(secrets_dir) + ["--http-port", "0"])
+    try:
+        http_port = int(proc.ready["http_port"])
+        op = client(port, "ops")
+        cat, own = h.png(56, 56, 331), h.png(56, 56, 332)
+        assert chat(http_port, TOKENS["alice"], cat, public=True)[0] == 200
+        assert chat(http_port, TOKENS["bob"], cat, public=True)[0] == 200
+        assert op.stats()["tower_items"] == 1, "bob's public item did not hit alice's"
+        assert client(port, "bob").stats()["tenant_stats"]["hits_l1"] == 1
+        # gRPC's mark and HTTP's name one namespace.
+        assert client(port, "alice").encode([ec.Item(image=cat, public=True)])[0].source == "l1"
+        # Not marked (absent or false): each tenant's own.
+        assert chat(http_port, TOKENS["alice"], own)[0] == 200
+        assert chat(http_port, TOKENS["bob"], own, public=False)[0] == 200
+        assert op.stats()["tower_items"] == 3
+        # A tenant that is not a public reader: its mark is ignored, its item its own.
+        assert chat(http_port, TOKENS["ops"], cat, public=True)[0] == 200
+        assert op.stats()["tower_items"] == 4
+        assert op.stats()["tenant_stats"]["misses"] == 1
+        # A mark that is not a boolean is refused, naming the field; nothing else is lost.
+        status, data = chat(http_port, TOKENS["alice"], cat, public="yes")
+        assert status == 400 and json.loads(data)["error"]["param"] == "messages[0].content[0].epd_public"
+        assert chat(http_port, TOKENS["bob"], cat, public=True)[0] == 200
+        assert op.stats()["tower_items"] == 4
+        op.close()
+    finally:
+        assert h.stop_server(proc) == 0, h.server_stderr(proc)
+
+
 def test_two_server_cluster_l3_values_stay_in_their_tenants_namespace(redis, servers, secrets_dir):
     flags = tenant_flags(secrets_dir)
     s1, s2 = servers("s1", flags), servers("s2", flags)
@@ -151,3 +186,58 @@ def test_two_server_cluster_l3_values_stay_in_their_tenants_namespace(redis, ser
     assert b2.encode([ec.Item(image=cat, public=True)])[0].source == "l3"
     for c in (a1, a2, b2, op1, op2):
         c.close()
+
+
+def test_two_server_cluster_a_tenant_never_waits_on_another_tenants_lease(redis, servers, secrets_dir):
+    """Alice's single-flight lease, taken on s1 for her encode of x, is held
+    for as long as s1 is stopped (SIGSTOP once the lease is in Redis, before
+    the value is). Bob's request for x on s2 looks up and leases in his own
+    namespace: it never waits, runs s2's tower, and is answered while s1 is
+    still stopped. The control: alice's own request for x on s2 waits on her
+    lease and, once s1 goes on, is answered from L3."""
+    flags = tenant_flags(secrets_dir)
+    s1, s2 = servers("s1", flags), servers("s2", flags)
+    a1, a2, b2 = client(s1.port, "alice"), client(s2.port, "alice"), client(s2.port, "bob")
+    op2 = client(s2.port, "ops")
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    stopped = False
+    try:
+        for attempt in range(8):
+            x = h.png(448, 448, 340 + attempt)  # ~50 ms of tower on s1: a window to stop it in
+            first = pool.submit(a1.encode, [x])
+            lease = None
+            while lease is None and not first.done():
+                lease = next(iter(redis.keys("epd:lease:*")), None)
+            if lease is None:
+                first.result()
+                continue
+            os.kill(s1.proc.pid, signal.SIGSTOP)
+            stopped = True
+            value = b"epd:v:" + lease[len(b"epd:lease:"):]
+            if redis.command("EXISTS", lease) == 1 and redis.command("EXISTS", value) == 0:
+                break
+            os.kill(s1.proc.pid, signal.SIGCONT)  # too late: s1 had written; another image
+            stopped = False
+            first.result()
+        assert stopped, "never caught s1 holding its lease"
+        r = b2.encode([x])[0]
+        assert r.ok and r.source == "miss"
+        c = op2.stats()["l3_counters"]
+        assert c.get("lease_waits", 0) == 0, c
+        assert op2.stats()["tower_items"] == 1
+        assert redis.command("EXISTS", lease) == 1, "alice's lease lapsed during the test"
+        # The control: alice on s2 waits on her own lease.
+        second = pool.submit(a2.encode, [x])
+        wait_for(lambda: op2.stats()["l3_counters"].get("lease_waits", 0) == 1, "alice's wait on her lease")
+        assert not second.done()
+        os.kill(s1.proc.pid, signal.SIGCONT)
+        stopped = False
+        assert first.result()[0].source == "miss"
+        assert second.result()[0].source == "l3"
+        assert op2.stats()["tower_items"] == 1
+    finally:
+        if stopped:
+            os.kill(s1.proc.pid, signal.SIGCONT)
+        pool.shutdown()
+        for c in (a1, a2, b2, op2):
+            c.close()
