@@ -7,14 +7,21 @@ client, one call, nothing else in flight from the bench). Per channel and
 per setting, TRIALS trials per arm (victim sent / did not), arms
 interleaved at random so that drift in the machine's load hits both alike.
 
-Channels (real `epd-encode serve` processes on loopback, the tiny tower):
+Channels (real `epd-encode serve` processes on loopback, the tiny tower;
+every probe image is PROBE_SIDE x PROBE_SIDE, JOIN_SIDE for the joins, so
+that a miss costs the tiny tower tens of ms, as a real tower's ~100 ms
+miss dwarfs a hit; at 56 x 56 a miss was ~4 ms against a ~1.5 ms hit and
+the two overlapped on a loaded machine):
   l1      the victim's encode completed; the attacker's call finds it in L1;
-  l2      the same on a server whose L1 holds no entry (--cache-mb 0.01),
+  l2      the same on a server whose L1 holds no entry (--cache-mb 0.0005),
           so a completed encode is held in L2 (the control's `source` says
           which tier answered; reported);
-  join    the victim's call is in flight (a larger image; the attacker's
-          call is sent 0.5 x a miss's median time after it, measured in the
-          warm-up): the attacker joins it or not. The victim's call also
+  join    the victim's call is in flight (the attacker's call is sent
+          JOIN_FRACTION = 0.7 x a miss's median time after it, measured in
+          the warm-up, so a joined probe waits for the last ~0.3 of a miss
+          and a probe late enough finds the finished entry in L1, which is
+          the same channel; at 0.5 the two arms' tails crossed on a loaded
+          machine): the attacker joins it or not. The victim's call also
           keeps the tower busy, which the attacker sees whatever the keys:
           so
   join-matched  the same, except that in the "not sent" arm the victim
@@ -44,6 +51,12 @@ Also the cost of salting on the hit path: p50 of an L1 hit (the same image
 sent again by its own tenant) with isolation salted vs none, one run each,
 side by side.
 
+--large-trials N adds, after the main rows, the salted arms of
+--large-channels with N trials per arm: at N = 1000 the null's median D is
+about 0.83 * sqrt(2/1000) = 0.037, so an advantage <= 0.05 can be resolved.
+Each row records its trials, the load average when it started, and the
+latency quantiles of both arms.
+
 Writes BUILD/bench-results/side_channel.json and prints the markdown table
 docs/SECURITY.md quotes. --render prints the table of a JSON file.
 """
@@ -68,8 +81,10 @@ import zlib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 SCHEMA = "epd-bench-side-channel/1"
-JOIN_FRACTION = 0.5
-JOIN_SIDE = 448
+JOIN_FRACTION = 0.7
+PROBE_SIDE = 448  # l1, l2, l3: a tiny-tower miss of ~30-40 ms on an idle core, 256 post-merge tokens
+JOIN_SIDE = 448   # the joins too (672 took 5 min a row on this loaded machine)
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
 
 TOKENS = {"victim": "tok-victim-0001", "attacker": "tok-attacker-0002", "ops": "tok-ops-0003"}
 
@@ -115,7 +130,14 @@ def analyse(sent, not_sent):
     lo, hi = bootstrap_ci(sent, not_sent)
     return {"advantage": d, "ci95": [lo, hi], "p_value": ks_pvalue(d, len(sent), len(not_sent)),
             "n_sent": len(sent), "n_not": len(not_sent),
-            "p50_sent_ms": 1e3 * sorted(sent)[len(sent) // 2], "p50_not_ms": 1e3 * sorted(not_sent)[len(not_sent) // 2]}
+            "p50_sent_ms": 1e3 * sorted(sent)[len(sent) // 2], "p50_not_ms": 1e3 * sorted(not_sent)[len(not_sent) // 2],
+            "quantiles": list(QUANTILES), "quantiles_sent_ms": quantiles_ms(sent),
+            "quantiles_not_ms": quantiles_ms(not_sent)}
+
+
+def quantiles_ms(v):
+    v = sorted(v)
+    return [round(1e3 * v[min(len(v) - 1, int(q * len(v)))], 3) for q in QUANTILES]
 
 
 class Cluster:
@@ -159,7 +181,7 @@ def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
     isolation = "none" if setting == "none" else "salted"
     flags = ["--tokens-file", files["tokens"], "--tenant-secret-file", files["secret"], "--tenant-isolation", isolation]
     if channel == "l2":
-        flags += ["--cache-mb", "0.0005", "--host-cache-mb", "256"]
+        flags += ["--cache-mb", "0.0005", "--host-cache-mb", "1024"]
     n = 2 if channel == "l3" else 1  # (the join channels: one server)
     cluster = Cluster(h, None, flags, n, redis if channel == "l3" else None)
     try:
@@ -167,7 +189,7 @@ def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
         far = clients(ec, cluster.ports[-1])
         prober = "victim" if setting == "control" else "attacker"
         joining = channel.startswith("join")
-        side = JOIN_SIDE if joining else 56
+        side = JOIN_SIDE if joining else PROBE_SIDE
         base = h.png(side, side, seed_base % 251)
         run = uuid.uuid4().hex
         # Warm up both tenants' paths (connections, Health, the tower).
@@ -259,14 +281,18 @@ def write_files(d):
 
 
 def render(data):
-    lines = ["| channel | setting | advantage (KS D) | bootstrap 95 % | KS p-value | p50 sent / not (ms) | "
-             "probe's source when sent |", "|---|---|---|---|---|---|---|"]
+    lines = ["| channel | setting | trials per arm | advantage (KS D) | bootstrap 95 % | KS p-value | "
+             "p50 sent / not (ms) | p90 sent / not (ms) | probe's source when sent |",
+             "|---|---|---|---|---|---|---|---|---|"]
     data = dict(data)
     for row in data["rows"]:
         r = row["result"]
-        lines.append(f"| {row['channel']} | {row['setting']} | {r['advantage']:.3f} | "
+        p90 = (f"{r['quantiles_sent_ms'][QUANTILES.index(0.9)]:.2f} / {r['quantiles_not_ms'][QUANTILES.index(0.9)]:.2f}"
+               if "quantiles_sent_ms" in r else "")
+        lines.append(f"| {row['channel']} | {row['setting']} | {row.get('trials', data['trials'])} | "
+                     f"{r['advantage']:.3f} | "
                      f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | {r['p_value']:.3g} | "
-                     f"{r['p50_sent_ms']:.2f} / {r['p50_not_ms']:.2f} | "
+                     f"{r['p50_sent_ms']:.2f} / {r['p50_not_ms']:.2f} | {p90} | "
                      f"{', '.join(f'{k} {v}' for k, v in sorted(r['probe_sources_when_sent'].items()))} |")
     if data.get("hit_cost"):
         hc = data["hit_cost"]
@@ -274,19 +300,36 @@ def render(data):
         for k in ("none", "salted"):
             lines.append(f"| isolation {k} | {hc[k]['p50_ms']:.3f} | {hc[k]['p90_ms']:.3f} | {hc[k]['n']} |")
     lines += ["", f"Machine: {data['machine']}; load average before/after: {data['load_before']} / "
-              f"{data['load_after']}; {data['trials']} trials per arm."]
+              f"{data['load_after']}; {data['trials']} trials per arm in the main rows."]
     return "\n".join(lines)
 
 
+def save(data, out):
+    data["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(data, f, indent=1)
+
+
 def main() -> int:
+    global PROBE_SIDE, JOIN_SIDE, JOIN_FRACTION
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
     ap.add_argument("--trials", type=int, default=250)
     ap.add_argument("--channels", default="l1,l2,join,join-matched,l3")
     ap.add_argument("--settings", default="salted,none,control")
+    ap.add_argument("--large-trials", type=int, default=0,
+                    help="then the salted arms of --large-channels with this many trials per arm (0: none)")
+    ap.add_argument("--large-channels", default="l1,l2,join-matched,l3")
+    ap.add_argument("--no-hit-cost", action="store_true", help="skip the salting cost on the hit path")
+    ap.add_argument("--probe-side", type=int, default=PROBE_SIDE, help="l1/l2/l3 probe images' side, pixels")
+    ap.add_argument("--join-side", type=int, default=JOIN_SIDE, help="join probe images' side, pixels")
+    ap.add_argument("--join-fraction", type=float, default=JOIN_FRACTION,
+                    help="the join probe is sent this fraction of a miss's median after the victim's call")
     ap.add_argument("--render", help="print the table of this JSON file")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    PROBE_SIDE, JOIN_SIDE, JOIN_FRACTION = args.probe_side, args.join_side, args.join_fraction
     if args.render:
         with open(args.render) as f:
             print(render(json.load(f)))
@@ -297,33 +340,41 @@ def main() -> int:
     import server_harness as h
     from epd import client as ec
     data = {"schema": SCHEMA, "machine": f"{platform.node()} {os.cpu_count()} cores",
-            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()), "trials": args.trials, "rows": []}
+            "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()), "trials": args.trials,
+            "probe_side": PROBE_SIDE, "join_side": JOIN_SIDE, "join_fraction": JOIN_FRACTION, "rows": []}
+    out = args.out or os.path.join(args.build, "bench-results", "side_channel.json")
     d = tempfile.mkdtemp(prefix="epd-side-")
     files = write_files(d)
     redis = None
     try:
-        if "l3" in args.channels.split(","):
+        if "l3" in args.channels.split(",") + (args.large_channels.split(",") if args.large_trials else []):
             redis = rh.RedisServer()
             redis.start()
         seed = 10_000
-        for channel in args.channels.split(","):
-            for setting in args.settings.split(","):
-                seed += 10_000
-                t0 = time.time()
-                r = run_channel(h, ec, channel, setting, args.trials, files, redis, seed)
-                print(f"{channel:5s} {setting:8s} D={r['advantage']:.3f} CI={r['ci95'][0]:.3f}..{r['ci95'][1]:.3f} "
-                      f"p={r['p_value']:.3g} sources={r['probe_sources_when_sent']} ({time.time() - t0:.0f} s)",
-                      flush=True)
-                data["rows"].append({"channel": channel, "setting": setting, "result": r})
-        data["hit_cost"] = hit_cost(h, ec, files)
+        plan = [(c, st, args.trials) for c in args.channels.split(",") for st in args.settings.split(",")]
+        plan.append(None)  # the hit cost, between the main and the large rows
+        if args.large_trials:
+            plan += [(c, "salted", args.large_trials) for c in args.large_channels.split(",")]
+        for step in plan:
+            if step is None:
+                if not args.no_hit_cost:
+                    data["hit_cost"] = hit_cost(h, ec, files)
+                continue
+            channel, setting, trials = step
+            seed += 10_000
+            t0 = time.time()
+            load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            r = run_channel(h, ec, channel, setting, trials, files, redis, seed)
+            print(f"{channel:5s} {setting:8s} n={trials} D={r['advantage']:.3f} CI={r['ci95'][0]:.3f}.."
+                  f"{r['ci95'][1]:.3f} p={r['p_value']:.3g} p50={r['p50_sent_ms']:.1f}/{r['p50_not_ms']:.1f} ms "
+                  f"sources={r['probe_sources_when_sent']} load={load} ({time.time() - t0:.0f} s)", flush=True)
+            data["rows"].append({"channel": channel, "setting": setting, "trials": trials, "load_at_start": load,
+                                 "result": r})
+            save(data, out)  # after each row: a run stopped early keeps what it measured
     finally:
         if redis is not None:
             redis.close()
-    data["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    out = args.out or os.path.join(args.build, "bench-results", "side_channel.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(data, f, indent=1)
+    save(data, out)
     print(render(data))
     return 0
 

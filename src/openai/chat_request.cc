@@ -73,6 +73,11 @@ std::optional<FrontError> AddPart(const element& part, const std::string& where,
     if (!s.has_value()) return Bad(where + ".uuid must be a string", "invalid_request", where + ".uuid");
     item.uuid = std::string(*s);
   }
+  if (const std::optional<element> mark = Field(part, "epd_public")) {
+    if (mark->get(item.is_public) != simdjson::SUCCESS) {
+      return Bad(where + ".epd_public must be a boolean", "invalid_request", where + ".epd_public");
+    }
+  }
   out.items.push_back(std::move(item));
   return std::nullopt;
 }

@@ -10,11 +10,18 @@
 // U), "uuid": id}. Text parts ("text", "input_text") and every other field
 // (sampling, max_tokens, priority, ...) are ignored.
 //
+// Our one extension of the part: "epd_public": true marks the item public
+// (ChatItem::is_public; the gRPC EncodeItem.public, docs/SECURITY.md), so
+// that it is keyed in the shared "public" namespace where the caller's
+// tenant is one of --public-readers (ignored otherwise, as over gRPC).
+// Absent, null or false: the caller's own namespace.
+//
 // Refused, with status 400 and the field named in FrontError::param: a body
 // that is not a JSON object (code invalid_json), "model" not a string,
 // "messages" missing or not an array of objects, a "content" neither a
 // string nor an array, a part without a string "type", a media part without
-// a string URL, a "uuid" neither a string nor null, a part of another media
+// a string URL, a "uuid" neither a string nor null, an "epd_public" neither
+// a boolean nor null, a part of another media
 // type (audio, embeddings: code unsupported_content), "stream": true
 // (code stream_unsupported: an encoder instance finishes once the items are
 // published), kwargs that are not objects, and "ec_transfer_params" naming a
@@ -44,7 +51,8 @@ struct ChatItem {
   MediaKind kind = MediaKind::kImage;
   std::string url;
   std::optional<std::string> uuid;
-  std::string where;  // "messages[0].content[2]", for messages
+  bool is_public = false;  // "epd_public": true
+  std::string where;       // "messages[0].content[2]", for messages
 };
 
 struct ChatRequest {

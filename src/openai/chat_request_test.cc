@@ -43,7 +43,8 @@ TEST(ChatRequestTest, MediaPartsAreItemsInOrderAcrossMessagesWithTheirUuids) {
                       {"type": "text", "text": "hi"},
                       {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}, "uuid": "u1"},
                       {"type": "video_url", "video_url": {"url": "http://x/v.mp4"}}]},
-                   {"role": "user", "content": [{"type": "image_url", "image_url": "file:///a.png", "uuid": null}]}]})");
+                   {"role": "user", "content": [{"type": "image_url", "image_url": "file:///a.png", "uuid": null,
+                                                 "epd_public": true}]}]})");
   EXPECT_EQ(r.model, "m");
   ASSERT_EQ(r.items.size(), 3u);
   EXPECT_EQ(r.items[0].url, "data:image/png;base64,AAAA");
@@ -54,6 +55,8 @@ TEST(ChatRequestTest, MediaPartsAreItemsInOrderAcrossMessagesWithTheirUuids) {
   EXPECT_FALSE(r.items[1].uuid.has_value());
   EXPECT_EQ(r.items[2].url, "file:///a.png");
   EXPECT_EQ(r.items[2].where, "messages[2].content[0]");
+  EXPECT_TRUE(r.items[2].is_public);  // our extension key; absent = the caller's own namespace
+  EXPECT_FALSE(r.items[0].is_public);
   EXPECT_TRUE(r.mm_processor_kwargs.is_null());
 }
 
@@ -74,6 +77,8 @@ TEST(ChatRequestTest, EachMalformedShapeIsRefusedNamingItsField) {
        "messages[0].content[0].image_url.url"},
       {R"({"messages": [{"content": [{"type": "image_url", "image_url": "data:,", "uuid": 7}]}]})", "invalid_request",
        "messages[0].content[0].uuid"},
+      {R"({"messages": [{"content": [{"type": "image_url", "image_url": "data:,", "epd_public": "yes"}]}]})",
+       "invalid_request", "messages[0].content[0].epd_public"},
       {R"({"messages": [{"content": [{"type": "input_audio", "input_audio": {}}]}]})", "unsupported_content",
        "messages[0].content[0].type"},
       {R"({"messages": [], "stream": true})", "stream_unsupported", "stream"},

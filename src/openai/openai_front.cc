@@ -139,6 +139,7 @@ struct OpenAiFront::Impl {
       } else {
         in.media = MediaBytes(std::move(*got));
       }
+      in.is_public = item.is_public;  // honoured only for a public reader (the worker's ItemNamespace)
       out.items.push_back(std::move(in));
     }
     return out;

@@ -24,7 +24,9 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <set>
 #include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -38,12 +40,14 @@ namespace {
 // (stats_series.h).
 class StatsCollectable : public prometheus::Collectable {
  public:
-  explicit StatsCollectable(std::function<ServerStats()> snapshot) : snapshot_(std::move(snapshot)) {}
+  StatsCollectable(std::function<ServerStats()> snapshot, std::shared_ptr<TenantLabels> tenant_labels)
+      : snapshot_(std::move(snapshot)), tenant_labels_(std::move(tenant_labels)) {}
 
-  std::vector<prometheus::MetricFamily> Collect() const override { return StatsFamilies(snapshot_()); }
+  std::vector<prometheus::MetricFamily> Collect() const override { return StatsFamilies(snapshot_(), *tenant_labels_); }
 
  private:
   std::function<ServerStats()> snapshot_;
+  std::shared_ptr<TenantLabels> tenant_labels_;
 };
 
 class MeteredTower : public VisionTower {
@@ -87,8 +91,11 @@ struct ServerMetrics::Impl {
   int port = -1;
 };
 
-ServerMetrics::ServerMetrics(std::function<ServerStats()> snapshot) : impl_(std::make_unique<Impl>()) {
-  impl_->stats = std::make_shared<StatsCollectable>(std::move(snapshot));
+ServerMetrics::ServerMetrics(std::function<ServerStats()> snapshot, std::shared_ptr<TenantLabels> tenant_labels)
+    : impl_(std::make_unique<Impl>()) {
+  if (tenant_labels == nullptr)
+    tenant_labels = std::make_shared<TenantLabels>(kDefaultMaxTenantLabels, std::set<std::string>{});
+  impl_->stats = std::make_shared<StatsCollectable>(std::move(snapshot), std::move(tenant_labels));
   // Buckets: tokens from one small image (4) to a full 16k-token batch;
   // latencies from 0.1 ms (a hit) to 10 s (a large batch on CPU).
   impl_->batch_tokens =

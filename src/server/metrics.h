@@ -48,6 +48,8 @@
 
 namespace epd::internal {
 
+class TenantLabels;  // tenant_labels.h
+
 struct MetricsEndpointOptions {
   std::string host = "127.0.0.1";
   int port = 0;
@@ -59,8 +61,10 @@ struct MetricsEndpointOptions {
 
 class ServerMetrics {
  public:
-  // `snapshot` is called on every scrape (on the exposer's thread).
-  explicit ServerMetrics(std::function<ServerStats()> snapshot);
+  // `snapshot` is called on every scrape (on the exposer's thread);
+  // `tenant_labels` caps the per-tenant cache families' labels
+  // (tenant_labels.h, --max-tenant-labels; null = kDefaultMaxTenantLabels).
+  explicit ServerMetrics(std::function<ServerStats()> snapshot, std::shared_ptr<TenantLabels> tenant_labels = nullptr);
   ~ServerMetrics();
 
   // Serves /metrics on host:port (port 0 = any free port). A connection that

@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <limits>
 #include <memory>
+#include <set>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -145,7 +147,6 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->tower_hidden = tower->hidden();
   self->tower_deepstack = tower->deepstack_layers();
   self->tower_dtype = tower->dtype();
-  self->metrics = std::make_shared<internal::ServerMetrics>([self] { return self->Snapshot(); });
   self->outcomes = std::make_unique<internal::CallOutcomes>(options.log);
   StatusOr<std::unique_ptr<internal::TenantDirectory>> tenants = internal::TenantDirectory::Create(options);
   if (!tenants.ok()) return tenants.status();
@@ -159,6 +160,12 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     return c.ok() ? c->tenant : std::string("?");
   });
   self->tenant_stats = std::make_shared<internal::TenantStats>(options.max_tenant_labels, self->tenants->configured());
+  // The cache families name a tenant by its quota share, "tenant:<name>"
+  // for a credential's tenant: the tokens file's tenants are ranked first.
+  std::set<std::string> shares;
+  for (const std::string& t : self->tenants->configured()) shares.insert("tenant:" + t);
+  self->metrics = std::make_shared<internal::ServerMetrics>(
+      [self] { return self->Snapshot(); }, std::make_shared<internal::TenantLabels>(options.max_tenant_labels, shares));
   self->metrics->AddSource([stats = self->tenant_stats] { return stats->Render(); });
   self->pool = std::make_unique<internal::TaskPool>(PoolThreads());
   self->budget = std::make_unique<internal::RequestBudget>(options.max_inflight_request_bytes,

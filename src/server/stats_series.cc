@@ -67,7 +67,7 @@ std::string CodeName(StatusCode code) { return GrpcCodeName(static_cast<int>(cod
 
 }  // namespace
 
-std::vector<MetricFamily> StatsFamilies(const ServerStats& s) {
+std::vector<MetricFamily> StatsFamilies(const ServerStats& s, TenantLabels& tenant_labels) {
   Families f;
   f.AddRows(kWorkerStatsFields, s.worker);
   f.AddRows(kServerStatsFields, s);
@@ -82,7 +82,7 @@ std::vector<MetricFamily> StatsFamilies(const ServerStats& s) {
   f.AddMap("epd_rpc_errors_total", "Calls (any service) that ended with an error, by status code", "code", s.rpc_errors,
            CodeName);
   std::vector<MetricFamily> out = f.Take();
-  for (MetricFamily& t : TenantCacheFamilies(s.worker.tenant_cache)) out.push_back(std::move(t));
+  for (MetricFamily& t : TenantCacheFamilies(s.worker.tenant_cache, tenant_labels)) out.push_back(std::move(t));
   return out;
 }
 

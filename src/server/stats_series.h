@@ -8,10 +8,12 @@
 // series in row order; then by hand, from the maps, epd_l3_errors_total{kind}
 // (with a tier), epd_item_errors_total{code} and epd_rpc_errors_total{code}
 // (present even when empty); last, with tenant quotas, the per-tenant cache
-// families (tenant_cache_series.h). A family takes its type and HELP from its
-// first row.
+// families (tenant_cache_series.h), their tenant labels capped by
+// `tenant_labels` (--max-tenant-labels). A family takes its type and HELP
+// from its first row.
 //
-// Thread safety: a pure function. Complexity: O(rows + map entries).
+// Thread safety: as `tenant_labels` (thread-safe). Complexity: O(rows + map
+// entries).
 #pragma once
 
 #include <prometheus/metric_family.h>
@@ -19,9 +21,10 @@
 #include <vector>
 
 #include "epd/rpc/server_stats.h"
+#include "tenant_labels.h"
 
 namespace epd::internal {
 
-std::vector<prometheus::MetricFamily> StatsFamilies(const ServerStats& s);
+std::vector<prometheus::MetricFamily> StatsFamilies(const ServerStats& s, TenantLabels& tenant_labels);
 
 }  // namespace epd::internal

@@ -322,25 +322,48 @@ TEST(StatsTablesTest, EverySeriesTheDocsNameIsOnThePage) {
 }
 
 // Tenant rows past the label cap are summed into tenant="other"; each
-// family has one series per (tenant label, tier).
+// family has one series per (tenant label, tier). The pool's row ("") is
+// "shared" and takes no label of the cap; a tenant the labels ranked first
+// (the tokens file's) keeps its label wherever its row comes.
 TEST(StatsTablesTest, TenantCacheFamiliesFoldPastTheLabelCap) {
   const std::vector<TenantCacheRow> rows = {{"", 1, 2, 0, 0, 0, 0},
                                             {"tenant:a", 10, 20, 1, 0, 4, 0},
                                             {"tenant:b", 100, 200, 2, 0, 8, 0},
-                                            {"tenant:c", 1000, 2000, 3, 0, 16, 0}};
-  const std::vector<prometheus::MetricFamily> f = internal::TenantCacheFamilies(rows, 2);
+                                            {"tenant:c", 1000, 2000, 3, 0, 16, 0},
+                                            {"tenant:d", 10000, 20000, 4, 0, 32, 0}};
+  internal::TenantLabels labels(2, {"tenant:c"});
+  const std::vector<prometheus::MetricFamily> f = internal::TenantCacheFamilies(rows, labels);
   ASSERT_EQ(f.size(), 3u);
   EXPECT_EQ(f[0].name, "epd_tenant_cache_bytes");
-  std::map<std::string, double> bytes, refusals;
+  std::map<std::string, double> bytes, refusals, evictions;
   for (const auto& m : f[0].metric) bytes[m.label[0].value + "/" + m.label[1].value] = m.gauge.value;
   for (const auto& m : f[1].metric) refusals[m.label[0].value + "/" + m.label[1].value] = m.counter.value;
-  EXPECT_EQ(bytes.size(), 6u);  // shared, tenant:a, other x l1, l2
+  for (const auto& m : f[2].metric) evictions[m.label[0].value + "/" + m.label[1].value] = m.counter.value;
+  EXPECT_EQ(bytes.size(), 8u);  // shared, tenant:c, tenant:a, other x l1, l2
   EXPECT_EQ(bytes["shared/l1"], 1);
+  EXPECT_EQ(bytes["tenant:c/l2"], 2000);
   EXPECT_EQ(bytes["tenant:a/l2"], 20);
-  EXPECT_EQ(bytes["other/l1"], 1100);  // b + c
-  EXPECT_EQ(bytes["other/l2"], 2200);
-  EXPECT_EQ(refusals["other/l1"], 5);
-  EXPECT_TRUE(internal::TenantCacheFamilies({}).empty());
+  EXPECT_EQ(bytes["other/l1"], 10100);  // b + d
+  EXPECT_EQ(bytes["other/l2"], 20200);
+  EXPECT_EQ(refusals["other/l1"], 6);
+  EXPECT_EQ(evictions["other/l1"], 40);
+  EXPECT_EQ(bytes.count("tenant:b/l1"), 0u);
+  EXPECT_TRUE(internal::TenantCacheFamilies({}, labels).empty());
+}
+
+// One rule for both per-tenant views: the names ranked first, then the order
+// of first sight; "other" itself and names past the cap fold; "" is the pool.
+TEST(StatsTablesTest, TenantLabelsKeepTheFirstRankedNamesAndFoldTheRest) {
+  internal::TenantLabels labels(3, {"zed", "amy"});
+  EXPECT_EQ(labels.Of("bob"), "bob");  // rank 2 (amy 0, zed 1)
+  EXPECT_EQ(labels.Of("cat"), "other");
+  EXPECT_EQ(labels.Of("zed"), "zed");
+  EXPECT_EQ(labels.Of("other"), "other");
+  EXPECT_EQ(labels.Of(""), "shared");
+  EXPECT_EQ(labels.Of("bob"), "bob");
+  internal::TenantLabels one(0, {});  // < 1 is taken as 1
+  EXPECT_EQ(one.Of("x"), "x");
+  EXPECT_EQ(one.Of("y"), "other");
 }
 
 TEST(StatsTablesTest, ReplayReportsExactlyItsKeys) {

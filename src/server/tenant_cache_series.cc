@@ -39,17 +39,11 @@ MetricFamily Family(const char* name, const char* help, MetricType type, const F
 
 }  // namespace
 
-std::string TenantLabel(const std::string& name, std::size_t rank, std::size_t max_labels) {
-  if (rank >= max_labels) return "other";
-  return name.empty() ? "shared" : name;
-}
-
-std::vector<MetricFamily> TenantCacheFamilies(const std::vector<TenantCacheRow>& rows, std::size_t max_labels) {
+std::vector<MetricFamily> TenantCacheFamilies(const std::vector<TenantCacheRow>& rows, TenantLabels& labels) {
   if (rows.empty()) return {};
   Folded bytes, refusals, evictions;
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const TenantCacheRow& r = rows[i];
-    const std::string label = TenantLabel(r.tenant, i, max_labels);
+  for (const TenantCacheRow& r : rows) {
+    const std::string label = labels.Of(r.tenant);
     bytes.Add(label, static_cast<double>(r.l1_bytes), static_cast<double>(r.l2_bytes));
     refusals.Add(label, static_cast<double>(r.l1_refusals), static_cast<double>(r.l2_refusals));
     evictions.Add(label, static_cast<double>(r.l1_evictions), static_cast<double>(r.l2_evictions));

@@ -7,32 +7,24 @@
 //                                                   (always over the reservation)
 // tier is l1 or l2. No rows (no quotas): no families.
 //
-// Tenant names are capped: the first `max_labels` tenants in id order (the
-// named ones first, kSharedTenant as "shared") keep their names, the rest are
-// summed into tenant="other" (TenantLabel). The `--max-tenant-labels` flag
-// and a shared folding unit belong to the per-tenant stats work
-// (src/server/tenant_stats.*, not on main yet); until they land the cap is
-// kDefaultMaxTenantLabels and TenantLabel is the one function to switch.
+// Tenant names are capped by `labels` (tenant_labels.h, --max-tenant-labels):
+// rows are ranked in the order given (the quota's tenant ids) where `labels`
+// has not ranked them yet, the pool's row ("") is labelled "shared", and
+// every tenant past the cap is summed into tenant="other".
 //
-// Thread safety: pure functions. Complexity: O(rows).
+// Thread safety: as `labels` (thread-safe). Complexity: O(rows log tenants).
 #pragma once
 
 #include <prometheus/metric_family.h>
 
-#include <cstddef>
-#include <string>
 #include <vector>
 
 #include "epd/core/tenant_quota.h"
+#include "tenant_labels.h"
 
 namespace epd::internal {
 
-inline constexpr std::size_t kDefaultMaxTenantLabels = 32;
-
-// The label of the tenant at `rank` (its row's index) named `name`.
-std::string TenantLabel(const std::string& name, std::size_t rank, std::size_t max_labels);
-
 std::vector<prometheus::MetricFamily> TenantCacheFamilies(const std::vector<TenantCacheRow>& rows,
-                                                          std::size_t max_labels = kDefaultMaxTenantLabels);
+                                                          TenantLabels& labels);
 
 }  // namespace epd::internal

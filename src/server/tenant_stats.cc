@@ -43,11 +43,9 @@ void TenantCounters::Add(const TenantCounters& o) {
   for (const Family& f : kFamilies) this->*f.field += o.*f.field;
 }
 
-TenantStats::TenantStats(int max_labels, const std::set<std::string>& first)
-    : max_labels_(static_cast<std::size_t>(max_labels < 1 ? 1 : max_labels)) {
+TenantStats::TenantStats(int max_labels, const std::set<std::string>& first) : labels_(max_labels, first) {
   for (const std::string& t : first) {
-    if (order_.size() >= kMaxTrackedTenants) break;
-    order_.emplace(t, order_.size());
+    if (exact_.size() >= kMaxRankedTenants) break;
     exact_.emplace(t, TenantCounters{});
   }
 }
@@ -55,8 +53,8 @@ TenantStats::TenantStats(int max_labels, const std::set<std::string>& first)
 TenantCounters& TenantStats::Slot(const std::string& tenant) {
   auto it = exact_.find(tenant);
   if (it != exact_.end()) return it->second;
-  if (exact_.size() >= kMaxTrackedTenants) return untracked_;
-  order_.emplace(tenant, order_.size());
+  if (exact_.size() >= kMaxRankedTenants) return untracked_;
+  labels_.Of(tenant);  // ranks it at its first count
   return exact_[tenant];
 }
 
@@ -106,11 +104,8 @@ TenantCounters TenantStats::Of(const std::string& tenant) const {
 std::map<std::string, TenantCounters> TenantStats::Labelled() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, TenantCounters> out;
-  for (const auto& [tenant, counts] : exact_) {
-    const bool labelled = order_.at(tenant) < max_labels_ && tenant != kOtherTenantLabel;
-    out[labelled ? tenant : kOtherTenantLabel].Add(counts);
-  }
-  if (exact_.size() >= kMaxTrackedTenants) out[kOtherTenantLabel].Add(untracked_);
+  for (const auto& [tenant, counts] : exact_) out[labels_.Of(tenant)].Add(counts);
+  if (exact_.size() >= kMaxRankedTenants) out[kOtherTenantLabel].Add(untracked_);
   return out;
 }
 

@@ -9,8 +9,9 @@
 //     At most max_labels tenants get a label of their own (the tenants the
 //     tokens file names first, then others in the order they first call);
 //     every later tenant is folded into tenant="other" (summed at render
-//     time), so made-up tenant names cannot grow the page without bound.
-// The exact table itself is capped at kMaxTrackedTenants names; a tenant
+//     time). The rule is TenantLabels (tenant_labels.h), the same one the
+//     per-tenant cache families use.
+// The exact table itself is capped at kMaxRankedTenants names; a tenant
 // beyond that is counted only under "other" (and its Of() reads zeros).
 //
 // Thread safety: thread-safe (one mutex; each count holds it for a map
@@ -24,6 +25,7 @@
 #include <string>
 
 #include "epd/core/encode_types.h"
+#include "tenant_labels.h"
 
 namespace epd::internal {
 
@@ -38,9 +40,6 @@ struct TenantCounters {
 
   void Add(const TenantCounters& o);
 };
-
-inline constexpr std::size_t kMaxTrackedTenants = 10000;
-inline constexpr char kOtherTenantLabel[] = "other";
 
 class TenantStats {
  public:
@@ -60,11 +59,10 @@ class TenantStats {
  private:
   TenantCounters& Slot(const std::string& tenant);  // REQUIRES: mu_ held
 
-  const std::size_t max_labels_;
+  mutable TenantLabels labels_;  // ranks tenants in the order they are first counted
   mutable std::mutex mu_;
   std::map<std::string, TenantCounters> exact_;  // guarded by mu_
-  std::map<std::string, std::size_t> order_;     // tenant -> first-seen rank; guarded by mu_
-  TenantCounters untracked_;                     // past kMaxTrackedTenants; guarded by mu_
+  TenantCounters untracked_;                     // past kMaxRankedTenants; guarded by mu_
 };
 
 }  // namespace epd::internal
