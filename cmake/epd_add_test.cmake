@@ -14,6 +14,10 @@ endif()
 function(epd_add_test)
   cmake_parse_arguments(T "" "NAME" "SOURCES;LIBS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
+  # A test's sources are compiled one by one even in a unity build
+  # (EPD_UNITY_BUILD): each test file keeps its own file-local fixtures and
+  # constants, and a test is never on `make demo`'s path.
+  set_target_properties(${T_NAME} PROPERTIES UNITY_BUILD OFF)
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} epd_test_util GTest::gtest GTest::gmock GTest::gtest_main)
   # Listing the tests runs the binary at build time: a sanitizer build that
   # links libtorch takes tens of seconds to start on a loaded machine.

@@ -27,32 +27,45 @@ if [[ -z "$tidy" ]]; then
   exit 2
 fi
 root="$(pwd)"
-# The project's own sources, as the database names them (absolute paths).
-mapfile -t files < <(/usr/bin/python3 - "$db" "$root" "$filter" <<'PY'
+# The project's own sources, as the database names them (absolute paths),
+# into a database of their own under $dbdir: a target built as a unity build
+# (CMakeLists.txt: EPD_UNITY_BUILD) appears in BUILD's database as generated
+# Unity/unity_N_cxx.cxx files that #include its sources, so each of those
+# sources is listed here with the unity file's command.
+dbdir=$(mktemp -d)
+log=$(mktemp)
+trap 'rm -rf "$log" "$dbdir"' EXIT
+mapfile -t files < <(/usr/bin/python3 - "$db" "$root" "$filter" "$dbdir/compile_commands.json" <<'PY'
 import json, os, re, sys
-db, root, flt = sys.argv[1], sys.argv[2], sys.argv[3]
+db, root, flt, out = sys.argv[1:5]
 build = os.path.realpath(os.path.dirname(db))
-seen = set()
+seen, kept = set(), []
 for e in json.load(open(db)):
     f = os.path.realpath(os.path.join(e["directory"], e["file"]))
-    rel = os.path.relpath(f, root)
-    if f.startswith(build + os.sep) or rel.startswith(".."):
-        continue
-    if not f.endswith(".cc") or not rel.split(os.sep)[0] in ("src", "tools", "python", "fuzz", "bench"):
-        continue
-    if flt and not re.search(flt, rel):
-        continue
-    if f not in seen:
-        seen.add(f)
-        print(f)
+    sources = [(f, e)]
+    if f.startswith(build + os.sep) and os.path.basename(os.path.dirname(f)) == "Unity":
+        text = open(f).read()
+        sources = [(s, dict(e, file=s, command=e["command"].replace(e["file"], s)))
+                   for s in re.findall(r'^#include "([^"]+)"', text, re.M)]
+    for f, entry in sources:
+        rel = os.path.relpath(f, root)
+        if f.startswith(build + os.sep) or rel.startswith(".."):
+            continue
+        if not f.endswith(".cc") or not rel.split(os.sep)[0] in ("src", "tools", "python", "fuzz", "bench"):
+            continue
+        if flt and not re.search(flt, rel):
+            continue
+        if f not in seen:
+            seen.add(f)
+            kept.append(entry)
+            print(f)
+json.dump(kept, open(out, "w"))
 PY
 )
 echo "lint.sh: clang-tidy over ${#files[@]} files ($build/compile_commands.json)" >&2
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
 # -quiet: only findings. GCC-only flags in the database are dropped by
 # clang's --driver-mode; unknown warning flags are not errors.
-"$tidy" -quiet -p "$build" -j "$(nproc)" -extra-arg=-Wno-unknown-warning-option \
+"$tidy" -quiet -p "$dbdir" -j "$(nproc)" -extra-arg=-Wno-unknown-warning-option \
   "${files[@]}" >"$log" 2>&1 || true
 # run-clang-tidy may colour its output even into a file: strip the escapes
 # before matching, or every finding goes unseen.

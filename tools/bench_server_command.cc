@@ -41,11 +41,6 @@ ClientItem ImageItem(const std::string& image) {
 
 using Clock = std::chrono::steady_clock;
 
-[[noreturn]] void Fail(int code, const std::string& message) {
-  spdlog::error("{}", message);
-  throw CLI::RuntimeError(code);
-}
-
 struct BenchFlags {
   std::string server;
   int concurrency = 8;
@@ -111,15 +106,16 @@ double RssMb(int pid) {
 int RunBench(const BenchFlags& f) {
   TuneMalloc(MallocUse::kMessages);
   if (!IsLoopback(f.server)) {
-    Fail(1, "bench-server only loads servers on loopback (127.0.0.0/8, localhost, ::1, unix:/path); got " + f.server);
+    FailCommand(
+        1, "bench-server only loads servers on loopback (127.0.0.0/8, localhost, ::1, unix:/path); got " + f.server);
   }
   std::vector<std::string> images;
   if (!f.images.empty()) {
     StatusOr<std::vector<std::string>> paths = ListImages(f.images);
-    if (!paths.ok()) Fail(1, paths.status().message());
+    if (!paths.ok()) FailCommand(1, paths.status().message());
     for (const std::string& name : *paths) {  // names relative to --images
       StatusOr<std::string> b = ReadFile((std::filesystem::path(f.images) / name).string());
-      if (!b.ok()) Fail(1, b.status().message());
+      if (!b.ok()) FailCommand(1, b.status().message());
       images.push_back(std::move(*b));
     }
   } else {
@@ -129,7 +125,7 @@ int RunBench(const BenchFlags& f) {
   ClientOptions co;
   co.target = f.server;
   co.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(f.timeout_s * 1000));
-  if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) Fail(1, s.message());
+  if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) FailCommand(1, s.message());
   co.delivery = f.shm ? Delivery::kShm : Delivery::kInline;
   // The benchmark talks to one server directly, where no load balancer reads
   // the route header, so by default the client does not hash each image to
@@ -141,12 +137,12 @@ int RunBench(const BenchFlags& f) {
   std::vector<std::unique_ptr<EncodeClient>> clients;
   for (int i = 0; i < n_conn; ++i) {
     StatusOr<std::unique_ptr<EncodeClient>> c = EncodeClient::Connect(co);
-    if (!c.ok()) Fail(1, c.status().ToString());
+    if (!c.ok()) FailCommand(1, c.status().ToString());
     clients.push_back(std::move(*c));
   }
   std::unique_ptr<EncodeClient>* client = &clients[0];
   if (StatusOr<ServerInfo> info = (*client)->Health(); !info.ok()) {
-    Fail(1, "server " + f.server + " does not answer Health: " + info.status().ToString());
+    FailCommand(1, "server " + f.server + " does not answer Health: " + info.status().ToString());
   }
   if (f.hit_only) {
     // Warm-up, not measured: afterwards every request is a cache hit (if the
@@ -157,7 +153,7 @@ int RunBench(const BenchFlags& f) {
     for (std::unique_ptr<EncodeClient>& c : clients) {
       for (std::size_t i = 0; i < images.size(); ++i) {
         EncodeResult r = c->Encode({ImageItem(images[i])});
-        if (!r.status.ok()) Fail(1, "warm-up of image " + std::to_string(i) + " failed: " + r.status.ToString());
+        if (!r.status.ok()) FailCommand(1, "warm-up of image " + std::to_string(i) + " failed: " + r.status.ToString());
       }
     }
   }

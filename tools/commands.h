@@ -21,8 +21,17 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace epd::cli {
+
+// The contract above in one place: logs `message` as an error (spdlog, so
+// stderr) and throws CLI::RuntimeError(exit_code). Defined in main.cc.
+[[noreturn]] void FailCommand(int exit_code, const std::string& message);
+
+// For a subcommand's run function that returns its exit code: logs
+// "<command>: <message>" as an error and returns 1.
+int CommandError(const char* command, const std::string& message);
 
 void RegisterReplayCommand(CLI::App& app);
 void RegisterPlanCommand(CLI::App& app);

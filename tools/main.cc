@@ -11,6 +11,20 @@
 #include "commands.h"
 #include "epd/core/version.h"
 
+namespace epd::cli {
+
+void FailCommand(int exit_code, const std::string& message) {
+  spdlog::error("{}", message);
+  throw CLI::RuntimeError(exit_code);
+}
+
+int CommandError(const char* command, const std::string& message) {
+  spdlog::error("{}: {}", command, message);
+  return 1;
+}
+
+}  // namespace epd::cli
+
 int main(int argc, char** argv) {
 #ifdef EPD_WITH_GRPC
   // Debian builds Abseil without NDEBUG, so every absl::Mutex that gRPC

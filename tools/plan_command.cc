@@ -68,11 +68,6 @@ class PhaseBar {
   std::chrono::steady_clock::time_point last_{};
 };
 
-int Fail(const std::string& message) {
-  spdlog::error("plan: {}", message);
-  return 1;
-}
-
 #ifdef EPD_WITH_INSPECT_MODEL
 // Keys, sizes and modelled costs of a replay trace's images, from headers.
 StatusOr<std::vector<CacheAccess>> FromReplayTrace(const PlanFlags& f) {
@@ -133,15 +128,15 @@ StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar) 
 
 int RunPlanCommand(const PlanFlags& f) {
   auto eviction = ParseEvictionPolicy(f.eviction);
-  if (!eviction.ok()) return Fail(eviction.status().message());
+  if (!eviction.ok()) return CommandError("plan", eviction.status().message());
   auto admission = ParseL1Admission(f.admission);
-  if (!admission.ok()) return Fail(admission.status().message());
+  if (!admission.ok()) return CommandError("plan", admission.status().message());
   if (!f.plot.empty() && !HaveGnuplot()) {
-    return Fail("--plot needs gnuplot, which is not on PATH (Debian package gnuplot-nox)");
+    return CommandError("plan", "--plot needs gnuplot, which is not on PATH (Debian package gnuplot-nox)");
   }
   PhaseBar bar(f.progress || isatty(STDERR_FILENO));
   auto trace = LoadTrace(f, bar);
-  if (!trace.ok()) return Fail(trace.status().message());
+  if (!trace.ok()) return CommandError("plan", trace.status().message());
 
   PlanOptions o;
   o.eviction = *eviction;
@@ -159,7 +154,7 @@ int RunPlanCommand(const PlanFlags& f) {
   std::fputs((f.json ? PlanJson(r) : PlanText(r)).c_str(), stdout);
   if (!f.plot.empty()) {
     Status s = PlotCurves(r.curves, fmt::format("{} ({} requests)", f.trace, r.requests), f.plot);
-    if (!s.ok()) return Fail(s.message());
+    if (!s.ok()) return CommandError("plan", s.message());
   }
   return 0;
 }

@@ -105,11 +105,6 @@ void AddReportFields(const Table& table, const S& s, nlohmann::json& out) {
   }
 }
 
-int Fail(const std::string& message) {
-  spdlog::error("replay: {}", message);
-  return 1;
-}
-
 // One item as `plan` sees it: its key, its entry's bytes, and its cost at
 // this replay's measured tower seconds per post-merge token (the worker does
 // not yet record each entry's own cost).
@@ -143,15 +138,16 @@ StatusOr<std::vector<TraceRequest>> BuildTrace(const ReplayFlags& f) {
 }
 
 int RunReplay(const ReplayFlags& f) {
-  if (f.trace.empty() == (f.generate == 0)) return Fail("give exactly one of --trace FILE or --generate N");
-  if (f.generate > 0 && f.images.empty()) return Fail("--generate needs --images DIR");
+  if (f.trace.empty() == (f.generate == 0))
+    return CommandError("replay", "give exactly one of --trace FILE or --generate N");
+  if (f.generate > 0 && f.images.empty()) return CommandError("replay", "--generate needs --images DIR");
 
   auto trace = BuildTrace(f);
-  if (!trace.ok()) return Fail(trace.status().message());
+  if (!trace.ok()) return CommandError("replay", trace.status().message());
   if (!f.write_trace.empty()) {
     std::ofstream w(f.write_trace);
     w << TraceToJsonLines(*trace);
-    if (!w) return Fail("cannot write " + f.write_trace);
+    if (!w) return CommandError("replay", "cannot write " + f.write_trace);
   }
 
   // Each distinct file is read once; the requests that name it share its
@@ -169,8 +165,8 @@ int RunReplay(const ReplayFlags& f) {
           ReadRegularFile(path.string(), static_cast<std::int64_t>(f.max_request_mb * (1 << 20)));
       if (!bytes.ok()) {
         const bool video = std::find(r.videos.begin(), r.videos.end(), p) != r.videos.end();
-        return Fail("request '" + r.id + "': cannot read " + (video ? "video " : "image ") + path.string() + ": " +
-                    std::string(bytes.status().message()));
+        return CommandError("replay", "request '" + r.id + "': cannot read " + (video ? "video " : "image ") +
+                                          path.string() + ": " + std::string(bytes.status().message()));
       }
       media[p] = MediaBytes(std::move(*bytes));
     }
@@ -178,7 +174,7 @@ int RunReplay(const ReplayFlags& f) {
 
   TuneMalloc(MallocUse::kTower);
   auto worker = MakeWorker(f.worker);
-  if (!worker.ok()) return Fail(worker.status().ToString());
+  if (!worker.ok()) return CommandError("replay", worker.status().ToString());
   spdlog::info("replay: {} requests, {} distinct files; tower {}", trace->size(), media.size(),
                (*worker)->tower().Describe());
   const std::string model_id = (*worker)->options().model_id;
@@ -272,10 +268,10 @@ int RunReplay(const ReplayFlags& f) {
     Status w = WriteEmbeddingsSafetensors(
         f.out, out,
         {{"producer", "epd-encode replay"}, {"model_id", model_id}, {"embeddings", std::to_string(out.size())}});
-    if (!w.ok()) return Fail(w.ToString());
+    if (!w.ok()) return CommandError("replay", w.ToString());
     // Which tensor is whose image: (request, item, media) -> key and grid.
     Status m = WriteReplayManifest(ManifestPathFor(f.out), *trace, results, f.out);
-    if (!m.ok()) return Fail(m.ToString());
+    if (!m.ok()) return CommandError("replay", m.ToString());
   }
 
   const double p50 = Percentile(latency, 0.50), p99 = Percentile(latency, 0.99);

@@ -59,11 +59,6 @@
 namespace epd::cli {
 namespace {
 
-[[noreturn]] void Fail(int code, const std::string& message) {
-  spdlog::error("{}", message);
-  throw CLI::RuntimeError(code);
-}
-
 // ---------------------------------------------------------------- serve ---
 
 struct ServeFlags {
@@ -113,7 +108,7 @@ int RunServe(const ServeFlags& f) {
   WorkerOptions wo;
   wo.max_pending_items = f.max_queue;
   StatusOr<WorkerParts> parts = MakeWorkerParts(f.worker, wo);
-  if (!parts.ok()) Fail(1, "cannot set up the worker (model, caches, --l3): " + parts.status().ToString());
+  if (!parts.ok()) FailCommand(1, "cannot set up the worker (model, caches, --l3): " + parts.status().ToString());
 
   ServerOptions so;
   so.address = f.host + ":" + std::to_string(f.port);
@@ -137,9 +132,9 @@ int RunServe(const ServeFlags& f) {
   if (f.ipc_export_mb > 0) {
     // CUDA IPC exports device-resident rows: only the GPU tier has them.
     if (parts->device == nullptr) {
-      Fail(1,
-           "--ipc-export-mb needs the GPU tier (--device cuda in a build with EPD_WITH_CUDA); "
-           "this server keeps its rows in host memory");
+      FailCommand(1,
+                  "--ipc-export-mb needs the GPU tier (--device cuda in a build with EPD_WITH_CUDA); "
+                  "this server keeps its rows in host memory");
     }
     so.ipc_device = parts->device;
     so.ipc_export_bytes = static_cast<std::int64_t>(f.ipc_export_mb * (1 << 20));
@@ -149,13 +144,13 @@ int RunServe(const ServeFlags& f) {
   so.max_inflight_request_bytes = static_cast<std::int64_t>(f.max_inflight_request_mb * (1 << 20));
   so.on_requests_drained = ReleaseFreeMemory;
   so.tenant_metadata = f.tenant_header;
-  if (Status s = ApplyServerSecurityFlags(f.security, so); !s.ok()) Fail(1, s.message());
-  if (Status s = ApplyTenantFlags(f.tenants, so); !s.ok()) Fail(1, s.message());
+  if (Status s = ApplyServerSecurityFlags(f.security, so); !s.ok()) FailCommand(1, s.message());
+  if (Status s = ApplyTenantFlags(f.tenants, so); !s.ok()) FailCommand(1, s.message());
   so.log = [](const std::string& line) { spdlog::warn("{}", line); };
   const std::string tower = parts->tower->Describe();
   StatusOr<std::unique_ptr<EncodeServer>> server =
       EncodeServer::Start(so, std::move(parts->options), std::move(parts->tower));
-  if (!server.ok()) Fail(1, "cannot start the server: " + server.status().ToString());
+  if (!server.ok()) FailCommand(1, "cannot start the server: " + server.status().ToString());
 
   std::unique_ptr<OpenAiFront> front;
   if (f.http.port >= 0) {
@@ -163,7 +158,7 @@ int RunServe(const ServeFlags& f) {
         OpenAiFront::Start(MakeOpenAiFrontOptions(f.http, so), (*server)->front_door());
     if (!started.ok()) {
       (*server)->Shutdown(std::chrono::milliseconds(0));
-      Fail(1, "cannot start the HTTP front: " + started.status().ToString());
+      FailCommand(1, "cannot start the HTTP front: " + started.status().ToString());
     }
     front = std::move(*started);
     spdlog::info("OpenAI-compatible front on {}://{}:{} serving model '{}'; EC files: {}",
@@ -272,7 +267,8 @@ StatusOr<EmbeddingPtr> CopyIpcToHost(Device& device, const IpcLease& lease) {
 
 int RunClient(const ClientFlags& f) {
   TuneMalloc(MallocUse::kMessages);
-  if (f.server.empty() == f.http.empty()) Fail(1, "give exactly one of --server HOST:PORT (gRPC) and --http URL");
+  if (f.server.empty() == f.http.empty())
+    FailCommand(1, "give exactly one of --server HOST:PORT (gRPC) and --http URL");
   if (!f.http.empty()) {
     HttpClientOptions h;
     h.base_url = f.http;
@@ -282,23 +278,23 @@ int RunClient(const ClientFlags& f) {
     h.timeout_s = f.timeout_s;
     h.ca_file = f.security.tls_ca;
     ClientOptions security;
-    if (Status s = ApplyClientSecurityFlags(f.security, security); !s.ok()) Fail(1, s.message());
+    if (Status s = ApplyClientSecurityFlags(f.security, security); !s.ok()) FailCommand(1, s.message());
     h.token = security.auth_token;
     return RunHttpClient(h);
   }
-  if (!f.uuids.empty()) Fail(1, "--uuid goes with --http");
+  if (!f.uuids.empty()) FailCommand(1, "--uuid goes with --http");
   // Declared before the client and the results, so it outlives both and
   // every IpcLease they hold (ClientOptions::ipc_device).
   std::unique_ptr<Device> ipc_device;
   if (f.cuda_ipc) {
     StatusOr<std::unique_ptr<Device>> dev = OpenIpcDevice(f);
-    if (!dev.ok()) Fail(1, dev.status().ToString());
+    if (!dev.ok()) FailCommand(1, dev.status().ToString());
     ipc_device = std::move(*dev);
   }
   std::vector<ClientItem> items;
   for (const std::string& path : f.images) {
     StatusOr<std::string> bytes = ReadFile(path);
-    if (!bytes.ok()) Fail(1, bytes.status().message());
+    if (!bytes.ok()) FailCommand(1, bytes.status().message());
     ClientItem item;
     if (f.video || LooksLikeVideo(*bytes)) {
       item.video = std::move(*bytes);
@@ -322,9 +318,9 @@ int RunClient(const ClientFlags& f) {
     co.ipc_device = ipc_device.get();
     co.ipc_fallback_shm = f.shm;
   }
-  if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) Fail(1, s.message());
+  if (Status s = ApplyClientSecurityFlags(f.security, co); !s.ok()) FailCommand(1, s.message());
   StatusOr<std::unique_ptr<EncodeClient>> client = EncodeClient::Connect(co);
-  if (!client.ok()) Fail(1, client.status().ToString());
+  if (!client.ok()) FailCommand(1, client.status().ToString());
 
   EncodeResult r = (*client)->Encode(std::move(items), f.request_id);
   std::vector<KeyedEmbedding> out;
@@ -406,7 +402,7 @@ int RunClient(const ClientFlags& f) {
   if (!f.out.empty() && !out.empty()) {
     std::map<std::string, std::string> meta = {{"server", f.server}};
     if (StatusOr<ServerInfo> info = (*client)->Health(); info.ok()) meta["model_id"] = info->model_id;
-    if (Status s = WriteEmbeddingsSafetensors(f.out, out, meta); !s.ok()) Fail(1, "--out: " + s.ToString());
+    if (Status s = WriteEmbeddingsSafetensors(f.out, out, meta); !s.ok()) FailCommand(1, "--out: " + s.ToString());
   }
   if (!r.status.ok()) {
     std::fprintf(stderr, "%s: %s\n", GrpcStatusName(r.status.code()).c_str(), r.status.message().c_str());

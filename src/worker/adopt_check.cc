@@ -7,10 +7,6 @@
 namespace epd::internal {
 namespace {
 
-std::string GridText(const GridTHW& g) {
-  return "(" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " + std::to_string(g.w) + ")";
-}
-
 Status Refused(const std::string& what) {
   return Status(StatusCode::kDataLoss, "the shared tier's value " + what + "; refused and re-encoded");
 }
@@ -25,10 +21,10 @@ Status CheckAdoptedValue(const Embedding& e, const AdoptExpectation& want, const
                          std::int64_t merge_size) {
   const GridTHW& g = e.grid;
   if (want.grid.has_value() && g != *want.grid) {
-    return Refused("has grid " + GridText(g) + ", the image's header gives " + GridText(*want.grid));
+    return Refused("has grid " + g.ToString() + ", the image's header gives " + want.grid->ToString());
   }
   if (g.t <= 0 || g.h <= 0 || g.w <= 0 || g.patches() != e.tokens * merge_size * merge_size) {
-    return Refused("has grid " + GridText(g) + ", which does not give its " + std::to_string(e.tokens) +
+    return Refused("has grid " + g.ToString() + ", which does not give its " + std::to_string(e.tokens) +
                    " tokens at merge size " + std::to_string(merge_size));
   }
   if (want.tokens != 0 && e.tokens != want.tokens) return Differs("tokens", e.tokens, want.tokens, "the item needs");

@@ -8,14 +8,6 @@
 #include <string>
 
 namespace epd::internal {
-namespace {
-
-// "(t, h, w)", for messages.
-std::string GridText(const GridTHW& g) {
-  return "(" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " + std::to_string(g.w) + ")";
-}
-
-}  // namespace
 
 Status CheckOutput(const StatusOr<TowerOutput>& out, std::int64_t items, std::int64_t tokens, const VisionTower& tower,
                    bool can_adopt) {
@@ -73,8 +65,8 @@ StatusOr<EmbeddingPtr> AdoptRows(const AdoptDeviceRowsFn& adopt, const DeviceRow
                     std::to_string(rows.deepstack_layers) + ") " + std::string(DTypeName(rows.dtype)));
   }
   if (got.grid != rows.grid) {
-    return Internal("adopt_device_rows returned an embedding of grid " + GridText(got.grid) + " for rows of grid " +
-                    GridText(rows.grid));
+    return Internal("adopt_device_rows returned an embedding of grid " + got.grid.ToString() + " for rows of grid " +
+                    rows.grid.ToString());
   }
   return adopted;
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace epd {
 
@@ -23,6 +24,10 @@ struct GridTHW {
   // False for the default {0, 0, 0}, which stands for "not recorded" (e.g.
   // an embedding read from a file written before grids were kept).
   bool known() const { return t > 0 && h > 0 && w > 0; }
+  // "(t, h, w)", the form every message that names a grid uses.
+  std::string ToString() const {
+    return "(" + std::to_string(t) + ", " + std::to_string(h) + ", " + std::to_string(w) + ")";
+  }
 
   friend bool operator==(const GridTHW&, const GridTHW&) = default;
 };
