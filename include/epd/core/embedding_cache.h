@@ -74,10 +74,11 @@
 // and the entry, and appends 16 bytes to a sequential log; it never touches
 // neighbouring entries the way a linked-list LRU's unlink does.
 //
-// GDSF's history adds about 6 bytes per windowed reference (a 16-bit
-// doorkeeper slot plus 4 sketch bytes, width rounded up to a power of two),
+// GDSF's history adds about 6 bytes per windowed reference (16
+// doorkeeper bits plus 4 sketch bytes, width rounded up to a power of two),
 // 180-360 bytes per entry at the auto window; Get and Put then cost one
 // Record (6 bit probes and 4 counters) more.
+//
 // Per-entry bookkeeping, beyond sizeof(K) + sizeof(V):
 //   entry record        16 bytes  (nbytes, last-touch sequence), plus padding
 //                                 to the entry's alignment
