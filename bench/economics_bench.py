@@ -177,6 +177,8 @@ def render_body(d: dict) -> str:
     L.append("| target | goal | measured | result |\n|---|---|---|---|")
     for what, goal, value, met, margin in targets(d):
         L.append(f"| {what} | {goal} | {value} | {'met' if met else '**missed**'} ({margin}) |")
+    if d.get("ops_note"):
+        L.append(f"\n{d['ops_note']}")
     L.append("\nTraces:\n")
     for k, v in d["traces"].items():
         L.append(f"- `{k}`: {v}")
