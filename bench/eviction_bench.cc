@@ -96,10 +96,49 @@ std::vector<double> Doubles(const std::string& csv) {
   return out;
 }
 
+// Encode seconds saved by one whole cache under `options` over the trace (a
+// get per access, a put on each miss), and its hit ratios by seconds and by
+// objects; for the GDSF variants that MiniSim's SimPolicy does not name.
+struct Whole {
+  double seconds_saved = 0, hit_ratio = 0, object_hit_ratio = 0;
+};
+Whole ReplayWhole(std::span<const CacheAccess> trace, const CacheOptions& options, double capacity) {
+  EmbeddingCache<std::uint64_t, char> cache(static_cast<std::int64_t>(capacity), options);
+  double total = 0, hits = 0;
+  for (const CacheAccess& a : trace) {
+    total += a.seconds;
+    if (cache.Get(a.key).has_value()) {
+      hits += 1;
+      continue;
+    }
+    cache.Put(a.key, 0, a.bytes, {a.seconds});
+  }
+  return {cache.hit_seconds(), total > 0 ? cache.hit_seconds() / total : 0,
+          trace.empty() ? 0 : hits / static_cast<double>(trace.size())};
+}
+
+// The window of GDSF's history for --history-mult m: m x the entries of
+// mean size that `capacity` holds (0: the cache's own sizing).
+std::uint64_t g_history_mult = 0;
+double g_mean_bytes = 1;
+
 nlohmann::json Compare(std::span<const CacheAccess> trace, double capacity) {
   const SimResult lru = SimulateCapacity(trace, {EvictionPolicy::kLru, false}, capacity, {.rate = 1.0});
+  CacheOptions history{EvictionPolicy::kGdsf};
+  if (g_history_mult > 0) {
+    history.gdsf_history_window =
+        static_cast<std::uint64_t>(static_cast<double>(g_history_mult) * capacity / g_mean_bytes);
+  }
+  CacheOptions resident{EvictionPolicy::kGdsf};
+  resident.gdsf_frequency = GdsfFrequency::kResident;
   const SimResult gdsf = SimulateCapacity(trace, {EvictionPolicy::kGdsf, false}, capacity, {.rate = 1.0});
+  const Whole h = g_history_mult > 0 ? ReplayWhole(trace, history, capacity) : Whole{};
+  const Whole classic = ReplayWhole(trace, resident, capacity);
   return {{"capacity_bytes", capacity},
+          {"gdsf_resident_seconds_saved", classic.seconds_saved},
+          {"gdsf_resident_hit_ratio", classic.hit_ratio},
+          {"gdsf_resident_object_hit_ratio", classic.object_hit_ratio},
+          {"gdsf_window_seconds_saved", h.seconds_saved},
           {"lru_seconds_saved", lru.hits.seconds},
           {"gdsf_seconds_saved", gdsf.hits.seconds},
           {"lru_hit_ratio", 1 - lru.MissRatio().seconds},
@@ -119,6 +158,7 @@ int Simulate(const std::string& path, const std::vector<double>& lru_hits, const
   for (const CacheAccess& a : *trace) sizes[a.key] = a.bytes;
   double working_set = 0;
   for (const auto& [k, b] : sizes) working_set += static_cast<double>(b);
+  g_mean_bytes = sizes.empty() ? 1 : working_set / static_cast<double>(sizes.size());
   nlohmann::json j = {{"trace", path}, {"requests", trace->size()}, {"working_set_bytes", working_set}};
   const ReuseHistogram exact = ExactReuseHistogram(*trace);
   j["max_hit_ratio"] = exact.MaxHitRatio().seconds;
@@ -164,6 +204,8 @@ int main(int argc, char** argv) {
       tiered = argv[++i];
     else if (a == "--window")
       window = std::stoull(argv[++i]);
+    else if (a == "--history-mult")
+      epd::bench::g_history_mult = std::stoull(argv[++i]);
   }
   if (!simulate.empty()) {
     return epd::bench::Simulate(simulate, epd::bench::Doubles(lru_hit), epd::bench::Doubles(fractions),

@@ -204,5 +204,66 @@ TEST_F(GdsfTest, EvictionOrderWalkMatchesTheVictims) {
   EXPECT_EQ(evicted_, walk);
 }
 
+// A hot entry pushed out by expensive newcomers keeps its references under
+// kHistory and re-enters with them; Cherkasova's kResident starts it at 1.
+// Capacity 200, every entry 100 B; H = priority, worked by hand:
+//   a, b, c at 0.001 s/B: c's put evicts a (clock 0.001; the history starts)
+//   h (0.001 s/B): evicts b; h referenced by its put and 4 hits: frequency
+//     5 under both rules (history count 5), H(h) = 0.001 + 5 x 0.001 = 0.006
+//   n1 (0.0045 s/B): evicts c (0.002), clock 0.002, H(n1) = 0.0065
+//   n2: evicts h (0.006), clock 0.006, H(n2) = 0.0105
+//   h again: evicts n1 (0.0065), clock 0.0065; its frequency is
+//     history: 6 (1 + its 5 references), H(h) = 0.0065 + 0.006 = 0.0125
+//     resident: 1, H(h) = 0.0075
+//   n3: history evicts n2 (0.0105 < 0.0125); resident evicts h again.
+TEST_F(GdsfTest, HistoryKeepsFrequencyAcrossEviction) {
+  for (GdsfFrequency f : {GdsfFrequency::kHistory, GdsfFrequency::kResident}) {
+    evicted_.clear();
+    CacheOptions o;
+    o.gdsf_frequency = f;
+    Cache c = New(200, o);
+    for (const char* k : {"a", "b", "c"}) c.Put(k, 0, 100, {0.1});
+    EXPECT_EQ(c.history() != nullptr, f == GdsfFrequency::kHistory);
+    c.Put("h", 0, 100, {0.1});
+    for (int i = 0; i < 4; ++i) ASSERT_TRUE(c.Get("h").has_value());
+    EXPECT_EQ(c.CostOf("h")->frequency, 5u);
+    c.Put("n1", 1, 100, {0.45});
+    c.Put("n2", 2, 100, {0.45});
+    ASSERT_THAT(evicted_, ElementsAre("a", "b", "c", "h"));
+    c.Put("h", 0, 100, {0.1});
+    EXPECT_DOUBLE_EQ(c.clock(), 0.0065);
+    c.Put("n3", 3, 100, {0.45});
+    if (f == GdsfFrequency::kHistory) {
+      EXPECT_THAT(evicted_, ElementsAre("a", "b", "c", "h", "n1", "n2"));
+      EXPECT_EQ(c.CostOf("h")->frequency, 6u);
+      EXPECT_DOUBLE_EQ(c.clock(), 0.0105);
+    } else {
+      EXPECT_THAT(evicted_, ElementsAre("a", "b", "c", "h", "n1", "h"));
+      EXPECT_DOUBLE_EQ(c.clock(), 0.0075);
+    }
+  }
+}
+
+// The history's window: given, or 30 x the entries held at the first
+// eviction, at least 1024.
+TEST_F(GdsfTest, HistoryWindowIsSizedAtTheFirstEviction) {
+  Cache small = New(300);
+  for (int i = 0; i < 4; ++i) small.Put("k" + std::to_string(i), 0, 100, {0.1});
+  ASSERT_NE(small.history(), nullptr);
+  EXPECT_EQ(small.history()->window(), 1024u);
+  Cache big = New(100 * 100);
+  for (int i = 0; i <= 100; ++i) big.Put("k" + std::to_string(i), 0, 100, {0.1});
+  ASSERT_NE(big.history(), nullptr);
+  EXPECT_EQ(big.history()->window(), 30u * 101);  // 101 held when the first victim is chosen
+  CacheOptions o;
+  o.gdsf_history_window = 77;
+  Cache given = New(100, o);
+  given.Put("x", 0, 100, {0.1});
+  EXPECT_EQ(given.history(), nullptr);
+  given.Put("y", 0, 100, {0.1});
+  ASSERT_NE(given.history(), nullptr);
+  EXPECT_EQ(given.history()->window(), 77u);
+}
+
 }  // namespace
 }  // namespace epd

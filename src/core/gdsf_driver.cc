@@ -3,7 +3,9 @@
 // for tests/python/test_gdsf_model.py, which compares it with a model of the
 // rule written separately in Python. Test-only; not installed.
 //
-// Input: the first line is "CAPACITY" (bytes); then
+// Input: the first line is "CAPACITY FREQUENCY": bytes, then "resident"
+// (GdsfFrequency::kResident) or the history's window in requests (0: the
+// cache sizes it); then
 //   put KEY NBYTES COST     COST in seconds, or "-" for unmeasured
 //   get KEY
 //   pop KEY
@@ -19,9 +21,16 @@
 
 int main() {
   std::int64_t capacity = 0;
-  if (!(std::cin >> capacity)) return 2;
+  std::string frequency;
+  if (!(std::cin >> capacity >> frequency)) return 2;
+  epd::CacheOptions options{epd::EvictionPolicy::kGdsf};
+  if (frequency == "resident") {
+    options.gdsf_frequency = epd::GdsfFrequency::kResident;
+  } else {
+    options.gdsf_history_window = std::stoull(frequency);
+  }
   epd::EmbeddingCache<std::string, int> cache(
-      capacity, epd::CacheOptions{epd::EvictionPolicy::kGdsf},
+      capacity, options,
       [](const std::string& k, int&&, std::int64_t, const epd::EntryCost&) { std::printf("evict %s\n", k.c_str()); });
   std::string op, key, cost;
   std::int64_t nbytes = 0;

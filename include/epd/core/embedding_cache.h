@@ -30,7 +30,17 @@
 //     seconds per byte, where cost is EntryCost::seconds (the measured time to
 //     produce it; a put without one charges nbytes x default_seconds_per_byte),
 //     size is max(nbytes, 1) and frequency counts its references (a put is
-//     one, each hit or re-put one more). The victim is the entry of lowest
+//     one, each hit or re-put one more). Under GdsfFrequency::kHistory (the
+//     default) the count outlives eviction: from the first eviction on,
+//     every reference is also recorded in a TinyLFU-style history
+//     (epd/core/admission_filter.h: a doorkeeper and a count-min sketch,
+//     halved every window of CacheOptions::gdsf_history_window references;
+//     auto: 30 x the entries held at the first eviction, at least 1024;
+//     Einziger et al., ACM TOS 2017), and the frequency is the larger of the
+//     resident count and the history's estimate, so that a hot entry evicted
+//     in a burst comes back with its count, not at 1. kResident is
+//     Cherkasova's rule: the count starts again at 1 on each re-entry
+//     (docs/BENCHMARKS.md measures both). The victim is the entry of lowest
 //     priority, ties to the oldest touch (a sequence number, never an
 //     address); the clock then becomes max(clock, victim's priority), so the
 //     entries left behind age without being touched. The rest of the
@@ -63,6 +73,11 @@
 // replaces the recency log, 24 bytes per entry plus 4 per slab slot. A hit touches the index slot
 // and the entry, and appends 16 bytes to a sequential log; it never touches
 // neighbouring entries the way a linked-list LRU's unlink does.
+//
+// GDSF's history adds about 6 bytes per windowed reference (16
+// doorkeeper bits plus 4 sketch bytes, width rounded up to a power of two),
+// 180-360 bytes per entry at the auto window; Get and Put then cost one
+// Record (6 bit probes and 4 counters) more.
 //
 // Per-entry bookkeeping, beyond sizeof(K) + sizeof(V):
 //   entry record        16 bytes  (nbytes, last-touch sequence), plus padding
@@ -122,6 +137,7 @@
 #include <utility>
 #include <vector>
 
+#include "epd/core/admission_filter.h"
 #include "epd/core/gdsf_heap.h"
 #include "epd/core/status.h"
 #include "epd/core/tenant_quota.h"
@@ -156,6 +172,9 @@ struct EntryCost {
   TenantId tenant = kSharedTenant;
 };
 
+// Where GDSF takes an entry's frequency from (see the header comment).
+enum class GdsfFrequency : std::uint8_t { kHistory = 0, kResident = 1 };
+
 // Construction options of an EmbeddingCache; the defaults are the
 // reference's cache.
 struct CacheOptions {
@@ -169,6 +188,13 @@ struct CacheOptions {
   // copy back from the tier below) instead of its cost. < 0: off.
   double refetch_seconds_per_byte = -1;
   std::int64_t refetch_max_bytes = 0;
+  // GDSF's frequency: kHistory (the default) remembers references across
+  // evictions in an aged count-min sketch; kResident is Cherkasova's rule,
+  // which counts only while the entry is held (see the header comment).
+  GdsfFrequency gdsf_frequency = GdsfFrequency::kHistory;
+  // Requests per aging window of the history (kHistory); 0: sized when the
+  // cache first fills, to 30 x the entries it then holds, at least 1024.
+  std::uint64_t gdsf_history_window = 0;
 };
 
 // What a Pop() hands back: the value, the bytes it was charged, and its cost
@@ -265,7 +291,7 @@ class EmbeddingCache {
       ++misses_;
       return std::nullopt;
     }
-    if (gdsf_) ++meta_[e].frequency;
+    if (gdsf_) meta_[e].frequency = Referenced(h, meta_[e].frequency + 1);
     Touch(e);
     ++hits_;
     hit_bytes_ += slab_[e].nbytes;
@@ -312,7 +338,7 @@ class EmbeddingCache {
       if (ledger_) Recharge(e, tenant, nbytes);
       replaced.emplace(std::exchange(ent.value, std::move(value)));
       ent.nbytes = nbytes;
-      meta_[e] = Meta{seconds, std::max(meta_[e].frequency + 1, cost.frequency)};
+      meta_[e] = Meta{seconds, Referenced(h, std::max(meta_[e].frequency + 1, cost.frequency))};
       Touch(e);
     } else {
       e = Allocate(key, std::move(value), nbytes);
@@ -321,7 +347,7 @@ class EmbeddingCache {
       ++size_;
       if (ledger_) Charge(e, tenant, nbytes);
       ++orders_[tenant].size;
-      meta_[e] = Meta{seconds, cost.frequency};
+      meta_[e] = Meta{seconds, Referenced(h, cost.frequency)};
       Touch(e);
       if (size_ * 2 > index_.size()) Rehash(index_.size() * 2);
     }
@@ -388,13 +414,16 @@ class EmbeddingCache {
   const CacheOptions& options() const { return options_; }
   // GDSF's clock (seconds per byte); 0 under LRU.
   double clock() const { return clock_; }
+  // GDSF's reference history (GdsfFrequency::kHistory), or null: under LRU,
+  // kResident, or before the cache first evicted.
+  const AdmissionFilter* history() const { return history_.get(); }
 
   // Bytes of bookkeeping held now (index, entry records, recency log), not
   // counting keys and values. For the overhead figure in the header comment.
   std::size_t bookkeeping_bytes() const {
     return index_.capacity() * sizeof(Slot) + slab_.capacity() * (sizeof(Entry) - sizeof(K) - sizeof(V)) +
            free_.capacity() * sizeof(std::uint32_t) + meta_.capacity() * sizeof(Meta) + OrderBytes() +
-           tenant_.capacity() * sizeof(TenantId);
+           tenant_.capacity() * sizeof(TenantId) + (history_ ? history_->memory_bytes() : 0);
   }
 
   // Visits entries in eviction order, next victim first, as (key, value,
@@ -432,6 +461,8 @@ class EmbeddingCache {
 
  private:
   static constexpr std::uint32_t kNone = 0xffffffffu;
+  static constexpr std::uint64_t kMinHistoryWindow = 1024;
+  static constexpr std::uint64_t kHistoryWindowPerEntry = 30;
 
   struct EntryFields {
     K key;
@@ -589,6 +620,23 @@ class EmbeddingCache {
     return meta_[e].seconds;
   }
 
+  // GDSF's frequency after a reference (a put or a hit) to the key whose
+  // hash is h: `resident` (the count while held), or the history's count of
+  // the key's references if that is higher.
+  std::uint64_t Referenced(std::size_t h, std::uint64_t resident) {
+    if (!history_) return resident;
+    return std::max<std::uint64_t>(resident, history_->Record(h));
+  }
+
+  // GDSF, kHistory: starts the reference history at the first eviction
+  // (until then nothing was forgotten, and the resident counts are exact).
+  void StartHistory() {
+    std::uint64_t window = options_.gdsf_history_window;
+    if (window == 0)
+      window = std::max<std::uint64_t>(kMinHistoryWindow, kHistoryWindowPerEntry * static_cast<std::uint64_t>(size_));
+    history_ = std::make_unique<AdmissionFilter>(AdmissionFilterOptions{window});
+  }
+
   // GDSF: (re)keys e at clock + frequency x cost / size, with its sequence.
   void Rank(std::uint32_t e) {
     const double size = static_cast<double>(std::max<std::int64_t>(slab_[e].nbytes, 1));
@@ -693,6 +741,7 @@ class EmbeddingCache {
     while (cur_bytes_ > capacity_bytes_ && size_ > 0) {
       const std::uint32_t e = NextVictim(keep);
       if (e == kNone) break;
+      if (gdsf_ && !history_ && options_.gdsf_frequency == GdsfFrequency::kHistory) StartHistory();
       // Hashed before anything changes: a Hash that throws leaves the victim
       // in place and still first in line, not half-removed.
       const std::size_t h = hash_(slab_[e].key);
@@ -733,6 +782,7 @@ class EmbeddingCache {
   std::vector<Order> orders_ = std::vector<Order>(1);  // by tenant; one without a ledger
   std::vector<TenantId> tenant_;                       // parallel to slab_ while a ledger is on
   std::unique_ptr<TenantLedger> ledger_;               // null: no reservations
+  std::unique_ptr<AdmissionFilter> history_;           // GDSF kHistory, from the first eviction
   double clock_ = 0;                                   // GDSF only
   std::size_t size_ = 0;
   std::int64_t cur_bytes_ = 0;
