@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 namespace epd::cli {
 
@@ -48,13 +49,15 @@ StatusOr<std::string> ReadRegularFile(const std::string& path, std::int64_t max_
   // O_NONBLOCK: opening a FIFO returns at once instead of waiting for a
   // writer; it changes nothing for a regular file.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return Status(StatusCode::kNotFound, "cannot open " + path + ": " + std::strerror(errno));
+  if (fd < 0)
+    return Status(StatusCode::kNotFound, "cannot open " + path + ": " + std::generic_category().message(errno));
   struct FdCloser {
     int fd;
     ~FdCloser() { ::close(fd); }
   } closer{fd};
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return Status(StatusCode::kNotFound, "cannot stat " + path + ": " + std::strerror(errno));
+  if (::fstat(fd, &st) != 0)
+    return Status(StatusCode::kNotFound, "cannot stat " + path + ": " + std::generic_category().message(errno));
   if (!S_ISREG(st.st_mode)) {
     return InvalidArgument(path + " is " + FileKind(st.st_mode) + ", not a regular file: only files are read");
   }
@@ -75,7 +78,8 @@ StatusOr<std::string> ReadRegularFile(const std::string& path, std::int64_t max_
     }
     const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status(StatusCode::kNotFound, "cannot read " + path + ": " + std::strerror(errno));
+    if (n < 0)
+      return Status(StatusCode::kNotFound, "cannot read " + path + ": " + std::generic_category().message(errno));
     if (n == 0) break;
     got += static_cast<std::size_t>(n);
   }

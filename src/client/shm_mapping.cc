@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <system_error>
 
 namespace epd::internal {
 
@@ -23,7 +24,7 @@ StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Open(pid_t pid, int fd, 
   const ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
   if (n < 0 && (errno == EACCES || errno == EPERM)) {
     return Status(StatusCode::kPermissionDenied,
-                  "cannot read " + path + ": " + std::strerror(errno) +
+                  "cannot read " + path + ": " + std::generic_category().message(errno) +
                       "; the shared-memory arena opens only for the server's own user (or ask for inline delivery)");
   }
   if (n < 0 || std::string(link).find(name) == std::string::npos) {
@@ -36,10 +37,10 @@ StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Open(pid_t pid, int fd, 
     const int err = errno;
     if (err == EACCES || err == EPERM) {
       return Status(StatusCode::kPermissionDenied,
-                    "cannot open " + path + ": " + std::strerror(err) +
+                    "cannot open " + path + ": " + std::generic_category().message(err) +
                         "; the shared-memory arena opens only for the server's own user");
     }
-    return Status(StatusCode::kUnavailable, "cannot open " + path + ": " + std::strerror(err));
+    return Status(StatusCode::kUnavailable, "cannot open " + path + ": " + std::generic_category().message(err));
   }
   struct stat st = {};
   if (fstat(f, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < segment_bytes) {
@@ -54,7 +55,7 @@ StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Open(pid_t pid, int fd, 
   const int err = errno;
   close(f);  // the mapping keeps the memfd alive
   if (p == MAP_FAILED) {
-    return Status(StatusCode::kUnavailable, "cannot map " + path + ": " + std::strerror(err));
+    return Status(StatusCode::kUnavailable, "cannot map " + path + ": " + std::generic_category().message(err));
   }
   std::shared_ptr<ShmMapping> m(new ShmMapping());
   m->data_ = static_cast<const std::byte*>(p);

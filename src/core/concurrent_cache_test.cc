@@ -15,13 +15,14 @@ namespace {
 TEST(ConcurrentCacheTest, HammeredFromSeveralThreadsKeepsBytesAndValuesConsistent) {
   constexpr int kThreads = 4;
   constexpr int kOps = 40000;
-  constexpr std::int64_t kCap = 64 * 100;
+  constexpr std::int64_t kCap = std::int64_t{64} * 100;
   std::atomic<std::int64_t> evicted_bytes{0};
   ConcurrentEmbeddingCache<int, std::shared_ptr<const int>> cache(
       kCap, 8, [&](const int&, std::shared_ptr<const int>&&, std::int64_t n) { evicted_bytes += n; });
   std::atomic<std::int64_t> put_bytes{0};
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::uint64_t s = 99 + t;

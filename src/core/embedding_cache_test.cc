@@ -24,7 +24,6 @@ namespace {
 using test_util::Name;
 
 using ::testing::ElementsAre;
-using ::testing::Pair;
 
 using Evicted = std::tuple<std::string, int, std::int64_t>;
 
@@ -45,6 +44,7 @@ class GdsfCache : public EmbeddingCache<std::string, int> {
   GdsfCache(std::int64_t cap, EvictHook hook)
       : Base(cap, CacheOptions{EvictionPolicy::kGdsf},
              [hook = std::move(hook)](const std::string& k, int&& v, std::int64_t n, const EntryCost&) {
+               // NOLINTNEXTLINE(performance-move-const-arg): the hook takes int&&; std::move binds the lvalue to it.
                if (hook) hook(k, std::move(v), n);
              }) {}
 };
@@ -353,6 +353,7 @@ TEST(EmbeddingCacheTest, MatchesNaiveModelOverRandomOperations) {
     std::vector<int> order;
     c.ForEachLruToMru([&](const int& k, const int&, std::int64_t) { order.push_back(k); });
     std::vector<int> model_order;
+    model_order.reserve(model.size());
     for (const auto& e : model) model_order.push_back(e.key);
     EXPECT_EQ(order, model_order);
   }

@@ -20,6 +20,7 @@ using test_util::Name;
 
 std::vector<std::string> Ids(const std::vector<PendingEncodeItem>& batch) {
   std::vector<std::string> out;
+  out.reserve(batch.size());
   for (const auto& it : batch) out.push_back(it.request_id + "/" + std::to_string(it.item_index));
   return out;
 }
@@ -134,7 +135,7 @@ TEST_P(SchedulerOrderTest, SameAddSequenceGivesSameBatches) {
     std::uint64_t st = 7;
     for (int i = 0; i < 500; ++i) {
       st = st * 6364136223846793005ull + 1;
-      s.Add({Name("r", (st >> 40) % 50), static_cast<std::int64_t>((st >> 20) % 4),
+      s.Add({Name("r", static_cast<long long>((st >> 40) % 50)), static_cast<std::int64_t>((st >> 20) % 4),
              static_cast<std::int64_t>((st >> 8) % 200)});
       if (i % 7 == 0) out.push_back(Ids(s.NextBatch()));
     }

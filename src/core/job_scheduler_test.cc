@@ -16,6 +16,7 @@ using ::testing::ElementsAre;
 
 std::vector<JobScheduler::Id> Ids(const std::vector<ScheduledJob>& batch) {
   std::vector<JobScheduler::Id> ids;
+  ids.reserve(batch.size());
   for (const ScheduledJob& j : batch) ids.push_back(j.id);
   return ids;
 }

@@ -93,11 +93,12 @@ TEST(StackDistanceTest, SmallExampleByHand) {
 // distance <= capacity. Positions 16 forces many renumberings.
 TEST(StackDistanceTest, MatchesBruteForceLruOnRandomTracesWithVariableSizes) {
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
-    const std::vector<CacheAccess> trace = ZipfTrace(seed, 60, 1500, 0.6 + 0.1 * seed);
+    const std::vector<CacheAccess> trace = ZipfTrace(seed, 60, 1500, 0.6 + 0.1 * static_cast<double>(seed));
     std::int64_t largest = 0;
     for (const CacheAccess& a : trace) largest = std::max(largest, a.bytes);
     ByteStackDistance s(16);
     std::vector<std::int64_t> d;
+    d.reserve(trace.size());
     for (const CacheAccess& a : trace) d.push_back(s.Access(a.key, a.bytes));
     for (std::int64_t cap : {largest, largest + 1, 2 * largest, 5000L, 12345L, 30000L, 100000L}) {
       const std::vector<bool> hits = BruteForceLruHits(trace, cap);
@@ -140,6 +141,7 @@ TEST(ReuseHistogramTest, CapacityForIsTheSmallestCapacityReachingTheTarget) {
 
 TEST(ReuseHistogramTest, NoRepeatsGiveAFlatCurveAtMissRatioOne) {
   std::vector<CacheAccess> trace;
+  trace.reserve(1000);
   for (int i = 0; i < 1000; ++i) trace.push_back({static_cast<std::uint64_t>(i), 100 + i, 0.01});
   const ReuseHistogram h = ExactReuseHistogram(trace);
   for (double c : LogCapacities(1e3, 1e9, 7)) {

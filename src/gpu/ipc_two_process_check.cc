@@ -31,6 +31,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "epd/gpu/device.h"
@@ -168,7 +169,7 @@ int Spawn(epd::Device& dev, const std::string& kind, std::size_t n, const epd::I
   if (readlink("/proc/self/exe", exe, sizeof(exe) - 1) <= 0) return Fail("exporter", epd::Internal("readlink"));
   pid_t child = 0;
   if (int rc = posix_spawn(&child, exe, nullptr, nullptr, argv.data(), environ); rc != 0) {
-    return Fail("exporter", epd::Internal(std::string("posix_spawn: ") + std::strerror(rc)));
+    return Fail("exporter", epd::Internal(std::string("posix_spawn: ") + std::generic_category().message(rc)));
   }
   int status = 0;
   if (waitpid(child, &status, 0) != child) return Fail("exporter", epd::Internal("waitpid"));

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 namespace epd::internal {
 
@@ -28,7 +29,8 @@ Status ConnectionPark::Start() {
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epfd_ < 0 || wake_ < 0) {
-    return Status(StatusCode::kUnavailable, std::string("HTTP: cannot create the epoll set: ") + std::strerror(errno));
+    return Status(StatusCode::kUnavailable,
+                  std::string("HTTP: cannot create the epoll set: ") + std::generic_category().message(errno));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;

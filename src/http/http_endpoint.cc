@@ -12,6 +12,7 @@
 #include <cctype>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "connection_park.h"
 #include "tls_context.h"
@@ -211,7 +212,7 @@ struct HttpEndpoint::Impl {
     server.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "unknown exception";
       try {
-        std::rethrow_exception(ep);
+        std::rethrow_exception(std::move(ep));
       } catch (const std::exception& e) {
         what = e.what();
       } catch (...) {

@@ -14,7 +14,7 @@
 namespace epd {
 namespace {
 
-constexpr std::size_t kMaxFileBytes = 64 * 1024;
+constexpr std::size_t kMaxFileBytes = std::size_t{64} * 1024;
 
 // One subkey: HMAC-SHA256(secret, label).
 StatusOr<L3Secret> Derive(const L3Secret& secret, std::string_view label) {
@@ -102,6 +102,7 @@ StatusOr<std::shared_ptr<const L3Keyring>> L3Keyring::Parse(std::string_view tex
     const std::vector<std::string_view> w = Words(line);
     if (w.empty()) continue;
     auto bad = [&](const std::string& why) {
+      // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the line that is rejected.
       return InvalidArgument(source + ":" + std::to_string(line_no) + ": " + why);
     };
     if (w[0] != "current" && w[0] != "previous") {

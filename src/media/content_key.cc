@@ -109,7 +109,7 @@ class KeyEncoder {
   }
   void Floats(Tag tag, const std::array<float, 3>& v) {
     std::uint8_t buf[12];
-    for (int i = 0; i < 3; ++i) PutLe(std::bit_cast<std::uint32_t>(v[i]), 4, buf + 4 * i);
+    for (std::size_t i = 0; i < 3; ++i) PutLe(std::bit_cast<std::uint32_t>(v[i]), 4, buf + 4 * i);
     Bytes(tag, buf);
   }
 

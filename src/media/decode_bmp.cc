@@ -85,10 +85,10 @@ StatusOr<BmpHeader> ParseBmpHeader(ByteSpan b) {
     colors = ReadLe32(h + 28);
     if (compression == kBiBitfields) {
       if (header_size >= 56) {
-        for (int i = 0; i < 4; ++i) masks[i] = ReadLe32(h + 36 + 4 * i);
+        for (std::size_t i = 0; i < 4; ++i) masks[i] = ReadLe32(h + 36 + 4 * i);
       } else {
         if (b.size() < at + 12) return Corrupt("BMP", "the bit masks are cut off");
-        for (int i = 0; i < 3; ++i) masks[i] = ReadLe32(&b[at + 4 * i]);
+        for (std::size_t i = 0; i < 3; ++i) masks[i] = ReadLe32(&b[at + 4 * i]);
         at += 12;
       }
     }

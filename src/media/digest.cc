@@ -44,17 +44,17 @@ class Sha256 final : public Digest {
   EVP_MD_CTX* ctx_;
 };
 
-class Xxh3_128 final : public Digest {
+class Xxh3Digest128 final : public Digest {
  public:
-  Xxh3_128() : state_(XXH3_createState()) {
+  Xxh3Digest128() : state_(XXH3_createState()) {
     if (state_ == nullptr || XXH3_128bits_reset(state_) != XXH_OK) {
       XXH3_freeState(state_);
       throw Error(StatusCode::kInternal, "libxxhash: cannot initialise XXH3-128");
     }
   }
-  ~Xxh3_128() override { XXH3_freeState(state_); }
-  Xxh3_128(const Xxh3_128&) = delete;
-  Xxh3_128& operator=(const Xxh3_128&) = delete;
+  ~Xxh3Digest128() override { XXH3_freeState(state_); }
+  Xxh3Digest128(const Xxh3Digest128&) = delete;
+  Xxh3Digest128& operator=(const Xxh3Digest128&) = delete;
 
   void Update(std::span<const std::uint8_t> data) override {
     if (data.empty()) return;
@@ -78,6 +78,6 @@ class Xxh3_128 final : public Digest {
 }  // namespace
 
 std::unique_ptr<Digest> NewSha256() { return std::make_unique<Sha256>(); }
-std::unique_ptr<Digest> NewXxh3_128() { return std::make_unique<Xxh3_128>(); }
+std::unique_ptr<Digest> NewXxh3_128() { return std::make_unique<Xxh3Digest128>(); }
 
 }  // namespace epd::internal

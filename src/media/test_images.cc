@@ -126,7 +126,7 @@ Bytes BuildPng(std::uint32_t width, std::uint32_t height, int bit_depth, int col
   const std::size_t row = height == 0 ? 0 : raw.size() / height;
   for (std::uint32_t y = 0; y < height; ++y) {
     filtered.push_back(0);
-    filtered.insert(filtered.end(), raw.begin() + y * row, raw.begin() + (y + 1) * row);
+    filtered.insert(filtered.end(), raw.data() + y * row, raw.data() + (y + 1) * row);
   }
   uLongf zsize = compressBound(filtered.size());
   Bytes z(zsize);
@@ -234,7 +234,8 @@ Bytes EncodeGif(int screen_w, int screen_h, int left, int top, int width, int he
   }
   ok = ok && EGifPutImageDesc(gif, left, top, width, height, false, nullptr) == GIF_OK;
   Bytes line(indices);
-  for (int y = 0; ok && y < height; ++y) ok = EGifPutLine(gif, line.data() + y * width, width) == GIF_OK;
+  for (int y = 0; ok && y < height; ++y)
+    ok = EGifPutLine(gif, line.data() + static_cast<std::ptrdiff_t>(y) * width, width) == GIF_OK;
   GifFreeMapObject(map);
   if (EGifCloseFile(gif, &error) != GIF_OK || !ok) throw std::runtime_error("giflib encode failed");
   return out;

@@ -270,6 +270,7 @@ StatusOr<PreprocessedImage> PreprocessChunk(const SampledVideo& video, std::int6
     planar.push_back(internal::NormalizeToPlanar(video.frames[index], cfg));
   }
   std::vector<const std::vector<float>*> ptrs;
+  ptrs.reserve(planar.size());
   for (const auto& p : planar) ptrs.push_back(&p);
 
   PreprocessedImage out;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <span>
+#include <system_error>
 
 namespace epd {
 
@@ -33,7 +34,8 @@ StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(const std
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return Status(StatusCode::kNotFound, "safetensors file not found: " + path);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status(StatusCode::kUnavailable, "cannot open " + path + ": " + std::strerror(errno));
+  if (fd < 0)
+    return Status(StatusCode::kUnavailable, "cannot open " + path + ": " + std::generic_category().message(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -48,7 +50,8 @@ StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(const std
   }
   void* mapped = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);  // the mapping keeps the file open
-  if (mapped == MAP_FAILED) return Status(StatusCode::kUnavailable, "cannot map " + path + ": " + std::strerror(errno));
+  if (mapped == MAP_FAILED)
+    return Status(StatusCode::kUnavailable, "cannot map " + path + ": " + std::generic_category().message(errno));
 
   // From here on the object owns the mapping, so every early return unmaps it.
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());

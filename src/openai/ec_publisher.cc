@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <unordered_map>
 #include <vector>
 
@@ -24,8 +25,8 @@ constexpr char kFile[] = "encoder_cache.safetensors";
 constexpr char kTempPrefix[] = ".encoder_cache.safetensors.tmp-";
 
 Status WriteFailed(const std::string& path, int err) {
-  return Status(StatusCode::kInternal,
-                "ec_dir_write_failed: cannot write " + path + ": " + std::strerror(err) + " (--ec-dir)");
+  return Status(StatusCode::kInternal, "ec_dir_write_failed: cannot write " + path + ": " +
+                                           std::generic_category().message(err) + " (--ec-dir)");
 }
 
 // main rows, each followed by its deepstack row (levels in order).
@@ -112,7 +113,8 @@ struct EcPublisher::Impl {
   Status Scan() {
     DIR* d = opendir(o.dir.c_str());
     if (d == nullptr)
-      return Status(StatusCode::kInternal, "cannot read --ec-dir " + o.dir + ": " + std::strerror(errno));
+      return Status(StatusCode::kInternal,
+                    "cannot read --ec-dir " + o.dir + ": " + std::generic_category().message(errno));
     const auto now = Now();
     std::lock_guard<std::mutex> lock(mu);
     while (dirent* ent = readdir(d)) {
@@ -172,7 +174,8 @@ StatusOr<std::unique_ptr<EcPublisher>> EcPublisher::Open(EcPublisherOptions opti
   }
   while (options.dir.size() > 1 && options.dir.back() == '/') options.dir.pop_back();
   if (mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Status(StatusCode::kInternal, "cannot create --ec-dir " + options.dir + ": " + std::strerror(errno));
+    return Status(StatusCode::kInternal,
+                  "cannot create --ec-dir " + options.dir + ": " + std::generic_category().message(errno));
   }
   auto impl = std::make_unique<Impl>();
   impl->o = std::move(options);

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <utility>
 
 namespace epd {
@@ -281,7 +282,7 @@ Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
+    const std::string why = std::generic_category().message(errno);
     std::remove(tmp.c_str());
     return Status(StatusCode::kUnavailable, "cannot rename " + tmp + " to " + path + ": " + why);
   }

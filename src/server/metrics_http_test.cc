@@ -90,6 +90,7 @@ TEST(MetricsHttpTest, ManySilentConnectionsDoNotBlockAScrape) {
   ServerMetrics m(Fixed);
   ASSERT_TRUE(m.Serve(On(std::chrono::minutes(10))).ok());
   std::vector<int> silent;
+  silent.reserve(8);
   for (int i = 0; i < 8; ++i) silent.push_back(Connect(m.port()));
   EXPECT_NE(Scrape(m.port()).find("epd_cache_misses_total 7\n"), std::string::npos);
   for (int fd : silent) close(fd);
@@ -105,6 +106,7 @@ TEST(MetricsHttpTest, TwoHundredIdleConnectionsDoNotBlockAScrape) {
   ServerMetrics m(Fixed);
   ASSERT_TRUE(m.Serve(On(std::chrono::minutes(10))).ok());
   std::vector<int> idle;
+  idle.reserve(240);
   for (int i = 0; i < 200; ++i) idle.push_back(Connect(m.port()));
   for (int i = 0; i < 40; ++i) {
     const int fd = Connect(m.port());

@@ -17,13 +17,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 #include <vector>
 
 namespace epd::internal {
 namespace {
 
 Status Errno(const std::string& what) {
-  return Status(StatusCode::kUnavailable, what + " failed: " + std::strerror(errno));
+  return Status(StatusCode::kUnavailable, what + " failed: " + std::generic_category().message(errno));
 }
 
 std::uint64_t RoundUp(std::uint64_t n) {

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -25,7 +26,7 @@ StatusOr<std::string> RandomId() {
     if (n < 0) {
       if (errno == EINTR) continue;
       return Status(StatusCode::kUnavailable,
-                    std::string("getrandom for a session id failed: ") + std::strerror(errno));
+                    std::string("getrandom for a session id failed: ") + std::generic_category().message(errno));
     }
     got += static_cast<std::size_t>(n);
   }

@@ -32,6 +32,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace epd::test_util {
@@ -47,7 +48,7 @@ inline pid_t SpawnDyingWithParent(std::vector<std::string> argv) {
   args.push_back(nullptr);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::generic_category().message(errno));
   if (pid == 0) {
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) std::_Exit(126);
     if (::getppid() != parent) ::raise(SIGKILL);  // the parent is already gone

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <system_error>
 
 #include "fake_device.h"
 
@@ -34,7 +35,7 @@ std::string MemfdName(std::uint64_t id) {
   return name;
 }
 Status Errno(StatusCode code, const std::string& what) {
-  return Status(code, what + " failed: " + std::strerror(errno));
+  return Status(code, what + " failed: " + std::generic_category().message(errno));
 }
 
 class FakeIpcExport final : public IpcExport {

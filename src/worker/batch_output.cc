@@ -95,8 +95,8 @@ StatusOr<EmbeddingPtr> BatchOutputReader::Next(const GridTHW& grid, std::int64_t
   auto m = std::make_shared<Embedding>();
   static_cast<EmbeddingShape&>(*m) = item;
   m->grid = grid;
-  m->main.assign(o.main.begin() + main_off, o.main.begin() + main_off + main_bytes);
-  m->deepstack.assign(o.deepstack.begin() + deep_off, o.deepstack.begin() + deep_off + deep_bytes);
+  m->main.assign(o.main.data() + main_off, o.main.data() + main_off + main_bytes);
+  m->deepstack.assign(o.deepstack.data() + deep_off, o.deepstack.data() + deep_off + deep_bytes);
   return EmbeddingPtr(std::move(m));
 }
 

@@ -15,7 +15,6 @@ using testing::Expected;
 using testing::ExpectSameEmbedding;
 using testing::FakeTower;
 using testing::FakeTowerOptions;
-using testing::FakeTowerState;
 using testing::Png;
 using testing::Request;
 

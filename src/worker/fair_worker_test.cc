@@ -12,8 +12,6 @@ namespace epd {
 namespace {
 
 using testing::Collector;
-using testing::FakeTower;
-using testing::FakeTowerState;
 using testing::Png;
 using testing::Request;
 
@@ -53,6 +51,7 @@ class FairWorkerTest : public ::testing::TestWithParam<int>, protected testing::
   std::vector<std::vector<GridTHW>> HeavyThenLight(ScheduleOrder order) {
     auto w = Make(order);
     std::vector<std::string> heavy;
+    heavy.reserve(6);
     for (int i = 0; i < 6; ++i) heavy.push_back(Png(112, 112, 10 + i));
     EXPECT_TRUE(w->Submit(Tenant("10.0.0.1", "h", heavy), c_.For("h")).ok());
     OneBatch(*w);
@@ -92,7 +91,7 @@ TEST_P(FairWorkerTest, DecodedPixelsWeighTheShareNotOnlyTokens) {
   // "big" queues three 224x224, then "small" three 112x84. By share the tags
   // are big 80, 160, 240 and small 24, 48, 72: s s | s b | b b. By tokens
   // alone they would be big 16, 32, 48 and small 12, 24, 36: s b | s b | s b.
-  preprocess_.max_pixels = 112 * 112;
+  preprocess_.max_pixels = std::int64_t{112} * 112;
   auto w = Make(ScheduleOrder::kFair);
   const std::vector<std::string> big = {Png(224, 224, 1), Png(224, 224, 2), Png(224, 224, 3)};
   ASSERT_TRUE(w->Submit(Tenant("big", "b", big), c_.For("b")).ok());

@@ -10,7 +10,7 @@ constexpr std::int64_t kPatchDim = 1176;
 float TokenSum(const float* patches, std::int64_t token) {
   float s = 0;
   for (std::int64_t r = 4 * token; r < 4 * token + 4; ++r) {
-    for (int k = 0; k < 8; ++k) s += patches[r * kPatchDim + k * 147];
+    for (std::int64_t k = 0; k < 8; ++k) s += patches[r * kPatchDim + k * 147];
   }
   return s;
 }

@@ -23,7 +23,8 @@ EmbeddingPtr MakeEmbedding(std::int64_t tokens, std::int64_t hidden, std::int64_
   e->dtype = dtype;
   const std::size_t main = static_cast<std::size_t>(tokens * hidden) * DTypeSize(dtype);
   for (std::size_t i = 0; i < main; ++i) e->main.push_back(static_cast<std::byte>(seed + i));
-  for (std::size_t i = 0; i < main * layers; ++i) e->deepstack.push_back(static_cast<std::byte>(seed * 3 + i));
+  for (std::size_t i = 0; i < main * layers; ++i)
+    e->deepstack.push_back(static_cast<std::byte>(static_cast<std::size_t>(seed) * 3 + i));
   return e;
 }
 

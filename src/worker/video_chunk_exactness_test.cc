@@ -95,16 +95,17 @@ TEST_P(VideoChunkExactnessTest, VideoEqualsItsChunksAndLongerClipReusesThem) {
   // A 5-chunk stream; the short clip is its first 3 chunks.
   const int f = static_cast<int>(cfg.factor());
   const std::vector<RgbImage> stream =
-      RandomFrames(5 * cfg.temporal_patch_size, c.rows_blocks * f, c.cols_blocks * f, 11);
+      RandomFrames(std::int64_t{5} * cfg.temporal_patch_size, c.rows_blocks * f, c.cols_blocks * f, 11);
   const SampledVideo long_clip = Video(stream, cfg);
-  const SampledVideo short_clip = Video({stream.begin(), stream.begin() + 3 * cfg.temporal_patch_size}, cfg);
+  const SampledVideo short_clip =
+      Video({stream.begin(), stream.begin() + std::ptrdiff_t{3} * cfg.temporal_patch_size}, cfg);
 
   WorkerOptions o;
   o.model_id = (*ckpt)->model_id();
   o.preprocess = cfg;
   o.decode_threads = 0;
   o.decode_video = [&](std::span<const std::uint8_t> b, const VideoSampling&, const PreprocessConfig&,
-                       const VideoLimits&, std::stop_token) -> StatusOr<SampledVideo> {
+                       const VideoLimits&, const std::stop_token&) -> StatusOr<SampledVideo> {
     return std::string(b.begin(), b.end()) == "short" ? short_clip : long_clip;
   };
   auto worker = EncodeWorker::Create(o, std::move(*worker_tower));

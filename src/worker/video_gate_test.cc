@@ -47,7 +47,7 @@ class HeldDecoder {
  public:
   VideoDecodeFn Fn() {
     return [this](std::span<const std::uint8_t> bytes, const VideoSampling&, const PreprocessConfig& cfg,
-                  const VideoLimits&, std::stop_token stop) { return Decode(bytes, cfg, std::move(stop)); };
+                  const VideoLimits&, const std::stop_token& stop) { return Decode(bytes, cfg, stop); };
   }
   void Release() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -72,7 +72,7 @@ class HeldDecoder {
 
  private:
   StatusOr<SampledVideo> Decode(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
-                                std::stop_token stop) {
+                                const std::stop_token& stop) {
     std::string s(bytes.begin(), bytes.end());
     if (s.rfind("hold:", 0) == 0) {
       s = s.substr(5);
@@ -129,7 +129,7 @@ TEST_F(VideoGateTest, HitBehindAVideoWhoseDecodeTakes500MsCompletesInUnder50Ms) 
   WorkerOptions o = Options();
   std::atomic<int> decodes{0};
   o.decode_video = [&decodes](std::span<const std::uint8_t> b, const VideoSampling&, const PreprocessConfig& cfg,
-                              const VideoLimits&, std::stop_token) {
+                              const VideoLimits&, const std::stop_token&) {
     std::this_thread::sleep_for(500ms);
     return FakeDecode(b, cfg, &decodes);
   };

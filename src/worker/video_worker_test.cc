@@ -18,12 +18,9 @@ namespace epd {
 namespace {
 
 using testing::Clip;
-using testing::Collector;
 using testing::Expected;
 using testing::FakeDecode;
-using testing::FakeTower;
 using testing::FakeTowerOptions;
-using testing::FakeTowerState;
 using testing::kChunkTokens;
 using testing::Png;
 using testing::Req;
@@ -35,7 +32,7 @@ class VideoWorkerTest : public ::testing::TestWithParam<int>, protected testing:
   WorkerOptions Options() {
     WorkerOptions o = WorkerRig::Options(GetParam());
     o.decode_video = [this](std::span<const std::uint8_t> b, const VideoSampling&, const PreprocessConfig& cfg,
-                            const VideoLimits&, std::stop_token) { return FakeDecode(b, cfg, &decodes_); };
+                            const VideoLimits&, const std::stop_token&) { return FakeDecode(b, cfg, &decodes_); };
     return o;
   }
   std::unique_ptr<EncodeWorker> Make() { return Make(Options()); }
@@ -267,8 +264,8 @@ TEST_P(VideoWorkerTest, ContainerWithoutDecoderFailsAndFrameListsWork) {
   WorkerOptions o = Options();
   o.decode_video = nullptr;
   // Sampling that keeps 56x56 frames at 56x56 (smart_resize within bounds).
-  o.video_sampling.min_pixels = 28 * 28;
-  o.video_sampling.max_pixels = 56 * 56;
+  o.video_sampling.min_pixels = std::int64_t{28} * 28;
+  o.video_sampling.max_pixels = std::int64_t{56} * 56;
   auto w = Make(o);
   ASSERT_TRUE(w->Submit(Req("c", {VideoItem(Clip(0, 2))}), c_.For("c")).ok());
   EXPECT_EQ(Item("c").status.code(), StatusCode::kFailedPrecondition);
@@ -348,7 +345,7 @@ TEST_P(VideoWorkerTest, VideoWithMoreNewChunksThanTheQueueHoldsIsInvalidAndCache
 TEST_P(VideoWorkerTest, ChunksCarryAShareOfTheDecodeAndTheWholeVideoTheirSum) {
   WorkerOptions o = Options();
   o.decode_video = [this](std::span<const std::uint8_t> b, const VideoSampling&, const PreprocessConfig& cfg,
-                          const VideoLimits&, std::stop_token) {
+                          const VideoLimits&, const std::stop_token&) {
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     return FakeDecode(b, cfg, &decodes_);
   };

@@ -216,7 +216,7 @@ TEST(CheckAdoptedValue, FindsNonFiniteHalfPrecisionElements) {
   Embedding e = Value(img, {.dtype = DType::kBFloat16});
   ASSERT_TRUE(CheckAdoptedValue(e, {4, GridTHW{1, 4, 4}}, tower, 2).ok());
   const std::uint16_t bf16_nan = 0x7fc0;  // sign 0, exponent all ones, mantissa non-zero
-  std::memcpy(e.main.data() + 2 * 7, &bf16_nan, 2);
+  std::memcpy(e.main.data() + 7 * sizeof(bf16_nan), &bf16_nan, sizeof(bf16_nan));  // element 7
   EXPECT_FALSE(CheckAdoptedValue(e, {4, GridTHW{1, 4, 4}}, tower, 2).ok());
 }
 

@@ -42,7 +42,7 @@ using testing::Request;
 
 // Png(56, 56, seed): grid 1x4x4, 4 tokens; hidden 8, 2 deepstack layers,
 // float32: 4 * 8 * 3 * 4 = 384 bytes per embedding.
-constexpr std::int64_t kEntryBytes = 4 * 8 * 3 * 4;
+constexpr std::int64_t kEntryBytes = std::int64_t{4} * 8 * 3 * 4;
 // The FakeDevice's arenas round every block up to 256 bytes: one entry
 // takes 512 bytes of "VRAM" or pinned pool.
 constexpr std::size_t kEntryBlock = 512;
@@ -322,6 +322,7 @@ TEST_F(WorkerDeviceTierTest, ManyImagesThroughATinyVramStayExact) {
   FakeDevice& dev = Dev({.completion = FakeCompletion::kBackground, .background_chunk_bytes = 96});
   auto w = Make(dev, 2 * kEntryBytes, 3 * kEntryBytes);
   std::vector<std::string> images;
+  images.reserve(6);
   for (int i = 0; i < 6; ++i) images.push_back(Png(56, 56, 10 + i));
   // Cycles through 6 images with room for 5 in the tiers: every step demotes,
   // some promote, some fall out of L2 and run the tower again.
@@ -565,6 +566,7 @@ TEST_F(WorkerDeviceTierTest, FailingAdoptHooksFailOnlyTheirOwnItems) {
     };
   });
   std::vector<std::string> media;
+  media.reserve(6);
   for (int i = 0; i < 6; ++i) media.push_back(Png(56, 56, 20 + i));
   ASSERT_TRUE(w->Submit(Request("r1", media), c_.For("r1")).ok());
   while (w->HasQueuedWork()) w->Step();
@@ -709,6 +711,7 @@ TEST_F(WorkerDeviceTierTest, ConcurrentToHostWhileTheWorkerDemotesAndPromotesThe
   std::atomic<bool> stop{false};
   std::atomic<int> reads{0}, bad{0};
   std::vector<std::thread> readers;
+  readers.reserve(4);
   for (int t = 0; t < 4; ++t) {
     readers.emplace_back([&] {
       while (!stop.load() || reads.load() < 40) {
@@ -733,11 +736,13 @@ TEST_F(WorkerDeviceTierTest, ConcurrentToHostWhileTheWorkerDemotesAndPromotesThe
 TEST_F(WorkerDeviceTierTest, WorkerLoopDeliversExactBytesAndReturnsAllMemory) {
   FakeDevice& dev = Dev({.completion = FakeCompletion::kBackground, .background_chunk_bytes = 128});
   std::vector<std::string> images;
+  images.reserve(5);
   for (int i = 0; i < 5; ++i) images.push_back(Png(56, 56, 40 + i));
   WorkerStats s;
   {
     WorkerLoop loop(Make(dev, 2 * kEntryBytes, 2 * kEntryBytes));
     std::vector<std::future<RequestResult>> futures;
+    futures.reserve(30);
     for (int i = 0; i < 30; ++i) {
       // Two items per request, sometimes the same image twice (a join or a hit).
       futures.push_back(loop.Submit(Request(

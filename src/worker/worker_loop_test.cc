@@ -14,7 +14,6 @@ namespace {
 using testing::Expected;
 using testing::ExpectSameEmbedding;
 using testing::FakeTower;
-using testing::FakeTowerState;
 using testing::Png;
 using testing::Request;
 
@@ -36,14 +35,17 @@ TEST(WorkerLoopTest, ConcurrentSubmitsFromSeveralThreadsAllComplete) {
   constexpr int kThreads = 4;
   constexpr int kPerThread = 15;
   std::vector<std::string> images;
+  images.reserve(5);
   for (int i = 0; i < 5; ++i) images.push_back(Png(56, 56, 100 + i));
   std::vector<Embedding> want;
+  want.reserve(images.size());
   for (const std::string& m : images) want.push_back(Expected(m));
 
   WorkerLoop loop(MakeWorker());
   std::atomic<int> items_seen{0};
   std::vector<std::vector<std::future<RequestResult>>> futures(kThreads);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kPerThread; ++i) {
@@ -113,6 +115,7 @@ TEST(WorkerLoopTest, ShutdownFailsWhatItCannotFinishAndRefusesNewWork) {
 TEST(WorkerLoopTest, ShutdownFinishesQueuedWorkWithinTheGrace) {
   WorkerLoop loop(MakeWorker());
   std::vector<std::future<RequestResult>> fs;
+  fs.reserve(6);
   for (int i = 0; i < 6; ++i) fs.push_back(loop.Submit(Request(RequestId(0, i), {Png(56, 56, i)})));
   loop.Shutdown(std::chrono::seconds(60));
   for (auto& f : fs) EXPECT_TRUE(f.get().all_ok());

@@ -37,6 +37,7 @@ struct ContentKey {
   std::string Hex() const;
 
   friend bool operator==(const ContentKey&, const ContentKey&) = default;
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 flags the 0 the compiler synthesizes for a defaulted <=>.
   friend auto operator<=>(const ContentKey&, const ContentKey&) = default;
 };
 

@@ -89,6 +89,7 @@ struct ByKeyRank {
   std::uint64_t submission = 0;
   std::int64_t item = 0;
   std::int64_t part = 0;
+  // NOLINTNEXTLINE(modernize-use-nullptr): clang-tidy 14 flags the 0 the compiler synthesizes for a defaulted <=>.
   friend auto operator<=>(const ByKeyRank&, const ByKeyRank&) = default;
   friend bool operator==(const ByKeyRank&, const ByKeyRank&) = default;
 };

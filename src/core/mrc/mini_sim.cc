@@ -85,7 +85,8 @@ SimResult Replay(const std::vector<Sampled>& sampled, const Weights& total, doub
   EmbeddingCache<std::uint64_t, char, IdentityHash> cache(scaled, CacheOptions{policy.eviction});
   std::vector<AdmissionFilter> filter;
   if (policy.doorkeeper) {
-    const auto window = static_cast<std::uint64_t>(std::max(1.0, std::round(options.doorkeeper_window * rate)));
+    const auto window =
+        static_cast<std::uint64_t>(std::max(1.0, std::round(static_cast<double>(options.doorkeeper_window) * rate)));
     filter.emplace_back(AdmissionFilterOptions{window});
   }
   Weights head_total, head_hits, tail_total, tail_hits;

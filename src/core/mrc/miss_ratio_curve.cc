@@ -166,6 +166,7 @@ MissRatioCurve EvaluateCurve(const ReuseHistogram& h, std::span<const double> ca
 std::vector<double> LogCapacities(double lo, double hi, int n) {
   std::vector<double> out;
   if (n <= 1 || !(lo > 0) || !(hi > lo)) return {lo};
+  out.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) out.push_back(lo * std::pow(hi / lo, static_cast<double>(i) / (n - 1)));
   return out;
 }
