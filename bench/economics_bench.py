@@ -239,6 +239,18 @@ def render_body(d: dict) -> str:
     return "\n".join(L) + "\n"
 
 
+def load_or_measure(path: str, render_only: bool, measure_fn) -> dict:
+    """The results at `path` (--render-only), or measure_fn()'s, written there first."""
+    if render_only:
+        with open(path) as f:
+            return json.load(f)
+    d = measure_fn()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(d, f, indent=1)
+    return d
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -246,13 +258,7 @@ def main() -> int:
     ap.add_argument("--skip-plan", action="store_true")
     args = ap.parse_args()
     path = os.path.join(args.build, "bench-results", "economics.json")
-    if args.render_only:
-        with open(path) as f:
-            d = json.load(f)
-    else:
-        d = measure(args.build, args.skip_plan)
-        with open(path, "w") as f:
-            json.dump(d, f, indent=1)
+    d = load_or_measure(path, args.render_only, lambda: measure(args.build, args.skip_plan))
     with open(os.path.join(ROOT, "docs", "BENCHMARKS-economics.json"), "w") as f:
         json.dump({k: v for k, v in d.items() if k != "plan"} | {"plan": {k: v for k, v in d["plan"].items() if k not in ("sampled", "exact")} | {"sampled": d["plan"]["sampled"]}}, f, indent=1)
     with open(os.path.join(ROOT, "docs", "BENCHMARKS-economics.md"), "w") as f:

@@ -63,14 +63,7 @@ def main() -> int:
     ap.add_argument("--render-only", action="store_true")
     args = ap.parse_args()
     path = os.path.join(args.build, "bench-results", "plan.json")
-    if args.render_only:
-        with open(path) as f:
-            d = json.load(f)
-    else:
-        d = measure(args.build)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(d, f, indent=1)
+    d = eb.load_or_measure(path, args.render_only, lambda: measure(args.build))
     p = d["plan"]
     print(f"measured {d['date']}, load average {' '.join(d['loadavg_before'])} before, "
           f"{' '.join(d['loadavg_after'])} after; sampled {p['cpu_s']:.1f} s CPU ({p['wall_s']:.1f} s wall, "
