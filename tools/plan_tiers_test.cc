@@ -89,6 +89,17 @@ struct Case {
   EvictionPolicy eviction;
   L1Admission admission;
   double l1, l2, l3;  // shares of the working set
+
+  // The case's policy with a doorkeeper window of `window` requests.
+  PlanOptions Options(std::uint64_t window) const {
+    PlanOptions o;
+    o.eviction = eviction;
+    o.l1_admission = admission;
+    o.doorkeeper_window = window;
+    return o;
+  }
+  // The case's tier sizes over a working set of `ws` bytes.
+  TierSizes Sizes(double ws) const { return TierSizes{l1 * ws, l2 * ws, l3 * ws}; }
 };
 
 class PlanTiersTest : public ::testing::TestWithParam<Case> {};
@@ -97,12 +108,8 @@ class PlanTiersTest : public ::testing::TestWithParam<Case> {};
 TEST_P(PlanTiersTest, FullRateEqualsTheReplay) {
   const Case c = GetParam();
   const std::vector<CacheAccess> trace = Workload(11, 20000, 100000, 0.9);
-  const double ws = WorkingSet(trace);
-  const TierSizes sizes{c.l1 * ws, c.l2 * ws, c.l3 * ws};
-  PlanOptions o;
-  o.eviction = c.eviction;
-  o.l1_admission = c.admission;
-  o.doorkeeper_window = 4096;
+  const TierSizes sizes = c.Sizes(WorkingSet(trace));
+  const PlanOptions o = c.Options(4096);
   const Replayed want = Oracle(trace, sizes, o);
   const Replayed got = Predicted(SimulateTiers(SampleTrace(trace, 1.0, {}), sizes, o));
   EXPECT_NEAR(got.l1, want.l1, 1e-12);
@@ -119,12 +126,8 @@ TEST_P(PlanTiersTest, SampledPredictionIsWithinTwoPointsOfTheReplay) {
   const Case c = GetParam();
   for (unsigned seed : {21u, 22u, 23u}) {
     const std::vector<CacheAccess> trace = Workload(seed, 100000, 600000, 0.9);
-    const double ws = WorkingSet(trace);
-    const TierSizes sizes{c.l1 * ws, c.l2 * ws, c.l3 * ws};
-    PlanOptions o;
-    o.eviction = c.eviction;
-    o.l1_admission = c.admission;
-    o.doorkeeper_window = 65536;
+    const TierSizes sizes = c.Sizes(WorkingSet(trace));
+    const PlanOptions o = c.Options(65536);
     const Replayed want = Oracle(trace, sizes, o);
     const TierSample sample = SampleTrace(trace, 0.1, HeavyHitters(trace, 2048));
     EXPECT_LT(sample.accesses.size(), trace.size() / 2);
