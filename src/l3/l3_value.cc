@@ -131,8 +131,7 @@ Status CheckHeader(std::string_view value, std::size_t header_bytes, const Conte
     return Corrupt("shape out of range (tokens " + std::to_string(e.tokens) + ", hidden " + std::to_string(e.hidden) +
                    ", deepstack layers " + std::to_string(e.deepstack_layers) + ")");
   }
-  const std::string grid =
-      "grid (" + std::to_string(e.grid.t) + ", " + std::to_string(e.grid.h) + ", " + std::to_string(e.grid.w) + ")";
+  const std::string grid = "grid " + e.grid.ToString();
   if (e.grid.t <= 0 || e.grid.h <= 0 || e.grid.w <= 0) return Corrupt("degenerate " + grid);
   // 128-bit products: each side is below 2^63, merge below 2^7.
   const __int128 patches = static_cast<__int128>(e.grid.t) * e.grid.h * e.grid.w;

@@ -92,12 +92,10 @@ inline Status ValidateTowerItems(std::span<const TowerItem> items, std::int64_t 
                              std::to_string(patch_dim));
     }
     if (g.t < 1 || g.h < 1 || g.w < 1 || g.t > kMaxGridSide || g.h > kMaxGridSide || g.w > kMaxGridSide) {
-      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
-                             std::to_string(g.w) + ") must have t, h, w in [1, 2^20]");
+      return InvalidArgument(where + "grid " + g.ToString() + " must have t, h, w in [1, 2^20]");
     }
     if (g.h % m != 0 || g.w % m != 0) {
-      return InvalidArgument(where + "grid (" + std::to_string(g.t) + ", " + std::to_string(g.h) + ", " +
-                             std::to_string(g.w) + "): h and w must be multiples of " + "merge_size " +
+      return InvalidArgument(where + "grid " + g.ToString() + ": h and w must be multiples of " + "merge_size " +
                              std::to_string(m));
     }
     *patches += g.patches();
