@@ -88,7 +88,7 @@ void RunTasks(std::vector<std::function<void()>>& tasks, unsigned threads) {
   std::atomic<std::size_t> next{0};
   std::vector<std::exception_ptr> failed(tasks.size());
   auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < tasks.size();) {
+    for (std::size_t i = next++; i < tasks.size(); i = next++) {
       try {
         tasks[i]();
       } catch (...) {
@@ -152,7 +152,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     r.distinct_keys = sizes.size();
     r.working_set_bytes = sizes.SumBytes();
   }
-  const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max<double>(1, r.distinct_keys);
+  const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max(1.0, static_cast<double>(r.distinct_keys));
   const double lo = std::max({r.largest_entry, 8 * mean, r.working_set_bytes / 1e4, 1.0});
   const double hi = std::max(lo * 2, r.working_set_bytes * 1.25);
   const std::vector<double> caps = LogCapacities(lo, hi, o.points);
@@ -188,7 +188,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     lru = s.histogram();
     r.shards_rate = s.rate();
     r.shards_head = s.head_keys();
-    r.sampled_fraction = static_cast<double>(s.sampled_accesses()) / std::max<double>(1, trace.size());
+    r.sampled_fraction = static_cast<double>(s.sampled_accesses()) / std::max(1.0, static_cast<double>(trace.size()));
     r.sampler_bytes = s.memory_bytes();
     r.curves[0] =
         EvaluateCurve(*lru, caps, fmt::format("lru (shards {:g}% + {} head keys)", 100 * o.shards_rate, head.size()));
@@ -275,7 +275,8 @@ std::string PlanText(const PlanResult& r) {
                    r.max_hit_ratio.objects, r.max_hit_ratio.bytes, r.max_hit_ratio.seconds);
   if (!r.exact) {
     o += fmt::format("  sampler: tail rate {:.3g}%, {} head keys, {:.1f}% of accesses tracked, {:.1f} MB\n",
-                     100 * r.shards_rate, r.shards_head, 100 * r.sampled_fraction, r.sampler_bytes / 1e6);
+                     100 * r.shards_rate, r.shards_head, 100 * r.sampled_fraction,
+                     static_cast<double>(r.sampler_bytes) / 1e6);
   }
   o += "\nmiss ratio curves (miss ratio by objects / bytes / encode seconds):\n";
   o += fmt::format("  {:>12}", "capacity");
