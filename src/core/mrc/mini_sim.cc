@@ -103,7 +103,9 @@ SimResult Replay(const std::vector<Sampled>& sampled, const Weights& total, doub
     }
     const std::int64_t charge = is_head ? std::llround(static_cast<double>(a.bytes) * rate) : a.bytes;
     if (requests < 2 || charge > scaled) continue;
-    cache.Put(a.key, 0, charge, {a.seconds});
+    // A head key's cost is scaled with its charge, so that GDSF ranks it by
+    // the same cost per byte as at full scale.
+    cache.Put(a.key, 0, charge, {is_head ? a.seconds * rate : a.seconds});
     out.write_bytes += charge;
   }
   auto scale = [](double truth, double sampled) { return sampled > 0 ? truth / sampled : 0.0; };
