@@ -1,16 +1,22 @@
 // The plan's phases, in order: a pass over the trace for its keys and
-// working set; the LRU curve (exact, or SHARDS with a Misra-Gries head); the
-// MiniSim curves; the sizing rows; a replay per row. Each phase reports
-// through options.progress.
+// working set; the LRU curve (exact, or SHARDS with a Misra-Gries head) and
+// the MiniSim curves, side by side; the sizing rows; a miniature of the
+// tiers and (with options.replay) a replay per row, side by side. Each phase
+// reports through options.progress.
 #include "plan.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "epd/core/mini_sim.h"
 #include "epd/core/shards.h"
@@ -75,6 +81,30 @@ std::string Gb(double bytes) {
   return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
+// Runs every task, at most `threads` at once (this thread is one of them),
+// and returns when all are done; the first exception a task threw is
+// rethrown here, after the others finished.
+void RunTasks(std::vector<std::function<void()>>& tasks, unsigned threads) {
+  std::atomic<std::size_t> next{0};
+  std::vector<std::exception_ptr> failed(tasks.size());
+  auto work = [&] {
+    for (std::size_t i = next++; i < tasks.size(); i = next++) {
+      try {
+        tasks[i]();
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < std::min<std::size_t>(threads, tasks.size()); ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : failed) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
 nlohmann::json WeightsJson(const Weights& w) {
   return {{"objects", w.objects}, {"bytes", w.bytes}, {"seconds", w.seconds}};
 }
@@ -101,9 +131,12 @@ TierHits ReplayTiers(std::span<const CacheAccess> trace, double l1, double l2, d
 }
 
 PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
-  auto progress = [&o](const char* phase, std::size_t done, std::size_t total) {
+  std::mutex progress_mu;  // the tasks report from their threads
+  auto progress = [&o, &progress_mu](const char* phase, std::size_t done, std::size_t total) {
+    const std::lock_guard<std::mutex> lock(progress_mu);
     if (o.progress) o.progress(phase, done, total);
   };
+  const unsigned threads = o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   PlanResult r;
   r.requests = trace.size();
   const Clock::time_point t0 = Clock::now();
@@ -119,20 +152,34 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     r.distinct_keys = sizes.size();
     r.working_set_bytes = sizes.SumBytes();
   }
-  const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max<double>(1, r.distinct_keys);
+  const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max(1.0, static_cast<double>(r.distinct_keys));
   const double lo = std::max({r.largest_entry, 8 * mean, r.working_set_bytes / 1e4, 1.0});
   const double hi = std::max(lo * 2, r.working_set_bytes * 1.25);
   const std::vector<double> caps = LogCapacities(lo, hi, o.points);
 
-  // LRU: exact or SHARDS.
-  std::vector<std::uint64_t> head;
+  // The head (SHARDS and MiniSim keep it at rate 1), then the three curves
+  // as three tasks: LRU (exact or SHARDS), GDSF and GDSF + doorkeeper
+  // (MiniSim; the whole trace when it is small).
   r.exact = trace.size() <= o.exact_max;
+  MiniSimOptions m;
+  m.rate = trace.size() <= 200'000 ? 1.0 : o.minisim_rate;
+  m.doorkeeper_window = o.doorkeeper_window;
+  const std::vector<std::uint64_t> head =
+      !r.exact || m.rate < 1 ? HeavyHitters(trace, o.shards_head) : std::vector<std::uint64_t>{};
+  if (m.rate < 1) {
+    m.exact_keys.assign(head.begin(),
+                        head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
+  }
   std::optional<ReuseHistogram> lru;
-  if (r.exact) {
-    progress("lru (exact)", 0, 1);
-    lru = ExactReuseHistogram(trace);
-  } else {
-    head = HeavyHitters(trace, o.shards_head);
+  r.curves.resize(3);
+  std::vector<std::function<void()>> curve_tasks;
+  curve_tasks.emplace_back([&] {
+    if (r.exact) {
+      progress("lru (exact)", 0, 1);
+      lru = ExactReuseHistogram(trace);
+      r.curves[0] = EvaluateCurve(*lru, caps, "lru (exact)");
+      return;
+    }
     ShardsSampler s({o.shards_rate, o.shards_max_keys, head});
     for (std::size_t i = 0; i < trace.size(); ++i) {
       s.Access(trace[i]);
@@ -141,30 +188,22 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     lru = s.histogram();
     r.shards_rate = s.rate();
     r.shards_head = s.head_keys();
-    r.sampled_fraction = static_cast<double>(s.sampled_accesses()) / std::max<double>(1, trace.size());
+    r.sampled_fraction = static_cast<double>(s.sampled_accesses()) / std::max(1.0, static_cast<double>(trace.size()));
     r.sampler_bytes = s.memory_bytes();
-  }
-  r.max_hit_ratio = lru->MaxHitRatio();
-  r.curves.push_back(EvaluateCurve(
-      *lru, caps,
-      r.exact ? "lru (exact)" : fmt::format("lru (shards {:g}% + {} head keys)", 100 * o.shards_rate, head.size())));
-
-  // GDSF and GDSF + doorkeeper by MiniSim; the whole trace when it is small.
-  MiniSimOptions m;
-  m.rate = trace.size() <= 200'000 ? 1.0 : o.minisim_rate;
-  m.doorkeeper_window = o.doorkeeper_window;
-  if (m.rate < 1) {
-    if (head.empty()) head = HeavyHitters(trace, o.shards_head);
-    m.exact_keys.assign(head.begin(),
-                        head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
-  }
+    r.curves[0] =
+        EvaluateCurve(*lru, caps, fmt::format("lru (shards {:g}% + {} head keys)", 100 * o.shards_rate, head.size()));
+  });
   for (bool dk : {false, true}) {
-    const SimPolicy p{EvictionPolicy::kGdsf, dk};
-    progress(dk ? "gdsf+doorkeeper" : "gdsf", 0, 1);
-    MissRatioCurve c = SimulateCurve(trace, p, caps, m);
-    c.label = p.Name() + (m.rate >= 1 ? " (simulated)" : fmt::format(" (minisim {:g}%)", 100 * m.rate));
-    r.curves.push_back(std::move(c));
+    curve_tasks.emplace_back([&, dk] {
+      const SimPolicy p{EvictionPolicy::kGdsf, dk};
+      progress(dk ? "gdsf+doorkeeper" : "gdsf", 0, 1);
+      MissRatioCurve c = SimulateCurve(trace, p, caps, m);
+      c.label = p.Name() + (m.rate >= 1 ? " (simulated)" : fmt::format(" (minisim {:g}%)", 100 * m.rate));
+      r.curves[dk ? 2 : 1] = std::move(c);
+    });
   }
+  RunTasks(curve_tasks, threads);
+  r.max_hit_ratio = lru->MaxHitRatio();
   r.curves_s = Seconds(t0);
 
   // Sizing off the policy's curve; with the doorkeeper L1 reads its own.
@@ -173,12 +212,12 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   r.policy = SimPolicy{o.eviction, dk}.Name();
   const MissRatioCurve& curve = gdsf ? r.curves[1] : r.curves[0];
   auto hit = [](const MissRatioCurve& c, double bytes) { return 1 - c.MissRatioAt(bytes).seconds; };
+  auto at = [&](double b) { return !gdsf && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
   const Clock::time_point t1 = Clock::now();
-  TierSample tiers;
-  for (std::size_t i = 0; i < o.targets.size(); ++i) {
+  for (double target : o.targets) {
     SizingRow row;
-    row.target = o.targets[i];
-    row.hit_ratio = o.targets[i] * r.max_hit_ratio.seconds;
+    row.target = target;
+    row.hit_ratio = target * r.max_hit_ratio.seconds;
     // Nothing to save (no key repeats): no cache at all.
     row.total_bytes = row.hit_ratio <= 0 ? 0
                       : !gdsf && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
@@ -187,22 +226,43 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       row.l1_bytes = std::min(row.total_bytes, o.l1_max_bytes);
       row.l2_bytes = std::min(row.total_bytes - row.l1_bytes, o.l2_max_bytes);
       row.l3_bytes = row.total_bytes - row.l1_bytes - row.l2_bytes;
-      auto at = [&](double b) { return !gdsf && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
       row.predicted_all = at(row.total_bytes);
-      // L1 and L1 + L2 by a miniature of the tiered cache itself (plan_tiers.h).
-      const TierSizes sizes{row.l1_bytes, row.l2_bytes, row.l3_bytes};
-      const double rate = TierRate(m.rate, sizes, mean);
-      if (rate != tiers.rate || tiers.accesses.empty()) tiers = SampleTrace(trace, rate, m.exact_keys);
-      progress("tiers (minisim)", i, o.targets.size());
-      const TierHits mini = SimulateTiers(tiers, sizes, o);
-      row.tiers_rate = rate;
-      row.predicted_l1 = mini.Ratio(mini.l1, Weighting::kSeconds);
-      row.predicted_l12 = row.predicted_l1 + mini.Ratio(mini.l2, Weighting::kSeconds);
-      progress("replay", i, o.targets.size());
-      row.replayed = ReplayTiers(trace, row.l1_bytes, row.l2_bytes, row.l3_bytes, o);
+      row.tiers_rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
     }
     r.rows.push_back(row);
   }
+  // L1 and L1 + L2 by a miniature of the tiered cache itself (plan_tiers.h),
+  // one sample per distinct rate; then the replays. Replays first: they are
+  // the long tasks.
+  r.replayed = o.replay;
+  std::map<double, TierSample> samples;
+  for (const SizingRow& row : r.rows) {
+    if (row.total_bytes >= 0 && !samples.count(row.tiers_rate)) {
+      samples.emplace(row.tiers_rate, SampleTrace(trace, row.tiers_rate, m.exact_keys));
+    }
+  }
+  std::vector<std::function<void()>> row_tasks;
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    SizingRow& row = r.rows[i];
+    if (row.total_bytes < 0) continue;
+    if (o.replay) {
+      row_tasks.emplace_back([&, i] {
+        progress("replay", i, r.rows.size());
+        row.replayed = ReplayTiers(trace, row.l1_bytes, row.l2_bytes, row.l3_bytes, o);
+      });
+    }
+  }
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    SizingRow& row = r.rows[i];
+    if (row.total_bytes < 0) continue;
+    row_tasks.emplace_back([&, i] {
+      progress("tiers (minisim)", i, r.rows.size());
+      const TierHits mini = SimulateTiers(samples.at(row.tiers_rate), {row.l1_bytes, row.l2_bytes, row.l3_bytes}, o);
+      row.predicted_l1 = mini.Ratio(mini.l1, Weighting::kSeconds);
+      row.predicted_l12 = row.predicted_l1 + mini.Ratio(mini.l2, Weighting::kSeconds);
+    });
+  }
+  RunTasks(row_tasks, threads);
   r.replay_s = Seconds(t1);
   return r;
 }
@@ -215,7 +275,8 @@ std::string PlanText(const PlanResult& r) {
                    r.max_hit_ratio.objects, r.max_hit_ratio.bytes, r.max_hit_ratio.seconds);
   if (!r.exact) {
     o += fmt::format("  sampler: tail rate {:.3g}%, {} head keys, {:.1f}% of accesses tracked, {:.1f} MB\n",
-                     100 * r.shards_rate, r.shards_head, 100 * r.sampled_fraction, r.sampler_bytes / 1e6);
+                     100 * r.shards_rate, r.shards_head, 100 * r.sampled_fraction,
+                     static_cast<double>(r.sampler_bytes) / 1e6);
   }
   o += "\nmiss ratio curves (miss ratio by objects / bytes / encode seconds):\n";
   o += fmt::format("  {:>12}", "capacity");
@@ -235,7 +296,7 @@ std::string PlanText(const PlanResult& r) {
       "seconds):\n",
       r.policy);
   o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
-                   "L2", "L3", "predicted L1/L1+2/all", "replayed L1/L1+2/all");
+                   "L2", "L3", "predicted L1/L1+2/all", r.replayed ? "replayed L1/L1+2/all" : "");
   for (const SizingRow& row : r.rows) {
     const std::string what = fmt::format("{:.0f}% of max ({:.3f})", 100 * row.target, row.hit_ratio);
     if (row.total_bytes < 0) {
@@ -248,8 +309,9 @@ std::string PlanText(const PlanResult& r) {
     o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", what, Gb(row.total_bytes),
                      Gb(row.l1_bytes), Gb(row.l2_bytes), Gb(row.l3_bytes),
                      fmt::format("{:.3f}/{:.3f}/{:.3f}", row.predicted_l1, row.predicted_l12, row.predicted_all),
-                     fmt::format("{:.3f}/{:.3f}/{:.3f}", l1, l1 + l2, l1 + l2 + l3));
+                     r.replayed ? fmt::format("{:.3f}/{:.3f}/{:.3f}", l1, l1 + l2, l1 + l2 + l3) : "");
   }
+  if (!r.replayed) o += "  (not replayed: --replay on checks the prediction against the real tiers)\n";
   auto join = [&r](const char* sep, auto&& item) {
     std::string s;
     for (const SizingRow& row : r.rows) s += (s.empty() ? "" : sep) + item(row);
@@ -272,6 +334,7 @@ std::string PlanJson(const PlanResult& r) {
                       {"max_hit_ratio", WeightsJson(r.max_hit_ratio)},
                       {"exact", r.exact},
                       {"policy", r.policy},
+                      {"replayed", r.replayed},
                       {"curves_s", r.curves_s},
                       {"replay_s", r.replay_s}};
   if (!r.exact) {
@@ -290,11 +353,13 @@ std::string PlanJson(const PlanResult& r) {
   for (const SizingRow& row : r.rows) {
     nlohmann::json x = {{"target", row.target}, {"hit_ratio", row.hit_ratio}, {"reachable", row.total_bytes >= 0}};
     if (row.total_bytes >= 0) {
-      const TierHits& h = row.replayed;
       x["bytes"] = {{"total", row.total_bytes}, {"l1", row.l1_bytes}, {"l2", row.l2_bytes}, {"l3", row.l3_bytes}};
       x["predicted_seconds_hit_ratio"] = {
           {"l1", row.predicted_l1}, {"l1_l2", row.predicted_l12}, {"all", row.predicted_all}};
       x["tiers_minisim_rate"] = row.tiers_rate;
+    }
+    if (row.total_bytes >= 0 && r.replayed) {
+      const TierHits& h = row.replayed;
       const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
       x["replayed_seconds_hit_ratio"] = {
           {"l1", l1}, {"l1_l2", l1 + l2}, {"all", l1 + l2 + h.Ratio(h.l3, Weighting::kSeconds)}};

@@ -18,12 +18,21 @@
 // (plan_tiers.h: the keys sampled at the MiniSim rate plus the head, through
 // the real tiers scaled down), since the tiered L1 ranks by promotion cost
 // and keeps other entries than one cache on the curve would.
-// Replay (plan_tiers.h): TieredEmbeddingCache at (L1, L2) with the policy,
-// L2's victims demoted into an L3 EmbeddingCache; a miss in L1/L2 that L3
-// holds is moved back into the tiered cache, so the three tiers stay
-// exclusive.
+// Replay (plan_tiers.h; only with PlanOptions::replay): TieredEmbeddingCache
+// at (L1, L2) with the policy, L2's victims demoted into an L3
+// EmbeddingCache; a miss in L1/L2 that L3 holds is moved back into the
+// tiered cache, so the three tiers stay exclusive. It is the check of the
+// prediction, not part of it: each replay runs every request through the
+// real caches (on a 10^7-request trace about 35 s of CPU per row, where the
+// rest of the plan takes about 40 s).
 //
-// Thread safety: pure functions; thread-safe.
+// Parallelism: the three curves run as three tasks, then the miniatures and
+// replays one task per row each, on up to PlanOptions::threads threads.
+// Each task owns its caches and writes its own slot of the result, so the
+// result does not depend on the thread count or the schedule.
+//
+// Thread safety: pure functions; thread-safe. options.progress is called
+// from the tasks' threads, one call at a time.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +61,8 @@ struct PlanOptions {
   std::size_t minisim_head = 2048;
   std::uint64_t doorkeeper_window = 1 << 16;
   int points = 24;
+  bool replay = true;    // replay the trace through the real tiers at each row's sizes
+  unsigned threads = 0;  // tasks run at once; 0: std::thread::hardware_concurrency()
   // (phase, done, total) at most every few percent, for a progress bar.
   std::function<void(const char*, std::size_t, std::size_t)> progress;
 };
@@ -72,7 +83,7 @@ struct SizingRow {
   // (plan_tiers.h) at tiers_rate, all tiers off the policy's curve.
   double predicted_l1 = 0, predicted_l12 = 0, predicted_all = 0;
   double tiers_rate = 1;
-  TierHits replayed;
+  TierHits replayed;  // empty unless PlanResult::replayed
 };
 
 struct PlanResult {
@@ -90,6 +101,9 @@ struct PlanResult {
   std::vector<MissRatioCurve> curves;  // [0] LRU, then gdsf, gdsf+doorkeeper
   std::string policy;                  // the sized policy's name
   std::vector<SizingRow> rows;
+  bool replayed = false;  // rows carry a replay (PlanOptions::replay)
+  // Wall seconds: the curves (from the first pass over the trace), the
+  // sizing rows' miniatures and replays.
   double curves_s = 0, replay_s = 0;
 };
 

@@ -5,8 +5,12 @@
 // --model, from which each image's content key, entry size (post-merge
 // tokens x hidden x (1 + deepstack layers) x dtype bytes, from its header)
 // and cost (tokens x --seconds-per-token) are derived without decoding.
-// Output: the curves, the sizing table and the replayed hit ratios
-// (tools/plan.h), as text or --json; --plot draws the curves.
+// Output: the curves, the sizing table and (--replay) the replayed hit
+// ratios (tools/plan.h), as text or --json; --plot draws the curves.
+// --replay auto replays when the trace has at most --exact-max requests
+// (there a replay costs about what the exact curve does); above, the plan is
+// the sampled curves and miniatures alone unless --replay on asks for the
+// check.
 //
 // Exit codes: 0 done; 1 usage or input error (a malformed trace names its
 // line; a missing gnuplot with --plot fails before any work).
@@ -36,11 +40,11 @@ namespace epd::cli {
 namespace {
 
 struct PlanFlags {
-  std::string trace, images, model, plot, eviction = "gdsf", admission = "none", dtype = "bfloat16";
+  std::string trace, images, model, plot, eviction = "gdsf", admission = "none", dtype = "bfloat16", replay = "auto";
   bool json = false, progress = false;
   double l1_max_gb = 16, l2_max_gb = 256, seconds_per_byte = 1e-9, seconds_per_token = 1.25e-5;
   double shards_rate = 0.05, minisim_rate = 0.05;
-  std::int64_t exact_max = 1'000'000, shards_max_keys = 131072, window = 65536;
+  std::int64_t exact_max = 1'000'000, shards_max_keys = 131072, window = 65536, threads = 0;
 };
 
 // A one-line bar on stderr, redrawn at most every 100 ms by the caller's thread.
@@ -147,6 +151,8 @@ int RunPlanCommand(const PlanFlags& f) {
   o.shards_rate = f.shards_rate;
   o.shards_max_keys = static_cast<std::size_t>(f.shards_max_keys);
   o.minisim_rate = f.minisim_rate;
+  o.replay = f.replay == "on" || (f.replay == "auto" && trace->size() <= o.exact_max);
+  o.threads = static_cast<unsigned>(f.threads);
   o.doorkeeper_window = static_cast<std::uint64_t>(f.window);
   o.progress = [&bar](const char* phase, std::size_t done, std::size_t total) { bar.Update(phase, done, total); };
   const PlanResult r = RunPlan(*trace, o);
@@ -187,6 +193,11 @@ void RegisterPlanCommand(CLI::App& app) {
   option("--shards-rate", f->shards_rate, "SHARDS tail sampling rate", Number(0, 1, "", true));
   option("--shards-max-keys", f->shards_max_keys, "SHARDS tail keys kept at most (fixed memory)", Integer(1));
   option("--minisim-rate", f->minisim_rate, "MiniSim sampling rate for the GDSF curves", Number(0, 1, "", true));
+  option("--replay", f->replay,
+         "replay the whole trace through the real tiers at each recommended size (auto: "
+         "when the trace has at most --exact-max requests)",
+         CLI::IsMember({"auto", "on", "off"}));
+  option("--threads", f->threads, "curves, miniatures and replays run at once (0: one per core)", Integer(0, 1024));
   cmd->add_flag("--json", f->json, "print one JSON object instead of the tables");
   cmd->add_option("--plot", f->plot, "also draw the curves to this PNG (needs gnuplot)");
   cmd->add_flag("--progress", f->progress, "draw the progress bar even when stderr is not a terminal");

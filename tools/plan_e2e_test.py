@@ -95,6 +95,58 @@ def test_exact_curve_matches_a_brute_force_lru_and_replay_matches_prediction(tmp
         assert abs(pred - got) <= 0.02, row
 
 
+def zipf_trace(n, keys, seed):
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) ** 0.9 for i in range(keys)]
+    sizes = [rng.randrange(1000, 20000) for _ in range(keys)]
+    picks = rng.choices(range(keys), weights=weights, k=n)
+    return [{"key": f"k{i}", "bytes": sizes[i], "cost_s": sizes[i] * 1e-6 * (1 + i % 11)} for i in picks]
+
+
+def without_timings(j):
+    return {k: v for k, v in j.items() if k not in ("curves_s", "replay_s")}
+
+
+def test_thread_count_does_not_change_the_plan(tmp_path):
+    # Above 200,000 requests and --exact-max: SHARDS, MiniSim at 5 % and the
+    # tier miniatures, each run as its own task.
+    path = write(tmp_path / "t.jsonl", zipf_trace(220_000, 30_000, 5))
+    common = ("--trace", path, "--json", "--exact-max", "100000", "--replay", "on", "--l1-max-gb", "0.02",
+              "--l2-max-gb", "0.1")
+    one = run(*common, "--threads", "1")
+    four = run(*common, "--threads", "4")
+    assert one.returncode == 0 and four.returncode == 0, one.stderr + four.stderr
+    a, b = json.loads(one.stdout), json.loads(four.stdout)
+    assert a["exact"] is False and a["replayed"] is True
+    assert without_timings(a) == without_timings(b)
+
+
+def test_replay_auto_replays_only_traces_within_exact_max(tmp_path):
+    path = write(tmp_path / "t.jsonl", zipf_trace(3000, 400, 7))
+    sizes = ("--l1-max-gb", "0.0002", "--l2-max-gb", "0.001")
+    auto = json.loads(run("--trace", path, "--json", *sizes).stdout)
+    off = json.loads(run("--trace", path, "--json", *sizes, "--replay", "off").stdout)
+    above = json.loads(run("--trace", path, "--json", *sizes, "--exact-max", "2999").stdout)
+    forced = json.loads(run("--trace", path, "--json", *sizes, "--exact-max", "2999", "--replay", "on").stdout)
+    assert auto["replayed"] is True and forced["replayed"] is True
+    assert off["replayed"] is False and above["replayed"] is False
+    for row in off["sizing"] + above["sizing"]:
+        assert "replayed_seconds_hit_ratio" not in row and "replayed" not in row
+    # The replay only checks: the curves and the predictions are the same without it.
+    assert [r["predicted_seconds_hit_ratio"] for r in auto["sizing"]] == \
+        [r["predicted_seconds_hit_ratio"] for r in off["sizing"]]
+    assert auto["curves"] == off["curves"]
+    # Replayed here: every request of the trace counted once, in some tier or as a miss.
+    for row in auto["sizing"] + forced["sizing"]:
+        if row["reachable"]:
+            served = sum(row["replayed"][t]["objects"] for t in ("l1", "l2", "l3", "miss"))
+            assert served == 3000
+    text = run("--trace", path, *sizes, "--replay", "off").stdout
+    assert "not replayed: --replay on checks the prediction" in text
+    bad = run("--trace", path, "--replay", "sometimes")
+    assert bad.returncode != 0 and "--replay" in bad.stderr
+
+
 def test_plot_without_gnuplot_fails_with_a_clear_message(tmp_path):
     path = write(tmp_path / "t.jsonl", [{"key": "a", "bytes": 10}])
     env = dict(os.environ, PATH=str(tmp_path))  # no gnuplot there

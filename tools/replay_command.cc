@@ -122,6 +122,7 @@ PlanResult MrcOf(const std::vector<CacheAccess>& accesses, const ReplayFlags& f)
   o.eviction = EvictionPolicy::kLru;
   o.l1_max_bytes = static_cast<double>(f.worker.cache_mb) * (1 << 20);
   o.l2_max_bytes = static_cast<double>(f.worker.host_cache_mb) * (1 << 20);
+  o.replay = accesses.size() <= o.exact_max;  // plan's --replay auto
   return RunPlan(accesses, o);
 }
 
