@@ -30,7 +30,7 @@ std::optional<double> ParseFinite(const std::string& s) {
 
 }  // namespace
 
-CLI::Validator Number(double lo, double hi, std::string unit, bool lo_open) {
+CLI::Validator Number(double lo, double hi, const std::string& unit, bool lo_open) {
   std::string range;
   if (std::isinf(hi)) {
     range = std::string(lo_open ? "> " : ">= ") + Show(lo);
@@ -47,7 +47,7 @@ CLI::Validator Number(double lo, double hi, std::string unit, bool lo_open) {
       range + (unit.empty() ? "" : " " + unit));
 }
 
-CLI::Validator ZeroOrNumber(double lo, double hi, std::string unit) {
+CLI::Validator ZeroOrNumber(double lo, double hi, const std::string& unit) {
   const std::string range = "0 or a number from " + Show(lo) + " to " + Show(hi);
   const std::string expected = "expected " + range + (unit.empty() ? "" : " (" + unit + ")");
   return CLI::Validator(
