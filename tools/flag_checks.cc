@@ -59,9 +59,9 @@ CLI::Validator ZeroOrNumber(double lo, double hi, const std::string& unit) {
       range + (unit.empty() ? "" : " " + unit));
 }
 
-CLI::Validator Positive(std::string unit) { return Number(0, kNoUpperBound, std::move(unit), true); }
+CLI::Validator Positive(const std::string& unit) { return Number(0, kNoUpperBound, unit, true); }
 
-CLI::Validator NonNegative(std::string unit) { return Number(0, kNoUpperBound, std::move(unit), false); }
+CLI::Validator NonNegative(const std::string& unit) { return Number(0, kNoUpperBound, unit, false); }
 
 CLI::Validator Integer(std::int64_t lo, std::int64_t hi) {
   const std::string range = hi == std::numeric_limits<std::int64_t>::max()

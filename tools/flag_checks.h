@@ -27,8 +27,8 @@ CLI::Validator Number(double lo, double hi = kNoUpperBound, const std::string& u
 // rounded to that 0 (e.g. seconds kept in whole milliseconds: lo = 0.001).
 CLI::Validator ZeroOrNumber(double lo, double hi, const std::string& unit = "");
 // Shorthands: x > 0, and x >= 0.
-CLI::Validator Positive(std::string unit = "");
-CLI::Validator NonNegative(std::string unit = "");
+CLI::Validator Positive(const std::string& unit = "");
+CLI::Validator NonNegative(const std::string& unit = "");
 // A whole number lo <= n <= hi (written without a fraction or exponent).
 CLI::Validator Integer(std::int64_t lo, std::int64_t hi = std::numeric_limits<std::int64_t>::max());
 
