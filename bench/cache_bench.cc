@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <list>
@@ -59,7 +60,7 @@ namespace epd::bench {
 namespace {
 
 // 324 tokens x hidden 2048 x 2 bytes (bf16): a 504x504 image in Qwen2-VL.
-constexpr std::int64_t kCharge = 324 * 2048 * 2;
+constexpr std::int64_t kCharge = std::int64_t{324} * 2048 * 2;
 constexpr std::size_t kResident = 1'000'000;  // entries in the "large" cache
 constexpr std::size_t kHot = 10'000;          // entries in the CPU-cache-resident set
 constexpr std::int64_t kHitTimedOps = std::int64_t{1} << 22;
@@ -777,7 +778,7 @@ int DumpStreams(const std::string& dir) {
   for (int k = 0; k < 3; ++k) {
     const std::vector<std::uint32_t> ranks = MakeRanks(static_cast<StreamKind>(k));
     const std::string file = std::string(kStreamNames[k]) + ".u32";
-    std::ofstream out(dir + "/" + file, std::ios::binary);
+    std::ofstream out(std::filesystem::path(dir) / file, std::ios::binary);
     out.write(reinterpret_cast<const char*>(ranks.data()),
               static_cast<std::streamsize>(ranks.size() * sizeof(std::uint32_t)));
     if (!out) {

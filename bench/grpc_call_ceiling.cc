@@ -140,6 +140,7 @@ int Load(const std::string& target, bool stream, int callers, double seconds, st
   std::atomic<bool> stop{false};
   std::atomic<std::int64_t> done{0};
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(callers));
   for (int i = 0; i < callers; ++i) {
     threads.emplace_back([&] { CallLoop(target, stream, payload, stop, done); });
   }

@@ -77,12 +77,20 @@ struct Flags {
   std::int64_t deepstack = 1;
 };
 
+// std::exit's work that matters here (flushing stdio), then std::_Exit:
+// std::exit runs atexit handlers and static destructors while the tiers'
+// threads may still run (concurrency-mt-unsafe).
+[[noreturn]] void Exit(int code) {
+  std::fflush(nullptr);
+  std::_Exit(code);
+}
+
 [[noreturn]] void Usage(const std::string& why) {
   std::fprintf(stderr,
                "l3_bench: %s\nusage: l3_bench [--redis-server PATH] [--out FILE] [--samples N] [--warmup N] "
                "[--sizes-mib 0.5,2,8] [--hidden N] [--deepstack N]\n",
                why.c_str());
-  std::exit(2);
+  Exit(2);
 }
 
 Flags ParseFlags(int argc, char** argv) {
@@ -115,7 +123,8 @@ Flags ParseFlags(int argc, char** argv) {
   }
   if (f.redis_server.find('/') == std::string::npos) {
     // RedisServer execs a path: look the name up on PATH.
-    const char* path = std::getenv("PATH");
+    const char* path =
+        std::getenv("PATH");  // NOLINT(concurrency-mt-unsafe): read once at startup before any thread starts
     std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
     for (std::string dir; std::getline(dirs, dir, ':');) {
       const std::string candidate = dir + "/" + f.redis_server;
@@ -173,7 +182,7 @@ Summary Summarize(std::vector<double> us) {
   std::sort(us.begin(), us.end());
   s.n = static_cast<int>(us.size());
   auto rank = [&](double p) {
-    std::size_t i = static_cast<std::size_t>(std::ceil(p * us.size())) - 1;
+    std::size_t i = static_cast<std::size_t>(std::ceil(p * static_cast<double>(us.size()))) - 1;
     return us[std::min(i, us.size() - 1)];
   };
   s.p50 = rank(0.50);
@@ -181,7 +190,7 @@ Summary Summarize(std::vector<double> us) {
   s.p99 = rank(0.99);
   double sum = 0;
   for (double v : us) sum += v;
-  s.mean = sum / us.size();
+  s.mean = sum / static_cast<double>(us.size());
   return s;
 }
 
@@ -218,7 +227,7 @@ void KillRedisAndExit(int sig) {
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "l3_bench: %s\n", what.c_str());
   if (g_redis_pid > 0) ::kill(g_redis_pid, SIGKILL);
-  std::exit(1);
+  Exit(1);
 }
 
 // Stores `e` under `key` through `tier`, waits until a Get finds it, then
@@ -253,8 +262,13 @@ int Run(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   test_util::RedisServer redis(f.redis_server);
   g_redis_pid = redis.pid();
-  std::signal(SIGINT, KillRedisAndExit);
-  std::signal(SIGTERM, KillRedisAndExit);
+  // sigaction, not std::signal (whose semantics vary and which clang-tidy
+  // counts as not thread-safe).
+  struct sigaction on_signal {};
+  on_signal.sa_handler = KillRedisAndExit;
+  sigemptyset(&on_signal.sa_mask);
+  sigaction(SIGINT, &on_signal, nullptr);
+  sigaction(SIGTERM, &on_signal, nullptr);
   std::string version = redis.Cli({"INFO", "server"});
   if (auto p = version.find("redis_version:"); p != std::string::npos) {
     version = version.substr(p + 14, version.find('\r', p) - p - 14);
@@ -284,7 +298,8 @@ int Run(int argc, char** argv) {
   std::ostringstream rows;
   std::uint32_t key_n = 0;
   for (double mib : f.sizes_mib) {
-    const std::int64_t tokens = std::max<std::int64_t>(1, static_cast<std::int64_t>(mib * (1 << 20) / row_bytes));
+    const std::int64_t tokens =
+        std::max<std::int64_t>(1, static_cast<std::int64_t>(mib * (1 << 20) / static_cast<double>(row_bytes)));
     std::shared_ptr<Embedding> e = MakeEmbedding(tokens, f.hidden, f.deepstack, key_n);
     const ContentKey key = KeyFor(key_n++);
     const int samples = mib > 4 ? std::max(10, f.samples / 2) : f.samples;

@@ -33,7 +33,7 @@ namespace {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::uint8_t> bytes(data, size);
   epd::PreprocessConfig cfg;
-  cfg.max_pixels = 28 * 28 * 64;  // small targets keep iterations fast
+  cfg.max_pixels = std::int64_t{28} * 28 * 64;  // small targets keep iterations fast
   const epd::DecodeLimits limits{.max_pixels = 1 << 18};
 
   // Keys accept any bytes.

@@ -297,6 +297,7 @@ PYBIND11_MODULE(_core, m) {
   using namespace epd;
   m.doc() = "C++ core of epd-encode: embedding caches and the encode scheduler.";
 
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): pybind11's translator is void (*)(std::exception_ptr).
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -191,6 +191,7 @@ int RunBench(const BenchFlags& f) {
   const Clock::time_point start = Clock::now();
   const Clock::time_point end = start + std::chrono::milliseconds(static_cast<std::int64_t>(f.duration_s * 1000));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(f.concurrency));
   for (int t = 0; t < f.concurrency; ++t) {
     threads.emplace_back([&, t] {
       PerThread& me = per[static_cast<std::size_t>(t)];

@@ -130,6 +130,7 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
       out.push_back(*fast);
       continue;
     }
+    // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
     auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return error("not valid JSON");

@@ -99,7 +99,9 @@ double Percentile(const std::vector<double>& sorted, double q) {
 
 void TuneMalloc(MallocUse use) {
 #if defined(__GLIBC__)
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): TuneMalloc runs once, before the command starts threads (cli_util.h)
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): TuneMalloc runs once, before the command starts threads (cli_util.h)
   mallopt(M_TRIM_THRESHOLD, use == MallocUse::kTower ? 256 << 20 : 64 << 20);
 #else
   (void)use;

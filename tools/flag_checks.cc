@@ -30,7 +30,7 @@ std::optional<double> ParseFinite(const std::string& s) {
 
 }  // namespace
 
-CLI::Validator Number(double lo, double hi, std::string unit, bool lo_open) {
+CLI::Validator Number(double lo, double hi, const std::string& unit, bool lo_open) {
   std::string range;
   if (std::isinf(hi)) {
     range = std::string(lo_open ? "> " : ">= ") + Show(lo);
@@ -47,7 +47,7 @@ CLI::Validator Number(double lo, double hi, std::string unit, bool lo_open) {
       range + (unit.empty() ? "" : " " + unit));
 }
 
-CLI::Validator ZeroOrNumber(double lo, double hi, std::string unit) {
+CLI::Validator ZeroOrNumber(double lo, double hi, const std::string& unit) {
   const std::string range = "0 or a number from " + Show(lo) + " to " + Show(hi);
   const std::string expected = "expected " + range + (unit.empty() ? "" : " (" + unit + ")");
   return CLI::Validator(
@@ -59,9 +59,9 @@ CLI::Validator ZeroOrNumber(double lo, double hi, std::string unit) {
       range + (unit.empty() ? "" : " " + unit));
 }
 
-CLI::Validator Positive(std::string unit) { return Number(0, kNoUpperBound, std::move(unit), true); }
+CLI::Validator Positive(const std::string& unit) { return Number(0, kNoUpperBound, unit, true); }
 
-CLI::Validator NonNegative(std::string unit) { return Number(0, kNoUpperBound, std::move(unit), false); }
+CLI::Validator NonNegative(const std::string& unit) { return Number(0, kNoUpperBound, unit, false); }
 
 CLI::Validator Integer(std::int64_t lo, std::int64_t hi) {
   const std::string range = hi == std::numeric_limits<std::int64_t>::max()

@@ -21,14 +21,14 @@ inline constexpr double kNoUpperBound = std::numeric_limits<double>::infinity();
 
 // A finite number x with lo <= x <= hi (lo < x when lo_open). `unit` (e.g.
 // "MB", "s") is named in the message; empty for none.
-CLI::Validator Number(double lo, double hi = kNoUpperBound, std::string unit = "", bool lo_open = false);
+CLI::Validator Number(double lo, double hi = kNoUpperBound, const std::string& unit = "", bool lo_open = false);
 // Exactly 0, or a finite number lo <= x <= hi: for a flag whose 0 means "off"
 // or "the library's default", where a positive value below lo would be
 // rounded to that 0 (e.g. seconds kept in whole milliseconds: lo = 0.001).
-CLI::Validator ZeroOrNumber(double lo, double hi, std::string unit = "");
+CLI::Validator ZeroOrNumber(double lo, double hi, const std::string& unit = "");
 // Shorthands: x > 0, and x >= 0.
-CLI::Validator Positive(std::string unit = "");
-CLI::Validator NonNegative(std::string unit = "");
+CLI::Validator Positive(const std::string& unit = "");
+CLI::Validator NonNegative(const std::string& unit = "");
 // A whole number lo <= n <= hi (written without a fraction or exponent).
 CLI::Validator Integer(std::int64_t lo, std::int64_t hi = std::numeric_limits<std::int64_t>::max());
 

@@ -265,6 +265,7 @@ int RunReplay(const ReplayFlags& f) {
 
   if (!f.out.empty()) {
     std::vector<KeyedEmbedding> out;
+    out.reserve(embeddings.size());
     for (auto& [key, e] : embeddings) out.push_back({key, e});
     Status w = WriteEmbeddingsSafetensors(
         f.out, out,

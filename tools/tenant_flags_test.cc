@@ -14,7 +14,7 @@ namespace epd::cli {
 namespace {
 
 std::string WriteFile(const std::string& name, const std::string& text, mode_t mode) {
-  const std::string path = std::string(::testing::TempDir()) + "/" + name + "-" + std::to_string(::getpid());
+  std::string path = std::string(::testing::TempDir()) + "/" + name + "-" + std::to_string(::getpid());
   std::ofstream(path, std::ios::binary) << text;
   ::chmod(path.c_str(), mode);
   return path;

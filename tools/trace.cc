@@ -31,6 +31,7 @@ StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const st
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
     auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
     json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return error("not valid JSON");
@@ -117,13 +118,13 @@ std::vector<TraceRequest> GenerateTrace(const std::vector<std::string>& images, 
     cdf[r] = total;
   }
   SplitMix64 rng(o.seed);
-  const std::uint64_t span = static_cast<std::uint64_t>(o.max_images - o.min_images + 1);
+  const std::uint64_t span = static_cast<std::uint64_t>(o.max_images - o.min_images) + 1;
   std::vector<TraceRequest> out;
   out.reserve(static_cast<std::size_t>(o.requests));
   for (std::int64_t i = 0; i < o.requests; ++i) {
     TraceRequest r;
     char id[32];
-    std::snprintf(id, sizeof(id), "gen-%06lld", static_cast<long long>(i + 1));
+    std::snprintf(id, sizeof(id), "gen-%06lld", static_cast<long long>(i) + 1);
     r.id = id;
     r.arrival_ms = static_cast<double>(i) * 1000.0 / o.rate_per_s;
     const int k = o.min_images + static_cast<int>(rng.Next() % span);

@@ -427,7 +427,7 @@ StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions opti
   impl->channel = grpc::CreateCustomChannel(options.target, credentials, args);
   impl->stub = v1::Encoder::NewStub(impl->channel);
   impl->link = std::make_shared<ShmLeaseLink>();
-  impl->link->options = options;
+  impl->link->options = std::move(options);  // its last use
   impl->link->channel = impl->channel;
   impl->link->stub = v1::Encoder::NewStub(impl->channel);
   return std::unique_ptr<EncodeClient>(new EncodeClient(std::move(impl)));

@@ -1,10 +1,14 @@
 // Device IPC on FakeDevice (CPU): the handle's text form, export/import in
 // one process, refusals, and the two-process check (ipc_two_process_check).
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "fake_device.h"
@@ -14,8 +18,30 @@ namespace {
 
 std::vector<std::byte> Rows(std::size_t n, int seed) {
   std::vector<std::byte> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 31 + seed * 7) & 0xff);
+  const auto offset = static_cast<std::size_t>(seed) * 7;
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 31 + offset) & 0xff);
   return v;
+}
+
+// Runs ipc_two_process_check with `args` and returns its wait status (as
+// waitpid gives it), or -1 when it cannot be started. posix_spawn, not
+// std::system: system() changes the process's signal dispositions while
+// it waits (concurrency-mt-unsafe). With `quiet` its stderr is /dev/null.
+int RunCheck(std::vector<std::string> args, bool quiet = false) {
+  args.insert(args.begin(), EPD_IPC_CHECK_BIN);
+  std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (quiet) posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  int status = -1;
+  if (spawned != 0 || waitpid(pid, &status, 0) != pid) return -1;
+  return status;
 }
 
 TEST(IpcHandleTest, HexRoundTripsAndRejectsMalformedText) {
@@ -77,18 +103,15 @@ TEST(FakeDeviceIpcTest, RefusesEmptyExportsForeignHandlesAndEndedExports) {
 
 // The exporter and importer in two processes (the binary spawns itself).
 TEST(FakeDeviceIpcTest, TwoProcessesShareTheRows) {
-  const std::string cmd = std::string(EPD_IPC_CHECK_BIN) + " --device fake --bytes 3000000";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_EQ(RunCheck({"--device", "fake", "--bytes", "3000000"}), 0);
 }
 
 // The same, exporting from an L1 entry of the GPU tier that is dropped before
 // the importer reads (the server's CUDA IPC delivery, docs/SHM.md).
 TEST(FakeDeviceIpcTest, TwoProcessesShareRowsExportedFromAnL1Entry) {
-  const std::string cmd = std::string(EPD_IPC_CHECK_BIN) + " --device fake --bytes 2097152 --from-l1";
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_EQ(RunCheck({"--device", "fake", "--bytes", "2097152", "--from-l1"}), 0);
   // Sizes that are not whole rows are refused (exit status 2).
-  const std::string bad = std::string(EPD_IPC_CHECK_BIN) + " --device fake --bytes 3000 --from-l1 2>/dev/null";
-  const int rc = std::system(bad.c_str());
+  const int rc = RunCheck({"--device", "fake", "--bytes", "3000", "--from-l1"}, /*quiet=*/true);
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
 }
 

@@ -45,6 +45,7 @@ TEST(HostMemoryPoolTest, FillsTheArenaExactlyThenFails) {
   Arena arena(4 * kA);
   HostMemoryPool pool(arena.base, 4 * kA);
   std::vector<std::byte*> blocks;
+  blocks.reserve(4);
   for (int i = 0; i < 4; ++i) blocks.push_back(pool.Allocate(kA));
   for (std::byte* p : blocks) ASSERT_NE(p, nullptr);
   EXPECT_EQ(pool.Allocate(1), nullptr);

@@ -112,7 +112,7 @@ epd::StatusOr<std::unique_ptr<epd::IpcExport>> ExportFromL1(epd::Device& dev, st
   e->hidden = 256;
   e->deepstack_layers = 1;
   e->dtype = epd::DType::kFloat32;
-  e->tokens = static_cast<std::int64_t>(n / (2 * 256 * 4));
+  e->tokens = static_cast<std::int64_t>(n / (std::size_t{2} * 256 * 4));
   e->main.resize(n / 2);
   e->deepstack.resize(n / 2);
   for (std::size_t i = 0; i < n / 2; ++i) {
@@ -163,6 +163,7 @@ int Spawn(epd::Device& dev, const std::string& kind, std::size_t n, const epd::I
   const std::string hex = shared.handle().Hex();
   std::vector<std::string> args = {"/proc/self/exe", "--device", kind, "--import", hex};
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   char exe[4096] = {};

@@ -127,6 +127,7 @@ TEST(HttpEndpointTest, IdleConnectionsHoldNoThread) {
   o.idle_timeout = std::chrono::minutes(10);
   auto ep = StartOrDie(o);
   std::vector<int> idle;
+  idle.reserve(150);
   for (int i = 0; i < 150; ++i) idle.push_back(Connect(ep->port()));
   for (int i = 0; i < 30; ++i) {
     const int fd = Connect(ep->port());
@@ -280,6 +281,7 @@ TEST(HttpEndpointTest, TlsServesBesideSilentConnectionsAndRefusesPlaintext) {
   auto ep = StartOrDie(o);
   ASSERT_TRUE(ep->tls());
   std::vector<int> silent;
+  silent.reserve(20);
   for (int i = 0; i < 20; ++i) silent.push_back(Connect(ep->port()));  // no ClientHello
   const std::string r = TlsExchange(ep->port(), "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(r.substr(0, 15), "HTTP/1.1 200 OK") << r;

@@ -22,7 +22,8 @@ const std::string kSecretB = "F0E1D2C3B4A5968778695A4B3C2D1E0FF0E1D2C3B4A5968778
 
 L3Secret Subkey(const std::string& hex, const char* label) {
   unsigned char secret[32];
-  for (int i = 0; i < 32; ++i) secret[i] = static_cast<unsigned char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  for (std::size_t i = 0; i < 32; ++i)
+    secret[i] = static_cast<unsigned char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   L3Secret out;
   unsigned int n = 0;
   HMAC(EVP_sha256(), secret, 32, reinterpret_cast<const unsigned char*>(label), std::strlen(label), out.data(), &n);

@@ -20,7 +20,7 @@ namespace {
 
 constexpr std::int64_t kNow = 1'790'000'000'000;  // Unix ms
 
-constexpr auto KeyOf = test_util::TestKey;
+ContentKey KeyOf(std::uint8_t seed) { return test_util::TestKey(seed); }
 using test_util::TestKeyring;
 
 std::string Lease(const L3Keyring& ring, const ContentKey& key, const std::string& owner, std::int64_t expiry) {
@@ -55,7 +55,7 @@ TEST(L3Lease, AuthenticLeaseNamesItsOwnerAndItsTagIsTheDocumentedHmac) {
   EXPECT_EQ(v.substr(head.size() + 32 + 1 + 64 + 1), owner);
   std::uint8_t nonce[16];
   ASSERT_TRUE(internal::ParseHex(nonce_hex, nonce, 16));
-  std::string msg("epd-l3 lease v1", 16);  // with its NUL
+  std::string msg("epd-l3 lease v1\0", 16);  // with its NUL
   const std::uint32_t id = 3;
   const std::uint64_t expiry = kNow + 10000;
   for (int i = 0; i < 4; ++i) msg += static_cast<char>((id >> (8 * i)) & 0xff);

@@ -21,6 +21,7 @@ std::vector<ContentKey> RandomKeys(std::size_t n) {
 
 std::vector<std::string> Names(int n) {
   std::vector<std::string> out;
+  out.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) out.push_back("10.0.0." + std::to_string(i + 1) + ":6379/0");
   return out;
 }

@@ -26,7 +26,7 @@ namespace {
 
 using test_util::Le;
 using test_util::SetLe;
-constexpr auto KeyOf = test_util::TestKey;
+ContentKey KeyOf(std::uint8_t seed) { return test_util::TestKey(seed); }
 
 // 6 tokens x 4 hidden, 2 deepstack layers, bf16: main 48 bytes, deepstack 96.
 Embedding Sample() {
@@ -276,7 +276,7 @@ Embedding KeyedSample() {
   e.deepstack_layers = 1;
   e.grid = {1, 2, 8};
   for (int i = 0; i < 12; ++i) {
-    const float m = 0.5f * i - 2, d = -1.25f * i;
+    const float m = 0.5f * static_cast<float>(i) - 2, d = -1.25f * static_cast<float>(i);
     const auto* pm = reinterpret_cast<const std::byte*>(&m);
     const auto* pd = reinterpret_cast<const std::byte*>(&d);
     e.main.insert(e.main.end(), pm, pm + 4);
@@ -380,7 +380,7 @@ TEST(L3ValueKeyed, AlteredOrForeignValuesAreUnauthenticated) {
   SetLe(grid, 48, 8, 4);  // grid (1, 4, 8): 8 tokens, a bad header too
   ExpectRefused(grid, o, StatusCode::kUnauthenticated, "tag mismatch");
   std::string tag = v;
-  tag[130] ^= 0x80;
+  tag[130] = static_cast<char>(tag[130] ^ 0x80);
   ExpectRefused(tag, o, StatusCode::kUnauthenticated, "tag mismatch");
   // The same id with another secret (another cluster), and an unknown id.
   ExpectRefused(v, Keyed(TestKeyring(7, 2)), StatusCode::kUnauthenticated, "tag mismatch");

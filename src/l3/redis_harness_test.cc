@@ -26,7 +26,7 @@ char State(const std::string& path) {
   std::string line;
   if (!std::getline(stat, line)) return 0;
   const std::size_t close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '\0';
 }
 
 // Whether process `pid` has not finished exiting. A zombie is gone (dead,

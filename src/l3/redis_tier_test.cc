@@ -128,7 +128,7 @@ TEST(RedisTier, ValueWrittenByOneProcessIsReadByAnother) {
   EXPECT_EQ((*got)->main, Rows(3, 5, 0x42)->main);
   const SharedTierStats sa = a->Stats(), sb = b->Stats();
   EXPECT_EQ(sa.writes, 1u);
-  EXPECT_EQ(sa.write_bytes, kL3HeaderBytes + 3 * 5 * 4);
+  EXPECT_EQ(sa.write_bytes, kL3HeaderBytes + std::size_t{3} * 5 * 4);
   EXPECT_EQ(sb.gets, 2u);
   EXPECT_EQ(sb.hits, 1u);
   EXPECT_EQ(sb.misses, 1u);
@@ -241,7 +241,7 @@ TEST(RedisTier, StalledRedisTimesOutAndIsUsedAgainOnceItAnswers) {
 
 TEST(RedisTier, FullRedisRefusesWritesAndReadsGoOn) {
   RedisServer redis(EPD_REDIS_SERVER, {"--maxmemory-policy", "noeviction"});
-  const std::string filler(200 * 1024, 'x');
+  const std::string filler(std::size_t{200} * 1024, 'x');
   for (int i = 0; i < 20; ++i) redis.Cli({"SET", test_util::Name("filler", i), filler});
   ASSERT_EQ(redis.Cli({"CONFIG", "SET", "maxmemory", "1mb"}), "+OK\r\n");
   auto t = Open({redis.url()}, "a");
@@ -323,7 +323,7 @@ TEST(RedisTierKeyed, ForgedChecksummedValueIsRefusedDeletedAndReencodedAndAKeyed
   // The re-encode writes format 2, which another keyed process serves.
   t->PutAsync(KeyOf(40), Rows(2, 2, 7));
   AwaitWrites(*t, 1);
-  EXPECT_EQ(t->Stats().write_bytes, kL3KeyedHeaderBytes + 2 * 2 * 4);
+  EXPECT_EQ(t->Stats().write_bytes, kL3KeyedHeaderBytes + std::size_t{2} * 2 * 4);
   EXPECT_EQ(ValueIn(redis, KeyOf(40)).substr(4, 1), std::string(1, '\x02'));
   auto b = Open({redis.url()}, "b", nullptr, ring);
   StatusOr<EmbeddingPtr> got = b->Get(KeyOf(40));

@@ -129,6 +129,7 @@ TEST(WorkerLoopL3, ManyRequestsForOneNewKeyCostOneLookup) {
   ASSERT_TRUE(EncodeOne(*a, "w", img).all_ok());
   AwaitWrites(*a, 1);
   std::vector<std::future<RequestResult>> futures;
+  futures.reserve(8);
   for (int i = 0; i < 8; ++i) futures.push_back(b->loop->Submit(Request(test_util::Name("r", i), {img})));
   for (auto& f : futures) {
     RequestResult r = f.get();
@@ -177,6 +178,7 @@ TEST(WorkerLoopL3, SameImagesSentToThreeServersAtOnceAreEncodedOnceInTotal) {
   std::vector<std::unique_ptr<Node>> nodes;
   for (const char* id : {"a", "b", "c"}) nodes.push_back(MakeNode(TierOptions(redis, id)));
   std::vector<std::string> images;
+  images.reserve(6);
   for (int i = 0; i < 6; ++i) images.push_back(Png(56, 56, 10 + i));
   std::vector<std::future<RequestResult>> futures;
   for (int i = 0; i < 6; ++i) {
@@ -293,7 +295,7 @@ TEST(WorkerLoopL3, KilledRedisFallsBackToTheLocalTiersAndRestartedRedisIsUsedAga
 TEST(WorkerLoopL3, FullRedisRefusesWritesAndServingGoesOn) {
   RedisServer redis(EPD_REDIS_SERVER, {"--maxmemory-policy", "noeviction"});
   // 4 MB of other data, then a 1 MB limit: every write is refused (OOM).
-  const std::string filler(200 * 1024, 'x');
+  const std::string filler(std::size_t{200} * 1024, 'x');
   for (int i = 0; i < 20; ++i) redis.Cli({"SET", test_util::Name("filler", i), filler});
   ASSERT_EQ(redis.Cli({"CONFIG", "SET", "maxmemory", "1mb"}), "+OK\r\n");
   auto a = MakeNode(TierOptions(redis, "a"));

@@ -90,7 +90,7 @@ TEST(ContentKeyTest, FieldBoundariesCannotCollide) {
 
 TEST(ContentKeyTest, RawPixelKeyIncludesDimensions) {
   PreprocessConfig cfg;
-  const Bytes pixels(30 * 150 * 3, 0x5a);
+  const Bytes pixels(std::size_t{30} * 150 * 3, 0x5a);
   auto wide = ComputeRawPixelKey("m", cfg, 150, 30, 3, pixels);
   auto tall = ComputeRawPixelKey("m", cfg, 30, 150, 3, pixels);
   ASSERT_TRUE(wide.ok() && tall.ok());
@@ -103,7 +103,7 @@ TEST(ContentKeyTest, RawPixelKeyIncludesDimensions) {
 
 TEST(ContentKeyTest, RawPixelKeyDiffersFromEncodedKeyOfSameBytes) {
   PreprocessConfig cfg;
-  const Bytes pixels(4 * 3, 7);
+  const Bytes pixels(std::size_t{4} * 3, 7);
   auto raw = ComputeRawPixelKey("m", cfg, 2, 2, 3, pixels);
   ASSERT_TRUE(raw.ok());
   EXPECT_NE(*raw, ComputeContentKey("m", cfg, pixels));
@@ -372,7 +372,9 @@ TEST(VideoKeyTest, ContainerFrameListAndImageKeysOfTheSameBytesDiffer) {
 
 TEST(VideoKeyTest, ChunkKeyIsThePixelsSizeAndOrderOfItsFrames) {
   const PreprocessConfig cfg;
-  auto frame = [](int w, int h, std::uint8_t v) { return RgbImage{w, h, std::vector<std::uint8_t>(w * h * 3, v)}; };
+  auto frame = [](int w, int h, std::uint8_t v) {
+    return RgbImage{w, h, std::vector<std::uint8_t>(static_cast<std::size_t>(w) * h * 3, v)};
+  };
   const std::vector<RgbImage> ab = {frame(4, 2, 1), frame(4, 2, 2)};
   const std::vector<RgbImage> ba = {frame(4, 2, 2), frame(4, 2, 1)};
   const std::vector<RgbImage> tall = {frame(2, 4, 1), frame(2, 4, 2)};

@@ -41,10 +41,10 @@ TEST(DecodeImageTest, PngRoundTripsExactly) {
 TEST(DecodeImageTest, JpegRoundTripsWithinTolerance) {
   // A smooth image: JPEG at quality 95, 4:4:4, keeps every sample close.
   RgbImage src{64, 48, {}};
-  src.pixels.resize(64 * 48 * 3);
+  src.pixels.resize(std::size_t{64} * 48 * 3);
   for (int y = 0; y < 48; ++y) {
     for (int x = 0; x < 64; ++x) {
-      std::uint8_t* p = &src.pixels[(y * 64 + x) * 3];
+      std::uint8_t* p = &src.pixels[static_cast<std::size_t>(y * 64 + x) * 3];
       p[0] = static_cast<std::uint8_t>(x * 4);
       p[1] = static_cast<std::uint8_t>(y * 5);
       p[2] = static_cast<std::uint8_t>(128 + (x - y) / 2);
@@ -67,12 +67,12 @@ TEST(DecodeImageTest, JpegRoundTripsWithinTolerance) {
 }
 
 TEST(DecodeImageTest, GrayscaleJpegComesOutAsRgb) {
-  Bytes gray(32 * 16);
+  Bytes gray(std::size_t{32} * 16);
   for (int i = 0; i < 32 * 16; ++i) gray[i] = static_cast<std::uint8_t>(60 + (i % 32) * 4);
   auto img = DecodeImage(testing::EncodeJpegGray(32, 16, gray, 95));
   ASSERT_TRUE(img.ok()) << img.status().ToString();
   ASSERT_EQ(img->pixels.size(), 32u * 16 * 3);
-  for (int i = 0; i < 32 * 16; ++i) {
+  for (std::size_t i = 0; i < 32 * 16; ++i) {
     EXPECT_EQ(img->pixels[3 * i], img->pixels[3 * i + 1]);
     EXPECT_EQ(img->pixels[3 * i], img->pixels[3 * i + 2]);
     EXPECT_NEAR(img->pixels[3 * i], gray[i], 6);
@@ -84,7 +84,7 @@ TEST(DecodeImageTest, CmykJpegIsReadWithAdobePolarityAsPillowDoes) {
   // Pillow reads every 4-channel JPEG as inverted ("CMYK;I"): ink
   // 255 - 100 = 155 in each of C, M, Y, K; then cmyk2rgb:
   // nk = 255 - 155 = 100, R = nk - round(155 * 100 / 255) = 100 - 61 = 39.
-  const Bytes cmyk(16 * 16 * 4, 100);
+  const Bytes cmyk(std::size_t{16} * 16 * 4, 100);
   const Bytes jpeg = testing::EncodeJpegCmyk(16, 16, cmyk, 95);
   auto info = ProbeImage(jpeg);
   ASSERT_TRUE(info.ok()) << info.status().ToString();
@@ -470,7 +470,8 @@ TEST(GifTest, FirstFrameIsExpandedThroughItsPalette) {
   auto img = DecodeImage(gif);
   ASSERT_TRUE(img.ok()) << img.status().ToString();
   Bytes want;
-  for (std::uint8_t i : indices) want.insert(want.end(), palette.begin() + 3 * i, palette.begin() + 3 * i + 3);
+  for (std::uint8_t i : indices)
+    want.insert(want.end(), palette.begin() + std::ptrdiff_t{3} * i, palette.begin() + std::ptrdiff_t{3} * i + 3);
   EXPECT_EQ(img->pixels, want);
 }
 

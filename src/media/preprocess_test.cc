@@ -37,7 +37,7 @@ TEST(SmartResizeTest, MatchesQwen2VlTokenTable) {
     EXPECT_EQ(*grid, (GridTHW{1, r.resized_h / 14, r.resized_w / 14}));
     EXPECT_EQ(grid->tokens(2), r.tokens);
     // The table is self-consistent: one token per 28x28 block.
-    EXPECT_EQ(r.resized_h * r.resized_w / (28 * 28), r.tokens);
+    EXPECT_EQ(r.resized_h * r.resized_w / (std::int64_t{28} * 28), r.tokens);
   }
 }
 
@@ -128,10 +128,10 @@ TEST(ResizeTest, HorizontalGradientStaysMonotone) {
   // R rises along x; the blur of a monotone ramp must stay monotone (no
   // ringing on a linear ramp, even for the negative-lobed cubic).
   RgbImage src{200, 10, {}};
-  src.pixels.resize(200 * 10 * 3);
+  src.pixels.resize(std::size_t{200} * 10 * 3);
   for (int y = 0; y < 10; ++y) {
     for (int x = 0; x < 200; ++x) {
-      std::uint8_t* p = &src.pixels[(y * 200 + x) * 3];
+      std::uint8_t* p = &src.pixels[static_cast<std::size_t>(y * 200 + x) * 3];
       p[0] = p[1] = p[2] = static_cast<std::uint8_t>(x * 255 / 199);
     }
   }
@@ -140,11 +140,13 @@ TEST(ResizeTest, HorizontalGradientStaysMonotone) {
     ASSERT_TRUE(out.ok());
     for (int y = 0; y < 7; ++y) {
       for (int x = 1; x < w; ++x) {
-        EXPECT_GE(out->pixels[(y * w + x) * 3], out->pixels[(y * w + x - 1) * 3]) << "w=" << w << " x=" << x;
+        EXPECT_GE(out->pixels[static_cast<std::size_t>(y * w + x) * 3],
+                  out->pixels[static_cast<std::size_t>(y * w + x - 1) * 3])
+            << "w=" << w << " x=" << x;
       }
     }
     EXPECT_LT(out->pixels[0], 10);
-    EXPECT_GT(out->pixels[(w - 1) * 3], 245);
+    EXPECT_GT(out->pixels[static_cast<std::size_t>(w - 1) * 3], 245);
   }
 }
 
@@ -257,7 +259,7 @@ std::vector<float> NaiveQwenPatchify(const std::vector<float>& planar, int H, in
 TEST(PatchifyTest, MatchesNaiveTransposeOnDistinctValues) {
   const PreprocessConfig cfg;
   for (auto [H, W] : {std::pair{56, 56}, std::pair{56, 112}, std::pair{84, 28}}) {
-    std::vector<float> planar(3 * H * W);
+    std::vector<float> planar(std::size_t{3} * H * W);
     std::iota(planar.begin(), planar.end(), 0.0f);  // every value distinct (< 2^24: exact)
     const std::vector<float> got = internal::Patchify(planar, H, W, cfg);
     EXPECT_EQ(got, NaiveQwenPatchify(planar, H, W, 2, 14, 2)) << H << "x" << W;
@@ -270,18 +272,18 @@ TEST(PatchifyTest, FirstRowIsTheTopLeftPatch) {
   // (0,1) (next in the same 2x2 merge block); row 2 = patch (1,0).
   const PreprocessConfig cfg;
   const int H = 56, W = 56;
-  std::vector<float> planar(3 * H * W);
+  std::vector<float> planar(std::size_t{3} * H * W);
   std::iota(planar.begin(), planar.end(), 0.0f);
   const std::vector<float> got = internal::Patchify(planar, H, W, cfg);
   auto at = [&](int c, int y, int x) { return planar[(c * H + y) * W + x]; };
   EXPECT_EQ(got[0], at(0, 0, 0));
   EXPECT_EQ(got[13], at(0, 0, 13));
   EXPECT_EQ(got[14], at(0, 1, 0));
-  EXPECT_EQ(got[196], at(0, 0, 0));        // frame 1 repeats frame 0
-  EXPECT_EQ(got[392], at(1, 0, 0));        // then channel G
-  EXPECT_EQ(got[1176], at(0, 0, 14));      // row 1: patch (0, 1)
-  EXPECT_EQ(got[2 * 1176], at(0, 14, 0));  // row 2: patch (1, 0)
-  EXPECT_EQ(got[4 * 1176], at(0, 0, 28));  // row 4: the next merge block
+  EXPECT_EQ(got[196], at(0, 0, 0));                     // frame 1 repeats frame 0
+  EXPECT_EQ(got[392], at(1, 0, 0));                     // then channel G
+  EXPECT_EQ(got[1176], at(0, 0, 14));                   // row 1: patch (0, 1)
+  EXPECT_EQ(got[std::size_t{2} * 1176], at(0, 14, 0));  // row 2: patch (1, 0)
+  EXPECT_EQ(got[std::size_t{4} * 1176], at(0, 0, 28));  // row 4: the next merge block
 }
 
 TEST(PreprocessTest, NormalisesAndPatchifiesLikeTheReference) {
@@ -294,7 +296,7 @@ TEST(PreprocessTest, NormalisesAndPatchifiesLikeTheReference) {
     EXPECT_EQ(pre->grid, (GridTHW{1, H / 14, W / 14}));
     EXPECT_EQ(pre->patch_dim, 1176);
     EXPECT_EQ(pre->tokens(), H / 28 * (W / 28));
-    std::vector<float> planar(3 * H * W);
+    std::vector<float> planar(std::size_t{3} * H * W);
     for (int c = 0; c < 3; ++c) {
       for (int i = 0; i < H * W; ++i) {
         const float x = static_cast<float>(img.pixels[3 * i + c] / 255.0);

@@ -61,6 +61,7 @@ StatusOr<WeightPlan> PlanWeights(const fs::path& dir) {
       if (!file.is_string()) return InvalidArgument(index.string() + ": weight_map['" + name + "'] is not a string");
       const std::string f = file.get<std::string>();
       if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
+        // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
         return InvalidArgument(index.string() + ": weight_map['" + name + "'] = '" + f + "' is not a file name");
       }
       plan.weight_map[name] = f;
@@ -242,6 +243,7 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
     if (!file.ok()) return file.status();
     for (const auto& [name, view] : (*file)->tensors()) {
       if (auto [it, fresh] = where.emplace(name, f); !fresh) {
+        // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
         return InvalidArgument("checkpoint " + dir_str + ": tensor '" + name + "' is in both " + it->second + " and " +
                                f);
       }
@@ -253,6 +255,7 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
   for (const auto& [name, file] : plan->weight_map) {
     auto it = where.find(name);
     if (it == where.end() || it->second != file) {
+      // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
       return InvalidArgument("checkpoint " + dir_str + ": model.safetensors.index.json puts tensor '" + name + "' in " +
                              file + ", which does not hold it");
     }
@@ -282,6 +285,7 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
     const std::string name = it->first.substr(prefix.size());
     auto e = expected.find(name);
     if (e == expected.end()) {
+      // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
       return InvalidArgument("checkpoint " + dir_str + ": unexpected tensor '" + it->first + "' (not part of a " +
                              arch_name + " vision tower with this config.json)");
     }
@@ -298,8 +302,10 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
   }
   for (const auto& [name, shape] : expected) {
     if (!ck->tensors_.count(name)) {
+      // NOLINTBEGIN(performance-inefficient-string-concatenation): built once, for the error returned
       return InvalidArgument("checkpoint " + dir_str + ": missing tensor '" + prefix + name + "' (" +
                              ShapeToString(shape) + ") of the " + arch_name + " vision tower");
+      // NOLINTEND(performance-inefficient-string-concatenation)
     }
   }
   ck->model_id_ = ModelId(*arch, ck->tensors_, ck->vision_);

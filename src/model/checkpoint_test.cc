@@ -104,7 +104,7 @@ class CheckpointTest : public ::testing::Test {
 
   // A private copy of checkpoint `name` at tmp_/as.
   fs::path Copy(const std::string& name, const std::string& as = "copy") {
-    const fs::path dst = tmp_ / as;
+    fs::path dst = tmp_ / as;
     fs::copy(kCheckpoints / name, dst, fs::copy_options::recursive);
     return dst;
   }

@@ -20,9 +20,9 @@ using test_util::Le64;
 class SafetensorsFileTest : public ::testing::Test {
  protected:
   std::string Write(const std::string& bytes) {
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("epd_st_" + std::to_string(getpid()) + "_" + std::to_string(counter_++)))
-                                 .string();
+    std::string path = (std::filesystem::temp_directory_path() /
+                        ("epd_st_" + std::to_string(getpid()) + "_" + std::to_string(counter_++)))
+                           .string();
     std::ofstream(path, std::ios::binary) << bytes;
     paths_.push_back(path);
     return path;

@@ -11,7 +11,6 @@ namespace epd::internal {
 namespace {
 
 using simdjson::dom::element;
-using simdjson::dom::element_type;
 
 FrontError Bad(std::string message, std::string code, std::string param) {
   return FrontError{400, std::move(message), std::move(code), std::move(param)};

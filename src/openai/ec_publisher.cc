@@ -1,7 +1,6 @@
 // See epd/openai/ec_publisher.h.
 #include "epd/openai/ec_publisher.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <system_error>
@@ -20,6 +20,7 @@
 namespace epd {
 namespace {
 
+namespace fs = std::filesystem;
 using SysClock = std::chrono::system_clock;
 constexpr char kFile[] = "encoder_cache.safetensors";
 constexpr char kTempPrefix[] = ".encoder_cache.safetensors.tmp-";
@@ -110,35 +111,40 @@ struct EcPublisher::Impl {
 
   // Files present at Open, oldest by mtime first; stale temporaries (older
   // than the grace: no live writer is that slow) are removed.
+  // std::filesystem::directory_iterator, not readdir: readdir may share its
+  // buffer across threads (concurrency-mt-unsafe).
   Status Scan() {
-    DIR* d = opendir(o.dir.c_str());
-    if (d == nullptr)
-      return Status(StatusCode::kInternal,
-                    "cannot read --ec-dir " + o.dir + ": " + std::generic_category().message(errno));
+    std::error_code ec;
+    fs::directory_iterator d(o.dir, ec);
+    if (ec) return Status(StatusCode::kInternal, "cannot read --ec-dir " + o.dir + ": " + ec.message());
     const auto now = Now();
     std::lock_guard<std::mutex> lock(mu);
-    while (dirent* ent = readdir(d)) {
-      const std::string id = ent->d_name;
+    for (; !ec && d != fs::directory_iterator(); d.increment(ec)) {
+      const std::string id = d->path().filename().string();
       if (!CheckId(id).ok()) continue;
       const std::string sub = o.dir + "/" + id;
-      if (DIR* inner = opendir(sub.c_str())) {
-        while (dirent* f = readdir(inner)) {
-          struct stat st {};
-          const std::string path = sub + "/" + f->d_name;
-          if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-          const auto mtime = SysClock::time_point(std::chrono::seconds(st.st_mtim.tv_sec));
-          if (std::string_view(f->d_name).starts_with(kTempPrefix)) {
-            if (now - mtime >= o.grace) unlink(path.c_str());
-          } else if (std::strcmp(f->d_name, kFile) == 0) {
-            Record(id, st.st_size, mtime);
-          }
-        }
-        closedir(inner);
+      std::error_code inner_ec;
+      for (fs::directory_iterator f(sub, inner_ec); !inner_ec && f != fs::directory_iterator(); f.increment(inner_ec)) {
+        ScanFile(id, f->path(), now);
       }
     }
-    closedir(d);
     Evict(now);
     return Status::Ok();
+  }
+
+  // One file of <dir>/<id>: a stale temporary is removed, the cache file
+  // recorded; anything else is left alone.
+  void ScanFile(const std::string& id, const fs::path& file, SysClock::time_point now) {
+    struct stat st {};
+    const std::string path = file.string();
+    if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;
+    const auto mtime = SysClock::time_point(std::chrono::seconds(st.st_mtim.tv_sec));
+    const std::string name = file.filename().string();
+    if (name.starts_with(kTempPrefix)) {
+      if (now - mtime >= o.grace) unlink(path.c_str());
+    } else if (name == kFile) {
+      Record(id, st.st_size, mtime);
+    }
   }
 
   // Writes `bytes` as <dir>/<id>/encoder_cache.safetensors unless it exists.

@@ -171,6 +171,7 @@ TEST(EcPublisherTest, APollingReaderNeverSeesAPartialFileDuring200ConcurrentPubl
     }
   });
   std::vector<std::thread> writers;
+  writers.reserve(8);
   std::atomic<int> failures{0};
   while (!reading) std::this_thread::yield();
   for (int t = 0; t < 8; ++t) {

@@ -60,10 +60,13 @@ void Compare(const json& kwargs, const std::string& name, const Settings& mine, 
   Flatten(kwargs, "", leaves);
   for (const auto& [key, value] : leaves) {
     const auto it = mine.find(key);
+    std::string entry = name;
+    entry.append(".").append(key);
     if (it == mine.end() || !it->second.has_value()) {
-      unknown.push_back(name + "." + key);
+      unknown.push_back(std::move(entry));
     } else if (!value->is_number() || std::abs(value->get<double>() - *it->second) > 1e-9 * std::abs(*it->second)) {
-      differ.push_back(name + "." + key + " = " + value->dump() + " (this server: " + Number(*it->second) + ")");
+      entry.append(" = ").append(value->dump()).append(" (this server: ").append(Number(*it->second)).append(")");
+      differ.push_back(std::move(entry));
     }
   }
 }

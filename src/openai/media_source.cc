@@ -23,7 +23,8 @@ std::string RealPath(const std::string& path) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<MediaSource>> MediaSource::Create(MediaFetchOptions fetch, std::string allowed_local_path) {
+StatusOr<std::unique_ptr<MediaSource>> MediaSource::Create(MediaFetchOptions fetch,
+                                                           const std::string& allowed_local_path) {
   auto m = std::unique_ptr<MediaSource>(new MediaSource());
   m->max_bytes_ = fetch.max_bytes;
   StatusOr<std::unique_ptr<MediaFetcher>> f = MediaFetcher::Create(std::move(fetch));
@@ -80,7 +81,7 @@ StatusOr<std::string> MediaSource::FromData(const std::string& url) const {
     const int fin = rc < 0 ? -1 : EVP_DecodeFinal(ctx, dst + n, &tail);
     EVP_ENCODE_CTX_free(ctx);
     if (rc < 0 || fin < 0) return InvalidArgument("the data: URL's payload is not valid base64");
-    out.resize(static_cast<std::size_t>(n + tail));
+    out.resize(static_cast<std::size_t>(n) + static_cast<std::size_t>(tail));
   }
   if (out.empty()) return InvalidArgument("the data: URL's payload is empty");
   return out;

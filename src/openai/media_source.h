@@ -32,7 +32,7 @@ namespace epd::internal {
 class MediaSource {
  public:
   // kInvalidArgument when allowed_local_path is set but not a directory.
-  static StatusOr<std::unique_ptr<MediaSource>> Create(MediaFetchOptions fetch, std::string allowed_local_path);
+  static StatusOr<std::unique_ptr<MediaSource>> Create(MediaFetchOptions fetch, const std::string& allowed_local_path);
 
   StatusOr<std::string> Resolve(const std::string& url) const;
 

@@ -215,6 +215,7 @@ TEST(RequestBudgetTest, ThousandsOfWaitersRacingReleasesCancelsAndDeadlinesEachH
   }
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
+  threads.reserve(2);
   // Two cancellers, over the same waiters in opposite orders: a Cancel meets
   // a waiter a Release or the other canceller is answering.
   for (int dir = 0; dir < 2; ++dir) {
@@ -318,6 +319,7 @@ TEST(AdmissionServerTest, BurstOverTheBudgetRefusesTheExcessAndSmallRequestsStil
 
   constexpr std::size_t kBig = 1200 << 10;
   std::vector<std::future<RawCall>> big;
+  big.reserve(2);
   for (int i = 0; i < 2; ++i) {
     big.push_back(std::async(std::launch::async, [&, i] {
       return CallEncode(*t.stub, MakeRequest("big-" + std::to_string(i), {PaddedPng(i, kBig)}));

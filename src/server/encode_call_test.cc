@@ -124,6 +124,7 @@ TEST(EncodeCallTest, CancelWhileWaitingForAdmissionEndsTheCallAndTakesNoBudget) 
   ASSERT_NE(t.server, nullptr);
   t.hold->store(true);
   std::vector<std::future<RawCall>> big;
+  big.reserve(2);
   for (int i = 0; i < 2; ++i) {
     big.push_back(std::async(std::launch::async, [&, i] {
       return CallEncode(*t.stub, MakeRequest("big-" + std::to_string(i), {PaddedPng(i)}), milliseconds(60000));
@@ -305,6 +306,7 @@ TEST(EncodeCallTest, ShutdownZeroEndsWaitingQueuedAndStreamingCalls) {
   v1::EncodedItem item;
   ASSERT_TRUE(streaming->reader->Read(&item));
   std::vector<std::future<RawCall>> calls;
+  calls.reserve(2);
   for (int i = 0; i < 2; ++i) {
     calls.push_back(std::async(std::launch::async, [&, i] {
       return CallEncode(*t.stub, MakeRequest("big-" + std::to_string(i), {PaddedPng(10 + i)}), milliseconds(60000));
@@ -404,6 +406,7 @@ TEST(EncodeCallTest, ConcurrentCallsWithRandomCancelsGetEveryItemOnceWithTheRigh
     }
   };
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int i = 0; i < kThreads; ++i) threads.emplace_back(run, i);
   for (std::thread& th : threads) th.join();
   EXPECT_EQ(cancels_seen.load() + completed.load(), kThreads * kCallsPerThread);
@@ -622,6 +625,7 @@ TEST(EncodeCallTest, AdmissionWaitZeroRefusesACallThatDoesNotFitAtOnce) {
   ASSERT_NE(t.server, nullptr);
   t.hold->store(true);
   std::vector<std::future<RawCall>> big;
+  big.reserve(2);
   for (int i = 0; i < 2; ++i) {
     big.push_back(std::async(std::launch::async, [&, i] {
       return CallEncode(*t.stub, MakeRequest("big-" + std::to_string(i), {PaddedPng(50 + i)}), milliseconds(60000));

@@ -229,14 +229,15 @@ TEST(LeaseBookTest, AgreesWithAPlainModelOverARandomSequence) {
       ASSERT_NE(owner, 0u);
       owners[owner] = true;
     } else if (pick < 92) {
-      const std::uint64_t owner = owners.empty() ? 1 : std::next(owners.begin(), rng() % owners.size())->first;
+      const std::uint64_t owner =
+          owners.empty() ? 1 : std::next(owners.begin(), static_cast<std::ptrdiff_t>(rng() % owners.size()))->first;
       const bool want = owners.contains(owner) && owners[owner] && any_generation > 0 &&
                         any_generation < model.size() && model[any_generation].how == How::kLive &&
                         model[any_generation].owner == 0;
       ASSERT_EQ(book.Adopt(any_generation, owner), want) << "step " << step;
       if (want) model[any_generation].owner = owner;
     } else if (!owners.empty()) {
-      const std::uint64_t owner = std::next(owners.begin(), rng() % owners.size())->first;
+      const std::uint64_t owner = std::next(owners.begin(), static_cast<std::ptrdiff_t>(rng() % owners.size()))->first;
       std::vector<std::uint64_t> want;
       for (std::uint64_t g = 1; g < model.size(); ++g) {
         if (owners[owner] && model[g].how == How::kLive && model[g].owner == owner) {

@@ -114,7 +114,7 @@ TEST(ServerBadInputTest, TruncatedImageIsInvalidArgument) {
 
 TEST(ServerBadInputTest, ImageWithTooManyPixelsIsInvalidArgument) {
   TestServerOptions o;
-  o.worker.limits.max_pixels = 100 * 100;
+  o.worker.limits.max_pixels = std::int64_t{100} * 100;
   TestServer t = StartTestServer(o);
   RawCall r = CallEncode(*t.stub, MakeRequest("big", {Png(200, 120, 7)}));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -126,7 +126,7 @@ TEST(ServerBadInputTest, EveryFormatsTruncatedCorruptAndLyingFilesAreInvalidArgu
   TestServer t = StartTestServer();
   const RgbImage img = PatternImage(64, 48);
   const Bytes palette = {0, 0, 0, 255, 255, 255};
-  const Bytes gif = EncodeGif(64, 48, 0, 0, 64, 48, Bytes(64 * 48, 1), palette);
+  const Bytes gif = EncodeGif(64, 48, 0, 0, 64, 48, Bytes(std::size_t{64} * 48, 1), palette);
   const Bytes webp = EncodeWebpLosslessRgb(img);
   const Bytes bmp = EncodeBmp24(img);
   Bytes lying_gif = gif;
@@ -135,7 +135,7 @@ TEST(ServerBadInputTest, EveryFormatsTruncatedCorruptAndLyingFilesAreInvalidArgu
   corrupt_webp[12] = 'X';  // the image chunk's type
   Bytes corrupt_bmp = bmp;
   corrupt_bmp[14] = 99;  // info header size
-  Bytes cmyk_jpeg = EncodeJpegCmyk(16, 16, Bytes(16 * 16 * 4, 100), 90);
+  Bytes cmyk_jpeg = EncodeJpegCmyk(16, 16, Bytes(std::size_t{16} * 16 * 4, 100), 90);
   struct Case {
     std::string name;
     Bytes bytes;
@@ -391,7 +391,7 @@ TEST(ServerBadInputTest, TowerFailureFailsOnlyThatBatchsRequests) {
   ASSERT_TRUE(hit.status.ok());
   EXPECT_EQ(hit.items[0].source(), v1::SOURCE_L1);
   t.hold->store(false);
-  for (RawCall r : {a.get(), b.get()}) {
+  for (const RawCall& r : {a.get(), b.get()}) {
     EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INTERNAL);
     EXPECT_TRUE(Contains(r.status.error_message(), "injected tower failure")) << r.status.error_message();
   }

@@ -420,7 +420,7 @@ TEST(EncodeServerTest, ClientThatDoesNotReadPastItsTenantsShareHoldsNoTowerBatch
   slow_ctx.AddMetadata("x-epd-tenant", "slow");
   auto slow = slow_stub->Encode(&slow_ctx, MakeRequest("slow", {Png(56, 56, 41), Png(56, 56, 42), Png(56, 56, 43)}));
   // All three results wait on the slow call: 9 MiB, nine times the bound.
-  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().buffered_bytes == 3 * (3 << 20); }));
+  ASSERT_TRUE(WaitFor([&] { return t.server->Stats().buffered_bytes == std::int64_t{3} * (3 << 20); }));
   EXPECT_EQ(t.server->Stats().throttled_calls, 1u);
 
   // Another tenant's miss runs on the tower meanwhile.

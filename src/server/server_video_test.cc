@@ -85,8 +85,8 @@ TEST(ServerVideoTest, FrameListIsAVideo) {
   v1::EncodeItem* item = r.add_items();
   for (int k = 0; k < 3; ++k) item->mutable_video_frames()->add_frames(Png(56, 56, k + 1));
   // Keep 56x56 frames at 56x56; 3 frames are padded to 4 (2 temporal patches).
-  item->mutable_sampling()->set_min_pixels(28 * 28);
-  item->mutable_sampling()->set_max_pixels(56 * 56);
+  item->mutable_sampling()->set_min_pixels(std::int64_t{28} * 28);
+  item->mutable_sampling()->set_max_pixels(std::int64_t{56} * 56);
   RawCall c = CallEncode(*t.stub, r);
   ASSERT_TRUE(c.status.ok()) << c.status.error_message();
   ASSERT_EQ(c.items[0].grid_thw_size(), 3);

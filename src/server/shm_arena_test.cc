@@ -110,7 +110,7 @@ TEST(ShmArenaTest, ReleaseTwiceOrWithAWrongGenerationIsRefusedAndCounted) {
 
 TEST(ShmArenaTest, FullArenaRefusesUntilNeighboursAreReleasedAndCoalesced) {
   ManualClock clock;
-  auto arena = MakeArena(4 * 64, milliseconds(1000), &clock);
+  auto arena = MakeArena(std::int64_t{4} * 64, milliseconds(1000), &clock);
   ASSERT_NE(arena, nullptr);
   auto s0 = arena->Acquire("", 64), s1 = arena->Acquire("", 64), s2 = arena->Acquire("", 64),
        s3 = arena->Acquire("", 64);
@@ -127,7 +127,7 @@ TEST(ShmArenaTest, FullArenaRefusesUntilNeighboursAreReleasedAndCoalesced) {
 
 TEST(ShmArenaTest, OneKeySharesOneSpanWrittenOnce) {
   ManualClock clock;
-  auto arena = MakeArena(4 * 64, milliseconds(1000), &clock);
+  auto arena = MakeArena(std::int64_t{4} * 64, milliseconds(1000), &clock);
   ASSERT_NE(arena, nullptr);
   auto a = arena->Acquire("A", 64);
   ASSERT_TRUE(a.has_value());
@@ -163,7 +163,7 @@ TEST(ShmArenaTest, OneKeySharesOneSpanWrittenOnce) {
 
 TEST(ShmArenaTest, IdleSpansAreEvictedLeastRecentlyUsedFirstAndLeasedOnesNever) {
   ManualClock clock;
-  auto arena = MakeArena(3 * 64, milliseconds(1000), &clock);
+  auto arena = MakeArena(std::int64_t{3} * 64, milliseconds(1000), &clock);
   ASSERT_NE(arena, nullptr);
   std::map<std::string, ShmArena::Span> spans;
   for (const char* k : {"A", "B", "C"}) {

@@ -95,7 +95,7 @@ void FillDistinct(const Table& table, S& s, int& n) {
       } else if constexpr (std::is_same_v<T, double>) {
         v = 1000.0 * n + 3.25;
       } else {
-        v = static_cast<T>(1000 * n + 3);
+        v = static_cast<T>(n) * 1000 + 3;
       }
     });
   }
@@ -250,7 +250,8 @@ TEST(StatsTablesTest, EachRowWithASeriesShowsItsValueThereUnderItsFamilysTypeAnd
     if (r.metric.family.empty()) continue;
     const std::string family(r.metric.family);
     const std::string type = r.kind == StatKind::kCounter ? "counter" : "gauge";
-    EXPECT_NE(page.find("# TYPE " + family + " " + type + "\n"), std::string::npos) << family;
+    EXPECT_NE(page.find(std::string("# TYPE ").append(family).append(" ").append(type).append("\n")), std::string::npos)
+        << family;
     EXPECT_NE(page.find("# HELP " + family + " " + r.help + "\n"), std::string::npos) << family;
   }
   // A few by hand: the irregular names and the maps.
@@ -309,12 +310,14 @@ TEST(StatsTablesTest, EverySeriesTheDocsNameIsOnThePage) {
       const std::size_t eq = labels.find('=');
       const std::string key = labels.substr(0, eq);
       if (eq == std::string::npos) {
-        EXPECT_NE(page.find(name + "{" + key + "=\""), std::string::npos) << doc << " names " << (*m)[0];
+        EXPECT_NE(page.find(std::string(name).append("{").append(key).append("=\"")), std::string::npos)
+            << doc << " names " << (*m)[0];
         continue;
       }
       std::stringstream values(labels.substr(eq + 1));
       for (std::string v; std::getline(values, v, '|');) {
-        EXPECT_NE(page.find(name + "{" + key + "=\"" + v + "\"}"), std::string::npos) << doc << ": " << (*m)[0];
+        const std::string series = std::string(name).append("{").append(key).append("=\"").append(v).append("\"}");
+        EXPECT_NE(page.find(series), std::string::npos) << doc << ": " << (*m)[0];
       }
     }
   }

@@ -32,6 +32,7 @@ TEST(TaskPoolTest, OneThreadRunsDueTasksInPostOrder) {
   gate.set_value();
   last.get_future().wait();
   std::vector<int> expected;
+  expected.reserve(20);
   for (int i = 0; i < 20; ++i) expected.push_back(i);
   EXPECT_EQ(order, expected);
 }

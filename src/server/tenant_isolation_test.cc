@@ -173,8 +173,8 @@ v1::EncodeRequest FramesRequest(const std::string& id, int frames) {
   r.set_id(id);
   v1::EncodeItem* item = r.add_items();
   for (int k = 0; k < frames; ++k) item->mutable_video_frames()->add_frames(Png(56, 56, 40 + k));
-  item->mutable_sampling()->set_min_pixels(28 * 28);
-  item->mutable_sampling()->set_max_pixels(56 * 56);
+  item->mutable_sampling()->set_min_pixels(std::int64_t{28} * 28);
+  item->mutable_sampling()->set_max_pixels(std::int64_t{56} * 56);
   return r;
 }
 

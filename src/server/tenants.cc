@@ -52,7 +52,7 @@ std::optional<std::string> SubjectField(const std::string& subject, const std::s
   return std::nullopt;
 }
 
-TenantDirectory::TenantDirectory(const ServerOptions& o, std::vector<TokenCheck::Entry> entries)
+TenantDirectory::TenantDirectory(const ServerOptions& o, const std::vector<TokenCheck::Entry>& entries)
     : tokens_(entries),
       tenant_header_(o.tenant_metadata),
       trust_header_(o.trust_tenant_header),
@@ -87,7 +87,7 @@ StatusOr<std::unique_ptr<TenantDirectory>> TenantDirectory::Create(const ServerO
   }
   const bool salted = o.tenant_isolation == TenantIsolation::kSalted ||
                       (o.tenant_isolation == TenantIsolation::kAuto && tenants.size() > 1);
-  std::unique_ptr<TenantDirectory> d(new TenantDirectory(o, std::move(entries)));
+  std::unique_ptr<TenantDirectory> d(new TenantDirectory(o, entries));
   if (!salted) return d;
   if (o.tenant_secret.size() < kMinSecretBytes) {
     return InvalidArgument(

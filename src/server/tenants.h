@@ -72,7 +72,7 @@ class TenantDirectory {
   const std::set<std::string>& configured() const { return configured_; }
 
  private:
-  TenantDirectory(const ServerOptions& options, std::vector<TokenCheck::Entry> entries);
+  TenantDirectory(const ServerOptions& options, const std::vector<TokenCheck::Entry>& entries);
 
   const TokenCheck tokens_;
   const std::string tenant_header_;

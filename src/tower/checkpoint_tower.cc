@@ -397,7 +397,7 @@ StatusOr<TowerOutput> CheckpointTower::Encode(std::span<const TowerItem> items) 
 
 }  // namespace
 
-StatusOr<std::unique_ptr<VisionTower>> LoadCheckpointTower(std::shared_ptr<const Checkpoint> checkpoint,
+StatusOr<std::unique_ptr<VisionTower>> LoadCheckpointTower(const std::shared_ptr<const Checkpoint>& checkpoint,
                                                            const CheckpointTowerOptions& options) {
   if (checkpoint == nullptr) return InvalidArgument("checkpoint tower: checkpoint is null");
   if (options.num_threads < 0) {
@@ -436,7 +436,7 @@ StatusOr<std::unique_ptr<VisionTower>> LoadCheckpointTower(const CheckpointTower
   if (options.dir.empty()) return InvalidArgument("checkpoint tower dir is empty");
   StatusOr<std::shared_ptr<const Checkpoint>> ck = OpenCheckpoint(options.dir);
   if (!ck.ok()) return ck.status();
-  return LoadCheckpointTower(std::move(*ck), options);
+  return LoadCheckpointTower(*ck, options);
 }
 
 std::optional<CheckpointTowerStats> GetCheckpointTowerStats(const VisionTower& tower) {

@@ -76,7 +76,7 @@ std::unique_ptr<epd::VisionTower> Load(std::shared_ptr<const epd::Checkpoint> ck
   o.device = device;
   o.compute_dtype = compute;
   o.num_threads = threads;
-  auto t = epd::LoadCheckpointTower(std::move(ck), o);
+  auto t = epd::LoadCheckpointTower(ck, o);
   if (!t.ok()) {
     *error = t.status().ToString();
     return nullptr;

@@ -66,6 +66,7 @@ struct Item {
 std::vector<std::pair<std::vector<float>, std::vector<float>>> EncodeBatch(VisionTower& tower,
                                                                            const std::vector<const Item*>& order) {
   std::vector<TowerItem> items;
+  items.reserve(order.size());
   for (const Item* it : order) items.push_back({it->patches.data(), it->grid, tower.patch_dim()});
   auto out = tower.Encode(items);
   EXPECT_TRUE(out.ok()) << out.status().ToString();
@@ -211,7 +212,7 @@ TEST(CheckpointTowerTest, Bfloat16OutputIsTheRoundedFloat32Output) {
 TEST(CheckpointTowerTest, BadItemsAndOptionsAreRejected) {
   auto tower = Load(kCheckpoints / "qwen2_vl_f32");
   ASSERT_NE(tower, nullptr);
-  const std::vector<float> rows(static_cast<std::size_t>(4 * 6 * tower->patch_dim()));
+  const std::vector<float> rows(static_cast<std::size_t>(tower->patch_dim()) * 4 * 6);
   const TowerItem wrong_dim{rows.data(), {1, 4, 6}, tower->patch_dim() + 1};
   auto s = tower->Encode({&wrong_dim, 1});
   ASSERT_FALSE(s.ok());

@@ -43,7 +43,8 @@ TEST(ForwardLayoutTest, RasterPositionsFollowMergeBlocks) {
     for (int bx = 0; bx < 3; ++bx) {
       for (int iy = 0; iy < 2; ++iy) {
         for (int ix = 0; ix < 2; ++ix) {
-          const std::size_t row = static_cast<std::size_t>(4 * (by * 3 + bx) + iy * 2 + ix);
+          const int r = 4 * (by * 3 + bx) + iy * 2 + ix;
+          const auto row = static_cast<std::size_t>(r);
           EXPECT_EQ(l.positions[2 * row], 2 * by + iy) << row;
           EXPECT_EQ(l.positions[2 * row + 1], 2 * bx + ix) << row;
         }

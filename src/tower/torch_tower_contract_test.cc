@@ -39,8 +39,8 @@ struct Attrs {
 // `skip` names one attribute to leave out; `tweak` may add others.
 class TempTower {
  public:
-  TempTower(const std::string& forward_src, const Attrs& attrs = {}, const std::string& skip = "",
-            const std::function<void(torch::jit::Module&)>& tweak = nullptr) {
+  explicit TempTower(const std::string& forward_src, const Attrs& attrs = {}, const std::string& skip = "",
+                     const std::function<void(torch::jit::Module&)>& tweak = nullptr) {
     static std::atomic<int> counter{0};
     path_ = (std::filesystem::temp_directory_path() /
              ("epd_contract_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".pt"))
@@ -92,7 +92,8 @@ def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tuple[Tensor, Tenso
 std::vector<float> Rows(std::int64_t rows, int item) {
   std::vector<float> v(rows * kPatchDim);
   for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < kPatchDim; ++c) v[r * kPatchDim + c] = item * 1000 + r * 16 + c;
+    for (std::int64_t c = 0; c < kPatchDim; ++c)
+      v[r * kPatchDim + c] = static_cast<float>(std::int64_t{item} * 1000 + r * 16 + c);
   }
   return v;
 }

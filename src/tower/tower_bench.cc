@@ -23,11 +23,13 @@ epd::VisionTower& Tower() {
   static std::unique_ptr<epd::VisionTower> tower = [] {
     epd::TorchTowerOptions opts;
     opts.model_path = EPD_DEFAULT_TOWER_PATH;
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): read once on the main thread, before the tower and its threads exist
     if (const char* t = std::getenv("EPD_TOWER_BENCH_THREADS")) opts.num_threads = std::atoi(t);
     auto t = epd::LoadTorchScriptTower(opts);
     if (!t.ok()) {
       std::fprintf(stderr, "tower_bench: %s\n", t.status().ToString().c_str());
-      std::exit(1);
+      std::fflush(nullptr);
+      std::_Exit(1);  // not std::exit: no static destructors run under torch's pool threads
     }
     std::fprintf(stderr, "tower_bench: %s\n", (*t)->Describe().c_str());
     return std::move(t).value();

@@ -412,10 +412,10 @@ void ExpectRefused(const StatusOr<T>& r, std::initializer_list<const char*> part
 TEST(DecodeVideoTest, DecodeWorkIsRefusedOnTheHeaderWhenItGivesTheFrameCount) {
   const Bytes mp4 = Fixture("h264.mp4");
   VideoLimits limits;
-  limits.max_decode_pixels = 20 * 160 * 120 - 1;
+  limits.max_decode_pixels = std::int64_t{20} * 160 * 120 - 1;
   ExpectRefused(ProbeVideo(mp4, limits), {"max_decode_pixels", "20 frames of 160x120"});  // no frame decoded
   ExpectRefused(DecodeVideo(mp4, {}, {}, limits), {"max_decode_pixels"});
-  limits.max_decode_pixels = 20 * 160 * 120;  // exactly enough
+  limits.max_decode_pixels = std::int64_t{20} * 160 * 120;  // exactly enough
   EXPECT_TRUE(DecodeVideo(mp4, {}, {}, limits).ok());
   limits.max_decode_frames = 19;
   ExpectRefused(ProbeVideo(mp4, limits), {"max_decode_frames"});
@@ -430,7 +430,7 @@ TEST(DecodeVideoTest, DecodeWorkIsRefusedAfterTheDemuxPassWhenTheHeaderHasNoCoun
   limits.max_decode_pixels = 12 * 160 * 120 - 1;
   EXPECT_TRUE(ProbeVideo(webm, limits).ok());  // nothing to check it against yet
   ExpectRefused(DecodeVideo(webm, {}, {}, limits), {"max_decode_pixels", "12 frames of 160x120"});
-  limits.max_decode_pixels = 12 * 160 * 120;
+  limits.max_decode_pixels = std::int64_t{12} * 160 * 120;
   EXPECT_TRUE(DecodeVideo(webm, {}, {}, limits).ok());
 }
 

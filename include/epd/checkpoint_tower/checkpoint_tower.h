@@ -173,8 +173,9 @@ std::optional<CheckpointTowerStats> GetCheckpointTowerStats(const VisionTower& t
 // "checkpoint:/models/q (qwen2_5_vl, cpu, 8 threads, hidden 3584, deepstack 0, float32)".
 StatusOr<std::unique_ptr<VisionTower>> LoadCheckpointTower(const CheckpointTowerOptions& options);
 
-// The same from an opened checkpoint (options.dir is ignored).
-StatusOr<std::unique_ptr<VisionTower>> LoadCheckpointTower(std::shared_ptr<const Checkpoint> checkpoint,
+// The same from an opened checkpoint (options.dir is ignored); the tower
+// copies the weights it needs, and keeps no reference to `checkpoint`.
+StatusOr<std::unique_ptr<VisionTower>> LoadCheckpointTower(const std::shared_ptr<const Checkpoint>& checkpoint,
                                                            const CheckpointTowerOptions& options);
 
 // What --model loads, decided by what the path is.
