@@ -32,12 +32,20 @@ root="$(pwd)"
 # (CMakeLists.txt: EPD_UNITY_BUILD) appears in BUILD's database as generated
 # Unity/unity_N_cxx.cxx files that #include its sources, so each of those
 # sources is listed here with the unity file's command.
+#
+# Not linted (each with why):
+#   src/tower/torch_tower.cc  clang 14 cannot parse libtorch 1.13's ATen
+#     headers as C++20 (c10::IValue is still incomplete where
+#     ATen/core/List.h and ivalue_inl.h use it: 9 clang-diagnostic-errors
+#     inside torch, none in our code; -std=c++17 fails the same way). GCC
+#     builds it with -Wall -Wextra like everything else.
+skip='^src/tower/torch_tower\.cc$' 
 dbdir=$(mktemp -d)
 log=$(mktemp)
 trap 'rm -rf "$log" "$dbdir"' EXIT
-mapfile -t files < <(/usr/bin/python3 - "$db" "$root" "$filter" "$dbdir/compile_commands.json" <<'PY'
+mapfile -t files < <(/usr/bin/python3 - "$db" "$root" "$filter" "$dbdir/compile_commands.json" "$skip" <<'PY'
 import json, os, re, sys
-db, root, flt, out = sys.argv[1:5]
+db, root, flt, out, skip = sys.argv[1:6]
 build = os.path.realpath(os.path.dirname(db))
 seen, kept = set(), []
 for e in json.load(open(db)):
@@ -54,6 +62,8 @@ for e in json.load(open(db)):
         if not f.endswith(".cc") or not rel.split(os.sep)[0] in ("src", "tools", "python", "fuzz", "bench"):
             continue
         if flt and not re.search(flt, rel):
+            continue
+        if re.search(skip, rel):
             continue
         if f not in seen:
             seen.add(f)
