@@ -258,8 +258,8 @@ int Run(int argc, char** argv) {
   // 2 MB blocks (hiredis's reply buffer, the reply string, the embedding),
   // and on this loaded 2-core machine a 2 MB Get measured p50 217 ms instead
   // of 4.8 ms (same build, same minute).
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // NOLINT(concurrency-mt-unsafe): before the bench starts a thread
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);  // NOLINT(concurrency-mt-unsafe): likewise
   test_util::RedisServer redis(f.redis_server);
   g_redis_pid = redis.pid();
   // sigaction, not std::signal (whose semantics vary and which clang-tidy

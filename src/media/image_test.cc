@@ -72,7 +72,7 @@ TEST(DecodeImageTest, GrayscaleJpegComesOutAsRgb) {
   auto img = DecodeImage(testing::EncodeJpegGray(32, 16, gray, 95));
   ASSERT_TRUE(img.ok()) << img.status().ToString();
   ASSERT_EQ(img->pixels.size(), 32u * 16 * 3);
-  for (std::size_t i = 0; i < 32 * 16; ++i) {
+  for (std::size_t i = 0; i < std::size_t{32} * 16; ++i) {
     EXPECT_EQ(img->pixels[3 * i], img->pixels[3 * i + 1]);
     EXPECT_EQ(img->pixels[3 * i], img->pixels[3 * i + 2]);
     EXPECT_NEAR(img->pixels[3 * i], gray[i], 6);

@@ -70,7 +70,7 @@ Agreement Compare(const std::vector<float>& got, const std::vector<float>& want,
   return a;
 }
 
-std::unique_ptr<epd::VisionTower> Load(std::shared_ptr<const epd::Checkpoint> ck, const std::string& device,
+std::unique_ptr<epd::VisionTower> Load(const std::shared_ptr<const epd::Checkpoint>& ck, const std::string& device,
                                        epd::DType compute, int threads, std::string* error) {
   epd::CheckpointTowerOptions o;
   o.device = device;
