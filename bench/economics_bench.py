@@ -183,6 +183,14 @@ def tiers(h: dict) -> str:
     return f"{h['l1']:.3f} / {h['l1_l2']:.3f} / {h['all']:.3f}"
 
 
+def sizing_row(r: dict) -> str:
+    """One reachable sizing row of a `plan --replay on` run as a Markdown table row."""
+    b = r["bytes"]
+    return (f"| {100 * r['target']:.0f}% of max ({r['hit_ratio']:.3f}) | {b['total'] / 1e9:.1f} GB | {b['l1'] / 1e9:.1f} GB | "
+            f"{b['l2'] / 1e9:.1f} GB | {b['l3'] / 1e9:.1f} GB | {tiers(r['predicted_seconds_hit_ratio'])} | "
+            f"{tiers(r['replayed_seconds_hit_ratio'])} |")
+
+
 def render_body(d: dict) -> str:
     L = []
     L.append(f"Measured {d['date']} on the 2-core development machine (shared: load average {' '.join(d['loadavg_before'])} "
@@ -243,10 +251,7 @@ def render_body(d: dict) -> str:
         if not r["reachable"]:
             L.append(f"| {100 * r['target']:.0f}% of max | unreachable | | | | | |")
             continue
-        b = r["bytes"]
-        L.append(f"| {100 * r['target']:.0f}% of max ({r['hit_ratio']:.3f}) | {b['total'] / 1e9:.1f} GB | {b['l1'] / 1e9:.1f} GB | "
-                 f"{b['l2'] / 1e9:.1f} GB | {b['l3'] / 1e9:.1f} GB | {tiers(r['predicted_seconds_hit_ratio'])} | "
-                 f"{tiers(r['replayed_seconds_hit_ratio'])} |")
+        L.append(sizing_row(r))
     L.append("\n![miss ratio by encode seconds against capacity: LRU, GDSF, GDSF + doorkeeper](img/plan_production.png)\n")
     return "\n".join(L) + "\n"
 

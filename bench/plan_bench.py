@@ -48,10 +48,7 @@ def main() -> int:
         print(f"| {what} | {goal} | {value} | {'met' if met else '**missed**'} | {margin} |")
     for r in p["checked"]["sizing"]:
         if r["reachable"]:
-            b = r["bytes"]
-            print(f"| {100 * r['target']:.0f}% of max ({r['hit_ratio']:.3f}) | {b['total'] / 1e9:.1f} GB | "
-                  f"{b['l1'] / 1e9:.1f} GB | {b['l2'] / 1e9:.1f} GB | {b['l3'] / 1e9:.1f} GB | "
-                  f"{eb.tiers(r['predicted_seconds_hit_ratio'])} | {eb.tiers(r['replayed_seconds_hit_ratio'])} |")
+            print(eb.sizing_row(r))
     return 0
 
 
