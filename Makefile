@@ -12,18 +12,25 @@ all: build
 deps:
 	@scripts/install-deps.sh build
 
+# Configuring needs the demo's packages only (scripts/install-deps.sh demo).
 $(BUILD)/CMakeCache.txt:
-	@scripts/install-deps.sh build
+	@scripts/install-deps.sh demo
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(PY) $(CMAKE_FLAGS)
 
 configure: $(BUILD)/CMakeCache.txt
 
+# A package installed since the last configure (say `make test` after `make
+# demo`, which installs less) is found by configuring again: dpkg's status
+# file is then newer than the cache.
 build: deps configure
+	@if [ /var/lib/dpkg/status -nt $(BUILD)/CMakeCache.txt ]; then cmake -S . -B $(BUILD) >/dev/null; fi
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Builds only what the demo runs: the CLI and the default model it loads
-# (its dependencies), not the tests, fuzz replays and benchmarks.
-demo: deps configure
+# Installs and builds only what the demo runs: the CLI and the default model
+# it loads (its dependencies), not the tests, fuzz replays and benchmarks,
+# nor the packages only they need (scripts/install-deps.sh demo).
+demo: configure
+	@scripts/install-deps.sh demo
 	cmake --build $(BUILD) -j $(JOBS) --target epd-encode
 	scripts/demo.sh $(BUILD)
 

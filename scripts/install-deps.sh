@@ -2,34 +2,44 @@
 # Installs the Debian packages epd-encode needs, skipping those already present.
 # Idempotent: a second run installs nothing and makes no network call.
 #
-# Usage: scripts/install-deps.sh [build|bench|all]   (default: build)
-#   build  what `make demo` and `make test` need (compilers, libraries, torch, gRPC, nginx, Redis, fuzzer)
+# Usage: scripts/install-deps.sh [demo|build|bench|all]   (default: build)
+#   demo   what configuring the build and `make demo` need: compilers, the libraries every target links
+#          (libtorch, gRPC, FFmpeg, ...), numpy and Pillow for the default model and the demo's images,
+#          and ffmpeg for its video. A new machine installs about 80 MB less than `build` and almost no
+#          Python, whose byte-compiling was a third of apt's time there (README, "First minutes").
+#   build  demo, plus what `make test` needs beyond it: torch in Python (the scripted towers and the
+#          reference models), scikit-image, pytest, the Python gRPC client's packages, Redis, stunnel,
+#          nginx, and clang with its format and tidy tools
 #   bench  build, plus the peer caches and plotting used by `make bench`
 set -euo pipefail
 
 group="${1:-build}"
 
-build_pkgs=(
+demo_pkgs=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-dev pybind11-dev python3-pytest python3-numpy python3-pil python3-skimage
-  libtorch-dev libopenblas0-openmp python3-torch
+  python3 python3-dev pybind11-dev python3-numpy python3-pil
+  libtorch-dev libopenblas0-openmp
   libssl-dev libjpeg62-turbo-dev libturbojpeg0-dev libpng-dev libstb-dev libxxhash-dev
-  libwebp-dev libgif-dev libjpeg-turbo-progs
+  libwebp-dev libgif-dev
   libavformat-dev libavcodec-dev libswscale-dev libavutil-dev ffmpeg
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev libabsl-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  python3-grpcio python3-protobuf prometheus-cpp-dev nginx curl openssl
-  libhiredis-dev redis-server stunnel4 python3-xxhash python3-cryptography
+  prometheus-cpp-dev openssl libhiredis-dev
   libcpp-httplib-dev libcurl4-openssl-dev libsimdjson-dev
+)
+test_pkgs=(
+  python3-torch python3-skimage python3-pytest python3-grpcio python3-protobuf python3-xxhash python3-cryptography
+  libjpeg-turbo-progs nginx curl redis-server stunnel4
   clang libclang-rt-14-dev clang-format clang-tidy
 )
-bench_pkgs=(libleveldb-dev librocksdb-dev python3-pil gnuplot-nox)
+bench_pkgs=(libleveldb-dev librocksdb-dev gnuplot-nox)
 
 case "$group" in
-  build) pkgs=("${build_pkgs[@]}") ;;
-  bench|all) pkgs=("${build_pkgs[@]}" "${bench_pkgs[@]}") ;;
-  *) echo "install-deps.sh: unknown group '$group' (expected build, bench or all)" >&2; exit 2 ;;
+  demo) pkgs=("${demo_pkgs[@]}") ;;
+  build) pkgs=("${demo_pkgs[@]}" "${test_pkgs[@]}") ;;
+  bench|all) pkgs=("${demo_pkgs[@]}" "${test_pkgs[@]}" "${bench_pkgs[@]}") ;;
+  *) echo "install-deps.sh: unknown group '$group' (expected demo, build, bench or all)" >&2; exit 2 ;;
 esac
 
 missing=()
