@@ -39,7 +39,7 @@ CLIENT_NAMES = ["CudaIpcLease", "CudaIpcRef", "EncodeClient", "EncodeError", "En
                 "KEY_VERSION", "PreprocessConfig", "ROUTE_HEADER", "SESSION_HEADER", "SESSION_RETRY_S",
                 "ServerInfo", "ShmLease", "VideoSampling", "caller_content_key", "content_key", "to_vllm_batch",
                 "video_key"]
-CLIENT_MODULES = ["__init__.py", "_client.py", "_keys.py", "_leases.py", "_proto.py", "_results.py",
+CLIENT_MODULES = ["__init__.py", "_client.py", "_keys.py", "_lease_types.py", "_leases.py", "_proto.py", "_results.py",
                   "_routing.py"]
 
 

@@ -89,9 +89,12 @@ Thread safety: an EncodeClient may be shared by threads (grpc channels are).
 
 The package's modules, one job each (import the names from ``epd.client``
 itself; the module names are private): ``_keys`` the content-key format,
-``_results`` result types with their numpy and vLLM adaptors, ``_leases``
-shared-memory and CUDA IPC leases, ``_routing`` routing and fan-out,
-``_proto`` proto conversion, ``_client`` EncodeClient, which composes them.
+``_lease_types`` the lease records an item carries, ``_results`` result
+types with their numpy and vLLM adaptors, ``_leases`` shared-memory and CUDA
+IPC delivery (arena mappings, the lease session, attaching a reference),
+``_proto`` proto conversion, ``_routing`` routing and fan-out, ``_client``
+EncodeClient, which composes them. Each imports only modules listed before
+it.
 """
 
 # Also module attributes, as before the split: grpc, the service config and
@@ -101,7 +104,8 @@ import grpc  # noqa: F401
 from epd._service_config import ENCODER_SERVICE_CONFIG, RETRY_BUFFER_BYTES  # noqa: F401
 from epd.client._client import EncodeClient
 from epd.client._keys import KEY_VERSION, PreprocessConfig, VideoSampling, caller_content_key, content_key, video_key
-from epd.client._leases import SESSION_HEADER, SESSION_RETRY_S, CudaIpcLease, CudaIpcRef, ShmLease
+from epd.client._lease_types import CudaIpcLease, CudaIpcRef, ShmLease
+from epd.client._leases import SESSION_HEADER, SESSION_RETRY_S
 from epd.client._proto import Item
 from epd.client._results import EncodeError, EncodeResult, ItemResult, ServerInfo, to_vllm_batch
 from epd.client._routing import ROUTE_HEADER

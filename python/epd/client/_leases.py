@@ -1,9 +1,7 @@
 """Shared-memory and CUDA IPC delivery: leases, arena mappings, the session.
 
-- ShmLease / CudaIpcLease: the client's hold on one span of a server's
-  memfd arena or one CUDA IPC export, ended by a Release call (``release()``)
-  or by the server at its lease time.
-- CudaIpcRef: the handle fields of an item sent by CUDA IPC.
+- ShmLease / CudaIpcLease / CudaIpcRef (from _lease_types, named here too):
+  the records a delivered item carries.
 - ArenaMappings: segment -> read-only mmap of a same-host server's arena
   (mapped through /proc/<pid>/fd/<fd>, docs/SHM.md), shared by the threads of
   one client.
@@ -21,74 +19,17 @@ import mmap
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import Optional
 
 import grpc
 
+from epd.client._lease_types import CudaIpcLease, CudaIpcRef, Releaser, ShmLease, _Lease
 from epd.client._results import _DTYPE_SIZES, EncodeError, ItemResult
-from epd.v1 import encoder_pb2
-
-if TYPE_CHECKING:  # annotations only: _client imports this module
-    from epd.client._client import EncodeClient
 
 SESSION_HEADER = "x-epd-session"
 # After the server refuses a lease session (no arena, its cap, an older
 # server), shared-memory calls go without one; the next try waits this long.
 SESSION_RETRY_S = 1.0
-
-
-class _Lease:
-    """What both lease kinds share: ``release()`` sends one Release call
-    through the client that received the item (its ``_release``)."""
-
-    def __init__(self, client: "EncodeClient", generation: int, lease_ms: int):
-        self._client = client
-        self.generation = generation
-        self.lease_ms = lease_ms
-        self.released = False
-
-    def _release_tuple(self) -> Tuple[int, int, int]:
-        raise NotImplementedError
-
-    def release(self) -> None:
-        self.released = True
-        self._client._release([self._release_tuple()])
-
-
-class ShmLease(_Lease):
-    """A lease on one span of a server's shared-memory arena."""
-
-    def __init__(self, client: "EncodeClient", offset: int, generation: int, lease_ms: int):
-        super().__init__(client, generation, lease_ms)
-        self.offset = offset
-
-    def _release_tuple(self) -> Tuple[int, int, int]:
-        return (self.offset, self.generation, encoder_pb2.LEASE_KIND_SHM)
-
-
-class CudaIpcLease(_Lease):
-    """A lease on one CUDA IPC export of a server (release kind CUDA IPC)."""
-
-    def _release_tuple(self) -> Tuple[int, int, int]:
-        return (0, self.generation, encoder_pb2.LEASE_KIND_CUDA_IPC)
-
-
-@dataclass(frozen=True)
-class CudaIpcRef:
-    """A CUDA IPC reference to an item's rows (EncodedItem.cuda_ipc):
-    ``length`` bytes, main at byte 0 and deepstack at ``deepstack_offset``,
-    in the item's dtype, in a copy the server made in its GPU memory."""
-
-    memory_handle: bytes   # 64 bytes, cudaIpcMemHandle_t
-    event_handle: bytes    # 64 bytes, cudaIpcEventHandle_t; all zero = nothing to wait on
-    length: int
-    deepstack_offset: int
-    device: str            # the server's device, e.g. "cuda:0 (NVIDIA H200, ...)"
-    device_index: int      # its CUDA ordinal; -1 for a non-CUDA stand-in
-    pid: int               # the server's process id
-    generation: int
-    lease_ms: int
 
 
 def _release_quietly(lease: _Lease) -> None:
@@ -247,7 +188,7 @@ def _failed(index: int, code: grpc.StatusCode, message: str) -> ItemResult:
     return ItemResult(index=index, ok=False, code=code, message=message)
 
 
-def attach_cuda_ipc(client: "EncodeClient", r: ItemResult, ref) -> ItemResult:
+def attach_cuda_ipc(client: Releaser, r: ItemResult, ref) -> ItemResult:
     """``r`` (a successful item) with the CUDA IPC reference ``ref``
     (EncodedItem.cuda_ipc) and its lease. A reference whose handles are not
     64 bytes or whose length and deepstack offset do not fit r's shape makes
@@ -274,7 +215,7 @@ def attach_cuda_ipc(client: "EncodeClient", r: ItemResult, ref) -> ItemResult:
     return r
 
 
-def attach_shm(client: "EncodeClient", arenas: ArenaMappings, r: ItemResult, ref) -> ItemResult:
+def attach_shm(client: Releaser, arenas: ArenaMappings, r: ItemResult, ref) -> ItemResult:
     """``r`` (a successful item) with main/deepstack as read-only views on
     the arena span ``ref`` (EncodedItem.shm) and its lease. A span that does
     not fit r's shape or the arena makes an INTERNAL failure; an arena that

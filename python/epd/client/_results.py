@@ -11,14 +11,13 @@ ItemResult may carry are in _leases.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import grpc
 
 from epd.client._keys import PreprocessConfig
+from epd.client._lease_types import CudaIpcRef, ShmLease
 
-if TYPE_CHECKING:  # annotations only: _leases imports this module
-    from epd.client._leases import CudaIpcRef, ShmLease
 
 # Bytes per element of each dtype the server sends (EncodedItem.dtype).
 _DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -85,10 +84,10 @@ class ItemResult:
     seconds_per_grid_t: float = 0.0
     # Set when the rows came by shared memory: main/deepstack are then
     # read-only memoryviews on the arena, valid until release() or expiry.
-    lease: Optional["ShmLease"] = field(default=None, repr=False, compare=False)
+    lease: Optional[ShmLease] = field(default=None, repr=False, compare=False)
     # Set when the rows came by CUDA IPC (main/deepstack empty; see the
     # epd.client docstring); `lease` is then a CudaIpcLease.
-    cuda_ipc: Optional["CudaIpcRef"] = field(default=None, repr=False, compare=False)
+    cuda_ipc: Optional[CudaIpcRef] = field(default=None, repr=False, compare=False)
 
     def release(self) -> None:
         """Ends this item's shared-memory lease now (a Release call); a no-op
