@@ -33,14 +33,22 @@ root="$(pwd)"
 # Unity/unity_N_cxx.cxx files that #include its sources, so each of those
 # sources is listed here with the unity file's command.
 #
+# clang 14 cannot parse libtorch 1.13's ATen headers as C++20 in every
+# include order: c10::IValue is still incomplete where ATen/core/List.h and
+# ivalue_inl.h use it (9 clang-diagnostic-errors, all inside /usr/include;
+# -std=c++17 fails the same way). Where our code touches no torch::jit type
+# (src/tower/checkpoint_tower.cc), clang-tidy recovers and checks the file:
+# an error located in a system header is counted (a line below), not
+# failed on, and every finding in the project's own files fails the run.
+#
 # Not linted (each with why):
 #   src/tower/torch_tower.cc, src/tower/torch_tower_contract_test.cc: they
-#     include <torch/script.h>, and clang 14 cannot parse libtorch 1.13's
-#     ATen headers under it as C++20 (c10::IValue is still incomplete where
-#     ATen/core/List.h and ivalue_inl.h use it: 9 clang-diagnostic-errors
-#     inside torch, none in our code; -std=c++17 fails the same way). GCC
-#     builds them with -Wall -Wextra like everything else.
-skip='^src/tower/torch_tower(_contract_test)?\.cc$' 
+#     include <torch/script.h> and use torch::jit::Module, which the failed
+#     parse leaves broken: linted anyway, they draw findings that are the
+#     parse's, not the code's (e.g. "the parameter 'module' is copied" for a
+#     by-value Module moved into place). GCC builds them with -Wall -Wextra
+#     like everything else.
+skip='^src/tower/torch_tower(_contract_test)?\.cc$'
 dbdir=$(mktemp -d)
 log=$(mktemp)
 trap 'rm -rf "$log" "$dbdir"' EXIT
@@ -81,8 +89,13 @@ echo "lint.sh: clang-tidy over ${#files[@]} files ($build/compile_commands.json)
 # run-clang-tidy may colour its output even into a file: strip the escapes
 # before matching, or every finding goes unseen.
 sed -i 's/\x1b\[[0-9;]*m//g' "$log"
-findings=$(grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u | wc -l || true)
-grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u || true
+system_re='^/usr/.*: error: .*\[clang-diagnostic-error\]$'
+in_system=$(grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u | grep -cE "$system_re" || true)
+if ((in_system > 0)); then
+  echo "lint.sh: $in_system parse error(s) inside system headers (libtorch's ATen under clang 14), not counted" >&2
+fi
+findings=$(grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u | grep -vcE "$system_re" || true)
+grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u | grep -vE "$system_re" || true
 if ((findings > 0)); then
   echo "lint.sh: $findings finding(s)" >&2
   exit 1

@@ -251,7 +251,7 @@ TEST_F(GdsfTest, HistoryWindowIsSizedAtTheFirstEviction) {
   for (int i = 0; i < 4; ++i) small.Put("k" + std::to_string(i), 0, 100, {0.1});
   ASSERT_NE(small.history(), nullptr);
   EXPECT_EQ(small.history()->window(), 1024u);
-  Cache big = New(100 * 100);
+  Cache big = New(std::int64_t{100} * 100);
   for (int i = 0; i <= 100; ++i) big.Put("k" + std::to_string(i), 0, 100, {0.1});
   ASSERT_NE(big.history(), nullptr);
   EXPECT_EQ(big.history()->window(), 30u * 101);  // 101 held when the first victim is chosen
