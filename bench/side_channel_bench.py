@@ -36,6 +36,12 @@ Settings:
   control   salted, the probe sent with the victim's own token: the same
             measurement within one tenant, which must distinguish (>= 0.9)
             or the measurement proves nothing.
+  salted-floor, control-floor
+            the same, on servers run with --miss-reply-floor-ms
+            MISS_FLOOR_MS (--miss-floor-ms): a miss's reply waits until the
+            floor, so that it takes the same time whether or not the victim
+            keeps the tower busy; hits and joins are not held, so the
+            control (a join within the victim's tenant) still distinguishes.
 
 Statistic: the distinguishing advantage max_t |F_sent(t) - F_not(t)| over
 thresholds t (the two-sample Kolmogorov-Smirnov statistic D), a bootstrap
@@ -82,6 +88,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 SCHEMA = "epd-bench-side-channel/1"
 JOIN_FRACTION = 0.7
+MISS_FLOOR_MS = 400  # the -floor settings' --miss-reply-floor-ms: above a 448-px miss's p99 under load (~200 ms)
 PROBE_SIDE = 448  # l1, l2, l3: a tiny-tower miss of ~30-40 ms on an idle core, 256 post-merge tokens
 JOIN_SIDE = 448   # the joins too (672 took 5 min a row on this loaded machine)
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
@@ -177,9 +184,19 @@ def timed(c, image):
     return time.perf_counter() - t0, r.source
 
 
+def encode_seconds(c, image):
+    """The worker's time for one item, arrival -> ready (EncodedItem.total_ms),
+    which a reply held by --miss-reply-floor-ms does not show."""
+    return c.encode([image])[0].total_ms / 1e3
+
+
 def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
+    floored = setting.endswith("-floor")
+    setting = setting.removesuffix("-floor")
     isolation = "none" if setting == "none" else "salted"
     flags = ["--tokens-file", files["tokens"], "--tenant-secret-file", files["secret"], "--tenant-isolation", isolation]
+    if floored:
+        flags += ["--miss-reply-floor-ms", str(MISS_FLOOR_MS)]
     if channel == "l2":
         flags += ["--cache-mb", "0.0005", "--host-cache-mb", "1024"]
     n = 2 if channel == "l3" else 1  # (the join channels: one server)
@@ -196,7 +213,10 @@ def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
         for i in range(5):
             timed(near["victim"], fresh(base, f"{run}-warm-v{i}"))
             timed(far[prober], fresh(base, f"{run}-warm-p{i}"))
-        delay = JOIN_FRACTION * sorted(timed(near["victim"], fresh(base, f"{run}-t{i}"))[0] for i in range(5))[2]
+        # A floored miss's wall time is the floor: time the encode itself
+        # (arrival -> ready at the worker), which is what a join waits on.
+        calib = encode_seconds if floored else (lambda c, x: timed(c, x)[0])
+        delay = JOIN_FRACTION * sorted(calib(near["victim"], fresh(base, f"{run}-t{i}")) for i in range(5))[2]
         rng = random.Random(seed_base)
         arms = [True] * trials + [False] * trials
         rng.shuffle(arms)
@@ -230,6 +250,8 @@ def run_channel(h, ec, channel, setting, trials, files, redis, seed_base):
         out["probe_sources_when_sent"] = sources
         if joining:
             out["join_delay_ms"] = 1e3 * delay
+        if floored:
+            out["miss_floor_ms"] = MISS_FLOOR_MS
         return out
     finally:
         cluster.close()
@@ -312,7 +334,7 @@ def save(data, out):
 
 
 def main() -> int:
-    global PROBE_SIDE, JOIN_SIDE, JOIN_FRACTION
+    global PROBE_SIDE, JOIN_SIDE, JOIN_FRACTION, MISS_FLOOR_MS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
     ap.add_argument("--trials", type=int, default=250)
@@ -321,6 +343,9 @@ def main() -> int:
     ap.add_argument("--large-trials", type=int, default=0,
                     help="then the salted arms of --large-channels with this many trials per arm (0: none)")
     ap.add_argument("--large-channels", default="l1,l2,join-matched,l3")
+    ap.add_argument("--large-setting", default="salted", help="the setting of the --large-trials rows")
+    ap.add_argument("--miss-floor-ms", type=int, default=MISS_FLOOR_MS,
+                    help="--miss-reply-floor-ms of the servers of the -floor settings")
     ap.add_argument("--no-hit-cost", action="store_true", help="skip the salting cost on the hit path")
     ap.add_argument("--probe-side", type=int, default=PROBE_SIDE, help="l1/l2/l3 probe images' side, pixels")
     ap.add_argument("--join-side", type=int, default=JOIN_SIDE, help="join probe images' side, pixels")
@@ -330,6 +355,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     PROBE_SIDE, JOIN_SIDE, JOIN_FRACTION = args.probe_side, args.join_side, args.join_fraction
+    MISS_FLOOR_MS = args.miss_floor_ms
     if args.render:
         with open(args.render) as f:
             print(render(json.load(f)))
@@ -354,7 +380,7 @@ def main() -> int:
         plan = [(c, st, args.trials) for c in args.channels.split(",") for st in args.settings.split(",")]
         plan.append(None)  # the hit cost, between the main and the large rows
         if args.large_trials:
-            plan += [(c, "salted", args.large_trials) for c in args.large_channels.split(",")]
+            plan += [(c, args.large_setting, args.large_trials) for c in args.large_channels.split(",")]
         for step in plan:
             if step is None:
                 if not args.no_hit_cost:
@@ -365,7 +391,7 @@ def main() -> int:
             t0 = time.time()
             load = " ".join(f"{x:.2f}" for x in os.getloadavg())
             r = run_channel(h, ec, channel, setting, trials, files, redis, seed)
-            print(f"{channel:5s} {setting:8s} n={trials} D={r['advantage']:.3f} CI={r['ci95'][0]:.3f}.."
+            print(f"{channel:5s} {setting:13s} n={trials} D={r['advantage']:.3f} CI={r['ci95'][0]:.3f}.."
                   f"{r['ci95'][1]:.3f} p={r['p_value']:.3g} p50={r['p50_sent_ms']:.1f}/{r['p50_not_ms']:.1f} ms "
                   f"sources={r['probe_sources_when_sent']} load={load} ({time.time() - t0:.0f} s)", flush=True)
             data["rows"].append({"channel": channel, "setting": setting, "trials": trials, "load_at_start": load,

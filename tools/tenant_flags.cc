@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 
@@ -74,6 +76,11 @@ void AddTenantFlags(CLI::App& cmd, TenantFlags& f) {
                  "per-tenant metrics: most tenant labels; the rest are folded into 'other'")
       ->capture_default_str()
       ->check(CLI::Range(1, 100000));
+  cmd.add_option("--miss-reply-floor-ms", f.miss_reply_floor_ms,
+                 "send no miss's reply sooner than this after its call arrived, so that a miss takes the same time "
+                 "whether or not other tenants keep the tower busy (docs/SECURITY.md); 0 = off")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 600000.0));
 }
 
 Status ApplyTenantFlags(const TenantFlags& f, ServerOptions& o) {
@@ -97,6 +104,7 @@ Status ApplyTenantFlags(const TenantFlags& f, ServerOptions& o) {
                                                : TenantIsolation::kAuto;
   o.public_readers = f.public_readers;
   o.max_tenant_labels = f.max_tenant_labels;
+  o.miss_reply_floor = std::chrono::milliseconds(static_cast<std::int64_t>(f.miss_reply_floor_ms));
   return Status::Ok();
 }
 

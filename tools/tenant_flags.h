@@ -1,8 +1,9 @@
 // tools/tenant_flags.h: the tenant flags of `epd-encode serve`
 // (docs/SECURITY.md): who the tenant is (--tokens-file, --tls-tenant-field,
 // --trust-tenant-header), its key namespace (--tenant-isolation,
-// --tenant-secret-file, --public-readers) and the per-tenant metrics' label
-// cap (--max-tenant-labels).
+// --tenant-secret-file, --public-readers), the per-tenant metrics' label
+// cap (--max-tenant-labels) and the misses' reply floor against the load
+// channel (--miss-reply-floor-ms, ServerOptions::miss_reply_floor).
 //
 // A tokens file has one line per token: "<token> <tenant> [operator]",
 // blank lines and lines starting with '#' ignored. It and the secret file
@@ -26,6 +27,7 @@ struct TenantFlags {
   bool trust_tenant_header = false;
   std::vector<std::string> public_readers;
   int max_tenant_labels = 32;
+  double miss_reply_floor_ms = 0;
 };
 void AddTenantFlags(CLI::App& cmd, TenantFlags& f);
 // kInvalidArgument naming the flag and the line for a malformed file, a

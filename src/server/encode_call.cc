@@ -218,6 +218,10 @@ void EncodeCall::Pump() {
   // The last item waits for on_done, to go out with the call's status.
   const bool last = written_ + 1 == n_;
   if (!ready_.empty() && (!last || done_)) {
+    if (HeldByFloor(ready_.front())) {
+      writer_ = false;  // a delivery or OnCancel may take the role meanwhile
+      return;
+    }
     ItemResult r = std::move(ready_.front());
     ready_.pop_front();
     if (!r.status.ok()) {
@@ -332,6 +336,32 @@ void EncodeCall::ArmWriteTimer(Clock::time_point due) {
   });
 }
 
+bool EncodeCall::HeldByFloor(const ItemResult& r) {
+  const auto floor = server_.options.miss_reply_floor;
+  if (floor.count() <= 0 || r.source != ItemSource::kMiss || !r.status.ok()) return false;
+  const Clock::time_point due = start_ + floor;
+  if (Clock::now() >= due) return false;
+  if (!floor_armed_ && !call_done_) {
+    floor_armed_ = true;
+    // PostAt runs it no earlier than `due`, so whoever holds the role when
+    // it runs finds the floor passed; a weak reference, as for the write timer.
+    floor_timer_ = server_.pool->PostAt(due, [weak = weak_from_this()] {
+      if (std::shared_ptr<EncodeCall> self = weak.lock()) self->FloorElapsed();
+    });
+  }
+  return true;
+}
+
+void EncodeCall::FloorElapsed() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    floor_armed_ = false;
+    if (writer_ || finished_) return;
+    writer_ = true;
+  }
+  Pump();
+}
+
 void EncodeCall::CheckWriteProgress() {
   EncodeServer::Impl& s = server_;
   const auto timeout = s.options.write_timeout;
@@ -429,12 +459,13 @@ void EncodeCall::OnDone() {
   }
   bool admitted, lost_last = false;
   std::int64_t held, buffered;
-  internal::TaskPool::TaskId timer;
+  internal::TaskPool::TaskId timer, floor_timer;
   {
     std::lock_guard<std::mutex> lock(mu_);
     admitted = admitted_;
     call_done_ = true;
     timer = timer_armed_ ? write_timer_ : internal::TaskPool::TaskId{};
+    floor_timer = floor_armed_ ? floor_timer_ : internal::TaskPool::TaskId{};
     // The last write went out with an OK status (so counted as OK) and the
     // client went away before it arrived (ctx_ is valid until OnDone returns).
     lost_last = in_transport_ && final_ok_ && give_up_.ok() && ctx_->IsCancelled();
@@ -447,6 +478,7 @@ void EncodeCall::OnDone() {
     in_transport_ = false;
   }
   server_.pool->Cancel(timer);
+  server_.pool->Cancel(floor_timer);
   if (lost_last) {
     server_.outcomes->Record(kEncodeMethod, connection_,
                              Cancelled("the client went away before it read the last reply (" +

@@ -107,6 +107,11 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   // held (Arm).
   void ArmWriteTimer(Clock::time_point due);
   void CheckWriteProgress();
+  // ServerOptions::miss_reply_floor: true when `r` must wait for floor_due_;
+  // then posts FloorElapsed once (floor_timer_), which takes the writer role
+  // if it is free and pumps. REQUIRES: mu_ held.
+  bool HeldByFloor(const ItemResult& r);
+  void FloorElapsed();
   // Asks the request budget for message_bytes_ by admit_by_ (admission.h);
   // Admitted gets the answer, and submits or finishes the call. Both hold
   // the writer role (Start's).
@@ -176,6 +181,8 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   bool timer_armed_ = false;                      // a CheckWriteProgress is posted (write_timer_)
   internal::TaskPool::TaskId write_timer_;        // cancelled by OnDone, so no finished call waits on the pool
   bool call_done_ = false;                        // OnDone has run: arm no timer
+  bool floor_armed_ = false;                      // a FloorElapsed is posted (floor_timer_); guarded by mu_
+  internal::TaskPool::TaskId floor_timer_;        // cancelled by OnDone
   Clock::time_point write_started_;               // when the write in transport was handed over
   std::size_t delivered_ = 0, written_ = 0, failed_ = 0;
   std::int64_t first_failed_ = -1;

@@ -1,8 +1,11 @@
 // See epd/server/front_door.h.
 #include "epd/server/front_door.h"
 
+#include <algorithm>
+#include <chrono>
 #include <future>
 #include <memory>
+#include <thread>
 
 #include "request_id.h"
 #include "server_impl.h"
@@ -28,6 +31,7 @@ ServerFrontDoor EncodeServer::front_door() { return ServerFrontDoor(impl_.get())
 
 RequestResult ServerFrontDoor::Encode(EncodeRequest request, std::int64_t bytes, const CallerIdentity& caller) const {
   EncodeServer::Impl& s = *s_;
+  const auto arrived = std::chrono::steady_clock::now();
   request.id = internal::AutoRequestId(s.next_auto_id++);
   request.tenant = caller.share;
   request.key_namespace = caller.key_namespace;
@@ -59,6 +63,13 @@ RequestResult ServerFrontDoor::Encode(EncodeRequest request, std::int64_t bytes,
   RequestResult r = s.loop->Submit(std::move(request)).get();
   s.budget->Release(bytes);
   for (const ItemResult& item : r.items) s.tenant_stats->CountItem(caller.tenant, item);
+  // ServerOptions::miss_reply_floor, as the Encode RPC holds a miss's item:
+  // this front answers once, so a reply with a miss in it waits for the floor.
+  const bool missed = std::any_of(r.items.begin(), r.items.end(), [](const ItemResult& item) {
+    return item.source == ItemSource::kMiss && item.status.ok();
+  });
+  if (missed && s.options.miss_reply_floor.count() > 0)
+    std::this_thread::sleep_until(arrived + s.options.miss_reply_floor);
   return r;
 }
 

@@ -124,6 +124,10 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
                            std::to_string(options.max_reply_bytes) + " and " +
                            std::to_string(options.max_reply_bytes_per_connection));
   }
+  if (options.miss_reply_floor.count() < 0) {
+    return InvalidArgument("miss_reply_floor must be >= 0 ms (0 = off), got " +
+                           std::to_string(options.miss_reply_floor.count()));
+  }
   if (options.write_timeout.count() < 0) {
     return InvalidArgument("write_timeout must be >= 0 ms (0 = never), got " +
                            std::to_string(options.write_timeout.count()));

@@ -266,6 +266,20 @@ struct ServerOptions {
   // Per-tenant metrics: at most this many tenant labels on the metrics page;
   // later tenants are folded into the label "other". >= 1.
   int max_tenant_labels = 32;
+  // The load channel (docs/SECURITY.md): with salted keys a tenant never
+  // hits or joins another's entry, but its miss still waits while others'
+  // encodes hold the tower, so a miss's time says whether someone else is
+  // encoding. Non-zero: an item that missed (ItemSource::kMiss, succeeded)
+  // is not written before this long after its call arrived, so a miss whose
+  // encode finishes within the floor takes the same time whatever the load;
+  // past the floor it goes out at once (the leak then is its tail). Items
+  // queued behind it in the call's stream wait with it; a front end's one
+  // reply (ServerFrontDoor::Encode, the HTTP front) waits when any of its
+  // items missed, holding its thread. Hits, in-flight
+  // joins (salted, a caller joins only its own namespace's encodes) and
+  // failed items are not held. Costs each miss up to the floor in latency.
+  // 0 = off; must be >= 0. Set it above the misses' p99 under load.
+  std::chrono::milliseconds miss_reply_floor{0};
   // Receives one line per call that ended with an error (any service, refusals
   // before a handler ran included: a request that does not parse), at most
   // 10 lines a second; the next line let through
