@@ -3,10 +3,10 @@
 #include <sys/stat.h>
 
 #include <chrono>
-#include <cstdint>
 #include <fstream>
 #include <sstream>
 
+#include "flag_checks.h"
 namespace epd::cli {
 namespace {
 
@@ -80,7 +80,7 @@ void AddTenantFlags(CLI::App& cmd, TenantFlags& f) {
                  "send no miss's reply sooner than this after its call arrived, so that a miss takes the same time "
                  "whether or not other tenants keep the tower busy (docs/SECURITY.md); 0 = off")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 600000.0));
+      ->check(Integer(0, 600000));
 }
 
 Status ApplyTenantFlags(const TenantFlags& f, ServerOptions& o) {
@@ -104,7 +104,7 @@ Status ApplyTenantFlags(const TenantFlags& f, ServerOptions& o) {
                                                : TenantIsolation::kAuto;
   o.public_readers = f.public_readers;
   o.max_tenant_labels = f.max_tenant_labels;
-  o.miss_reply_floor = std::chrono::milliseconds(static_cast<std::int64_t>(f.miss_reply_floor_ms));
+  o.miss_reply_floor = std::chrono::milliseconds(f.miss_reply_floor_ms);
   return Status::Ok();
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,7 @@ struct TenantFlags {
   bool trust_tenant_header = false;
   std::vector<std::string> public_readers;
   int max_tenant_labels = 32;
-  double miss_reply_floor_ms = 0;
+  std::int64_t miss_reply_floor_ms = 0;
 };
 void AddTenantFlags(CLI::App& cmd, TenantFlags& f);
 // kInvalidArgument naming the flag and the line for a malformed file, a

@@ -1,4 +1,4 @@
-// The tokens file's lines and the secret files' mode check (tenant_flags.h),
+// The tokens file's lines, the secret files' mode check and the miss floor's bound (tenant_flags.h),
 // on files this test writes with the modes it sets.
 #include "tenant_flags.h"
 
@@ -6,9 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace epd::cli {
 namespace {
@@ -57,6 +60,25 @@ TEST(TenantFlagsTest, FilesOthersMayReadAreRefusedAndTheSecretLosesItsNewline) {
   EXPECT_EQ(o.public_readers, std::vector<std::string>{"alice"});
   std::remove(f.tokens_file.c_str());
   std::remove(f.secret_file.c_str());
+}
+
+TEST(TenantFlagsTest, TheMissReplyFloorIsWholeMillisecondsWithinItsBound) {
+  auto parse = [](const std::string& value, TenantFlags& f) {
+    CLI::App app;
+    AddTenantFlags(app, f);
+    std::vector<std::string> args = {"--miss-reply-floor-ms", value};
+    std::reverse(args.begin(), args.end());  // CLI11 parses a vector from its back
+    app.parse(args);
+  };
+  TenantFlags f;
+  parse("400", f);
+  ServerOptions o;
+  ASSERT_TRUE(ApplyTenantFlags(f, o).ok());
+  EXPECT_EQ(o.miss_reply_floor, std::chrono::milliseconds(400));
+  for (const std::string bad : {"nan", "-1", "1.5", "600001", "inf"}) {
+    TenantFlags g;
+    EXPECT_THROW(parse(bad, g), CLI::ValidationError) << bad;
+  }
 }
 
 }  // namespace
