@@ -337,9 +337,8 @@ void EncodeCall::ArmWriteTimer(Clock::time_point due) {
 }
 
 bool EncodeCall::HeldByFloor(const ItemResult& r) {
-  const auto floor = server_.options.miss_reply_floor;
-  if (floor.count() <= 0 || r.source != ItemSource::kMiss || !r.status.ok()) return false;
-  const Clock::time_point due = start_ + floor;
+  if (!internal::HeldByMissFloor(server_.options, r)) return false;
+  const Clock::time_point due = start_ + server_.options.miss_reply_floor;
   if (Clock::now() >= due) return false;
   if (!floor_armed_ && !call_done_) {
     floor_armed_ = true;

@@ -107,7 +107,8 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   // held (Arm).
   void ArmWriteTimer(Clock::time_point due);
   void CheckWriteProgress();
-  // ServerOptions::miss_reply_floor: true when `r` must wait for floor_due_;
+  // ServerOptions::miss_reply_floor: true when `r` must wait until start_ +
+  // the floor (internal::HeldByMissFloor, and that time not reached yet);
   // then posts FloorElapsed once (floor_timer_), which takes the writer role
   // if it is free and pumps. REQUIRES: mu_ held.
   bool HeldByFloor(const ItemResult& r);

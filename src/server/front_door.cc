@@ -65,11 +65,10 @@ RequestResult ServerFrontDoor::Encode(EncodeRequest request, std::int64_t bytes,
   for (const ItemResult& item : r.items) s.tenant_stats->CountItem(caller.tenant, item);
   // ServerOptions::miss_reply_floor, as the Encode RPC holds a miss's item:
   // this front answers once, so a reply with a miss in it waits for the floor.
-  const bool missed = std::any_of(r.items.begin(), r.items.end(), [](const ItemResult& item) {
-    return item.source == ItemSource::kMiss && item.status.ok();
-  });
-  if (missed && s.options.miss_reply_floor.count() > 0)
+  if (std::any_of(r.items.begin(), r.items.end(),
+                  [&](const ItemResult& item) { return internal::HeldByMissFloor(s.options, item); })) {
     std::this_thread::sleep_until(arrived + s.options.miss_reply_floor);
+  }
   return r;
 }
 

@@ -1,9 +1,9 @@
 // ServerOptions::miss_reply_floor through a real EncodeServer (FakeTower)
 // over gRPC and through the front door (the HTTP front's way in): a miss is
 // not sent before the floor; a hit, an in-flight join and a failed item are
-// not held; a call waiting on the floor still ends at
-// its deadline or at shutdown, and a negative floor is refused
-// (docs/SECURITY.md, "The load channel").
+// not held; a call waiting on the floor still ends at its deadline or at
+// shutdown; and a negative floor is refused (docs/SECURITY.md, "The load
+// channel, and the miss floor").
 #include <gtest/gtest.h>
 
 #include <chrono>

@@ -50,6 +50,13 @@ inline void ToProto(const TenantCounters& c, v1::TenantStats* out) {
   out->set_failed_items(c.failed_items);
 }
 
+// ServerOptions::miss_reply_floor's rule, for the Encode RPC (per item) and
+// the front door (per reply): the floor is on and `r` is a miss that
+// succeeded. Hits, joins and failures are never held.
+inline bool HeldByMissFloor(const ServerOptions& o, const ItemResult& r) {
+  return o.miss_reply_floor.count() > 0 && r.source == ItemSource::kMiss && r.status.ok();
+}
+
 }  // namespace internal
 
 // The service. Encode (encode_call.h) and Session (shm_session.h) use the
