@@ -89,13 +89,16 @@ echo "lint.sh: clang-tidy over ${#files[@]} files ($build/compile_commands.json)
 # run-clang-tidy may colour its output even into a file: strip the escapes
 # before matching, or every finding goes unseen.
 sed -i 's/\x1b\[[0-9;]*m//g' "$log"
+# Each finding once; then those located in system headers apart from ours.
+all=$(grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u || true)
 system_re='^/usr/.*: error: .*\[clang-diagnostic-error\]$'
-in_system=$(grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u | grep -cE "$system_re" || true)
+in_system=$(grep -cE "$system_re" <<<"$all" || true)
 if ((in_system > 0)); then
   echo "lint.sh: $in_system parse error(s) inside system headers (libtorch's ATen under clang 14), not counted" >&2
 fi
-findings=$(grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u | grep -vcE "$system_re" || true)
-grep -E '^/.*:[0-9]+:[0-9]+: (warning|error):' "$log" | sort -u | grep -vE "$system_re" || true
+ours=$(grep -vE "$system_re" <<<"$all" || true)
+findings=$(grep -c . <<<"$ours" || true)
+if [[ -n $ours ]]; then echo "$ours"; fi
 if ((findings > 0)); then
   echo "lint.sh: $findings finding(s)" >&2
   exit 1
