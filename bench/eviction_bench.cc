@@ -6,7 +6,7 @@
 //   eviction_bench --simulate TRACE [--lru-hit 0.3,0.5,0.7] [--fractions 0.1,0.3]
 //                  [--tiered L1_FRACTION,L2_FRACTION] [--window N]
 //       replays a cache trace (tools/cache_trace.h) through a whole
-//       EmbeddingCache under LRU and under GDSF at the capacities where the
+//       EmbeddingCache under LRU, GDSF and adaptive at the capacities where the
 //       exact LRU curve's encode-seconds hit ratio is each --lru-hit value
 //       (and at each --fractions share of the working set), and, with
 //       --tiered, through TieredEmbeddingCache (L1 and L2 as shares of the
@@ -86,8 +86,10 @@ void BM_PutEvict(benchmark::State& state, EvictionPolicy p) {
 
 BENCHMARK_CAPTURE(BM_GetHit, lru, EvictionPolicy::kLru);
 BENCHMARK_CAPTURE(BM_GetHit, gdsf, EvictionPolicy::kGdsf);
+BENCHMARK_CAPTURE(BM_GetHit, adaptive, EvictionPolicy::kAdaptive);
 BENCHMARK_CAPTURE(BM_PutEvict, lru, EvictionPolicy::kLru);
 BENCHMARK_CAPTURE(BM_PutEvict, gdsf, EvictionPolicy::kGdsf);
+BENCHMARK_CAPTURE(BM_PutEvict, adaptive, EvictionPolicy::kAdaptive);
 
 std::vector<double> Doubles(const std::string& csv) {
   std::vector<double> out;
@@ -101,6 +103,7 @@ std::vector<double> Doubles(const std::string& csv) {
 // objects; for the GDSF variants that MiniSim's SimPolicy does not name.
 struct Whole {
   double seconds_saved = 0, hit_ratio = 0, object_hit_ratio = 0;
+  double lru_share = 0;  // of the evictions, the share whose victim was LRU's
 };
 Whole ReplayWhole(std::span<const CacheAccess> trace, const CacheOptions& options, double capacity) {
   EmbeddingCache<std::uint64_t, char> cache(static_cast<std::int64_t>(capacity), options);
@@ -114,7 +117,9 @@ Whole ReplayWhole(std::span<const CacheAccess> trace, const CacheOptions& option
     cache.Put(a.key, 0, a.bytes, {a.seconds});
   }
   return {cache.hit_seconds(), total > 0 ? cache.hit_seconds() / total : 0,
-          trace.empty() ? 0 : hits / static_cast<double>(trace.size())};
+          trace.empty() ? 0 : hits / static_cast<double>(trace.size()),
+          cache.evictions() == 0 ? 0
+                                 : static_cast<double>(cache.lru_victims()) / static_cast<double>(cache.evictions())};
 }
 
 // The window of GDSF's history for --history-mult m: m x the entries of
@@ -134,11 +139,16 @@ nlohmann::json Compare(std::span<const CacheAccess> trace, double capacity) {
   const SimResult gdsf = SimulateCapacity(trace, {EvictionPolicy::kGdsf, false}, capacity, {.rate = 1.0});
   const Whole h = g_history_mult > 0 ? ReplayWhole(trace, history, capacity) : Whole{};
   const Whole classic = ReplayWhole(trace, resident, capacity);
+  const Whole adaptive = ReplayWhole(trace, CacheOptions{EvictionPolicy::kAdaptive}, capacity);
   return {{"capacity_bytes", capacity},
           {"gdsf_resident_seconds_saved", classic.seconds_saved},
           {"gdsf_resident_hit_ratio", classic.hit_ratio},
           {"gdsf_resident_object_hit_ratio", classic.object_hit_ratio},
           {"gdsf_window_seconds_saved", h.seconds_saved},
+          {"adaptive_seconds_saved", adaptive.seconds_saved},
+          {"adaptive_hit_ratio", adaptive.hit_ratio},
+          {"adaptive_object_hit_ratio", adaptive.object_hit_ratio},
+          {"adaptive_lru_share", adaptive.lru_share},
           {"lru_seconds_saved", lru.hits.seconds},
           {"gdsf_seconds_saved", gdsf.hits.seconds},
           {"lru_hit_ratio", 1 - lru.MissRatio().seconds},

@@ -10,6 +10,11 @@ Kinds:
                 than the cache, LRU's worst case.
   uniform-cost  the production trace with every cost proportional to bytes
                 (one cost per byte), where GDSF has nothing to exploit.
+  conversation  multi-turn chat, the canonical workload of an EPD encoder
+                cache: a client re-sends the same image on every turn of a
+                conversation (below). Every later turn re-sends the image, so
+                recency predicts reuse and frequency barely does (an image is
+                used 2 to --turns times, then never again).
 
 Entry sizes: post-merge image tokens drawn from a log-normal with median
 560 and sigma 0.55, clipped to [16, 1280] (our approximation of the image
@@ -32,8 +37,20 @@ probability 0.7); a --one-hit share of requests are new keys never seen
 again; every --burst-every requests a new key is requested --burst-len times
 in a row within 50 ms; at the trace's midpoint every catalog's ranks are
 rotated by a third (a popularity shift). Arrivals: --rate requests per
-second, evenly spaced. Random numbers: Python's random.Random(seed), so a
-seed gives the same trace on every machine with the same Python.
+second, evenly spaced.
+
+Conversation shape: each request is the next turn of an open conversation
+that is due now, or else the first turn of a new conversation with a new key
+(`conv-N`, a new image) and a tenant drawn uniformly from --tenants. A new
+conversation has 1 + randint(1, --turns - 1) turns in all (default --turns 4:
+1 to 3 further turns), each scheduled randint(1, --turn-gap) requests after
+the one before (default --turn-gap 20000, in requests). When several turns
+fall due at the same request, one is served and the rest move to the next
+request (none is dropped); turns still pending when the trace ends are not
+emitted. Sizes and costs as for production (content-keyed).
+
+Random numbers: Python's random.Random(seed), so a seed gives the same trace
+on every machine with the same Python.
 """
 
 from __future__ import annotations
@@ -104,6 +121,29 @@ def production(args, rng: random.Random):
         yield f"{catalog}-{rank}", tenant
 
 
+def conversation(args, rng: random.Random):
+    due: dict[int, list[tuple[str, int]]] = {}  # request index -> [(key, turns left)]
+    tenant_of: dict[str, str] = {}
+    started = 0
+    for i in range(args.requests):
+        pending = due.pop(i, None)
+        if pending:
+            (key, left), rest = pending[0], pending[1:]
+            if rest:  # several turns due now: the others move to the next request, ahead of its own
+                due[i + 1] = rest + due.get(i + 1, [])
+            tenant = tenant_of[key]
+        else:
+            started += 1
+            key = f"conv-{started}"
+            tenant = tenant_of[key] = f"t{rng.randrange(args.tenants)}"
+            left = rng.randint(1, args.turns - 1)  # further turns after this one
+        if left > 0:
+            due.setdefault(i + rng.randint(1, args.turn_gap), []).append((key, left - 1))
+        else:
+            del tenant_of[key]
+        yield key, tenant
+
+
 def keys_of(args, rng: random.Random):
     if args.kind == "unique":
         for i in range(args.requests):
@@ -111,17 +151,21 @@ def keys_of(args, rng: random.Random):
     elif args.kind == "scan":
         for i in range(args.requests):
             yield f"s-{i % args.keys}", "t0"
+    elif args.kind == "conversation":
+        yield from conversation(args, rng)
     else:
         yield from production(args, rng)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kind", choices=["production", "unique", "scan", "uniform-cost"], default="production")
+    ap.add_argument("--kind", choices=["production", "unique", "scan", "uniform-cost", "conversation"], default="production")
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--keys", type=int, default=20_000, help="catalog keys (production), loop length (scan)")
     ap.add_argument("--zipf", type=float, default=0.9)
     ap.add_argument("--tenants", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=4, help="conversation: most turns per conversation (>= 2)")
+    ap.add_argument("--turn-gap", type=int, default=20_000, help="conversation: most requests between two turns (>= 1)")
     ap.add_argument("--one-hit", type=float, default=0.3, help="share of requests for keys seen once")
     ap.add_argument("--burst-every", type=int, default=5000)
     ap.add_argument("--burst-len", type=int, default=20)
@@ -131,6 +175,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="-")
     args = ap.parse_args()
+    if args.turns < 2 or args.turn_gap < 1:
+        ap.error("--turns must be >= 2 and --turn-gap >= 1")
     rng = random.Random(args.seed)
     entries = Entries(random.Random(args.seed + 1), args)
     out = sys.stdout if args.out == "-" else open(args.out, "w")

@@ -157,8 +157,8 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   const double hi = std::max(lo * 2, r.working_set_bytes * 1.25);
   const std::vector<double> caps = LogCapacities(lo, hi, o.points);
 
-  // The head (SHARDS and MiniSim keep it at rate 1), then the three curves
-  // as three tasks: LRU (exact or SHARDS), GDSF and GDSF + doorkeeper
+  // The head (SHARDS and MiniSim keep it at rate 1), then the four curves
+  // as four tasks: LRU (exact or SHARDS), GDSF, GDSF + doorkeeper and adaptive
   // (MiniSim; the whole trace when it is small).
   r.exact = trace.size() <= o.exact_max;
   MiniSimOptions m;
@@ -171,7 +171,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
                         head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
   }
   std::optional<ReuseHistogram> lru;
-  r.curves.resize(3);
+  r.curves.resize(4);
   std::vector<std::function<void()>> curve_tasks;
   curve_tasks.emplace_back([&] {
     if (r.exact) {
@@ -193,13 +193,15 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     r.curves[0] =
         EvaluateCurve(*lru, caps, fmt::format("lru (shards {:g}% + {} head keys)", 100 * o.shards_rate, head.size()));
   });
-  for (bool dk : {false, true}) {
-    curve_tasks.emplace_back([&, dk] {
-      const SimPolicy p{EvictionPolicy::kGdsf, dk};
-      progress(dk ? "gdsf+doorkeeper" : "gdsf", 0, 1);
+  const SimPolicy simulated[] = {{EvictionPolicy::kGdsf, false}, {EvictionPolicy::kGdsf, true},
+                                  {EvictionPolicy::kAdaptive, false}};
+  for (std::size_t i = 0; i < std::size(simulated); ++i) {
+    curve_tasks.emplace_back([&, i] {
+      const SimPolicy p = simulated[i];
+      progress(p.Name().c_str(), 0, 1);
       MissRatioCurve c = SimulateCurve(trace, p, caps, m);
       c.label = p.Name() + (m.rate >= 1 ? " (simulated)" : fmt::format(" (minisim {:g}%)", 100 * m.rate));
-      r.curves[dk ? 2 : 1] = std::move(c);
+      r.curves[i + 1] = std::move(c);
     });
   }
   RunTasks(curve_tasks, threads);
@@ -207,10 +209,10 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   r.curves_s = Seconds(t0);
 
   // Sizing off the policy's curve; with the doorkeeper L1 reads its own.
-  const bool gdsf = o.eviction == EvictionPolicy::kGdsf;
+  const bool gdsf = o.eviction != EvictionPolicy::kLru;
   const bool dk = o.l1_admission == L1Admission::kDoorkeeper;
   r.policy = SimPolicy{o.eviction, dk}.Name();
-  const MissRatioCurve& curve = gdsf ? r.curves[1] : r.curves[0];
+  const MissRatioCurve& curve = r.curves[o.eviction == EvictionPolicy::kAdaptive ? 3 : gdsf ? 1 : 0];
   auto hit = [](const MissRatioCurve& c, double bytes) { return 1 - c.MissRatioAt(bytes).seconds; };
   auto at = [&](double b) { return !gdsf && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
   const Clock::time_point t1 = Clock::now();

@@ -26,7 +26,7 @@
 // real caches (on a 10^7-request trace about 35 s of CPU per row, where the
 // rest of the plan takes about 40 s).
 //
-// Parallelism: the three curves run as three tasks, then the miniatures and
+// Parallelism: the four curves run as four tasks, then the miniatures and
 // replays one task per row each, on up to PlanOptions::threads threads.
 // Each task owns its caches and writes its own slot of the result, so the
 // result does not depend on the thread count or the schedule.
@@ -98,7 +98,7 @@ struct PlanResult {
   std::size_t shards_head = 0;
   double sampled_fraction = 1;  // accesses the stack processed
   std::size_t sampler_bytes = 0;
-  std::vector<MissRatioCurve> curves;  // [0] LRU, then gdsf, gdsf+doorkeeper
+  std::vector<MissRatioCurve> curves;  // [0] LRU, then gdsf, gdsf+doorkeeper, adaptive
   std::string policy;                  // the sized policy's name
   std::vector<SizingRow> rows;
   bool replayed = false;  // rows carry a replay (PlanOptions::replay)

@@ -184,7 +184,7 @@ void RegisterPlanCommand(CLI::App& app) {
   option("--seconds-per-token", f->seconds_per_token, "derived cost per post-merge token, s", NonNegative("s"));
   option("--seconds-per-byte", f->seconds_per_byte, "cost of a cache-trace line without cost_s, s/B",
          NonNegative("s/B"));
-  option("--eviction", f->eviction, "policy the tiers are sized for", CLI::IsMember({"lru", "gdsf"}));
+  option("--eviction", f->eviction, "policy the tiers are sized for", CLI::IsMember({"lru", "gdsf", "adaptive"}));
   option("--l1-admission", f->admission, "L1 admission filter", CLI::IsMember({"none", "doorkeeper"}));
   option("--window", f->window, "doorkeeper window, requests", Integer(1));
   option("--l1-max-gb", f->l1_max_gb, "device memory L1 may take, GB", NonNegative("GB"));

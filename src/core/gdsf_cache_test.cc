@@ -187,9 +187,13 @@ TEST(WeightedCountersTest, HitBytesAndSecondsSumEachHitUnderBothPolicies) {
 TEST(EvictionPolicyTest, ParsesItsNamesAndRejectsOthers) {
   EXPECT_EQ(*ParseEvictionPolicy("lru"), EvictionPolicy::kLru);
   EXPECT_EQ(*ParseEvictionPolicy("gdsf"), EvictionPolicy::kGdsf);
+  EXPECT_EQ(*ParseEvictionPolicy("adaptive"), EvictionPolicy::kAdaptive);
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive}) {
+    EXPECT_EQ(*ParseEvictionPolicy(EvictionPolicyName(p)), p);
+  }
   auto bad = ParseEvictionPolicy("lfu");
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("eviction must be lru or gdsf, got 'lfu'"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("eviction must be lru, gdsf or adaptive, got 'lfu'"));
 }
 
 // ForEachInEvictionOrder is the order the victims would go in.

@@ -1,17 +1,22 @@
-// gdsf_driver: runs EmbeddingCache<std::string, int> under GDSF over
-// operations read from stdin, one per line, and prints what the cache did,
-// for tests/python/test_gdsf_model.py, which compares it with a model of the
-// rule written separately in Python. Test-only; not installed.
+// gdsf_driver: runs EmbeddingCache<std::string, int> under GDSF (or
+// kAdaptive) over operations read from stdin, one per line, and prints what
+// the cache did, for tests/python/test_gdsf_model.py and
+// test_adaptive_model.py, which compare it with models of the rules written
+// separately in Python. Test-only; not installed. Keys are hashed with 64-bit
+// FNV-1a (offset basis 14695981039346656037, prime 1099511628211, over the
+// key's bytes), so that a model can compute the hash kAdaptive samples by.
 //
-// Input: the first line is "CAPACITY FREQUENCY": bytes, then "resident"
-// (GdsfFrequency::kResident) or the history's window in requests (0: the
-// cache sizes it); then
+// Input: the first line is "CAPACITY FREQUENCY [POLICY]": bytes, then
+// "resident" (GdsfFrequency::kResident) or the history's window in requests
+// (0: the cache sizes it), then "gdsf" (the default) or "adaptive"; then
 //   put KEY NBYTES COST     COST in seconds, or "-" for unmeasured
 //   get KEY
 //   pop KEY
 // Output: per operation, "evict KEY" for each victim in hook order, then one
 // of "hit KEY" / "miss KEY" (get), "popped KEY" / "absent KEY" (pop), "ok"
-// (put); at the end "clock C" with C printed to 17 significant digits.
+// (put); at the end "clock C" with C printed to 17 significant digits, and
+// under adaptive "leader lru|gdsf", "switches N", "lru_victims N" and
+// "rate R" (no duel yet: "leader gdsf", 0, 0 and "rate 0").
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -19,17 +24,31 @@
 
 #include "epd/core/embedding_cache.h"
 
+namespace {
+
+struct Fnv1a {
+  std::size_t operator()(const std::string& s) const {
+    std::uint64_t h = 14695981039346656037ULL;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+    return static_cast<std::size_t>(h);
+  }
+};
+
+}  // namespace
+
 int main() {
   std::int64_t capacity = 0;
-  std::string frequency;
+  std::string frequency, header_rest;
   if (!(std::cin >> capacity >> frequency)) return 2;
-  epd::CacheOptions options{epd::EvictionPolicy::kGdsf};
+  std::getline(std::cin, header_rest);
+  const bool adaptive = header_rest.find("adaptive") != std::string::npos;
+  epd::CacheOptions options{adaptive ? epd::EvictionPolicy::kAdaptive : epd::EvictionPolicy::kGdsf};
   if (frequency == "resident") {
     options.gdsf_frequency = epd::GdsfFrequency::kResident;
   } else {
     options.gdsf_history_window = std::stoull(frequency);
   }
-  epd::EmbeddingCache<std::string, int> cache(
+  epd::EmbeddingCache<std::string, int, Fnv1a> cache(
       capacity, options,
       [](const std::string& k, int&&, std::int64_t, const epd::EntryCost&) { std::printf("evict %s\n", k.c_str()); });
   std::string op, key, cost;
@@ -50,5 +69,12 @@ int main() {
     }
   }
   std::printf("clock %.17g\n", cache.clock());
+  if (adaptive) {
+    const epd::PolicyDuel* duel = cache.duel();
+    std::printf("leader %s\n", duel && duel->lru_leads() ? "lru" : "gdsf");
+    std::printf("switches %llu\n", static_cast<unsigned long long>(duel ? duel->switches() : 0));
+    std::printf("lru_victims %llu\n", static_cast<unsigned long long>(cache.lru_victims()));
+    std::printf("rate %.17g\n", duel ? duel->rate() : 0.0);
+  }
   return 0;
 }

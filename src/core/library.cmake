@@ -7,6 +7,7 @@ get_filename_component(_epd_core_root ${CMAKE_CURRENT_LIST_DIR}/../.. ABSOLUTE)
 add_library(epd_core
   ${CMAKE_CURRENT_LIST_DIR}/status.cc
   ${CMAKE_CURRENT_LIST_DIR}/admission_filter.cc
+  ${CMAKE_CURRENT_LIST_DIR}/policy_duel.cc
   ${CMAKE_CURRENT_LIST_DIR}/mrc/stack_distance.cc
   ${CMAKE_CURRENT_LIST_DIR}/mrc/miss_ratio_curve.cc
   ${CMAKE_CURRENT_LIST_DIR}/mrc/shards.cc

@@ -23,37 +23,17 @@
 //     charge within the int64 byte counter; the reference's Python ints have
 //     no bound, and no memory comes near it.
 //
-// Eviction policy (CacheOptions::eviction), chosen at construction:
+// Eviction policy (CacheOptions::eviction), chosen at construction; each is
+// defined in epd/core/cache_options.h:
 //   - kLru (the default): everything above; the reference's semantics.
-//   - kGdsf, GreedyDual-Size-Frequency (Cherkasova 1998; Squid's `heap
-//     GDSF`): each entry has priority = clock + frequency x cost / size, in
-//     seconds per byte, where cost is EntryCost::seconds (the measured time to
-//     produce it; a put without one charges nbytes x default_seconds_per_byte),
-//     size is max(nbytes, 1) and frequency counts its references (a put is
-//     one, each hit or re-put one more). Under GdsfFrequency::kHistory (the
-//     default) the count outlives eviction: from the first eviction on,
-//     every reference is also recorded in a TinyLFU-style history
-//     (epd/core/admission_filter.h: a doorkeeper and a count-min sketch,
-//     halved every window of CacheOptions::gdsf_history_window references;
-//     auto: 30 x the entries held at the first eviction, at least 1024;
-//     Einziger et al., ACM TOS 2017), and the frequency is the larger of the
-//     resident count and the history's estimate, so that a hot entry evicted
-//     in a burst comes back with its count, not at 1. kResident is
-//     Cherkasova's rule: the count starts again at 1 on each re-entry
-//     (docs/BENCHMARKS.md measures both). The victim is the entry of lowest
-//     priority, ties to the oldest touch (a sequence number, never an
-//     address); the clock then becomes max(clock, victim's priority), so the
-//     entries left behind age without being touched. The rest of the
-//     contract is LRU's: the hook fires once per victim, in eviction order
-//     (lowest priority first); a put never evicts the key it puts (Cao and
-//     Irani's rule: room is made for the newcomer, which is then ranked
-//     with the clock those victims set), so an entry no larger than the
-//     capacity is resident after its put; re-put, oversize skip, pop,
-//     capacity 0 and errors are as above. With refetch_seconds_per_byte set
-//     (a tier above another), an entry no larger than refetch_max_bytes is
-//     ranked by nbytes x refetch_seconds_per_byte instead of its cost, since
-//     a miss here costs only the copy back from the tier below; its own cost
-//     is still kept and handed on (Pop, the costed hook).
+//   - kGdsf: the lowest GreedyDual-Size-Frequency priority goes first (ties
+//     to the oldest touch: a sequence number, never an address), and
+//   - kAdaptive: LRU's or GDSF's victim, whichever an online pair of
+//     miniature caches says saves more (epd/core/policy_duel.h).
+//   The rest of the contract is LRU's under all three: the hook fires once
+//   per victim, in eviction order; a put never evicts the key it puts, so an
+//   entry no larger than the capacity is resident after its put; re-put,
+//   oversize skip, pop, capacity 0 and errors are as above.
 //   Pop() and the costed hook hand the entry's cost and frequency on, so a
 //   tier below can keep them (epd/core/tiered_cache.h); a Put with them
 //   carries them in.
@@ -73,6 +53,11 @@
 // replaces the recency log, 24 bytes per entry plus 4 per slab slot. A hit touches the index slot
 // and the entry, and appends 16 bytes to a sequential log; it never touches
 // neighbouring entries the way a linked-list LRU's unlink does.
+//
+// kAdaptive keeps both the recency log and the heap, plus its duel's two
+// miniature caches (epd/core/policy_duel.h: about 2 x R x the entries, R
+// between 1/32 and 1, no values); a Get or Put of a sampled key costs up to
+// two miniature operations more.
 //
 // GDSF's history adds about 6 bytes per windowed reference (16
 // doorkeeper bits plus 4 sketch bytes, width rounded up to a power of two),
@@ -138,113 +123,14 @@
 #include <vector>
 
 #include "epd/core/admission_filter.h"
+#include "epd/core/cache_options.h"
 #include "epd/core/gdsf_heap.h"
+#include "epd/core/policy_duel.h"
 #include "epd/core/status.h"
 #include "epd/core/tenant_quota.h"
 
 namespace epd {
 
-// Which entry a full cache evicts (see the header comment).
-enum class EvictionPolicy : std::uint8_t { kLru = 0, kGdsf = 1 };
-
-inline std::string_view EvictionPolicyName(EvictionPolicy p) { return p == EvictionPolicy::kGdsf ? "gdsf" : "lru"; }
-
-// "lru" or "gdsf"; kInvalidArgument naming the text otherwise.
-inline StatusOr<EvictionPolicy> ParseEvictionPolicy(std::string_view text) {
-  if (text == "lru") return EvictionPolicy::kLru;
-  if (text == "gdsf") return EvictionPolicy::kGdsf;
-  return Status(StatusCode::kInvalidArgument, "eviction must be lru or gdsf, got '" + std::string(text) + "'");
-}
-
-// What producing an entry cost and how often it was referenced: GDSF's C and
-// f. Plain data; every cache keeps it, only kGdsf orders by it.
-struct EntryCost {
-  static constexpr double kUnmeasured = -1;
-  // Seconds it took to produce the entry (decode, preprocessing and its share
-  // of its tower batch), finite and >= 0; kUnmeasured: the cache charges
-  // nbytes x CacheOptions::default_seconds_per_byte.
-  double seconds = kUnmeasured;
-  // References so far, >= 1; a tier hands it on when an entry moves.
-  std::uint64_t frequency = 1;
-  // The tenant the entry is charged to (epd/core/tenant_quota.h); read only
-  // by a cache with tenant reservations, handed on by Pop and the costed
-  // hook so that a demotion or promotion keeps the charge.
-  TenantId tenant = kSharedTenant;
-};
-
-// Where GDSF takes an entry's frequency from (see the header comment).
-enum class GdsfFrequency : std::uint8_t { kHistory = 0, kResident = 1 };
-
-// Construction options of an EmbeddingCache; the defaults are the
-// reference's cache.
-struct CacheOptions {
-  EvictionPolicy eviction = EvictionPolicy::kLru;
-  // Seconds per byte charged to an entry put without a measured cost
-  // (1e-9 s/B: about a GPU tower's rate for Qwen2.5-VL, ~7 ms for a 4 MB
-  // entry). Under GDSF only its ratio to measured costs matters.
-  double default_seconds_per_byte = 1e-9;
-  // GDSF, for a tier above another: when >= 0, an entry of at most
-  // refetch_max_bytes is ranked by nbytes x refetch_seconds_per_byte (the
-  // copy back from the tier below) instead of its cost. < 0: off.
-  double refetch_seconds_per_byte = -1;
-  std::int64_t refetch_max_bytes = 0;
-  // GDSF's frequency: kHistory (the default) remembers references across
-  // evictions in an aged count-min sketch; kResident is Cherkasova's rule,
-  // which counts only while the entry is held (see the header comment).
-  GdsfFrequency gdsf_frequency = GdsfFrequency::kHistory;
-  // Requests per aging window of the history (kHistory); 0: sized when the
-  // cache first fills, to 30 x the entries it then holds, at least 1024.
-  std::uint64_t gdsf_history_window = 0;
-};
-
-// What a Pop() hands back: the value, the bytes it was charged, and its cost
-// and frequency (for a tier below).
-template <typename V>
-struct PoppedEntry {
-  V value;
-  std::int64_t nbytes;
-  EntryCost cost{};
-};
-
-// The largest capacity or charge, in bytes, an EmbeddingCache accepts:
-// 2^62 - 1, so that a full cache plus one more charge (< 2^63) always fits the
-// int64 byte counter.
-inline constexpr std::int64_t kMaxCacheBytes = (std::int64_t{1} << 62) - 1;
-
-// The error for a byte count `name` (a capacity or a charge) outside
-// [0, kMaxCacheBytes]; `got` is its decimal text, so that a caller holding a
-// wider integer (Python's) reports it exactly.
-inline Status CacheBytesOutOfRange(const std::string& name, bool negative, const std::string& got) {
-  return Status(StatusCode::kInvalidArgument,
-                negative ? name + " must be >= 0, got " + got
-                         : name + " must be <= " + std::to_string(kMaxCacheBytes) + " (2^62 - 1), got " + got);
-}
-
-// Throws epd::Error(kInvalidArgument) unless 0 <= bytes <= kMaxCacheBytes.
-inline void CheckCacheBytes(const std::string& name, std::int64_t bytes) {
-  if (bytes < 0 || bytes > kMaxCacheBytes) throw Error(CacheBytesOutOfRange(name, bytes < 0, std::to_string(bytes)));
-}
-
-// Throws epd::Error(kInvalidArgument) unless `cost` is kUnmeasured or finite
-// and >= 0, with frequency >= 1.
-inline void CheckEntryCost(const EntryCost& cost) {
-  if (cost.seconds != EntryCost::kUnmeasured && !(std::isfinite(cost.seconds) && cost.seconds >= 0)) {
-    throw Error(Status(StatusCode::kInvalidArgument,
-                       "cost seconds must be finite and >= 0 (or unmeasured), got " + std::to_string(cost.seconds)));
-  }
-  if (cost.frequency < 1) throw Error(Status(StatusCode::kInvalidArgument, "cost frequency must be >= 1, got 0"));
-}
-
-// Throws epd::Error(kInvalidArgument) unless the per-byte rates are usable.
-inline void CheckCacheOptions(const CacheOptions& o) {
-  if (!(std::isfinite(o.default_seconds_per_byte) && o.default_seconds_per_byte >= 0)) {
-    throw Error(Status(StatusCode::kInvalidArgument, "default_seconds_per_byte must be finite and >= 0, got " +
-                                                         std::to_string(o.default_seconds_per_byte)));
-  }
-  if (!std::isfinite(o.refetch_seconds_per_byte)) {
-    throw Error(Status(StatusCode::kInvalidArgument, "refetch_seconds_per_byte must be finite"));
-  }
-}
 
 template <typename K, typename V, typename Hash = std::hash<K>, typename Eq = std::equal_to<K>>
 class EmbeddingCache {
@@ -268,7 +154,8 @@ class EmbeddingCache {
                  Hash hash = Hash(), Eq eq = Eq())
       : capacity_bytes_(capacity_bytes),
         options_(options),
-        gdsf_(options.eviction == EvictionPolicy::kGdsf),
+        ranked_(options.eviction != EvictionPolicy::kLru),
+        logged_(options.eviction != EvictionPolicy::kGdsf),
         on_evict_costed_(std::move(on_evict)),
         hash_(std::move(hash)),
         eq_(std::move(eq)) {
@@ -289,9 +176,11 @@ class EmbeddingCache {
     const std::uint32_t e = Find(key, h);
     if (e == kNone) {
       ++misses_;
+      if (duel_ && duel_->Sampled(h)) duel_->OnGet(h, false, 0, 0);
       return std::nullopt;
     }
-    if (gdsf_) meta_[e].frequency = Referenced(h, meta_[e].frequency + 1);
+    if (ranked_) meta_[e].frequency = Referenced(h, meta_[e].frequency + 1);
+    if (duel_ && duel_->Sampled(h)) duel_->OnGet(h, true, slab_[e].nbytes, meta_[e].seconds);
     Touch(e);
     ++hits_;
     hit_bytes_ += slab_[e].nbytes;
@@ -340,6 +229,7 @@ class EmbeddingCache {
       ent.nbytes = nbytes;
       meta_[e] = Meta{seconds, Referenced(h, std::max(meta_[e].frequency + 1, cost.frequency))};
       Touch(e);
+      if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, seconds);
     } else {
       e = Allocate(key, std::move(value), nbytes);
       InsertIndex(e, h);
@@ -349,6 +239,7 @@ class EmbeddingCache {
       ++orders_[tenant].size;
       meta_[e] = Meta{seconds, Referenced(h, cost.frequency)};
       Touch(e);
+      if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, seconds);
       if (size_ * 2 > index_.size()) Rehash(index_.size() * 2);
     }
     // GDSF ranks the newcomer by the clock after the room is made (Cao and
@@ -356,7 +247,7 @@ class EmbeddingCache {
     const double clock_before = clock_;
     const std::uint64_t seq = slab_[e].seq;
     Evict(e);
-    if (gdsf_ && clock_ != clock_before && slab_[e].seq == seq) Rank(e);
+    if (ranked_ && clock_ != clock_before && slab_[e].seq == seq) Rank(e);
     return true;
   }
 
@@ -407,6 +298,8 @@ class EmbeddingCache {
   std::uint64_t misses() const { return misses_; }
   // Capacity-overflow victims removed so far (each one the hook saw, if set).
   std::uint64_t evictions() const { return evictions_; }
+  // Evictions whose victim was LRU's (all under kLru, none under kGdsf).
+  std::uint64_t lru_victims() const { return lru_victims_; }
   // Sums over hits of the entry's charge (bytes) and cost (seconds saved).
   std::int64_t hit_bytes() const { return hit_bytes_; }
   double hit_seconds() const { return hit_seconds_; }
@@ -417,25 +310,30 @@ class EmbeddingCache {
   // GDSF's reference history (GdsfFrequency::kHistory), or null: under LRU,
   // kResident, or before the cache first evicted.
   const AdmissionFilter* history() const { return history_.get(); }
+  // kAdaptive's duel (which policy leads, its scores), from the first
+  // eviction on; null before and under kLru and kGdsf.
+  const PolicyDuel* duel() const { return duel_.get(); }
 
   // Bytes of bookkeeping held now (index, entry records, recency log), not
   // counting keys and values. For the overhead figure in the header comment.
   std::size_t bookkeeping_bytes() const {
     return index_.capacity() * sizeof(Slot) + slab_.capacity() * (sizeof(Entry) - sizeof(K) - sizeof(V)) +
            free_.capacity() * sizeof(std::uint32_t) + meta_.capacity() * sizeof(Meta) + OrderBytes() +
-           tenant_.capacity() * sizeof(TenantId) + (history_ ? history_->memory_bytes() : 0);
+           tenant_.capacity() * sizeof(TenantId) + (history_ ? history_->memory_bytes() : 0) +
+           (duel_ ? duel_->memory_bytes() : 0);
   }
 
   // Visits entries in eviction order, next victim first, as (key, value,
   // nbytes): LRU to MRU under kLru (O(n), linear in the recency log, which
   // holds at most 3n + 64 records); lowest GDSF priority first under kGdsf
-  // (O(n log n), a sorted copy of the heap). With tenant reservations the
+  // (O(n log n), a sorted copy of the heap); the leader's order under
+  // kAdaptive. With tenant reservations the
   // walk merges every tenant's order (LRU: O(n log n), sorted by touch);
   // which entry goes first then also depends on which tenants are over their
   // reservation. For tests and debugging; does not count hits.
   template <typename F>
   void ForEachInEvictionOrder(F&& f) const {
-    if (gdsf_) {
+    if (ByHeap()) {
       std::vector<GdsfHeap::Node> order;
       for (const Order& o : orders_) order.insert(order.end(), o.heap.nodes().begin(), o.heap.nodes().end());
       std::sort(order.begin(), order.end(), GdsfHeap::Less);
@@ -495,6 +393,9 @@ class EmbeddingCache {
     std::size_t size = 0;
   };
 
+  // Whether the next victim is GDSF's (lowest priority) rather than LRU's.
+  bool ByHeap() const { return ranked_ && !(logged_ && duel_ && duel_->lru_leads()); }
+
   TenantId TenantOf(std::uint32_t e) const { return ledger_ ? tenant_[e] : kSharedTenant; }
   Order& OrderOf(std::uint32_t e) { return orders_[TenantOf(e)]; }
   const Order& OrderOf(std::uint32_t e) const { return orders_[TenantOf(e)]; }
@@ -522,7 +423,7 @@ class EmbeddingCache {
     const TenantId old = tenant_[e];
     ledger_->Discharge(old, slab_[e].nbytes);
     if (old != tenant) {
-      if (gdsf_) orders_[old].heap.Erase(e);
+      if (ranked_) orders_[old].heap.Erase(e);
       --orders_[old].size;
       Charge(e, tenant, 0);
       ++orders_[tenant].size;
@@ -649,14 +550,12 @@ class EmbeddingCache {
     }
   }
 
-  // Marks e most recently touched: appends to its order's recency log (LRU)
-  // or re-ranks it (GDSF).
+  // Marks e most recently touched: re-ranks it (GDSF) and appends to its
+  // order's recency log (LRU); kAdaptive does both.
   void Touch(std::uint32_t e) {
     slab_[e].seq = ++seq_;
-    if (gdsf_) {
-      Rank(e);
-      return;
-    }
+    if (ranked_) Rank(e);
+    if (!logged_) return;
     Order& o = OrderOf(e);
     o.log.push_back(Record{e, seq_});
     if (o.log.size() - o.head > 3 * o.size + 64) CompactLog(o);
@@ -679,7 +578,7 @@ class EmbeddingCache {
     ++version_;
     EraseIndex(e, h);
     Order& o = OrderOf(e);
-    if (gdsf_) o.heap.Erase(e);
+    if (ranked_) o.heap.Erase(e);
     --o.size;
     if (ledger_) ledger_->Discharge(tenant_[e], slab_[e].nbytes);
     Entry dead = std::move(slab_[e]);
@@ -706,7 +605,7 @@ class EmbeddingCache {
   // LRU entry only when it is o's only one.
   std::uint32_t Candidate(Order& o, std::uint32_t keep) {
     if (o.size == 0) return kNone;
-    if (!gdsf_) {
+    if (!ByHeap()) {
       const std::uint32_t e = LruEntry(o);
       return e != keep ? e : kNone;
     }
@@ -718,7 +617,7 @@ class EmbeddingCache {
   // Whether a goes before b in the global order (oldest touch, or lowest
   // GDSF priority then oldest).
   bool Before(std::uint32_t a, std::uint32_t b) const {
-    if (!gdsf_) return slab_[a].seq < slab_[b].seq;
+    if (!ByHeap()) return slab_[a].seq < slab_[b].seq;
     return GdsfHeap::Less(OrderOf(a).heap.node(a), OrderOf(b).heap.node(b));
   }
 
@@ -741,14 +640,16 @@ class EmbeddingCache {
     while (cur_bytes_ > capacity_bytes_ && size_ > 0) {
       const std::uint32_t e = NextVictim(keep);
       if (e == kNone) break;
-      if (gdsf_ && !history_ && options_.gdsf_frequency == GdsfFrequency::kHistory) StartHistory();
+      if (ranked_ && !history_ && options_.gdsf_frequency == GdsfFrequency::kHistory) StartHistory();
+      if (logged_ && ranked_ && !duel_) duel_ = std::make_unique<PolicyDuel>(options_, capacity_bytes_, size_);
       // Hashed before anything changes: a Hash that throws leaves the victim
       // in place and still first in line, not half-removed.
       const std::size_t h = hash_(slab_[e].key);
-      if (gdsf_) {
+      if (ByHeap()) {
         clock_ = std::max(clock_, OrderOf(e).heap.node(e).priority);
       } else {
         ++OrderOf(e).head;  // consumes e's record
+        ++lru_victims_;
       }
       K key = std::move(slab_[e].key);
       V value = std::move(slab_[e].value);
@@ -770,7 +671,8 @@ class EmbeddingCache {
 
   std::int64_t capacity_bytes_;
   CacheOptions options_;
-  bool gdsf_ = false;
+  bool ranked_ = false;  // GDSF's heap, frequency and clock are kept (kGdsf, kAdaptive)
+  bool logged_ = true;   // the recency log is kept (kLru, kAdaptive)
   EvictHook on_evict_;
   CostedEvictHook on_evict_costed_;
   Hash hash_;
@@ -783,6 +685,7 @@ class EmbeddingCache {
   std::vector<TenantId> tenant_;                       // parallel to slab_ while a ledger is on
   std::unique_ptr<TenantLedger> ledger_;               // null: no reservations
   std::unique_ptr<AdmissionFilter> history_;           // GDSF kHistory, from the first eviction
+  std::unique_ptr<PolicyDuel> duel_;                   // kAdaptive, from the first eviction
   double clock_ = 0;                                   // GDSF only
   std::size_t size_ = 0;
   std::int64_t cur_bytes_ = 0;
@@ -791,6 +694,7 @@ class EmbeddingCache {
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
   std::uint64_t evictions_ = 0;
+  std::uint64_t lru_victims_ = 0;
   std::uint64_t refusals_ = 0;
   std::int64_t hit_bytes_ = 0;
   double hit_seconds_ = 0;

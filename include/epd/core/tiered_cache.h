@@ -266,7 +266,7 @@ class TieredEmbeddingCache {
 
   static CacheOptions L1Options(const TieredOptions& o, std::int64_t l2_capacity_bytes) {
     CacheOptions c{o.eviction, o.default_seconds_per_byte};
-    if (o.eviction == EvictionPolicy::kGdsf) {
+    if (o.eviction != EvictionPolicy::kLru) {
       c.refetch_seconds_per_byte = o.promote_seconds_per_byte;
       c.refetch_max_bytes = l2_capacity_bytes;
     }
