@@ -116,10 +116,10 @@ Whole ReplayWhole(std::span<const CacheAccess> trace, const CacheOptions& option
     }
     cache.Put(a.key, 0, a.bytes, {a.seconds});
   }
-  return {cache.hit_seconds(), total > 0 ? cache.hit_seconds() / total : 0,
-          trace.empty() ? 0 : hits / static_cast<double>(trace.size()),
-          cache.evictions() == 0 ? 0
-                                 : static_cast<double>(cache.lru_victims()) / static_cast<double>(cache.evictions())};
+  return {
+      cache.hit_seconds(), total > 0 ? cache.hit_seconds() / total : 0,
+      trace.empty() ? 0 : hits / static_cast<double>(trace.size()),
+      cache.evictions() == 0 ? 0 : static_cast<double>(cache.lru_victims()) / static_cast<double>(cache.evictions())};
 }
 
 // The window of GDSF's history for --history-mult m: m x the entries of

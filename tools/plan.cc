@@ -193,8 +193,8 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     r.curves[0] =
         EvaluateCurve(*lru, caps, fmt::format("lru (shards {:g}% + {} head keys)", 100 * o.shards_rate, head.size()));
   });
-  const SimPolicy simulated[] = {{EvictionPolicy::kGdsf, false}, {EvictionPolicy::kGdsf, true},
-                                  {EvictionPolicy::kAdaptive, false}};
+  const SimPolicy simulated[] = {
+      {EvictionPolicy::kGdsf, false}, {EvictionPolicy::kGdsf, true}, {EvictionPolicy::kAdaptive, false}};
   for (std::size_t i = 0; i < std::size(simulated); ++i) {
     curve_tasks.emplace_back([&, i] {
       const SimPolicy p = simulated[i];

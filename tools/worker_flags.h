@@ -25,8 +25,10 @@
 //   --cache-mb MB             L1 cache capacity [1024]
 //   --host-cache-mb MB        L2 (host) cache capacity [4096]
 //   --no-cache                caching and in-flight dedup off (baselines)
-//   --eviction lru|gdsf       eviction of L1 and L2 [lru, the reference's];
-//                             gdsf ranks by measured encode cost per byte
+//   --eviction lru|gdsf|adaptive  eviction of L1 and L2 [lru, the reference's];
+//                             gdsf ranks by measured encode cost per byte;
+//                             adaptive takes LRU's or GDSF's victim, whichever
+//                             an online miniature of each saves more with
 //   --l1-admission none|doorkeeper
 //                             L1 admission filter [none]; doorkeeper: L1 on a
 //                             key's second request in a window, L2 on its first

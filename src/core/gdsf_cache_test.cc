@@ -171,7 +171,7 @@ TEST_F(GdsfTest, RefetchRateRanksEntriesTheTierBelowHolds) {
 }
 
 TEST(WeightedCountersTest, HitBytesAndSecondsSumEachHitUnderBothPolicies) {
-  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf}) {
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive}) {
     Cache c(1000, CacheOptions{p});
     c.Put("a", 1, 100, {0.3});
     c.Put("b", 2, 50, {0.2});

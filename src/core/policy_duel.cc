@@ -27,6 +27,7 @@ CacheOptions MiniOptions(const CacheOptions& full, EvictionPolicy policy, double
   // refetch_max_bytes, a bound on an entry's size, stays as it is.
   CacheOptions o = full;
   o.eviction = policy;
+  o.refetch_seconds_per_byte = -1;  // the seconds fed are the full cache's rank seconds already
   if (o.gdsf_history_window > 0) {
     o.gdsf_history_window = std::max<std::uint64_t>(
         1, static_cast<std::uint64_t>(std::floor(static_cast<double>(o.gdsf_history_window) * rate)));
@@ -63,6 +64,7 @@ PolicyDuel::PolicyDuel(PolicyDuel&&) noexcept = default;
 PolicyDuel& PolicyDuel::operator=(PolicyDuel&&) noexcept = default;
 
 void PolicyDuel::OnGet(std::uint64_t h, bool full_hit, std::int64_t nbytes, double seconds) {
+  if (!std::isfinite(seconds)) full_hit = false;  // nothing to put: see the header
   lru_score_ *= decay_;
   gdsf_score_ *= decay_;
   for (DuelMini* m : {&minis_->lru, &minis_->gdsf}) {
@@ -75,9 +77,10 @@ void PolicyDuel::OnGet(std::uint64_t h, bool full_hit, std::int64_t nbytes, doub
   Decide();
 }
 
-void PolicyDuel::OnPut(std::uint64_t h, std::int64_t nbytes, double seconds) {
+void PolicyDuel::OnPut(std::uint64_t h, std::int64_t nbytes, double seconds, std::uint64_t frequency) {
+  if (!std::isfinite(seconds)) return;
   for (DuelMini* m : {&minis_->lru, &minis_->gdsf}) {
-    if (!m->Contains(h)) m->Put(h, 0, nbytes, EntryCost{seconds});
+    if (!m->Contains(h)) m->Put(h, 0, nbytes, EntryCost{seconds, frequency});
   }
 }
 

@@ -143,7 +143,7 @@ TEST(TenantQuotaCacheTest, EvictsFromTheTenantOverItsReservationInItsOwnOrder) {
 }
 
 TEST(TenantQuotaCacheTest, RefusesWhatTheReservationPlusSharedPoolCannotHold) {
-  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf}) {
+  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive}) {
     Cache c = NewCache(100, p);
     c.SetTenantReservation(kReserved, 70);  // shared pool: 30
     c.Put(1, 0, 70, Charged(kReserved));
@@ -245,7 +245,11 @@ TEST_P(FloodTest, ReservedTenantKeepsItsHitRatioInTheTieredCache) {
     // GDSF: L1 ranks by promotion cost, the same for both tenants, so its
     // frequency history keeps most reserved keys (0.84 against 0.99 alone
     // for seeds 4 and 5; 0.2 below alone under Cherkasova's resident count).
-    EXPECT_LT(ReservedHitRatio(without, reserve, true, false, seed), alone - 0.1) << "seed " << seed;
+    // Under adaptive the flood need not hurt: on seed 5 the duel's LRU order
+    // keeps the reserved keys by itself (0.887, as alone); the reservation's
+    // guarantee above is what holds for every policy.
+    const double unreserved = ReservedHitRatio(without, reserve, true, false, seed);
+    if (GetParam() != EvictionPolicy::kAdaptive) EXPECT_LT(unreserved, alone - 0.1) << "seed " << seed;
     EXPECT_EQ(with.l2().tenants()->row(kReserved).evictions, 0u);  // nothing of it lost
   }
 }
@@ -282,7 +286,8 @@ TEST_P(FloodTest, DemoteAndPromoteKeepTheCharge) {
       [&](const std::uint64_t& k, const int&, std::int64_t) { EXPECT_EQ(c.l2().CostOf(k)->tenant, put.at(k).first); });
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, FloodTest, ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kGdsf),
+INSTANTIATE_TEST_SUITE_P(Policies, FloodTest,
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive),
                          [](const auto& info) { return std::string(EvictionPolicyName(info.param)); });
 
 TEST(TenantQuotaTieredTest, AReservationPastEitherTierChangesNothing) {

@@ -13,7 +13,8 @@
 //
 // Names (all prefixed epd_; see docs/SERVER.md for the full list):
 //   epd_cache_hits_total{tier}, epd_cache_misses_total, epd_joins_total,
-//   epd_cache_evictions_total{tier}, epd_cache_demotions_total,
+//   epd_cache_evictions_total{tier}, epd_cache_lru_victims_total{tier},
+//   epd_cache_demotions_total,
 //   epd_cache_promotions_total, epd_cache_bytes{tier},
 //   epd_cache_capacity_bytes{tier}, epd_cache_entries{tier},
 //   epd_queue_items, epd_queue_tokens, epd_in_flight_requests,

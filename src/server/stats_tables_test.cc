@@ -390,6 +390,8 @@ TEST(StatsTablesTest, ReplayReportsExactlyItsKeys) {
                                            "tower_s",
                                            "l1_bytes",
                                            "l2_bytes",
+                                           "l1_lru_victims",
+                                           "l2_lru_victims",
                                            "demotions",
                                            "promotions",
                                            "video_items",

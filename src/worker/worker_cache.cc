@@ -224,6 +224,8 @@ void WorkerCache::PutEncoded(const ContentKey& key, const EmbeddingPtr& e, const
 void WorkerCache::Report(WorkerStats& s) const {
   s.l1_evictions = cache_.l1().evictions();
   s.l2_evictions = cache_.l2().evictions();
+  s.l1_lru_victims = cache_.l1().lru_victims();
+  s.l2_lru_victims = cache_.l2().lru_victims();
   s.demotions = cache_.demotions();
   s.promotions = cache_.promotions();
   s.l1_used_bytes = cache_.l1().current_bytes();

@@ -34,7 +34,7 @@
 //     leader's victim; the clock moves only on a GDSF victim. The leader is
 //     decided by epd/core/policy_duel.h: from the first eviction on, the keys
 //     of a hash sample (rate R, at least 1/32, raised until R x the entries then
-//     held is 64) go through two miniature caches of R x the capacity, one LRU
+//     held is at least 64) go through two miniature caches of R x the capacity, one LRU
 //     and one GDSF, each scoring the seconds of its hits with an exponential
 //     decay; LRU leads while its score is strictly higher (GDSF leads before
 //     the first eviction and on ties). The miniatures follow Waldspurger et
@@ -82,7 +82,7 @@ inline StatusOr<EvictionPolicy> ParseEvictionPolicy(std::string_view text) {
 }
 
 // What producing an entry cost and how often it was referenced: GDSF's C and
-// f. Plain data; every cache keeps it, only kGdsf orders by it.
+// f. Plain data; every cache keeps it, kGdsf and kAdaptive order by it.
 struct EntryCost {
   static constexpr double kUnmeasured = -1;
   // Seconds it took to produce the entry (decode, preprocessing and its share

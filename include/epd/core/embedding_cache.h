@@ -70,9 +70,10 @@
 //   index slots      16-32 bytes  (8-byte slots, load factor at most 1/2, doubling)
 //   recency log      16-48 bytes  (16-byte records, compacted at 3 per live entry)
 //   cost record         16 bytes  (cost in seconds, frequency), a parallel vector
-// i.e. 64-112 bytes, plus the slab's and the log's spare vector capacity
-// (up to 2x from doubling); `bench/cache_bench` measures it from the heap
-// (docs/BENCHMARKS.md).
+// i.e. 64-112 bytes under kLru, plus the slab's and the log's spare vector
+// capacity (up to 2x from doubling); `bench/cache_bench` measures it from the
+// heap (docs/BENCHMARKS.md). kGdsf has the heap (above) instead of the log,
+// kAdaptive both.
 //
 // Thread safety: thread-compatible (no internal locking). Use
 // ConcurrentEmbeddingCache (epd/core/concurrent_cache.h) to share one across
@@ -131,7 +132,6 @@
 
 namespace epd {
 
-
 template <typename K, typename V, typename Hash = std::hash<K>, typename Eq = std::equal_to<K>>
 class EmbeddingCache {
  public:
@@ -180,7 +180,7 @@ class EmbeddingCache {
       return std::nullopt;
     }
     if (ranked_) meta_[e].frequency = Referenced(h, meta_[e].frequency + 1);
-    if (duel_ && duel_->Sampled(h)) duel_->OnGet(h, true, slab_[e].nbytes, meta_[e].seconds);
+    if (duel_ && duel_->Sampled(h)) duel_->OnGet(h, true, slab_[e].nbytes, RankSeconds(e));
     Touch(e);
     ++hits_;
     hit_bytes_ += slab_[e].nbytes;
@@ -229,7 +229,7 @@ class EmbeddingCache {
       ent.nbytes = nbytes;
       meta_[e] = Meta{seconds, Referenced(h, std::max(meta_[e].frequency + 1, cost.frequency))};
       Touch(e);
-      if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, seconds);
+      if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, RankSeconds(e), cost.frequency);
     } else {
       e = Allocate(key, std::move(value), nbytes);
       InsertIndex(e, h);
@@ -239,7 +239,7 @@ class EmbeddingCache {
       ++orders_[tenant].size;
       meta_[e] = Meta{seconds, Referenced(h, cost.frequency)};
       Touch(e);
-      if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, seconds);
+      if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, RankSeconds(e), cost.frequency);
       if (size_ * 2 > index_.size()) Rehash(index_.size() * 2);
     }
     // GDSF ranks the newcomer by the clock after the room is made (Cao and
@@ -252,14 +252,13 @@ class EmbeddingCache {
   }
 
   // Removes `key` and returns its value and charge; nullopt when absent.
-  std::optional<PoppedEntry<V>> Pop(const K& key) {
-    const std::size_t h = hash_(key);
-    const std::uint32_t e = Find(key, h);
-    if (e == kNone) return std::nullopt;
-    PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes, CostOf(e)};
-    Remove(e, h);
-    return out;
-  }
+  std::optional<PoppedEntry<V>> Pop(const K& key) { return Take(key, false); }
+
+  // Pop for a tier above that takes the entry up because it was requested (a
+  // promotion): the same, and under kAdaptive the request also goes to the
+  // duel, as a hit when `key` is held and a miss otherwise, as a Get would.
+  // No hit or miss is counted here either.
+  std::optional<PoppedEntry<V>> PopRequested(const K& key) { return Take(key, true); }
 
   // The cost and frequency of `key` as stored, or nullopt; touches nothing.
   std::optional<EntryCost> CostOf(const K& key) const {
@@ -314,8 +313,9 @@ class EmbeddingCache {
   // eviction on; null before and under kLru and kGdsf.
   const PolicyDuel* duel() const { return duel_.get(); }
 
-  // Bytes of bookkeeping held now (index, entry records, recency log), not
-  // counting keys and values. For the overhead figure in the header comment.
+  // Bytes of bookkeeping held now (index, entry records, recency log, GDSF's
+  // heap and history, kAdaptive's duel), not counting keys and values. For
+  // the overhead figure in the header comment.
   std::size_t bookkeeping_bytes() const {
     return index_.capacity() * sizeof(Slot) + slab_.capacity() * (sizeof(Entry) - sizeof(K) - sizeof(V)) +
            free_.capacity() * sizeof(std::uint32_t) + meta_.capacity() * sizeof(Meta) + OrderBytes() +
@@ -351,7 +351,8 @@ class EmbeddingCache {
     }
     for (const Record& r : order) f(slab_[r.entry].key, slab_[r.entry].value, slab_[r.entry].nbytes);
   }
-  // The LRU name of the same walk (under kGdsf: eviction order too).
+  // The LRU name of the same walk (under kGdsf, and kAdaptive while GDSF
+  // leads: the eviction order, not recency).
   template <typename F>
   void ForEachLruToMru(F&& f) const {
     ForEachInEvictionOrder(std::forward<F>(f));
@@ -392,6 +393,18 @@ class EmbeddingCache {
     GdsfHeap heap;
     std::size_t size = 0;
   };
+
+  std::optional<PoppedEntry<V>> Take(const K& key, bool requested) {
+    const std::size_t h = hash_(key);
+    const std::uint32_t e = Find(key, h);
+    if (requested && duel_ && duel_->Sampled(h)) {
+      duel_->OnGet(h, e != kNone, e == kNone ? 0 : slab_[e].nbytes, e == kNone ? 0 : RankSeconds(e));
+    }
+    if (e == kNone) return std::nullopt;
+    PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes, CostOf(e)};
+    Remove(e, h);
+    return out;
+  }
 
   // Whether the next victim is GDSF's (lowest priority) rather than LRU's.
   bool ByHeap() const { return ranked_ && !(logged_ && duel_ && duel_->lru_leads()); }

@@ -158,6 +158,11 @@ struct WorkerStats {
   // victim is demoted to L2 when it fits), tier moves, and occupancy.
   std::uint64_t l1_evictions = 0;
   std::uint64_t l2_evictions = 0;
+  // Of those, the victims taken from the recency order
+  // (EmbeddingCache::lru_victims(): all under kLru, none under kGdsf, LRU's
+  // share under kAdaptive).
+  std::uint64_t l1_lru_victims = 0;
+  std::uint64_t l2_lru_victims = 0;
   std::uint64_t demotions = 0;
   std::uint64_t promotions = 0;
   std::int64_t l1_used_bytes = 0;  // bytes cached in L1 now
@@ -294,6 +299,12 @@ inline constexpr StatField<WorkerStats> kWorkerStatsFields[] = {
     {"l2_evictions", &WorkerStats::l2_evictions, StatKind::kCounter, StatUnit::kCount,
      "Capacity victims, by tier",
      {"l2_evictions"}, {"epd_cache_evictions_total", "tier", "l2"}, ""},
+    {"l1_lru_victims", &WorkerStats::l1_lru_victims, StatKind::kCounter, StatUnit::kCount,
+     "Capacity victims taken from the recency order (all under lru, none under gdsf), by tier",
+     {"l1_lru_victims"}, {"epd_cache_lru_victims_total", "tier", "l1"}, "l1_lru_victims"},
+    {"l2_lru_victims", &WorkerStats::l2_lru_victims, StatKind::kCounter, StatUnit::kCount,
+     "Capacity victims taken from the recency order (all under lru, none under gdsf), by tier",
+     {"l2_lru_victims"}, {"epd_cache_lru_victims_total", "tier", "l2"}, "l2_lru_victims"},
     {"demotions", &WorkerStats::demotions, StatKind::kCounter, StatUnit::kCount,
      "L1 victims moved to L2",
      {"demotions"}, {"epd_cache_demotions_total"}, "demotions"},

@@ -18,23 +18,39 @@
 //               floor) and about 1/32 of the keys on large caches;
 //   sample      a key whose 64-bit hash h has SplitMix64(h) < R x 2^64;
 //   capacity    floor(R x the full capacity) bytes each; the full cache's
-//               CacheOptions otherwise (its GDSF history window, if set, x R);
+//               CacheOptions otherwise (its GDSF history window, if set, x R;
+//               no refetch rate, since the seconds fed are already the
+//               rank's);
 //   decay       both scores are multiplied by 0.5^(1 / H) at each sampled
 //               request, H = max(64, 4 x R x n) sampled requests: about four
 //               turnovers of the miniatures' contents.
 //
-// Feeding (what the full cache calls, for sampled keys only):
-//   OnGet(h, hit, nbytes, seconds): a Get. Each miniature looks h up; a hit
-//     adds its stored seconds to that miniature's score; a miss where the full
-//     cache hit puts h in with (nbytes, seconds), since the full cache knows
-//     them; where both missed, the full cache's Put that follows does it.
-//   OnPut(h, nbytes, seconds): a Put. Each miniature not holding h puts it.
+// Feeding (what the full cache calls, for sampled keys only). `seconds` is
+// what a hit on the entry saves in the full cache, the cost GDSF ranks it by
+// there: its encode cost, or in a tier above another its refetch cost
+// (CacheOptions::refetch_seconds_per_byte); the miniatures rank and score by
+// it as given. A non-finite `seconds` is not fed (nothing is put).
+//   OnGet(h, hit, nbytes, seconds): a request (a Get, or a tier above taking
+//     the entry up: EmbeddingCache::PopRequested). Each miniature looks h up;
+//     a hit adds its stored seconds to that miniature's score; a miss where
+//     the full cache hit puts h in with (nbytes, seconds) and frequency 1,
+//     since the full cache knows them; where both missed, the full cache's
+//     Put that follows does it.
+//   OnPut(h, nbytes, seconds, frequency): a Put. Each miniature not holding h
+//     puts it, with the frequency the put carries (a promotion's, from the
+//     tier below).
 //
 // Memory: two EmbeddingCache<uint64_t, char> of about R x n entries, about
-// 150 bytes each with GDSF's history. Time: a sampled call costs up to two
+// 150 bytes each with GDSF's history (memory_bytes() counts their
+// bookkeeping and keys, not their vectors' spare capacity).
+// Limits: the miniatures hold no tenant reservations; an entry larger than
+// R x the capacity never enters them, so it scores for neither policy; a put
+// of a key a miniature holds leaves its stored cost as it was. Time: a sampled call costs up to two
 // miniature operations, O(log n); an unsampled call costs one hash mix.
-// Deterministic: the same calls give the same leader on every machine, so
-// tensor-parallel ranks that see the same requests evict the same entries.
+// Deterministic: the same calls give the same leader wherever the full
+// cache's Hash gives the same values (ContentKeyHash does; std::hash of a
+// string may differ between standard libraries), so tensor-parallel ranks
+// that see the same requests evict the same entries.
 // Thread safety: thread-compatible, as the cache that owns it.
 #pragma once
 
@@ -62,7 +78,7 @@ class PolicyDuel {
 
   // See the header comment; call only for sampled keys.
   void OnGet(std::uint64_t h, bool full_hit, std::int64_t nbytes, double seconds);
-  void OnPut(std::uint64_t h, std::int64_t nbytes, double seconds);
+  void OnPut(std::uint64_t h, std::int64_t nbytes, double seconds, std::uint64_t frequency);
 
   bool lru_leads() const { return lru_leads_; }
   double rate() const { return rate_; }

@@ -19,14 +19,17 @@
 // demotions).
 //
 // Options (TieredOptions; the defaults are the reference's cache):
-//   - eviction: the policy of both tiers (epd/core/embedding_cache.h). Under
-//     kGdsf an entry's cost and frequency travel with it: a demotion puts the
+//   - eviction: the policy of both tiers (epd/core/cache_options.h). Under
+//     kGdsf and kAdaptive an entry's cost and frequency travel with it: a demotion puts the
 //     victim into L2 with the cost and frequency it had in L1, a promotion
 //     puts it into L1 with its cost and its frequency plus one (the hit).
 //     L1 ranks an entry that L2 can hold by the promotion it would cost,
 //     nbytes x promote_seconds_per_byte, not by its encode cost, since an L1
 //     victim is demoted, not lost; L2 ranks by the encode cost. The victims
-//     of each tier go in GDSF order (lowest priority first).
+//     of each tier go in GDSF order (lowest priority first); under kAdaptive
+//     each tier's own duel picks LRU's or GDSF's victim, L1's scoring hits
+//     by the promotion they save and L2's by the encode (a promotion out of
+//     L2 counts as a request to its duel: EmbeddingCache::PopRequested).
 //   - l1_admission kDoorkeeper: every Get records a request in an
 //     AdmissionFilter (epd/core/admission_filter.h). A Put of a key with
 //     fewer than 2 requests in the current window (its first) goes into L2
@@ -180,7 +183,7 @@ class TieredEmbeddingCache {
       return value;
     }
     if (requests < kAdmitted) return ServeFromL2(key, tier);
-    std::optional<PoppedEntry<V>> promoted = l2_.Pop(key);
+    std::optional<PoppedEntry<V>> promoted = l2_.PopRequested(key);
     if (!promoted.has_value()) {
       ++misses_;
       return std::nullopt;

@@ -71,7 +71,7 @@ struct WorkerOptions {
   std::function<EmbeddingPtr(const EmbeddingPtr&)> to_device;
   // Eviction of both tiers and the L1 admission filter (TieredOptions,
   // epd/core/tiered_cache.h; --eviction, --l1-admission). kLru and kNone are
-  // the reference's cache. Under kGdsf each entry is ranked by its measured
+  // the reference's cache. Under kGdsf (and kAdaptive's GDSF order) each entry is ranked by its measured
   // encode cost per byte (docs/PLAN.md, "What the worker passes"); an entry
   // that L2 can hold is ranked in L1 by what its promotion would cost,
   // nbytes x promote_seconds_per_byte (seconds per byte, finite, >= 0; the
