@@ -786,7 +786,7 @@ SECTIONS = [
     ("L3 and the cluster", render_l3),
     ("Checkpoint towers: C++ against the Python reference", render_checkpoint),
     ("Video: chunk caching on overlapping clips", render_video),
-    ("Cache economics: GDSF, the doorkeeper and plan", render_economics),
+    ("Cache economics: GDSF, adaptive, the doorkeeper and plan", render_economics),
     ("Cache economics with measured costs: GDSF against LRU through replay", render_measured_economics),
     ("Findings", render_findings),
     ("Other results", render_other),
