@@ -133,7 +133,8 @@ struct PoppedEntry {
 
 // The largest capacity or charge, in bytes, an EmbeddingCache accepts:
 // 2^62 - 1, so that a full cache plus one more charge (< 2^63) always fits the
-// int64 byte counter.
+// int64 byte counter (the reference's Python ints have no bound; no memory
+// comes near this one).
 inline constexpr std::int64_t kMaxCacheBytes = (std::int64_t{1} << 62) - 1;
 
 // The error for a byte count `name` (a capacity or a charge) outside

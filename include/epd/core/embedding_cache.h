@@ -17,11 +17,9 @@
 //   - pop(k) removes k and hands back (value, nbytes); it is structural: no
 //     hit/miss is counted and the hook does not fire.
 //   - capacity 0 is valid; only zero-byte items fit.
-//   - A capacity or nbytes outside [0, kMaxCacheBytes] throws
-//     epd::Error(kInvalidArgument) naming the argument; nothing is changed.
-//     The bound (2^62 - 1 bytes, 4 EiB) keeps a full cache plus one more
-//     charge within the int64 byte counter; the reference's Python ints have
-//     no bound, and no memory comes near it.
+//   - A capacity or nbytes outside [0, kMaxCacheBytes] (2^62 - 1 bytes:
+//     epd/core/cache_options.h says why) throws epd::Error(kInvalidArgument)
+//     naming the argument; nothing is changed.
 //
 // Eviction policy (CacheOptions::eviction), chosen at construction; each is
 // defined in epd/core/cache_options.h:
@@ -47,33 +45,21 @@
 // reader after the entry is evicted, replaced or popped). Pop() and on_evict
 // move the cache's copy out to the caller.
 //
-// Performance: under kLru get, put and pop are O(1) expected (amortised: the
-// recency log is compacted in O(n) once every >= n touches). Under kGdsf they
-// are O(log n): a binary heap of (priority, sequence) (epd/core/gdsf_heap.h)
-// replaces the recency log, 24 bytes per entry plus 4 per slab slot. A hit touches the index slot
-// and the entry, and appends 16 bytes to a sequential log; it never touches
-// neighbouring entries the way a linked-list LRU's unlink does.
+// Performance: under kLru get, put and pop are O(1) expected (amortised:
+// epd/core/eviction_order.h's recency log); under kGdsf O(log n), a heap of
+// (priority, sequence) in place of the log (24 bytes per entry plus 4 per
+// slab slot); kAdaptive keeps both, plus its duel's two miniature caches
+// (epd/core/policy_duel.h: about 2 x R x the entries, R in [1/32, 1]), and a
+// Get or Put of a sampled key costs up to two miniature operations more.
+// GDSF's history adds about 6 bytes per windowed reference (180-360 per
+// entry at the auto window) and one Record per Get and Put.
 //
-// kAdaptive keeps both the recency log and the heap, plus its duel's two
-// miniature caches (epd/core/policy_duel.h: about 2 x R x the entries, R
-// between 1/32 and 1, no values); a Get or Put of a sampled key costs up to
-// two miniature operations more.
-//
-// GDSF's history adds about 6 bytes per windowed reference (16
-// doorkeeper bits plus 4 sketch bytes, width rounded up to a power of two),
-// 180-360 bytes per entry at the auto window; Get and Put then cost one
-// Record (6 bit probes and 4 counters) more.
-//
-// Per-entry bookkeeping, beyond sizeof(K) + sizeof(V):
-//   entry record        16 bytes  (nbytes, last-touch sequence), plus padding
-//                                 to the entry's alignment
-//   index slots      16-32 bytes  (8-byte slots, load factor at most 1/2, doubling)
-//   recency log      16-48 bytes  (16-byte records, compacted at 3 per live entry)
-//   cost record         16 bytes  (cost in seconds, frequency), a parallel vector
-// i.e. 64-112 bytes under kLru, plus the slab's and the log's spare vector
-// capacity (up to 2x from doubling); `bench/cache_bench` measures it from the
-// heap (docs/BENCHMARKS.md). kGdsf has the heap (above) instead of the log,
-// kAdaptive both.
+// Per-entry bookkeeping beyond sizeof(K) + sizeof(V), under kLru: the entry
+// record 16 bytes (nbytes, last-touch sequence; plus padding to its
+// alignment), index slots 16-32, recency log 16-48, cost record 16 (seconds,
+// frequency): 64-112 bytes, plus spare vector capacity (up to 2x);
+// `bench/cache_bench` measures it (docs/BENCHMARKS.md). kGdsf has the heap
+// instead of the log, kAdaptive both.
 //
 // Thread safety: thread-compatible (no internal locking). Use
 // ConcurrentEmbeddingCache (epd/core/concurrent_cache.h) to share one across
@@ -96,19 +82,10 @@
 //   cache.Put(key, emb, static_cast<int64_t>(emb->nbytes()));
 //   if (auto hit = cache.Get(key)) Ship(*hit);  // *hit stays valid after eviction
 //
-// Design: entries live in a slab (vector, stable indices, free list). The
-// index is open addressing with linear probing and backward-shift deletion,
-// holding (low 32 bits of the hash, slab index): those bits are both the
-// slot's home position and the tag a probe compares before touching the slab
-// (for keys sharing a home, the bits above the index size tell them apart),
-// so deletion and rehashing never read the slab. An entry that is exactly one
-// cache line (ContentKey + EmbeddingPtr) is aligned to one, so a hit reads
-// one slab line. Recency is a log of (slab index, sequence)
-// records in touch order; each entry stores the sequence of its latest touch,
-// so a record is current iff its sequence equals the entry's. The first current
-// record in the log is the exact LRU entry: eviction pops stale records until
-// it finds one. Benefits: a hit writes only its own entry. Costs: the log holds
-// stale records until compaction (bounded at 3 records per live entry).
+// Design: a slab of entries (stable indices, a free list) found through
+// epd/core/slot_index.h; victims from epd/core/eviction_order.h, one order
+// per tenant. An entry of one cache line (ContentKey + EmbeddingPtr) is
+// aligned to one, so a hit reads one slab line.
 #pragma once
 
 #include <algorithm>
@@ -125,8 +102,10 @@
 
 #include "epd/core/admission_filter.h"
 #include "epd/core/cache_options.h"
+#include "epd/core/eviction_order.h"
 #include "epd/core/gdsf_heap.h"
 #include "epd/core/policy_duel.h"
+#include "epd/core/slot_index.h"
 #include "epd/core/status.h"
 #include "epd/core/tenant_quota.h"
 
@@ -145,7 +124,6 @@ class EmbeddingCache {
   explicit EmbeddingCache(std::int64_t capacity_bytes, EvictHook on_evict = nullptr, Hash hash = Hash(), Eq eq = Eq())
       : capacity_bytes_(capacity_bytes), on_evict_(std::move(on_evict)), hash_(std::move(hash)), eq_(std::move(eq)) {
     CheckCacheBytes("capacity_bytes", capacity_bytes);
-    Rehash(16);
   }
 
   // With options (eviction policy, GDSF rates). Throws as above, and
@@ -161,7 +139,6 @@ class EmbeddingCache {
         eq_(std::move(eq)) {
     CheckCacheBytes("capacity_bytes", capacity_bytes);
     CheckCacheOptions(options);
-    Rehash(16);
   }
 
   EmbeddingCache(const EmbeddingCache&) = delete;
@@ -232,7 +209,7 @@ class EmbeddingCache {
       if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, RankSeconds(e), cost.frequency);
     } else {
       e = Allocate(key, std::move(value), nbytes);
-      InsertIndex(e, h);
+      index_.Insert(e, h);
       cur_bytes_ += nbytes;
       ++size_;
       if (ledger_) Charge(e, tenant, nbytes);
@@ -240,7 +217,7 @@ class EmbeddingCache {
       meta_[e] = Meta{seconds, Referenced(h, cost.frequency)};
       Touch(e);
       if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, RankSeconds(e), cost.frequency);
-      if (size_ * 2 > index_.size()) Rehash(index_.size() * 2);
+      if (size_ * 2 > index_.slots()) index_.Rehash(index_.slots() * 2, [this](std::uint32_t x) { return HashOf(x); });
     }
     // GDSF ranks the newcomer by the clock after the room is made (Cao and
     // Irani's order), so it is ranked again if this put's victims moved it.
@@ -317,7 +294,7 @@ class EmbeddingCache {
   // heap and history, kAdaptive's duel), not counting keys and values. For
   // the overhead figure in the header comment.
   std::size_t bookkeeping_bytes() const {
-    return index_.capacity() * sizeof(Slot) + slab_.capacity() * (sizeof(Entry) - sizeof(K) - sizeof(V)) +
+    return index_.memory_bytes() + slab_.capacity() * (sizeof(Entry) - sizeof(K) - sizeof(V)) +
            free_.capacity() * sizeof(std::uint32_t) + meta_.capacity() * sizeof(Meta) + OrderBytes() +
            tenant_.capacity() * sizeof(TenantId) + (history_ ? history_->memory_bytes() : 0) +
            (duel_ ? duel_->memory_bytes() : 0);
@@ -335,17 +312,13 @@ class EmbeddingCache {
   void ForEachInEvictionOrder(F&& f) const {
     if (ByHeap()) {
       std::vector<GdsfHeap::Node> order;
-      for (const Order& o : orders_) order.insert(order.end(), o.heap.nodes().begin(), o.heap.nodes().end());
+      for (const EvictionOrder& o : orders_) order.insert(order.end(), o.heap.nodes().begin(), o.heap.nodes().end());
       std::sort(order.begin(), order.end(), GdsfHeap::Less);
       for (const GdsfHeap::Node& n : order) f(slab_[n.id].key, slab_[n.id].value, slab_[n.id].nbytes);
       return;
     }
     std::vector<Record> order;
-    for (const Order& o : orders_) {
-      for (std::size_t i = o.head; i < o.log.size(); ++i) {
-        if (slab_[o.log[i].entry].seq == o.log[i].seq) order.push_back(o.log[i]);
-      }
-    }
+    for (const EvictionOrder& o : orders_) o.ForEachCurrent(SeqOf(), [&](const Record& r) { order.push_back(r); });
     if (orders_.size() > 1) {
       std::sort(order.begin(), order.end(), [](const Record& a, const Record& b) { return a.seq < b.seq; });
     }
@@ -359,7 +332,7 @@ class EmbeddingCache {
   }
 
  private:
-  static constexpr std::uint32_t kNone = 0xffffffffu;
+  static constexpr std::uint32_t kNone = SlotIndex::kNone;
   static constexpr std::uint64_t kMinHistoryWindow = 1024;
   static constexpr std::uint64_t kHistoryWindowPerEntry = 30;
 
@@ -371,28 +344,17 @@ class EmbeddingCache {
   };
   static constexpr std::size_t kCacheLine = 64;
   struct alignas(sizeof(EntryFields) == kCacheLine ? kCacheLine : alignof(EntryFields)) Entry : EntryFields {};
-  struct Slot {
-    std::uint32_t hash_lo = 0;  // low 32 bits of the hash: tag and home slot
-    std::uint32_t entry = kNone;
-  };
-  struct Record {
-    std::uint32_t entry;
-    std::uint64_t seq;
-  };
+  using Record = EvictionOrder::Record;
   // Kept apart from Entry so that an Entry of ContentKey + EmbeddingPtr stays
   // one cache line; indexed like slab_.
   struct Meta {
     double seconds = 0;
     std::uint64_t frequency = 0;
   };
-  // One tenant's eviction order: its recency log (LRU) or heap (GDSF), and
-  // how many entries it holds. Without reservations there is one, for all.
-  struct Order {
-    std::vector<Record> log;
-    std::size_t head = 0;  // first record not yet consumed
-    GdsfHeap heap;
-    std::size_t size = 0;
-  };
+  // The sequence of an entry's latest touch (0: a free slot), for the orders.
+  auto SeqOf() const {
+    return [this](std::uint32_t e) { return slab_[e].seq; };
+  }
 
   std::optional<PoppedEntry<V>> Take(const K& key, bool requested) {
     const std::size_t h = hash_(key);
@@ -410,14 +372,14 @@ class EmbeddingCache {
   bool ByHeap() const { return ranked_ && !(logged_ && duel_ && duel_->lru_leads()); }
 
   TenantId TenantOf(std::uint32_t e) const { return ledger_ ? tenant_[e] : kSharedTenant; }
-  Order& OrderOf(std::uint32_t e) { return orders_[TenantOf(e)]; }
-  const Order& OrderOf(std::uint32_t e) const { return orders_[TenantOf(e)]; }
+  EvictionOrder& OrderOf(std::uint32_t e) { return orders_[TenantOf(e)]; }
+  const EvictionOrder& OrderOf(std::uint32_t e) const { return orders_[TenantOf(e)]; }
 
   EntryCost CostOf(std::uint32_t e) const { return EntryCost{meta_[e].seconds, meta_[e].frequency, TenantOf(e)}; }
 
   std::size_t OrderBytes() const {
-    std::size_t n = orders_.capacity() * sizeof(Order);
-    for (const Order& o : orders_) n += o.log.capacity() * sizeof(Record) + o.heap.memory_bytes();
+    std::size_t n = orders_.capacity() * sizeof(EvictionOrder);
+    for (const EvictionOrder& o : orders_) n += o.memory_bytes();
     return n;
   }
 
@@ -444,72 +406,19 @@ class EmbeddingCache {
     ledger_->Charge(tenant, nbytes);
   }
 
-  static std::uint32_t Lo(std::size_t h) { return static_cast<std::uint32_t>(h); }
-
-  // Home position of the entry in slot s. The stored 32 bits suffice while
-  // the index has at most 2^32 slots; beyond that the key is hashed again.
-  std::size_t Home(const Slot& s, std::size_t mask) const {
-    if (mask <= 0xffffffffu) return s.hash_lo & mask;
-    return hash_(slab_[s.entry].key) & mask;
-  }
-
   // The entry holding `key` (whose hash is h), or kNone. An Eq that changes
   // the cache (by re-entering it) restarts the probe on the changed index.
   std::uint32_t Find(const K& key, std::size_t h) const {
-    for (;;) {
+    return index_.Find(h, [&](std::uint32_t e) -> std::optional<bool> {
       const std::uint64_t version = version_;
-      const std::size_t mask = index_.size() - 1;
-      const std::uint32_t lo = Lo(h);
-      for (std::size_t i = h & mask;; i = (i + 1) & mask) {
-        const Slot s = index_[i];
-        if (s.entry == kNone) return kNone;
-        if (s.hash_lo != lo) continue;
-        const bool equal = eq_(slab_[s.entry].key, key);
-        if (version_ != version) break;
-        if (equal) return s.entry;
-      }
-    }
+      const bool equal = eq_(slab_[e].key, key);
+      if (version_ != version) return std::nullopt;
+      return equal;
+    });
   }
 
-  void InsertIndex(std::uint32_t e, std::size_t h) { InsertSlot(Slot{Lo(h), e}, h & (index_.size() - 1)); }
-
-  void InsertSlot(Slot s, std::size_t home) {
-    const std::size_t mask = index_.size() - 1;
-    std::size_t i = home;
-    while (index_[i].entry != kNone) i = (i + 1) & mask;
-    index_[i] = s;
-  }
-
-  // Backward-shift deletion keeps probe sequences gap-free without tombstones.
-  // `h` is the hash of e's key.
-  void EraseIndex(std::uint32_t e, std::size_t h) {
-    const std::size_t mask = index_.size() - 1;
-    std::size_t i = h & mask;
-    while (index_[i].entry != e) i = (i + 1) & mask;
-    std::size_t j = i;
-    for (;;) {
-      j = (j + 1) & mask;
-      if (index_[j].entry == kNone) break;
-      const std::size_t home = Home(index_[j], mask);
-      // Move j into the hole at i unless j's home lies cyclically in (i, j].
-      const bool home_in_range = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
-      if (!home_in_range) {
-        index_[i] = index_[j];
-        i = j;
-      }
-    }
-    index_[i] = Slot{};
-  }
-
-  // Rebuilds the index from its own slots; reads the slab only past 2^32 slots.
-  void Rehash(std::size_t slots) {
-    std::vector<Slot> old(slots, Slot{});
-    old.swap(index_);
-    const std::size_t mask = slots - 1;
-    for (const Slot& s : old) {
-      if (s.entry != kNone) InsertSlot(s, Home(s, mask));
-    }
-  }
+  // An entry's full hash, which the index asks for only past 2^32 slots.
+  std::size_t HashOf(std::uint32_t e) const { return hash_(slab_[e].key); }
 
   std::uint32_t Allocate(const K& key, V&& value, std::int64_t nbytes) {
     ++version_;
@@ -569,19 +478,7 @@ class EmbeddingCache {
     slab_[e].seq = ++seq_;
     if (ranked_) Rank(e);
     if (!logged_) return;
-    Order& o = OrderOf(e);
-    o.log.push_back(Record{e, seq_});
-    if (o.log.size() - o.head > 3 * o.size + 64) CompactLog(o);
-  }
-
-  void CompactLog(Order& o) {
-    std::size_t out = 0;
-    for (std::size_t i = o.head; i < o.log.size(); ++i) {
-      const Record r = o.log[i];
-      if (slab_[r.entry].seq == r.seq) o.log[out++] = r;
-    }
-    o.log.resize(out);
-    o.head = 0;
+    OrderOf(e).Log(e, seq_, SeqOf());
   }
 
   // Frees slab slot e, whose key hashes to h (value already moved out by
@@ -589,8 +486,8 @@ class EmbeddingCache {
   // destroyed last, once the cache is consistent again.
   void Remove(std::uint32_t e, std::size_t h) {
     ++version_;
-    EraseIndex(e, h);
-    Order& o = OrderOf(e);
+    index_.Erase(e, h, [this](std::uint32_t x) { return HashOf(x); });
+    EvictionOrder& o = OrderOf(e);
     if (ranked_) o.heap.Erase(e);
     --o.size;
     if (ledger_) ledger_->Discharge(tenant_[e], slab_[e].nbytes);
@@ -602,24 +499,13 @@ class EmbeddingCache {
     --size_;
   }
 
-  // Index of o's LRU entry, whose record is left at o.head (stale records
-  // before it are dropped). REQUIRES: o.size > 0.
-  std::uint32_t LruEntry(Order& o) {
-    for (;;) {
-      assert(o.head < o.log.size());
-      const Record r = o.log[o.head];
-      if (slab_[r.entry].seq == r.seq) return r.entry;
-      ++o.head;
-    }
-  }
-
   // o's next victim other than `keep` (the entry being put), or kNone when
   // o holds nothing else. Under LRU `keep` was touched last, so it is o's
   // LRU entry only when it is o's only one.
-  std::uint32_t Candidate(Order& o, std::uint32_t keep) {
+  std::uint32_t Candidate(EvictionOrder& o, std::uint32_t keep) {
     if (o.size == 0) return kNone;
     if (!ByHeap()) {
-      const std::uint32_t e = LruEntry(o);
+      const std::uint32_t e = o.LruEntry(SeqOf());
       return e != keep ? e : kNone;
     }
     const GdsfHeap::Node& min = o.heap.Min();
@@ -661,7 +547,7 @@ class EmbeddingCache {
       if (ByHeap()) {
         clock_ = std::max(clock_, OrderOf(e).heap.node(e).priority);
       } else {
-        ++OrderOf(e).head;  // consumes e's record
+        OrderOf(e).ConsumeLru();  // e's record
         ++lru_victims_;
       }
       K key = std::move(slab_[e].key);
@@ -677,9 +563,7 @@ class EmbeddingCache {
         on_evict_(key, std::move(value), nbytes);
       }
     }
-    for (Order& o : orders_) {
-      if (o.head > 4096 && o.head * 2 > o.log.size()) CompactLog(o);
-    }
+    for (EvictionOrder& o : orders_) o.TrimConsumed(SeqOf());
   }
 
   std::int64_t capacity_bytes_;
@@ -690,16 +574,16 @@ class EmbeddingCache {
   CostedEvictHook on_evict_costed_;
   Hash hash_;
   Eq eq_;
-  std::vector<Slot> index_;
+  SlotIndex index_;
   std::vector<Entry> slab_;
   std::vector<std::uint32_t> free_;
-  std::vector<Meta> meta_;                             // parallel to slab_
-  std::vector<Order> orders_ = std::vector<Order>(1);  // by tenant; one without a ledger
-  std::vector<TenantId> tenant_;                       // parallel to slab_ while a ledger is on
-  std::unique_ptr<TenantLedger> ledger_;               // null: no reservations
-  std::unique_ptr<AdmissionFilter> history_;           // GDSF kHistory, from the first eviction
-  std::unique_ptr<PolicyDuel> duel_;                   // kAdaptive, from the first eviction
-  double clock_ = 0;                                   // GDSF only
+  std::vector<Meta> meta_;                                             // parallel to slab_
+  std::vector<EvictionOrder> orders_ = std::vector<EvictionOrder>(1);  // by tenant; one without a ledger
+  std::vector<TenantId> tenant_;                                       // parallel to slab_ while a ledger is on
+  std::unique_ptr<TenantLedger> ledger_;                               // null: no reservations
+  std::unique_ptr<AdmissionFilter> history_;                           // GDSF kHistory, from the first eviction
+  std::unique_ptr<PolicyDuel> duel_;                                   // kAdaptive, from the first eviction
+  double clock_ = 0;                                                   // GDSF only
   std::size_t size_ = 0;
   std::int64_t cur_bytes_ = 0;
   std::uint64_t seq_ = 0;
