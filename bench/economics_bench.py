@@ -261,7 +261,7 @@ def render_body(d: dict) -> str:
     L.append("`gdsf` is the kept rule (frequency from a history that outlives eviction, `GdsfFrequency::kHistory`); "
              "*resident* is Cherkasova's, whose count restarts at 1 when an entry re-enters (`kResident`). *Ceiling*: the "
              "most any policy could save, every request but a key's first a hit (the trace's `max_hit_ratio`), over LRU. "
-             "*adaptive* takes, per eviction, LRU's or GDSF's victim, whichever of two online miniatures (one LRU, one GDSF, "
+             "*adaptive* takes, per eviction, the victim of LRU, GDSF or GDSF with probation, whichever of three online miniatures (one per policy, "
              "on a hash sample of keys) currently saves more encode seconds; its *LRU share* is the share of its evictions "
              "whose victim LRU chose. n/a: not in this run.\n")
     L.append("| trace | capacity | LRU seconds hit | GDSF seconds hit | adaptive seconds hit | GDSF / LRU seconds saved | "

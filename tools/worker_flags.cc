@@ -65,7 +65,8 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
   cmd.add_option("--eviction", f.eviction,
                  "eviction of L1 and L2: lru (the reference's), gdsf (by measured encode cost per byte) or "
-                 "adaptive (LRU's or GDSF's victim, whichever a miniature of each saves more with; docs/PLAN.md)")
+                 "adaptive (the victim of LRU, GDSF or GDSF with probation, whichever a miniature of each saves the most "
+                 "with; docs/PLAN.md)")
       ->capture_default_str()
       ->check(CLI::IsMember({"lru", "gdsf", "adaptive"}));
   cmd.add_option("--l1-admission", f.l1_admission,

@@ -27,8 +27,9 @@
 //   --no-cache                caching and in-flight dedup off (baselines)
 //   --eviction lru|gdsf|adaptive  eviction of L1 and L2 [lru, the reference's];
 //                             gdsf ranks by measured encode cost per byte;
-//                             adaptive takes LRU's or GDSF's victim, whichever
-//                             an online miniature of each saves more with
+//                             adaptive takes LRU's, GDSF's or probation's
+//                             victim, whichever an online miniature of each
+//                             saves the most with
 //   --l1-admission none|doorkeeper
 //                             L1 admission filter [none]; doorkeeper: L1 on a
 //                             key's second request in a window, L2 on its first

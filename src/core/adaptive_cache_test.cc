@@ -61,9 +61,26 @@ struct SkewWorkload {
 };
 
 // The workload W through a cache of `capacity` bytes under policy p.
+// Hot images of a moderate cost per byte between one-off images of a high
+// one: GDSF ranks each one-off above the hot set and lets it displace a hot
+// image; with probation a one-off is ranked at the clock and goes first.
+struct OneOffWorkload {
+  static constexpr int kRounds = 300;
+  template <typename F>
+  static void Run(F&& request) {
+    int fresh = 0;
+    for (int j = 0; j < kRounds; ++j) {
+      for (int h = 0; h < 3; ++h) request("hot" + std::to_string(h), 100, 0.2);           // 0.002 s/B
+      for (int s = 0; s < 2; ++s) request("once" + std::to_string(fresh++), 100, 100.0);  // 1 s/B
+    }
+  }
+};
+
 template <typename W>
-std::unique_ptr<Cache> RunOn(EvictionPolicy p, std::int64_t capacity) {
-  auto c = std::make_unique<Cache>(capacity, CacheOptions{p});
+std::unique_ptr<Cache> RunOn(EvictionPolicy p, std::int64_t capacity, bool probation = false) {
+  CacheOptions o{p};
+  o.gdsf_probation = probation;
+  auto c = std::make_unique<Cache>(capacity, o);
   W::Run([&](const std::string& k, std::int64_t n, double s) { Request(*c, k, n, s); });
   return c;
 }
@@ -98,6 +115,20 @@ TEST(AdaptiveTest, StaysWithGdsfWhereCostAndFrequencyPay) {
   EXPECT_EQ(adaptive->lru_victims(), 0u);
   // Never led by LRU, it evicts exactly as GDSF does.
   EXPECT_DOUBLE_EQ(mixed, gdsf);
+}
+
+TEST(AdaptiveTest, TakesProbationWhereOneOffsWouldDisplaceTheHotSet) {
+  const double gdsf = RunOn<OneOffWorkload>(EvictionPolicy::kGdsf, 400)->hit_seconds();
+  const double probation = RunOn<OneOffWorkload>(EvictionPolicy::kGdsf, 400, true)->hit_seconds();
+  const auto adaptive = RunOn<OneOffWorkload>(EvictionPolicy::kAdaptive, 400);
+  // With probation the three hot images stay once they are referenced again:
+  // all but a few of the 900 hot requests hit (of 0.2 s each).
+  EXPECT_GT(probation, 0.98 * 900 * 0.2);
+  EXPECT_LT(gdsf, 0.5 * probation);
+  ASSERT_NE(adaptive->duel(), nullptr);
+  EXPECT_TRUE(adaptive->duel()->probation_leads());
+  EXPECT_EQ(adaptive->lru_victims(), 0u);
+  EXPECT_GT(adaptive->hit_seconds(), 0.9 * probation);
 }
 
 // Before the first eviction there is no duel, and the first victim is GDSF's.

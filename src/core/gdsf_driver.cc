@@ -8,15 +8,16 @@
 //
 // Input: the first line is "CAPACITY FREQUENCY [POLICY]": bytes, then
 // "resident" (GdsfFrequency::kResident) or the history's window in requests
-// (0: the cache sizes it), then "gdsf" (the default) or "adaptive"; then
+// (0: the cache sizes it), then "gdsf" (the default), "probation" (GDSF with
+// CacheOptions::gdsf_probation) or "adaptive"; then
 //   put KEY NBYTES COST     COST in seconds, or "-" for unmeasured
 //   get KEY
 //   pop KEY
 // Output: per operation, "evict KEY" for each victim in hook order, then one
 // of "hit KEY" / "miss KEY" (get), "popped KEY" / "absent KEY" (pop), "ok"
 // (put); at the end "clock C" with C printed to 17 significant digits, and
-// under adaptive "leader lru|gdsf", "switches N", "lru_victims N" and
-// "rate R" (no duel yet: "leader gdsf", 0, 0 and "rate 0").
+// under adaptive "leader lru|gdsf|probation", "switches N", "lru_victims N"
+// and "rate R" (no duel yet: "leader gdsf", 0, 0 and "rate 0").
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -43,6 +44,7 @@ int main() {
   std::getline(std::cin, header_rest);
   const bool adaptive = header_rest.find("adaptive") != std::string::npos;
   epd::CacheOptions options{adaptive ? epd::EvictionPolicy::kAdaptive : epd::EvictionPolicy::kGdsf};
+  options.gdsf_probation = header_rest.find("probation") != std::string::npos;
   if (frequency == "resident") {
     options.gdsf_frequency = epd::GdsfFrequency::kResident;
   } else {
@@ -71,7 +73,8 @@ int main() {
   std::printf("clock %.17g\n", cache.clock());
   if (adaptive) {
     const epd::PolicyDuel* duel = cache.duel();
-    std::printf("leader %s\n", duel && duel->lru_leads() ? "lru" : "gdsf");
+    const char* leader = !duel ? "gdsf" : duel->lru_leads() ? "lru" : duel->probation_leads() ? "probation" : "gdsf";
+    std::printf("leader %s\n", leader);
     std::printf("switches %llu\n", static_cast<unsigned long long>(duel ? duel->switches() : 0));
     std::printf("lru_victims %llu\n", static_cast<unsigned long long>(cache.lru_victims()));
     std::printf("rate %.17g\n", duel ? duel->rate() : 0.0);

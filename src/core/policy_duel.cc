@@ -1,8 +1,9 @@
-// The duel of epd/core/policy_duel.h: two miniature EmbeddingCaches, one LRU
-// and one GDSF, over a hash sample of the keys.
+// The duel of epd/core/policy_duel.h: three miniature EmbeddingCaches (LRU,
+// GDSF, GDSF with probation) over a hash sample of the keys.
 #include "epd/core/policy_duel.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "epd/core/embedding_cache.h"
@@ -22,11 +23,12 @@ constexpr int kMaxRateShift = 5;  // R >= 1/32
 constexpr std::size_t kMinEntries = 64;
 constexpr double kTurnovers = 4;
 
-CacheOptions MiniOptions(const CacheOptions& full, EvictionPolicy policy, double rate) {
+CacheOptions MiniOptions(const CacheOptions& full, EvictionPolicy policy, bool probation, double rate) {
   // Entries keep their full sizes in a miniature (only keys are sampled), so
   // refetch_max_bytes, a bound on an entry's size, stays as it is.
   CacheOptions o = full;
   o.eviction = policy;
+  o.gdsf_probation = probation;
   o.refetch_seconds_per_byte = -1;  // the seconds fed are the full cache's rank seconds already
   if (o.gdsf_history_window > 0) {
     o.gdsf_history_window = std::max<std::uint64_t>(
@@ -37,12 +39,13 @@ CacheOptions MiniOptions(const CacheOptions& full, EvictionPolicy policy, double
 
 }  // namespace
 
+// The three miniatures, in the order they are fed: LRU, GDSF, probation.
 struct PolicyDuel::Minis {
-  DuelMini lru;
-  DuelMini gdsf;
+  std::array<DuelMini, 3> caches;
   Minis(const CacheOptions& full, std::int64_t capacity, double rate)
-      : lru(capacity, MiniOptions(full, EvictionPolicy::kLru, rate)),
-        gdsf(capacity, MiniOptions(full, EvictionPolicy::kGdsf, rate)) {}
+      : caches{DuelMini(capacity, MiniOptions(full, EvictionPolicy::kLru, false, rate)),
+               DuelMini(capacity, MiniOptions(full, EvictionPolicy::kGdsf, false, rate)),
+               DuelMini(capacity, MiniOptions(full, EvictionPolicy::kGdsf, true, rate))} {}
 };
 
 PolicyDuel::PolicyDuel(const CacheOptions& options, std::int64_t capacity_bytes, std::size_t entries) {
@@ -65,13 +68,14 @@ PolicyDuel& PolicyDuel::operator=(PolicyDuel&&) noexcept = default;
 
 void PolicyDuel::OnGet(std::uint64_t h, bool full_hit, std::int64_t nbytes, double seconds) {
   if (!std::isfinite(seconds)) full_hit = false;  // nothing to put: see the header
-  lru_score_ *= decay_;
-  gdsf_score_ *= decay_;
-  for (DuelMini* m : {&minis_->lru, &minis_->gdsf}) {
-    if (m->Get(h).has_value()) {
-      (m == &minis_->lru ? lru_score_ : gdsf_score_) += m->CostOf(h)->seconds;
+  double* scores[] = {&lru_score_, &gdsf_score_, &probation_score_};
+  for (double* score : scores) *score *= decay_;
+  for (std::size_t i = 0; i < minis_->caches.size(); ++i) {
+    DuelMini& m = minis_->caches[i];
+    if (m.Get(h).has_value()) {
+      *scores[i] += m.CostOf(h)->seconds;
     } else if (full_hit) {
-      m->Put(h, 0, nbytes, EntryCost{seconds});
+      m.Put(h, 0, nbytes, EntryCost{seconds});
     }
   }
   Decide();
@@ -79,22 +83,29 @@ void PolicyDuel::OnGet(std::uint64_t h, bool full_hit, std::int64_t nbytes, doub
 
 void PolicyDuel::OnPut(std::uint64_t h, std::int64_t nbytes, double seconds, std::uint64_t frequency) {
   if (!std::isfinite(seconds)) return;
-  for (DuelMini* m : {&minis_->lru, &minis_->gdsf}) {
-    if (!m->Contains(h)) m->Put(h, 0, nbytes, EntryCost{seconds, frequency});
+  for (DuelMini& m : minis_->caches) {
+    if (!m.Contains(h)) m.Put(h, 0, nbytes, EntryCost{seconds, frequency});
   }
 }
 
 void PolicyDuel::Decide() {
-  const bool lru = lru_score_ > gdsf_score_;
-  if (lru != lru_leads_) {
-    lru_leads_ = lru;
+  Leader best = Leader::kGdsf;
+  double best_score = gdsf_score_;
+  if (probation_score_ > best_score) {
+    best = Leader::kProbation;
+    best_score = probation_score_;
+  }
+  if (lru_score_ > best_score) best = Leader::kLru;
+  if (best != leader_) {
+    leader_ = best;
     ++switches_;
   }
 }
 
 std::size_t PolicyDuel::memory_bytes() const {
-  return sizeof(*this) + sizeof(Minis) + minis_->lru.bookkeeping_bytes() + minis_->gdsf.bookkeeping_bytes() +
-         (minis_->lru.size() + minis_->gdsf.size()) * sizeof(std::uint64_t);
+  std::size_t n = sizeof(*this) + sizeof(Minis);
+  for (const DuelMini& m : minis_->caches) n += m.bookkeeping_bytes() + m.size() * sizeof(std::uint64_t);
+  return n;
 }
 
 }  // namespace epd

@@ -7,33 +7,43 @@ agree.
 The rule. The full cache is byte-bounded; every resident entry is kept in two
 orders: recency (touched by a put, a re-put or a hit) and GDSF's priority,
 exactly as test_gdsf_model.py models it (priority = clock + frequency x cost /
-max(size, 1), ties to the oldest touch; the newcomer is ranked after its
-victims with the clock they left; frequency "resident" or a history started at
-the first eviction, auto window max(1024, 30 x entries held then)). Each
-eviction takes the victim of the current leader, never the key being put:
-LRU's (least recently touched) or GDSF's (lowest priority); the clock moves
-(to max(clock, victim's priority)) only on a GDSF victim. Frequencies, history
+max(size, 1), ties to the oldest touch; the newcomer is re-ranked after its
+victims if they moved the clock; frequency "resident" or a history started at
+the first eviction, auto window max(1024, 30 x entries held then)). While the
+duel exists and its leader is probation, an entry ranked with frequency <= 1
+gets priority = clock alone (before the duel, never); an entry keeps its
+priority when the leader changes. Each eviction takes the victim of the
+current leader, never the key being put: LRU's (least recently touched), or
+the heap's (lowest priority) under GDSF or probation; the clock moves (to
+max(clock, victim's priority)) only on a heap victim. Frequencies, history
 and priorities are kept up whatever the leader. An item larger than the
-capacity is skipped; a pop removes silently.
+capacity is skipped; a pop removes silently. Order: a Get hit counts the
+reference, feeds the duel, then ranks the entry; a Put counts it, ranks the
+entry, feeds the duel, evicts, then re-ranks it if the clock moved. (Only the
+leader at a new key's put can show in the output: a hit's or a re-put's
+frequency is >= 2, and only a get moves the leader.)
 
 The duel decides the leader. It is created when the full cache chooses its
 first victim, holding n entries (the newcomer included):
   k = the largest k <= 5 with n >= 64 x 2^k (0 if n < 128); rate R = 2^-k;
   a key of hash h (FNV-1a) is sampled iff k == 0 or splitmix64(h) < 2^(64-k);
-  two miniature caches keyed by h, of capacity >> k bytes each: one LRU, one
-  GDSF (frequency as the full cache's: resident, a window of
-  max(1, floor(window x R)), or auto, sized by the miniature at its own first
-  eviction); decay = 0.5^(1 / max(64, 4 R n)); scores start at 0; the leader
-  is GDSF until LRU's score is strictly higher.
-  Full GET of a sampled key: both scores x decay; then the LRU miniature, then
-  the GDSF one: get(h); a hit adds its stored seconds to its score; a miss
-  where the full cache hit puts (h, nbytes, seconds) in. Then the leader is
-  re-decided (switches counts changes).
+  three miniature caches keyed by h, of capacity >> k bytes each: one LRU,
+  one GDSF and one GDSF with probation (frequency as the full cache's:
+  resident, a window of max(1, floor(window x R)), or auto, sized by the
+  miniature at its own first eviction); decay = 0.5^(1 / max(64, 4 R n));
+  scores start at 0; the leader starts as GDSF.
+  Full GET of a sampled key: the three scores x decay; then the LRU, the GDSF
+  and the probation miniature in turn: get(h); a hit adds its stored seconds
+  to its score; a miss where the full cache hit puts (h, nbytes, seconds) in.
+  Then the leader is re-decided: GDSF, unless probation's score is strictly
+  higher, unless LRU's is strictly higher than that one (switches counts
+  changes).
   Full PUT of a sampled key (not skipped): after the full cache stores the
   entry, before it evicts, each miniature not holding h puts it. The put whose
   eviction creates the duel is not fed; pops are not fed.
 
-The miniature GDSF is test_gdsf_model.GdsfModel unchanged (keys are hashes).
+The miniature GDSFs are test_gdsf_model.GdsfModel (keys are hashes), the third
+with probation.
 Exact counts stand for the C++ count-min sketches, which agree while no
 hashes collide (see test_gdsf_model.py).
 """
@@ -106,11 +116,17 @@ class Duel:
             mini_frequency = max(1, int(frequency * self.rate))
         self.lru = LruModel(capacity >> k)
         self.gdsf = GdsfModel(capacity >> k, mini_frequency)
+        self.prob = GdsfModel(capacity >> k, mini_frequency, probation=True)
         self.decay = 0.5 ** (1.0 / max(64.0, 4.0 * self.rate * n))
         self.lru_score = 0.0
         self.gdsf_score = 0.0
-        self.lru_leads = False
+        self.probation_score = 0.0
+        self.leader = "gdsf"
         self.switches = 0
+
+    @property
+    def lru_leads(self):
+        return self.leader == "lru"
 
     def sampled(self, h):
         return self.k == 0 or splitmix64(h) < 1 << (64 - self.k)
@@ -118,25 +134,32 @@ class Duel:
     def on_get(self, h, full_hit, nbytes, seconds):
         self.lru_score *= self.decay
         self.gdsf_score *= self.decay
+        self.probation_score *= self.decay
         e = self.lru.get(h)
         if e is not None:
             self.lru_score += e[1]
         elif full_hit:
             self.lru.put(h, nbytes, seconds)
-        if h in self.gdsf.entries:
-            self.gdsf.get(h, [])
-            self.gdsf_score += self.gdsf.entries[h]["cost"]
-        elif full_hit:
-            self.gdsf.put(h, nbytes, seconds, [])
-        leads = self.lru_score > self.gdsf_score
-        self.switches += leads != self.lru_leads
-        self.lru_leads = leads
+        for mini, score in ((self.gdsf, "gdsf_score"), (self.prob, "probation_score")):
+            if h in mini.entries:
+                mini.get(h, [])
+                setattr(self, score, getattr(self, score) + mini.entries[h]["cost"])
+            elif full_hit:
+                mini.put(h, nbytes, seconds, [])
+        best, best_score = "gdsf", self.gdsf_score
+        if self.probation_score > best_score:
+            best, best_score = "probation", self.probation_score
+        if self.lru_score > best_score:
+            best = "lru"
+        self.switches += best != self.leader
+        self.leader = best
 
     def on_put(self, h, nbytes, seconds):
         if h not in self.lru.entries:
             self.lru.put(h, nbytes, seconds)
-        if h not in self.gdsf.entries:
-            self.gdsf.put(h, nbytes, seconds, [])
+        for mini in (self.gdsf, self.prob):
+            if h not in mini.entries:
+                mini.put(h, nbytes, seconds, [])
 
 
 class AdaptiveModel:
@@ -150,12 +173,18 @@ class AdaptiveModel:
         self.history = None
         self.duel = None
         self.lru_victims = 0
+        self.hit_seconds = 0.0  # the costs of the full cache's hits
+        self.on_probation = 0  # ranks at the clock alone where GDSF's term was > 0
 
     def _referenced(self, key, resident):
         return resident if self.history is None else max(resident, self.history.record(key))
 
     def _rank(self, e):
-        e["prio"] = self.clock + e["freq"] * e["cost"] / max(e["nbytes"], 1)
+        if self.duel is not None and self.duel.leader == "probation" and e["freq"] <= 1:
+            e["prio"] = self.clock
+            self.on_probation += e["cost"] > 0
+        else:
+            e["prio"] = self.clock + e["freq"] * e["cost"] / max(e["nbytes"], 1)
 
     def _fed(self, key):
         return self.duel is not None and self.duel.sampled(fnv1a(key))
@@ -174,8 +203,10 @@ class AdaptiveModel:
             e["freq"] = self._referenced(key, e["freq"] + 1)
         self.used += nbytes - e["nbytes"]
         e.update(nbytes=nbytes, cost=cost, seq=self.seq)
+        self._rank(e)  # touched first, with the leader before the duel is fed
         if self._fed(key):
             self.duel.on_put(fnv1a(key), nbytes, cost)
+        clock = self.clock
         while self.used > self.capacity:
             others = [k for k in self.entries if k != key]
             if self.duel is None:  # the first eviction
@@ -190,7 +221,8 @@ class AdaptiveModel:
                 self.clock = max(self.clock, self.entries[victim]["prio"])
             self.used -= self.entries.pop(victim)["nbytes"]
             out.append(f"evict {victim}")
-        self._rank(e)
+        if self.clock != clock:  # re-ranked with the clock its victims left
+            self._rank(e)
         out.append("ok")
 
     def get(self, key, out):
@@ -199,9 +231,11 @@ class AdaptiveModel:
             self.seq += 1
             e["freq"] = self._referenced(key, e["freq"] + 1)
             e["seq"] = self.seq
-            self._rank(e)
+            self.hit_seconds += e["cost"]
         if self._fed(key):
             self.duel.on_get(fnv1a(key), e is not None, e and e["nbytes"], e and e["cost"])
+        if e is not None:  # touched after the duel is fed
+            self._rank(e)
         out.append(f"{'hit' if e is not None else 'miss'} {key}")
         return e is not None
 
@@ -223,15 +257,15 @@ class AdaptiveModel:
         d = self.duel
         return [
             "clock %.17g" % self.clock,
-            f"leader {'lru' if d and d.lru_leads else 'gdsf'}",
+            f"leader {d.leader if d else 'gdsf'}",
             f"switches {d.switches if d else 0}",
             f"lru_victims {self.lru_victims}",
             "rate %.17g" % (d.rate if d else 0.0),
         ]
 
 
-def run_driver(capacity, frequency, ops):
-    lines = [f"{capacity} {frequency} adaptive"]
+def run_driver(capacity, frequency, ops, policy="adaptive"):
+    lines = [f"{capacity} {frequency} {policy}"]
     for op in ops:
         if op[0] == "put":
             lines.append(f"put {op[1]} {op[2]} {'-' if op[3] is None else repr(op[3])}")
@@ -309,21 +343,23 @@ def test_small_caches_agree_line_by_line(seed, nkeys, capacity, frequency):
     assert model.duel is not None and model.duel.k == 0 and final["rate"] == "1"
     # The traces must exercise eviction and the duel, not only hits.
     assert sum(op[0] == "put" for op in user.ops) > 100
-    assert model.duel.lru_score > 0 and model.duel.gdsf_score > 0
+    assert model.duel.lru_score > 0 and model.duel.gdsf_score > 0 and model.duel.probation_score > 0
 
 
-# Over some of the traces above: the leader must change and LRU victims must
-# occur, or the random traces test only half of the rule.
+# Over some of the traces above: the leader must change, LRU victims must
+# occur and the full cache must rank entries on probation, or the random
+# traces test only part of the rule.
 @pytest.mark.parametrize("frequency", ["resident", 0, 60])
 def test_small_traces_switch_leaders(frequency):
-    switches = lru_victims = 0
+    switches = lru_victims = on_probation = 0
     for seed in range(6):
         for nkeys, capacity in [(20, 400), (40, 600)]:
             rng = random.Random(seed * 7919 + capacity + nkeys)
             model = random_user_ops(rng, capacity, frequency, nkeys, 1500).model
             switches += model.duel.switches
             lru_victims += model.lru_victims
-    assert switches > 10 and lru_victims > 10
+            on_probation += model.on_probation
+    assert switches > 10 and lru_victims > 10 and on_probation > 10
 
 
 @pytest.mark.parametrize("frequency,k", [("resident", 1), ("resident", 2), (0, 1)])
@@ -350,7 +386,7 @@ def test_sampled_duel_agrees_line_by_line(frequency, k):
     assert model.duel.k == k and float(final["rate"]) == 2.0**-k
     sampled = [model.duel.sampled(fnv1a(key)) for key in attrs]
     assert 0 < sum(sampled) < len(sampled)  # sampling is exercised
-    assert model.duel.lru_score > 0 and model.duel.gdsf_score > 0
+    assert model.duel.lru_score > 0 and model.duel.gdsf_score > 0 and model.duel.probation_score > 0
 
 
 def test_recency_reuse_makes_lru_lead():
@@ -393,3 +429,41 @@ def test_lasting_popularity_keeps_gdsf_leading(frequency):
     assert not model.duel.lru_leads and final["leader"] == "gdsf"
     assert final["lru_victims"] == "0" and final["switches"] == "0"
     assert model.duel.lru_score == 0 < model.duel.gdsf_score
+
+
+@pytest.mark.parametrize("frequency", ["resident", 0])
+def test_one_hit_wonders_make_probation_lead(frequency):
+    # Eight hot keys of moderate cost per byte, each asked for twice in a row
+    # (so it earns frequency 2 while held) round after round, each followed
+    # by a one-hit wonder of 100 x the cost per byte. Their reuse distance (16
+    # keys) exceeds the cache (10 entries), so LRU hits only the repeats. GDSF
+    # ranks each wonder above the hot keys and evicts them for it; probation
+    # ranks each wonder at the clock, below every hot key, so the hot keys stay.
+    capacity = 1000
+    requests = []
+    for r in range(100):
+        for h in range(8):
+            requests += [(f"hot{h}", 100, 0.1)] * 2 + [(f"w{r}_{h}", 100, 10.0)]
+    user = User(capacity, frequency)
+    first_hits = [user.request(*req) for req in requests][::3]  # each hot key's first ask
+    model, final = check(capacity, frequency, user.ops)
+    d = model.duel
+    assert d.leader == "probation" and final["leader"] == "probation"
+    assert final["lru_victims"] == "0" and int(final["switches"]) == d.switches >= 1
+    assert d.probation_score > 1.5 * max(d.gdsf_score, d.lru_score)
+    assert model.on_probation > 100
+    assert all(first_hits[-400:])  # under probation's lead the hot keys stay
+    # Pure GDSF on the same requests (model and driver agree) saves less.
+    gdsf = GdsfModel(capacity, frequency)
+    gdsf_ops, expected, gdsf_hit_seconds = [], [], 0.0
+    for key, nbytes, cost in requests:
+        gdsf_ops.append(("get", key))
+        gdsf.get(key, expected)
+        if expected[-1].startswith("hit"):
+            gdsf_hit_seconds += cost
+        else:
+            gdsf_ops.append(("put", key, nbytes, cost))
+            gdsf.put(key, nbytes, cost, expected)
+    got = run_driver(capacity, frequency, gdsf_ops, "gdsf")
+    assert got[:-1] == expected and float(got[-1].split()[1]) == gdsf.clock
+    assert model.hit_seconds > 1.5 * gdsf_hit_seconds

@@ -17,7 +17,11 @@ reference in a window plus what its earlier references left, every count is
 halved (rounded down) when a window of references ends, and the sketch part
 saturates at 255; the frequency is the larger of the resident count and that
 count. The window is given, or 0: 30 x the entries held when the first victim
-is chosen, at least 1024. The model keeps exact per-key counts: the C++
+is chosen, at least 1024.
+
+With probation (CacheOptions::gdsf_probation), an entry whose frequency is at
+most 1 when it is ranked gets priority = clock alone; every other rule is as
+above. The driver's header "CAPACITY FREQUENCY probation" turns it on. The model keeps exact per-key counts: the C++
 sketch agrees with it while no hashes collide, which on 30 keys in 1024 or
 more slots they do not.
 """
@@ -56,14 +60,16 @@ class History:
 
 
 class GdsfModel:
-    def __init__(self, capacity, frequency="resident"):
+    def __init__(self, capacity, frequency="resident", probation=False):
         self.capacity = capacity
+        self.probation = probation
         self.entries = {}  # key -> dict(nbytes, cost, freq, prio, seq)
         self.clock = 0.0
         self.seq = 0
         self.frequency = frequency  # "resident", or the history's window (0: auto)
         self.history = None  # started at the first eviction
         self.raised = 0  # references where the history's count beat the resident one
+        self.on_probation = 0  # ranks at the clock alone where GDSF's term was > 0
 
     def _referenced(self, key, resident):
         if self.history is None:
@@ -73,7 +79,11 @@ class GdsfModel:
         return max(resident, count)
 
     def _rank(self, e):
-        e["prio"] = self.clock + e["freq"] * e["cost"] / max(e["nbytes"], 1)
+        if self.probation and e["freq"] <= 1:
+            e["prio"] = self.clock
+            self.on_probation += e["cost"] > 0
+        else:
+            e["prio"] = self.clock + e["freq"] * e["cost"] / max(e["nbytes"], 1)
 
     def used(self):
         return sum(e["nbytes"] for e in self.entries.values())
@@ -134,8 +144,8 @@ def random_ops(rng, capacity, n):
     return ops
 
 
-def run_driver(capacity, frequency, ops):
-    lines = [f"{capacity} {frequency}"]
+def run_driver(capacity, frequency, ops, policy=None):
+    lines = [f"{capacity} {frequency}" + (f" {policy}" if policy else "")]
     for op in ops:
         if op[0] == "put":
             lines.append(f"put {op[1]} {op[2]} {'-' if op[3] is None else repr(op[3])}")
@@ -149,10 +159,11 @@ def run_driver(capacity, frequency, ops):
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("capacity", [0, 100, 250, 1000])
 @pytest.mark.parametrize("frequency", ["resident", 0, 200])
-def test_same_victims_hits_and_clock_as_the_model(seed, capacity, frequency):
+@pytest.mark.parametrize("probation", [False, True])
+def test_same_victims_hits_and_clock_as_the_model(seed, capacity, frequency, probation):
     rng = random.Random(seed * 1009 + capacity)
     ops = random_ops(rng, capacity, 3000)
-    model = GdsfModel(capacity, frequency)
+    model = GdsfModel(capacity, frequency, probation)
     expected = []
     for op in ops:
         if op[0] == "put":
@@ -161,7 +172,7 @@ def test_same_victims_hits_and_clock_as_the_model(seed, capacity, frequency):
             model.get(op[1], expected)
         else:
             model.pop(op[1], expected)
-    got = run_driver(capacity, frequency, ops)
+    got = run_driver(capacity, frequency, ops, "probation" if probation else None)
     assert got[-1].startswith("clock ")
     assert got[:-1] == expected
     assert float(got[-1].split()[1]) == model.clock
@@ -169,3 +180,5 @@ def test_same_victims_hits_and_clock_as_the_model(seed, capacity, frequency):
         assert sum(1 for line in expected if line.startswith("evict")) > 50
         if frequency != "resident":  # and the history must decide some frequencies
             assert model.raised > 10
+        if probation:  # and probation must rank some entries
+            assert model.on_probation > 10

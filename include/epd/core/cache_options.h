@@ -27,17 +27,20 @@
 //     set (a tier above another), an entry of at most refetch_max_bytes is
 //     ranked by nbytes x refetch_seconds_per_byte instead of its cost, since a
 //     miss there costs only the copy back from the tier below.
-//   - kAdaptive: LRU's victim or GDSF's, whichever policy a pair of online
-//     miniature caches says currently saves more encode seconds. Every entry
-//     is kept in both orders (recency, and GDSF's priority with its frequency,
-//     history and clock, exactly as under kGdsf); each eviction takes the
-//     leader's victim; the clock moves only on a GDSF victim. The leader is
+//   - kAdaptive: the victim of LRU, of GDSF or of GDSF with probation
+//     (CacheOptions::gdsf_probation), whichever policy a trio of online
+//     miniature caches says currently saves the most encode seconds. Every
+//     entry is kept in both orders (recency, and GDSF's priority with its
+//     frequency, history and clock, exactly as under kGdsf); each eviction
+//     takes the leader's victim; the clock moves only on a heap victim; an
+//     entry is ranked with probation while that policy leads. The leader is
 //     decided by epd/core/policy_duel.h: from the first eviction on, the keys
-//     of a hash sample (rate R, at least 1/32, raised until R x the entries then
-//     held is at least 64) go through two miniature caches of R x the capacity, one LRU
-//     and one GDSF, each scoring the seconds of its hits with an exponential
-//     decay; LRU leads while its score is strictly higher (GDSF leads before
-//     the first eviction and on ties). The miniatures follow Waldspurger et
+//     of a hash sample (rate R, at least 1/32, raised until R x the entries
+//     then held is at least 64) go through three miniature caches of R x the
+//     capacity, one per policy, each scoring the seconds of its hits with an
+//     exponential decay; a policy leads while its score is strictly higher
+//     than the leader's would be (GDSF leads before the first eviction and
+//     on ties, then probation, then LRU). The miniatures follow Waldspurger et
 //     al., "Cache Modeling and Optimization using Miniature Simulations"
 //     (USENIX ATC 2017), which sizes and tunes caches from them; following the
 //     better miniature is this project's rule. Why: GDSF wins where popularity
@@ -120,6 +123,13 @@ struct CacheOptions {
   // Requests per aging window of the history (kHistory); 0: sized when the
   // cache first fills, to 30 x the entries it then holds, at least 1024.
   std::uint64_t gdsf_history_window = 0;
+  // GDSF with probation: an entry of frequency 1 (with the history: a key
+  // not referenced in the window before) is ranked at the clock alone, below
+  // every entry referenced again, so a one-hit wonder displaces no entry that
+  // earned its place; its next reference ranks it as GDSF does. This is
+  // W-TinyLFU's admission (Einziger et al., ACM TOS 2017) in GDSF's terms,
+  // one of kAdaptive's three experts; under kGdsf it is off unless set.
+  bool gdsf_probation = false;
 };
 
 // What a Pop() hands back: the value, the bytes it was charged, and its cost

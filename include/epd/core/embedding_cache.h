@@ -26,8 +26,8 @@
 //   - kLru (the default): everything above; the reference's semantics.
 //   - kGdsf: the lowest GreedyDual-Size-Frequency priority goes first (ties
 //     to the oldest touch: a sequence number, never an address), and
-//   - kAdaptive: LRU's or GDSF's victim, whichever an online pair of
-//     miniature caches says saves more (epd/core/policy_duel.h).
+//   - kAdaptive: LRU's, GDSF's or probation's victim, whichever online
+//     miniature caches say saves most (epd/core/policy_duel.h).
 //   The rest of the contract is LRU's under all three: the hook fires once
 //   per victim, in eviction order; a put never evicts the key it puts, so an
 //   entry no larger than the capacity is resident after its put; re-put,
@@ -48,9 +48,9 @@
 // Performance: under kLru get, put and pop are O(1) expected (amortised:
 // epd/core/eviction_order.h's recency log); under kGdsf O(log n), a heap of
 // (priority, sequence) in place of the log (24 bytes per entry plus 4 per
-// slab slot); kAdaptive keeps both, plus its duel's two miniature caches
+// slab slot); kAdaptive keeps both, plus its duel's three miniature caches
 // (epd/core/policy_duel.h: about 2 x R x the entries, R in [1/32, 1]), and a
-// Get or Put of a sampled key costs up to two miniature operations more.
+// Get or Put of a sampled key costs up to three miniature operations more.
 // GDSF's history adds about 6 bytes per windowed reference (180-360 per
 // entry at the auto window) and one Record per Get and Put.
 //
@@ -460,16 +460,15 @@ class EmbeddingCache {
     history_ = std::make_unique<AdmissionFilter>(AdmissionFilterOptions{window});
   }
 
-  // GDSF: (re)keys e at clock + frequency x cost / size, with its sequence.
+  // GDSF: (re)keys e at clock + frequency x cost / size, with its sequence;
+  // with probation (gdsf_probation, or the duel's) frequency 1 at the clock.
   void Rank(std::uint32_t e) {
     const double size = static_cast<double>(std::max<std::int64_t>(slab_[e].nbytes, 1));
-    const double priority = clock_ + static_cast<double>(meta_[e].frequency) * RankSeconds(e) / size;
+    const bool probation = meta_[e].frequency <= 1 && (duel_ ? duel_->probation_leads() : options_.gdsf_probation);
+    const double priority =
+        clock_ + (probation ? 0.0 : static_cast<double>(meta_[e].frequency) * RankSeconds(e) / size);
     GdsfHeap& heap = OrderOf(e).heap;
-    if (heap.contains(e)) {
-      heap.Update(e, priority, slab_[e].seq);
-    } else {
-      heap.Push(e, priority, slab_[e].seq);
-    }
+    heap.contains(e) ? heap.Update(e, priority, slab_[e].seq) : heap.Push(e, priority, slab_[e].seq);
   }
 
   // Marks e most recently touched: re-ranks it (GDSF) and appends to its

@@ -1,15 +1,16 @@
 // epd/core/policy_duel.h: which of LRU and GDSF an EvictionPolicy::kAdaptive
 // cache (epd/core/embedding_cache.h) takes its next victim from.
 //
-// Two miniature caches see the same requests for a hash sample of the keys:
-// one evicts by LRU, one by GDSF, each with R x the full cache's capacity
+// Three miniature caches see the same requests for a hash sample of the keys:
+// one evicts by LRU, one by GDSF, one by GDSF with probation
+// (CacheOptions::gdsf_probation), each with R x the full cache's capacity
 // (MiniSim: Waldspurger et al., "Cache Modeling and Optimization using
 // Miniature Simulations", USENIX ATC 2017, section 3: a sample at rate R
 // through a cache of R x the size behaves as the full cache). Each keeps a
-// score, the encode seconds of its hits with an exponential decay; LRU leads
-// while its score is strictly higher than GDSF's, GDSF otherwise (so GDSF
-// leads at the start and on ties). Following the better miniature is this
-// project's rule.
+// score, the encode seconds of its hits with an exponential decay. The leader
+// is GDSF, unless probation's score is strictly higher, unless LRU's is
+// strictly higher than that (so GDSF leads at the start and on ties).
+// Following the best miniature is this project's rule.
 //
 // The numbers, fixed when the duel starts (at the full cache's first eviction,
 // holding n entries):
@@ -17,7 +18,7 @@
 //               miniatures hold about 64 entries at least (as MiniSim's own
 //               floor) and about 1/32 of the keys on large caches;
 //   sample      a key whose 64-bit hash h has SplitMix64(h) < R x 2^64;
-//   capacity    floor(R x the full capacity) bytes each; the full cache's
+//   capacity    floor(R x the full capacity) bytes each (capacity >> k); the full cache's
 //               CacheOptions otherwise (its GDSF history window, if set, x R;
 //               no refetch rate, since the seconds fed are already the
 //               rank's);
@@ -31,7 +32,8 @@
 // (CacheOptions::refetch_seconds_per_byte); the miniatures rank and score by
 // it as given. A non-finite `seconds` is not fed (nothing is put).
 //   OnGet(h, hit, nbytes, seconds): a request (a Get, or a tier above taking
-//     the entry up: EmbeddingCache::PopRequested). Each miniature looks h up;
+//     the entry up: EmbeddingCache::PopRequested). Each miniature, in the
+//     order LRU, GDSF, probation, looks h up;
 //     a hit adds its stored seconds to that miniature's score; a miss where
 //     the full cache hit puts h in with (nbytes, seconds) and frequency 1,
 //     since the full cache knows them; where both missed, the full cache's
@@ -40,12 +42,12 @@
 //     puts it, with the frequency the put carries (a promotion's, from the
 //     tier below).
 //
-// Memory: two EmbeddingCache<uint64_t, char> of about R x n entries, about
+// Memory: three EmbeddingCache<uint64_t, char> of about R x n entries, about
 // 150 bytes each with GDSF's history (memory_bytes() counts their
 // bookkeeping and keys, not their vectors' spare capacity).
 // Limits: the miniatures hold no tenant reservations; an entry larger than
 // R x the capacity never enters them, so it scores for neither policy; a put
-// of a key a miniature holds leaves its stored cost as it was. Time: a sampled call costs up to two
+// of a key a miniature holds leaves its stored cost as it was. Time: a sampled call costs up to three
 // miniature operations, O(log n); an unsampled call costs one hash mix.
 // Deterministic: the same calls give the same leader wherever the full
 // cache's Hash gives the same values (ContentKeyHash does; std::hash of a
@@ -64,6 +66,8 @@ namespace epd {
 
 class PolicyDuel {
  public:
+  enum class Leader : std::uint8_t { kGdsf = 0, kProbation = 1, kLru = 2 };
+
   // `options` are the full cache's; `capacity_bytes` its capacity; `entries`
   // the entries it holds at its first eviction (>= 1).
   PolicyDuel(const CacheOptions& options, std::int64_t capacity_bytes, std::size_t entries);
@@ -80,10 +84,13 @@ class PolicyDuel {
   void OnGet(std::uint64_t h, bool full_hit, std::int64_t nbytes, double seconds);
   void OnPut(std::uint64_t h, std::int64_t nbytes, double seconds, std::uint64_t frequency);
 
-  bool lru_leads() const { return lru_leads_; }
+  Leader leader() const { return leader_; }
+  bool lru_leads() const { return leader_ == Leader::kLru; }
+  bool probation_leads() const { return leader_ == Leader::kProbation; }
   double rate() const { return rate_; }
   double lru_score() const { return lru_score_; }
   double gdsf_score() const { return gdsf_score_; }
+  double probation_score() const { return probation_score_; }
   // Times the leader changed.
   std::uint64_t switches() const { return switches_; }
   std::size_t memory_bytes() const;
@@ -107,7 +114,8 @@ class PolicyDuel {
   double decay_ = 1;
   double lru_score_ = 0;
   double gdsf_score_ = 0;
-  bool lru_leads_ = false;
+  double probation_score_ = 0;
+  Leader leader_ = Leader::kGdsf;
   std::uint64_t switches_ = 0;
 };
 

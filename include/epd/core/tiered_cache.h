@@ -27,7 +27,7 @@
 //     nbytes x promote_seconds_per_byte, not by its encode cost, since an L1
 //     victim is demoted, not lost; L2 ranks by the encode cost. The victims
 //     of each tier go in GDSF order (lowest priority first); under kAdaptive
-//     each tier's own duel picks LRU's or GDSF's victim, L1's scoring hits
+//     each tier's own duel picks LRU's, GDSF's or probation's victim, L1's scoring hits
 //     by the promotion they save and L2's by the encode (a promotion out of
 //     L2 counts as a request to its duel: EmbeddingCache::PopRequested).
 //   - l1_admission kDoorkeeper: every Get records a request in an
