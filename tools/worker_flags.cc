@@ -63,10 +63,11 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
       ->capture_default_str()
       ->check(NonNegative("MB"));
   cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
-  cmd.add_option("--eviction", f.eviction,
-                 "eviction of L1 and L2: lru (the reference's), gdsf (by measured encode cost per byte) or "
-                 "adaptive (the victim of LRU, GDSF or GDSF with probation, whichever a miniature of each saves the most "
-                 "with; docs/PLAN.md)")
+  cmd.add_option(
+         "--eviction", f.eviction,
+         "eviction of L1 and L2: lru (the reference's), gdsf (by measured encode cost per byte) or "
+         "adaptive (the victim of LRU, GDSF or GDSF with probation, whichever a miniature of each saves the most "
+         "with; docs/PLAN.md)")
       ->capture_default_str()
       ->check(CLI::IsMember({"lru", "gdsf", "adaptive"}));
   cmd.add_option("--l1-admission", f.l1_admission,
