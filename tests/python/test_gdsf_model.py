@@ -19,9 +19,9 @@ saturates at 255; the frequency is the larger of the resident count and that
 count. The window is given, or 0: 30 x the entries held when the first victim
 is chosen, at least 1024.
 
-With probation (CacheOptions::gdsf_probation), an entry whose frequency is at
-most 1 when it is ranked gets priority = clock alone; every other rule is as
-above. The driver's header "CAPACITY FREQUENCY probation" turns it on. The model keeps exact per-key counts: the C++
+With probation (CacheOptions::gdsf_probation), once the history exists (never
+under "resident"), an entry whose frequency is at most 1 when it is ranked
+gets priority = clock alone; every other rule is as above. The driver's header "CAPACITY FREQUENCY probation" turns it on. The model keeps exact per-key counts: the C++
 sketch agrees with it while no hashes collide, which on 30 keys in 1024 or
 more slots they do not.
 """
@@ -79,7 +79,7 @@ class GdsfModel:
         return max(resident, count)
 
     def _rank(self, e):
-        if self.probation and e["freq"] <= 1:
+        if self.probation and self.history is not None and e["freq"] <= 1:
             e["prio"] = self.clock
             self.on_probation += e["cost"] > 0
         else:
@@ -180,5 +180,7 @@ def test_same_victims_hits_and_clock_as_the_model(seed, capacity, frequency, pro
         assert sum(1 for line in expected if line.startswith("evict")) > 50
         if frequency != "resident":  # and the history must decide some frequencies
             assert model.raised > 10
-        if probation:  # and probation must rank some entries
+        if probation and frequency != "resident":  # and probation must rank some entries
             assert model.on_probation > 10
+        if frequency == "resident":  # probation needs the history: never applies
+            assert model.on_probation == 0

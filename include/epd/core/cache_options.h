@@ -123,12 +123,15 @@ struct CacheOptions {
   // Requests per aging window of the history (kHistory); 0: sized when the
   // cache first fills, to 30 x the entries it then holds, at least 1024.
   std::uint64_t gdsf_history_window = 0;
-  // GDSF with probation: an entry of frequency 1 (with the history: a key
-  // not referenced in the window before) is ranked at the clock alone, below
-  // every entry referenced again, so a one-hit wonder displaces no entry that
-  // earned its place; its next reference ranks it as GDSF does. This is
-  // W-TinyLFU's admission (Einziger et al., ACM TOS 2017) in GDSF's terms,
-  // one of kAdaptive's three experts; under kGdsf it is off unless set.
+  // GDSF with probation: once the history exists (kHistory, from the first
+  // eviction on), an entry of frequency 1 (a key not referenced in the
+  // window before) is ranked at the clock alone, below every entry
+  // referenced again, so a one-hit wonder displaces no entry that earned its
+  // place; its next reference ranks it as GDSF does. This is W-TinyLFU's
+  // admission (Einziger et al., ACM TOS 2017) in GDSF's terms, one of
+  // kAdaptive's three experts (which sets it per miniature; the full cache
+  // follows the duel, not this flag). Under kResident it never applies: a
+  // re-entering key has frequency 1 there, however often it was seen.
   bool gdsf_probation = false;
 };
 

@@ -1,5 +1,4 @@
-// epd/core/embedding_cache.h: a bytes-bounded LRU cache of vision-tower outputs,
-// keyed by content key.
+// epd/core/embedding_cache.h: a bytes-bounded cache of vision-tower outputs by content key.
 //
 // EmbeddingCache<K, V> maps a key to an opaque value and the byte size the
 // caller charges for it. It evicts least-recently-used entries while the
@@ -49,7 +48,7 @@
 // epd/core/eviction_order.h's recency log); under kGdsf O(log n), a heap of
 // (priority, sequence) in place of the log (24 bytes per entry plus 4 per
 // slab slot); kAdaptive keeps both, plus its duel's three miniature caches
-// (epd/core/policy_duel.h: about 2 x R x the entries, R in [1/32, 1]), and a
+// (epd/core/policy_duel.h: about 3 x R x the entries, R in [1/32, 1]), and a
 // Get or Put of a sampled key costs up to three miniature operations more.
 // GDSF's history adds about 6 bytes per windowed reference (180-360 per
 // entry at the auto window) and one Record per Get and Put.
@@ -219,12 +218,13 @@ class EmbeddingCache {
       if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, RankSeconds(e), cost.frequency);
       if (size_ * 2 > index_.slots()) index_.Rehash(index_.slots() * 2, [this](std::uint32_t x) { return HashOf(x); });
     }
-    // GDSF ranks the newcomer by the clock after the room is made (Cao and
-    // Irani's order), so it is ranked again if this put's victims moved it.
+    // GDSF ranks the newcomer as things stand once room is made (Cao and Irani's
+    // order): again if this put's victims moved the clock or started the history.
     const double clock_before = clock_;
+    const bool had_history = history_ != nullptr;
     const std::uint64_t seq = slab_[e].seq;
     Evict(e);
-    if (ranked_ && clock_ != clock_before && slab_[e].seq == seq) Rank(e);
+    if (ranked_ && (clock_ != clock_before || had_history != (history_ != nullptr)) && slab_[e].seq == seq) Rank(e);
     return true;
   }
 
@@ -302,7 +302,7 @@ class EmbeddingCache {
 
   // Visits entries in eviction order, next victim first, as (key, value,
   // nbytes): LRU to MRU under kLru (O(n), linear in the recency log, which
-  // holds at most 3n + 64 records); lowest GDSF priority first under kGdsf
+  // holds at most 3n + 64 current records); lowest GDSF priority first under kGdsf
   // (O(n log n), a sorted copy of the heap); the leader's order under
   // kAdaptive. With tenant reservations the
   // walk merges every tenant's order (LRU: O(n log n), sorted by touch);
@@ -324,8 +324,7 @@ class EmbeddingCache {
     }
     for (const Record& r : order) f(slab_[r.entry].key, slab_[r.entry].value, slab_[r.entry].nbytes);
   }
-  // The LRU name of the same walk (under kGdsf, and kAdaptive while GDSF
-  // leads: the eviction order, not recency).
+  // The LRU name of the same walk: the eviction order, recency only under LRU's lead.
   template <typename F>
   void ForEachLruToMru(F&& f) const {
     ForEachInEvictionOrder(std::forward<F>(f));
@@ -359,10 +358,11 @@ class EmbeddingCache {
   std::optional<PoppedEntry<V>> Take(const K& key, bool requested) {
     const std::size_t h = hash_(key);
     const std::uint32_t e = Find(key, h);
+    const bool held = e != kNone;
     if (requested && duel_ && duel_->Sampled(h)) {
-      duel_->OnGet(h, e != kNone, e == kNone ? 0 : slab_[e].nbytes, e == kNone ? 0 : RankSeconds(e));
+      duel_->OnGet(h, held, held ? slab_[e].nbytes : 0, held ? RankSeconds(e) : 0);
     }
-    if (e == kNone) return std::nullopt;
+    if (!held) return std::nullopt;
     PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes, CostOf(e)};
     Remove(e, h);
     return out;
@@ -461,10 +461,11 @@ class EmbeddingCache {
   }
 
   // GDSF: (re)keys e at clock + frequency x cost / size, with its sequence;
-  // with probation (gdsf_probation, or the duel's) frequency 1 at the clock.
+  // on probation (cache_options.h) at the clock alone.
   void Rank(std::uint32_t e) {
     const double size = static_cast<double>(std::max<std::int64_t>(slab_[e].nbytes, 1));
-    const bool probation = meta_[e].frequency <= 1 && (duel_ ? duel_->probation_leads() : options_.gdsf_probation);
+    const bool probation =
+        meta_[e].frequency <= 1 && history_ && (duel_ ? duel_->probation_leads() : !logged_ && options_.gdsf_probation);
     const double priority =
         clock_ + (probation ? 0.0 : static_cast<double>(meta_[e].frequency) * RankSeconds(e) / size);
     GdsfHeap& heap = OrderOf(e).heap;

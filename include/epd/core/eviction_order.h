@@ -14,7 +14,8 @@
 //
 // Complexity: Log O(1) amortised (a compaction is linear in the log, once
 // per >= n touches); LruEntry O(1) amortised; the heap O(log n).
-// Memory: 16 bytes per record, at most 3n + 64 records, plus the heap's.
+// Memory: 16 bytes per record, at most 3n + 64 unconsumed ones plus up to
+// 4096 consumed ones (or half the log), plus the heap's.
 // Thread safety: thread-compatible.
 #pragma once
 

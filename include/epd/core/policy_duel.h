@@ -1,5 +1,6 @@
-// epd/core/policy_duel.h: which of LRU and GDSF an EvictionPolicy::kAdaptive
-// cache (epd/core/embedding_cache.h) takes its next victim from.
+// epd/core/policy_duel.h: which of LRU, GDSF and GDSF with probation an
+// EvictionPolicy::kAdaptive cache (epd/core/embedding_cache.h) takes its next
+// victim from.
 //
 // Three miniature caches see the same requests for a hash sample of the keys:
 // one evicts by LRU, one by GDSF, one by GDSF with probation
@@ -22,7 +23,7 @@
 //               CacheOptions otherwise (its GDSF history window, if set, x R;
 //               no refetch rate, since the seconds fed are already the
 //               rank's);
-//   decay       both scores are multiplied by 0.5^(1 / H) at each sampled
+//   decay       the three scores are multiplied by 0.5^(1 / H) at each sampled
 //               request, H = max(64, 4 x R x n) sampled requests: about four
 //               turnovers of the miniatures' contents.
 //
@@ -44,9 +45,9 @@
 //
 // Memory: three EmbeddingCache<uint64_t, char> of about R x n entries, about
 // 150 bytes each with GDSF's history (memory_bytes() counts their
-// bookkeeping and keys, not their vectors' spare capacity).
+// bookkeeping, spare capacity included, and their keys).
 // Limits: the miniatures hold no tenant reservations; an entry larger than
-// R x the capacity never enters them, so it scores for neither policy; a put
+// R x the capacity never enters them, so it scores for no policy; a put
 // of a key a miniature holds leaves its stored cost as it was. Time: a sampled call costs up to three
 // miniature operations, O(log n); an unsampled call costs one hash mix.
 // Deterministic: the same calls give the same leader wherever the full
