@@ -40,7 +40,7 @@ TRACES = {
     "uniform-cost": (["--kind", "uniform-cost", "--requests", "1000000", "--keys", "200000", "--seed", "3"],
                      "adversarial: the production keys with one cost per byte"),
     "conversation": (["--kind", "conversation", "--requests", "300000", "--seed", "8"],
-                     "multi-turn chat: each image re-sent on 1-3 later turns, within 20,000 requests"),
+                     "multi-turn chat: each image re-sent on up to 3 later turns, each up to 20,000 requests after the last"),
 }
 # the traces of the one-cache tables and targets (one-hit-50 is the doorkeeper's)
 ONE_CACHE = ("production", "uniform-cost", "scan", "unique", "conversation")
@@ -314,7 +314,7 @@ def render_body(d: dict) -> str:
             L.append(f"| {100 * r['target']:.0f}% of max | unreachable | | | | | |")
             continue
         L.append(sizing_row(r))
-    L.append("\n![miss ratio by encode seconds against capacity: LRU, GDSF, GDSF + doorkeeper](img/plan_production.png)\n")
+    L.append("\n![miss ratio by encode seconds against capacity: LRU, GDSF, GDSF + doorkeeper, adaptive](img/plan_production.png)\n")
     return "\n".join(L) + "\n"
 
 

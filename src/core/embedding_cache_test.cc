@@ -38,19 +38,24 @@ std::unique_ptr<EmbeddingCache<std::string, int>> Make(std::int64_t cap,
 // EmbeddingCache under GDSF (or kAdaptive), with the plain hook's constructor
 // shape. Puts without a cost charge 1e-9 s/B, so cost per byte is uniform
 // and GDSF orders by frequency, then by touch.
-template <EvictionPolicy P>
+template <EvictionPolicy P, bool kProbation = false>
 class RankedCache : public EmbeddingCache<std::string, int> {
  public:
   using Base = EmbeddingCache<std::string, int>;
+  static CacheOptions Options() {
+    CacheOptions o{P};
+    o.gdsf_probation = kProbation;
+    return o;
+  }
   RankedCache(std::int64_t cap, EvictHook hook)
-      : Base(cap, CacheOptions{P},
-             [hook = std::move(hook)](const std::string& k, int&& v, std::int64_t n, const EntryCost&) {
-               // NOLINTNEXTLINE(performance-move-const-arg): the hook takes int&&; std::move binds the lvalue to it.
-               if (hook) hook(k, std::move(v), n);
-             }) {}
+      : Base(cap, Options(), [hook = std::move(hook)](const std::string& k, int&& v, std::int64_t n, const EntryCost&) {
+          // NOLINTNEXTLINE(performance-move-const-arg): the hook takes int&&; std::move binds the lvalue to it.
+          if (hook) hook(k, std::move(v), n);
+        }) {}
 };
 using GdsfCache = RankedCache<EvictionPolicy::kGdsf>;
 using AdaptiveCache = RankedCache<EvictionPolicy::kAdaptive>;
+using ProbationCache = RankedCache<EvictionPolicy::kGdsf, true>;
 template <>
 std::unique_ptr<GdsfCache> Make(std::int64_t cap, GdsfCache::EvictHook hook) {
   return std::make_unique<GdsfCache>(cap, std::move(hook));
@@ -58,6 +63,10 @@ std::unique_ptr<GdsfCache> Make(std::int64_t cap, GdsfCache::EvictHook hook) {
 template <>
 std::unique_ptr<AdaptiveCache> Make(std::int64_t cap, AdaptiveCache::EvictHook hook) {
   return std::make_unique<AdaptiveCache>(cap, std::move(hook));
+}
+template <>
+std::unique_ptr<ProbationCache> Make(std::int64_t cap, ProbationCache::EvictHook hook) {
+  return std::make_unique<ProbationCache>(cap, std::move(hook));
 }
 template <>
 std::unique_ptr<ConcurrentEmbeddingCache<std::string, int>> Make(
@@ -76,7 +85,7 @@ class CacheContractTest : public ::testing::Test {
 };
 
 using CacheTypes = ::testing::Types<EmbeddingCache<std::string, int>, ConcurrentEmbeddingCache<std::string, int>,
-                                    GdsfCache, AdaptiveCache>;
+                                    GdsfCache, AdaptiveCache, ProbationCache>;
 TYPED_TEST_SUITE(CacheContractTest, CacheTypes);
 
 // The sentences of the contract that are LRU's alone.
