@@ -109,7 +109,7 @@ def total(saved: float, ratio: float) -> str:
 def render(r: dict) -> str:
     """docs/BENCHMARKS-measured-economics.md for result `r`."""
     lines = [
-        "## Cache economics with measured costs: GDSF against LRU through replay", "",
+        "## Cache economics with measured costs: GDSF and adaptive against LRU through replay", "",
         f"Measured {r['date']} on the 2-core development machine (shared: load average {r['load_before']} before, "
         f"{r['load_after']} after), by `bench/measured_economics_bench.py`. Unlike the section above, every cost is "
         "what the worker measured for the entry (its JPEG decode and preprocessing plus its token share of its "
@@ -124,14 +124,19 @@ def render(r: dict) -> str:
         f"set {r['distinct_mb']:.1f} MB; the distinct keys' measured cost {r['all_miss_seconds']:.1f} s. One run "
         "per row.", "",
         "| capacity (share of working set) | LRU seconds hit | GDSF seconds hit | GDSF / LRU seconds hit "
+        "| adaptive seconds hit | adaptive / LRU seconds hit "
         "| LRU seconds saved (of total measured) | GDSF seconds saved (of total measured) | LRU object hit "
         "| GDSF object hit |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in r["rows"]:
-        ratio = row["gdsf_seconds_hit"] / row["lru_seconds_hit"] if row["lru_seconds_hit"] > 0 else float("nan")
-        lines.append(f"| {row['cache_mb']:.2f} MB ({row['share']:.0%}) | {row['lru_seconds_hit']:.3f} | "
-                     f"{row['gdsf_seconds_hit']:.3f} | {ratio:.3f} | {row['lru_saved_s']:.1f} s "
+        lru = row["lru_seconds_hit"]
+        ratio = row["gdsf_seconds_hit"] / lru if lru > 0 else float("nan")
+        adaptive = row.get("adaptive_seconds_hit")
+        adaptive_cells = (f"{adaptive:.3f} | {adaptive / lru:.3f}" if adaptive is not None and lru > 0
+                          else "n/a (not in this run) | n/a")
+        lines.append(f"| {row['cache_mb']:.2f} MB ({row['share']:.0%}) | {lru:.3f} | "
+                     f"{row['gdsf_seconds_hit']:.3f} | {ratio:.3f} | {adaptive_cells} | {row['lru_saved_s']:.1f} s "
                      f"({total(row['lru_saved_s'], row['lru_seconds_hit'])}) | {row['gdsf_saved_s']:.1f} s "
                      f"({total(row['gdsf_saved_s'], row['gdsf_seconds_hit'])}) | {row['lru_object_hit']:.3f} | "
                      f"{row['gdsf_object_hit']:.3f} |")
@@ -181,12 +186,16 @@ def main() -> int:
         mb = distinct_mb * share
         lru = replay(a.build, trace, images, "lru", mb, a.max_pixels)
         gdsf = replay(a.build, trace, images, "gdsf", mb, a.max_pixels)
+        adaptive = replay(a.build, trace, images, "adaptive", mb, a.max_pixels)
         saved_lru, saved_gdsf = lru["encode_seconds_saved"], gdsf["encode_seconds_saved"]
         rows.append({"share": share, "cache_mb": mb,
                      "lru_seconds_hit": seconds_ratio(lru), "gdsf_seconds_hit": seconds_ratio(gdsf),
                      "lru_object_hit": object_ratio(lru), "gdsf_object_hit": object_ratio(gdsf),
                      "lru_saved_s": saved_lru, "gdsf_saved_s": saved_gdsf,
-                     "gdsf_over_lru": saved_gdsf / saved_lru - 1 if saved_lru > 0 else float("nan")})
+                     "gdsf_over_lru": saved_gdsf / saved_lru - 1 if saved_lru > 0 else float("nan"),
+                     "adaptive_seconds_hit": seconds_ratio(adaptive), "adaptive_object_hit": object_ratio(adaptive),
+                     "adaptive_saved_s": adaptive["encode_seconds_saved"],
+                     "adaptive_l1_lru_victims": adaptive.get("l1_lru_victims")})
         print(json.dumps(rows[-1]), file=sys.stderr)
     result = {"date": date, "load_before": load_before, "load_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
               "requests": a.prefix or a.requests, "trace_requests": a.requests, "distinct_keys": distinct, "distinct_mb": distinct_mb,

@@ -787,7 +787,7 @@ SECTIONS = [
     ("Checkpoint towers: C++ against the Python reference", render_checkpoint),
     ("Video: chunk caching on overlapping clips", render_video),
     ("Cache economics: GDSF, adaptive, the doorkeeper and plan", render_economics),
-    ("Cache economics with measured costs: GDSF against LRU through replay", render_measured_economics),
+    ("Cache economics with measured costs: GDSF and adaptive against LRU through replay", render_measured_economics),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),
