@@ -209,21 +209,21 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   r.curves_s = Seconds(t0);
 
   // Sizing off the policy's curve; with the doorkeeper L1 reads its own.
-  const bool gdsf = o.eviction != EvictionPolicy::kLru;
+  const bool simulated_policy = o.eviction != EvictionPolicy::kLru;  // sized off a MiniSim curve
   const bool dk = o.l1_admission == L1Admission::kDoorkeeper;
   r.policy = SimPolicy{o.eviction, dk}.Name();
-  const MissRatioCurve& curve = r.curves[o.eviction == EvictionPolicy::kAdaptive ? 3 : gdsf ? 1 : 0];
+  const MissRatioCurve& curve = r.curves[o.eviction == EvictionPolicy::kAdaptive ? 3 : simulated_policy ? 1 : 0];
   auto hit = [](const MissRatioCurve& c, double bytes) { return 1 - c.MissRatioAt(bytes).seconds; };
-  auto at = [&](double b) { return !gdsf && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
+  auto at = [&](double b) { return !simulated_policy && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
   const Clock::time_point t1 = Clock::now();
   for (double target : o.targets) {
     SizingRow row;
     row.target = target;
     row.hit_ratio = target * r.max_hit_ratio.seconds;
     // Nothing to save (no key repeats): no cache at all.
-    row.total_bytes = row.hit_ratio <= 0 ? 0
-                      : !gdsf && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
-                                         : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
+    row.total_bytes = row.hit_ratio <= 0             ? 0
+                      : !simulated_policy && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
+                                                     : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
     if (row.total_bytes >= 0) {
       row.l1_bytes = std::min(row.total_bytes, o.l1_max_bytes);
       row.l2_bytes = std::min(row.total_bytes - row.l1_bytes, o.l2_max_bytes);

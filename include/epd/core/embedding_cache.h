@@ -150,13 +150,12 @@ class EmbeddingCache {
   std::optional<V> Get(const K& key) {
     const std::size_t h = hash_(key);
     const std::uint32_t e = Find(key, h);
+    Requested(h, e);
     if (e == kNone) {
       ++misses_;
-      if (duel_ && duel_->Sampled(h)) duel_->OnGet(h, false, 0, 0);
       return std::nullopt;
     }
     if (ranked_) meta_[e].frequency = Referenced(h, meta_[e].frequency + 1);
-    if (duel_ && duel_->Sampled(h)) duel_->OnGet(h, true, slab_[e].nbytes, RankSeconds(e));
     Touch(e);
     ++hits_;
     hit_bytes_ += slab_[e].nbytes;
@@ -205,7 +204,6 @@ class EmbeddingCache {
       ent.nbytes = nbytes;
       meta_[e] = Meta{seconds, Referenced(h, std::max(meta_[e].frequency + 1, cost.frequency))};
       Touch(e);
-      if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, RankSeconds(e), cost.frequency);
     } else {
       e = Allocate(key, std::move(value), nbytes);
       index_.Insert(e, h);
@@ -215,11 +213,10 @@ class EmbeddingCache {
       ++orders_[tenant].size;
       meta_[e] = Meta{seconds, Referenced(h, cost.frequency)};
       Touch(e);
-      if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, RankSeconds(e), cost.frequency);
-      if (size_ * 2 > index_.slots()) index_.Rehash(index_.slots() * 2, [this](std::uint32_t x) { return HashOf(x); });
+      if (size_ * 2 > index_.slots()) index_.Rehash(index_.slots() * 2, EntryHash());
     }
-    // GDSF ranks the newcomer as things stand once room is made (Cao and Irani's
-    // order): again if this put's victims moved the clock or started the history.
+    if (duel_ && duel_->Sampled(h)) duel_->OnPut(h, nbytes, RankSeconds(e), cost.frequency);
+    // Cao and Irani's order: the newcomer is ranked again if its victims moved the clock or started the history.
     const double clock_before = clock_;
     const bool had_history = history_ != nullptr;
     const std::uint64_t seq = slab_[e].seq;
@@ -358,14 +355,17 @@ class EmbeddingCache {
   std::optional<PoppedEntry<V>> Take(const K& key, bool requested) {
     const std::size_t h = hash_(key);
     const std::uint32_t e = Find(key, h);
-    const bool held = e != kNone;
-    if (requested && duel_ && duel_->Sampled(h)) {
-      duel_->OnGet(h, held, held ? slab_[e].nbytes : 0, held ? RankSeconds(e) : 0);
-    }
-    if (!held) return std::nullopt;
+    if (requested) Requested(h, e);
+    if (e == kNone) return std::nullopt;
     PoppedEntry<V> out{std::move(slab_[e].value), slab_[e].nbytes, CostOf(e)};
     Remove(e, h);
     return out;
+  }
+
+  // Tells kAdaptive's duel of a request for hash h, held at e (kNone: a miss).
+  void Requested(std::size_t h, std::uint32_t e) {
+    if (!duel_ || !duel_->Sampled(h)) return;
+    e == kNone ? duel_->OnGet(h, false, 0, 0) : duel_->OnGet(h, true, slab_[e].nbytes, RankSeconds(e));
   }
 
   // Whether the next victim is GDSF's (lowest priority) rather than LRU's.
@@ -418,7 +418,9 @@ class EmbeddingCache {
   }
 
   // An entry's full hash, which the index asks for only past 2^32 slots.
-  std::size_t HashOf(std::uint32_t e) const { return hash_(slab_[e].key); }
+  auto EntryHash() const {
+    return [this](std::uint32_t e) { return hash_(slab_[e].key); };
+  }
 
   std::uint32_t Allocate(const K& key, V&& value, std::int64_t nbytes) {
     ++version_;
@@ -460,8 +462,7 @@ class EmbeddingCache {
     history_ = std::make_unique<AdmissionFilter>(AdmissionFilterOptions{window});
   }
 
-  // GDSF: (re)keys e at clock + frequency x cost / size, with its sequence;
-  // on probation (cache_options.h) at the clock alone.
+  // GDSF: (re)keys e at clock + frequency x cost / size (on probation: the clock alone).
   void Rank(std::uint32_t e) {
     const double size = static_cast<double>(std::max<std::int64_t>(slab_[e].nbytes, 1));
     const bool probation =
@@ -472,8 +473,7 @@ class EmbeddingCache {
     heap.contains(e) ? heap.Update(e, priority, slab_[e].seq) : heap.Push(e, priority, slab_[e].seq);
   }
 
-  // Marks e most recently touched: re-ranks it (GDSF) and appends to its
-  // order's recency log (LRU); kAdaptive does both.
+  // Marks e most recently touched: re-ranks it (GDSF), logs it (LRU); kAdaptive does both.
   void Touch(std::uint32_t e) {
     slab_[e].seq = ++seq_;
     if (ranked_) Rank(e);
@@ -486,7 +486,7 @@ class EmbeddingCache {
   // destroyed last, once the cache is consistent again.
   void Remove(std::uint32_t e, std::size_t h) {
     ++version_;
-    index_.Erase(e, h, [this](std::uint32_t x) { return HashOf(x); });
+    index_.Erase(e, h, EntryHash());
     EvictionOrder& o = OrderOf(e);
     if (ranked_) o.heap.Erase(e);
     --o.size;
