@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,64 @@ TEST_F(TieredTest, ThrowingToDeviceLosesTheEntryAsTheReferenceDoes) {
   EXPECT_EQ(t.l2_hits(), 0u);
   EXPECT_EQ(t.promotions(), 0u);
   EXPECT_TRUE(t.Contains("b"));
+}
+
+// An L2 entry larger than all of L1 (placed by a direct l2().Put). Without
+// the option, the reference's get: promoted, skipped by L1, lost.
+TEST_F(TieredTest, OversizeL2EntryIsLostOnPromotionAsTheReferenceDoes) {
+  auto t = Make(100, 1000);
+  t.l2().Put("big", {"big", false}, 300);
+  EXPECT_EQ(t.Get("big"), (Tagged{"big", true}));
+  EXPECT_EQ(t.promotions(), 1u);
+  EXPECT_EQ(t.l2_hits(), 1u);
+  EXPECT_FALSE(t.Contains("big"));
+}
+
+// keep_oversize_in_l2: each hit is a device copy, the entry stays in L2 and
+// gains one reference per hit (GDSF's frequency: 1 at the put, 3 after two hits).
+TEST_F(TieredTest, OversizeL2EntryStaysInL2WithOneReferencePerHit) {
+  TieredOptions o;
+  o.eviction = EvictionPolicy::kGdsf;
+  o.keep_oversize_in_l2 = true;
+  TieredEmbeddingCache<std::string, Tagged> t(100, 1000, o, nullptr, [this](const Tagged& v) {
+    to_device_calls_.push_back(v.payload);
+    return Tagged{v.payload, true};
+  });
+  t.l2().Put("big", {"big", false}, 300, EntryCost{2.0});
+  t.Put("small", {"small"}, 50);
+  for (int i = 0; i < 2; ++i) {
+    CacheTier tier = CacheTier::kMiss;
+    EXPECT_EQ(t.Get("big", &tier), (Tagged{"big", true}));
+    EXPECT_EQ(tier, CacheTier::kL2);
+  }
+  EXPECT_TRUE(t.l2().Contains("big"));
+  EXPECT_FALSE(t.l1().Contains("big"));
+  EXPECT_TRUE(t.l1().Contains("small"));
+  EXPECT_EQ(t.l2().CostOf("big")->frequency, 3u);
+  EXPECT_DOUBLE_EQ(t.l2().CostOf("big")->seconds, 2.0);
+  EXPECT_EQ(t.promotions(), 0u);
+  EXPECT_EQ(t.l2_hits(), 2u);
+  EXPECT_EQ(t.l2_hit_bytes(), 600);
+  EXPECT_DOUBLE_EQ(t.l2_hit_seconds(), 4.0);
+  EXPECT_THAT(to_device_calls_, ElementsAre("big", "big"));
+  // An entry L1 can hold is still promoted.
+  t.l2().Put("mid", {"mid", false}, 60);
+  EXPECT_EQ(t.Get("mid"), (Tagged{"mid", true}));
+  EXPECT_TRUE(t.l1().Contains("mid"));
+  EXPECT_EQ(t.promotions(), 1u);
+}
+
+// A copy that throws on such a hit loses nothing and counts no hit.
+TEST(TieredOversizeTest, ThrowingCopyKeepsTheOversizeEntry) {
+  TieredOptions o;
+  o.keep_oversize_in_l2 = true;
+  TieredEmbeddingCache<std::string, int> t(100, 1000, o, nullptr,
+                                           [](const int&) -> int { throw std::runtime_error("device copy failed"); });
+  t.l2().Put("big", 7, 300);
+  EXPECT_THROW(t.Get("big"), std::runtime_error);
+  EXPECT_TRUE(t.l2().Contains("big"));
+  EXPECT_EQ(t.l2_hits(), 0u);
+  EXPECT_EQ(t.l2().current_bytes(), 300);
 }
 
 TEST(TieredNullValueTest, NullL1ValueFallsThroughLikeTheReference) {

@@ -12,6 +12,7 @@ TieredOptions TiersOf(const WorkerOptions& o) {
   t.eviction = o.eviction;
   t.l1_admission = o.l1_admission;
   t.promote_seconds_per_byte = o.promote_seconds_per_byte;
+  t.keep_oversize_in_l2 = true;  // the L2-only rule's hits (worker_cache.h)
   return t;
 }
 
@@ -116,32 +117,11 @@ bool WorkerCache::L2Only(std::int64_t nbytes) const {
   return nbytes > cache_.l1().capacity_bytes() && nbytes <= cache_.l2().capacity_bytes();
 }
 
-std::optional<EmbeddingPtr> WorkerCache::L2OnlyGet(const ContentKey& key) {
-  if (cache_.l1().Contains(key)) return std::nullopt;
-  std::optional<PoppedEntry<EmbeddingPtr>> held = cache_.l2().Pop(key);
-  if (!held.has_value()) return std::nullopt;
-  EmbeddingPtr host = held->value;
-  // Back as MRU with its cost and tenant (its frequency too: under GDSF the
-  // put of a key not held counts no hit); the same charge again evicts
-  // nothing.
-  EntryCost cost = held->cost;
-  ++cost.frequency;
-  cache_.l2().Put(key, std::move(held->value), held->nbytes, cost);
-  if (!L2Only(held->nbytes)) return std::nullopt;  // promotable: the tiered get takes it
-  return options_.to_device ? options_.to_device(host) : host;
-}
-
 // The tiered cache has already left itself consistent when a promotion copy
 // throws (epd/core/tiered_cache.h); the throw becomes a miss here, never an
 // exception out of Submit.
 std::optional<EmbeddingPtr> WorkerCache::Get(const ContentKey& key, CacheTier* tier) {
   try {
-    if (placed_in_l2_) {
-      if (std::optional<EmbeddingPtr> held = L2OnlyGet(key)) {
-        *tier = CacheTier::kL2;
-        return held;
-      }
-    }
     return cache_.Get(key, tier);
   } catch (...) {
     ++stats_.cache_errors;
@@ -212,7 +192,6 @@ void WorkerCache::Put(const ContentKey& key, const EmbeddingPtr& e, const EntryC
   EmbeddingPtr host = HostCopy(e);
   if (host == nullptr) return;  // the copy failed: dropped, as a failed demotion is
   cache_.l2().Put(key, std::move(host), nbytes, cost);
-  placed_in_l2_ = true;
 }
 
 void WorkerCache::PutEncoded(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost) {

@@ -9,10 +9,11 @@
 //   - The L2-only rule: an entry too big for L1 but not for L2 is put into L2
 //     directly (after the device-to-host copy a demotion makes) and served
 //     from there without promotion (a host-to-device copy per hit, the entry
-//     stays L2's most recently used). The tiered cache alone, like the
+//     stays L2's most recently used, one more reference under GDSF: the
+//     tiered cache's keep_oversize_in_l2). The tiered cache alone, like the
 //     reference, would skip it at put and lose it at promotion, so such an
-//     image ran the tower on every repeat. The rule stays here rather than
-//     in TieredEmbeddingCache because it depends on the worker's hooks.
+//     image ran the tower on every repeat. The placement stays here rather
+//     than in TieredEmbeddingCache because it depends on the worker's hooks.
 //   - Fences: a to_host or to_device hook that throws (a device failure) is
 //     caught and counted (WorkerStats::cache_errors): a failed promotion is
 //     served as a miss, a failed demotion drops the victim (the eviction goes
@@ -132,10 +133,6 @@ class WorkerCache {
   // to_host behind its fence: null when it threw.
   EmbeddingPtr HostCopy(const EmbeddingPtr& e);
   bool L2Only(std::int64_t nbytes) const;
-  // The L2-only rule's get: an L2 entry L1 cannot take, copied for the
-  // caller and left in L2 as MRU; nullopt when the key is in L1, absent or
-  // promotable (the tiered get takes it).
-  std::optional<EmbeddingPtr> L2OnlyGet(const ContentKey& key);
   // Sets tenant t's reservation in both tiers once.
   void Reserve(TenantId t);
   // A get behind the promotion fence.
@@ -147,7 +144,6 @@ class WorkerCache {
   const VisionTower& tower_;
   WorkerStats& stats_;
   Cache cache_;
-  bool placed_in_l2_ = false;   // Put has put an entry straight into L2 (see L2Only)
   std::vector<bool> reserved_;  // by tenant id: its reservation is set
   std::vector<Refused> refused_;
 };

@@ -63,6 +63,14 @@
 // demotion L2 refuses drops the victim (counted in l2().refusals()); an L2
 // hit that L1 would refuse is served by a to_device copy and stays in L2.
 //
+// keep_oversize_in_l2 (off by default): an L2 hit on an entry larger than
+// L1's capacity is likewise served by a to_device copy and stays in L2 as its
+// MRU, counted in l2_hits (not in promotions). In both cases the hit is one
+// more reference (GDSF's frequency plus one), and the entry is back in L2
+// before the copy, so a copy that throws loses nothing. The reference holds
+// no such entry (its puts land in L1, its demotions fit L1), so parity is
+// unaffected; without the option a get promotes it and L1 skips it.
+//
 // Complexity: as EmbeddingCache, plus one copy per promotion or demotion,
 // and O(1) filter work per Get and Put with the doorkeeper.
 // Ownership: as EmbeddingCache; a promoted value is the one `to_device` made.
@@ -111,6 +119,12 @@ struct TieredOptions {
   double promote_seconds_per_byte = 4e-11;
   // As CacheOptions::default_seconds_per_byte, for both tiers.
   double default_seconds_per_byte = 1e-9;
+  // An L2 hit on an entry larger than all of L1 (only a direct l2().Put
+  // places one) is served by a to_device copy and stays in L2 (see the
+  // header), instead of a promotion that L1 skips, which loses the entry.
+  // Off: the reference's behaviour. The encode worker turns it on, since it
+  // places embeddings too large for L1 straight into L2.
+  bool keep_oversize_in_l2 = false;
 };
 
 // Which values count as "no value" in the tiered get (see above).
@@ -188,7 +202,8 @@ class TieredEmbeddingCache {
       ++misses_;
       return std::nullopt;
     }
-    if (l1_.tenants() != nullptr && !l1_.tenants()->Admits(promoted->cost.tenant, promoted->nbytes)) {
+    if ((options_.keep_oversize_in_l2 && promoted->nbytes > l1_.capacity_bytes()) ||
+        (l1_.tenants() != nullptr && !l1_.tenants()->Admits(promoted->cost.tenant, promoted->nbytes))) {
       return KeepInL2(key, std::move(*promoted), tier);
     }
     V device_value = to_device_ ? to_device_(promoted->value) : std::move(promoted->value);
@@ -307,13 +322,19 @@ class TieredEmbeddingCache {
 
   // A popped L2 hit that L1 would refuse: back into L2 (as its MRU), and a
   // device copy for the caller.
+  // The hit counts one reference (GDSF's frequency plus one), as a
+  // promotion's does. The entry goes back before the copy, so a copy that
+  // throws loses nothing and counts no hit.
   std::optional<V> KeepInL2(const K& key, PoppedEntry<V>&& held, CacheTier* tier) {
-    V device_value = to_device_ ? to_device_(held.value) : held.value;
+    V host_value = held.value;
+    EntryCost cost = held.cost;
+    ++cost.frequency;
+    l2_.Put(key, std::move(held.value), held.nbytes, cost);
+    V device_value = to_device_ ? to_device_(host_value) : std::move(host_value);
     ++l2_hits_;
     l2_hit_bytes_ += held.nbytes;
     l2_hit_seconds_ += held.cost.seconds;
     if (tier != nullptr) *tier = CacheTier::kL2;
-    l2_.Put(key, std::move(held.value), held.nbytes, held.cost);
     return device_value;
   }
 
