@@ -238,7 +238,8 @@ def sizing_row(r: dict) -> str:
     b = r["bytes"]
     return (f"| {100 * r['target']:.0f}% of max ({r['hit_ratio']:.3f}) | {b['total'] / 1e9:.1f} GB | {b['l1'] / 1e9:.1f} GB | "
             f"{b['l2'] / 1e9:.1f} GB | {b['l3'] / 1e9:.1f} GB | {tiers(r['predicted_seconds_hit_ratio'])} | "
-            f"{tiers(r['replayed_seconds_hit_ratio'])} |")
+            f"{tiers(r['replayed_seconds_hit_ratio'])} | {r.get('curve_seconds_hit_ratio', float('nan')):.3f} | "
+            f"{r.get('tiers_miniatures', 1)} |")
 
 
 def render_body(d: dict) -> str:
@@ -305,13 +306,16 @@ def render_body(d: dict) -> str:
              f"{p['exact_wall_s']:.1f} s wall, {p['exact_cpu_s']:.1f} s CPU. MAE of the sampled LRU curve against the exact one, by encode "
              f"seconds, over its {len(s['curves'][0]['points'])} capacities: {p['mae_seconds']:.4f}.\n")
     L.append("Hit ratios by encode seconds, L1 / L1+L2 / all tiers. With the defaults (`--eviction gdsf`, L1 up to 16 GB, L2 up to "
-             "256 GB) L1 and L2 are full in every row and the rest is L3. The total is predicted off the GDSF curve; L1 and "
-             "L1+L2 by a miniature of the tiered cache at the row's sizes (docs/PLAN.md, \"Per-tier predictions\"), since the "
-             "tiered L1 ranks by promotion cost and keeps other entries than one GDSF cache on the curve would.\n")
-    L.append("| encode seconds saved | total | L1 | L2 | L3 | predicted | replayed |\n|---|---|---|---|---|---|---|")
+             "256 GB) L1 and L2 are full in every row and the rest is L3. The total is sized off the GDSF curve (*curve*: the "
+             "curve there) and moved where a miniature of the tiered cache misses the target by over half a point (*miniatures*: "
+             "how many the row ran; 1, not moved); all three predictions come from that miniature at the row's sizes "
+             "(docs/PLAN.md, \"Per-tier predictions\"), since the tiered L1 ranks by promotion cost and keeps other entries "
+             "than one GDSF cache on the curve would.\n")
+    L.append("| encode seconds saved | total | L1 | L2 | L3 | predicted | replayed | curve | miniatures |\n"
+             "|---|---|---|---|---|---|---|---|---|")
     for r in p["checked"]["sizing"]:
         if not r["reachable"]:
-            L.append(f"| {100 * r['target']:.0f}% of max | unreachable | | | | | |")
+            L.append(f"| {100 * r['target']:.0f}% of max | unreachable | | | | | | | |")
             continue
         L.append(sizing_row(r))
     L.append("\n![miss ratio by encode seconds against capacity: LRU, GDSF, GDSF + doorkeeper, adaptive](img/plan_production.png)\n")

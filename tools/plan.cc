@@ -105,6 +105,81 @@ void RunTasks(std::vector<std::function<void()>>& tasks, unsigned threads) {
   }
 }
 
+// The three tiers for a total: L1 up to l1_max_bytes, then L2 up to
+// l2_max_bytes, then L3.
+void Split(SizingRow& row, double total, const PlanOptions& o) {
+  row.total_bytes = total;
+  row.l1_bytes = std::min(total, o.l1_max_bytes);
+  row.l2_bytes = std::min(total - row.l1_bytes, o.l2_max_bytes);
+  row.l3_bytes = total - row.l1_bytes - row.l2_bytes;
+}
+
+// The row's predicted hit ratios: a miniature of the tiers at its sizes.
+void Predict(SizingRow& row, const TierSample& sample, const PlanOptions& o) {
+  const TierHits mini = SimulateTiers(sample, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, o);
+  row.predicted_l1 = mini.Ratio(mini.l1, Weighting::kSeconds);
+  row.predicted_l12 = row.predicted_l1 + mini.Ratio(mini.l2, Weighting::kSeconds);
+  row.predicted_all = row.predicted_l12 + mini.Ratio(mini.l3, Weighting::kSeconds);
+  ++row.miniatures;
+}
+
+// Moves a row whose miniature misses its target by more than kRefineTolerance
+// (either way) to the smallest total whose miniature reaches it: doublings
+// or halvings from the curve's total until the target is bracketed (at most
+// kRefineBracket, within [floor, ceiling]), then kRefineBisect bisections in
+// log space (to within a factor of 2^(1/64) for a bracket of one doubling).
+// Keeps the curve's total when no bracket is found. The miniature is not
+// exactly monotone in capacity; bisection still ends on a total whose
+// miniature reached the target.
+constexpr double kRefineTolerance = 0.005;
+constexpr int kRefineBracket = 4;
+constexpr int kRefineBisect = 6;
+void Refine(SizingRow& row, const TierSample& sample, double floor, double ceiling, const PlanOptions& o) {
+  if (row.total_bytes <= 0 || std::abs(row.predicted_all - row.hit_ratio) <= kRefineTolerance) return;
+  const bool grow = row.predicted_all < row.hit_ratio;
+  SizingRow probe = row;
+  std::optional<SizingRow> best;  // the smallest total seen whose miniature reached the target
+  if (!grow) best = row;
+  // lo: a total short of the target; hi: one that reaches it.
+  double lo = row.total_bytes, hi = row.total_bytes;
+  bool bracketed = false;
+  auto reaches = [&](double total) {
+    Split(probe, total, o);
+    Predict(probe, sample, o);
+    return probe.predicted_all >= row.hit_ratio;
+  };
+  for (int i = 0; i < kRefineBracket && !bracketed; ++i) {
+    const double next = grow ? std::min(hi * 2, ceiling) : std::max(lo / 2, floor);
+    if (next == (grow ? hi : lo)) break;  // at the floor or the ceiling
+    const bool reached = reaches(next);
+    if (reached) best = probe;
+    if (grow) {
+      lo = reached ? lo : next;
+      hi = next;
+    } else {
+      hi = reached ? next : hi;
+      lo = next;
+    }
+    bracketed = grow ? reached : !reached;
+  }
+  const int runs = probe.miniatures;
+  if (bracketed) {
+    for (int i = 0; i < kRefineBisect; ++i) {
+      const double mid = std::sqrt(lo * hi);
+      if (reaches(mid)) {
+        hi = mid;
+        best = probe;
+      } else {
+        lo = mid;
+      }
+    }
+  }
+  // Unbracketed while growing: the curve's total stays (the miniature never
+  // reached the target below the ceiling); shrinking: the smallest that did.
+  if (bracketed || !grow) row = *best;
+  row.miniatures = std::max(runs, probe.miniatures);
+}
+
 nlohmann::json WeightsJson(const Weights& w) {
   return {{"objects", w.objects}, {"bytes", w.bytes}, {"seconds", w.seconds}};
 }
@@ -225,17 +300,16 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
                       : !simulated_policy && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
                                                      : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
     if (row.total_bytes >= 0) {
-      row.l1_bytes = std::min(row.total_bytes, o.l1_max_bytes);
-      row.l2_bytes = std::min(row.total_bytes - row.l1_bytes, o.l2_max_bytes);
-      row.l3_bytes = row.total_bytes - row.l1_bytes - row.l2_bytes;
-      row.predicted_all = at(row.total_bytes);
+      Split(row, row.total_bytes, o);
+      row.curve_all = at(row.total_bytes);
       row.tiers_rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
     }
     r.rows.push_back(row);
   }
-  // L1 and L1 + L2 by a miniature of the tiered cache itself (plan_tiers.h),
-  // one sample per distinct rate; then the replays. Replays first: they are
-  // the long tasks.
+  // The hit ratios by a miniature of the tiered cache itself (plan_tiers.h),
+  // one sample per distinct rate, each row moved to the total its miniature
+  // says reaches the target where the curve's misses it (Refine); then the
+  // replays at the final sizes.
   r.replayed = o.replay;
   std::map<double, TierSample> samples;
   for (const SizingRow& row : r.rows) {
@@ -247,21 +321,21 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     SizingRow& row = r.rows[i];
     if (row.total_bytes < 0) continue;
-    if (o.replay) {
-      row_tasks.emplace_back([&, i] {
-        progress("replay", i, r.rows.size());
-        row.replayed = ReplayTiers(trace, row.l1_bytes, row.l2_bytes, row.l3_bytes, o);
-      });
-    }
-  }
-  for (std::size_t i = 0; i < r.rows.size(); ++i) {
-    SizingRow& row = r.rows[i];
-    if (row.total_bytes < 0) continue;
     row_tasks.emplace_back([&, i] {
       progress("tiers (minisim)", i, r.rows.size());
-      const TierHits mini = SimulateTiers(samples.at(row.tiers_rate), {row.l1_bytes, row.l2_bytes, row.l3_bytes}, o);
-      row.predicted_l1 = mini.Ratio(mini.l1, Weighting::kSeconds);
-      row.predicted_l12 = row.predicted_l1 + mini.Ratio(mini.l2, Weighting::kSeconds);
+      const TierSample& sample = samples.at(row.tiers_rate);
+      Predict(row, sample, o);
+      Refine(row, sample, 1.0, hi, o);
+    });
+  }
+  RunTasks(row_tasks, threads);
+  row_tasks.clear();
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    SizingRow& row = r.rows[i];
+    if (row.total_bytes < 0 || !o.replay) continue;
+    row_tasks.emplace_back([&, i] {
+      progress("replay", i, r.rows.size());
+      row.replayed = ReplayTiers(trace, row.l1_bytes, row.l2_bytes, row.l3_bytes, o);
     });
   }
   RunTasks(row_tasks, threads);
@@ -294,7 +368,7 @@ std::string PlanText(const PlanResult& r) {
     o += "\n";
   }
   o += fmt::format(
-      "\nsizing ({}; the total off its curve, L1 and L1+2 by a miniature of the tiers; hit ratios by encode "
+      "\nsizing ({}; the total off its curve, the hit ratios predicted by a miniature of the tiers; by encode "
       "seconds):\n",
       r.policy);
   o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
@@ -358,7 +432,9 @@ std::string PlanJson(const PlanResult& r) {
       x["bytes"] = {{"total", row.total_bytes}, {"l1", row.l1_bytes}, {"l2", row.l2_bytes}, {"l3", row.l3_bytes}};
       x["predicted_seconds_hit_ratio"] = {
           {"l1", row.predicted_l1}, {"l1_l2", row.predicted_l12}, {"all", row.predicted_all}};
+      x["curve_seconds_hit_ratio"] = row.curve_all;
       x["tiers_minisim_rate"] = row.tiers_rate;
+      x["tiers_miniatures"] = row.miniatures;
     }
     if (row.total_bytes >= 0 && r.replayed) {
       const TierHits& h = row.replayed;

@@ -13,11 +13,17 @@
 // whose encode-seconds hit ratio on the policy's curve is t x the curve's
 // maximum (an infinite cache: everything but cold misses). With exclusive
 // tiers the total fills L1 up to l1_max_bytes, then L2 up to l2_max_bytes,
-// then L3; the total's predicted hit ratio is the curve at the total, L1's
-// and L1 + L2's come from a miniature of the tiered cache at those sizes
-// (plan_tiers.h: the keys sampled at the MiniSim rate plus the head, through
-// the real tiers scaled down), since the tiered L1 ranks by promotion cost
-// and keeps other entries than one cache on the curve would.
+// then L3. The predicted hit ratios (L1, L1 + L2, all tiers) come from a
+// miniature of the tiered cache at those sizes (plan_tiers.h: the keys
+// sampled at the MiniSim rate plus the head, through the real tiers scaled
+// down), since the tiered L1 ranks by promotion cost and keeps other
+// entries than one cache on the curve would, and the curve is interpolated
+// between its capacities (at a steep knee the two differ by points). Where
+// the miniature at the curve's total misses t x the maximum by more than
+// half a point either way, the total moves to the smallest one whose
+// miniature reaches it (doublings or halvings to bracket it, at most 4,
+// then 6 bisections in log space; plan.cc, Refine), so the sizes printed
+// give the share asked for by the same estimate that predicts them.
 // Replay (plan_tiers.h; only with PlanOptions::replay): TieredEmbeddingCache
 // at (L1, L2) with the policy, L2's victims demoted into an L3
 // EmbeddingCache; a miss in L1/L2 that L3 holds is moved back into the
@@ -79,9 +85,16 @@ struct SizingRow {
   double hit_ratio = 0;     // target x maximum: the encode-seconds hit ratio asked for
   double total_bytes = -1;  // -1: not reachable on the curve
   double l1_bytes = 0, l2_bytes = 0, l3_bytes = 0;
-  // Encode-seconds hit ratios: L1 and L1 + L2 from a miniature of the tiers
-  // (plan_tiers.h) at tiers_rate, all tiers off the policy's curve.
+  // Encode-seconds hit ratios from a miniature of the three tiers
+  // (plan_tiers.h) at tiers_rate: L1, L1 + L2 and all tiers.
   double predicted_l1 = 0, predicted_l12 = 0, predicted_all = 0;
+  // The policy's curve at total_bytes: what the sizing read (one cache of
+  // that size, interpolated between the curve's capacities).
+  double curve_all = 0;
+  // Miniatures run for the row: 1, or more where the curve's total missed
+  // the target in the miniature by over half a point and the total was
+  // moved to the smallest one whose miniature reaches it (bisection).
+  int miniatures = 0;
   double tiers_rate = 1;
   TierHits replayed;  // empty unless PlanResult::replayed
 };

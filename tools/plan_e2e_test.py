@@ -107,6 +107,55 @@ def without_timings(j):
     return {k: v for k, v in j.items() if k not in ("curves_s", "replay_s")}
 
 
+def max_seconds_hit(lines):
+    """The encode-seconds hit ratio of an infinite cache: every access but each key's first."""
+    seen, hit = set(), 0.0
+    for x in lines:
+        hit += x["cost_s"] if x["key"] in seen else 0.0
+        seen.add(x["key"])
+    return hit / sum(x["cost_s"] for x in lines)
+
+
+def knee_trace(keys, hot_cost):
+    """Six passes of a loop over `keys` keys of 1 MB; with hot_cost > 0, after
+    every second loop access one of 10 hot keys. Under GDSF the loop hits
+    nothing until all of it fits: a step at the working set."""
+    lines = []
+    for p in range(6):
+        for k in range(keys):
+            lines.append({"key": f"loop{k}", "bytes": 1_000_000, "cost_s": 0.01})
+            if hot_cost and k % 2 == 1:
+                lines.append({"key": f"hot{(p * keys + k) // 2 % 10}", "bytes": 1_000_000, "cost_s": hot_cost})
+    return lines
+
+
+# The curve's 24 capacities bracket the step; the total read off it by
+# interpolation is too small for 1,000 keys and the hot ones (the step sits
+# near the bracket's top: the replay gets the hot keys' share only), and for
+# 1,000 alone, and too large for 2,000 (the step near the bracket's bottom).
+@pytest.mark.parametrize("keys,hot_cost", [(1000, 0.0167), (1000, 0), (2000, 0)])
+def test_sizes_at_a_knee_reach_the_target_in_the_replay(tmp_path, keys, hot_cost):
+    """The printed sizes give the share asked for in the full replay, and are
+    the smallest that do to within 5 %."""
+    lines = knee_trace(keys, hot_cost)
+    working_set = (keys + (10 if hot_cost else 0)) * 1_000_000
+    r = run("--trace", write(tmp_path / "knee.jsonl", lines), "--json", "--eviction", "gdsf", "--l1-max-gb", "0.1",
+            "--l2-max-gb", "0.4", "--replay", "on")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    best = max_seconds_hit(lines)
+    assert j["max_hit_ratio"]["seconds"] == pytest.approx(best, abs=1e-9)
+    for row, target in zip(j["sizing"], (0.8, 0.9, 0.95)):
+        assert row["reachable"]
+        assert row["hit_ratio"] == pytest.approx(target * best, abs=1e-9)
+        assert row["replayed_seconds_hit_ratio"]["all"] >= target * best - 0.005, row
+        assert working_set <= row["bytes"]["total"] <= 1.05 * working_set, row
+        assert row["bytes"]["l1"] == pytest.approx(1e8) and row["bytes"]["l2"] == pytest.approx(4e8)
+        assert row["tiers_miniatures"] > 1  # the curve's total was moved
+        # What the curve alone said at its own total: the target, which the replay there does not give.
+        assert row["curve_seconds_hit_ratio"] == pytest.approx(target * best, abs=1e-6)
+
+
 def test_thread_count_does_not_change_the_plan(tmp_path):
     # Above 200,000 requests and --exact-max: SHARDS, MiniSim at 5 % and the
     # tier miniatures, each run as its own task.
