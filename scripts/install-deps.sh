@@ -31,9 +31,9 @@ demo_pkgs=(
 test_pkgs=(
   python3-torch python3-skimage python3-pytest python3-grpcio python3-protobuf python3-xxhash python3-cryptography
   libjpeg-turbo-progs nginx curl redis-server stunnel4
-  clang libclang-rt-14-dev clang-format clang-tidy
+  clang libclang-rt-14-dev clang-format clang-tidy gnuplot-nox
 )
-bench_pkgs=(libleveldb-dev librocksdb-dev gnuplot-nox)
+bench_pkgs=(libleveldb-dev librocksdb-dev)
 
 case "$group" in
   demo) pkgs=("${demo_pkgs[@]}") ;;

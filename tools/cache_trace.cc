@@ -122,16 +122,20 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
   std::vector<CacheAccess> out;
   out.reserve(text.size() / 64);
   std::size_t at = 0;
+  double seconds = 0;  // the running total, which must stay finite
+  const char* const kOverflow =
+      "the encode seconds so far sum past the largest double (cost_s, or bytes x --seconds-per-byte, too large)";
   for (std::size_t n = 1; at < text.size(); ++n) {
     if (options.progress && (n & 0xffff) == 0) options.progress(at, text.size());
     std::string_view line = NextLine(text, at);
     if (Blank(line)) continue;
+    // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
+    auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
     if (auto fast = ScanFlatLine(line, options.default_seconds_per_byte)) {
+      if (!std::isfinite(seconds += fast->seconds)) return error(kOverflow);
       out.push_back(*fast);
       continue;
     }
-    // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
-    auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return error("not valid JSON");
     if (!j.is_object()) return error("expected a JSON object");
@@ -161,6 +165,7 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
     if (t != j.end() && (!t->is_number() || !(t->get<double>() >= 0))) return error("t_ms must be a number >= 0");
     auto tenant = j.find("tenant");
     if (tenant != j.end() && !tenant->is_string()) return error("tenant must be a string");
+    if (!std::isfinite(seconds += a.seconds)) return error(kOverflow);
     out.push_back(a);
   }
   return out;

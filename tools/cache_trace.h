@@ -11,7 +11,9 @@
 //            modelled); optional: bytes x default_seconds_per_byte
 //   t_ms     number >= 0, optional: arrival time (carried, not used)
 //   tenant   string, optional (carried, not used)
-// Errors name the file and line: "t.jsonl:7: bytes must be an integer >= 0".
+// Errors name the file and line: "t.jsonl:7: bytes must be an integer >= 0";
+// also the line at which the encode seconds summed so far stop being finite
+// (each cost_s is finite, but two near 1.8e308 are not).
 // A line with "images" or "videos" is a replay trace (docs/REPLAY.md): the
 // error says to give --images and --model so plan can derive keys, sizes
 // and costs.

@@ -1,8 +1,10 @@
 // The plan's phases, in order: a pass over the trace for its keys and
 // working set; the LRU curve (exact, or SHARDS with a Misra-Gries head) and
-// the MiniSim curves, side by side; the sizing rows; a miniature of the
-// tiers and (with options.replay) a replay per row, side by side. Each phase
-// reports through options.progress.
+// the MiniSim curves, side by side; the sizing rows off the curve; a
+// miniature of the tiers per row, side by side, each moving its row where it
+// misses the target (Refine); a pass over the rows in target order; then
+// (with options.replay) a replay per row, side by side. Each phase reports
+// through options.progress.
 #include "plan.h"
 
 #include <fmt/format.h>
@@ -125,12 +127,14 @@ void Predict(SizingRow& row, const TierSample& sample, const PlanOptions& o) {
 
 // Moves a row whose miniature misses its target by more than kRefineTolerance
 // (either way) to the smallest total whose miniature reaches it: doublings
-// or halvings from the curve's total until the target is bracketed (at most
-// kRefineBracket, within [floor, ceiling]), then kRefineBisect bisections in
-// log space (to within a factor of 2^(1/64) for a bracket of one doubling).
-// Keeps the curve's total when no bracket is found. The miniature is not
-// exactly monotone in capacity; bisection still ends on a total whose
-// miniature reached the target.
+// (up to `ceiling`) or halvings (down to `floor`) from the curve's total
+// until the target is bracketed, at most kRefineBracket, then kRefineBisect
+// bisections in log space (to within a factor of 2^(1/64) for a bracket of
+// one doubling). Unbracketed while shrinking (every halving still reached
+// it), the last halving stays; while growing (none reached it below the
+// ceiling), the largest total tried stays and row.reached is false. The
+// miniature is not exactly monotone in capacity; bisection still ends on a
+// total whose miniature reached the target.
 constexpr double kRefineTolerance = 0.005;
 constexpr int kRefineBracket = 4;
 constexpr int kRefineBisect = 6;
@@ -138,10 +142,8 @@ void Refine(SizingRow& row, const TierSample& sample, double floor, double ceili
   if (row.total_bytes <= 0 || std::abs(row.predicted_all - row.hit_ratio) <= kRefineTolerance) return;
   const bool grow = row.predicted_all < row.hit_ratio;
   SizingRow probe = row;
-  std::optional<SizingRow> best;  // the smallest total seen whose miniature reached the target
-  if (!grow) best = row;
-  // lo: a total short of the target; hi: one that reaches it.
-  double lo = row.total_bytes, hi = row.total_bytes;
+  SizingRow best = row;  // shrinking: the smallest total seen to reach the target; growing: the largest tried
+  double lo = row.total_bytes, hi = row.total_bytes;  // lo: short of the target; hi: reaching it
   bool bracketed = false;
   auto reaches = [&](double total) {
     Split(probe, total, o);
@@ -150,9 +152,9 @@ void Refine(SizingRow& row, const TierSample& sample, double floor, double ceili
   };
   for (int i = 0; i < kRefineBracket && !bracketed; ++i) {
     const double next = grow ? std::min(hi * 2, ceiling) : std::max(lo / 2, floor);
-    if (next == (grow ? hi : lo)) break;  // at the floor or the ceiling
+    if (next == (grow ? hi : lo)) break;  // at the ceiling or the floor
     const bool reached = reaches(next);
-    if (reached) best = probe;
+    if (grow || reached) best = probe;
     if (grow) {
       lo = reached ? lo : next;
       hi = next;
@@ -162,7 +164,6 @@ void Refine(SizingRow& row, const TierSample& sample, double floor, double ceili
     }
     bracketed = grow ? reached : !reached;
   }
-  const int runs = probe.miniatures;
   if (bracketed) {
     for (int i = 0; i < kRefineBisect; ++i) {
       const double mid = std::sqrt(lo * hi);
@@ -174,10 +175,8 @@ void Refine(SizingRow& row, const TierSample& sample, double floor, double ceili
       }
     }
   }
-  // Unbracketed while growing: the curve's total stays (the miniature never
-  // reached the target below the ceiling); shrinking: the smallest that did.
-  if (bracketed || !grow) row = *best;
-  row.miniatures = std::max(runs, probe.miniatures);
+  best.miniatures = probe.miniatures;
+  row = best;
 }
 
 nlohmann::json WeightsJson(const Weights& w) {
@@ -228,8 +227,10 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     r.working_set_bytes = sizes.SumBytes();
   }
   const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max(1.0, static_cast<double>(r.distinct_keys));
-  const double lo = std::max({r.largest_entry, 8 * mean, r.working_set_bytes / 1e4, 1.0});
-  const double hi = std::max(lo * 2, r.working_set_bytes * 1.25);
+  // Capacities stay below kMaxCacheBytes (2^62 - 1, which a double rounds up to 2^62: one ulp under it).
+  const double max_capacity = std::nextafter(static_cast<double>(kMaxCacheBytes), 0.0);
+  const double lo = std::min(std::max({r.largest_entry, 8 * mean, r.working_set_bytes / 1e4, 1.0}), max_capacity / 2);
+  const double hi = std::min(std::max(lo * 2, r.working_set_bytes * 1.25), max_capacity);
   const std::vector<double> caps = LogCapacities(lo, hi, o.points);
 
   // The head (SHARDS and MiniSim keep it at rate 1), then the four curves
@@ -287,7 +288,8 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   const bool simulated_policy = o.eviction != EvictionPolicy::kLru;  // sized off a MiniSim curve
   const bool dk = o.l1_admission == L1Admission::kDoorkeeper;
   r.policy = SimPolicy{o.eviction, dk}.Name();
-  const MissRatioCurve& curve = r.curves[o.eviction == EvictionPolicy::kAdaptive ? 3 : simulated_policy ? 1 : 0];
+  const std::size_t sized = o.eviction == EvictionPolicy::kAdaptive ? 3 : !simulated_policy ? 0 : dk ? 2 : 1;
+  const MissRatioCurve& curve = r.curves[sized];
   auto hit = [](const MissRatioCurve& c, double bytes) { return 1 - c.MissRatioAt(bytes).seconds; };
   auto at = [&](double b) { return !simulated_policy && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
   const Clock::time_point t1 = Clock::now();
@@ -301,7 +303,6 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
                                                      : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
     if (row.total_bytes >= 0) {
       Split(row, row.total_bytes, o);
-      row.curve_all = at(row.total_bytes);
       row.tiers_rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
     }
     r.rows.push_back(row);
@@ -329,6 +330,30 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     });
   }
   RunTasks(row_tasks, threads);
+  // In target order: a higher target never gets a smaller total than a lower
+  // one (within Refine's tolerance it could); the miniature's rate for the
+  // final sizes (a moved row can need a higher one), predicting again where
+  // either changed; the curve at the final total; whether the target is met.
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    SizingRow& row = r.rows[i];
+    if (row.total_bytes < 0) continue;
+    bool again = false;
+    for (const SizingRow& lower : r.rows) {
+      if (lower.target < row.target && lower.total_bytes > row.total_bytes) {
+        Split(row, lower.total_bytes, o);
+        again = true;
+      }
+    }
+    const double rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
+    if (rate != row.tiers_rate) {
+      row.tiers_rate = rate;
+      if (!samples.count(rate)) samples.emplace(rate, SampleTrace(trace, rate, m.exact_keys));
+      again = true;
+    }
+    if (again) Predict(row, samples.at(row.tiers_rate), o);
+    row.curve_all = at(row.total_bytes);
+    row.reached = row.predicted_all >= row.hit_ratio - kRefineTolerance;
+  }
   row_tasks.clear();
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     SizingRow& row = r.rows[i];
@@ -368,8 +393,8 @@ std::string PlanText(const PlanResult& r) {
     o += "\n";
   }
   o += fmt::format(
-      "\nsizing ({}; the total off its curve, the hit ratios predicted by a miniature of the tiers; by encode "
-      "seconds):\n",
+      "\nsizing ({}; the total off its curve, moved where a miniature of the tiers misses the target; the hit "
+      "ratios predicted by that miniature; by encode seconds):\n",
       r.policy);
   o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
                    "L2", "L3", "predicted L1/L1+2/all", r.replayed ? "replayed L1/L1+2/all" : "");
@@ -386,8 +411,15 @@ std::string PlanText(const PlanResult& r) {
                      Gb(row.l1_bytes), Gb(row.l2_bytes), Gb(row.l3_bytes),
                      fmt::format("{:.3f}/{:.3f}/{:.3f}", row.predicted_l1, row.predicted_l12, row.predicted_all),
                      r.replayed ? fmt::format("{:.3f}/{:.3f}/{:.3f}", l1, l1 + l2, l1 + l2 + l3) : "");
+    if (!row.reached) {
+      o += fmt::format(
+          "  {:>22} (short: no total up to {} gave it in the miniature; the tiers' limits or the "
+          "admission filter cap it)\n",
+          "", Gb(row.total_bytes));
+    }
   }
   if (!r.replayed) o += "  (not replayed: --replay on checks the prediction against the real tiers)\n";
+  if (r.max_hit_ratio.seconds <= 0) o += "  (nothing to save: no key repeats, or every repeat costs 0 s)\n";
   auto join = [&r](const char* sep, auto&& item) {
     std::string s;
     for (const SizingRow& row : r.rows) s += (s.empty() ? "" : sep) + item(row);
@@ -395,9 +427,9 @@ std::string PlanText(const PlanResult& r) {
   };
   o += fmt::format("  for {} % of encode seconds saved: L1 {}, L2 {}, L3 {}\n",
                    join("/", [](const SizingRow& x) { return fmt::format("{:.0f}", 100 * x.target); }),
-                   join(" / ", [](const SizingRow& x) { return Gb(x.l1_bytes); }),
-                   join(" / ", [](const SizingRow& x) { return Gb(x.l2_bytes); }),
-                   join(" / ", [](const SizingRow& x) { return Gb(x.l3_bytes); }));
+                   join(" / ", [](const SizingRow& x) { return Gb(x.total_bytes < 0 ? -1 : x.l1_bytes); }),
+                   join(" / ", [](const SizingRow& x) { return Gb(x.total_bytes < 0 ? -1 : x.l2_bytes); }),
+                   join(" / ", [](const SizingRow& x) { return Gb(x.total_bytes < 0 ? -1 : x.l3_bytes); }));
   return o;
 }
 
@@ -435,6 +467,7 @@ std::string PlanJson(const PlanResult& r) {
       x["curve_seconds_hit_ratio"] = row.curve_all;
       x["tiers_minisim_rate"] = row.tiers_rate;
       x["tiers_miniatures"] = row.miniatures;
+      x["reached"] = row.reached;
     }
     if (row.total_bytes >= 0 && r.replayed) {
       const TierHits& h = row.replayed;

@@ -18,10 +18,13 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <stdexcept>
+#include <string>
 
 #include "cache_trace.h"
 #include "cli_util.h"
@@ -138,6 +141,9 @@ int RunPlanCommand(const PlanFlags& f) {
   if (!f.plot.empty() && !HaveGnuplot()) {
     return CommandError("plan", "--plot needs gnuplot, which is not on PATH (Debian package gnuplot-nox)");
   }
+  if (std::any_of(f.plot.begin(), f.plot.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
+    return CommandError("plan", "--plot: a file name with a control character");
+  }
   PhaseBar bar(f.progress || isatty(STDERR_FILENO));
   auto trace = LoadTrace(f, bar);
   if (!trace.ok()) return CommandError("plan", trace.status().message());
@@ -155,7 +161,12 @@ int RunPlanCommand(const PlanFlags& f) {
   o.threads = static_cast<unsigned>(f.threads);
   o.doorkeeper_window = static_cast<std::uint64_t>(f.window);
   o.progress = [&bar](const char* phase, std::size_t done, std::size_t total) { bar.Update(phase, done, total); };
-  const PlanResult r = RunPlan(*trace, o);
+  PlanResult r;
+  try {
+    r = RunPlan(*trace, o);
+  } catch (const std::exception& e) {  // a bug's last line of defence: said, never an abort
+    return CommandError("plan", std::string("internal error: ") + e.what());
+  }
   bar.Update("done", 1, 1);
   std::fputs((f.json ? PlanJson(r) : PlanText(r)).c_str(), stdout);
   if (!f.plot.empty()) {
@@ -186,7 +197,8 @@ void RegisterPlanCommand(CLI::App& app) {
          NonNegative("s/B"));
   option("--eviction", f->eviction, "policy the tiers are sized for", CLI::IsMember({"lru", "gdsf", "adaptive"}));
   option("--l1-admission", f->admission, "L1 admission filter", CLI::IsMember({"none", "doorkeeper"}));
-  option("--window", f->window, "doorkeeper window, requests", Integer(1));
+  // The doorkeeper takes about 6 bytes per windowed request (admission_filter.h): 2^27 is 0.8 GB.
+  option("--window", f->window, "doorkeeper window, requests (at most 2^27)", Integer(1, std::int64_t{1} << 27));
   option("--l1-max-gb", f->l1_max_gb, "device memory L1 may take, GB", NonNegative("GB"));
   option("--l2-max-gb", f->l2_max_gb, "host memory L2 may take, GB", NonNegative("GB"));
   option("--exact-max", f->exact_max, "exact stack distances up to this many requests, SHARDS above", Integer(0));

@@ -26,8 +26,34 @@ bool HaveGnuplot() {
   return false;
 }
 
+namespace {
+
+// `s` as a gnuplot single-quoted string: a quote doubled, the only escape
+// such a string has (gnuplot 5 manual, "Strings"). Control characters, which
+// it cannot hold, become '?'.
+std::string GnuplotQuoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "''";
+    else
+      out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  }
+  return out + "'";
+}
+
+bool HasControl(const std::string& s) {
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& title, const std::string& png) {
   namespace fs = std::filesystem;
+  if (HasControl(png)) return Status(StatusCode::kInvalidArgument, "--plot: a file name with a control character");
   if (!HaveGnuplot()) {
     return Status(StatusCode::kUnavailable, "gnuplot not found on PATH (Debian package gnuplot-nox); no plot written");
   }
@@ -38,13 +64,17 @@ Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& 
   for (std::size_t i = 0; i < curves.size(); ++i) {
     std::ofstream d(dir / fmt::format("c{}.dat", i));
     for (const CurvePoint& p : curves[i].points) d << p.capacity_bytes / 1e9 << ' ' << p.miss_ratio.seconds << '\n';
-    plots += fmt::format("{}'c{}.dat' using 1:2 with linespoints title '{}'", i == 0 ? "" : ", ", i, curves[i].label);
+    plots += fmt::format("{}'c{}.dat' using 1:2 with linespoints title {}", i == 0 ? "" : ", ", i,
+                         GnuplotQuoted(curves[i].label));
   }
+  // Every name from outside (the PNG's path, the title from the trace's) is
+  // quoted: unquoted, a quote in a file name ended the string and let the
+  // rest run as gnuplot commands (`system` among them).
   const std::string script = fmt::format(
-      "set terminal pngcairo size 960,540 noenhanced font ',10'\nset output '{}'\nset title '{}'\n"
+      "set terminal pngcairo size 960,540 noenhanced font ',10'\nset output {}\nset title {}\n"
       "set logscale x\nset xlabel 'cache capacity (GB)'\nset ylabel 'miss ratio, by encode seconds'\n"
       "set yrange [0:1]\nset grid\nset key top right\nplot {}\n",
-      fs::absolute(png).string(), title, plots);
+      GnuplotQuoted(fs::absolute(png).string()), GnuplotQuoted(title), plots);
   std::ofstream(dir / "plot.gp") << script;
   const std::string cmd = fmt::format("cd '{}' && gnuplot plot.gp 2> err.txt", dir.string());
   // On plan's main thread after every task has joined; the shell does the cd and the redirect.

@@ -18,6 +18,7 @@ TieredOptions TiersFor(const PlanOptions& o, double rate) {
   to.l1_admission = o.l1_admission;
   to.admission.window = std::max<std::uint64_t>(
       1, static_cast<std::uint64_t>(std::llround(static_cast<double>(o.doorkeeper_window) * rate)));
+  to.keep_oversize_in_l2 = true;  // as the worker's tiers (src/worker/worker_cache.cc)
   return to;
 }
 
@@ -52,14 +53,25 @@ void TierReplayer::Access(const CacheAccess& a, bool head) {
   }
   if (auto held = bottom_.Pop(a.key)) {
     h.l3 += w;
-    tiers_.Put(a.key, 0, held->nbytes, {held->cost.seconds, held->cost.frequency + 1});
+    Place(a.key, held->nbytes, {held->cost.seconds, held->cost.frequency + 1});
     return;
   }
   h.miss += w;
   if (head) {
-    tiers_.Put(a.key, 0, std::llround(static_cast<double>(a.bytes) * rate_), {a.seconds * rate_});
+    Place(a.key, std::llround(static_cast<double>(a.bytes) * rate_), {a.seconds * rate_});
   } else {
-    tiers_.Put(a.key, 0, a.bytes, {a.seconds});
+    Place(a.key, a.bytes, {a.seconds});
+  }
+}
+
+void TierReplayer::Place(std::uint64_t key, std::int64_t nbytes, const EntryCost& cost) {
+  if (nbytes <= tiers_.l1().capacity_bytes()) {
+    tiers_.Put(key, 0, nbytes, cost);
+  } else if (nbytes <= tiers_.l2().capacity_bytes()) {
+    tiers_.l1().Pop(key);
+    tiers_.l2().Put(key, 0, nbytes, cost);
+  } else {
+    bottom_.Put(key, 0, nbytes, cost);
   }
 }
 

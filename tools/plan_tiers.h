@@ -3,7 +3,12 @@
 // prediction), through the same code: a TieredEmbeddingCache (L1, L2) with
 // the plan's policy, L2's victims demoted into an L3 EmbeddingCache, and a
 // miss in L1/L2 that L3 holds moved back into the tiered cache (with its
-// cost and its frequency plus one), so the three tiers stay exclusive.
+// cost and its frequency plus one), so the three tiers stay exclusive. An
+// entry goes where the worker puts it (src/worker/worker_cache.h): into L1;
+// straight into L2 when L1 is too small for it (the L2-only rule, served
+// from L2 thereafter: TieredOptions::keep_oversize_in_l2); straight into L3
+// when L2 is too small as well (the worker writes every encode to its shared
+// tier).
 //
 // The miniature (MiniSim, Waldspurger et al., USENIX ATC 2017, applied to
 // the whole tiered cache rather than to one cache): the keys with
@@ -62,6 +67,9 @@ class TierReplayer {
   TierHits Hits(const Weights& total, const Weights& head_total) const;
 
  private:
+  // Puts a miss (or an L3 hit moved back up) where the worker would (above).
+  void Place(std::uint64_t key, std::int64_t nbytes, const EntryCost& cost);
+
   double rate_;
   TieredEmbeddingCache<std::uint64_t, char, TierKeyHash> tiers_;
   EmbeddingCache<std::uint64_t, char, TierKeyHash> bottom_;

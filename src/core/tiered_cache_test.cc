@@ -189,6 +189,7 @@ TEST_F(TieredTest, OversizeL2EntryStaysInL2WithOneReferencePerHit) {
   EXPECT_DOUBLE_EQ(t.l2().CostOf("big")->seconds, 2.0);
   EXPECT_EQ(t.promotions(), 0u);
   EXPECT_EQ(t.l2_hits(), 2u);
+  EXPECT_EQ(t.l2().hits(), 2u);  // served in place: L2's own get
   EXPECT_EQ(t.l2_hit_bytes(), 600);
   EXPECT_DOUBLE_EQ(t.l2_hit_seconds(), 4.0);
   EXPECT_THAT(to_device_calls_, ElementsAre("big", "big"));
@@ -197,6 +198,21 @@ TEST_F(TieredTest, OversizeL2EntryStaysInL2WithOneReferencePerHit) {
   EXPECT_EQ(t.Get("mid"), (Tagged{"mid", true}));
   EXPECT_TRUE(t.l1().Contains("mid"));
   EXPECT_EQ(t.promotions(), 1u);
+}
+
+// The doorkeeper's first put can place an entry larger than L1 into L2; its
+// admitted hits are served in place too (the reference has no doorkeeper).
+TEST(TieredOversizeTest, DoorkeeperKeepsAnOversizeEntryInL2) {
+  TieredOptions o;
+  o.l1_admission = L1Admission::kDoorkeeper;
+  TieredEmbeddingCache<std::string, int> t(100, 1000, o);
+  t.Put("big", 7, 300);  // a first request: into L2
+  ASSERT_TRUE(t.l2().Contains("big"));
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(t.Get("big"), 7) << i;  // the 2nd and 3rd are admitted
+  EXPECT_TRUE(t.l2().Contains("big"));
+  EXPECT_EQ(t.promotions(), 0u);
+  EXPECT_EQ(t.l2_hits(), 3u);
+  EXPECT_EQ(t.misses(), 0u);
 }
 
 // A copy that throws on such a hit loses nothing and counts no hit.

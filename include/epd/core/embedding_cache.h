@@ -34,15 +34,13 @@
 //   Pop() and the costed hook hand the entry's cost and frequency on, so a
 //   tier below can keep them (epd/core/tiered_cache.h); a Put with them
 //   carries them in.
-// Weighted counters: hit_bytes() and hit_seconds() sum the charge and the
-// cost (EntryCost::seconds as stored) of each hit: the encode seconds the
-// cache saved. A miss's size and cost are not known to the cache; a caller
-// that wants weighted hit ratios sums those itself.
+// Weighted counters: hit_bytes() and hit_seconds() sum the charge and the cost
+// (EntryCost::seconds as stored) of each hit: the encode seconds the cache saved.
+// A caller that wants weighted hit ratios sums the misses' weights itself.
 //
-// Ownership: the cache owns one copy of each value. Get() returns a copy of
-// the value (for EmbeddingPtr, a shared_ptr: the embedding stays alive for the
-// reader after the entry is evicted, replaced or popped). Pop() and on_evict
-// move the cache's copy out to the caller.
+// Ownership: the cache owns one copy of each value. Get() returns a copy (for
+// EmbeddingPtr, a shared_ptr: the embedding outlives its entry's eviction,
+// replacement or pop for the reader); Pop() and on_evict move it out.
 //
 // Performance: under kLru get, put and pop are O(1) expected (amortised:
 // epd/core/eviction_order.h's recency log); under kGdsf O(log n), a heap of
@@ -57,14 +55,12 @@
 // record 16 bytes (nbytes, last-touch sequence; plus padding to its
 // alignment), index slots 16-32, recency log 16-48, cost record 16 (seconds,
 // frequency): 64-112 bytes, plus spare vector capacity (up to 2x);
-// `bench/cache_bench` measures it (docs/BENCHMARKS.md). kGdsf has the heap
-// instead of the log, kAdaptive both.
+// `bench/cache_bench` measures it (docs/BENCHMARKS.md); kGdsf: the heap for the log; kAdaptive both.
 //
-// Thread safety: thread-compatible (no internal locking). Use
-// ConcurrentEmbeddingCache (epd/core/concurrent_cache.h) to share one across
-// threads. The hook runs synchronously inside Put(); it may throw, in which
-// case the exception propagates and the cache is left as after the victim's
-// removal (the remaining overflow is evicted by the next put).
+// Thread safety: thread-compatible (no internal locking); share one across
+// threads as ConcurrentEmbeddingCache (epd/core/concurrent_cache.h). The hook
+// runs synchronously inside Put(); if it throws, the exception propagates and
+// the cache is as after the victim's removal (the next put evicts the rest).
 //
 // Re-entry: user code that runs inside a call (the hook, Eq, and the
 // destructors of keys and values) may call back into the same cache, as the
@@ -234,11 +230,15 @@ class EmbeddingCache {
   // No hit or miss is counted here either.
   std::optional<PoppedEntry<V>> PopRequested(const K& key) { return Take(key, true); }
 
-  // The cost and frequency of `key` as stored, or nullopt; touches nothing.
+  // The cost and frequency, or the charge (bytes), of `key` as stored, or
+  // nullopt; touch nothing. O(1) expected.
   std::optional<EntryCost> CostOf(const K& key) const {
     const std::uint32_t e = Find(key, hash_(key));
-    if (e == kNone) return std::nullopt;
-    return CostOf(e);
+    return e == kNone ? std::nullopt : std::optional<EntryCost>(CostOf(e));
+  }
+  std::optional<std::int64_t> BytesOf(const K& key) const {
+    const std::uint32_t e = Find(key, hash_(key));
+    return e == kNone ? std::nullopt : std::optional<std::int64_t>(slab_[e].nbytes);
   }
 
   // Tenant reservations (epd/core/tenant_quota.h). The first call switches

@@ -57,7 +57,7 @@ struct SimResult {
   Weights hits;                  // estimated weight that hits at full scale
   std::int64_t write_bytes = 0;  // bytes put into the miniature cache (sampled, unscaled)
   std::uint64_t simulated = 0;   // accesses the miniature saw
-  Weights MissRatio() const;
+  Weights MissRatio() const;     // (total - hits) / total per weighting, in [0, 1]; 1 where total is 0
 };
 
 // Simulates one capacity (see above). REQUIRES: 0 < options.rate <= 1.

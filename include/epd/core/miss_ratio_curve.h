@@ -90,8 +90,9 @@ class ReuseHistogram {
 
   // Weight of the recorded accesses with distance <= capacity_bytes.
   Weights HitsAt(double capacity_bytes) const;
-  // (recorded - HitsAt) / total, per weighting, each clamped to [0, 1]; all
-  // zero for an empty trace.
+  // (recorded - HitsAt) / total, per weighting, each clamped to [0, 1]; 1
+  // for a weighting whose total is 0 (an empty trace, or every cost 0):
+  // nothing to save is nothing saved, as on a trace with no repeats.
   Weights MissRatioAt(double capacity_bytes) const;
   // The smallest capacity whose hit ratio (1 - MissRatioAt) by `by` reaches
   // `hit_ratio`; -1 when no capacity does (cold misses cap it).

@@ -63,16 +63,19 @@
 // demotion L2 refuses drops the victim (counted in l2().refusals()); an L2
 // hit that L1 would refuse is served by a to_device copy and stays in L2.
 //
-// keep_oversize_in_l2 (off by default): an L2 hit on an entry larger than
-// L1's capacity is likewise served by a to_device copy and stays in L2 as its
-// MRU, counted in l2_hits (not in promotions). In both cases the hit is one
-// more reference (GDSF's frequency plus one), and the entry is back in L2
-// before the copy, so a copy that throws loses nothing. The reference holds
-// no such entry (its puts land in L1, its demotions fit L1), so parity is
-// unaffected; without the option a get promotes it and L1 skips it.
+// keep_oversize_in_l2 (off by default; implied by the doorkeeper): an L2 hit
+// on an entry larger than L1's capacity is likewise served by a to_device
+// copy and stays in L2. In both cases the entry is served in place, never
+// popped: L2's own Get makes it MRU and counts one more reference (GDSF's
+// frequency plus one) and a hit of the sub-cache; the tiered cache counts an
+// l2 hit, not a promotion; a copy that throws loses nothing. The reference
+// holds no such entry (its puts land in L1, its demotions fit L1), so parity
+// is unaffected; without the option a get promotes it and L1 skips it.
 //
-// Complexity: as EmbeddingCache, plus one copy per promotion or demotion,
-// and O(1) filter work per Get and Put with the doorkeeper.
+// Complexity: as EmbeddingCache, plus one copy per promotion or demotion or
+// L2 hit served in place, O(1) filter work per Get and Put with the
+// doorkeeper, and with tenants, the doorkeeper or keep_oversize_in_l2 two
+// O(1) lookups more per L2 hit (StaysInL2).
 // Ownership: as EmbeddingCache; a promoted value is the one `to_device` made.
 // Thread safety: thread-compatible; the server's single worker thread owns it.
 //
@@ -119,11 +122,12 @@ struct TieredOptions {
   double promote_seconds_per_byte = 4e-11;
   // As CacheOptions::default_seconds_per_byte, for both tiers.
   double default_seconds_per_byte = 1e-9;
-  // An L2 hit on an entry larger than all of L1 (only a direct l2().Put
-  // places one) is served by a to_device copy and stays in L2 (see the
-  // header), instead of a promotion that L1 skips, which loses the entry.
-  // Off: the reference's behaviour. The encode worker turns it on, since it
-  // places embeddings too large for L1 straight into L2.
+  // An L2 hit on an entry of more bytes than L1's capacity_bytes (placed by
+  // a direct l2().Put, or by the doorkeeper's first put) is served by a
+  // to_device copy and stays in L2 (see the header), instead of a promotion
+  // that L1 skips, which loses the entry. Off: the reference's behaviour,
+  // unless the doorkeeper is on (the reference has none). The encode worker
+  // turns it on, since it places embeddings too large for L1 into L2.
   bool keep_oversize_in_l2 = false;
 };
 
@@ -196,15 +200,11 @@ class TieredEmbeddingCache {
       if (tier != nullptr) *tier = CacheTier::kL1;
       return value;
     }
-    if (requests < kAdmitted) return ServeFromL2(key, tier);
+    if (requests < kAdmitted || StaysInL2(key)) return ServeFromL2(key, tier);
     std::optional<PoppedEntry<V>> promoted = l2_.PopRequested(key);
     if (!promoted.has_value()) {
       ++misses_;
       return std::nullopt;
-    }
-    if ((options_.keep_oversize_in_l2 && promoted->nbytes > l1_.capacity_bytes()) ||
-        (l1_.tenants() != nullptr && !l1_.tenants()->Admits(promoted->cost.tenant, promoted->nbytes))) {
-      return KeepInL2(key, std::move(*promoted), tier);
     }
     V device_value = to_device_ ? to_device_(promoted->value) : std::move(promoted->value);
     ++l2_hits_;
@@ -320,26 +320,24 @@ class TieredEmbeddingCache {
     CopyIntoL2(key, std::move(value), nbytes, cost);
   }
 
-  // A popped L2 hit that L1 would refuse: back into L2 (as its MRU), and a
-  // device copy for the caller.
-  // The hit counts one reference (GDSF's frequency plus one), as a
-  // promotion's does. The entry goes back before the copy, so a copy that
-  // throws loses nothing and counts no hit.
-  std::optional<V> KeepInL2(const K& key, PoppedEntry<V>&& held, CacheTier* tier) {
-    V host_value = held.value;
-    EntryCost cost = held.cost;
-    ++cost.frequency;
-    l2_.Put(key, std::move(held.value), held.nbytes, cost);
-    V device_value = to_device_ ? to_device_(host_value) : std::move(host_value);
-    ++l2_hits_;
-    l2_hit_bytes_ += held.nbytes;
-    l2_hit_seconds_ += held.cost.seconds;
-    if (tier != nullptr) *tier = CacheTier::kL2;
-    return device_value;
+  // Whether an L2 hit on `key` is served in place rather than promoted: the
+  // entry is larger than all of L1 (under keep_oversize_in_l2, or with the
+  // doorkeeper, whose first puts can place one), or its tenant's L1
+  // reservation plus the shared pool cannot take it. Touches nothing; O(1)
+  // expected (two lookups), none when neither rule applies.
+  bool StaysInL2(const K& key) const {
+    const bool oversize = options_.keep_oversize_in_l2 || filter_.has_value();
+    if (!oversize && l1_.tenants() == nullptr) return false;
+    const std::optional<std::int64_t> nbytes = l2_.BytesOf(key);
+    if (!nbytes.has_value()) return false;
+    if (oversize && *nbytes > l1_.capacity_bytes()) return true;
+    return l1_.tenants() != nullptr && !l1_.tenants()->Admits(l2_.CostOf(key)->tenant, *nbytes);
   }
 
-  // The doorkeeper's L2 hit on a key not yet admitted: a device copy for the
-  // caller, the entry stays in L2.
+  // An L2 hit served in place (a key the doorkeeper has not admitted, or
+  // StaysInL2): L2's own Get (MRU, one more reference, its hit counters and
+  // its duel), then a device copy for the caller. A copy that throws leaves
+  // the entry in L2, its reference counted and no tiered hit.
   std::optional<V> ServeFromL2(const K& key, CacheTier* tier) {
     const std::int64_t bytes0 = l2_.hit_bytes();
     const double seconds0 = l2_.hit_seconds();
@@ -348,11 +346,12 @@ class TieredEmbeddingCache {
       ++misses_;
       return std::nullopt;
     }
+    V device_value = to_device_ ? to_device_(*held) : std::move(*held);
     ++l2_hits_;
     l2_hit_bytes_ += l2_.hit_bytes() - bytes0;
     l2_hit_seconds_ += l2_.hit_seconds() - seconds0;
     if (tier != nullptr) *tier = CacheTier::kL2;
-    return to_device_ ? to_device_(*held) : std::move(*held);
+    return device_value;
   }
 
   Tier l1_;

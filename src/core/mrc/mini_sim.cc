@@ -36,7 +36,7 @@ std::string SimPolicy::Name() const {
 }
 
 Weights SimResult::MissRatio() const {
-  auto r = [](double t, double h) { return t <= 0 ? 0.0 : std::clamp((t - h) / t, 0.0, 1.0); };
+  auto r = [](double t, double h) { return t <= 0 ? 1.0 : std::clamp((t - h) / t, 0.0, 1.0); };  // as MissRatioAt
   return {r(total.objects, hits.objects), r(total.bytes, hits.bytes), r(total.seconds, hits.seconds)};
 }
 

@@ -87,7 +87,7 @@ Weights ReuseHistogram::HitsAt(double capacity_bytes) const {
 Weights ReuseHistogram::MissRatioAt(double capacity_bytes) const {
   const Weights hits = HitsAt(capacity_bytes);
   auto ratio = [](double recorded, double hit, double total) {
-    if (total <= 0) return 0.0;
+    if (total <= 0) return 1.0;  // no weight to save: nothing is saved, as on a trace with no repeats
     return std::clamp((recorded - hit) / total, 0.0, 1.0);
   };
   return {ratio(recorded_.objects, hits.objects, total_.objects), ratio(recorded_.bytes, hits.bytes, total_.bytes),
