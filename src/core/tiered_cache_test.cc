@@ -215,6 +215,22 @@ TEST(TieredOversizeTest, DoorkeeperKeepsAnOversizeEntryInL2) {
   EXPECT_EQ(t.misses(), 0u);
 }
 
+// An L2 hit whose tenant L1 refuses is served in place: a reservation set
+// after the entry arrived shrinks the shared pool below the entry, so a
+// re-put into L2 would be refused and the entry lost (as a pop and re-put did).
+TEST(TieredOversizeTest, AnEntryL1RefusesIsNotLostWhenTheSharedPoolShrank) {
+  TieredEmbeddingCache<std::string, int> t(400, 1000);
+  t.SetTenantReservation(1, 0, 0);  // per-tenant accounting on
+  t.l2().Put("a", 7, 300, EntryCost{1.0, 1, 1});
+  t.SetTenantReservation(2, 200, 800);  // shared pools: 200 bytes in L1 and in L2, under tenant 1's 300
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(t.Get("a"), 7) << i;
+  EXPECT_TRUE(t.l2().Contains("a"));
+  EXPECT_FALSE(t.l1().Contains("a"));
+  EXPECT_EQ(t.l2_hits(), 2u);
+  EXPECT_EQ(t.promotions(), 0u);
+  EXPECT_EQ(t.l2().refusals(), 0u);
+}
+
 // A copy that throws on such a hit loses nothing and counts no hit.
 TEST(TieredOversizeTest, ThrowingCopyKeepsTheOversizeEntry) {
   TieredOptions o;
