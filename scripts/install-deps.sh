@@ -9,8 +9,8 @@
 #          Python, whose byte-compiling was a third of apt's time there (README, "First minutes").
 #   build  demo, plus what `make test` needs beyond it: torch in Python (the scripted towers and the
 #          reference models), scikit-image, pytest, the Python gRPC client's packages, Redis, stunnel,
-#          nginx, and clang with its format and tidy tools
-#   bench  build, plus the peer caches and plotting used by `make bench`
+#          nginx, clang with its format and tidy tools, and gnuplot (plan --plot's quoting is tested)
+#   bench  build, plus the peer caches used by `make bench`
 set -euo pipefail
 
 group="${1:-build}"
