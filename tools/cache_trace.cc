@@ -38,8 +38,34 @@ std::string_view NextLine(std::string_view text, std::size_t& at) {
 
 bool Blank(std::string_view line) { return line.find_first_not_of(" \t\r") == std::string_view::npos; }
 
+// Whether `s` is a number by JSON's grammar (RFC 8259, section 6):
+// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?. from_chars alone also takes
+// "007", ".5", "5." and "inf", which JSON does not.
+bool JsonNumber(std::string_view s) {
+  std::size_t i = 0;
+  auto digits = [&] {
+    const std::size_t from = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i - from;
+  };
+  if (i < s.size() && s[i] == '-') ++i;
+  if (i < s.size() && s[i] == '0') {
+    ++i;
+  } else if (digits() == 0) {
+    return false;
+  }
+  if (i < s.size() && s[i] == '.' && (++i, digits() == 0)) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == s.size();
+}
+
 // The fast path (see the top of the file): the access, or nullopt to let
-// the DOM parse decide.
+// the DOM parse decide. Strings must be printable ASCII without escapes
+// (anything else, UTF-8 included, goes to the DOM parse, which validates it).
 std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_seconds_per_byte) {
   std::size_t i = 0;
   auto ws = [&] {
@@ -50,6 +76,9 @@ std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_se
     const std::size_t end = line.find_first_of("\"\\", i + 1);
     if (end == std::string_view::npos || line[end] != '"') return std::nullopt;
     std::string_view out = line.substr(i + 1, end - i - 1);
+    for (char c : out) {
+      if (c < 0x20 || c > 0x7e) return std::nullopt;  // a control character, or not ASCII (char may be signed)
+    }
     i = end + 1;
     return out;
   };
@@ -75,6 +104,7 @@ std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_se
     } else {
       const std::size_t end = line.find_first_of(",} \t\r", i);
       const std::string_view num = line.substr(i, end == std::string_view::npos ? std::string_view::npos : end - i);
+      if (!JsonNumber(num)) return std::nullopt;
       double d;
       auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), d);
       if (ec != std::errc() || ptr != num.data() + num.size() || !std::isfinite(d) || d < 0) return std::nullopt;

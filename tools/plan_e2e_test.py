@@ -56,6 +56,26 @@ def test_malformed_trace_fails_naming_the_line(tmp_path):
     assert r.returncode == 1 and "v.jsonl:1: cost_s must be a finite number >= 0" in r.stderr
 
 
+@pytest.mark.parametrize("line", ['{"key":"a","bytes":007}', '{"key":"a","bytes":1,"cost_s":.5}',
+                                  '{"key":"a","bytes":1,"cost_s":5.}', '{"key":"a","bytes":1,"cost_s":1e}'])
+def test_numbers_json_does_not_allow_are_refused_naming_the_line(tmp_path, line):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"key":"ok","bytes":1}\n' + line + "\n")
+    r = run("--trace", str(path))
+    assert r.returncode == 1 and f"{path}:2: not valid JSON" in r.stderr, r.stderr
+
+
+def test_keys_are_checked_as_json_strings(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"key":"caf\xc3\xa9","bytes":1}\n{"key":"caf\xc3\xa9","bytes":1}\n')  # valid UTF-8: a repeat
+    r = run("--trace", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["distinct_keys"] == 1
+    path.write_bytes(b'{"key":"ok","bytes":1}\n{"key":"\xff\xfe","bytes":1}\n')  # not UTF-8
+    r = run("--trace", str(path))
+    assert r.returncode == 1 and f"{path}:2: not valid JSON" in r.stderr, r.stderr
+
+
 def test_no_repeats_give_curves_flat_at_zero_hits(tmp_path):
     lines = [{"key": f"k{i}", "bytes": 1000 + i, "cost_s": 0.01} for i in range(500)]
     r = run("--trace", write(tmp_path / "t.jsonl", lines), "--json")
