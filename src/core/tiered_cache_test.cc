@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "epd/core/policy_duel.h"
+
 namespace epd {
 namespace {
 
@@ -229,6 +231,25 @@ TEST(TieredOversizeTest, AnEntryL1RefusesIsNotLostWhenTheSharedPoolShrank) {
   EXPECT_EQ(t.l2_hits(), 2u);
   EXPECT_EQ(t.promotions(), 0u);
   EXPECT_EQ(t.l2().refusals(), 0u);
+}
+
+// Under kAdaptive an L2 hit served in place is a request to L2's duel: a hit
+// in each miniature that holds the key, so each score rises by its cost.
+TEST(TieredOversizeTest, AnInPlaceL2HitReachesL2sDuel) {
+  TieredOptions o;
+  o.eviction = EvictionPolicy::kAdaptive;
+  o.keep_oversize_in_l2 = true;
+  TieredEmbeddingCache<int, int> t(100, 1000, o);
+  for (int k = 1; k <= 6; ++k) t.l2().Put(k, k, 200, EntryCost{1.0});  // the sixth evicts: the duel starts
+  const PolicyDuel* duel = t.l2().duel();
+  ASSERT_NE(duel, nullptr);
+  t.l2().Put(99, 99, 300, EntryCost{5.0});  // larger than L1
+  const double lru = duel->lru_score(), gdsf = duel->gdsf_score(), probation = duel->probation_score();
+  EXPECT_EQ(t.Get(99), 99);
+  EXPECT_TRUE(t.l2().Contains(99));
+  EXPECT_GT(duel->lru_score(), lru + 4);
+  EXPECT_GT(duel->gdsf_score(), gdsf + 4);
+  EXPECT_GT(duel->probation_score(), probation + 4);
 }
 
 // A copy that throws on such a hit loses nothing and counts no hit.
