@@ -23,7 +23,8 @@ capped near 1,280 by max_pixels; Xiang et al., "ServeGen: Workload
 Characterization of Large Language Model Serving in Production", 2025), times
 --bytes-per-token (7168: Qwen2.5-VL-7B's 3584-wide output in bf16).
 
-Costs (simulated; the worker's measured cost is not recorded yet): tower
+Costs (simulated, so that a trace needs no images; `epd-encode replay --out`
+writes a manifest with measured costs, which plan reads as a trace): tower
 seconds tokens x --seconds-per-token (1.25e-5, ~7 ms for 560 tokens on a
 GPU), plus decode and preprocessing seconds source-megapixels x 4 ms, with
 the source size log-uniform in [0.3, 12] MP, independent of the tokens (a

@@ -11,6 +11,9 @@
 //            modelled); optional: bytes x default_seconds_per_byte
 //   t_ms     number >= 0, optional: arrival time (carried, not used)
 //   tenant   string, optional (carried, not used)
+// A line with an "error" member is skipped: a replay manifest (`replay --out`,
+// tools/replay_manifest.h) is a cache trace with the replay's measured
+// costs, and its failed items cached nothing.
 // Errors name the file and line: "t.jsonl:7: bytes must be an integer >= 0";
 // also the line at which the encode seconds summed so far stop being finite
 // (each cost_s is finite, but two near 1.8e308 are not).

@@ -381,14 +381,15 @@ std::string PlanText(const PlanResult& r) {
   }
   o += "\nmiss ratio curves (miss ratio by objects / bytes / encode seconds):\n";
   o += fmt::format("  {:>12}", "capacity");
-  for (const MissRatioCurve& c : r.curves) o += fmt::format("  {:>24}", c.label.substr(0, 24));
+  for (const MissRatioCurve& c : r.curves) o += fmt::format("  {:>28}", c.label.substr(0, 28));
   o += "\n";
   const std::size_t n = r.curves.empty() ? 0 : r.curves[0].points.size();
-  for (std::size_t i = 0; i < n; i += std::max<std::size_t>(1, n / 12)) {
+  const std::size_t step = std::max<std::size_t>(1, n / 12);
+  for (std::size_t i = 0; i < n; i = (i + step < n || i + 1 == n) ? i + step : n - 1) {  // every step-th, and the last
     o += fmt::format("  {:>12}", Gb(r.curves[0].points[i].capacity_bytes));
     for (const MissRatioCurve& c : r.curves) {
       const Weights& m = c.points[i].miss_ratio;
-      o += fmt::format("  {:>24}", fmt::format("{:.3f} / {:.3f} / {:.3f}", m.objects, m.bytes, m.seconds));
+      o += fmt::format("  {:>28}", fmt::format("{:.3f} / {:.3f} / {:.3f}", m.objects, m.bytes, m.seconds));
     }
     o += "\n";
   }

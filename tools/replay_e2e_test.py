@@ -146,6 +146,20 @@ def main():
         check(grid_in_file(m["key"]) == m["grid_thw"], f"{name}: grid in the file")
         check(key_of.setdefault(name, m["key"]) == m["key"], f"{name} has one key")
     check(len(set(key_of.values())) == len(distinct), "distinct images, distinct keys")
+    # Each line carries the embedding's bytes (rows x out_hidden x 4, no
+    # deepstack) and the cost the tower's item measured for the key, so the
+    # manifest is a cache trace: plan reads it with the replay's costs.
+    cost_of = {}
+    for m in manifest:
+        check(m["bytes"] == m["tokens"] * out_hidden * 4, f"bytes: {m}")
+        check(m["cost_s"] > 0 and cost_of.setdefault(m["key"], m["cost_s"]) == m["cost_s"], f"one cost a key: {m}")
+    p = child_process.run([binary, "plan", "--trace", os.path.join(work, "emb.manifest.jsonl"), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    check(p.returncode == 0, f"plan on the manifest failed: {p.stderr}")
+    plan = json.loads(p.stdout)
+    check(plan["requests"] == len(manifest) and plan["distinct_keys"] == len(distinct), f"plan: {plan['requests']}")
+    check(abs(plan["encode_seconds"] - sum(m["cost_s"] for m in manifest)) < 1e-9, "plan's seconds are the costs")
+    check(plan["working_set_bytes"] == sum({m["key"]: m["bytes"] for m in manifest}.values()), "plan's working set")
 
     # 2. The same trace without cache or dedup: every item runs the tower.
     rc, stdout, stderr = run(binary, "--trace", trace, "--images", images, "--json", "--no-cache")

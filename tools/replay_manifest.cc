@@ -1,10 +1,12 @@
 // The manifest is written from the RequestResults the replay already holds:
 // no second pass over the cache, and the same key a result carries is the
 // tensor name the safetensors writer used (both come from ContentKey::Hex).
+// One pass over the results first collects each key's measured cost.
 #include "replay_manifest.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 namespace epd::cli {
 namespace {
@@ -22,6 +24,14 @@ bool IsZero(const ContentKey& k) {
 
 std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::span<const RequestResult> results,
                                     const std::string& out_file) {
+  // Each key's measured cost, from the item the tower ran for it: a hit or a
+  // join of the same image carries it too, wherever it sits in the trace.
+  std::unordered_map<ContentKey, double, ContentKeyHash> cost;
+  for (const RequestResult& res : results) {
+    for (const ItemResult& item : res.items) {
+      if (item.status.ok() && item.encode_seconds >= 0) cost.try_emplace(item.key, item.encode_seconds);
+    }
+  }
   std::string text;
   for (std::size_t r = 0; r < trace.size() && r < results.size(); ++r) {
     const TraceRequest& req = trace[r];
@@ -36,6 +46,8 @@ std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::sp
         line["key"] = item->key.Hex();
         if (e.grid.known()) line["grid_thw"] = {e.grid.t, e.grid.h, e.grid.w};
         line["tokens"] = e.tokens;
+        line["bytes"] = e.nbytes();
+        if (auto c = cost.find(item->key); c != cost.end()) line["cost_s"] = c->second;
         line["source"] = std::string(ItemSourceName(item->source));
         line["file"] = out_file;
       } else {

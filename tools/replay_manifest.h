@@ -4,8 +4,8 @@
 //
 // JSON Lines, one line per (request, item), in trace order then item order:
 //   {"request": "r1", "item": 0, "media": "a.jpg", "key": "<64 hex>",
-//    "grid_thw": [1, 30, 46], "tokens": 345, "source": "miss",
-//    "file": "emb.safetensors"}
+//    "grid_thw": [1, 30, 46], "tokens": 345, "bytes": 2473440,
+//    "cost_s": 0.0123, "source": "miss", "file": "emb.safetensors"}
 //   request   the trace's request id
 //   item      the image's index in the request
 //   media     the image path as the trace names it
@@ -14,10 +14,19 @@
 //             epd/worker/safetensors.h). Equal images share one key and one tensor.
 //   grid_thw  the patch grid (t, h, w) prefill needs; absent when unknown
 //   tokens    rows of the tensor
+//   bytes     the embedding's bytes (main plus deepstack), its cache charge
+//   cost_s    seconds: the measured encode cost of the image (ItemResult::
+//             encode_seconds of the item the tower ran for this key, on a
+//             hit or a join of it too); absent when no item of the replay
+//             ran the tower for the key (it came from L3, or the tower's
+//             item failed)
 //   source    "l1", "l2", "miss" or "joined" (epd::ItemSourceName)
 //   file      the safetensors path as given to --out
 // A failed item has "error" (e.g. "INVALID_ARGUMENT: item 0: ...") instead of
-// grid_thw, tokens, source and file, and "key" only when its key was derived.
+// grid_thw, tokens, bytes, cost_s, source and file, and "key" only when its
+// key was derived. So the manifest is a cache trace (tools/cache_trace.h):
+// `epd-encode plan --trace emb.manifest.jsonl` sizes the tiers with the
+// replay's measured costs (it skips the "error" lines).
 // Fields appear in the order above; the text is a pure function of the
 // arguments.
 //

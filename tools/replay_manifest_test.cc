@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 namespace epd::cli {
 namespace {
@@ -39,12 +42,12 @@ TEST(ReplayManifestTest, OneLinePerItemNamingKeyGridAndFile) {
   // Written out by hand, in the documented field order.
   const std::string want =
       "{\"request\":\"r1\",\"item\":0,\"media\":\"a.png\",\"key\":\"" + a +
-      "\",\"grid_thw\":[1,4,6],\"tokens\":6,\"source\":\"miss\",\"file\":\"out/emb.safetensors\"}\n"
+      "\",\"grid_thw\":[1,4,6],\"tokens\":6,\"bytes\":24,\"source\":\"miss\",\"file\":\"out/emb.safetensors\"}\n"
       "{\"request\":\"r1\",\"item\":1,\"media\":\"b.png\",\"key\":\"" +
       b +
-      "\",\"grid_thw\":[2,2,2],\"tokens\":2,\"source\":\"miss\",\"file\":\"out/emb.safetensors\"}\n"
+      "\",\"grid_thw\":[2,2,2],\"tokens\":2,\"bytes\":8,\"source\":\"miss\",\"file\":\"out/emb.safetensors\"}\n"
       "{\"request\":\"r2\",\"item\":0,\"media\":\"a.png\",\"key\":\"" +
-      a + "\",\"grid_thw\":[1,4,6],\"tokens\":6,\"source\":\"l1\",\"file\":\"out/emb.safetensors\"}\n";
+      a + "\",\"grid_thw\":[1,4,6],\"tokens\":6,\"bytes\":24,\"source\":\"l1\",\"file\":\"out/emb.safetensors\"}\n";
   EXPECT_EQ(ReplayManifestJsonLines(trace, results, "out/emb.safetensors"), want);
 }
 
@@ -66,9 +69,34 @@ TEST(ReplayManifestTest, FailedItemsCarryTheirErrorAndAKeyOnlyWhenDerived) {
                       "\",\"error\":\"INVALID_ARGUMENT: item 0: not an image\"}\n"
                       "{\"request\":\"r1\",\"item\":1,\"media\":\"ok.png\",\"key\":\"" +
                       key02 +
-                      "\",\"tokens\":3,\"source\":\"miss\",\"file\":\"e.safetensors\"}\n"
+                      "\",\"tokens\":3,\"bytes\":12,\"source\":\"miss\",\"file\":\"e.safetensors\"}\n"
                       "{\"request\":\"r2\",\"item\":0,\"media\":\"c.png\",\"error\":\"CANCELLED: request 'r2' was "
                       "cancelled\"}\n");
+}
+
+// The tower's item carries its measured cost; a later hit and an earlier
+// join of the same image carry it too; an image the tower never ran for in
+// this replay (an L3 adoption) has none.
+TEST(ReplayManifestTest, EachImageCarriesTheCostMeasuredWhereTheTowerRanIt) {
+  const std::vector<TraceRequest> trace = {
+      {"r1", 0, {"a.png"}, {}}, {"r2", 0, {"a.png", "c.png"}, {}}, {"r3", 0, {"a.png"}, {}}};
+  std::vector<RequestResult> results(3);
+  results[0].items = {Served(0, 0xaa, {1, 4, 6}, 6, ItemSource::kJoined)};
+  results[1].items = {Served(0, 0xaa, {1, 4, 6}, 6, ItemSource::kMiss), Served(1, 0xcc, {}, 2, ItemSource::kL2)};
+  results[1].items[0].encode_seconds = 0.25;
+  results[2].items = {Served(0, 0xaa, {1, 4, 6}, 6, ItemSource::kL1)};
+  const std::string text = ReplayManifestJsonLines(trace, results, "e.safetensors");
+  std::vector<nlohmann::json> lines;
+  for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+    lines.push_back(nlohmann::json::parse(text.substr(at, end - at)));
+  }
+  ASSERT_EQ(lines.size(), 4u);
+  for (std::size_t i : {0u, 1u, 3u}) {
+    EXPECT_EQ(lines[i]["bytes"], 24) << i;
+    EXPECT_EQ(lines[i]["cost_s"], 0.25) << i;
+  }
+  EXPECT_EQ(lines[2]["bytes"], 8);
+  EXPECT_FALSE(lines[2].contains("cost_s"));
 }
 
 TEST(ReplayManifestTest, ManifestSitsBesideTheOutputFile) {
