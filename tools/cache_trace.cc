@@ -169,7 +169,12 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return error("not valid JSON");
     if (!j.is_object()) return error("expected a JSON object");
-    if (j.contains("error")) continue;  // a replay manifest's failed item: nothing was cached
+    // A replay manifest's failed item (an error message and no bytes): nothing was cached.
+    if (auto e = j.find("error");
+        e != j.end() && e->is_string() && !e->get_ref<const std::string&>().empty() && !j.contains("bytes")) {
+      if (options.skipped != nullptr) ++*options.skipped;
+      continue;
+    }
     if (j.contains("images") || j.contains("videos")) {
       return error("a replay trace line (images/videos), not a cache trace: give --images DIR and --model DIR");
     }

@@ -11,9 +11,11 @@
 //            modelled); optional: bytes x default_seconds_per_byte
 //   t_ms     number >= 0, optional: arrival time (carried, not used)
 //   tenant   string, optional (carried, not used)
-// A line with an "error" member is skipped: a replay manifest (`replay --out`,
+// A line with a non-empty string "error" and no "bytes" is skipped (and
+// counted in CacheTraceOptions::skipped): a replay manifest (`replay --out`,
 // tools/replay_manifest.h) is a cache trace with the replay's measured
-// costs, and its failed items cached nothing.
+// costs, and its failed items, which carry no bytes, cached nothing. Any
+// other line with "error" is read as usual.
 // Errors name the file and line: "t.jsonl:7: bytes must be an integer >= 0";
 // also the line at which the encode seconds summed so far stop being finite
 // (each cost_s is finite, but two near 1.8e308 are not).
@@ -45,6 +47,8 @@ struct CacheTraceOptions {
   double default_seconds_per_byte = 1e-9;  // for lines without cost_s
   // Called every 65536 lines with (bytes read, bytes total), for a progress bar.
   std::function<void(std::size_t, std::size_t)> progress;
+  // When set, incremented for each failed-item line skipped (see above).
+  std::size_t* skipped = nullptr;
 };
 
 // Parses the text; `name` prefixes error messages.

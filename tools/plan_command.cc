@@ -130,7 +130,14 @@ StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar) 
   CacheTraceOptions o;
   o.default_seconds_per_byte = f.seconds_per_byte;
   o.progress = [&bar](std::size_t done, std::size_t total) { bar.Update("read", done, total); };
-  return ParseCacheTrace(*text, f.trace, o);
+  std::size_t skipped = 0;
+  o.skipped = &skipped;
+  StatusOr<std::vector<CacheAccess>> trace = ParseCacheTrace(*text, f.trace, o);
+  if (trace.ok() && skipped > 0) {
+    std::fprintf(stderr, "plan: skipped %zu failed item(s) of %s (lines with an error and no bytes)\n", skipped,
+                 f.trace.c_str());
+  }
+  return trace;
 }
 
 int RunPlanCommand(const PlanFlags& f) {

@@ -76,6 +76,29 @@ def test_keys_are_checked_as_json_strings(tmp_path):
     assert r.returncode == 1 and f"{path}:2: not valid JSON" in r.stderr, r.stderr
 
 
+def test_failed_manifest_items_are_skipped_and_counted_other_error_fields_are_not(tmp_path):
+    lines = [{"request": "r1", "item": 0, "key": "a", "bytes": 100, "cost_s": 0.5, "source": "miss"},
+             {"request": "r1", "item": 1, "media": "x.png", "error": "INVALID_ARGUMENT: item 1: not an image"},
+             {"key": "a", "bytes": 100, "cost_s": 0.5, "error": None},
+             {"key": "b", "bytes": 50, "cost_s": 0.25, "error": "timeout, then served"}]
+    r = run("--trace", write(tmp_path / "m.jsonl", lines), "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["requests"] == 3 and j["distinct_keys"] == 2 and j["encode_seconds"] == pytest.approx(1.25)
+    assert "skipped 1 failed item(s)" in r.stderr
+    r = run("--trace", write(tmp_path / "n.jsonl", [{"key": "a", "bytes": "oops", "error": "x"}]))
+    assert r.returncode == 1 and "n.jsonl:1: bytes must be an integer" in r.stderr
+
+
+@pytest.mark.parametrize("number", ["0", "-0", "0.5", "1e5", "1E+5", "12.5e-3", "0e0"])
+def test_every_json_number_form_is_read(tmp_path, number):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"key":"a","bytes":1,"cost_s":%s}\n' % number)
+    r = run("--trace", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["encode_seconds"] == pytest.approx(max(0.0, float(number)))
+
+
 def test_no_repeats_give_curves_flat_at_zero_hits(tmp_path):
     lines = [{"key": f"k{i}", "bytes": 1000 + i, "cost_s": 0.01} for i in range(500)]
     r = run("--trace", write(tmp_path / "t.jsonl", lines), "--json")

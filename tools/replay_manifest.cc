@@ -4,6 +4,7 @@
 // One pass over the results first collects each key's measured cost.
 #include "replay_manifest.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -29,7 +30,9 @@ std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::sp
   std::unordered_map<ContentKey, double, ContentKeyHash> cost;
   for (const RequestResult& res : results) {
     for (const ItemResult& item : res.items) {
-      if (item.status.ok() && item.encode_seconds >= 0) cost.try_emplace(item.key, item.encode_seconds);
+      if (item.status.ok() && std::isfinite(item.encode_seconds) && item.encode_seconds >= 0) {
+        cost.try_emplace(item.key, item.encode_seconds);
+      }
     }
   }
   std::string text;

@@ -302,7 +302,8 @@ ItemResult VideoServing::Assemble(Item& v) {
     // With a GPU tier L1 holds device embeddings; the concatenation was made
     // on the host. A failed copy serves (and caches) the host one.
     res.embedding = p_.cache.OnDevice(std::move(*whole));
-    p_.cache.Put(v.key, res.embedding, p_.cache.CostFor(ChunkSeconds(v.chunk_keys), p_.table.tenant(v.request)));
+    res.encode_seconds = ChunkSeconds(v.chunk_keys);  // what the cache and the shared tier charge for it
+    p_.cache.Put(v.key, res.embedding, p_.cache.CostFor(res.encode_seconds, p_.table.tenant(v.request)));
     timings_.Put(v.key, v.timing);
     res.video = v.timing;
   }

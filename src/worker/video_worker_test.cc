@@ -358,8 +358,11 @@ TEST_P(VideoWorkerTest, ChunksCarryAShareOfTheDecodeAndTheWholeVideoTheirSum) {
   // and the tower time.
   EXPECT_GE(m.miss_seconds - m.tower_seconds, 0.15);
   EXPECT_LT(m.miss_seconds - m.tower_seconds, 0.15 + 0.25) << "three 56x56 chunk preprocessings";
+  // The assembled video reports the cost it is cached with: its chunks' sum.
+  EXPECT_NEAR(c_.done["v"].items[0].encode_seconds, m.miss_seconds, 1e-9);
   ASSERT_TRUE(w->Submit(Req("again", {VideoItem(Clip(0, 3))}), c_.For("again")).ok());
   EXPECT_EQ(Item("again").source, ItemSource::kL1);
+  EXPECT_EQ(Item("again").encode_seconds, -1);  // a hit ran nothing
   EXPECT_NEAR(w->stats().hit_seconds_l1, m.miss_seconds, 1e-9);
   // A clip of its first two chunks (decoded again): two chunk hits, each
   // worth a third of the first decode at least.

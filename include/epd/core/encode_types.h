@@ -80,7 +80,8 @@ struct ItemResult {
   // For an item the tower ran (a miss with an embedding): the entry's
   // measured encode cost in seconds, as cached (its decode and preprocessing
   // plus its token share of the batch's tower call; docs/PLAN.md), and as
-  // written to the shared tier. -1 for every other item.
+  // written to the shared tier; for a video assembled from its chunks, the
+  // sum of their costs as cached. -1 for every other item.
   double encode_seconds = -1;
 };
 
