@@ -18,7 +18,6 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -148,9 +147,7 @@ int RunPlanCommand(const PlanFlags& f) {
   if (!f.plot.empty() && !HaveGnuplot()) {
     return CommandError("plan", "--plot needs gnuplot, which is not on PATH (Debian package gnuplot-nox)");
   }
-  if (std::any_of(f.plot.begin(), f.plot.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
-    return CommandError("plan", "--plot: a file name with a control character");
-  }
+  if (Status s = CheckPlotFile(f.plot); !f.plot.empty() && !s.ok()) return CommandError("plan", s.message());
   PhaseBar bar(f.progress || isatty(STDERR_FILENO));
   auto trace = LoadTrace(f, bar);
   if (!trace.ok()) return CommandError("plan", trace.status().message());

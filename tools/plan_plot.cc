@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +29,8 @@ bool HaveGnuplot() {
 
 namespace {
 
+bool IsControl(char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }
+
 // `s` as a gnuplot single-quoted string: a quote doubled, the only escape
 // such a string has (gnuplot 5 manual, "Strings"). Control characters, which
 // it cannot hold, become '?'.
@@ -37,23 +40,23 @@ std::string GnuplotQuoted(const std::string& s) {
     if (c == '\'')
       out += "''";
     else
-      out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+      out += IsControl(c) ? '?' : c;
   }
   return out + "'";
 }
 
-bool HasControl(const std::string& s) {
-  for (char c : s) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
-  }
-  return false;
-}
-
 }  // namespace
+
+Status CheckPlotFile(const std::string& png) {
+  if (std::any_of(png.begin(), png.end(), IsControl)) {
+    return Status(StatusCode::kInvalidArgument, "--plot: a file name with a control character");
+  }
+  return Status::Ok();
+}
 
 Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& title, const std::string& png) {
   namespace fs = std::filesystem;
-  if (HasControl(png)) return Status(StatusCode::kInvalidArgument, "--plot: a file name with a control character");
+  if (Status s = CheckPlotFile(png); !s.ok()) return s;
   if (!HaveGnuplot()) {
     return Status(StatusCode::kUnavailable, "gnuplot not found on PATH (Debian package gnuplot-nox); no plot written");
   }

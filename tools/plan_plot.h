@@ -16,8 +16,12 @@ namespace epd::cli {
 // Whether `gnuplot` is on PATH.
 bool HaveGnuplot();
 
-// Writes `png`. kUnavailable when gnuplot is missing or fails (its stderr in
-// the message).
+// kInvalidArgument when `png` holds a control character, which gnuplot's
+// quoted strings cannot carry; plan checks it before any work.
+Status CheckPlotFile(const std::string& png);
+
+// Writes `png`. kInvalidArgument as CheckPlotFile; kUnavailable when gnuplot
+// is missing or fails (its stderr in the message).
 Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& title, const std::string& png);
 
 }  // namespace epd::cli

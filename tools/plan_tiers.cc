@@ -64,12 +64,10 @@ void TierReplayer::Access(const CacheAccess& a, bool head) {
   }
 }
 
+// The tiers place an entry too large for L1 in L2 themselves (keep_oversize_in_l2).
 void TierReplayer::Place(std::uint64_t key, std::int64_t nbytes, const EntryCost& cost) {
-  if (nbytes <= tiers_.l1().capacity_bytes()) {
+  if (nbytes <= std::max(tiers_.l1().capacity_bytes(), tiers_.l2().capacity_bytes())) {
     tiers_.Put(key, 0, nbytes, cost);
-  } else if (nbytes <= tiers_.l2().capacity_bytes()) {
-    tiers_.l1().Pop(key);
-    tiers_.l2().Put(key, 0, nbytes, cost);
   } else {
     bottom_.Put(key, 0, nbytes, cost);
   }

@@ -12,7 +12,7 @@ TieredOptions TiersOf(const WorkerOptions& o) {
   t.eviction = o.eviction;
   t.l1_admission = o.l1_admission;
   t.promote_seconds_per_byte = o.promote_seconds_per_byte;
-  t.keep_oversize_in_l2 = true;  // the L2-only rule's hits (worker_cache.h)
+  t.keep_oversize_in_l2 = true;  // the L2-only rule (worker_cache.h)
   return t;
 }
 
@@ -113,10 +113,6 @@ EmbeddingPtr WorkerCache::OnDevice(EmbeddingPtr host) {
   return host;
 }
 
-bool WorkerCache::L2Only(std::int64_t nbytes) const {
-  return nbytes > cache_.l1().capacity_bytes() && nbytes <= cache_.l2().capacity_bytes();
-}
-
 // The tiered cache has already left itself consistent when a promotion copy
 // throws (epd/core/tiered_cache.h); the throw becomes a miss here, never an
 // exception out of Submit.
@@ -181,17 +177,9 @@ std::optional<EmbeddingPtr> WorkerCache::Adopt(const ContentKey& key, EmbeddingP
 }
 
 // A put cannot throw from a tier copy: its only copies are demotions and the
-// L2 placement, both fenced by HostCopy.
+// L2-only placement, both fenced by HostCopy (FencedToHost).
 void WorkerCache::Put(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost) {
-  const auto nbytes = static_cast<std::int64_t>(e->nbytes());
-  if (!L2Only(nbytes)) {
-    cache_.Put(key, e, nbytes, cost);
-    return;
-  }
-  cache_.l1().Pop(key);  // a stale L1 copy (a re-encode): the tiers stay exclusive
-  EmbeddingPtr host = HostCopy(e);
-  if (host == nullptr) return;  // the copy failed: dropped, as a failed demotion is
-  cache_.l2().Put(key, std::move(host), nbytes, cost);
+  cache_.Put(key, e, static_cast<std::int64_t>(e->nbytes()), cost);
 }
 
 void WorkerCache::PutEncoded(const ContentKey& key, const EmbeddingPtr& e, const EntryCost& cost) {

@@ -6,14 +6,13 @@
 //     what the tower gives for the tokens the item expects (rows, hidden
 //     size, deepstack layers, dtype) and its bytes match that shape. Images,
 //     whole videos, temporal chunks and L3 values all go through it.
-//   - The L2-only rule: an entry too big for L1 but not for L2 is put into L2
+//   - The L2-only rule (the tiered cache's keep_oversize_in_l2, which the
+//     worker turns on): an entry too big for L1 but not for L2 is put into L2
 //     directly (after the device-to-host copy a demotion makes) and served
 //     from there without promotion (a host-to-device copy per hit, the entry
-//     stays L2's most recently used, one more reference under GDSF: the
-//     tiered cache's keep_oversize_in_l2). The tiered cache alone, like the
-//     reference, would skip it at put and lose it at promotion, so such an
-//     image ran the tower on every repeat. The placement stays here rather
-//     than in TieredEmbeddingCache because it depends on the worker's hooks.
+//     stays L2's most recently used, one more reference under GDSF). The
+//     tiered cache without it, like the reference, would skip it at put and
+//     lose it at promotion, so such an image ran the tower on every repeat.
 //   - Fences: a to_host or to_device hook that throws (a device failure) is
 //     caught and counted (WorkerStats::cache_errors): a failed promotion is
 //     served as a miss, a failed demotion drops the victim (the eviction goes
@@ -132,7 +131,6 @@ class WorkerCache {
   Cache::CopyFn FencedToHost();
   // to_host behind its fence: null when it threw.
   EmbeddingPtr HostCopy(const EmbeddingPtr& e);
-  bool L2Only(std::int64_t nbytes) const;
   // Sets tenant t's reservation in both tiers once.
   void Reserve(TenantId t);
   // A get behind the promotion fence.

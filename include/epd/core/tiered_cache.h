@@ -63,9 +63,11 @@
 // demotion L2 refuses drops the victim (counted in l2().refusals()); an L2
 // hit that L1 would refuse is served by a to_device copy and stays in L2.
 //
-// keep_oversize_in_l2 (off by default; implied by the doorkeeper): an L2 hit
-// on an entry larger than L1's capacity is likewise served by a to_device
-// copy and stays in L2. In both cases the entry is served in place, never
+// keep_oversize_in_l2 (off by default): a put of an entry larger than L1's
+// capacity goes straight into L2 (as the doorkeeper's first put does, not
+// counted as an admission rejection), and an L2 hit on such an entry (the
+// doorkeeper implies this part) is likewise served by a to_device copy and
+// stays in L2. In both cases the entry is served in place, never
 // popped: L2's own Get makes it MRU and counts one more reference (GDSF's
 // frequency plus one) and a hit of the sub-cache; the tiered cache counts an
 // l2 hit, not a promotion; a copy that throws loses nothing. The reference
@@ -122,12 +124,14 @@ struct TieredOptions {
   double promote_seconds_per_byte = 4e-11;
   // As CacheOptions::default_seconds_per_byte, for both tiers.
   double default_seconds_per_byte = 1e-9;
-  // An L2 hit on an entry of more bytes than L1's capacity_bytes (placed by
-  // a direct l2().Put, or by the doorkeeper's first put) is served by a
-  // to_device copy and stays in L2 (see the header), instead of a promotion
-  // that L1 skips, which loses the entry. Off: the reference's behaviour,
-  // unless the doorkeeper is on (the reference has none). The encode worker
-  // turns it on, since it places embeddings too large for L1 into L2.
+  // An entry of more bytes than L1's capacity_bytes but not L2's is put
+  // straight into L2 (copied by to_host, after dropping any stale L1 copy),
+  // and an L2 hit on such an entry (also one placed by a direct l2().Put, or
+  // by the doorkeeper's first put) is served by a to_device copy and stays in
+  // L2 (see the header), instead of a promotion that L1 skips, which loses
+  // the entry. Off: the reference's behaviour, which skips such a put, but
+  // for the hits when the doorkeeper is on (the reference has none). The
+  // encode worker turns it on, so an image too large for L1 is cached.
   bool keep_oversize_in_l2 = false;
 };
 
@@ -224,8 +228,9 @@ class TieredEmbeddingCache {
   // EmbeddingCache::Put.
   void Put(const K& key, V value, std::int64_t nbytes, const EntryCost& cost = {}) {
     l2_.Pop(key);
-    if (filter_ && filter_->Estimate(hash_(key)) < kAdmitted && !l1_.Contains(key)) {
-      PutIntoL2(key, std::move(value), nbytes, cost);
+    const bool oversize = options_.keep_oversize_in_l2 && nbytes > l1_.capacity_bytes();
+    if (oversize || (filter_ && filter_->Estimate(hash_(key)) < kAdmitted && !l1_.Contains(key))) {
+      PutIntoL2(key, std::move(value), nbytes, cost, /*admission_refused=*/!oversize);
       return;
     }
     if (l1_.Put(key, std::move(value), nbytes, cost)) l1_write_bytes_ += nbytes;
@@ -313,10 +318,13 @@ class TieredEmbeddingCache {
   }
 
   // The doorkeeper's first-request put: validated first, then into L2 only.
-  void PutIntoL2(const K& key, V&& value, std::int64_t nbytes, const EntryCost& cost) {
+  // Also the put of an entry larger than L1 under keep_oversize_in_l2 (not
+  // an admission refusal), after dropping a stale L1 copy.
+  void PutIntoL2(const K& key, V&& value, std::int64_t nbytes, const EntryCost& cost, bool admission_refused) {
     CheckCacheBytes("nbytes", nbytes);
     CheckEntryCost(cost);
-    ++admission_rejections_;
+    if (admission_refused) ++admission_rejections_;
+    l1_.Pop(key);
     CopyIntoL2(key, std::move(value), nbytes, cost);
   }
 
