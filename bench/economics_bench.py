@@ -171,10 +171,17 @@ def targets(d: dict) -> list[tuple[str, str, str, bool, str]]:
     """(what, goal, measured, met, margin) per target of issue 26. The adaptive rows only where the
     run has the adaptive policy's figures (eviction_bench before it had none)."""
     t = [vs_lru_production(d, "gdsf", "GDSF")]
-    covered, rows = rows_of(d, ("unique", "scan", "uniform-cost", "conversation"), "gdsf_seconds_saved")
-    worst_adv, _ = worst_ratio(rows, lambda r: r["gdsf_seconds_saved"], lambda r: r["lru_seconds_saved"])
-    t.append((f"GDSF vs LRU on adversarial traces ({', '.join(covered)})", ">= -2%", f"worst {100 * worst_adv:+.1f}%",
-              worst_adv >= -0.02, "met" if worst_adv >= -0.02 else f"missed by {100 * (-0.02 - worst_adv):.1f} points"))
+    # The issue's adversarial traces, then multi-turn chat (which this project added: GDSF's frequency
+    # misleads it there), each its own row so that neither hides the other.
+    for names, label in ((("unique", "scan", "uniform-cost"), "the issue's adversarial traces"),
+                         (("conversation",), "multi-turn chat, a trace beyond the issue's list")):
+        covered, rows = rows_of(d, names, "gdsf_seconds_saved")
+        if not covered:
+            continue
+        worst_adv, where = worst_ratio(rows, lambda r: r["gdsf_seconds_saved"], lambda r: r["lru_seconds_saved"])
+        t.append((f"GDSF vs LRU on {label} ({', '.join(covered)})", ">= -2%",
+                  f"worst {100 * worst_adv:+.1f}%" + (f" ({where})" if where else ""), worst_adv >= -0.02,
+                  "met" if worst_adv >= -0.02 else f"missed by {100 * (-0.02 - worst_adv):.1f} points"))
     if rows_of(d, ("production",), "adaptive_seconds_saved")[0]:
         t.append(vs_lru_production(d, "adaptive", "adaptive"))
     covered, rows = rows_of(d, ONE_CACHE, "adaptive_seconds_saved")

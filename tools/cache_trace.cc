@@ -7,8 +7,12 @@
 // the error, so both paths accept and reject the same lines.
 #include "cache_trace.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -134,6 +138,26 @@ std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_se
   return CacheAccess{KeyHash(*key), *bytes, cost ? *cost : static_cast<double>(*bytes) * default_seconds_per_byte};
 }
 
+// The JSON parser's own account of why `line` is not JSON (the parse runs
+// again, with exceptions, on this error path only), without its exception
+// id: "parse error at line 1, column 9: ..." or "number overflow parsing '1e400'".
+std::string JsonError(std::string_view line) {
+  try {
+    (void)nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    std::string_view what = e.what();
+    if (what.starts_with("[json.exception.")) what.remove_prefix(std::min(what.find("] ") + 2, what.size()));
+    // It quotes the bytes it last read: printable ASCII stays, the rest is escaped.
+    std::string out;
+    for (const char c : what) {
+      const auto b = static_cast<unsigned char>(c);
+      out += b >= 0x20 && b < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", b);
+    }
+    return out;
+  }
+  return "unknown reason";
+}
+
 }  // namespace
 
 bool LooksLikeReplayTrace(std::string_view text) {
@@ -166,8 +190,11 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
       out.push_back(*fast);
       continue;
     }
+    // A byte-order mark starts a file, not a line inside it (the JSON parser
+    // skips one wherever it is given a line).
+    if (n > 1 && line.starts_with("\xEF\xBB\xBF")) return error("a UTF-8 byte-order mark inside the file");
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return error("not valid JSON");
+    if (j.is_discarded()) return error("not valid JSON: " + JsonError(line));
     if (!j.is_object()) return error("expected a JSON object");
     // A replay manifest's failed item (an error message and no bytes): nothing was cached.
     if (auto e = j.find("error");
@@ -208,8 +235,9 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
 }
 
 StatusOr<std::vector<CacheAccess>> ReadCacheTrace(const std::string& path, const CacheTraceOptions& options) {
-  StatusOr<std::string> text = ReadFile(path);
-  if (!text.ok()) return InvalidArgument("cannot open trace " + path);
+  // A regular file only: /dev/zero or a FIFO would be read without end.
+  StatusOr<std::string> text = ReadRegularFile(path, std::numeric_limits<std::int64_t>::max());
+  if (!text.ok()) return InvalidArgument("trace: " + text.status().message());
   return ParseCacheTrace(*text, path, options);
 }
 

@@ -34,11 +34,14 @@ using Clock = std::chrono::steady_clock;
 // node per key); grows at half full.
 class LastSizes {
  public:
-  void Set(std::uint64_t key, std::int64_t bytes) {
+  // True when `key` is new.
+  bool Set(std::uint64_t key, std::int64_t bytes) {
     if (2 * (size_ + 1) > slots_.size()) Grow();
     Slot& s = Probe(slots_, key);
-    if (s.bytes < 0) ++size_;
+    const bool fresh = s.bytes < 0;
+    if (fresh) ++size_;
     s = {key, bytes};
+    return fresh;
   }
   std::size_t size() const { return size_; }
   double SumBytes() const {
@@ -136,6 +139,10 @@ void Predict(SizingRow& row, const TierSample& sample, const PlanOptions& o) {
 // miniature is not exactly monotone in capacity; bisection still ends on a
 // total whose miniature reached the target.
 constexpr double kRefineTolerance = 0.005;
+// How far the sampled LRU curve's end may sit from the counted infinite-cache
+// hit ratio before plan warns: SHARDS's published error bound (MAE < 0.01,
+// Waldspurger et al., FAST 2015), which a sample of usual size keeps.
+constexpr double kSampleWarnGap = 0.01;
 constexpr int kRefineBracket = 4;
 constexpr int kRefineBisect = 6;
 void Refine(SizingRow& row, const TierSample& sample, double floor, double ceiling, const PlanOptions& o) {
@@ -215,16 +222,23 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   r.requests = trace.size();
   const Clock::time_point t0 = Clock::now();
   {
+    // The infinite cache's hit ratio is counted here, exactly: every access
+    // but a key's first. The sampled curve only estimates it.
     LastSizes sizes;
+    Weights total, repeats;
     for (std::size_t i = 0; i < trace.size(); ++i) {
       const CacheAccess& a = trace[i];
-      sizes.Set(a.key, a.bytes);
+      if (!sizes.Set(a.key, a.bytes)) repeats += Weights::Of(a);
+      total += Weights::Of(a);
       r.total_seconds += a.seconds;
       r.largest_entry = std::max(r.largest_entry, static_cast<double>(a.bytes));
       if ((i & 0xfffff) == 0) progress("keys", i, trace.size());
     }
     r.distinct_keys = sizes.size();
     r.working_set_bytes = sizes.SumBytes();
+    auto ratio = [](double part, double all) { return all > 0 ? part / all : 0.0; };  // 0: nothing to save
+    r.max_hit_ratio = {ratio(repeats.objects, total.objects), ratio(repeats.bytes, total.bytes),
+                       ratio(repeats.seconds, total.seconds)};
   }
   const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max(1.0, static_cast<double>(r.distinct_keys));
   // Capacities stay below kMaxCacheBytes (2^62 - 1, which a double rounds up to 2^62: one ulp under it).
@@ -264,6 +278,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     lru = s.histogram();
     r.shards_rate = s.rate();
     r.shards_head = s.head_keys();
+    r.shards_sampled_keys = s.sampled_keys();
     r.sampled_fraction = static_cast<double>(s.sampled_accesses()) / std::max(1.0, static_cast<double>(trace.size()));
     r.sampler_bytes = s.memory_bytes();
     r.curves[0] =
@@ -281,14 +296,24 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     });
   }
   RunTasks(curve_tasks, threads);
-  r.max_hit_ratio = lru->MaxHitRatio();
   r.curves_s = Seconds(t0);
+  // A sample too small for the trace shows first at the curve's end.
+  if (const double sampled = lru->MaxHitRatio().seconds;
+      !r.exact && std::abs(sampled - r.max_hit_ratio.seconds) > kSampleWarnGap) {
+    r.warnings.push_back(fmt::format(
+        "the SHARDS sample ({} keys, tail rate {:.3g}%) puts the infinite cache's encode-seconds hit ratio at "
+        "{:.3f}, the trace's is {:.3f}: its curve is off by as much; raise --shards-max-keys or --shards-rate",
+        r.shards_sampled_keys, 100 * r.shards_rate, sampled, r.max_hit_ratio.seconds));
+  }
 
-  // Sizing off the policy's curve; with the doorkeeper L1 reads its own.
+  // Sizing off the policy's curve. The doorkeeper gates L1 alone (a first
+  // request goes into L2), so the tiers' total reads the policy's own curve;
+  // the GDSF + doorkeeper curve, one cache that never takes a first request,
+  // ends well short of what the tiers reach.
   const bool simulated_policy = o.eviction != EvictionPolicy::kLru;  // sized off a MiniSim curve
   const bool dk = o.l1_admission == L1Admission::kDoorkeeper;
   r.policy = SimPolicy{o.eviction, dk}.Name();
-  const std::size_t sized = o.eviction == EvictionPolicy::kAdaptive ? 3 : !simulated_policy ? 0 : dk ? 2 : 1;
+  const std::size_t sized = o.eviction == EvictionPolicy::kAdaptive ? 3 : !simulated_policy ? 0 : 1;
   const MissRatioCurve& curve = r.curves[sized];
   auto hit = [](const MissRatioCurve& c, double bytes) { return 1 - c.MissRatioAt(bytes).seconds; };
   auto at = [&](double b) { return !simulated_policy && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
@@ -301,6 +326,13 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     row.total_bytes = row.hit_ratio <= 0             ? 0
                       : !simulated_policy && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
                                                      : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
+    // A sampled or simulated curve can end a little short of the trace's own
+    // maximum: such a row starts where the curve comes within 0.1 % of its
+    // end, and the miniature moves it from there.
+    if (row.total_bytes < 0 && row.hit_ratio > 0 && (simulated_policy || !r.exact)) {
+      row.total_bytes = curve.CapacityFor(Weighting::kSeconds, hit(curve, hi) * (1 - 1e-3));
+      if (row.total_bytes <= 0) row.total_bytes = hi;
+    }
     if (row.total_bytes >= 0) {
       Split(row, row.total_bytes, o);
       row.tiers_rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
@@ -318,6 +350,9 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       samples.emplace(row.tiers_rate, SampleTrace(trace, row.tiers_rate, m.exact_keys));
     }
   }
+  // L3 is written through and holds copies of what L1 and L2 hold, so the
+  // tiers' total may need the curve's largest capacity in L3 alone.
+  const double ceiling = std::min(hi + std::min(hi, o.l1_max_bytes) + std::min(hi, o.l2_max_bytes), max_capacity);
   std::vector<std::function<void()>> row_tasks;
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     SizingRow& row = r.rows[i];
@@ -326,7 +361,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       progress("tiers (minisim)", i, r.rows.size());
       const TierSample& sample = samples.at(row.tiers_rate);
       Predict(row, sample, o);
-      Refine(row, sample, 1.0, hi, o);
+      Refine(row, sample, 1.0, ceiling, o);
     });
   }
   RunTasks(row_tasks, threads);
@@ -379,6 +414,7 @@ std::string PlanText(const PlanResult& r) {
                      100 * r.shards_rate, r.shards_head, 100 * r.sampled_fraction,
                      static_cast<double>(r.sampler_bytes) / 1e6);
   }
+  for (const std::string& w : r.warnings) o += "  warning: " + w + "\n";
   o += "\nmiss ratio curves (miss ratio by objects / bytes / encode seconds):\n";
   o += fmt::format("  {:>12}", "capacity");
   for (const MissRatioCurve& c : r.curves) o += fmt::format("  {:>28}", c.label.substr(0, 28));
@@ -448,10 +484,12 @@ std::string PlanJson(const PlanResult& r) {
                       {"replay_s", r.replay_s}};
   if (!r.exact) {
     j["sampler"] = {{"tail_rate", r.shards_rate},
+                    {"sampled_keys", r.shards_sampled_keys},
                     {"head_keys", r.shards_head},
                     {"tracked_fraction", r.sampled_fraction},
                     {"memory_bytes", r.sampler_bytes}};
   }
+  j["warnings"] = r.warnings;
   for (const MissRatioCurve& c : r.curves) {
     nlohmann::json pts = nlohmann::json::array();
     for (const CurvePoint& p : c.points) {

@@ -10,25 +10,27 @@
 //     exactly, at most shards_max_keys tail keys);
 //   - GDSF and GDSF + doorkeeper: MiniSim at minisim_rate.
 // Sizing: for each target t (0.8, 0.9, 0.95), the smallest total capacity
-// whose encode-seconds hit ratio on the policy's curve is t x the curve's
-// maximum (an infinite cache: everything but cold misses). With exclusive
-// tiers the total fills L1 up to l1_max_bytes, then L2 up to l2_max_bytes,
-// then L3. The predicted hit ratios (L1, L1 + L2, all tiers) come from a
-// miniature of the tiered cache at those sizes (plan_tiers.h: the keys
-// sampled at the MiniSim rate plus the head, through the real tiers scaled
-// down), since the tiered L1 ranks by promotion cost and keeps other
-// entries than one cache on the curve would, and the curve is interpolated
-// between its capacities (at a steep knee the two differ by points). Where
-// the miniature at the curve's total misses t x the maximum by more than
-// half a point either way, the total moves to the smallest one whose
-// miniature reaches it (doublings or halvings to bracket it, at most 4,
-// then 6 bisections in log space; plan.cc, Refine), so the sizes printed
-// give the share asked for by the same estimate that predicts them.
-// Replay (plan_tiers.h; only with PlanOptions::replay): TieredEmbeddingCache
-// at (L1, L2) with the policy, L2's victims demoted into an L3
-// EmbeddingCache; a miss in L1/L2 that L3 holds is moved back into the
-// tiered cache, so the three tiers stay exclusive. It is the check of the
-// prediction, not part of it: each replay runs every request through the
+// whose encode-seconds hit ratio on the policy's curve (GDSF's also with the
+// doorkeeper, which gates L1 alone) is t x the trace's maximum (an infinite
+// cache: everything but cold misses, counted from the trace). The total
+// fills L1 up to l1_max_bytes, then L2 up to l2_max_bytes, then L3. L1 and
+// L2 are exclusive; L3 is Redis, written through with every tower result
+// and LRU, so it holds copies of what L1 and L2 hold (plan_tiers.h). The
+// predicted hit ratios (L1, L1 + L2, all tiers) come from a miniature of the
+// tiers at those sizes (plan_tiers.h: the keys sampled at the MiniSim rate
+// plus the head, through the real tiers scaled down), since the tiered L1
+// ranks by promotion cost and keeps other entries than one cache on the
+// curve would, L3 duplicates, and the curve is interpolated between its
+// capacities (at a steep knee the two differ by points). Where the
+// miniature at the curve's total misses t x the maximum by more than half a
+// point either way, the total moves to the smallest one whose miniature
+// reaches it (doublings or halvings to bracket it, at most 4, then 6
+// bisections in log space; plan.cc, Refine), so the sizes printed give the
+// share asked for by the same estimate that predicts them. A row past the
+// curve's end starts where the curve comes within 0.1 % of its end.
+// Replay (plan_tiers.h; only with PlanOptions::replay): the same tiers at
+// full scale, every request. It is the check of the prediction, not part
+// of it: each replay runs every request through the
 // real caches (on a 10^7-request trace about 35 s of CPU per row, where the
 // rest of the plan takes about 40 s).
 //
@@ -109,9 +111,12 @@ struct PlanResult {
   double working_set_bytes = 0;  // bytes of the distinct keys
   double largest_entry = 0;
   double total_seconds = 0;
-  Weights max_hit_ratio;  // an infinite LRU cache's
+  // An infinite cache's: every access but a key's first, counted from the
+  // trace (exact also when the curves are sampled).
+  Weights max_hit_ratio;
   bool exact = true;
-  double shards_rate = 1;  // final tail rate (SHARDS only)
+  double shards_rate = 1;               // final tail rate (SHARDS only)
+  std::size_t shards_sampled_keys = 0;  // keys in the sample at the end (head and tail)
   std::size_t shards_head = 0;
   double sampled_fraction = 1;  // accesses the stack processed
   std::size_t sampler_bytes = 0;
@@ -119,6 +124,9 @@ struct PlanResult {
   std::string policy;                  // the sized policy's name
   std::vector<SizingRow> rows;
   bool replayed = false;  // rows carry a replay (PlanOptions::replay)
+  // What the user should know about the result's accuracy (a SHARDS sample
+  // whose curve ends over 0.01 from max_hit_ratio): one sentence each.
+  std::vector<std::string> warnings;
   // Wall seconds: the curves (from the first pass over the trace), the
   // sizing rows' miniatures and replays.
   double curves_s = 0, replay_s = 0;

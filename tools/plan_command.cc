@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -93,8 +94,8 @@ StatusOr<std::vector<CacheAccess>> FromReplayTrace(const PlanFlags& f) {
       if (it == seen.end()) {
         std::filesystem::path path(p);
         if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
-        StatusOr<std::string> bytes = ReadFile(path.string());
-        if (!bytes.ok()) return InvalidArgument("request '" + r.id + "': cannot read image " + path.string());
+        StatusOr<std::string> bytes = ReadRegularFile(path.string(), kDefaultMaxRequestBytes);
+        if (!bytes.ok()) return InvalidArgument("request '" + r.id + "': " + bytes.status().message());
         const auto* data = reinterpret_cast<const std::uint8_t*>(bytes->data());
         auto grid = ProbeGrid({data, bytes->size()}, cfg);
         if (!grid.ok()) return InvalidArgument("request '" + r.id + "', " + p + ": " + grid.status().message());
@@ -112,8 +113,9 @@ StatusOr<std::vector<CacheAccess>> FromReplayTrace(const PlanFlags& f) {
 #endif
 
 StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar) {
-  StatusOr<std::string> text = ReadFile(f.trace);
-  if (!text.ok()) return InvalidArgument("cannot open trace " + f.trace);
+  // A regular file only: /dev/zero or a FIFO would be read without end.
+  StatusOr<std::string> text = ReadRegularFile(f.trace, std::numeric_limits<std::int64_t>::max());
+  if (!text.ok()) return InvalidArgument("trace: " + text.status().message());
   if (LooksLikeReplayTrace(*text)) {
     if (f.model.empty()) {
       return InvalidArgument(f.trace +
@@ -155,15 +157,18 @@ int RunPlanCommand(const PlanFlags& f) {
   PlanOptions o;
   o.eviction = *eviction;
   o.l1_admission = *admission;
-  o.l1_max_bytes = f.l1_max_gb * 1e9;
-  o.l2_max_bytes = f.l2_max_gb * 1e9;
+  o.l1_max_bytes = f.l1_max_gb * 1e9 + 0.0;  // + 0.0: -0 GB is 0 bytes, not "-0 B"
+  o.l2_max_bytes = f.l2_max_gb * 1e9 + 0.0;
   o.exact_max = static_cast<std::size_t>(f.exact_max);
   o.shards_rate = f.shards_rate;
   o.shards_max_keys = static_cast<std::size_t>(f.shards_max_keys);
   o.minisim_rate = f.minisim_rate;
   o.replay = f.replay == "on" || (f.replay == "auto" && trace->size() <= o.exact_max);
   o.threads = static_cast<unsigned>(f.threads);
-  o.doorkeeper_window = static_cast<std::uint64_t>(f.window);
+  // A window longer than the trace admits as one as long as the trace (it
+  // never ends within it), and the doorkeeper's memory is sized by it.
+  o.doorkeeper_window = std::max<std::uint64_t>(
+      1, std::min(static_cast<std::uint64_t>(f.window), static_cast<std::uint64_t>(trace->size())));
   o.progress = [&bar](const char* phase, std::size_t done, std::size_t total) { bar.Update(phase, done, total); };
   PlanResult r;
   try {

@@ -51,6 +51,14 @@ Status CheckPlotFile(const std::string& png) {
   if (std::any_of(png.begin(), png.end(), IsControl)) {
     return Status(StatusCode::kInvalidArgument, "--plot: a file name with a control character");
   }
+  // Before any work: a folder that is not there, or a name that is one.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path parent = fs::path(png).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec)) {
+    return Status(StatusCode::kInvalidArgument, "--plot: " + parent.string() + " is not a directory");
+  }
+  if (fs::is_directory(png, ec)) return Status(StatusCode::kInvalidArgument, "--plot: " + png + " is a directory");
   return Status::Ok();
 }
 

@@ -17,7 +17,8 @@ namespace epd::cli {
 bool HaveGnuplot();
 
 // kInvalidArgument when `png` holds a control character, which gnuplot's
-// quoted strings cannot carry; plan checks it before any work.
+// quoted strings cannot carry, when its folder is not a directory, or when
+// it names a directory; plan checks it before any work.
 Status CheckPlotFile(const std::string& png);
 
 // Writes `png`. kInvalidArgument as CheckPlotFile; kUnavailable when gnuplot

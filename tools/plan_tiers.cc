@@ -9,15 +9,19 @@ namespace epd::cli {
 namespace {
 
 std::int64_t Scaled(double bytes, double rate) {
-  return static_cast<std::int64_t>(std::clamp(bytes * rate, 0.0, static_cast<double>(kMaxCacheBytes)));
+  // kMaxCacheBytes as a double rounds up to 2^62, which the caches refuse: one ulp under it.
+  const double top = std::nextafter(static_cast<double>(kMaxCacheBytes), 0.0);
+  return static_cast<std::int64_t>(std::clamp(bytes * rate, 0.0, top));
 }
 
-TieredOptions TiersFor(const PlanOptions& o, double rate) {
+// `share`: the share of the trace's requests the replay sees, which scales
+// the doorkeeper's window so that it spans as much of the trace.
+TieredOptions TiersFor(const PlanOptions& o, double share) {
   TieredOptions to;
   to.eviction = o.eviction;
   to.l1_admission = o.l1_admission;
   to.admission.window = std::max<std::uint64_t>(
-      1, static_cast<std::uint64_t>(std::llround(static_cast<double>(o.doorkeeper_window) * rate)));
+      1, static_cast<std::uint64_t>(std::llround(static_cast<double>(o.doorkeeper_window) * share)));
   to.keep_oversize_in_l2 = true;  // as the worker's tiers (src/worker/worker_cache.cc)
   return to;
 }
@@ -34,13 +38,11 @@ Weights Times(const Weights& w, const Weights& f) {
 
 }  // namespace
 
-TierReplayer::TierReplayer(const TierSizes& sizes, double rate, const PlanOptions& o)
+TierReplayer::TierReplayer(const TierSizes& sizes, double rate, const PlanOptions& o, double share)
     : rate_(rate),
-      tiers_(Scaled(sizes.l1, rate), Scaled(sizes.l2, rate), TiersFor(o, rate)),
-      bottom_(Scaled(sizes.l3, rate), CacheOptions{o.eviction}) {
+      tiers_(Scaled(sizes.l1, rate), Scaled(sizes.l2, rate), TiersFor(o, share > 0 ? share : rate)),
+      bottom_(Scaled(sizes.l3, rate), CacheOptions{EvictionPolicy::kLru}) {
   if (!(rate > 0 && rate <= 1)) throw Error(Status(StatusCode::kInvalidArgument, "tier replay rate must be in (0, 1]"));
-  tiers_.set_l2_victim_hook(
-      [this](const std::uint64_t& k, char&&, std::int64_t n, const EntryCost& c) { bottom_.Put(k, 0, n, c); });
 }
 
 void TierReplayer::Access(const CacheAccess& a, bool head) {
@@ -51,26 +53,24 @@ void TierReplayer::Access(const CacheAccess& a, bool head) {
     (tier == CacheTier::kL1 ? h.l1 : h.l2) += w;
     return;
   }
-  if (auto held = bottom_.Pop(a.key)) {
+  const std::int64_t nbytes = head ? std::llround(static_cast<double>(a.bytes) * rate_) : a.bytes;
+  const EntryCost cost{head ? a.seconds * rate_ : a.seconds};
+  // L3 keeps its copy on a hit (Redis serves a GET and keeps the key, which
+  // the GET makes most recent); the worker adopts the value into its tiers.
+  if (bottom_.Get(a.key).has_value()) {
     h.l3 += w;
-    Place(a.key, held->nbytes, {held->cost.seconds, held->cost.frequency + 1});
+    PlaceInTiers(a.key, nbytes, cost);
     return;
   }
   h.miss += w;
-  if (head) {
-    Place(a.key, std::llround(static_cast<double>(a.bytes) * rate_), {a.seconds * rate_});
-  } else {
-    Place(a.key, a.bytes, {a.seconds});
-  }
+  PlaceInTiers(a.key, nbytes, cost);
+  bottom_.Put(a.key, 0, nbytes, cost);  // the worker writes every tower result to L3
 }
 
-// The tiers place an entry too large for L1 in L2 themselves (keep_oversize_in_l2).
-void TierReplayer::Place(std::uint64_t key, std::int64_t nbytes, const EntryCost& cost) {
-  if (nbytes <= std::max(tiers_.l1().capacity_bytes(), tiers_.l2().capacity_bytes())) {
-    tiers_.Put(key, 0, nbytes, cost);
-  } else {
-    bottom_.Put(key, 0, nbytes, cost);
-  }
+// The tiers place an entry too large for L1 in L2 themselves
+// (keep_oversize_in_l2); one too large for both stays in L3 alone.
+void TierReplayer::PlaceInTiers(std::uint64_t key, std::int64_t nbytes, const EntryCost& cost) {
+  if (nbytes <= std::max(tiers_.l1().capacity_bytes(), tiers_.l2().capacity_bytes())) tiers_.Put(key, 0, nbytes, cost);
 }
 
 TierHits TierReplayer::Hits(const Weights& total, const Weights& head_total) const {
@@ -112,7 +112,9 @@ TierSample SampleTrace(std::span<const CacheAccess> trace, double rate, std::spa
 }
 
 TierHits SimulateTiers(const TierSample& sample, const TierSizes& sizes, const PlanOptions& options) {
-  TierReplayer r(sizes, sample.rate, options);
+  // The share of the trace's requests the sample holds (the head at rate 1).
+  const double share = static_cast<double>(sample.accesses.size()) / std::max(1.0, sample.total.objects);
+  TierReplayer r(sizes, sample.rate, options, share);
   for (std::size_t i = 0; i < sample.accesses.size(); ++i) r.Access(*sample.accesses[i], sample.head[i]);
   return r.Hits(sample.total, sample.head_total);
 }

@@ -1,20 +1,26 @@
 // tools/plan_tiers.h: a cache trace replayed through the tiers `epd-encode
 // plan` recommends, in full (the check) or in miniature (the per-tier
-// prediction), through the same code: a TieredEmbeddingCache (L1, L2) with
-// the plan's policy, L2's victims demoted into an L3 EmbeddingCache, and a
-// miss in L1/L2 that L3 holds moved back into the tiered cache (with its
-// cost and its frequency plus one), so the three tiers stay exclusive. An
-// entry goes where the worker puts it (src/worker/worker_cache.h): into L1;
+// prediction), through the same code, modelled on what a server runs
+// (docs/L3.md): a TieredEmbeddingCache (L1, L2; exclusive: L2 takes L1's
+// victims, an L2 hit moves up) with the plan's policy, and an L3 that is
+// Redis under `maxmemory-policy allkeys-lru`: an LRU EmbeddingCache written
+// through with every tower result (a miss), read on each L1/L2 miss (a GET
+// makes the key most recent; a hit keeps it there and copies the value into
+// the tiers, as the worker adopts it), and never fed L2's victims (they are
+// dropped: L3 has them already, unless it evicted them). So L3 holds copies
+// of what L1 and L2 hold, and its size is what Redis itself needs. An entry
+// goes where the worker puts it (src/worker/worker_cache.h): into L1;
 // straight into L2 when L1 is too small for it (the L2-only rule, served
-// from L2 thereafter: TieredOptions::keep_oversize_in_l2); straight into L3
-// when L2 is too small as well (the worker writes every encode to its shared
-// tier).
+// from L2 thereafter: TieredOptions::keep_oversize_in_l2); into L3 alone
+// when L2 is too small as well. Redis samples for its LRU (maxmemory-samples)
+// and charges per-key overhead; the model is exact LRU over the entries'
+// bytes.
 //
 // The miniature (MiniSim, Waldspurger et al., USENIX ATC 2017, applied to
 // the whole tiered cache rather than to one cache): the keys with
 // ShardsSampler::Mix(key) < R x 2^64, every access of each, are replayed
 // through tiers of R x (L1, L2, L3) bytes, with the doorkeeper's window
-// scaled by R. The head (the hottest keys, HeavyHitters) is replayed at rate
+// scaled by the share of the trace's requests replayed. The head (the hottest keys, HeavyHitters) is replayed at rate
 // 1 with its charge and its cost both scaled by R, so that it takes its
 // share of the scaled capacity and GDSF ranks it by the same cost per byte
 // as at full scale. Estimates: the head's weights as they are, the sampled
@@ -23,8 +29,7 @@
 //
 // Units: capacities and charges in bytes, costs in encode seconds.
 // Complexity: O(log n) per replayed access (the caches' GDSF heaps).
-// Thread safety: thread-compatible; a TierReplayer must not move (the L2
-// victim hook captures it).
+// Thread safety: thread-compatible.
 #pragma once
 
 #include <cstdint>
@@ -44,16 +49,27 @@ struct TierSizes {
   double l1 = 0, l2 = 0, l3 = 0;
 };
 
-// The caches' hash: the identity, since trace keys are already 64-bit
-// hashes (KeyHash: FNV-1a and the SplitMix64 finaliser).
+// The caches' hash. Trace keys are already 64-bit hashes (KeyHash: FNV-1a
+// and the SplitMix64 finaliser), but the miniature picks its keys by
+// ShardsSampler::Mix(key) < R x 2^64, and the adaptive policy's duel and
+// the doorkeeper's sketch would pick and index by the same Mix of this
+// hash: all of a miniature's keys would fall into a corner of theirs (the
+// duel at rate 1/32 would see every sampled key, or a share of 1/(32 R)).
+// A multiply by an odd constant (the golden ratio's, Knuth's multiplicative
+// hashing) and a rotation decorrelate it, and stay a bijection.
 struct TierKeyHash {
-  std::size_t operator()(std::uint64_t k) const { return static_cast<std::size_t>(k); }
+  std::size_t operator()(std::uint64_t k) const {
+    const std::uint64_t x = k * 0x9e3779b97f4a7c15ULL;
+    return static_cast<std::size_t>((x << 29) | (x >> 35));
+  }
 };
 
 class TierReplayer {
  public:
-  // Tiers of rate x sizes bytes. REQUIRES: 0 < rate <= 1.
-  TierReplayer(const TierSizes& sizes, double rate, const PlanOptions& options);
+  // Tiers of rate x sizes bytes, the doorkeeper's window scaled by `share`
+  // (the share of the trace's requests this replay sees; <= 0: `rate`).
+  // REQUIRES: 0 < rate <= 1.
+  TierReplayer(const TierSizes& sizes, double rate, const PlanOptions& options, double share = 0);
   TierReplayer(const TierReplayer&) = delete;
   TierReplayer& operator=(const TierReplayer&) = delete;
 
@@ -67,8 +83,8 @@ class TierReplayer {
   TierHits Hits(const Weights& total, const Weights& head_total) const;
 
  private:
-  // Puts a miss (or an L3 hit moved back up) where the worker would (above).
-  void Place(std::uint64_t key, std::int64_t nbytes, const EntryCost& cost);
+  // Puts a miss, or an L3 hit copied up, into the tiers where the worker would (above).
+  void PlaceInTiers(std::uint64_t key, std::int64_t nbytes, const EntryCost& cost);
 
   double rate_;
   TieredEmbeddingCache<std::uint64_t, char, TierKeyHash> tiers_;

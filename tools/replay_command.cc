@@ -28,6 +28,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "cli_util.h"
 #include "commands.h"
@@ -105,21 +106,26 @@ void AddReportFields(const Table& table, const S& s, nlohmann::json& out) {
   }
 }
 
-// One item as `plan` sees it: its key, its entry's bytes, and its cost at
-// this replay's measured tower seconds per post-merge token (the worker does
-// not yet record each entry's own cost).
-CacheAccess MrcAccess(const ContentKey& key, const Embedding& e, const WorkerStats& s) {
+// One item as `plan` sees it: its key, its entry's bytes, and its cost: the
+// encode seconds measured for the key in this replay (`measured`, as the
+// manifest's cost_s: the item the tower ran for it, or the L3 value's), else
+// this replay's tower seconds per post-merge token times its tokens.
+CacheAccess MrcAccess(const ContentKey& key, const Embedding& e, const WorkerStats& s,
+                      const std::unordered_map<ContentKey, double, ContentKeyHash>& measured) {
   std::uint64_t h;
   std::memcpy(&h, key.bytes.data(), sizeof(h));
+  if (auto m = measured.find(key); m != measured.end()) return {h, static_cast<std::int64_t>(e.nbytes()), m->second};
   const double per_token = s.tower_tokens == 0 ? 0 : s.tower_seconds / static_cast<double>(s.tower_tokens);
   return {h, static_cast<std::int64_t>(e.nbytes()), per_token * static_cast<double>(e.tokens)};
 }
 
-// --mrc: the curves of the items this replay served (tools/plan.h), LRU
-// sized, with the replay's L1/L2 limits.
+// --mrc: the curves of the items this replay served (tools/plan.h), sized
+// for the replay's own policy and L1 admission, with its L1/L2 limits.
 PlanResult MrcOf(const std::vector<CacheAccess>& accesses, const ReplayFlags& f) {
   PlanOptions o;
-  o.eviction = EvictionPolicy::kLru;
+  o.eviction = *ParseEvictionPolicy(f.worker.eviction);  // checked by the flag's validator
+  o.l1_admission = *ParseL1Admission(f.worker.l1_admission);
+  o.doorkeeper_window = static_cast<std::uint64_t>(f.worker.l1_admission_window);
   o.l1_max_bytes = static_cast<double>(f.worker.cache_mb) * (1 << 20);
   o.l2_max_bytes = static_cast<double>(f.worker.host_cache_mb) * (1 << 20);
   o.replay = accesses.size() <= o.exact_max;  // plan's --replay auto
@@ -232,7 +238,15 @@ int RunReplay(const ReplayFlags& f) {
   std::map<std::string, std::int64_t> failures;  // status code name -> items
   std::string first_failure;
   std::int64_t items = 0, failed_requests = 0;
-  std::vector<CacheAccess> accesses;  // for --mrc: one per embedded item, in trace order
+  std::vector<CacheAccess> accesses;                                // for --mrc: one per embedded item, in trace order
+  std::unordered_map<ContentKey, double, ContentKeyHash> measured;  // for --mrc: each key's measured cost
+  for (const RequestResult& r : results) {
+    for (const ItemResult& it : r.items) {
+      if (f.mrc && it.status.ok() && std::isfinite(it.encode_seconds) && it.encode_seconds >= 0) {
+        measured.try_emplace(it.key, it.encode_seconds);
+      }
+    }
+  }
   Clock::time_point last = start;
   for (std::size_t i = 0; i < n; ++i) {
     const RequestResult& r = results[i];
@@ -246,7 +260,7 @@ int RunReplay(const ReplayFlags& f) {
     for (const ItemResult& it : r.items) {
       if (it.status.ok()) {
         distinct.insert(it.key);
-        if (f.mrc && it.embedding != nullptr) accesses.push_back(MrcAccess(it.key, *it.embedding, s));
+        if (f.mrc && it.embedding != nullptr) accesses.push_back(MrcAccess(it.key, *it.embedding, s, measured));
         if (!f.out.empty()) embeddings.emplace(it.key, it.embedding);
       } else {
         ++failures[std::string(StatusCodeName(it.status.code()))];

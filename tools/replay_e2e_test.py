@@ -160,6 +160,17 @@ def main():
     check(plan["requests"] == len(manifest) and plan["distinct_keys"] == len(distinct), f"plan: {plan['requests']}")
     check(abs(plan["encode_seconds"] - sum(m["cost_s"] for m in manifest)) < 1e-9, "plan's seconds are the costs")
     check(plan["working_set_bytes"] == sum({m["key"]: m["bytes"] for m in manifest}.values()), "plan's working set")
+    # --mrc is the same report on the replay's own items: its policy, and each key's measured cost (the
+    # manifest's cost_s of that run; costs are timed, so each run has its own).
+    out2 = os.path.join(work, "mrc.safetensors")
+    rc, stdout, stderr = run(binary, "--trace", trace, "--images", images, "--json", "--mrc", "--eviction", "gdsf",
+                             "--l1-admission", "doorkeeper", "--out", out2)
+    check(rc == 0, f"--mrc replay failed ({rc}): {stderr}")
+    mrc = json.loads(stdout)["mrc"]
+    manifest2 = [json.loads(line) for line in open(os.path.join(work, "mrc.manifest.jsonl"))]
+    check(mrc["policy"] == "gdsf+doorkeeper", f"--mrc sized for {mrc['policy']}")
+    check(mrc["requests"] == len(manifest2) and mrc["distinct_keys"] == len(distinct), f"--mrc: {mrc['requests']}")
+    check(abs(mrc["encode_seconds"] - sum(m["cost_s"] for m in manifest2)) < 1e-9, "--mrc's seconds are the costs")
 
     # 2. The same trace without cache or dedup: every item runs the tower.
     rc, stdout, stderr = run(binary, "--trace", trace, "--images", images, "--json", "--no-cache")

@@ -16,11 +16,12 @@
 //   tokens    rows of the tensor
 //   bytes     the embedding's bytes (main plus deepstack), its cache charge
 //   cost_s    seconds: the measured encode cost of the image (ItemResult::
-//             encode_seconds of the item the tower ran for this key, on a
-//             hit or a join of it too); absent when no item of the replay
-//             ran the tower for the key (it came from L3, or the tower's
-//             item failed)
-//   source    "l1", "l2", "miss" or "joined" (epd::ItemSourceName)
+//             encode_seconds of the item the tower ran for this key, or of
+//             the item adopted from L3 with the cost stored there; on a hit
+//             or a join of it too); absent when no item of the replay
+//             carries one (the tower's item failed, or the L3 value had no
+//             cost)
+//   source    "l1", "l2", "l3", "miss" or "joined" (epd::ItemSourceName)
 //   file      the safetensors path as given to --out
 // A failed item has "error" (e.g. "INVALID_ARGUMENT: item 0: ...") instead of
 // grid_thw, tokens, bytes, cost_s, source and file, and "key" only when its

@@ -75,6 +75,11 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
                  "its first)")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "doorkeeper"}));
+  // The doorkeeper takes about 6 bytes per windowed request (admission_filter.h): 2^27 is 0.8 GB.
+  cmd.add_option("--l1-admission-window", f.l1_admission_window,
+                 "the doorkeeper's window, requests (plan's --window; at most 2^27)")
+      ->capture_default_str()
+      ->check(Integer(1, std::int64_t{1} << 27));
   cmd.add_option("--max-tokens-per-batch", f.max_tokens_per_batch, "tower batch token budget")
       ->capture_default_str()
       ->check(Integer(1));
@@ -230,6 +235,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   // Both were checked by the flags' IsMember.
   o.eviction = *ParseEvictionPolicy(f.eviction);
   o.l1_admission = *ParseL1Admission(f.l1_admission);
+  o.l1_admission_window = static_cast<std::uint64_t>(f.l1_admission_window);
   o.order = f.order == "by_key" ? ScheduleOrder::kByKey
             : f.order == "fair" ? ScheduleOrder::kFair
                                 : ScheduleOrder::kFifo;

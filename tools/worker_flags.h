@@ -33,6 +33,8 @@
 //   --l1-admission none|doorkeeper
 //                             L1 admission filter [none]; doorkeeper: L1 on a
 //                             key's second request in a window, L2 on its first
+//   --l1-admission-window N   the doorkeeper's window, requests [65536; at most
+//                             2^27, as plan's --window]
 //   --max-tokens-per-batch N  tower batch token budget [8192]
 //   --max-items-per-batch N   tower batch item bound [16]
 //   --order fifo|by_key|fair  scheduler order [fifo; serve: fair]
@@ -79,8 +81,9 @@ struct WorkerFlags {
   double cache_mb = 1024;
   double host_cache_mb = 4096;
   bool no_cache = false;
-  std::string eviction = "lru";       // WorkerOptions::eviction
-  std::string l1_admission = "none";  // WorkerOptions::l1_admission
+  std::string eviction = "lru";              // WorkerOptions::eviction
+  std::string l1_admission = "none";         // WorkerOptions::l1_admission
+  std::int64_t l1_admission_window = 65536;  // WorkerOptions::l1_admission_window
   std::int64_t max_tokens_per_batch = 8192;
   std::int64_t max_items_per_batch = 16;
   std::string order = "fifo";

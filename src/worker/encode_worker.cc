@@ -28,6 +28,7 @@
 // the JobTable, and fires them last.
 #include "epd/worker/encode_worker.h"
 
+#include <cmath>
 #include <optional>
 #include <utility>
 
@@ -179,6 +180,8 @@ bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, Clock::
     if (std::optional<EmbeddingPtr> l3 = cache.Adopt(res.key, std::move(item.ready), expect, cost)) {
       res.source = ItemSource::kL3;
       res.embedding = std::move(*l3);
+      // The cost measured where the tower ran it, as the shared tier stored it.
+      if (std::isfinite(cost.seconds) && cost.seconds >= 0) res.encode_seconds = cost.seconds;
       return false;
     }
   }

@@ -11,6 +11,7 @@ TieredOptions TiersOf(const WorkerOptions& o) {
   TieredOptions t;
   t.eviction = o.eviction;
   t.l1_admission = o.l1_admission;
+  t.admission.window = o.l1_admission_window;
   t.promote_seconds_per_byte = o.promote_seconds_per_byte;
   t.keep_oversize_in_l2 = true;  // the L2-only rule (worker_cache.h)
   return t;

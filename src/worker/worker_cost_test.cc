@@ -246,6 +246,9 @@ TEST_F(WorkerCostTest, AGoodReadyValueIsAdoptedWithItsCost) {
   r.items[0].ready_seconds = 0.125;
   ASSERT_TRUE(w->Submit(std::move(r), c_.For("r")).ok());
   EXPECT_EQ(c_.done["r"].items[0].source, ItemSource::kL3);
+  // The result carries the cost the shared tier stored (replay's manifest
+  // writes it as cost_s).
+  EXPECT_EQ(c_.done["r"].items[0].encode_seconds, 0.125);
   EXPECT_TRUE(w->TakeRefused().empty());
   WorkerStats s = w->stats();
   EXPECT_EQ(s.hit_seconds_l3, 0.125);
@@ -255,6 +258,17 @@ TEST_F(WorkerCostTest, AGoodReadyValueIsAdoptedWithItsCost) {
   EXPECT_EQ(w->stats().hit_seconds_l1, 0.125);
   EXPECT_EQ(w->stats().encode_seconds_saved, 0.25);
   EXPECT_EQ(state_->items_encoded(), 0);
+}
+
+TEST_F(WorkerCostTest, AReadyValueWithoutACostLeavesTheResultUnmeasured) {
+  auto w = Make();
+  const std::string img = Png(56, 56, 10);
+  EncodeRequest r = Request("r", {img});
+  r.items[0].ready = std::make_shared<const Embedding>(Value(img));
+  r.items[0].ready_seconds = std::numeric_limits<double>::quiet_NaN();
+  ASSERT_TRUE(w->Submit(std::move(r), c_.For("r")).ok());
+  EXPECT_EQ(c_.done["r"].items[0].source, ItemSource::kL3);
+  EXPECT_EQ(c_.done["r"].items[0].encode_seconds, -1);
 }
 
 }  // namespace

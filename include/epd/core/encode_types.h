@@ -81,7 +81,10 @@ struct ItemResult {
   // measured encode cost in seconds, as cached (its decode and preprocessing
   // plus its token share of the batch's tower call; docs/PLAN.md), and as
   // written to the shared tier; for a video assembled from its chunks, the
-  // sum of their costs as cached. -1 for every other item.
+  // sum of their costs as cached; for an image adopted from the shared tier
+  // (source kL3), the cost stored with its value there, measured by the
+  // worker that encoded it (-1 when the value has none). -1 for every other
+  // item.
   double encode_seconds = -1;
 };
 

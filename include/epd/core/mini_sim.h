@@ -6,7 +6,8 @@
 // For a capacity C, the trace is sampled spatially at rate R (the keys with
 // ShardsSampler::Mix(key) < R x 2^64, every access of each) and replayed
 // through a real EmbeddingCache of C x R bytes under the policy, with the
-// doorkeeper's window scaled by R too; the sampled trace's miss ratio by
+// doorkeeper's window scaled by the share of the trace's requests replayed
+// (R, or more with the exactly kept hot keys); the sampled trace's miss ratio by
 // objects, bytes and seconds estimates the full cache's. R is the base rate,
 // raised (in doublings, up to 1) for small capacities until the scaled cache
 // holds at least min_entries entries of the trace's mean size: a miniature

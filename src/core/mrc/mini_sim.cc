@@ -85,8 +85,12 @@ SimResult Replay(const std::vector<Sampled>& sampled, const Weights& total, doub
   EmbeddingCache<std::uint64_t, char, IdentityHash> cache(scaled, CacheOptions{policy.eviction});
   std::vector<AdmissionFilter> filter;
   if (policy.doorkeeper) {
+    // The window spans as much of the trace as at full scale: the share of
+    // its requests the miniature replays (the head at rate 1 and the tail at
+    // `rate`), not `rate` alone, which would shorten it where the head is hot.
+    const double share = static_cast<double>(sampled.size()) / std::max(1.0, total.objects);
     const auto window =
-        static_cast<std::uint64_t>(std::max(1.0, std::round(static_cast<double>(options.doorkeeper_window) * rate)));
+        static_cast<std::uint64_t>(std::max(1.0, std::round(static_cast<double>(options.doorkeeper_window) * share)));
     filter.emplace_back(AdmissionFilterOptions{window});
   }
   Weights head_total, head_hits, tail_total, tail_hits;
