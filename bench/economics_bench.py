@@ -161,7 +161,10 @@ def vs_lru_production(d: dict, policy: str, label: str) -> tuple[str, str, str, 
     gains = [r[f"{policy}_seconds_saved"] / r["lru_seconds_saved"] - 1 for r in rows]
     worst = min(gains)
     ceiling = [d["simulate"]["production"]["max_hit_ratio"] / r["lru_hit_ratio"] - 1 for r in rows]
-    return (f"{label} vs LRU encode seconds saved, production trace, LRU hit 30-60%", ">= +20%",
+    hits = "/".join(f"{r['lru_hit_ratio']:.1f}" for r in rows)
+    top = d["simulate"]["production"]["max_hit_ratio"]
+    return (f"{label} vs LRU encode seconds saved, production trace, LRU hit {hits} (the issue asks 0.3-0.7; "
+            f"past {top:.3f}, the infinite cache's, LRU cannot go)", ">= +20%",
             ", ".join(f"{100 * g:+.1f}%" for g in gains) + " (ceiling: " + ", ".join(f"{100 * c:+.1f}%" for c in ceiling) + ")",
             worst >= 0.2,
             "met" if worst >= 0.2 else f"missed by {100 * (0.2 - worst):.1f} points at the worst capacity")
@@ -220,8 +223,14 @@ def plan_targets(p: dict) -> list[tuple[str, str, str, bool, str]]:
     s = p["sampled"]["sampler"]
     t.append(("plan: sampled-curve MAE vs exact, 10^7 requests", "<= 0.01", f"{p['mae_seconds']:.4f}",
               p["mae_seconds"] <= 0.01, "met" if p["mae_seconds"] <= 0.01 else "missed"))
-    t.append(("plan: tail sampling rate", "<= 5%", f"{100 * s['tail_rate']:.2f}% (+{s['head_keys']} head keys, "
-              f"{100 * s['tracked_fraction']:.1f}% of accesses tracked)", s["tail_rate"] <= 0.05, "met" if s["tail_rate"] <= 0.05 else "missed"))
+    # SHARDS's rate is the share of keys sampled; the head's keys count in it (every one is kept). What the
+    # sample costs to process is the share of accesses it tracks, given beside it: the head's are hot.
+    keys = p["sampled"]["distinct_keys"]
+    key_rate = (s["tail_rate"] * (keys - s["head_keys"]) + s["head_keys"]) / max(1, keys)
+    t.append(("plan: SHARDS sampling rate (share of keys sampled, the exact head's included)", "<= 5%",
+              f"{100 * key_rate:.2f}% (tail {100 * s['tail_rate']:.2f}% + {s['head_keys']} head keys; "
+              f"{100 * s['tracked_fraction']:.1f}% of accesses tracked)", key_rate <= 0.05,
+              "met" if key_rate <= 0.05 else "missed"))
     t.append(("plan: sampler memory", "<= 16 MB", f"{s['memory_bytes'] / 1e6:.1f} MB", s["memory_bytes"] <= 16e6,
               f"{100 * (1 - s['memory_bytes'] / 16e6):.0f}% under" if s["memory_bytes"] <= 16e6 else "missed"))
     t.append((f"plan: 10^7 requests, as run by default (sampled curves and miniatures, no replay; {p['cores']} cores)",
@@ -313,8 +322,10 @@ def render_body(d: dict) -> str:
              f"{p['exact_wall_s']:.1f} s wall, {p['exact_cpu_s']:.1f} s CPU. MAE of the sampled LRU curve against the exact one, by encode "
              f"seconds, over its {len(s['curves'][0]['points'])} capacities: {p['mae_seconds']:.4f}.\n")
     L.append("Hit ratios by encode seconds, L1 / L1+L2 / all tiers. With the defaults (`--eviction gdsf`, L1 up to 16 GB, L2 up to "
-             "256 GB) L1 and L2 are full in every row and the rest is L3. The total is sized off the GDSF curve (*curve*: the "
-             "curve there) and moved where a miniature of the tiered cache misses the target by over half a point (*miniatures*: "
+             "256 GB) L1 and L2 are full in every row and the rest is L3: Redis, written through with every tower result and "
+             "evicting by LRU, so it holds copies of what L1 and L2 hold and its column is the `maxmemory` it needs "
+             "(docs/PLAN.md, \"The tiers modelled\"). The total is sized off the GDSF curve (*curve*: the "
+             "curve there) and moved where a miniature of the tiers misses the target by over half a point (*miniatures*: "
              "how many the row ran; 1, not moved); all three predictions come from that miniature at the row's sizes "
              "(docs/PLAN.md, \"Per-tier predictions\"), since the tiered L1 ranks by promotion cost and keeps other entries "
              "than one GDSF cache on the curve would.\n")
