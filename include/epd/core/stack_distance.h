@@ -10,7 +10,12 @@
 // of C bytes iff its distance is <= C, for every C at least as large as the
 // largest entry (EmbeddingCache skips an entry larger than itself; below
 // that size the distances still count such entries, so a curve read there
-// is conservative). A first access has no distance (kCold).
+// is conservative). A first access has no distance (kCold). Exact when
+// each key keeps one size (a content key's embedding always has the same
+// bytes); a key re-accessed at a smaller size lowers the bytes above older
+// keys after the fact, where an LRU cache may already have evicted them, so
+// such a trace's distances can read a hit the cache missed (0.0014 of miss
+// ratio on a fuzzed trace whose keys change size at random).
 //
 // Design: a Fenwick tree over access positions holds, at each key's latest
 // position, that key's size; the bytes above k are total - prefix(k's
