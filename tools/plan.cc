@@ -112,10 +112,12 @@ void RunTasks(std::vector<std::function<void()>>& tasks, unsigned threads) {
 
 // The three tiers for a total: L1 up to l1_max_bytes, then L2 up to
 // l2_max_bytes, then L3.
+// Whole bytes: the total rounded up, L1 and L2 down, L3 the rest.
 void Split(SizingRow& row, double total, const PlanOptions& o) {
+  total = std::ceil(total);
   row.total_bytes = total;
-  row.l1_bytes = std::min(total, o.l1_max_bytes);
-  row.l2_bytes = std::min(total - row.l1_bytes, o.l2_max_bytes);
+  row.l1_bytes = std::floor(std::min(total, o.l1_max_bytes));
+  row.l2_bytes = std::floor(std::min(total - row.l1_bytes, o.l2_max_bytes));
   row.l3_bytes = total - row.l1_bytes - row.l2_bytes;
 }
 
@@ -431,7 +433,8 @@ std::string PlanText(const PlanResult& r) {
   }
   o += fmt::format(
       "\nsizing ({}; the total off its curve, moved where a miniature of the tiers misses the target; the hit "
-      "ratios predicted by that miniature; by encode seconds):\n",
+      "ratios predicted by that miniature; by encode seconds; L3 is Redis under allkeys-lru, written through with "
+      "every tower result, so it holds copies of what L1 and L2 hold):\n",
       r.policy);
   o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
                    "L2", "L3", "predicted L1/L1+2/all", r.replayed ? "replayed L1/L1+2/all" : "");

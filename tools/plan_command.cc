@@ -128,6 +128,12 @@ StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar) 
     return InvalidArgument("this epd-encode was built without epd::model: --model is unavailable");
 #endif
   }
+  if (!f.model.empty() || !f.images.empty()) {
+    std::fprintf(stderr,
+                 "plan: %s is a cache trace, which carries its own keys, sizes and costs: --model and --images "
+                 "(for a replay trace) are ignored\n",
+                 f.trace.c_str());
+  }
   CacheTraceOptions o;
   o.default_seconds_per_byte = f.seconds_per_byte;
   o.progress = [&bar](std::size_t done, std::size_t total) { bar.Update("read", done, total); };

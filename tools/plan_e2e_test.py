@@ -98,6 +98,15 @@ def test_a_plot_path_that_cannot_be_written_is_refused_before_any_work(tmp_path)
         assert r.returncode == 1 and why in r.stderr and r.stdout == "", (png, r.stderr)
 
 
+def test_model_and_images_given_with_a_cache_trace_are_said_to_be_ignored(tmp_path):
+    path = write(tmp_path / "t.jsonl", [{"key": "a", "bytes": 1000, "cost_s": 0.5}] * 2)
+    r = run("--trace", path, "--json", "--model", str(tmp_path), "--images", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "--model and --images (for a replay trace) are ignored" in r.stderr
+    assert json.loads(r.stdout)["max_hit_ratio"]["seconds"] == 0.5
+    assert "ignored" not in run("--trace", path, "--json").stderr
+
+
 def test_keys_are_checked_as_json_strings(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_bytes(b'{"key":"caf\xc3\xa9","bytes":1}\n{"key":"caf\xc3\xa9","bytes":1}\n')  # valid UTF-8: a repeat
