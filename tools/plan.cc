@@ -391,6 +391,19 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     row.curve_all = at(row.total_bytes);
     row.reached = row.predicted_all >= row.hit_ratio - kRefineTolerance;
   }
+  // An L1 the tiers fill first but that serves nothing: say so once, with
+  // the likeliest cause when the doorkeeper guards it.
+  for (const SizingRow& row : r.rows) {
+    if (row.total_bytes > 0 && row.l1_bytes > 0 && row.predicted_all > 0 && row.predicted_l1 < 0.001) {
+      r.warnings.push_back(fmt::format(
+          "L1 ({} at {:.0f}% of encode seconds saved) is predicted to serve {:.2f}% of encode seconds{}",
+          Gb(row.l1_bytes), 100 * row.target, 100 * row.predicted_l1,
+          dk ? fmt::format(": the doorkeeper's window ({} requests) may be too short for keys to repeat within it",
+                           o.doorkeeper_window)
+             : ""));
+      break;
+    }
+  }
   row_tasks.clear();
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     SizingRow& row = r.rows[i];

@@ -404,6 +404,11 @@ def test_the_doorkeeper_gates_l1_alone_so_its_plan_is_sized_as_the_tiers_reach(t
     assert totals == sorted(totals)
     text = run(*[a for a in common if a != "--json"], "--l1-admission", "doorkeeper").stdout
     assert ("short: no total up to" in text) == (not all(row["reached"] for row in dk["sizing"]))
+    # A window of one request admits nothing to L1 (a key never repeats within it): the plan says so.
+    assert not any(w.startswith("L1 ") for w in dk["warnings"] + plain["warnings"])
+    one = json.loads(run(*common, "--l1-admission", "doorkeeper", "--window", "1").stdout)
+    assert all(row["predicted_seconds_hit_ratio"]["l1"] == 0 for row in one["sizing"])
+    assert any("the doorkeeper's window (1 requests) may be too short" in w for w in one["warnings"]), one["warnings"]
 
 
 def test_replay_trace_without_model_says_what_to_give(tmp_path):
