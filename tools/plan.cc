@@ -112,11 +112,15 @@ void RunTasks(std::vector<std::function<void()>>& tasks, unsigned threads) {
 
 // The three tiers for a total: L1 up to l1_max_bytes, then L2 up to
 // l2_max_bytes, then L3.
-// Whole bytes: the total rounded up, L1 and L2 down, L3 the rest.
+// Whole bytes: the total rounded up, L1 and L2 down, L3 the rest. L1 first,
+// up to its limit; with the doorkeeper at most half the total, since every
+// first request goes into L2 (with no L2 it would be dropped).
 void Split(SizingRow& row, double total, const PlanOptions& o) {
   total = std::ceil(total);
   row.total_bytes = total;
-  row.l1_bytes = std::floor(std::min(total, o.l1_max_bytes));
+  const double l1_max =
+      o.l1_admission == L1Admission::kDoorkeeper ? std::min(o.l1_max_bytes, total / 2) : o.l1_max_bytes;
+  row.l1_bytes = std::floor(std::min(total, l1_max));
   row.l2_bytes = std::floor(std::min(total - row.l1_bytes, o.l2_max_bytes));
   row.l3_bytes = total - row.l1_bytes - row.l2_bytes;
 }
@@ -331,8 +335,10 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     // A sampled or simulated curve can end a little short of the trace's own
     // maximum: such a row starts where the curve comes within 0.1 % of its
     // end, and the miniature moves it from there.
+    // A curve flat at 0 (no sampled key repeats) starts at its largest capacity.
     if (row.total_bytes < 0 && row.hit_ratio > 0 && (simulated_policy || !r.exact)) {
-      row.total_bytes = curve.CapacityFor(Weighting::kSeconds, hit(curve, hi) * (1 - 1e-3));
+      const double top = hit(curve, hi);
+      row.total_bytes = top > 0 ? curve.CapacityFor(Weighting::kSeconds, top * (1 - 1e-3)) : hi;
       if (row.total_bytes <= 0) row.total_bytes = hi;
     }
     if (row.total_bytes >= 0) {

@@ -98,8 +98,9 @@ struct SizingRow {
   // moved to the smallest one whose miniature reaches it (bisection).
   int miniatures = 0;
   // The miniature at the final sizes gives the target, to within half a
-  // point; false where no total up to 1.25 x the working set did (the tiers'
-  // limits can cap it: an L1 or L2 smaller than the entries, the doorkeeper).
+  // point; false where no total up to 1.25 x the working set plus the L1 and
+  // L2 limits did (the tiers' limits can cap it: an L1 or L2 smaller than the
+  // entries, the doorkeeper).
   bool reached = true;
   double tiers_rate = 1;
   TierHits replayed;  // empty unless PlanResult::replayed

@@ -94,7 +94,7 @@ StatusOr<std::vector<CacheAccess>> FromReplayTrace(const PlanFlags& f) {
       if (it == seen.end()) {
         std::filesystem::path path(p);
         if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
-        StatusOr<std::string> bytes = ReadRegularFile(path.string(), kDefaultMaxRequestBytes);
+        StatusOr<std::string> bytes = ReadRegularFile(path.string(), std::numeric_limits<std::int64_t>::max());
         if (!bytes.ok()) return InvalidArgument("request '" + r.id + "': " + bytes.status().message());
         const auto* data = reinterpret_cast<const std::uint8_t*>(bytes->data());
         auto grid = ProbeGrid({data, bytes->size()}, cfg);

@@ -281,6 +281,23 @@ def test_a_sample_too_small_is_warned_of_and_the_targets_stay_the_traces_own(tmp
     assert "warning: the SHARDS sample" in text
 
 
+def test_a_sampled_curve_flat_at_zero_still_gets_sizes_that_reach_the_target(tmp_path):
+    # 90,000 one-off keys and four costly ones requested twice, 20,000 requests apart: a SHARDS sample of one
+    # tail key holds none of the four, so its curve is flat at 0 while the trace's maximum is well above it.
+    lines = [{"key": f"U{i}", "bytes": 1000, "cost_s": 0.01} for i in range(90_000)]
+    for r in range(4):
+        for at in (10_000 + 15_000 * r, 30_000 + 15_000 * r):
+            lines.insert(at, {"key": f"R{r}", "bytes": 1000, "cost_s": 100})
+    want = max_seconds_hit(lines)
+    j = json.loads(run("--trace", write(tmp_path / "flat.jsonl", lines), "--json", "--eviction", "lru",
+                       "--exact-max", "1000", "--shards-max-keys", "1", "--replay", "on").stdout)
+    assert j["max_hit_ratio"]["seconds"] == pytest.approx(want, rel=1e-9) and want > 0.1
+    assert any("SHARDS sample" in w for w in j["warnings"])
+    for row in j["sizing"]:
+        assert row["reached"], row
+        assert row["replayed_seconds_hit_ratio"]["all"] >= row["hit_ratio"] - 0.005, row
+
+
 def test_replay_auto_replays_only_traces_within_exact_max(tmp_path):
     path = write(tmp_path / "t.jsonl", zipf_trace(3000, 400, 7))
     sizes = ("--l1-max-gb", "0.0002", "--l2-max-gb", "0.001")
@@ -409,6 +426,19 @@ def test_the_doorkeeper_gates_l1_alone_so_its_plan_is_sized_as_the_tiers_reach(t
     one = json.loads(run(*common, "--l1-admission", "doorkeeper", "--window", "1").stdout)
     assert all(row["predicted_seconds_hit_ratio"]["l1"] == 0 for row in one["sizing"])
     assert any("the doorkeeper's window (1 requests) may be too short" in w for w in one["warnings"]), one["warnings"]
+
+
+def test_a_doorkeeper_plan_under_the_l1_limit_keeps_an_l2_for_first_requests(tmp_path):
+    # Every key requested twice, 1,000 keys of 1 MB: under the default 16 GB L1 limit. The doorkeeper sends a
+    # first request to L2 only, so a plan with all of it in L1 and no L2 would drop every first request and
+    # hit nothing.
+    lines = [{"key": f"k{i}", "bytes": 10**6, "cost_s": 0.01} for _ in range(2) for i in range(1000)]
+    j = json.loads(run("--trace", write(tmp_path / "twice.jsonl", lines), "--json", "--replay", "on",
+                       "--l1-admission", "doorkeeper").stdout)
+    for row in j["sizing"]:
+        b = row["bytes"]
+        assert b["l2"] >= b["l1"] > 0, b
+        assert row["reached"] and row["replayed_seconds_hit_ratio"]["all"] >= row["hit_ratio"] - 0.005, row
 
 
 def test_replay_trace_without_model_says_what_to_give(tmp_path):

@@ -600,6 +600,11 @@ TEST_P(EncodeWorkerTest, CreateRejectsBadOptionsNamingTheField) {
   EXPECT_EQ(EncodeWorker::Create(o, std::make_unique<FakeTower>()).status().message(),
             "max_tokens_per_batch must be > 0, got 0");
   o = Options();
+  o.l1_admission = L1Admission::kDoorkeeper;
+  o.l1_admission_window = 0;  // the filter itself would throw: refused as a Status first
+  EXPECT_EQ(EncodeWorker::Create(o, std::make_unique<FakeTower>()).status().message(),
+            "l1_admission_window must be in [1, 2^27] requests, got 0");
+  o = Options();
   o.preprocess.patch_size = 16;
   EXPECT_EQ(EncodeWorker::Create(o, std::make_unique<FakeTower>()).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(EncodeWorker::Create(Options(), nullptr).status().code(), StatusCode::kInvalidArgument);

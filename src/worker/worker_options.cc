@@ -23,6 +23,11 @@ Status WorkerOptions::Validate() const {
   if (max_tokens_per_batch <= 0) {
     return InvalidArgument("max_tokens_per_batch must be > 0, got " + std::to_string(max_tokens_per_batch));
   }
+  // The doorkeeper takes about 6 bytes per windowed request: 2^27 is 0.8 GB.
+  if (l1_admission_window < 1 || l1_admission_window > (std::uint64_t{1} << 27)) {
+    return InvalidArgument("l1_admission_window must be in [1, 2^27] requests, got " +
+                           std::to_string(l1_admission_window));
+  }
   if (max_items_per_batch <= 0) {
     return InvalidArgument("max_items_per_batch must be > 0, got " + std::to_string(max_items_per_batch));
   }

@@ -78,8 +78,9 @@ struct WorkerOptions {
   // default 4e-11 is a 25 GB/s host-to-device copy).
   EvictionPolicy eviction = EvictionPolicy::kLru;
   L1Admission l1_admission = L1Admission::kNone;
-  // The doorkeeper's window, requests (>= 1; --l1-admission-window): a key
-  // enters L1 on a second request within it (AdmissionFilterOptions).
+  // The doorkeeper's window, requests (1 to 2^27, checked by Validate;
+  // --l1-admission-window): a key enters L1 on a second request within it
+  // (AdmissionFilterOptions).
   std::uint64_t l1_admission_window = AdmissionFilterOptions{}.window;
   double promote_seconds_per_byte = 4e-11;
   // Turns one item's rows of a device-resident tower output (VisionTower::

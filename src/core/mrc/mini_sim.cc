@@ -100,7 +100,10 @@ SimResult Replay(const std::vector<Sampled>& sampled, const Weights& total, doub
     const bool is_head = s.head;
     ++out.simulated;
     (is_head ? head_total : tail_total) += w;
-    const std::uint32_t requests = filter.empty() ? 2 : filter[0].Record(a.key);
+    // The filter remixes what it is given with the Mix that picked the sample
+    // (every sampled key's Mix is below R x 2^64): it is given the cache's
+    // hash, Mix(key), so that its probes are not drawn from that corner.
+    const std::uint32_t requests = filter.empty() ? 2 : filter[0].Record(IdentityHash{}(a.key));
     if (cache.Get(a.key).has_value()) {
       (is_head ? head_hits : tail_hits) += w;
       continue;
