@@ -149,7 +149,7 @@ constexpr double kRefineTolerance = 0.005;
 // hit ratio before plan warns: SHARDS's published error bound (MAE < 0.01,
 // Waldspurger et al., FAST 2015), which a sample of usual size keeps.
 constexpr double kSampleWarnGap = 0.01;
-constexpr int kRefineBracket = 4;
+constexpr int kRefineBracket = 20;
 constexpr int kRefineBisect = 6;
 void Refine(SizingRow& row, const TierSample& sample, double floor, double ceiling, const PlanOptions& o) {
   if (row.total_bytes <= 0 || std::abs(row.predicted_all - row.hit_ratio) <= kRefineTolerance) return;
@@ -343,6 +343,14 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     }
     if (row.total_bytes >= 0) {
       Split(row, row.total_bytes, o);
+      // L3 is an LRU that holds copies of what L1 and L2 hold: where the
+      // split leaves it a share, it needs about what one LRU cache needs for
+      // the target on its own, whatever the tiers' policy (GDSF's curve can
+      // sit far below).
+      const double l3_lru = row.l3_bytes <= 0 ? -1
+                            : r.exact         ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
+                                              : r.curves[0].CapacityFor(Weighting::kSeconds, row.hit_ratio);
+      if (l3_lru > row.l3_bytes) Split(row, row.l1_bytes + row.l2_bytes + l3_lru, o);
       row.tiers_rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
     }
     r.rows.push_back(row);
@@ -404,7 +412,9 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       r.warnings.push_back(fmt::format(
           "L1 ({} at {:.0f}% of encode seconds saved) is predicted to serve {:.2f}% of encode seconds{}",
           Gb(row.l1_bytes), 100 * row.target, 100 * row.predicted_l1,
-          dk ? fmt::format(": the doorkeeper's window ({} requests) may be too short for keys to repeat within it",
+          dk ? fmt::format(": under the doorkeeper a key enters L1 on its second request within {} requests, and "
+                           "no key is requested from L1 after that (a window too short for keys to repeat in it, "
+                           "or keys not requested again after their second time)",
                            o.doorkeeper_window)
              : ""));
       break;

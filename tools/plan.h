@@ -15,7 +15,9 @@
 // cache: everything but cold misses, counted from the trace). The total
 // fills L1 up to l1_max_bytes, then L2 up to l2_max_bytes, then L3. L1 and
 // L2 are exclusive; L3 is Redis, written through with every tower result
-// and LRU, so it holds copies of what L1 and L2 hold (plan_tiers.h). The
+// and LRU, so it holds copies of what L1 and L2 hold (plan_tiers.h); where
+// the split leaves L3 a share, L3 starts at no less than the LRU curve's
+// capacity for the target. The
 // predicted hit ratios (L1, L1 + L2, all tiers) come from a miniature of the
 // tiers at those sizes (plan_tiers.h: the keys sampled at the MiniSim rate
 // plus the head, through the real tiers scaled down), since the tiered L1
@@ -24,7 +26,7 @@
 // capacities (at a steep knee the two differ by points). Where the
 // miniature at the curve's total misses t x the maximum by more than half a
 // point either way, the total moves to the smallest one whose miniature
-// reaches it (doublings or halvings to bracket it, at most 4, then 6
+// reaches it (doublings or halvings to bracket it, at most 20, then 6
 // bisections in log space; plan.cc, Refine), so the sizes printed give the
 // share asked for by the same estimate that predicts them. A row past the
 // curve's end starts where the curve comes within 0.1 % of its end.

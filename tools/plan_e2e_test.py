@@ -298,6 +298,25 @@ def test_a_sampled_curve_flat_at_zero_still_gets_sizes_that_reach_the_target(tmp
         assert row["replayed_seconds_hit_ratio"]["all"] >= row["hit_ratio"] - 0.005, row
 
 
+def test_an_l3_only_plan_is_sized_for_the_lru_that_l3_is_whatever_the_tiers_policy(tmp_path):
+    # 100 hot 1 KB keys that cost 1 s each, among 1 MB keys seen once. GDSF's curve reaches the target with
+    # little more than the hot keys; L3 (Redis) is LRU and must also hold the one-off keys written through
+    # between two requests of a hot key.
+    rng = random.Random(3)
+    lines = []
+    for i in range(20_000):
+        lines.append({"key": f"h{rng.randrange(100)}", "bytes": 1000, "cost_s": 1.0})
+        lines.append({"key": f"once{i}", "bytes": 10**6, "cost_s": 0.001})
+    path = write(tmp_path / "hot.jsonl", lines)
+    limits = ("--l1-max-gb", "0", "--l2-max-gb", "0", "--replay", "on", "--json")
+    for policy in ("gdsf", "lru"):
+        j = json.loads(run("--trace", path, "--eviction", policy, *limits).stdout)
+        for row in j["sizing"]:
+            assert row["bytes"]["l1"] == 0 and row["bytes"]["l2"] == 0
+            assert row["reached"], (policy, row)
+            assert row["replayed_seconds_hit_ratio"]["all"] >= row["hit_ratio"] - 0.005, (policy, row)
+
+
 def test_replay_auto_replays_only_traces_within_exact_max(tmp_path):
     path = write(tmp_path / "t.jsonl", zipf_trace(3000, 400, 7))
     sizes = ("--l1-max-gb", "0.0002", "--l2-max-gb", "0.001")
@@ -425,7 +444,7 @@ def test_the_doorkeeper_gates_l1_alone_so_its_plan_is_sized_as_the_tiers_reach(t
     assert not any(w.startswith("L1 ") for w in dk["warnings"] + plain["warnings"])
     one = json.loads(run(*common, "--l1-admission", "doorkeeper", "--window", "1").stdout)
     assert all(row["predicted_seconds_hit_ratio"]["l1"] == 0 for row in one["sizing"])
-    assert any("the doorkeeper's window (1 requests) may be too short" in w for w in one["warnings"]), one["warnings"]
+    assert any("a key enters L1 on its second request within 1 requests" in w for w in one["warnings"]), one["warnings"]
 
 
 def test_a_doorkeeper_plan_under_the_l1_limit_keeps_an_l2_for_first_requests(tmp_path):
