@@ -173,6 +173,8 @@ bool LooksLikeReplayTrace(std::string_view text) {
 
 StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const std::string& name,
                                                    const CacheTraceOptions& options) {
+  // A byte-order mark may start the file (and only the file): dropped here.
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);
   std::vector<CacheAccess> out;
   out.reserve(text.size() / 64);
   std::size_t at = 0;
@@ -190,9 +192,9 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
       out.push_back(*fast);
       continue;
     }
-    // A byte-order mark starts a file, not a line inside it (the JSON parser
-    // skips one wherever it is given a line).
-    if (n > 1 && line.starts_with("\xEF\xBB\xBF")) return error("a UTF-8 byte-order mark inside the file");
+    // One at the start of the file is gone (above); the JSON parser would
+    // skip one wherever it is given a line.
+    if (line.starts_with("\xEF\xBB\xBF")) return error("a UTF-8 byte-order mark inside the file");
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return error("not valid JSON: " + JsonError(line));
     if (!j.is_object()) return error("expected a JSON object");

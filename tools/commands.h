@@ -30,7 +30,8 @@ namespace epd::cli {
 [[noreturn]] void FailCommand(int exit_code, const std::string& message);
 
 // For a subcommand's run function that returns its exit code: logs
-// "<command>: <message>" as an error and returns 1.
+// "<command>: <message>" as an error and returns 1. Both escape control
+// characters in the message (other than newline and tab) as \xNN.
 int CommandError(const char* command, const std::string& message);
 
 void RegisterReplayCommand(CLI::App& app);

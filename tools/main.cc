@@ -12,14 +12,35 @@
 #include "epd/core/version.h"
 
 namespace epd::cli {
+namespace {
+
+// Control characters other than newline and tab, escaped as \xNN: a message
+// quotes names from outside (a file name, a trace's text), and an escape
+// sequence in one must not drive the terminal the error is read on.
+std::string Printable(const std::string& message) {
+  std::string out;
+  out.reserve(message.size());
+  for (const char c : message) {
+    const auto b = static_cast<unsigned char>(c);
+    if ((b < 0x20 && c != '\n' && c != '\t') || b == 0x7f) {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += {'\\', 'x', kHex[b >> 4], kHex[b & 0xf]};
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 void FailCommand(int exit_code, const std::string& message) {
-  spdlog::error("{}", message);
+  spdlog::error("{}", Printable(message));
   throw CLI::RuntimeError(exit_code);
 }
 
 int CommandError(const char* command, const std::string& message) {
-  spdlog::error("{}: {}", command, message);
+  spdlog::error("{}: {}", command, Printable(message));
   return 1;
 }
 

@@ -74,6 +74,9 @@ def test_the_parser_says_why_a_line_is_not_json_and_a_bom_only_starts_the_file(t
     r = run("--trace", str(path), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["requests"] == 2
+    path.write_bytes(b'\xef\xbb\xbf\n{"key":"a","bytes":1}\n')  # the BOM, then a blank line
+    r = run("--trace", str(path), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["requests"] == 1, r.stderr
     path.write_bytes(b'{"key":"a","bytes":1}\n\xef\xbb\xbf{"key":"a","bytes":1}\n')
     r = run("--trace", str(path))
     assert r.returncode == 1 and f"{path}:2: a UTF-8 byte-order mark inside the file" in r.stderr, r.stderr
@@ -105,6 +108,16 @@ def test_model_and_images_given_with_a_cache_trace_are_said_to_be_ignored(tmp_pa
     assert "--model and --images (for a replay trace) are ignored" in r.stderr
     assert json.loads(r.stdout)["max_hit_ratio"]["seconds"] == 0.5
     assert "ignored" not in run("--trace", path, "--json").stderr
+
+
+def test_an_error_escapes_control_characters_in_the_names_it_quotes(tmp_path):
+    # A file name with a terminal escape sequence: the error names the file, escaped, and never writes the
+    # raw escape character to the terminal.
+    path = tmp_path / "bad\x1b[31m.jsonl"
+    path.write_text('{"key":"a","bytes":-1}\n')
+    r = run("--trace", str(path))
+    assert r.returncode == 1 and "\x1b" not in r.stderr, repr(r.stderr)
+    assert "bad\\x1b[31m.jsonl:1: bytes must be an integer" in r.stderr, repr(r.stderr)
 
 
 def test_keys_are_checked_as_json_strings(tmp_path):
