@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -238,7 +237,7 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
 
 StatusOr<std::vector<CacheAccess>> ReadCacheTrace(const std::string& path, const CacheTraceOptions& options) {
   // A regular file only: /dev/zero or a FIFO would be read without end.
-  StatusOr<std::string> text = ReadRegularFile(path, std::numeric_limits<std::int64_t>::max());
+  StatusOr<std::string> text = ReadRegularFile(path);
   if (!text.ok()) return InvalidArgument("trace: " + text.status().message());
   return ParseCacheTrace(*text, path, options);
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ inline constexpr std::int64_t kDefaultMaxRequestBytes = std::int64_t{64} << 20;
 // a directory, ...) or its size against max_bytes. Cost: one read of the
 // file; memory its size.
 StatusOr<std::string> ReadRegularFile(const std::string& path, std::int64_t max_bytes);
+// The same with no limit on the size (a trace: what matters is that it ends).
+inline StatusOr<std::string> ReadRegularFile(const std::string& path) {
+  return ReadRegularFile(path, std::numeric_limits<std::int64_t>::max());
+}
 
 // SplitMix64 (Steele, Lea, Flood: "Fast splittable pseudorandom number
 // generators", OOPSLA 2014): one 64-bit state; each step adds the golden

@@ -248,7 +248,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   }
   const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max(1.0, static_cast<double>(r.distinct_keys));
   // Capacities stay below kMaxCacheBytes (2^62 - 1, which a double rounds up to 2^62: one ulp under it).
-  const double max_capacity = std::nextafter(static_cast<double>(kMaxCacheBytes), 0.0);
+  const double max_capacity = LargestCapacity();
   const double lo = std::min(std::max({r.largest_entry, 8 * mean, r.working_set_bytes / 1e4, 1.0}), max_capacity / 2);
   const double hi = std::min(std::max(lo * 2, r.working_set_bytes * 1.25), max_capacity);
   const std::vector<double> caps = LogCapacities(lo, hi, o.points);

@@ -21,7 +21,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -94,7 +93,7 @@ StatusOr<std::vector<CacheAccess>> FromReplayTrace(const PlanFlags& f) {
       if (it == seen.end()) {
         std::filesystem::path path(p);
         if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
-        StatusOr<std::string> bytes = ReadRegularFile(path.string(), std::numeric_limits<std::int64_t>::max());
+        StatusOr<std::string> bytes = ReadRegularFile(path.string());
         if (!bytes.ok()) return InvalidArgument("request '" + r.id + "': " + bytes.status().message());
         const auto* data = reinterpret_cast<const std::uint8_t*>(bytes->data());
         auto grid = ProbeGrid({data, bytes->size()}, cfg);
@@ -114,7 +113,7 @@ StatusOr<std::vector<CacheAccess>> FromReplayTrace(const PlanFlags& f) {
 
 StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar) {
   // A regular file only: /dev/zero or a FIFO would be read without end.
-  StatusOr<std::string> text = ReadRegularFile(f.trace, std::numeric_limits<std::int64_t>::max());
+  StatusOr<std::string> text = ReadRegularFile(f.trace);
   if (!text.ok()) return InvalidArgument("trace: " + text.status().message());
   if (LooksLikeReplayTrace(*text)) {
     if (f.model.empty()) {

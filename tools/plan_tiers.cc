@@ -9,9 +9,7 @@ namespace epd::cli {
 namespace {
 
 std::int64_t Scaled(double bytes, double rate) {
-  // kMaxCacheBytes as a double rounds up to 2^62, which the caches refuse: one ulp under it.
-  const double top = std::nextafter(static_cast<double>(kMaxCacheBytes), 0.0);
-  return static_cast<std::int64_t>(std::clamp(bytes * rate, 0.0, top));
+  return static_cast<std::int64_t>(std::clamp(bytes * rate, 0.0, LargestCapacity()));
 }
 
 // `share`: the share of the trace's requests the replay sees, which scales

@@ -32,6 +32,7 @@
 // Thread safety: thread-compatible.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <unordered_set>
@@ -43,6 +44,11 @@
 #include "plan.h"
 
 namespace epd::cli {
+
+// The largest capacity the caches take, as a double: kMaxCacheBytes
+// (2^62 - 1) rounds up to 2^62, which they refuse, so one ulp under it
+// (2^62 - 512).
+inline double LargestCapacity() { return std::nextafter(static_cast<double>(kMaxCacheBytes), 0.0); }
 
 // The full-scale sizes of the three tiers, bytes.
 struct TierSizes {

@@ -238,15 +238,10 @@ int RunReplay(const ReplayFlags& f) {
   std::map<std::string, std::int64_t> failures;  // status code name -> items
   std::string first_failure;
   std::int64_t items = 0, failed_requests = 0;
-  std::vector<CacheAccess> accesses;                                // for --mrc: one per embedded item, in trace order
-  std::unordered_map<ContentKey, double, ContentKeyHash> measured;  // for --mrc: each key's measured cost
-  for (const RequestResult& r : results) {
-    for (const ItemResult& it : r.items) {
-      if (f.mrc && it.status.ok() && std::isfinite(it.encode_seconds) && it.encode_seconds >= 0) {
-        measured.try_emplace(it.key, it.encode_seconds);
-      }
-    }
-  }
+  std::vector<CacheAccess> accesses;  // for --mrc: one per embedded item, in trace order
+  // For --mrc: each key's measured cost, as the manifest's cost_s.
+  const std::unordered_map<ContentKey, double, ContentKeyHash> measured =
+      f.mrc ? MeasuredCosts(results) : std::unordered_map<ContentKey, double, ContentKeyHash>{};
   Clock::time_point last = start;
   for (std::size_t i = 0; i < n; ++i) {
     const RequestResult& r = results[i];

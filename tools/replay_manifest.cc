@@ -23,10 +23,7 @@ bool IsZero(const ContentKey& k) {
 
 }  // namespace
 
-std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::span<const RequestResult> results,
-                                    const std::string& out_file) {
-  // Each key's measured cost, from the item the tower ran for it: a hit or a
-  // join of the same image carries it too, wherever it sits in the trace.
+std::unordered_map<ContentKey, double, ContentKeyHash> MeasuredCosts(std::span<const RequestResult> results) {
   std::unordered_map<ContentKey, double, ContentKeyHash> cost;
   for (const RequestResult& res : results) {
     for (const ItemResult& item : res.items) {
@@ -35,6 +32,14 @@ std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::sp
       }
     }
   }
+  return cost;
+}
+
+std::string ReplayManifestJsonLines(std::span<const TraceRequest> trace, std::span<const RequestResult> results,
+                                    const std::string& out_file) {
+  // Each key's measured cost: a hit or a join of the same image carries it
+  // too, wherever it sits in the trace.
+  const std::unordered_map<ContentKey, double, ContentKeyHash> cost = MeasuredCosts(results);
   std::string text;
   for (std::size_t r = 0; r < trace.size() && r < results.size(); ++r) {
     const TraceRequest& req = trace[r];

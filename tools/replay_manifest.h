@@ -36,12 +36,19 @@
 
 #include <span>
 #include <string>
+#include <unordered_map>
 
 #include "epd/core/status.h"
 #include "epd/worker/encode_worker.h"
 #include "trace.h"
 
 namespace epd::cli {
+
+// Each key's measured encode cost in `results`: the first finite, >= 0
+// ItemResult::encode_seconds of an item that succeeded with that key (the
+// item the tower ran for it, or the one adopted from L3 with its stored
+// cost). The manifest's cost_s, and replay --mrc's costs.
+std::unordered_map<ContentKey, double, ContentKeyHash> MeasuredCosts(std::span<const RequestResult> results);
 
 // The manifest text. REQUIRES: results[i] is the result of trace[i] (same
 // size; items by index).
