@@ -49,6 +49,12 @@ class LastSizes {
     for (const Slot& s : slots_) total += s.bytes > 0 ? static_cast<double>(s.bytes) : 0.0;
     return total;
   }
+  // What Redis would charge to hold every key (RedisChargeBytes).
+  double SumRedisCharge() const {
+    double total = 0;
+    for (const Slot& s : slots_) total += s.bytes >= 0 ? static_cast<double>(RedisChargeBytes(s.bytes)) : 0.0;
+    return total;
+  }
 
  private:
   struct Slot {
@@ -242,6 +248,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     }
     r.distinct_keys = sizes.size();
     r.working_set_bytes = sizes.SumBytes();
+    r.working_set_redis_bytes = sizes.SumRedisCharge();
     auto ratio = [](double part, double all) { return all > 0 ? part / all : 0.0; };  // 0: nothing to save
     r.max_hit_ratio = {ratio(repeats.objects, total.objects), ratio(repeats.bytes, total.bytes),
                        ratio(repeats.seconds, total.seconds)};
@@ -251,6 +258,8 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   const double max_capacity = LargestCapacity();
   const double lo = std::min(std::max({r.largest_entry, 8 * mean, r.working_set_bytes / 1e4, 1.0}), max_capacity / 2);
   const double hi = std::min(std::max(lo * 2, r.working_set_bytes * 1.25), max_capacity);
+  // L3's bytes per byte of entry: what Redis charges for the working set over its bytes.
+  const double redis_charge = r.working_set_bytes > 0 ? r.working_set_redis_bytes / r.working_set_bytes : 1.0;
   const std::vector<double> caps = LogCapacities(lo, hi, o.points);
 
   // The head (SHARDS and MiniSim keep it at rate 1), then the four curves
@@ -346,10 +355,10 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       // L3 is an LRU that holds copies of what L1 and L2 hold: where the
       // split leaves it a share, it needs about what one LRU cache needs for
       // the target on its own, whatever the tiers' policy (GDSF's curve can
-      // sit far below).
+      // sit far below), in the bytes Redis charges for them.
       const double l3_lru = row.l3_bytes <= 0 ? -1
-                            : r.exact         ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
-                                              : r.curves[0].CapacityFor(Weighting::kSeconds, row.hit_ratio);
+                            : r.exact         ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge
+                                      : r.curves[0].CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge;
       if (l3_lru > row.l3_bytes) Split(row, row.l1_bytes + row.l2_bytes + l3_lru, o);
       row.tiers_rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
     }
@@ -368,7 +377,8 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   }
   // L3 is written through and holds copies of what L1 and L2 hold, so the
   // tiers' total may need the curve's largest capacity in L3 alone.
-  const double ceiling = std::min(hi + std::min(hi, o.l1_max_bytes) + std::min(hi, o.l2_max_bytes), max_capacity);
+  const double ceiling = std::min(
+      std::max(hi, hi * redis_charge) + std::min(hi, o.l1_max_bytes) + std::min(hi, o.l2_max_bytes), max_capacity);
   std::vector<std::function<void()>> row_tasks;
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     SizingRow& row = r.rows[i];
@@ -463,7 +473,8 @@ std::string PlanText(const PlanResult& r) {
   o += fmt::format(
       "\nsizing ({}; the total off its curve, moved where a miniature of the tiers misses the target; the hit "
       "ratios predicted by that miniature; by encode seconds; L3 is Redis under allkeys-lru, written through with "
-      "every tower result, so it holds copies of what L1 and L2 hold):\n",
+      "every tower result, so it holds copies of what L1 and L2 hold, and its column is the maxmemory to set: "
+      "what Redis charges for the values, its allocator's rounding included):\n",
       r.policy);
   o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
                    "L2", "L3", "predicted L1/L1+2/all", r.replayed ? "replayed L1/L1+2/all" : "");
@@ -506,6 +517,7 @@ std::string PlanJson(const PlanResult& r) {
   nlohmann::json j = {{"requests", r.requests},
                       {"distinct_keys", r.distinct_keys},
                       {"working_set_bytes", r.working_set_bytes},
+                      {"working_set_redis_bytes", r.working_set_redis_bytes},
                       {"largest_entry_bytes", r.largest_entry},
                       {"encode_seconds", r.total_seconds},
                       {"max_hit_ratio", WeightsJson(r.max_hit_ratio)},

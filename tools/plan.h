@@ -112,6 +112,9 @@ struct PlanResult {
   std::size_t requests = 0;
   std::size_t distinct_keys = 0;
   double working_set_bytes = 0;  // bytes of the distinct keys
+  // ... as a Redis holding them all charges them (plan_tiers.h,
+  // RedisChargeBytes): what L3's sizes are in.
+  double working_set_redis_bytes = 0;
   double largest_entry = 0;
   double total_seconds = 0;
   // An infinite cache's: every access but a key's first, counted from the

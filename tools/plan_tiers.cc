@@ -3,7 +3,9 @@
 #include "plan_tiers.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <limits>
 
 namespace epd::cli {
 namespace {
@@ -34,7 +36,38 @@ Weights Times(const Weights& w, const Weights& f) {
   return {w.objects * f.objects, w.bytes * f.bytes, w.seconds * f.seconds};
 }
 
+// The sds header for a string of `n` bytes (Redis's sdsReqType; type 5, for
+// under 32 bytes, is used only for embedded strings, which an L3 value and
+// key never are).
+std::uint64_t SdsHeaderBytes(std::uint64_t n) {
+  if (n < (1ULL << 8)) return 3;
+  if (n < (1ULL << 16)) return 5;
+  if (n < (1ULL << 32)) return 9;
+  return 17;
+}
+
 }  // namespace
+
+std::uint64_t JemallocSizeClass(std::uint64_t bytes) {
+  if (bytes <= 8) return 8;
+  if (bytes <= 128) return (bytes + 15) / 16 * 16;
+  const int lg = 63 - std::countl_zero(bytes - 1);  // floor(log2(bytes - 1))
+  const std::uint64_t spacing = 1ULL << (lg - 2);
+  if (bytes > std::numeric_limits<std::uint64_t>::max() - spacing) return std::numeric_limits<std::uint64_t>::max();
+  return (bytes + spacing - 1) / spacing * spacing;
+}
+
+std::int64_t RedisChargeBytes(std::int64_t embedding_bytes) {
+  constexpr std::uint64_t kKeyBytes = 70;  // "epd:v:" + 64 hex digits
+  constexpr std::uint64_t kObject = 16, kDictEntry = 32, kBuckets = 24;
+  static const std::uint64_t kPerKey =
+      JemallocSizeClass(SdsHeaderBytes(kKeyBytes) + kKeyBytes + 1) + kObject + 2 * kDictEntry + kBuckets;
+  const std::uint64_t value = static_cast<std::uint64_t>(std::max<std::int64_t>(embedding_bytes, 0)) +
+                              static_cast<std::uint64_t>(kRedisL3ValueHeaderBytes);
+  const std::uint64_t charge = JemallocSizeClass(SdsHeaderBytes(value) + value + 1);
+  const auto most = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  return static_cast<std::int64_t>(charge >= most - kPerKey ? most : charge + kPerKey);
+}
 
 TierReplayer::TierReplayer(const TierSizes& sizes, double rate, const PlanOptions& o, double share)
     : rate_(rate),
@@ -62,7 +95,9 @@ void TierReplayer::Access(const CacheAccess& a, bool head) {
   }
   h.miss += w;
   PlaceInTiers(a.key, nbytes, cost);
-  bottom_.Put(a.key, 0, nbytes, cost);  // the worker writes every tower result to L3
+  // The worker writes every tower result to L3, which charges what Redis does.
+  const std::int64_t charge = RedisChargeBytes(a.bytes);
+  bottom_.Put(a.key, 0, head ? std::llround(static_cast<double>(charge) * rate_) : charge, cost);
 }
 
 // The tiers place an entry too large for L1 in L2 themselves

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,7 +66,8 @@ Replayed Oracle(const std::vector<CacheAccess>& trace, const TierSizes& s, const
                                                                static_cast<std::int64_t>(s.l2), to);
   // L3 as Redis runs it (docs/L3.md): LRU over all keys, written with every
   // tower result, read on an L1/L2 miss, keeping what it serves; L2's
-  // victims are dropped.
+  // victims are dropped. Each value charged what Redis charges for it
+  // (RedisChargeBytes; plan_redis_test checks it against a real Redis).
   EmbeddingCache<std::uint64_t, char, TierKeyHash> l3(static_cast<std::int64_t>(s.l3),
                                                       CacheOptions{EvictionPolicy::kLru});
   double l1 = 0, l2 = 0, l3_hits = 0, total = 0;
@@ -79,7 +81,7 @@ Replayed Oracle(const std::vector<CacheAccess>& trace, const TierSizes& s, const
     const bool in_l3 = l3.Get(a.key).has_value();
     if (in_l3) l3_hits += a.seconds;
     tiers.Put(a.key, 0, a.bytes, {a.seconds});
-    if (!in_l3) l3.Put(a.key, 0, a.bytes, {a.seconds});
+    if (!in_l3) l3.Put(a.key, 0, RedisChargeBytes(a.bytes), {a.seconds});
   }
   return {l1 / total, (l1 + l2) / total, (l1 + l2 + l3_hits) / total};
 }
@@ -160,10 +162,12 @@ INSTANTIATE_TEST_SUITE_P(Policies, PlanTiersTest,
 //   D        miss; L1 D, L2 A (C dropped); L3 writes D and evicts B: C A D
 //   B        miss (an exclusive L3 fed L2's victims would hold B); L3: A D B
 //   C        miss
+// L3 holds three values of 100-byte entries: 3 x 408 bytes as Redis charges
+// them (RedisChargesItsAllocatorsSizeClasses below).
 TEST(TierReplayerTest, L3IsWrittenThroughWithEveryMissAndKeepsWhatItServes) {
   PlanOptions o;
   o.eviction = EvictionPolicy::kLru;
-  TierReplayer r({100, 100, 300}, 1.0, o);
+  TierReplayer r({100, 100, 3 * 408}, 1.0, o);
   for (char k : std::string("ABCADBC")) r.Access({static_cast<std::uint64_t>(k), 100, 1.0}, false);
   const TierHits h = r.Hits({}, {});
   EXPECT_EQ(h.l1.objects, 0);
@@ -174,6 +178,33 @@ TEST(TierReplayerTest, L3IsWrittenThroughWithEveryMissAndKeepsWhatItServes) {
   r.Access({'B', 100, 1.0}, false);
   EXPECT_EQ(r.Hits({}, {}).l2.objects, 1);
   EXPECT_EQ(r.Hits({}, {}).l3.objects, 1);
+}
+
+// jemalloc 5's size classes: 8, multiples of 16 to 128, then four per doubling.
+TEST(RedisChargeTest, JemallocSizeClasses) {
+  EXPECT_EQ(JemallocSizeClass(0), 8u);
+  EXPECT_EQ(JemallocSizeClass(9), 16u);
+  EXPECT_EQ(JemallocSizeClass(128), 128u);
+  EXPECT_EQ(JemallocSizeClass(129), 160u);
+  EXPECT_EQ(JemallocSizeClass(224), 224u);
+  EXPECT_EQ(JemallocSizeClass(257), 320u);
+  EXPECT_EQ(JemallocSizeClass(1u << 20), 1u << 20);
+  EXPECT_EQ(JemallocSizeClass((1u << 20) + 1), (1u << 20) + (1u << 18));
+  EXPECT_EQ(JemallocSizeClass(~0ULL), ~0ULL);  // saturates
+}
+
+// Worked by hand (plan_tiers.h's accounting). The key "epd:v:" + 64 hex: an
+// sds of 3 + 70 + 1 = 74 bytes, class 80; its object 16, two dictionary
+// entries 64, buckets 24: 184 bytes a key besides the value's sds.
+TEST(RedisChargeTest, RedisChargesItsAllocatorsSizeClasses) {
+  // 100 bytes of rows: a value of 220 bytes, sds 3 + 220 + 1 = 224: class 224.
+  EXPECT_EQ(RedisChargeBytes(100), 224 + 184);
+  // 560 tokens of Qwen2.5-VL-7B (3584 x bf16): 4,014,080 bytes; the value's
+  // sds 9 + 4,014,200 + 1 rounds up to 4 MiB.
+  EXPECT_EQ(RedisChargeBytes(4014080), 4194304 + 184);
+  // 600 tokens: 4,300,800 bytes, just over 4 MiB: 5 MiB, 22 % over the rows.
+  EXPECT_EQ(RedisChargeBytes(4300800), 5242880 + 184);
+  EXPECT_EQ(RedisChargeBytes(std::numeric_limits<std::int64_t>::max()), std::numeric_limits<std::int64_t>::max());
 }
 
 TEST(TierRateTest, RaisedUntilTheSmallerTierHoldsEnoughEntries) {
