@@ -39,11 +39,14 @@ TRACES = {
              "adversarial: a loop over 30,000 keys (134 GB), larger than every cache tried (10, 30, 60% of it)"),
     "uniform-cost": (["--kind", "uniform-cost", "--requests", "1000000", "--keys", "200000", "--seed", "3"],
                      "adversarial: the production keys with one cost per byte"),
+    "high-reuse": (["--requests", "1000000", "--keys", "200000", "--one-hit", "0.1", "--seed", "9"],
+                   "production-shaped with 10% one-hit wonders: an infinite cache hits 0.79, so LRU reaches the "
+                   "issue's whole 0.3-0.7"),
     "conversation": (["--kind", "conversation", "--requests", "300000", "--seed", "8"],
                      "multi-turn chat: each image re-sent on up to 3 later turns, each up to 20,000 requests after the last"),
 }
 # the traces of the one-cache tables and targets (one-hit-50 is the doorkeeper's)
-ONE_CACHE = ("production", "uniform-cost", "scan", "unique", "conversation")
+ONE_CACHE = ("production", "high-reuse", "uniform-cost", "scan", "unique", "conversation")
 BIG = (["--requests", "10000000", "--keys", "2000000", "--seed", "7"], "production-10M")
 
 
@@ -85,6 +88,7 @@ def measure(build: str, skip_plan: bool = False) -> dict:
     paths = {name: trace(build, name, args) for name, (args, _) in TRACES.items()}
     sim = {}
     sim["production"] = json.loads(sh([ev, "--simulate", paths["production"], "--lru-hit", "0.3,0.4,0.5,0.6"]).stdout)
+    sim["high-reuse"] = json.loads(sh([ev, "--simulate", paths["high-reuse"], "--lru-hit", "0.3,0.4,0.5,0.6,0.7"]).stdout)
     sim["uniform-cost"] = json.loads(sh([ev, "--simulate", paths["uniform-cost"], "--lru-hit", "0.3,0.4,0.5,0.6"]).stdout)
     sim["conversation"] = json.loads(sh([ev, "--simulate", paths["conversation"], "--lru-hit", "0.3,0.4,0.5"]).stdout)
     for name in ("unique", "scan"):
@@ -122,6 +126,14 @@ def measure_plan(epd: str, big: str) -> dict:
             "cores": os.cpu_count(), "mae_seconds": mae(sampled["curves"][0], exact["curves"][0])}
 
 
+def redis_charge(p: dict) -> str:
+    """How much over the entries' bytes Redis charges on the 10^7 trace (runs before plan counted it: nothing)."""
+    c = p["checked"]
+    if "working_set_redis_bytes" not in c:
+        return ""
+    return f", {100 * (c['working_set_redis_bytes'] / c['working_set_bytes'] - 1):.1f} % more than the entries' bytes here"
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -155,19 +167,24 @@ def worst_ratio(rows: list[tuple[str, dict]], num, den) -> tuple[float, str]:
     return (0.0, "") if worst == 1e9 else (worst, where)
 
 
-def vs_lru_production(d: dict, policy: str, label: str) -> tuple[str, str, str, bool, str]:
-    """`policy`'s encode seconds saved over LRU's on the production trace, every capacity (goal +20%)."""
-    rows = d["simulate"]["production"]["by_lru_hit"]
+def vs_lru_production(d: dict, policy: str, label: str, trace: str = "production") -> tuple[str, str, str, bool, str]:
+    """`policy`'s encode seconds saved over LRU's on a production-shaped trace, every capacity (goal +20%)."""
+    rows = d["simulate"][trace]["by_lru_hit"]
     gains = [r[f"{policy}_seconds_saved"] / r["lru_seconds_saved"] - 1 for r in rows]
     worst = min(gains)
-    ceiling = [d["simulate"]["production"]["max_hit_ratio"] / r["lru_hit_ratio"] - 1 for r in rows]
+    ceiling = [d["simulate"][trace]["max_hit_ratio"] / r["lru_hit_ratio"] - 1 for r in rows]
     hits = "/".join(f"{r['lru_hit_ratio']:.1f}" for r in rows)
-    top = d["simulate"]["production"]["max_hit_ratio"]
-    return (f"{label} vs LRU encode seconds saved, production trace, LRU hit {hits} (the issue asks 0.3-0.7; "
-            f"past {top:.3f}, the infinite cache's, LRU cannot go)", ">= +20%",
+    top = d["simulate"][trace]["max_hit_ratio"]
+    bound = (f"the issue asks 0.3-0.7; past {top:.3f}, the infinite cache's, LRU cannot go" if top < 0.7
+             else f"the infinite cache hits {top:.3f}")
+    # Where the ceiling itself is under +20%, no policy can meet the goal there.
+    out_of_reach = [f"{r['lru_hit_ratio']:.1f}" for r, c in zip(rows, ceiling) if c < 0.2]
+    margin = "met" if worst >= 0.2 else f"missed by {100 * (0.2 - worst):.1f} points at the worst capacity"
+    if out_of_reach and worst < 0.2:
+        margin += f"; at LRU hit {', '.join(out_of_reach)} even the ceiling is under +20%"
+    return (f"{label} vs LRU encode seconds saved, {trace} trace, LRU hit {hits} ({bound})", ">= +20%",
             ", ".join(f"{100 * g:+.1f}%" for g in gains) + " (ceiling: " + ", ".join(f"{100 * c:+.1f}%" for c in ceiling) + ")",
-            worst >= 0.2,
-            "met" if worst >= 0.2 else f"missed by {100 * (0.2 - worst):.1f} points at the worst capacity")
+            worst >= 0.2, margin)
 
 
 def targets(d: dict) -> list[tuple[str, str, str, bool, str]]:
@@ -187,6 +204,9 @@ def targets(d: dict) -> list[tuple[str, str, str, bool, str]]:
                   "met" if worst_adv >= -0.02 else f"missed by {100 * (-0.02 - worst_adv):.1f} points"))
     if rows_of(d, ("production",), "adaptive_seconds_saved")[0]:
         t.append(vs_lru_production(d, "adaptive", "adaptive"))
+    if "high-reuse" in d["simulate"]:  # runs before it had none
+        t.append(vs_lru_production(d, "gdsf", "GDSF", "high-reuse"))
+        t.append(vs_lru_production(d, "adaptive", "adaptive", "high-reuse"))
     covered, rows = rows_of(d, ONE_CACHE, "adaptive_seconds_saved")
     if covered:
         for what, worst, where in (
@@ -323,8 +343,9 @@ def render_body(d: dict) -> str:
              f"seconds, over its {len(s['curves'][0]['points'])} capacities: {p['mae_seconds']:.4f}.\n")
     L.append("Hit ratios by encode seconds, L1 / L1+L2 / all tiers. With the defaults (`--eviction gdsf`, L1 up to 16 GB, L2 up to "
              "256 GB) L1 and L2 are full in every row and the rest is L3: Redis, written through with every tower result and "
-             "evicting by LRU, so it holds copies of what L1 and L2 hold and its column is the `maxmemory` it needs "
-             "(docs/PLAN.md, \"The tiers modelled\"). The total is sized off the GDSF curve (*curve*: the "
+             "evicting by LRU, so it holds copies of what L1 and L2 hold and its column is the `maxmemory` it needs, in "
+             "the bytes Redis charges for the values" + redis_charge(d["plan"]) + " (docs/PLAN.md, \"The tiers "
+             "modelled\" and \"What Redis charges a value\"). The total is sized off the GDSF curve (*curve*: the "
              "curve there) and moved where a miniature of the tiers misses the target by over half a point (*miniatures*: "
              "how many the row ran; 1, not moved); all three predictions come from that miniature at the row's sizes "
              "(docs/PLAN.md, \"Per-tier predictions\"), since the tiered L1 ranks by promotion cost and keeps other entries "
