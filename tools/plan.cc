@@ -378,7 +378,8 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   // L3 is written through and holds copies of what L1 and L2 hold, so the
   // tiers' total may need the curve's largest capacity in L3 alone.
   const double ceiling = std::min(
-      std::max(hi, hi * redis_charge) + std::min(hi, o.l1_max_bytes) + std::min(hi, o.l2_max_bytes), max_capacity);
+      std::max(hi, 1.25 * r.working_set_redis_bytes) + std::min(hi, o.l1_max_bytes) + std::min(hi, o.l2_max_bytes),
+      max_capacity);
   std::vector<std::function<void()>> row_tasks;
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     SizingRow& row = r.rows[i];
@@ -412,7 +413,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       again = true;
     }
     if (again) Predict(row, samples.at(row.tiers_rate), o);
-    row.curve_all = at(row.total_bytes);
+    row.curve_all = at(row.l1_bytes + row.l2_bytes + row.l3_bytes / redis_charge);  // the curve is in entry bytes
     row.reached = row.predicted_all >= row.hit_ratio - kRefineTolerance;
   }
   // An L1 the tiers fill first but that serves nothing: say so once, with

@@ -92,8 +92,9 @@ struct SizingRow {
   // Encode-seconds hit ratios from a miniature of the three tiers
   // (plan_tiers.h) at tiers_rate: L1, L1 + L2 and all tiers.
   double predicted_l1 = 0, predicted_l12 = 0, predicted_all = 0;
-  // The policy's curve at total_bytes: what the sizing read (one cache of
-  // that size, interpolated between the curve's capacities).
+  // The policy's curve at total_bytes, L3's share in the entries' bytes
+  // (over the trace's Redis charge ratio): what the sizing read (one cache
+  // of that size, interpolated between the curve's capacities).
   double curve_all = 0;
   // Miniatures run for the row: 1, or more where the curve's total missed
   // the target in the miniature by over half a point and the total was

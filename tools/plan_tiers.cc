@@ -36,9 +36,8 @@ Weights Times(const Weights& w, const Weights& f) {
   return {w.objects * f.objects, w.bytes * f.bytes, w.seconds * f.seconds};
 }
 
-// The sds header for a string of `n` bytes (Redis's sdsReqType; type 5, for
-// under 32 bytes, is used only for embedded strings, which an L3 value and
-// key never are).
+// The sds header for a string of `n` bytes (Redis 7.0's sdsReqType; an L3
+// value and key are never under 32 bytes, where type 5 would be used).
 std::uint64_t SdsHeaderBytes(std::uint64_t n) {
   if (n < (1ULL << 8)) return 3;
   if (n < (1ULL << 16)) return 5;
@@ -65,7 +64,7 @@ std::int64_t RedisChargeBytes(std::int64_t embedding_bytes) {
   const std::uint64_t value = static_cast<std::uint64_t>(std::max<std::int64_t>(embedding_bytes, 0)) +
                               static_cast<std::uint64_t>(kRedisL3ValueHeaderBytes);
   const std::uint64_t charge = JemallocSizeClass(SdsHeaderBytes(value) + value + 1);
-  const auto most = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  const auto most = static_cast<std::uint64_t>(kMaxCacheBytes);  // what a cache takes at most
   return static_cast<std::int64_t>(charge >= most - kPerKey ? most : charge + kPerKey);
 }
 
@@ -97,7 +96,7 @@ void TierReplayer::Access(const CacheAccess& a, bool head) {
   PlaceInTiers(a.key, nbytes, cost);
   // The worker writes every tower result to L3, which charges what Redis does.
   const std::int64_t charge = RedisChargeBytes(a.bytes);
-  bottom_.Put(a.key, 0, head ? std::llround(static_cast<double>(charge) * rate_) : charge, cost);
+  bottom_.Put(a.key, 0, head ? Scaled(static_cast<double>(charge), rate_) : charge, cost);
 }
 
 // The tiers place an entry too large for L1 in L2 themselves

@@ -72,7 +72,11 @@ inline double LargestCapacity() { return std::nextafter(static_cast<double>(kMax
 // so a value wastes up to a quarter of itself, about a tenth on average.
 // tools/plan_redis_test.cc checks it against a real redis-server: the
 // `used_memory` of thousands of values, and the keys held and hits served
-// under `maxmemory`. Saturates at INT64_MAX. O(1); thread-safe.
+// under `maxmemory`. Saturates at kMaxCacheBytes (what a cache takes at
+// most). Not modelled: cluster mode (16 bytes more a key), `--l3-ttl-s 0`
+// (no expires entry: 32 bytes and a bucket less), a value without a
+// measured cost (8 bytes less), a lease key while its write is in flight,
+// and Redis 7.2 on (other dictionary layouts). O(1); thread-safe.
 std::int64_t RedisChargeBytes(std::int64_t embedding_bytes);
 // jemalloc 5's size class for an allocation of `bytes` (above), saturating.
 std::uint64_t JemallocSizeClass(std::uint64_t bytes);

@@ -204,7 +204,9 @@ TEST(RedisChargeTest, RedisChargesItsAllocatorsSizeClasses) {
   EXPECT_EQ(RedisChargeBytes(4014080), 4194304 + 184);
   // 600 tokens: 4,300,800 bytes, just over 4 MiB: 5 MiB, 22 % over the rows.
   EXPECT_EQ(RedisChargeBytes(4300800), 5242880 + 184);
-  EXPECT_EQ(RedisChargeBytes(std::numeric_limits<std::int64_t>::max()), std::numeric_limits<std::int64_t>::max());
+  // Saturates at what a cache takes, so that the largest entry a trace may hold is charged, not refused.
+  EXPECT_EQ(RedisChargeBytes(std::numeric_limits<std::int64_t>::max()), kMaxCacheBytes);
+  EXPECT_EQ(RedisChargeBytes(kMaxCacheBytes - 1000), kMaxCacheBytes);
 }
 
 TEST(TierRateTest, RaisedUntilTheSmallerTierHoldsEnoughEntries) {
