@@ -115,7 +115,8 @@ TEST(PlanRedisTest, UsedMemoryIsTheChargeOfTheValuesWritten) {
   // The value stored is the header and the rows.
   EXPECT_EQ(Integer(redis.Cli({"STRLEN", test_util::RedisKey("epd:v:", KeyOf(0))})), kRedisL3ValueHeaderBytes + 64);
   const double used = static_cast<double>(InfoField(redis, "memory", "used_memory") - base);
-  EXPECT_NEAR(used / charged, 1.0, 0.01) << "used_memory grew by " << used << " bytes; the model charges " << charged;
+  // Within 0.4 %: the 184 bytes a key besides the value's string are 0.8 % of these values' mean charge.
+  EXPECT_NEAR(used / charged, 1.0, 0.004) << "used_memory grew by " << used << " bytes; the model charges " << charged;
 }
 
 // Embeddings of production size (Qwen2.5-VL-7B, 7168 bytes a token): 560
