@@ -17,7 +17,9 @@ charges a value").
 4. A redis-server (tests/python/redis_harness.py) capped at its empty
    used_memory + the row's L3 bytes + an allowance for the worker's
    connection buffers, measured by a short probe replay against the same
-   Redis (uncapped, then flushed), allkeys-lru.
+   Redis (uncapped, then flushed), allkeys-lru. The empty used_memory is
+   taken after the probe, with Redis's per-command latency histograms made
+   (about 25 kB per command name, which a fresh Redis lacks).
 5. `replay --realtime --l3 redis://...` of the trace with L1/L2 at the row's
    sizes (--cache-mb is MiB: bytes / 2^20), --out for each image's key.
    INFO memory/stats are sampled every 0.5 s meanwhile.
@@ -297,7 +299,7 @@ def main() -> int:
         l1_gb, l2_gb = a.l1_share * ws / 1e9, a.l2_share * ws / 1e9
         plan = run_json(base + ["--l1-max-gb", repr(l1_gb), "--l2-max-gb", repr(l2_gb)], 600)
         row = plan["sizing"][0]
-        b = row["bytes"]
+        b = {k: int(round(v)) for k, v in row["bytes"].items()}  # the JSON's are doubles
         rp = row["replayed"]
         n_obj = sum(rp[t]["objects"] for t in ("l1", "l2", "l3", "miss"))
         res["plan"] = {"working_set_bytes": ws, "working_set_redis_bytes": plan["working_set_redis_bytes"],
@@ -313,7 +315,8 @@ def main() -> int:
         redis.command("CONFIG", "SET", "maxmemory-samples", str(a.maxmemory_samples))
         replay = [epd, "replay", "--images", imgdir, "--model", model, "--eviction", "lru", "--dtype", a.dtype,
                   "--json", "--l3", redis.url]
-        idle_clients = info(redis, "memory").get("mem_clients_normal", 0)
+        fresh = info(redis, "memory")
+        fresh_used, idle_clients = fresh["used_memory"], fresh.get("mem_clients_normal", 0)
         biggest = sorted(tokens, key=lambda n: -tokens[n])[:16]
         probe_trace = os.path.join(work, "probe.jsonl")
         with open(probe_trace, "w") as f:
@@ -325,17 +328,33 @@ def main() -> int:
         s.stop()
         allowance = max([r["mem_clients_normal"] for r in s.rows] + [idle_clients]) - idle_clients
         spt = probe["tower_s"] / max(1, probe["tower_tokens"])
+        # The empty baseline as a Redis that has served a worker has it: with
+        # latency-tracking on (Redis 7's default) each command name used once
+        # keeps a latency histogram, about 25 kB each, in used_memory (GET, SET,
+        # EVAL, SELECT from the worker; INFO, DBSIZE, SCAN, CONFIG, MEMORY from
+        # this script). The probe made the worker's; the calls below make ours.
+        # CONFIG RESETSTAT would free them all, and they would come back
+        # during the run, out of the values' room.
         redis.command("FLUSHALL")
-        redis.command("CONFIG", "RESETSTAT")
+        redis.keys("epd:v:*")
+        redis.command("MEMORY", "USAGE", "none")
+        redis.command("CONFIG", "GET", "maxmemory")
+        info(redis, "stats")
+        redis.dbsize()
         time.sleep(0.2)
-        empty = info(redis, "memory")["used_memory"]
+        empty_info = info(redis, "memory")
+        empty = empty_info["used_memory"] - empty_info.get("mem_clients_normal", 0)
+        res["redis_fresh_used_memory"] = fresh_used
+        stats0 = info(redis, "stats")
         maxmemory = empty + b["l3"] + allowance
         redis.command("CONFIG", "SET", "maxmemory", str(maxmemory))
         redis.command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
         res["redis"] = {"version": info(redis, "server")["redis_version"], "empty_used_memory": empty,
                         "allowance_bytes": allowance, "maxmemory": maxmemory,
                         "maxmemory_samples": a.maxmemory_samples, "probe_tower_s_per_token": spt,
-                        "probe_items": probe["items"]}
+                        "probe_items": probe["items"],
+                        "probe_client_buffers_peak": allowance + idle_clients, "idle_client_buffers": idle_clients,
+                        "info_memory_empty": empty_info}
         # Tower load the live run should see: the plan's replayed misses at the probe's s/token.
         mean_tokens = sum(tokens[n] for n in seq) / len(seq)
         busy = rp["miss"]["objects"] * mean_tokens * spt / (a.requests / a.rate)
@@ -353,6 +372,8 @@ def main() -> int:
         keys_raw = redis.keys("epd:v:*")
         final_mem = info(redis, "memory")
         final_stats = info(redis, "stats")
+        for k in ("evicted_keys", "keyspace_hits", "keyspace_misses"):
+            final_stats[k] -= stats0[k]
 
         # The key of each image, and its bytes, from the manifest.
         key_of, nbytes = {}, {}
@@ -364,6 +385,9 @@ def main() -> int:
                     nbytes[r["key"]] = r["bytes"]
         held = {k.decode()[len("epd:v:"):] for k in keys_raw}
         held_charged = sum(redis_charge(nbytes[k]) for k in held if k in nbytes)
+        # Redis's own count of the held values (key, value, object, keyspace entry;
+        # not the expires entry or the buckets: the model's charge less 56 B).
+        memory_usage = sum(int(redis.command("MEMORY", "USAGE", "epd:v:" + k, "SAMPLES", "0")) for k in held)
         kseq = [key_of[n] for n in seq]
         mdl = model_tiers(kseq, nbytes, b["l1"], b["l2"], b["l3"])
 
@@ -389,12 +413,13 @@ def main() -> int:
         writes = live.get("l3", {}).get("writes", 0)
         turnover = len(held) / (writes / max(live["wall_s"], 1e-9)) if writes else float("inf")
         res["live"] = {"replay": live, "redis_keys_held": len(held), "redis_held_charged_bytes": held_charged,
+                       "redis_held_memory_usage_plus_56": memory_usage + 56 * len(held),
                        "redis_used_memory_end": final_mem["used_memory"], "redis_evicted_keys": final_stats["evicted_keys"],
                        "redis_keyspace_hits": final_stats["keyspace_hits"],
                        "redis_keyspace_misses": final_stats["keyspace_misses"],
                        "mem_clients_normal_max": max(mc) if mc else None,
                        "mem_clients_normal_mean": sum(mc) / len(mc) if mc else None,
-                       "l3_turnover_s": turnover, "samples": s.rows}
+                       "l3_turnover_s": turnover, "info_memory_end": final_mem, "samples": s.rows}
         res["model"] = {"hits": mdl["hits"], "l3_keys_held": len(mdl["l3_keys"]), "l3_charged_bytes": mdl["l3_charged"],
                         "held_in_both": len(mdl["l3_keys"] & held)}
         res["table"] = table
@@ -422,6 +447,9 @@ def main() -> int:
         print(f"\nL3 keys held at the end: Redis {len(held)} (charged {held_charged} B, maxmemory less empty "
               f"{maxmemory - empty} B), model {len(mdl['l3_keys'])} (charged {mdl['l3_charged']} B, L3 {b['l3']} B); "
               f"in both {res['model']['held_in_both']}; Redis evicted {final_stats['evicted_keys']}")
+        print(f"Redis's MEMORY USAGE of the held values + 56 B each: {memory_usage + 56 * len(held)} B; "
+              f"used_memory at the end less the empty baseline: {final_mem['used_memory'] - empty} B "
+              f"(baseline {empty} B; {empty - fresh_used} B of it command latency histograms and tables)")
         print(f"total {res['elapsed_s']:.0f} s")
     finally:
         if redis is not None:

@@ -128,10 +128,14 @@ section_video() {
 # Cache economics (issue 26): GDSF against LRU on whole traces, the
 # doorkeeper, GDSF get/put costs, and `epd-encode plan` on a 10^7-request
 # trace (bench/economics_bench.py; generating that trace takes most of the
-# ~25 minutes on 2 shared cores, and is reused when present). Writes
-# economics.json, docs/BENCHMARKS-economics.md and docs/img/plan_production.png.
+# ~25 minutes on 2 shared cores, and is reused when present), and plan
+# against a live worker and Redis (bench/plan_live_bench.py). Writes
+# plan_live.json, economics.json, docs/BENCHMARKS-economics.md and
+# docs/img/plan_production.png.
 section_economics() {
   run cmake --build "$build" --target epd-encode eviction_bench
+  # plan against a live worker and a memory-capped Redis (about 3 minutes), reported with the rest.
+  run "$py" bench/plan_live_bench.py --build "$build"
   run "$py" bench/economics_bench.py --build "$build"
 }
 
