@@ -360,6 +360,10 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
                             : r.exact         ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge
                                       : r.curves[0].CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge;
       if (l3_lru > row.l3_bytes) Split(row, row.l1_bytes + row.l2_bytes + l3_lru, o);
+      // Entries of 0 bytes give a curve that needs 0 bytes, but the tiers hold
+      // each in a byte and Redis charges it a value: start from the target's
+      // share of the working set as Redis charges it, and let the miniature move it.
+      if (row.total_bytes <= 0 && row.hit_ratio > 0) Split(row, row.target * r.working_set_redis_bytes, o);
       row.tiers_rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
     }
     r.rows.push_back(row);

@@ -332,6 +332,21 @@ def test_an_l3_only_plan_is_sized_for_the_lru_that_l3_is_whatever_the_tiers_poli
             assert row["replayed_seconds_hit_ratio"]["all"] >= row["hit_ratio"] - 0.005, (policy, row)
 
 
+def test_a_tier_of_zero_bytes_serves_nothing_and_l3_is_charged_what_redis_charges(tmp_path):
+    # 1,000 keys of 0 bytes, each requested twice. A 0-byte tier (left out of the plan) must not serve them, and
+    # Redis charges each value its header, key and entries: 312 bytes (tools/plan_tiers_test.cc works it out
+    # for 100 bytes; 0 bytes: a 120-byte value, sds 3 + 120 + 1 = 124, class 128, plus 184).
+    lines = [{"key": f"k{k}", "bytes": 0, "cost_s": 0.001} for _ in range(2) for k in range(1000)]
+    j = json.loads(run("--trace", write(tmp_path / "zero.jsonl", lines), "--l1-max-gb", "0", "--l2-max-gb", "0",
+                       "--eviction", "lru", "--replay", "on", "--json").stdout)
+    assert j["working_set_bytes"] == 0 and j["working_set_redis_bytes"] == 1000 * 312
+    for row in j["sizing"]:
+        assert row["replayed_seconds_hit_ratio"]["l1_l2"] == 0, row
+        assert row["reached"], row
+        # The share of keys held is about the target's share of the hits.
+        assert row["bytes"]["l3"] >= 0.95 * row["target"] * 1000 * 312, row
+
+
 def test_replay_auto_replays_only_traces_within_exact_max(tmp_path):
     path = write(tmp_path / "t.jsonl", zipf_trace(3000, 400, 7))
     sizes = ("--l1-max-gb", "0.0002", "--l2-max-gb", "0.001")

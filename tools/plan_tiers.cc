@@ -101,7 +101,11 @@ void TierReplayer::Access(const CacheAccess& a, bool head) {
 
 // The tiers place an entry too large for L1 in L2 themselves
 // (keep_oversize_in_l2); one too large for both stays in L3 alone.
+// An entry takes at least a byte there, so that a tier of 0 bytes holds
+// nothing, as a tier the plan leaves out must (the caches would keep 0-byte
+// entries forever in 0 bytes; the worker's embeddings are never empty).
 void TierReplayer::PlaceInTiers(std::uint64_t key, std::int64_t nbytes, const EntryCost& cost) {
+  nbytes = std::max<std::int64_t>(nbytes, 1);
   if (nbytes <= std::max(tiers_.l1().capacity_bytes(), tiers_.l2().capacity_bytes())) tiers_.Put(key, 0, nbytes, cost);
 }
 
