@@ -2,7 +2,7 @@
 // written through the real RedisTier (epd/l3/redis_tier.h), the client a
 // server runs:
 //   - RedisChargeBytes (plan_tiers.h) against Redis's own `used_memory`
-//     after thousands of values of 200 B to 40 kB, and after 32 of 4 and
+//     after thousands of values of 80 B to 40 kB, and after 32 of 4 and
 //     5 MiB (production embeddings, 12 % over their bytes);
 //   - plan's L3-only sizing (no L1, no L2) with `maxmemory` set to its L3
 //     column: the values Redis holds are charged that column (within 1 %),
