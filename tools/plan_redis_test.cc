@@ -3,7 +3,7 @@
 // server runs:
 //   - RedisChargeBytes (plan_tiers.h) against Redis's own `used_memory`
 //     after thousands of values of 80 B to 40 kB, and after 32 of 4 and
-//     5 MiB (production embeddings, 12 % over their bytes);
+//     5 MiB (production embeddings, 13.5 % over their bytes);
 //   - plan's L3-only sizing (no L1, no L2) with `maxmemory` set to its L3
 //     column: the values Redis holds are charged that column (within 1 %),
 //     and it holds as many as the model does (within 2 %; a model charging
