@@ -276,6 +276,9 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
                         head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
   }
   std::optional<ReuseHistogram> lru;
+  // Exact traces: LRU stack distances in the bytes Redis charges too, where
+  // L3 (an LRU) starts; sampled ones scale the LRU curve by the charge ratio.
+  std::optional<ReuseHistogram> l3_lru_charged;
   r.curves.resize(4);
   std::vector<std::function<void()>> curve_tasks;
   curve_tasks.emplace_back([&] {
@@ -283,6 +286,9 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       progress("lru (exact)", 0, 1);
       lru = ExactReuseHistogram(trace);
       r.curves[0] = EvaluateCurve(*lru, caps, "lru (exact)");
+      std::vector<CacheAccess> charged(trace.begin(), trace.end());
+      for (CacheAccess& a : charged) a.bytes = RedisChargeBytes(a.bytes);
+      l3_lru_charged = ExactReuseHistogram(charged);
       return;
     }
     ShardsSampler s({o.shards_rate, o.shards_max_keys, head});
@@ -357,7 +363,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
       // the target on its own, whatever the tiers' policy (GDSF's curve can
       // sit far below), in the bytes Redis charges for them.
       const double l3_lru = row.l3_bytes <= 0 ? -1
-                            : r.exact         ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge
+                            : r.exact         ? l3_lru_charged->CapacityFor(Weighting::kSeconds, row.hit_ratio)
                                       : r.curves[0].CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge;
       if (l3_lru > row.l3_bytes) Split(row, row.l1_bytes + row.l2_bytes + l3_lru, o);
       // Entries of 0 bytes give a curve that needs 0 bytes, but the tiers hold

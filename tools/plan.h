@@ -17,7 +17,9 @@
 // L2 are exclusive; L3 is Redis, written through with every tower result
 // and LRU, so it holds copies of what L1 and L2 hold (plan_tiers.h); where
 // the split leaves L3 a share, L3 starts at no less than the LRU curve's
-// capacity for the target. The
+// capacity for the target in the bytes Redis charges (RedisChargeBytes:
+// exact stack distances over the charged sizes up to exact_max requests,
+// the sampled curve times the working set's charge ratio above). The
 // predicted hit ratios (L1, L1 + L2, all tiers) come from a miniature of the
 // tiers at those sizes (plan_tiers.h: the keys sampled at the MiniSim rate
 // plus the head, through the real tiers scaled down), since the tiered L1

@@ -347,6 +347,20 @@ def test_a_tier_of_zero_bytes_serves_nothing_and_l3_is_charged_what_redis_charge
         assert row["bytes"]["l3"] >= 0.95 * row["target"] * 1000 * 312, row
 
 
+def test_l3_starts_from_lru_distances_in_the_bytes_redis_charges(tmp_path):
+    # 10,000 one-off 1-byte keys (Redis charges each 312 bytes), then 11 rounds over 10 hot 1 kB keys (each
+    # charged 1,464: a 1,120-byte value, sds 5 + 1,120 + 1 = 1,126, class 1,280, plus 184). L3 alone needs the
+    # hot keys, 14,640 bytes, at every row. Scaled by the working set's charge ratio (about 157 here), the start
+    # was 106 times that at the 95 % row, which the miniature left as it was within half a point of its target.
+    lines = [{"key": f"c{k}", "bytes": 1, "cost_s": 0.01} for k in range(10_000)]
+    lines += [{"key": f"h{k}", "bytes": 1000, "cost_s": 0.08} for _ in range(11) for k in range(10)]
+    j = json.loads(run("--trace", write(tmp_path / "mix.jsonl", lines), "--l1-max-gb", "0", "--l2-max-gb", "0",
+                       "--eviction", "lru", "--replay", "on", "--json").stdout)
+    for row in j["sizing"]:
+        assert row["reached"], row
+        assert 10 * 1464 <= row["bytes"]["l3"] <= 1.1 * 10 * 1464, row
+
+
 def test_replay_auto_replays_only_traces_within_exact_max(tmp_path):
     path = write(tmp_path / "t.jsonl", zipf_trace(3000, 400, 7))
     sizes = ("--l1-max-gb", "0.0002", "--l2-max-gb", "0.001")
