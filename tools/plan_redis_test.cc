@@ -5,9 +5,9 @@
 //     after thousands of values of 80 B to 40 kB, and after 32 of 4 and
 //     5 MiB (production embeddings, 13.5 % over their bytes);
 //   - plan's L3-only sizing (no L1, no L2) with `maxmemory` set to its L3
-//     column: the values Redis holds are charged that column (within 1 %),
-//     and it holds as many as the model does (within 2 %; a model charging
-//     the entries' bytes alone would hold 13 % more here), and serves about
+//     column: the values Redis holds are charged that column (within 2 %),
+//     and it holds about as many as the model does (within 5 %; a model
+//     charging the entries' bytes alone would hold 13 % more), and serves about
 //     the hits predicted. Not closer: Redis's LRU clock ticks once a second
 //     (LRU_CLOCK_RESOLUTION), and this test replaces its Redis's keys within
 //     a second (the whole run takes a few), so Redis picks its victims among
@@ -204,10 +204,12 @@ TEST(PlanRedisTest, AtPlansL3SizeRedisHoldsTheKeysAndServesTheHitsPredicted) {
   const StatusOr<EmbeddingPtr> warm = tier->Get(KeyOf(1), nullptr);
   ASSERT_TRUE(warm.ok() && *warm != nullptr);
   redis.Cli({"DEL", test_util::RedisKey("epd:v:", KeyOf(1))});
+  // Every command name used keeps a latency histogram (about 25 kB, Redis 7):
+  // CONFIG's too, so the policy is set before the baseline is read.
+  redis.Cli({"CONFIG", "SET", "maxmemory-policy", "allkeys-lru"});
   const std::int64_t base = InfoField(redis, "memory", "used_memory");
   const auto maxmemory = base + static_cast<std::int64_t>(row.l3_bytes);
   redis.Cli({"CONFIG", "SET", "maxmemory", std::to_string(maxmemory)});
-  redis.Cli({"CONFIG", "SET", "maxmemory-policy", "allkeys-lru"});
   double hit = 0, total = 0;
   std::uint64_t writes = 1;
   for (const CacheAccess& a : trace) {
@@ -234,11 +236,15 @@ TEST(PlanRedisTest, AtPlansL3SizeRedisHoldsTheKeysAndServesTheHitsPredicted) {
       held += static_cast<double>(RedisChargeBytes(b));
     }
   }
-  EXPECT_NEAR(held, row.l3_bytes, 0.01 * row.l3_bytes)
+  // Within 2 % (0.3 % under it over six runs: client buffers grow); a
+  // model that charged the entries' bytes alone would be about 10 % under.
+  EXPECT_NEAR(held, row.l3_bytes, 0.02 * row.l3_bytes)
       << "the values Redis holds at maxmemory " << maxmemory << " are charged " << held << " bytes";
   // What the model would say if Redis charged the entries' bytes alone.
   const double uncharged = row.l3_bytes / (plan.working_set_bytes / static_cast<double>(plan.distinct_keys));
-  EXPECT_NEAR(static_cast<double>(keys), static_cast<double>(model.l3_entries()), 0.02 * model.l3_entries())
+  // The count varies more than the bytes: Redis, evicting near at random here (above), keeps another mix of
+  // sizes (967 to 1,019 where the model holds 995, over two dozen runs).
+  EXPECT_NEAR(static_cast<double>(keys), static_cast<double>(model.l3_entries()), 0.05 * model.l3_entries())
       << "Redis holds " << keys << " keys at maxmemory " << maxmemory << "; the model " << model.l3_entries()
       << " (charging entry bytes alone, about " << uncharged << ")";
   EXPECT_NEAR(live, predicted, 0.04) << "Redis served " << live << " of encode seconds; plan predicted " << predicted;
