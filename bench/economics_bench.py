@@ -167,7 +167,7 @@ def worst_ratio(rows: list[tuple[str, dict]], num, den) -> tuple[float, str]:
     return (0.0, "") if worst == 1e9 else (worst, where)
 
 
-def vs_lru_production(d: dict, policy: str, label: str, trace: str = "production") -> tuple[str, str, str, bool, str]:
+def vs_lru(d: dict, policy: str, label: str, trace: str = "production") -> tuple[str, str, str, bool, str]:
     """`policy`'s encode seconds saved over LRU's on a production-shaped trace, every capacity (goal +20%)."""
     rows = d["simulate"][trace]["by_lru_hit"]
     gains = [r[f"{policy}_seconds_saved"] / r["lru_seconds_saved"] - 1 for r in rows]
@@ -190,7 +190,7 @@ def vs_lru_production(d: dict, policy: str, label: str, trace: str = "production
 def targets(d: dict) -> list[tuple[str, str, str, bool, str]]:
     """(what, goal, measured, met, margin) per target of issue 26. The adaptive rows only where the
     run has the adaptive policy's figures (eviction_bench before it had none)."""
-    t = [vs_lru_production(d, "gdsf", "GDSF")]
+    t = [vs_lru(d, "gdsf", "GDSF")]
     # The issue's adversarial traces, then multi-turn chat (which this project added: GDSF's frequency
     # misleads it there), each its own row so that neither hides the other.
     for names, label in ((("unique", "scan", "uniform-cost"), "the issue's adversarial traces"),
@@ -203,10 +203,10 @@ def targets(d: dict) -> list[tuple[str, str, str, bool, str]]:
                   f"worst {100 * worst_adv:+.1f}%" + (f" ({where})" if where else ""), worst_adv >= -0.02,
                   "met" if worst_adv >= -0.02 else f"missed by {100 * (-0.02 - worst_adv):.1f} points"))
     if rows_of(d, ("production",), "adaptive_seconds_saved")[0]:
-        t.append(vs_lru_production(d, "adaptive", "adaptive"))
+        t.append(vs_lru(d, "adaptive", "adaptive"))
     if "high-reuse" in d["simulate"]:  # runs before it had none
-        t.append(vs_lru_production(d, "gdsf", "GDSF", "high-reuse"))
-        t.append(vs_lru_production(d, "adaptive", "adaptive", "high-reuse"))
+        t.append(vs_lru(d, "gdsf", "GDSF", "high-reuse"))
+        t.append(vs_lru(d, "adaptive", "adaptive", "high-reuse"))
     covered, rows = rows_of(d, ONE_CACHE, "adaptive_seconds_saved")
     if covered:
         for what, worst, where in (

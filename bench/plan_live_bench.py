@@ -61,6 +61,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 import child_process  # noqa: E402
 from redis_harness import RedisServer  # noqa: E402
+from traces import zipf_cdf  # noqa: E402  (bench/, this script's own folder)
 
 HEADER = 120  # the L3 value's header with the encode cost (include/epd/l3/l3_value.h)
 
@@ -116,10 +117,8 @@ def make_trace(path: str, names: list, m: int, zipf: float, rate: float, seed: i
     rng = random.Random(seed + 1)
     ranked = names[:]
     rng.shuffle(ranked)  # rank r -> image, independent of size
-    cum, acc = [], 0.0
-    for r in range(len(ranked)):
-        acc += (r + 1) ** -zipf
-        cum.append(acc)
+    cum = zipf_cdf(len(ranked), zipf)
+    acc = cum[-1]
     seq = []
     with open(path, "w") as f:
         for i in range(m):
