@@ -345,7 +345,7 @@ def render_body(d: dict) -> str:
         L.append(f"| {label} | {x['l1_write_bytes'] / 1e9:.1f} GB | {x['l1_seconds_hit_ratio']:.3f} | {x['seconds_hit_ratio']:.3f} |")
     p = d["plan"]
     s = p["sampled"]
-    L.append(f"\n### `epd-encode plan` on 10^7 requests\n")
+    L.append("\n### `epd-encode plan` on 10^7 requests\n")
     if "date" in p:  # re-measured alone by bench/plan_bench.py
         L.append(f"Measured {p['date']} by `bench/plan_bench.py` (load average {' '.join(p['loadavg_before'])} before, "
                  f"{' '.join(p['loadavg_after'])} after). {p.get('note', '')}\n")
