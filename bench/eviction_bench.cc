@@ -127,8 +127,15 @@ Whole ReplayWhole(std::span<const CacheAccess> trace, const CacheOptions& option
 std::uint64_t g_history_mult = 0;
 double g_mean_bytes = 1;
 
+// MiniSim at rate 1: every request, in a cache of the full capacity.
+MiniSimOptions FullScale() {
+  MiniSimOptions m;
+  m.rate = 1.0;
+  return m;
+}
+
 nlohmann::json Compare(std::span<const CacheAccess> trace, double capacity) {
-  const SimResult lru = SimulateCapacity(trace, {EvictionPolicy::kLru, false}, capacity, {.rate = 1.0});
+  const SimResult lru = SimulateCapacity(trace, {EvictionPolicy::kLru, false}, capacity, FullScale());
   CacheOptions history{EvictionPolicy::kGdsf};
   if (g_history_mult > 0) {
     history.gdsf_history_window =
@@ -136,7 +143,7 @@ nlohmann::json Compare(std::span<const CacheAccess> trace, double capacity) {
   }
   CacheOptions resident{EvictionPolicy::kGdsf};
   resident.gdsf_frequency = GdsfFrequency::kResident;
-  const SimResult gdsf = SimulateCapacity(trace, {EvictionPolicy::kGdsf, false}, capacity, {.rate = 1.0});
+  const SimResult gdsf = SimulateCapacity(trace, {EvictionPolicy::kGdsf, false}, capacity, FullScale());
   const Whole h = g_history_mult > 0 ? ReplayWhole(trace, history, capacity) : Whole{};
   const Whole classic = ReplayWhole(trace, resident, capacity);
   const Whole adaptive = ReplayWhole(trace, CacheOptions{EvictionPolicy::kAdaptive}, capacity);

@@ -32,10 +32,10 @@ the source size log-uniform in [0.3, 12] MP, independent of the tokens (a
 byte spreads over more than 10x.
 
 Production shape: --tenants tenants, each with its own catalog of --keys /
-tenants keys plus a shared catalog of the same size, requested by Zipf(s)
+(2 x tenants) keys plus a shared catalog of the same size, requested by Zipf(s)
 over ranks (a request picks its tenant uniformly, and its own catalog with
 probability 0.7); a --one-hit share of requests are new keys never seen
-again; every --burst-every requests a new key is requested --burst-len times
+again; every --burst-every requests (0: never) a new key is requested --burst-len times
 in a row within 50 ms; at the trace's midpoint every catalog's ranks are
 rotated by a third (a popularity shift). Arrivals: --rate requests per
 second, evenly spaced.
@@ -159,25 +159,47 @@ def keys_of(args, rng: random.Random):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kind", choices=["production", "unique", "scan", "uniform-cost", "conversation"], default="production")
-    ap.add_argument("--requests", type=int, default=100_000)
-    ap.add_argument("--keys", type=int, default=20_000, help="catalog keys (production), loop length (scan)")
-    ap.add_argument("--zipf", type=float, default=0.9)
-    ap.add_argument("--tenants", type=int, default=4)
+    class Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        """The module docstring as written, and every option's default."""
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=Help)
+    ap.add_argument("--kind", choices=["production", "unique", "scan", "uniform-cost", "conversation"],
+                    default="production", help="the workload (Kinds, above)")
+    ap.add_argument("--requests", type=int, default=100_000, help="requests (lines) to write")
+    ap.add_argument("--keys", type=int, default=20_000,
+                    help="production: each tenant's catalog and the shared one hold --keys / (2 x --tenants) keys; scan: the "
+                         "loop length")
+    ap.add_argument("--zipf", type=float, default=0.9, help="Zipf exponent s of popularity over a catalog's ranks")
+    ap.add_argument("--tenants", type=int, default=4, help="tenants (production, conversation)")
     ap.add_argument("--turns", type=int, default=4, help="conversation: most turns per conversation (>= 2)")
     ap.add_argument("--turn-gap", type=int, default=20_000, help="conversation: most requests between two turns (>= 1)")
-    ap.add_argument("--one-hit", type=float, default=0.3, help="share of requests for keys seen once")
-    ap.add_argument("--burst-every", type=int, default=5000)
-    ap.add_argument("--burst-len", type=int, default=20)
-    ap.add_argument("--rate", type=float, default=1000.0, help="requests per second")
-    ap.add_argument("--bytes-per-token", type=int, default=7168)
-    ap.add_argument("--seconds-per-token", type=float, default=1.25e-5)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default="-")
+    ap.add_argument("--one-hit", type=float, default=0.3, help="share of requests for keys seen once (production)")
+    ap.add_argument("--burst-every", type=int, default=5000, help="requests between two bursts, 0 for none (production)")
+    ap.add_argument("--burst-len", type=int, default=20, help="times a burst's one new key is requested in a row (production)")
+    ap.add_argument("--rate", type=float, default=1000.0, help="arrivals per second, evenly spaced (t_ms)")
+    ap.add_argument("--bytes-per-token", type=int, default=7168,
+                    help="entry bytes per post-merge token (7168: a 3584-wide output in bf16)")
+    ap.add_argument("--seconds-per-token", type=float, default=1.25e-5, help="tower seconds per post-merge token")
+    ap.add_argument("--seed", type=int, default=1, help="random.Random seed: a seed gives the same trace")
+    ap.add_argument("--out", default="-", help="file to write; - for stdout")
     args = ap.parse_args()
     if args.turns < 2 or args.turn_gap < 1:
         ap.error("--turns must be >= 2 and --turn-gap >= 1")
+    finite = math.isfinite
+    for name, ok, want in (
+            ("--requests", args.requests >= 0, ">= 0"),
+            ("--keys", args.keys >= 1, ">= 1"),
+            ("--tenants", args.tenants >= 1, ">= 1"),
+            ("--zipf", finite(args.zipf), "a finite number"),
+            ("--one-hit", 0 <= args.one_hit <= 1, "a share in [0, 1]"),
+            ("--burst-every", args.burst_every >= 0, ">= 0 (0: no bursts)"),
+            ("--burst-len", args.burst_len >= 0, ">= 0"),
+            ("--rate", finite(args.rate) and args.rate > 0, "a finite number > 0"),
+            ("--bytes-per-token", args.bytes_per_token >= 1, ">= 1"),
+            ("--seconds-per-token", finite(args.seconds_per_token) and args.seconds_per_token >= 0,
+             "a finite number >= 0")):
+        if not ok:
+            ap.error(f"{name} must be {want}, got {getattr(args, name[2:].replace('-', '_'))}")
     rng = random.Random(args.seed)
     entries = Entries(random.Random(args.seed + 1), args)
     out = sys.stdout if args.out == "-" else open(args.out, "w")

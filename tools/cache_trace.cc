@@ -139,16 +139,19 @@ std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_se
 
 // The JSON parser's own account of why `line` is not JSON (the parse runs
 // again, with exceptions, on this error path only), without its exception
-// id: "parse error at line 1, column 9: ..." or "number overflow parsing '1e400'".
+// id and the parser's own line number: "parse error at column 9: ..." or "number overflow parsing '1e400'".
 std::string JsonError(std::string_view line) {
   try {
-    (void)nlohmann::json::parse(line);
+    [[maybe_unused]] const nlohmann::json parsed = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {
     std::string_view what = e.what();
     if (what.starts_with("[json.exception.")) what.remove_prefix(std::min(what.find("] ") + 2, what.size()));
+    // The parser saw one line: its "line 1, " would read as the file's line.
+    std::string text(what);
+    if (const std::size_t at = text.find("at line 1, column "); at != std::string::npos) text.erase(at + 3, 8);
     // It quotes the bytes it last read: printable ASCII stays, the rest is escaped.
     std::string out;
-    for (const char c : what) {
+    for (const char c : text) {
       const auto b = static_cast<unsigned char>(c);
       out += b >= 0x20 && b < 0x7f ? std::string(1, c) : fmt::format("\\x{:02x}", b);
     }
@@ -186,6 +189,8 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
     if (Blank(line)) continue;
     // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
     auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
+    // The JSON parser reads a NUL as the end of its input and would drop the rest of the line.
+    if (line.find('\0') != std::string_view::npos) return error("a NUL byte, which JSON text never holds");
     if (auto fast = ScanFlatLine(line, options.default_seconds_per_byte)) {
       if (!std::isfinite(seconds += fast->seconds)) return error(kOverflow);
       out.push_back(*fast);

@@ -16,12 +16,14 @@
 #include <exception>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
+#include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "epd/core/mini_sim.h"
 #include "epd/core/shards.h"
+#include "plan_serve_args.h"
 #include "plan_tiers.h"
 
 namespace epd::cli {
@@ -79,18 +81,6 @@ class LastSizes {
 };
 
 double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
-
-// Decimal units, three significant figures or so.
-std::string Gb(double bytes) {
-  if (bytes < 0) return "-";
-  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
-  int u = 0;
-  while (u < 5 && bytes >= 1000) {
-    bytes /= 1000;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
-}
 
 // Runs every task, at most `threads` at once (this thread is one of them),
 // and returns when all are done; the first exception a task threw is
@@ -198,10 +188,6 @@ void Refine(SizingRow& row, const TierSample& sample, double floor, double ceili
   row = best;
 }
 
-nlohmann::json WeightsJson(const Weights& w) {
-  return {{"objects", w.objects}, {"bytes", w.bytes}, {"seconds", w.seconds}};
-}
-
 }  // namespace
 
 double TierHits::Ratio(const Weights& w, Weighting by) const {
@@ -249,6 +235,13 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     r.distinct_keys = sizes.size();
     r.working_set_bytes = sizes.SumBytes();
     r.working_set_redis_bytes = sizes.SumRedisCharge();
+    // The stack distances sum the distinct keys' bytes in int64 (a sum past it would wrap).
+    if (r.working_set_bytes > static_cast<double>(kMaxCacheBytes)) {
+      throw std::invalid_argument(
+          fmt::format("the trace's distinct keys hold {:.4g} bytes, over the 2^62 - 1 that the "
+                      "caches and the stack distances count",
+                      r.working_set_bytes));
+    }
     auto ratio = [](double part, double all) { return all > 0 ? part / all : 0.0; };  // 0: nothing to save
     r.max_hit_ratio = {ratio(repeats.objects, total.objects), ratio(repeats.bytes, total.bytes),
                        ratio(repeats.seconds, total.seconds)};
@@ -444,6 +437,9 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   row_tasks.clear();
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     SizingRow& row = r.rows[i];
+    if (row.total_bytes >= 0) {
+      row.serve_args = ServeArgs(row.l1_bytes, row.l2_bytes, o.eviction, o.l1_admission, o.doorkeeper_window);
+    }
     if (row.total_bytes < 0 || !o.replay) continue;
     row_tasks.emplace_back([&, i] {
       progress("replay", i, r.rows.size());
@@ -453,130 +449,6 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   RunTasks(row_tasks, threads);
   r.replay_s = Seconds(t1);
   return r;
-}
-
-std::string PlanText(const PlanResult& r) {
-  std::string o;
-  o += fmt::format("plan: {} requests, {} distinct keys, working set {}, largest entry {:.1f} MB, encode {:.1f} s\n",
-                   r.requests, r.distinct_keys, Gb(r.working_set_bytes), r.largest_entry / 1e6, r.total_seconds);
-  o += fmt::format("  infinite cache hit ratio: {:.3f} of objects, {:.3f} of bytes, {:.3f} of encode seconds\n",
-                   r.max_hit_ratio.objects, r.max_hit_ratio.bytes, r.max_hit_ratio.seconds);
-  if (!r.exact) {
-    o += fmt::format("  sampler: tail rate {:.3g}%, {} head keys, {:.1f}% of accesses tracked, {:.1f} MB\n",
-                     100 * r.shards_rate, r.shards_head, 100 * r.sampled_fraction,
-                     static_cast<double>(r.sampler_bytes) / 1e6);
-  }
-  for (const std::string& w : r.warnings) o += "  warning: " + w + "\n";
-  o += "\nmiss ratio curves (miss ratio by objects / bytes / encode seconds):\n";
-  o += fmt::format("  {:>12}", "capacity");
-  for (const MissRatioCurve& c : r.curves) o += fmt::format("  {:>28}", c.label.substr(0, 28));
-  o += "\n";
-  const std::size_t n = r.curves.empty() ? 0 : r.curves[0].points.size();
-  const std::size_t step = std::max<std::size_t>(1, n / 12);
-  for (std::size_t i = 0; i < n; i = (i + step < n || i + 1 == n) ? i + step : n - 1) {  // every step-th, and the last
-    o += fmt::format("  {:>12}", Gb(r.curves[0].points[i].capacity_bytes));
-    for (const MissRatioCurve& c : r.curves) {
-      const Weights& m = c.points[i].miss_ratio;
-      o += fmt::format("  {:>28}", fmt::format("{:.3f} / {:.3f} / {:.3f}", m.objects, m.bytes, m.seconds));
-    }
-    o += "\n";
-  }
-  o += fmt::format(
-      "\nsizing ({}; the total off its curve, moved where a miniature of the tiers misses the target; the hit "
-      "ratios predicted by that miniature; by encode seconds; L3 is Redis under allkeys-lru, written through with "
-      "every tower result, so it holds copies of what L1 and L2 hold, and its column is the maxmemory to set: "
-      "what Redis charges for the values, its allocator's rounding included):\n",
-      r.policy);
-  o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
-                   "L2", "L3", "predicted L1/L1+2/all", r.replayed ? "replayed L1/L1+2/all" : "");
-  for (const SizingRow& row : r.rows) {
-    const std::string what = fmt::format("{:.0f}% of max ({:.3f})", 100 * row.target, row.hit_ratio);
-    if (row.total_bytes < 0) {
-      o += fmt::format("  {:>22} unreachable on the curve\n", what);
-      continue;
-    }
-    const TierHits& h = row.replayed;
-    const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
-    const double l3 = h.Ratio(h.l3, Weighting::kSeconds);
-    o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", what, Gb(row.total_bytes),
-                     Gb(row.l1_bytes), Gb(row.l2_bytes), Gb(row.l3_bytes),
-                     fmt::format("{:.3f}/{:.3f}/{:.3f}", row.predicted_l1, row.predicted_l12, row.predicted_all),
-                     r.replayed ? fmt::format("{:.3f}/{:.3f}/{:.3f}", l1, l1 + l2, l1 + l2 + l3) : "");
-    if (!row.reached) {
-      o += fmt::format(
-          "  {:>22} (short: no total up to {} gave it in the miniature; the tiers' limits or the "
-          "admission filter cap it)\n",
-          "", Gb(row.total_bytes));
-    }
-  }
-  if (!r.replayed) o += "  (not replayed: --replay on checks the prediction against the real tiers)\n";
-  if (r.max_hit_ratio.seconds <= 0) o += "  (nothing to save: no key repeats, or every repeat costs 0 s)\n";
-  auto join = [&r](const char* sep, auto&& item) {
-    std::string s;
-    for (const SizingRow& row : r.rows) s += (s.empty() ? "" : sep) + item(row);
-    return s;
-  };
-  o += fmt::format("  for {} % of encode seconds saved: L1 {}, L2 {}, L3 {}\n",
-                   join("/", [](const SizingRow& x) { return fmt::format("{:.0f}", 100 * x.target); }),
-                   join(" / ", [](const SizingRow& x) { return Gb(x.total_bytes < 0 ? -1 : x.l1_bytes); }),
-                   join(" / ", [](const SizingRow& x) { return Gb(x.total_bytes < 0 ? -1 : x.l2_bytes); }),
-                   join(" / ", [](const SizingRow& x) { return Gb(x.total_bytes < 0 ? -1 : x.l3_bytes); }));
-  return o;
-}
-
-std::string PlanJson(const PlanResult& r) {
-  nlohmann::json j = {{"requests", r.requests},
-                      {"distinct_keys", r.distinct_keys},
-                      {"working_set_bytes", r.working_set_bytes},
-                      {"working_set_redis_bytes", r.working_set_redis_bytes},
-                      {"largest_entry_bytes", r.largest_entry},
-                      {"encode_seconds", r.total_seconds},
-                      {"max_hit_ratio", WeightsJson(r.max_hit_ratio)},
-                      {"exact", r.exact},
-                      {"policy", r.policy},
-                      {"replayed", r.replayed},
-                      {"curves_s", r.curves_s},
-                      {"replay_s", r.replay_s}};
-  if (!r.exact) {
-    j["sampler"] = {{"tail_rate", r.shards_rate},
-                    {"sampled_keys", r.shards_sampled_keys},
-                    {"head_keys", r.shards_head},
-                    {"tracked_fraction", r.sampled_fraction},
-                    {"memory_bytes", r.sampler_bytes}};
-  }
-  j["warnings"] = r.warnings;
-  for (const MissRatioCurve& c : r.curves) {
-    nlohmann::json pts = nlohmann::json::array();
-    for (const CurvePoint& p : c.points) {
-      pts.push_back({{"capacity_bytes", p.capacity_bytes}, {"miss_ratio", WeightsJson(p.miss_ratio)}});
-    }
-    j["curves"].push_back({{"label", c.label}, {"points", pts}});
-  }
-  for (const SizingRow& row : r.rows) {
-    nlohmann::json x = {{"target", row.target}, {"hit_ratio", row.hit_ratio}, {"reachable", row.total_bytes >= 0}};
-    if (row.total_bytes >= 0) {
-      x["bytes"] = {{"total", row.total_bytes}, {"l1", row.l1_bytes}, {"l2", row.l2_bytes}, {"l3", row.l3_bytes}};
-      x["predicted_seconds_hit_ratio"] = {
-          {"l1", row.predicted_l1}, {"l1_l2", row.predicted_l12}, {"all", row.predicted_all}};
-      x["curve_seconds_hit_ratio"] = row.curve_all;
-      x["tiers_minisim_rate"] = row.tiers_rate;
-      x["tiers_miniatures"] = row.miniatures;
-      x["reached"] = row.reached;
-    }
-    if (row.total_bytes >= 0 && r.replayed) {
-      const TierHits& h = row.replayed;
-      const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
-      x["replayed_seconds_hit_ratio"] = {
-          {"l1", l1}, {"l1_l2", l1 + l2}, {"all", l1 + l2 + h.Ratio(h.l3, Weighting::kSeconds)}};
-      x["replayed"] = {{"l1", WeightsJson(h.l1)},
-                       {"l2", WeightsJson(h.l2)},
-                       {"l3", WeightsJson(h.l3)},
-                       {"miss", WeightsJson(h.miss)},
-                       {"l1_write_bytes", h.l1_write_bytes}};
-    }
-    j["sizing"].push_back(x);
-  }
-  return j.dump() + "\n";
 }
 
 }  // namespace epd::cli

@@ -109,6 +109,9 @@ struct SizingRow {
   bool reached = true;
   double tiers_rate = 1;
   TierHits replayed;  // empty unless PlanResult::replayed
+  // The worker flags that run this row's L1 and L2 (plan_serve_args.h);
+  // empty where the row is unreachable.
+  std::string serve_args;
 };
 
 struct PlanResult {
@@ -141,12 +144,20 @@ struct PlanResult {
   double curves_s = 0, replay_s = 0;
 };
 
+// Throws std::invalid_argument, naming the sum, when the trace's distinct
+// keys hold more than kMaxCacheBytes (2^62 - 1) bytes in all.
 PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& options);
 
 // Replays the trace through exclusive L1/L2/L3 caches (see above).
 TierHits ReplayTiers(std::span<const CacheAccess> trace, double l1, double l2, double l3, const PlanOptions& options);
 
+// The report as text tables, and as one JSON object (docs/PLAN.md, "What it
+// prints"); plan_report.cc. Pure.
 std::string PlanText(const PlanResult& r);
 std::string PlanJson(const PlanResult& r);
+
+// Bytes in decimal units, about three significant figures ("3.57 GB",
+// "512 B"); "-" for a negative count (an unreachable row). plan_report.cc.
+std::string Gb(double bytes);
 
 }  // namespace epd::cli

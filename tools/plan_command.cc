@@ -42,7 +42,7 @@ namespace epd::cli {
 namespace {
 
 struct PlanFlags {
-  std::string trace, images, model, plot, eviction = "gdsf", admission = "none", dtype = "bfloat16", replay = "auto";
+  std::string trace, images, model, plot, eviction = "gdsf", admission = "none", dtype = "float32", replay = "auto";
   bool json = false, progress = false;
   double l1_max_gb = 16, l2_max_gb = 256, seconds_per_byte = 1e-9, seconds_per_token = 1.25e-5;
   double shards_rate = 0.05, minisim_rate = 0.05;
@@ -66,6 +66,13 @@ class PhaseBar {
     std::fprintf(stderr, "\rplan %-18s [%s%s] %3d%%", phase, std::string(filled, '#').c_str(),
                  std::string(width - filled, '.').c_str(), total == 0 ? 100 : static_cast<int>(100 * done / total));
     std::fflush(stderr);
+  }
+
+  // Draws 100 % whatever the time since the last redraw.
+  void Finish() {
+    if (!on_) return;
+    drawn_ = false;
+    Update("done", 1, 1);
   }
 
  private:
@@ -111,7 +118,9 @@ StatusOr<std::vector<CacheAccess>> FromReplayTrace(const PlanFlags& f) {
 }
 #endif
 
-StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar) {
+// `derived` is set where the trace is a replay trace, whose sizes plan
+// derives at --dtype.
+StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar, bool& derived) {
   // A regular file only: /dev/zero or a FIFO would be read without end.
   StatusOr<std::string> text = ReadRegularFile(f.trace);
   if (!text.ok()) return InvalidArgument("trace: " + text.status().message());
@@ -122,6 +131,7 @@ StatusOr<std::vector<CacheAccess>> LoadTrace(const PlanFlags& f, PhaseBar& bar) 
                              "to derive keys, sizes and costs, or a cache trace (docs/PLAN.md)");
     }
 #ifdef EPD_WITH_INSPECT_MODEL
+    derived = true;
     return FromReplayTrace(f);
 #else
     return InvalidArgument("this epd-encode was built without epd::model: --model is unavailable");
@@ -156,7 +166,8 @@ int RunPlanCommand(const PlanFlags& f) {
   }
   if (Status s = CheckPlotFile(f.plot); !f.plot.empty() && !s.ok()) return CommandError("plan", s.message());
   PhaseBar bar(f.progress || isatty(STDERR_FILENO));
-  auto trace = LoadTrace(f, bar);
+  bool derived = false;
+  auto trace = LoadTrace(f, bar, derived);
   if (!trace.ok()) return CommandError("plan", trace.status().message());
 
   PlanOptions o;
@@ -178,14 +189,23 @@ int RunPlanCommand(const PlanFlags& f) {
   PlanResult r;
   try {
     r = RunPlan(*trace, o);
+  } catch (const std::invalid_argument& e) {  // a trace RunPlan cannot size (plan.h)
+    return CommandError("plan", f.trace + ": " + e.what());
   } catch (const std::exception& e) {  // a bug's last line of defence: said, never an abort
     return CommandError("plan", std::string("internal error: ") + e.what());
   }
-  bar.Update("done", 1, 1);
+  // Sizes derived from images hold at the dtype they were derived at.
+  if (derived) {
+    for (SizingRow& row : r.rows) {
+      if (!row.serve_args.empty()) row.serve_args += " --dtype " + f.dtype;
+    }
+  }
+  bar.Finish();
   std::fputs((f.json ? PlanJson(r) : PlanText(r)).c_str(), stdout);
   if (!f.plot.empty()) {
     Status s = PlotCurves(r.curves, fmt::format("{} ({} requests)", f.trace, r.requests), f.plot);
     if (!s.ok()) return CommandError("plan", s.message());
+    std::fprintf(stderr, "plan: drew the curves to %s\n", f.plot.c_str());  // no control characters (CheckPlotFile)
   }
   return 0;
 }
@@ -205,7 +225,8 @@ void RegisterPlanCommand(CLI::App& app) {
   auto option = [cmd](const char* name, auto& value, const char* help, const CLI::Validator& check) {
     cmd->add_option(name, value, help)->capture_default_str()->check(check);
   };
-  option("--dtype", f->dtype, "embedding dtype for derived sizes", CLI::IsMember({"float32", "bfloat16"}));
+  option("--dtype", f->dtype, "embedding dtype for a replay trace's derived sizes (as the worker's --dtype)",
+         CLI::IsMember({"float32", "bfloat16"}));
   option("--seconds-per-token", f->seconds_per_token, "derived cost per post-merge token, s", NonNegative("s"));
   option("--seconds-per-byte", f->seconds_per_byte, "cost of a cache-trace line without cost_s, s/B",
          NonNegative("s/B"));

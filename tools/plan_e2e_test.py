@@ -70,6 +70,10 @@ def test_the_parser_says_why_a_line_is_not_json_and_a_bom_only_starts_the_file(t
     path.write_text('{"key":"ok","bytes":1}\n{"key":"a","bytes":1,"cost_s":1e400}\n')
     r = run("--trace", str(path))
     assert r.returncode == 1 and f"{path}:2: not valid JSON: number overflow" in r.stderr, r.stderr
+    path.write_text('{"key":"ok","bytes":1}\n{"key":"a","bytes":1,"tenant":"x",}\n')
+    r = run("--trace", str(path))
+    # The parser's column, without its own "line 1", which is not the file's line.
+    assert r.returncode == 1 and f"{path}:2: not valid JSON: parse error at column 35:" in r.stderr, r.stderr
     path.write_bytes(b'\xef\xbb\xbf{"key":"a","bytes":1}\n{"key":"a","bytes":1}\n')
     r = run("--trace", str(path), "--json")
     assert r.returncode == 0, r.stderr
@@ -410,6 +414,34 @@ def test_plot_quotes_the_names_it_is_given(tmp_path):
     assert r.returncode == 1 and "--plot: a file name with a control character" in r.stderr
 
 
+def test_a_nul_byte_is_refused_naming_its_line_not_read_as_the_line_end(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"key":"a","bytes":5}\n{"key":"a","bytes":5}\x00{"key":"b","bytes":999}\n')
+    r = run("--trace", str(path))
+    assert r.returncode == 1 and f"{path}:2: a NUL byte, which JSON text never holds" in r.stderr, r.stderr
+    path.write_bytes(b'{"key":"a","bytes":5, "tenant":"x"}\x00junk\n')  # a line for the JSON parser
+    r = run("--trace", str(path))
+    assert r.returncode == 1 and f"{path}:1: a NUL byte" in r.stderr, r.stderr
+    path.write_bytes(b'{"id":"r1","images":["a.png"]}\x00junk\n')  # a replay trace
+    r = run("--trace", str(path), "--model", str(tmp_path))
+    assert r.returncode == 1 and f"{path}:1: a NUL byte" in r.stderr, r.stderr
+
+
+def test_plot_refuses_what_is_not_a_regular_file_and_replaces_a_stale_png(tmp_path):
+    trace = write(tmp_path / "t.jsonl", [{"key": "a", "bytes": 10, "cost_s": 1}] * 3)
+    fifo = tmp_path / "f.png"
+    os.mkfifo(fifo)
+    for target in (str(fifo), "/dev/full"):
+        r = run("--trace", trace, "--plot", target)
+        assert r.returncode == 1 and f"--plot: {target} exists and is not a regular file" in r.stderr, r.stderr
+    png = tmp_path / "old.png"
+    png.write_bytes(b"stale")
+    r = run("--trace", trace, "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plan: drew the curves to {png}" in r.stderr
+
+
 def test_huge_entries_and_costs_are_sized_or_refused_never_a_crash(tmp_path):
     # One entry of 10^18 bytes (near 2^62 - 1, the largest charge): the curve's capacities stay below it.
     r = run("--trace", write(tmp_path / "a.jsonl", [{"key": "a", "bytes": 10**18, "cost_s": 1}] * 2), "--json")
@@ -424,6 +456,16 @@ def test_huge_entries_and_costs_are_sized_or_refused_never_a_crash(tmp_path):
     assert r.returncode == 1 and "c.jsonl:1:" in r.stderr
     r = run("--trace", write(tmp_path / "d.jsonl", [{"key": "a", "bytes": 1}]), "--window", str(2**27 + 1))
     assert r.returncode != 0 and "--window" in r.stderr
+    # Distinct keys whose bytes sum past 2^62 - 1: the stack distances would
+    # wrap their int64 sums (five keys of 2^61 read a miss ratio of 0.1 where
+    # none can hit), so the trace is refused, naming the sum.
+    e = write(tmp_path / "e.jsonl", [{"key": "abcde"[i % 5], "bytes": 2**61, "cost_s": 1} for i in range(50)])
+    r = run("--trace", e, "--eviction", "lru")
+    assert r.returncode == 1 and "the trace's distinct keys hold 1.153e+19 bytes, over the 2^62 - 1" in r.stderr, r.stderr
+    # Two such keys sum to 2^62, which the caches still count: sized, never a crash.
+    r = run("--trace", write(tmp_path / "f.jsonl", [{"key": "ab"[i % 2], "bytes": 2**61 - 1, "cost_s": 1}
+                                                    for i in range(10)]), "--json", "--eviction", "lru")
+    assert r.returncode == 0, r.stderr
 
 
 def test_a_trace_with_nothing_to_save_gets_no_cache(tmp_path):
@@ -509,3 +551,37 @@ def test_replay_trace_without_model_says_what_to_give(tmp_path):
     r = run("--trace", path)
     assert r.returncode == 1
     assert "is a replay trace" in r.stderr and "--model" in r.stderr
+
+
+@pytest.mark.parametrize("admission", ["none", "doorkeeper"])
+def test_each_row_names_the_worker_flags_that_run_its_sizes(tmp_path, admission):
+    # 40 keys of 3,000,001 bytes, each requested 3 times, in a loop: a cache
+    # of any size between 1 key and all 40 hits some, so the rows differ.
+    trace = [{"key": f"k{i % 40}", "bytes": 3_000_001, "cost_s": 0.01 * (1 + i % 7)} for i in range(120)]
+    path = write(tmp_path / "t.jsonl", trace)
+    r = run("--trace", path, "--json", "--eviction", "adaptive", "--l1-admission", admission, "--window", "77",
+            "--l1-max-gb", "0.05", "--l2-max-gb", "0.07")
+    assert r.returncode == 0, r.stderr
+    serve_help = subprocess.run([EPD, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    rows = [x for x in json.loads(r.stdout)["sizing"] if x["reachable"]]
+    assert rows
+    for row in rows:
+        args = row["serve_args"].split()
+        flags = dict(zip(args[::2], args[1::2]))
+        assert len(args) == 2 * len(flags), args
+        assert all(f"{name} " in serve_help for name in flags), (flags, "not all in serve --help")
+        assert flags["--eviction"] == "adaptive"
+        if admission == "doorkeeper":
+            assert flags["--l1-admission"] == "doorkeeper" and flags["--l1-admission-window"] == "77"
+        else:
+            assert "--l1-admission" not in flags and "--l1-admission-window" not in flags
+        # The worker counts MiB: the whole MiB at or above the row's bytes.
+        for flag, tier in (("--cache-mb", "l1"), ("--host-cache-mb", "l2")):
+            mib = int(flags[flag])
+            nbytes = row["bytes"][tier]
+            assert mib * 2**20 >= nbytes and (mib - 1) * 2**20 < max(nbytes, 1), (flag, mib, nbytes)
+    text = run("--trace", path, "--eviction", "adaptive", "--l1-admission", admission, "--window", "77",
+               "--l1-max-gb", "0.05", "--l2-max-gb", "0.07")
+    assert text.returncode == 0, text.stderr
+    for row in rows:
+        assert row["serve_args"] in text.stdout

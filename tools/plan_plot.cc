@@ -59,6 +59,10 @@ Status CheckPlotFile(const std::string& png) {
     return Status(StatusCode::kInvalidArgument, "--plot: " + parent.string() + " is not a directory");
   }
   if (fs::is_directory(png, ec)) return Status(StatusCode::kInvalidArgument, "--plot: " + png + " is a directory");
+  // A FIFO would block gnuplot's open; a device or /proc file takes no PNG.
+  if (fs::exists(png, ec) && !fs::is_regular_file(png, ec)) {
+    return Status(StatusCode::kInvalidArgument, "--plot: " + png + " exists and is not a regular file");
+  }
   return Status::Ok();
 }
 
@@ -85,18 +89,22 @@ Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& 
       "set terminal pngcairo size 960,540 noenhanced font ',10'\nset output {}\nset title {}\n"
       "set logscale x\nset xlabel 'cache capacity (GB)'\nset ylabel 'miss ratio, by encode seconds'\n"
       "set yrange [0:1]\nset grid\nset key top right\nplot {}\n",
-      GnuplotQuoted(fs::absolute(png).string()), GnuplotQuoted(title), plots);
+      GnuplotQuoted((dir / "out.png").string()), GnuplotQuoted(title), plots);
   std::ofstream(dir / "plot.gp") << script;
   const std::string cmd = fmt::format("cd '{}' && gnuplot plot.gp 2> err.txt", dir.string());
   // On plan's main thread after every task has joined; the shell does the cd and the redirect.
   // NOLINTNEXTLINE(concurrency-mt-unsafe)
   const int rc = std::system(cmd.c_str());
   StatusOr<std::string> err = ReadFile((dir / "err.txt").string());
+  // gnuplot draws into the temporary folder, and the PNG is copied out only
+  // when it holds something: gnuplot exits 0 also where it could not write,
+  // and a file left at `png` by an earlier run must not pass for this one.
   std::error_code ec;
+  const bool drawn = rc == 0 && fs::file_size(dir / "out.png", ec) > 0 && !ec;
+  const bool copied = drawn && fs::copy_file(dir / "out.png", png, fs::copy_options::overwrite_existing, ec);
+  const std::string why = !drawn ? (err.ok() ? *err : std::string()) : ec.message();
   fs::remove_all(dir, ec);
-  if (rc != 0 || !fs::exists(png)) {
-    return Status(StatusCode::kUnavailable, "gnuplot failed for " + png + ": " + (err.ok() ? *err : std::string()));
-  }
+  if (!copied) return Status(StatusCode::kUnavailable, "gnuplot failed for " + png + ": " + why);
   return Status::Ok();
 }
 

@@ -16,13 +16,16 @@ namespace epd::cli {
 // Whether `gnuplot` is on PATH.
 bool HaveGnuplot();
 
-// kInvalidArgument when `png` holds a control character, which gnuplot's
-// quoted strings cannot carry, when its folder is not a directory, or when
-// it names a directory; plan checks it before any work.
+// kInvalidArgument when `png` holds a control character (plan prints the
+// name), when its folder is not a directory, or when it names a directory
+// or anything else that exists and is not a regular file (a FIFO would
+// block; a device takes no PNG); plan checks it before any work.
 Status CheckPlotFile(const std::string& png);
 
-// Writes `png`. kInvalidArgument as CheckPlotFile; kUnavailable when gnuplot
-// is missing or fails (its stderr in the message).
+// Writes `png`: gnuplot draws into a temporary folder, and a non-empty PNG
+// is copied over `png` (replacing a file there). kInvalidArgument as
+// CheckPlotFile; kUnavailable when gnuplot is missing, fails or writes
+// nothing (its stderr in the message), or the copy fails.
 Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& title, const std::string& png);
 
 }  // namespace epd::cli

@@ -125,7 +125,9 @@ PlanResult MrcOf(const std::vector<CacheAccess>& accesses, const ReplayFlags& f)
   PlanOptions o;
   o.eviction = *ParseEvictionPolicy(f.worker.eviction);  // checked by the flag's validator
   o.l1_admission = *ParseL1Admission(f.worker.l1_admission);
-  o.doorkeeper_window = static_cast<std::uint64_t>(f.worker.l1_admission_window);
+  // As plan does: a window past the trace never ends within it, and its sketch would only take memory.
+  o.doorkeeper_window =
+      std::max<std::uint64_t>(1, std::min(static_cast<std::uint64_t>(f.worker.l1_admission_window), accesses.size()));
   o.l1_max_bytes = static_cast<double>(f.worker.cache_mb) * (1 << 20);
   o.l2_max_bytes = static_cast<double>(f.worker.host_cache_mb) * (1 << 20);
   o.replay = accesses.size() <= o.exact_max;  // plan's --replay auto

@@ -258,7 +258,7 @@ def main():
     check(rc == 1 and "'tpu' is not a device" in stderr, f"--device tpu: {rc} {stderr}")
     # A bad flag value is a usage error: exit 1, naming the flag and the value.
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--cache-mb", "nan")
-    check(rc == 1 and "--cache-mb: expected a number >= 0 (MB), got 'nan'" in stderr, f"--cache-mb nan: {rc} {stderr}")
+    check(rc == 1 and "--cache-mb: expected a number >= 0 (MiB), got 'nan'" in stderr, f"--cache-mb nan: {rc} {stderr}")
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--rgba-background", "pink")
     check(rc == 1 and "--rgba-background" in stderr and "'pink'" in stderr, f"--rgba-background pink: {rc} {stderr}")
     # --max-decode-pixels below a.png's 56x56 = 3136 pixels fails that item by name (exit 3).
@@ -266,7 +266,7 @@ def main():
     check(rc == 3 and json.loads(stdout)["errors"] == {"INVALID_ARGUMENT": 1}, f"--max-decode-pixels: {rc} {stdout}")
     # A capacity past what the cache's int64 byte counter holds (2^62 - 1 bytes) is refused, not wrapped.
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--host-cache-mb", "1e13")
-    check(rc == 1 and "--host-cache-mb: at most 4398046511103 MB" in stderr and "got 1e+13" in stderr,
+    check(rc == 1 and "--host-cache-mb: at most 4398046511103 MiB" in stderr and "got 1e+13" in stderr,
           f"--host-cache-mb 1e13: {rc} {stderr}")
     rc, stdout, stderr = run(binary, "--trace", hand, "--images", images, "--device", "cuda:0")
     if rc == 1:

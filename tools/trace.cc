@@ -33,6 +33,8 @@ StatusOr<std::vector<TraceRequest>> ParseTrace(const std::string& text, const st
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
     auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
+    // The JSON parser reads a NUL as the end of its input and would drop the rest of the line.
+    if (line.find('\0') != std::string::npos) return error("a NUL byte, which JSON text never holds");
     json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return error("not valid JSON");
     if (!j.is_object()) return error("expected a JSON object");

@@ -58,10 +58,12 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--dtype", f.dtype, "embedding dtype")
       ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16"}));
-  cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MB")->capture_default_str()->check(NonNegative("MB"));
-  cmd.add_option("--host-cache-mb", f.host_cache_mb, "L2 (host) cache capacity, MB")
+  cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MiB (2^20 bytes)")
       ->capture_default_str()
-      ->check(NonNegative("MB"));
+      ->check(NonNegative("MiB"));
+  cmd.add_option("--host-cache-mb", f.host_cache_mb, "L2 (host) cache capacity, MiB (2^20 bytes)")
+      ->capture_default_str()
+      ->check(NonNegative("MiB"));
   cmd.add_flag("--no-cache", f.no_cache, "turn caching and in-flight deduplication off (baseline runs)");
   cmd.add_option(
          "--eviction", f.eviction,
@@ -182,7 +184,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
       char got[32];
       std::snprintf(got, sizeof(got), "%g", mb);
       return InvalidArgument(std::string(flag) + ": at most " + std::to_string(kMaxCacheBytes >> 20) +
-                             " MB (what the cache's byte counter holds), got " + got);
+                             " MiB (what the cache's byte counter holds), got " + got);
     }
   }
   // The reservations against the capacities, before the tower loads.
