@@ -193,7 +193,7 @@ def main() -> int:
             ("--zipf", finite(args.zipf), "a finite number"),
             ("--one-hit", 0 <= args.one_hit <= 1, "a share in [0, 1]"),
             ("--burst-every", args.burst_every >= 0, ">= 0 (0: no bursts)"),
-            ("--burst-len", args.burst_len >= 0, ">= 0"),
+            ("--burst-len", args.burst_len >= 1, ">= 1"),
             ("--rate", finite(args.rate) and args.rate > 0, "a finite number > 0"),
             ("--bytes-per-token", args.bytes_per_token >= 1, ">= 1"),
             ("--seconds-per-token", finite(args.seconds_per_token) and args.seconds_per_token >= 0,

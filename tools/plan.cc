@@ -46,6 +46,14 @@ class LastSizes {
     return fresh;
   }
   std::size_t size() const { return size_; }
+  // Whether the keys' bytes sum past kMaxCacheBytes, summed exactly (each is at most kMaxCacheBytes).
+  bool SumPastMax() const {
+    std::int64_t total = 0;
+    for (const Slot& s : slots_) {
+      if (s.bytes > 0 && (total += s.bytes) > kMaxCacheBytes) return true;
+    }
+    return false;
+  }
   double SumBytes() const {
     double total = 0;
     for (const Slot& s : slots_) total += s.bytes > 0 ? static_cast<double>(s.bytes) : 0.0;
@@ -236,7 +244,7 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
     r.working_set_bytes = sizes.SumBytes();
     r.working_set_redis_bytes = sizes.SumRedisCharge();
     // The stack distances sum the distinct keys' bytes in int64 (a sum past it would wrap).
-    if (r.working_set_bytes > static_cast<double>(kMaxCacheBytes)) {
+    if (sizes.SumPastMax()) {
       throw std::invalid_argument(
           fmt::format("the trace's distinct keys hold {:.4g} bytes, over the 2^62 - 1 that the "
                       "caches and the stack distances count",
@@ -438,7 +446,8 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   for (std::size_t i = 0; i < r.rows.size(); ++i) {
     SizingRow& row = r.rows[i];
     if (row.total_bytes >= 0) {
-      row.serve_args = ServeArgs(row.l1_bytes, row.l2_bytes, o.eviction, o.l1_admission, o.doorkeeper_window);
+      row.serve_args = ServeArgs(row.l1_bytes, row.l2_bytes, o.eviction, o.l1_admission,
+                                 o.worker_window != 0 ? o.worker_window : o.doorkeeper_window);
     }
     if (row.total_bytes < 0 || !o.replay) continue;
     row_tasks.emplace_back([&, i] {

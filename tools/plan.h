@@ -72,6 +72,11 @@ struct PlanOptions {
   double minisim_rate = 0.05;
   std::size_t minisim_head = 2048;
   std::uint64_t doorkeeper_window = 1 << 16;
+  // The window the worker is to run (SizingRow::serve_args; 0: doorkeeper_window).
+  // A caller that caps doorkeeper_window at the trace's length, where a
+  // longer one never ends, gives the uncapped one here: a server runs on
+  // past the trace.
+  std::uint64_t worker_window = 0;
   int points = 24;
   bool replay = true;    // replay the trace through the real tiers at each row's sizes
   unsigned threads = 0;  // tasks run at once; 0: std::thread::hardware_concurrency()

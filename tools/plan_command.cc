@@ -53,9 +53,7 @@ struct PlanFlags {
 class PhaseBar {
  public:
   explicit PhaseBar(bool on) : on_(on) {}
-  ~PhaseBar() {
-    if (drawn_) std::fputc('\n', stderr);
-  }
+  ~PhaseBar() { EndLine(); }
   void Update(const char* phase, std::size_t done, std::size_t total) {
     if (!on_) return;
     const auto now = std::chrono::steady_clock::now();
@@ -73,6 +71,13 @@ class PhaseBar {
     if (!on_) return;
     drawn_ = false;
     Update("done", 1, 1);
+    EndLine();
+  }
+
+  // Ends the bar's line, so that what stderr says next starts its own.
+  void EndLine() {
+    if (drawn_) std::fputc('\n', stderr);
+    drawn_ = false;
   }
 
  private:
@@ -168,7 +173,12 @@ int RunPlanCommand(const PlanFlags& f) {
   PhaseBar bar(f.progress || isatty(STDERR_FILENO));
   bool derived = false;
   auto trace = LoadTrace(f, bar, derived);
-  if (!trace.ok()) return CommandError("plan", trace.status().message());
+  // An error starts a line of its own, not the bar's.
+  auto fail = [&bar](const std::string& message) {
+    bar.EndLine();
+    return CommandError("plan", message);
+  };
+  if (!trace.ok()) return fail(trace.status().message());
 
   PlanOptions o;
   o.eviction = *eviction;
@@ -185,14 +195,15 @@ int RunPlanCommand(const PlanFlags& f) {
   // never ends within it), and the doorkeeper's memory is sized by it.
   o.doorkeeper_window = std::max<std::uint64_t>(
       1, std::min(static_cast<std::uint64_t>(f.window), static_cast<std::uint64_t>(trace->size())));
+  o.worker_window = static_cast<std::uint64_t>(f.window);
   o.progress = [&bar](const char* phase, std::size_t done, std::size_t total) { bar.Update(phase, done, total); };
   PlanResult r;
   try {
     r = RunPlan(*trace, o);
   } catch (const std::invalid_argument& e) {  // a trace RunPlan cannot size (plan.h)
-    return CommandError("plan", f.trace + ": " + e.what());
+    return fail(f.trace + ": " + e.what());
   } catch (const std::exception& e) {  // a bug's last line of defence: said, never an abort
-    return CommandError("plan", std::string("internal error: ") + e.what());
+    return fail(std::string("internal error: ") + e.what());
   }
   // Sizes derived from images hold at the dtype they were derived at.
   if (derived) {

@@ -462,8 +462,12 @@ def test_huge_entries_and_costs_are_sized_or_refused_never_a_crash(tmp_path):
     e = write(tmp_path / "e.jsonl", [{"key": "abcde"[i % 5], "bytes": 2**61, "cost_s": 1} for i in range(50)])
     r = run("--trace", e, "--eviction", "lru")
     assert r.returncode == 1 and "the trace's distinct keys hold 1.153e+19 bytes, over the 2^62 - 1" in r.stderr, r.stderr
-    # Two such keys sum to 2^62, which the caches still count: sized, never a crash.
-    r = run("--trace", write(tmp_path / "f.jsonl", [{"key": "ab"[i % 2], "bytes": 2**61 - 1, "cost_s": 1}
+    # The bound is exact, not a double's: two keys of 2^61 (2^62) are refused,
+    # two of 2^61 - 1 (2^62 - 2, which a double rounds to 2^62) are sized.
+    r = run("--trace", write(tmp_path / "f.jsonl", [{"key": "ab"[i % 2], "bytes": 2**61, "cost_s": 1}
+                                                    for i in range(10)]), "--eviction", "lru")
+    assert r.returncode == 1 and "over the 2^62 - 1" in r.stderr, r.stderr
+    r = run("--trace", write(tmp_path / "g.jsonl", [{"key": "ab"[i % 2], "bytes": 2**61 - 1, "cost_s": 1}
                                                     for i in range(10)]), "--json", "--eviction", "lru")
     assert r.returncode == 0, r.stderr
 
@@ -585,3 +589,9 @@ def test_each_row_names_the_worker_flags_that_run_its_sizes(tmp_path, admission)
     assert text.returncode == 0, text.stderr
     for row in rows:
         assert row["serve_args"] in text.stdout
+    # A window past the trace's 120 requests is modelled as 120 (it never ends
+    # within the trace), but the server runs on past it: the flag keeps it.
+    r = run("--trace", path, "--json", "--l1-admission", admission, "--window", "65536")
+    assert r.returncode == 0, r.stderr
+    for row in json.loads(r.stdout)["sizing"]:
+        assert ("--l1-admission-window 65536" in row["serve_args"]) == (admission == "doorkeeper"), row

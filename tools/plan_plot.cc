@@ -101,10 +101,13 @@ Status PlotCurves(const std::vector<MissRatioCurve>& curves, const std::string& 
   // and a file left at `png` by an earlier run must not pass for this one.
   std::error_code ec;
   const bool drawn = rc == 0 && fs::file_size(dir / "out.png", ec) > 0 && !ec;
-  const bool copied = drawn && fs::copy_file(dir / "out.png", png, fs::copy_options::overwrite_existing, ec);
-  const std::string why = !drawn ? (err.ok() ? *err : std::string()) : ec.message();
+  const std::string said = err.ok() && !err->empty() ? *err : "it wrote no PNG";
+  std::error_code copy_ec;
+  const bool copied =
+      drawn && fs::copy_file(dir / "out.png", png, fs::copy_options::overwrite_existing, copy_ec) && !copy_ec;
   fs::remove_all(dir, ec);
-  if (!copied) return Status(StatusCode::kUnavailable, "gnuplot failed for " + png + ": " + why);
+  if (!drawn) return Status(StatusCode::kUnavailable, "gnuplot failed for " + png + ": " + said);
+  if (!copied) return Status(StatusCode::kUnavailable, "cannot write the plot to " + png + ": " + copy_ec.message());
   return Status::Ok();
 }
 

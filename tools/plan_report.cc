@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <utility>
+#include <vector>
 
 #include "plan.h"
 
@@ -49,11 +49,14 @@ std::string PlanText(const PlanResult& r) {
   o += "\n";
   const std::size_t n = r.curves.empty() ? 0 : r.curves[0].points.size();
   const std::size_t step = std::max<std::size_t>(1, n / 12);
-  std::string shown;  // a tiny working set's capacities round alike: each shown once
-  for (std::size_t i = 0; i < n; i = (i + step < n || i + 1 == n) ? i + step : n - 1) {  // every step-th, and the last
-    if (Gb(r.curves[0].points[i].capacity_bytes) == std::exchange(shown, Gb(r.curves[0].points[i].capacity_bytes)))
-      continue;
-    o += fmt::format("  {:>12}", shown);
+  std::vector<std::size_t> rows;  // every step-th point, and the last
+  for (std::size_t i = 0; i < n; i = (i + step < n || i + 1 == n) ? i + step : n - 1) rows.push_back(i);
+  auto label = [&r](std::size_t i) { return Gb(r.curves[0].points[i].capacity_bytes); };
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const std::size_t i = rows[k];
+    // A tiny working set's capacities round alike: the last of each run is shown.
+    if (k + 1 < rows.size() && label(rows[k + 1]) == label(i)) continue;
+    o += fmt::format("  {:>12}", label(i));
     for (const MissRatioCurve& c : r.curves) {
       const Weights& m = c.points[i].miss_ratio;
       o += fmt::format("  {:>28}", fmt::format("{:.3f} / {:.3f} / {:.3f}", m.objects, m.bytes, m.seconds));

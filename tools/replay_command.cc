@@ -131,7 +131,12 @@ PlanResult MrcOf(const std::vector<CacheAccess>& accesses, const ReplayFlags& f)
   o.l1_max_bytes = static_cast<double>(f.worker.cache_mb) * (1 << 20);
   o.l2_max_bytes = static_cast<double>(f.worker.host_cache_mb) * (1 << 20);
   o.replay = accesses.size() <= o.exact_max;  // plan's --replay auto
-  return RunPlan(accesses, o);
+  PlanResult r = RunPlan(accesses, o);
+  // The served items' sizes are at the replay's dtype.
+  for (SizingRow& row : r.rows) {
+    if (!row.serve_args.empty()) row.serve_args += " --dtype " + f.worker.dtype;
+  }
+  return r;
 }
 
 StatusOr<std::vector<TraceRequest>> BuildTrace(const ReplayFlags& f) {

@@ -18,7 +18,7 @@ def gen(*args):
 
 @pytest.mark.parametrize("flag,value", [("--tenants", "0"), ("--rate", "0"), ("--rate", "nan"), ("--rate", "-1"),
                                         ("--one-hit", "2"), ("--one-hit", "-0.1"), ("--keys", "0"),
-                                        ("--requests", "-1"), ("--burst-every", "-1"), ("--burst-len", "-1"),
+                                        ("--requests", "-1"), ("--burst-every", "-1"), ("--burst-len", "0"),
                                         ("--bytes-per-token", "0"), ("--seconds-per-token", "-1"),
                                         ("--seconds-per-token", "inf"), ("--zipf", "nan")])
 def test_a_bad_argument_is_refused_naming_the_flag(flag, value):
