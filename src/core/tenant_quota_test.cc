@@ -254,7 +254,9 @@ TEST_P(FloodTest, ReservedTenantKeepsItsHitRatioInTheTieredCache) {
     // keeps the reserved keys by itself (0.887, as alone); the reservation's
     // guarantee above is what holds for every policy.
     const double unreserved = ReservedHitRatio(without, reserve, true, false, seed);
-    if (GetParam() != EvictionPolicy::kAdaptive) EXPECT_LT(unreserved, alone - 0.1) << "seed " << seed;
+    if (GetParam() != EvictionPolicy::kAdaptive) {
+      EXPECT_LT(unreserved, alone - 0.1) << "seed " << seed;
+    }
     EXPECT_EQ(with.l2().tenants()->row(kReserved).evictions, 0u);  // nothing of it lost
   }
 }

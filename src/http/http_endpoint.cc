@@ -25,8 +25,12 @@ namespace {
 // only httplib's Request and Response): a read that timed out is a 408.
 thread_local const ConnStream* t_stream = nullptr;
 
+}  // namespace
+
 // httplib's queue for accepted sockets: the task parks the socket, which
-// takes microseconds, so it runs on the accept thread itself.
+// takes microseconds, so it runs on the accept thread itself. It and
+// ParkingServer sit outside the anonymous namespace, since
+// HttpEndpoint::Impl (external linkage) holds a ParkingServer.
 class InlineQueue final : public httplib::TaskQueue {
  public:
   void enqueue(std::function<void()> fn) override { fn(); }
@@ -62,6 +66,8 @@ class ParkingServer final : public httplib::Server {
   }
   ConnectionPark* park_ = nullptr;
 };
+
+namespace {
 
 std::string Reason(int status) {
   static const std::map<int, std::string> kReasons = {{400, "Bad Request"},

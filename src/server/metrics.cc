@@ -34,10 +34,10 @@
 #include "stats_series.h"
 
 namespace epd::internal {
-namespace {
 
 // Builds the counter and gauge families from a ServerStats snapshot
-// (stats_series.h).
+// (stats_series.h). Outside the anonymous namespace, since
+// ServerMetrics::Impl (external linkage) holds one.
 class StatsCollectable : public prometheus::Collectable {
  public:
   StatsCollectable(std::function<ServerStats()> snapshot, std::shared_ptr<TenantLabels> tenant_labels)
@@ -49,6 +49,8 @@ class StatsCollectable : public prometheus::Collectable {
   std::function<ServerStats()> snapshot_;
   std::shared_ptr<TenantLabels> tenant_labels_;
 };
+
+namespace {
 
 class MeteredTower : public VisionTower {
  public:

@@ -208,7 +208,9 @@ TEST_P(RotationTest, FramesAreFfmpegsAutorotatedPixelsExactly) {
   EXPECT_EQ(v->frames[2].width, want.width);
   EXPECT_EQ(v->frames[2].height, want.height);
   EXPECT_EQ(v->frames[2].pixels, want.pixels);  // lossless RGB: exact
-  if (sei) EXPECT_EQ(v->frames[0].pixels, FfmpegFrame(c.frame0_png).pixels);
+  if (sei) {
+    EXPECT_EQ(v->frames[0].pixels, FfmpegFrame(c.frame0_png).pixels);
+  }
   auto info = ProbeVideo(Fixture(c.file));
   ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->orientation, c.header);

@@ -44,10 +44,10 @@ struct SimPolicy {
 };
 
 struct MiniSimOptions {
-  double rate = 0.05;                         // base sampling rate, in (0, 1]
-  double min_entries = 64;                    // the scaled cache holds at least this many mean-size entries
-  std::uint64_t doorkeeper_window = 1 << 16;  // requests, at full scale
-  std::vector<std::uint64_t> exact_keys;      // the head, kept at rate 1 (HeavyHitters)
+  double rate = 0.05;                          // base sampling rate, in (0, 1]
+  double min_entries = 64;                     // the scaled cache holds at least this many mean-size entries
+  std::uint64_t doorkeeper_window = 1 << 16;   // requests, at full scale
+  std::vector<std::uint64_t> exact_keys = {};  // the head, kept at rate 1 (HeavyHitters)
 };
 
 // What one simulated cache did.

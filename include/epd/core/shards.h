@@ -58,9 +58,9 @@
 namespace epd {
 
 struct ShardsOptions {
-  double rate = 0.01;                     // initial sampling rate, in (0, 1]
-  std::size_t max_keys = 0;               // sampled tail keys kept at most; 0 = fixed rate, unbounded
-  std::vector<std::uint64_t> exact_keys;  // the head, tracked at rate 1
+  double rate = 0.01;                          // initial sampling rate, in (0, 1]
+  std::size_t max_keys = 0;                    // sampled tail keys kept at most; 0 = fixed rate, unbounded
+  std::vector<std::uint64_t> exact_keys = {};  // the head, tracked at rate 1
 };
 
 // The keys of `trace` requested more than n / (k + 1) times, and perhaps a
