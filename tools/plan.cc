@@ -327,6 +327,18 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
         "{:.3f}, the trace's is {:.3f}: its curve is off by as much; raise --shards-max-keys or --shards-rate",
         r.shards_sampled_keys, 100 * r.shards_rate, sampled, r.max_hit_ratio.seconds));
   }
+  // The same check for MiniSim: GDSF's curve ends at the infinite cache when
+  // its largest capacity holds the working set.
+  if (m.rate < 1 && caps.back() >= r.working_set_bytes && !r.curves[1].points.empty()) {
+    const double sampled = 1 - r.curves[1].points.back().miss_ratio.seconds;
+    if (std::abs(sampled - r.max_hit_ratio.seconds) > kSampleWarnGap) {
+      r.warnings.push_back(fmt::format(
+          "the MiniSim sample (rate {:.3g}%, {} head keys) puts the infinite cache's encode-seconds hit ratio at "
+          "{:.3f}, the trace's is {:.3f}: the gdsf, gdsf+doorkeeper and adaptive curves are off by about as much; "
+          "raise --minisim-rate",
+          100 * m.rate, m.exact_keys.size(), sampled, r.max_hit_ratio.seconds));
+    }
+  }
 
   // Sizing off the policy's curve. The doorkeeper gates L1 alone (a first
   // request goes into L2), so the tiers' total reads the policy's own curve;

@@ -300,6 +300,26 @@ def test_a_sample_too_small_is_warned_of_and_the_targets_stay_the_traces_own(tmp
     assert "warning: the SHARDS sample" in text
 
 
+def test_a_minisim_sample_too_small_for_the_trace_is_warned_of(tmp_path):
+    # Past 200,000 requests the GDSF curves come from MiniSim. At its default 5 % the GDSF curve's end (a cache that
+    # holds the working set) sits within 0.01 of the trace's counted infinite-cache hit ratio; at 0.1 % it does not
+    # (0.044 off when written), and plan says so.
+    lines = zipf_trace(250_000, 60_000, 5)
+    path = write(tmp_path / "t.jsonl", lines)
+    want = max_seconds_hit(lines)
+    for rate, warned in (("0.05", False), ("0.001", True)):
+        j = json.loads(run("--trace", path, "--json", "--minisim-rate", rate, "--replay", "off").stdout)
+        assert j["max_hit_ratio"]["seconds"] == pytest.approx(want, rel=1e-9)
+        gdsf = next(c for c in j["curves"] if c["label"].startswith("gdsf ("))
+        assert gdsf["points"][-1]["capacity_bytes"] >= j["working_set_bytes"]
+        end = 1 - gdsf["points"][-1]["miss_ratio"]["seconds"]
+        minisim = [w for w in j["warnings"] if w.startswith("the MiniSim sample")]
+        assert (abs(end - want) > 0.01) == warned, (rate, end, want)
+        assert len(minisim) == int(warned), j["warnings"]
+        if warned:
+            assert f"at {end:.3f}, the trace's is {want:.3f}" in minisim[0] and "raise --minisim-rate" in minisim[0]
+
+
 def test_a_sampled_curve_flat_at_zero_still_gets_sizes_that_reach_the_target(tmp_path):
     # 90,000 one-off keys and four costly ones requested twice, 20,000 requests apart: a SHARDS sample of one
     # tail key holds none of the four, so its curve is flat at 0 while the trace's maximum is well above it.
