@@ -75,9 +75,7 @@ std::shared_ptr<SharedTier> Open(const RedisServer& redis) {
 std::int64_t Integer(const std::string& reply) { return std::stoll(reply.substr(1)); }
 std::int64_t InfoField(const RedisServer& redis, const std::string& section, const std::string& name) {
   const std::string info = redis.Cli({"INFO", section});
-  std::string field("\r\n");  // built by appending: GCC 12 mis-warns on literal + string
-  field += name;
-  field += ':';
+  const std::string field = "\r\n" + name + ":";
   const std::size_t at = info.find(field);
   if (at == std::string::npos) throw std::runtime_error("INFO has no " + name);
   return std::stoll(info.substr(at + name.size() + 3));

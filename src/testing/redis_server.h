@@ -38,12 +38,7 @@ namespace epd::test_util {
 // The Redis key a tier stores under for `key`: `prefix` (e.g. "epd:v:" for
 // values, "epd:lease:" for leases, with the default RedisTierOptions::key_prefix)
 // followed by the key's hex.
-// Built by appending: GCC 12 mis-warns on literal + string.
-inline std::string RedisKey(const char* prefix, const ContentKey& key) {
-  std::string s(prefix);
-  s += key.Hex();
-  return s;
-}
+inline std::string RedisKey(const char* prefix, const ContentKey& key) { return prefix + key.Hex(); }
 
 class RedisServer {
  public:

@@ -6,12 +6,7 @@
 
 namespace epd::test_util {
 
-// "<prefix><n>", built by appending: GCC 12 mis-warns (-Wrestrict) on
-// "literal" + std::to_string(n), which prepends into the temporary.
-inline std::string Name(const char* prefix, long long n) {
-  std::string s(prefix);
-  s += std::to_string(n);
-  return s;
-}
+// "<prefix><n>".
+inline std::string Name(const char* prefix, long long n) { return prefix + std::to_string(n); }
 
 }  // namespace epd::test_util

@@ -145,12 +145,7 @@ struct DeviceOutputTensors {
 
 Status TorchScriptTower::CheckOutput(const c10::IValue& v, const char* name, std::int64_t rows,
                                      std::int64_t cols) const {
-  // Appended piecewise: GCC 12 mis-warns (-Wrestrict) on "[" + to_string().
-  std::string expected = "[";
-  expected += std::to_string(rows);
-  expected += ", ";
-  expected += std::to_string(cols);
-  expected += "]";
+  const std::string expected = "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
   if (!v.isTensor()) {
     return Internal("TorchScript tower " + path_ + ": forward's " + name + " output must be a Tensor, got " +
                     v.tagKind());

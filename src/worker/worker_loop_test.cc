@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdio>
+#include <string>
 #include <thread>
 
 #include "worker_test_util.h"
@@ -17,12 +17,8 @@ using testing::FakeTower;
 using testing::Png;
 using testing::Request;
 
-// "t<thread>-<index>". (snprintf: GCC 12 warns falsely on chained string +.)
-std::string RequestId(int thread, int index) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "t%d-%d", thread, index);
-  return buf;
-}
+// "t<thread>-<index>".
+std::string RequestId(int thread, int index) { return "t" + std::to_string(thread) + "-" + std::to_string(index); }
 
 std::unique_ptr<EncodeWorker> MakeWorker(WorkerOptions o = {}) {
   o.model_id = "test-model";
