@@ -4,7 +4,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
 
 namespace epd::internal {
 namespace {
@@ -43,10 +45,6 @@ std::optional<std::string> Class4(std::uint32_t a) {
 
 std::uint32_t V4(const sockaddr_in* a) { return ntohl(a->sin_addr.s_addr); }
 
-std::uint32_t Embedded4(const std::uint8_t* b) {
-  return (std::uint32_t{b[12]} << 24) | (std::uint32_t{b[13]} << 16) | (std::uint32_t{b[14]} << 8) | b[15];
-}
-
 bool Prefix6(const std::uint8_t* b, std::initializer_list<std::uint8_t> head, int bits) {
   int i = 0;
   for (std::uint8_t h : head) {
@@ -66,18 +64,70 @@ bool AllZero(const std::uint8_t* b, int n) {
   return true;
 }
 
+// An IPv4 address carried inside an IPv6 one, and the form that carries it.
+struct Embedding {
+  const char* form;
+  std::uint32_t v4;
+};
+
+std::uint32_t Read4(const std::uint8_t* p) {
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+}
+
+// The forms of the IANA IPv6 special-purpose registry (and RFC 3056, 6052,
+// 6145, 8215, 4291) that carry an IPv4 address. REQUIRES: b is neither ::
+// nor ::1.
+std::optional<Embedding> Embedded(const std::uint8_t* b) {
+  if (AllZero(b, 10) && b[10] == 0xFF && b[11] == 0xFF) return Embedding{"IPv4-mapped", Read4(b + 12)};
+  if (AllZero(b, 8) && b[8] == 0xFF && b[9] == 0xFF && b[10] == 0 && b[11] == 0) {
+    return Embedding{"IPv4-translated", Read4(b + 12)};
+  }
+  if (AllZero(b, 12)) return Embedding{"IPv4-compatible", Read4(b + 12)};
+  if (Prefix6(b, {0x00, 0x64, 0xFF, 0x9B}, 32) && AllZero(b + 4, 8)) return Embedding{"NAT64", Read4(b + 12)};
+  if (Prefix6(b, {0x00, 0x64, 0xFF, 0x9B, 0x00, 0x01}, 48)) return Embedding{"local-use NAT64", Read4(b + 12)};
+  if (b[0] == 0x20 && b[1] == 0x02) return Embedding{"6to4", Read4(b + 2)};
+  return std::nullopt;
+}
+
+std::string Text4(std::uint32_t v4) {
+  in_addr a{};
+  a.s_addr = htonl(v4);
+  char buf[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &a, buf, sizeof(buf));
+  return buf;
+}
+
+// An embedded address is judged by the IPv4 rule, except two forms refused
+// whatever they carry: IPv4-compatible (deprecated by RFC 4291) and
+// local-use NAT64 (not globally reachable; where the IPv4 address sits in
+// it depends on the operator's prefix length, so none can be trusted).
+std::optional<std::string> ClassEmbedded(const Embedding& e) {
+  const std::optional<std::string> c = Class4(e.v4);
+  const std::string form = e.form, carried = Text4(e.v4);
+  if (c.has_value()) return *c + " (" + form + ", embeds " + carried + ")";
+  if (form == "IPv4-compatible") return "IPv4-compatible (deprecated; embeds " + carried + ")";
+  if (form == "local-use NAT64") return "local-use NAT64 (not globally reachable; embeds " + carried + ")";
+  return std::nullopt;
+}
+
 std::optional<std::string> Class6(const std::uint8_t* b) {
   if (AllZero(b, 16)) return "unspecified";
   if (AllZero(b, 15) && b[15] == 1) return "loopback";
-  const bool mapped = AllZero(b, 10) && b[10] == 0xFF && b[11] == 0xFF;
-  const bool nat64 = b[0] == 0x00 && b[1] == 0x64 && b[2] == 0xFF && b[3] == 0x9B && AllZero(b + 4, 8);
-  if (mapped || nat64) return Class4(Embedded4(b));
-  if (AllZero(b, 12)) return "IPv4-compatible (deprecated)";
+  if (const std::optional<Embedding> e = Embedded(b)) return ClassEmbedded(*e);
   if (Prefix6(b, {0xFC}, 7)) return "unique local (private)";
   if (Prefix6(b, {0xFE, 0x80}, 10)) return "link-local";
   if (b[0] == 0xFF) return "multicast";
   if (Prefix6(b, {0x20, 0x01, 0x0D, 0xB8}, 32)) return "documentation";
   return std::nullopt;
+}
+
+bool InRange(const Cidr& range, int family, const std::uint8_t* b) {
+  if (family != range.family) return false;
+  for (int bit = 0; bit < range.prefix; ++bit) {
+    const int i = bit / 8, shift = 7 - bit % 8;
+    if (((b[i] >> shift) & 1) != ((range.bytes[i] >> shift) & 1)) return false;
+  }
+  return true;
 }
 
 const std::uint8_t* Bytes6(const sockaddr* addr) {
@@ -130,27 +180,21 @@ StatusOr<Cidr> ParseCidr(std::string_view text) {
 }
 
 bool Contains(const Cidr& range, const sockaddr* addr) {
-  std::uint8_t b[16] = {};
-  int family = addr->sa_family;
-  if (family == AF_INET) {
+  if (addr->sa_family == AF_INET) {
+    std::uint8_t b[4];
     std::memcpy(b, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, 4);
-  } else if (family == AF_INET6) {
-    const std::uint8_t* six = Bytes6(addr);
-    if (AllZero(six, 10) && six[10] == 0xFF && six[11] == 0xFF) {
-      family = AF_INET;
-      std::memcpy(b, six + 12, 4);
-    } else {
-      std::memcpy(b, six, 16);
-    }
-  } else {
-    return false;
+    return InRange(range, AF_INET, b);
   }
-  if (family != range.family) return false;
-  for (int bit = 0; bit < range.prefix; ++bit) {
-    const int i = bit / 8, shift = 7 - bit % 8;
-    if (((b[i] >> shift) & 1) != ((range.bytes[i] >> shift) & 1)) return false;
-  }
-  return true;
+  if (addr->sa_family != AF_INET6) return false;
+  const std::uint8_t* six = Bytes6(addr);
+  if (InRange(range, AF_INET6, six)) return true;
+  if (AllZero(six, 15) && six[15] <= 1) return false;  // :: and ::1 carry no IPv4 address
+  const std::optional<Embedding> e = Embedded(six);
+  if (!e.has_value()) return false;
+  std::uint8_t b[4];
+  const std::uint32_t n = htonl(e->v4);
+  std::memcpy(b, &n, 4);
+  return InRange(range, AF_INET, b);
 }
 
 }  // namespace epd::internal

@@ -10,9 +10,17 @@
 //         198.18/15 "benchmarking", 224/4 "multicast", 240/4 "reserved"
 //   IPv6  :: "unspecified", ::1 "loopback", fc00::/7 "unique local (private)",
 //         fe80::/10 "link-local", ff00::/8 "multicast", 2001:db8::/32
-//         "documentation", ::/96 "IPv4-compatible (deprecated)";
-//         ::ffff:0:0/96 (IPv4-mapped) and 64:ff9b::/96 (NAT64) are judged by
-//         the IPv4 address they carry.
+//         "documentation".
+//   IPv6 forms that carry an IPv4 address are judged by the IPv4 rule
+//   applied to the address they carry, and the class names both, e.g.
+//   "loopback (6to4, embeds 127.0.0.1)":
+//         ::ffff:0:0/96 IPv4-mapped and ::ffff:0:0:0/96 IPv4-translated
+//         (SIIT, RFC 6145), 64:ff9b::/96 NAT64 (RFC 6052), 2002::/16 6to4
+//         (RFC 3056: bits 16..47). Two are refused whatever they carry:
+//         ::/96 "IPv4-compatible (deprecated; embeds a.b.c.d)" (RFC 4291)
+//         and 64:ff9b:1::/48 "local-use NAT64 (not globally reachable;
+//         embeds a.b.c.d)" (RFC 8215; the carried address is read at the
+//         /96 position, but an operator's prefix may place it elsewhere).
 // Sources: the IANA IPv4 and IPv6 Special-Purpose Address Registries
 // (RFC 6890 and its updates).
 //
@@ -47,8 +55,9 @@ struct Cidr {
 };
 // kInvalidArgument naming the text when it is not an address range.
 StatusOr<Cidr> ParseCidr(std::string_view text);
-// True when `addr` lies in `range` (an IPv4-mapped IPv6 address counts as
-// its IPv4 address).
+// True when `addr` lies in `range`, or carries (in one of the forms above)
+// an IPv4 address that lies in it: an allowed network exempts every form
+// that reaches it, as the refusal follows every form.
 bool Contains(const Cidr& range, const sockaddr* addr);
 
 }  // namespace epd::internal

@@ -53,13 +53,62 @@ TEST(AddressPolicyTest, EverySpecialRangeIsNamedAndPublicAddressesPass) {
                                                        {"fc00::1", "unique local (private)"},
                                                        {"ff02::1", "multicast"},
                                                        {"2001:db8::1", "documentation"},
-                                                       {"::ffff:127.0.0.1", "loopback"},
-                                                       {"::ffff:10.1.2.3", "private"},
                                                        {"::ffff:8.8.8.8", "public"},
-                                                       {"64:ff9b::a00:1", "private"},
-                                                       {"2606:4700:4700::1111", "public"},
-                                                       {"::7f00:1", "IPv4-compatible (deprecated)"}};
+                                                       {"64:ff9b::808:808", "public"},
+                                                       {"2606:4700:4700::1111", "public"}};
   for (const auto& [addr, what] : cases) EXPECT_EQ(ClassOf(addr), what) << addr;
+}
+
+// Each form that carries an IPv4 address is judged by the IPv4 rule, and
+// the class names the carried address.
+TEST(AddressPolicyTest, IPv6FormsThatEmbedIPv4AreJudgedByTheEmbeddedAddress) {
+  const std::pair<const char*, const char*> cases[] = {
+      // 6to4, 2002::/16, the IPv4 address in bits 16..47
+      {"2002:7f00:0001::", "loopback (6to4, embeds 127.0.0.1)"},
+      {"2002:a00:1:5::1", "private (6to4, embeds 10.0.0.1)"},
+      {"2002:a9fe:a9fe::", "link-local (6to4, embeds 169.254.169.254)"},
+      {"2002:c0a8:0101:1:2:3:4:5", "private (6to4, embeds 192.168.1.1)"},
+      {"2002:0808:0808::", "public"},
+      {"2002:0808:0808:1::1", "public"},
+      // NAT64 well-known prefix, 64:ff9b::/96
+      {"64:ff9b::a00:1", "private (NAT64, embeds 10.0.0.1)"},
+      {"64:ff9b::127.0.0.1", "loopback (NAT64, embeds 127.0.0.1)"},
+      {"64:ff9b::169.254.169.254", "link-local (NAT64, embeds 169.254.169.254)"},
+      // local-use NAT64, 64:ff9b:1::/48: refused whatever it carries
+      {"64:ff9b:1::a00:1", "private (local-use NAT64, embeds 10.0.0.1)"},
+      {"64:ff9b:1::808:808", "local-use NAT64 (not globally reachable; embeds 8.8.8.8)"},
+      {"64:ff9b:1:ffff::7f00:1", "loopback (local-use NAT64, embeds 127.0.0.1)"},
+      // SIIT: IPv4-mapped ::ffff:0:0/96 and IPv4-translated ::ffff:0:0:0/96
+      {"::ffff:127.0.0.1", "loopback (IPv4-mapped, embeds 127.0.0.1)"},
+      {"::ffff:10.1.2.3", "private (IPv4-mapped, embeds 10.1.2.3)"},
+      {"::ffff:0:127.0.0.1", "loopback (IPv4-translated, embeds 127.0.0.1)"},
+      {"::ffff:0:172.16.5.4", "private (IPv4-translated, embeds 172.16.5.4)"},
+      {"::ffff:0:8.8.8.8", "public"},
+      // IPv4-compatible ::/96: deprecated, refused whatever it carries
+      {"::7f00:1", "loopback (IPv4-compatible, embeds 127.0.0.1)"},
+      {"::a00:1", "private (IPv4-compatible, embeds 10.0.0.1)"},
+      {"::808:808", "IPv4-compatible (deprecated; embeds 8.8.8.8)"},
+      // neighbours of those prefixes are ordinary IPv6 addresses
+      {"2003:7f00:1::", "public"},
+      {"64:ff9b:2::a00:1", "public"},
+      {"::1:ffff:7f00:1", "public"},
+  };
+  for (const auto& [addr, what] : cases) EXPECT_EQ(ClassOf(addr), what) << addr;
+}
+
+// An allowed network exempts every form that reaches it, as the refusal
+// follows every form.
+TEST(AddressPolicyTest, AnAllowedIPv4NetworkCoversTheFormsThatEmbedIt) {
+  StatusOr<Cidr> ten = ParseCidr("10.0.0.0/8");
+  ASSERT_TRUE(ten.ok());
+  for (const char* addr : {"::ffff:10.0.0.1", "::ffff:0:10.0.0.1", "64:ff9b::a00:1", "2002:a00:1::", "::a00:1"}) {
+    const sockaddr_storage ss = Addr(addr);
+    EXPECT_TRUE(Contains(*ten, reinterpret_cast<const sockaddr*>(&ss))) << addr;
+  }
+  for (const char* addr : {"::1", "::", "2002:b00:1::", "fd00::a00:1"}) {
+    const sockaddr_storage ss = Addr(addr);
+    EXPECT_FALSE(Contains(*ten, reinterpret_cast<const sockaddr*>(&ss))) << addr;
+  }
 }
 
 TEST(AddressPolicyTest, RangesContainTheirAddressesAndMappedOnes) {

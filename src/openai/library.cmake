@@ -8,6 +8,7 @@ add_library(epd_openai
   ${CMAKE_CURRENT_LIST_DIR}/chat_reply.cc
   ${CMAKE_CURRENT_LIST_DIR}/chat_request.cc
   ${CMAKE_CURRENT_LIST_DIR}/ec_publisher.cc
+  ${CMAKE_CURRENT_LIST_DIR}/fetch_pool.cc
   ${CMAKE_CURRENT_LIST_DIR}/front_metrics.cc
   ${CMAKE_CURRENT_LIST_DIR}/kwargs_check.cc
   ${CMAKE_CURRENT_LIST_DIR}/media_source.cc

@@ -1,4 +1,14 @@
 // See media_source.h.
+//
+// ResolveAll's scheduling: a Batch (one call) starts min(parallelism, n)
+// "tokens" on the pool. A token takes the next unstarted item, resolves it,
+// records the result, and posts itself again at the back of the pool's
+// queue while items remain and nothing has failed; otherwise it retires.
+// So a request never has more than `parallelism` items in flight, and
+// requests take turns item by item. The last token to retire calls done:
+// by then no fetch of the batch runs, so no charge can follow done.
+// The first failure sets the batch's stop flag, which every fetch of the
+// batch watches (FetchControl::stop): siblings in flight abort.
 #include "media_source.h"
 
 #include <curl/curl.h>
@@ -8,57 +18,75 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
+
+#include "fetch_pool.h"
 
 namespace epd::internal {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 std::string RealPath(const std::string& path) {
   char buf[PATH_MAX];
   return realpath(path.c_str(), buf) != nullptr ? std::string(buf) : std::string();
 }
 
-}  // namespace
-
-StatusOr<std::unique_ptr<MediaSource>> MediaSource::Create(MediaFetchOptions fetch,
-                                                           const std::string& allowed_local_path) {
-  auto m = std::unique_ptr<MediaSource>(new MediaSource());
-  m->max_bytes_ = fetch.max_bytes;
-  StatusOr<std::unique_ptr<MediaFetcher>> f = MediaFetcher::Create(std::move(fetch));
-  if (!f.ok()) return f.status();
-  m->fetcher_ = std::move(*f);
-  if (!allowed_local_path.empty()) {
-    struct stat st {};
-    m->local_root_ = RealPath(allowed_local_path);
-    if (m->local_root_.empty() || stat(m->local_root_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return InvalidArgument("--allowed-local-media-path " + allowed_local_path + " is not a directory");
-    }
+// True when `url` starts with `scheme` (lower case, with its ':'),
+// whatever the URL's case.
+bool HasScheme(const std::string& url, std::string_view scheme) {
+  if (url.size() < scheme.size()) return false;
+  for (std::size_t i = 0; i < scheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(url[i])) != scheme[i]) return false;
   }
-  return m;
+  return true;
 }
 
-StatusOr<std::string> MediaSource::Resolve(const std::string& url) const {
-  if (url.rfind("data:", 0) == 0) return FromData(url);
-  if (url.rfind("file:", 0) == 0) return FromFile(url);
-  if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) return fetcher_->Fetch(url);
-  return InvalidArgument("the media URL '" + url.substr(0, 64) + "' is neither data:, http(s):// nor file://");
+bool IsSet(const std::shared_ptr<const std::atomic<bool>>& flag) {
+  return flag != nullptr && flag->load(std::memory_order_relaxed);
 }
 
-StatusOr<std::string> MediaSource::FromData(const std::string& url) const {
-  const std::size_t comma = url.find(',');
-  if (comma == std::string::npos || url.substr(0, comma).find(";base64") == std::string::npos) {
-    return InvalidArgument("a data: media URL must be data:<type>;base64,<payload>");
+Status Charge(const FetchControl& control, std::int64_t bytes) {
+  if (!control.charge || bytes <= 0) return Status::Ok();
+  try {
+    return control.charge(bytes);
+  } catch (...) {
+    return Status(StatusCode::kInternal, "the media byte charge threw");
   }
-  const std::size_t encoded = url.size() - comma - 1;
-  if (static_cast<std::int64_t>(encoded / 4 * 3) > max_bytes_ + 2) {
-    return ResourceExhausted("the data: URL holds about " + std::to_string(encoded / 4 * 3) + " bytes; at most " +
-                             std::to_string(max_bytes_) + " are accepted (--media-max-mb)");
+}
+
+// What a file that is not regular is, for the message.
+const char* Kind(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+// Reads `size` bytes of the regular file `fd` (fewer if it shrank).
+std::string ReadAll(int fd, std::size_t size) {
+  std::string out(size, '\0');
+  std::size_t off = 0;
+  while (off < out.size()) {
+    const ssize_t n = read(fd, out.data() + off, out.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    off += static_cast<std::size_t>(n);
   }
-  const std::string_view payload = std::string_view(url).substr(comma + 1);
-  std::string out(encoded / 4 * 3 + 3, '\0');
+  out.resize(off);
+  return out;
+}
+
+// The bytes of a base64 payload; kInvalidArgument when it is not base64.
+StatusOr<std::string> DecodeBase64(std::string_view payload) {
+  std::string out(payload.size() / 4 * 3 + 3, '\0');
   auto* dst = reinterpret_cast<unsigned char*>(out.data());
   const auto* src = reinterpret_cast<const unsigned char*>(payload.data());
   // (Not find_first_of: libstdc++ runs a memchr over the set per character.)
@@ -87,50 +115,258 @@ StatusOr<std::string> MediaSource::FromData(const std::string& url) const {
   return out;
 }
 
-StatusOr<std::string> MediaSource::FromFile(const std::string& url) const {
-  if (local_root_.empty()) {
-    return Status(StatusCode::kPermissionDenied,
-                  "file:// media URLs are off; start the server with --allowed-local-media-path DIR");
+}  // namespace
+
+struct MediaSource::Batch {
+  std::vector<std::string> urls;
+  ResolveOptions options;
+  ResolveDone done;
+  std::shared_ptr<std::atomic<bool>> stop = std::make_shared<std::atomic<bool>>(false);
+
+  std::mutex mu;         // guards what follows
+  std::size_t next = 0;  // the next item to start
+  int tokens = 0;        // tokens not retired
+  ResolvedMedia result;
+
+  std::mutex charge_mu;  // serializes options.charge; guards charged
+  std::int64_t charged = 0;
+};
+
+MediaSource::MediaSource() = default;
+
+MediaSource::~MediaSource() {
+  {
+    std::lock_guard<std::mutex> lock(batches_mu_);
+    for (Batch* b : batches_) b->stop->store(true);
   }
+  pool_->Stop();  // runs every token left (they may post more): each batch ends, done called
+}
+
+StatusOr<std::unique_ptr<MediaSource>> MediaSource::Create(MediaFetchOptions fetch,
+                                                           const std::string& allowed_local_path, int fetch_threads) {
+  auto m = std::unique_ptr<MediaSource>(new MediaSource());
+  m->max_bytes_ = fetch.max_bytes;
+  StatusOr<std::unique_ptr<MediaFetcher>> f = MediaFetcher::Create(std::move(fetch));
+  if (!f.ok()) return f.status();
+  m->fetcher_ = std::move(*f);
+  if (!allowed_local_path.empty()) {
+    struct stat st {};
+    m->local_root_ = RealPath(allowed_local_path);
+    if (m->local_root_.empty() || stat(m->local_root_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return InvalidArgument("--allowed-local-media-path " + MediaUrlForMessage(allowed_local_path) +
+                             " is not a directory");
+    }
+  }
+  m->pool_ = std::make_unique<FetchPool>(fetch_threads);
+  return m;
+}
+
+StatusOr<std::string> MediaSource::Resolve(const std::string& url) const { return ResolveOne(url, FetchControl{}); }
+
+StatusOr<std::string> MediaSource::ResolveOne(const std::string& url, const FetchControl& control) const {
+  if (const std::size_t bad = FirstInvalidUtf8(url); bad != std::string::npos) {
+    return InvalidArgument("the media URL '" + MediaUrlForMessage(url, 64) + "' is not valid UTF-8 (byte " +
+                           std::to_string(bad) + ")");
+  }
+  if (HasScheme(url, "data:")) return FromData(url, control);
+  if (HasScheme(url, "file:")) return FromFile(url, control);
+  if (HasScheme(url, "http://") || HasScheme(url, "https://")) return fetcher_->Fetch(url, control);
+  return InvalidArgument("the media URL '" + MediaUrlForMessage(url, 64) +
+                         "' is neither data:, http(s):// nor file://");
+}
+
+void MediaSource::ResolveAll(std::vector<std::string> urls, ResolveOptions options, ResolveDone done) {
+  auto b = std::make_shared<Batch>();
+  const std::size_t n = urls.size();
+  b->urls = std::move(urls);
+  b->options = std::move(options);
+  b->done = std::move(done);
+  b->result.items.assign(n, Status(StatusCode::kCancelled, "not resolved"));
+  b->tokens = static_cast<int>(std::clamp<std::size_t>(n, 1, std::max(1, b->options.parallelism)));
+  {
+    std::lock_guard<std::mutex> lock(batches_mu_);
+    batches_.insert(b.get());
+  }
+  for (int t = b->tokens; t > 0; --t) pool_->Post([this, b] { Step(b); });
+}
+
+// One item of `b`, as its token resolves it.
+StatusOr<std::string> MediaSource::ItemOf(Batch& b, std::size_t i) const {
+  const ResolveOptions& o = b.options;
+  if (IsSet(o.cancel)) return Status(StatusCode::kCancelled, "the client went away");
+  if (b.stop->load()) return Status(StatusCode::kCancelled, "stopped");
+  if (Clock::now() >= o.deadline) {
+    return Status(StatusCode::kDeadlineExceeded, "the request's fetch deadline passed before this item started");
+  }
+  FetchControl c;
+  c.deadline = o.deadline;
+  c.cancel = o.cancel;
+  c.stop = b.stop;
+  if (o.charge) {
+    c.charge = [&b](std::int64_t bytes) {
+      std::lock_guard<std::mutex> lock(b.charge_mu);
+      Status s = b.options.charge(bytes);
+      if (s.ok()) b.charged += bytes;
+      return s;
+    };
+  }
+  return ResolveOne(b.urls[i], c);
+}
+
+void MediaSource::Step(const std::shared_ptr<Batch>& b) {
+  std::optional<std::size_t> item;
+  {
+    std::lock_guard<std::mutex> lock(b->mu);
+    if (!b->result.failed.has_value() && b->next < b->urls.size()) item = b->next++;
+  }
+  if (item.has_value()) {
+    StatusOr<std::string> got = ItemOf(*b, *item);
+    std::lock_guard<std::mutex> lock(b->mu);
+    if (!got.ok() && !b->result.failed.has_value()) {
+      b->result.failed = *item;
+      b->stop->store(true);
+    }
+    b->result.items[*item] = std::move(got);
+  }
+  bool again = false, last = false;
+  {
+    std::lock_guard<std::mutex> lock(b->mu);
+    again = item.has_value() && !b->result.failed.has_value() && b->next < b->urls.size();
+    if (!again) last = --b->tokens == 0;
+  }
+  if (again) pool_->Post([this, b] { Step(b); });
+  if (last) Finish(*b);
+}
+
+void MediaSource::Finish(Batch& b) {
+  {
+    std::lock_guard<std::mutex> lock(batches_mu_);
+    batches_.erase(&b);
+  }
+  ResolvedMedia r;
+  std::size_t started = 0;
+  {
+    std::lock_guard<std::mutex> lock(b.mu);
+    r = std::move(b.result);
+    started = b.next;
+  }
+  if (r.failed.has_value()) {
+    // Items the failure stopped, or kept from starting, say so; an item
+    // that failed on its own keeps its error.
+    const Status why(StatusCode::kCancelled, "not resolved: item " + std::to_string(*r.failed) + " failed first");
+    for (std::size_t i = 0; i < r.items.size(); ++i) {
+      if (i == *r.failed || r.items[i].ok()) continue;
+      const Status& s = r.items[i].status();
+      if (i >= started || (s.code() == StatusCode::kCancelled && s.message().ends_with("stopped"))) r.items[i] = why;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(b.charge_mu);
+    r.charged_bytes = b.charged;
+  }
+  try {
+    b.done(std::move(r));
+  } catch (...) {  // NOLINT(bugprone-empty-catch): done must not throw; the pool thread must go on
+  }
+}
+
+StatusOr<std::string> MediaSource::FromData(const std::string& url, const FetchControl& control) const {
+  const std::size_t comma = url.find(',');
+  std::string head = url.substr(0, comma == std::string::npos ? 0 : comma);
+  std::transform(head.begin(), head.end(), head.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (comma == std::string::npos || head.find(";base64") == std::string::npos) {
+    return InvalidArgument("a data: media URL must be data:<type>;base64,<payload>");
+  }
+  const std::size_t encoded = url.size() - comma - 1;
+  if (static_cast<std::int64_t>(encoded / 4 * 3) > max_bytes_ + 2) {
+    return ResourceExhausted("the data: URL holds about " + std::to_string(encoded / 4 * 3) + " bytes; at most " +
+                             std::to_string(max_bytes_) + " are accepted (--media-max-mb)");
+  }
+  StatusOr<std::string> out = DecodeBase64(std::string_view(url).substr(comma + 1));
+  if (!out.ok()) return out;
+  if (Status s = Charge(control, static_cast<std::int64_t>(out->size())); !s.ok()) return s;
+  return out;
+}
+
+namespace {
+
+// The percent-decoded absolute path of a file:// URL, or kInvalidArgument.
+StatusOr<std::string> FilePath(const std::string& url) {
   CURLU* u = curl_url();
   char* path = nullptr;
   char* host = nullptr;
   const bool parsed = curl_url_set(u, CURLUPART_URL, url.c_str(), 0) == CURLUE_OK &&
                       curl_url_get(u, CURLUPART_PATH, &path, CURLU_URLDECODE) == CURLUE_OK;
   curl_url_get(u, CURLUPART_HOST, &host, 0);
-  const std::string p = path != nullptr ? path : "", h = host != nullptr ? host : "";
+  const std::string p = path != nullptr ? path : "";
+  std::string h = host != nullptr ? host : "";
   curl_free(path);
   curl_free(host);
   curl_url_cleanup(u);
-  if (!parsed || (!h.empty() && h != "localhost") || p.empty() || p[0] != '/') {
-    return InvalidArgument("the media URL '" + url + "' is not file:///absolute/path");
+  std::transform(h.begin(), h.end(), h.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (!parsed || (!h.empty() && h != "localhost") || p.empty() || p[0] != '/' || p.find('\0') != std::string::npos) {
+    return InvalidArgument("the media URL '" + MediaUrlForMessage(url) + "' is not file:///absolute/path");
   }
-  const std::string real = RealPath(p);
-  if (real.empty()) return Status(StatusCode::kNotFound, "the media file " + p + " does not exist");
-  if (real.rfind(local_root_ + "/", 0) != 0) {
+  return p;
+}
+
+// A descriptor of the regular file `real` (already checked to lie under
+// the root), opened so that nothing else can block: lstat refuses what is
+// not regular before any open (opening a device can have effects of its
+// own); O_NONBLOCK keeps a FIFO swapped in since from blocking the open;
+// O_NOFOLLOW refuses a symlink swapped in; fstat, on the descriptor itself,
+// must find the same regular file before any read. `shown` names the file.
+StatusOr<int> OpenRegular(const std::string& real, const std::string& shown, struct stat& st) {
+  const auto not_regular = [&](mode_t mode) {
     return Status(StatusCode::kPermissionDenied,
-                  "the media file " + p + " is outside --allowed-local-media-path " + local_root_);
+                  "the media file " + shown + " is " + Kind(mode) + ", not a regular file; refused");
+  };
+  struct stat before {};
+  if (lstat(real.c_str(), &before) != 0) {
+    return Status(StatusCode::kNotFound, "the media file " + shown + " does not exist");
   }
-  const int fd = open(real.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  struct stat st {};
-  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    if (fd >= 0) close(fd);
-    return Status(StatusCode::kPermissionDenied, "the media file " + p + " is not a regular file");
+  if (!S_ISREG(before.st_mode)) return not_regular(before.st_mode);
+  const int fd = open(real.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    return Status(StatusCode::kPermissionDenied,
+                  "the media file " + shown + " cannot be opened: " + std::string(std::strerror(errno)));
   }
-  if (st.st_size > max_bytes_) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != before.st_dev || st.st_ino != before.st_ino) {
+    const mode_t mode = st.st_mode;
     close(fd);
-    return ResourceExhausted("the media file " + p + " is " + std::to_string(st.st_size) + " bytes; at most " +
-                             std::to_string(max_bytes_) + " are accepted (--media-max-mb)");
+    if (!S_ISREG(mode)) return not_regular(mode);
+    return Status(StatusCode::kPermissionDenied, "the media file " + shown + " changed while it was opened; refused");
   }
-  std::string out(static_cast<std::size_t>(st.st_size), '\0');
-  std::size_t off = 0;
-  while (off < out.size()) {
-    const ssize_t n = read(fd, out.data() + off, out.size() - off);
-    if (n <= 0) break;
-    off += static_cast<std::size_t>(n);
+  return fd;
+}
+
+}  // namespace
+
+StatusOr<std::string> MediaSource::FromFile(const std::string& url, const FetchControl& control) const {
+  if (local_root_.empty()) {
+    return Status(StatusCode::kPermissionDenied,
+                  "file:// media URLs are off; start the server with --allowed-local-media-path DIR");
   }
-  close(fd);
-  out.resize(off);
+  StatusOr<std::string> p = FilePath(url);
+  if (!p.ok()) return p.status();
+  const std::string shown = MediaUrlForMessage(*p);
+  const std::string real = RealPath(*p);
+  if (real.empty()) return Status(StatusCode::kNotFound, "the media file " + shown + " does not exist");
+  if (real.rfind(local_root_ + "/", 0) != 0) {
+    return Status(StatusCode::kPermissionDenied, "the media file " + shown + " is outside --allowed-local-media-path " +
+                                                     MediaUrlForMessage(local_root_));
+  }
+  struct stat st {};
+  StatusOr<int> fd = OpenRegular(real, shown, st);
+  if (!fd.ok()) return fd.status();
+  Status s = st.st_size > max_bytes_
+                 ? ResourceExhausted("the media file " + shown + " is " + std::to_string(st.st_size) +
+                                     " bytes; at most " + std::to_string(max_bytes_) + " are accepted (--media-max-mb)")
+                 : Charge(control, st.st_size);
+  std::string out = s.ok() ? ReadAll(*fd, static_cast<std::size_t>(st.st_size)) : std::string();
+  close(*fd);
+  if (!s.ok()) return s;
   return out;
 }
 
