@@ -75,7 +75,7 @@ set(EPD_LAYER_l3_TARGET epd_l3)
 set(EPD_LAYER_l3_USES core media)
 set(EPD_LAYER_l3_HEADERS l3_keyring.h l3_lease.h l3_mac.h l3_ring.h l3_value.h redis_tier.h)
 
-# The HTTP edge: cpp-httplib (HttpEndpoint) and libcurl (MediaFetcher).
+# The HTTP edge: Boost.Beast (HttpEndpoint) and libcurl (MediaFetcher).
 set(EPD_LAYER_http_TARGET epd_http)
 set(EPD_LAYER_http_USES core)
 set(EPD_LAYER_http_HEADERS http_endpoint.h media_fetch.h)

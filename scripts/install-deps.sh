@@ -26,7 +26,7 @@ demo_pkgs=(
   nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libgrpc++-dev libabsl-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev openssl libhiredis-dev
-  libcpp-httplib-dev libcurl4-openssl-dev libsimdjson-dev
+  libcpp-httplib-dev libboost-dev libcurl4-openssl-dev libsimdjson-dev
 )
 test_pkgs=(
   python3-torch python3-skimage python3-pytest python3-grpcio python3-protobuf python3-xxhash python3-cryptography

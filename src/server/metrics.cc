@@ -9,11 +9,12 @@
 // static TLS of libopenblas (60 KiB), libglog (30 KiB) and libtorch_cpu
 // (10 KiB) alone exceeds that, so pthread_create fails with EINVAL and the
 // Exposer cannot start. The page is served instead by epd::HttpEndpoint
-// (epd/http/http_endpoint.h, cpp-httplib with default-sized std::threads),
-// the same HTTP server as the OpenAI-compatible front: idle and trickling
-// connections wait in its epoll park and hold no thread, so they cost a
-// scrape nothing (issue 27, fault 6), and with a bearer token configured the
-// page requires it.
+// (epd/http/http_endpoint.h, Boost.Beast with default-sized std::threads),
+// the same HTTP server as the OpenAI-compatible front: idle, trickling and
+// slow-body connections hold no thread, so they cost a scrape nothing
+// (issue 27, fault 6; issue 40, B64), a body is bounded however it is
+// framed, and with a bearer token configured the page requires it, checked
+// from the head before any body byte is read.
 #include "metrics.h"
 
 #include <prometheus/collectable.h>
