@@ -13,8 +13,10 @@
 
 #include <curl/curl.h>
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <system_error>
 
 #include "fetch_pool.h"
 
@@ -139,7 +142,8 @@ MediaSource::~MediaSource() {
     std::lock_guard<std::mutex> lock(batches_mu_);
     for (Batch* b : batches_) b->stop->store(true);
   }
-  pool_->Stop();  // runs every token left (they may post more): each batch ends, done called
+  if (pool_ != nullptr) pool_->Stop();  // runs every token left (they may post more): each batch ends, done called
+  if (root_fd_ >= 0) close(root_fd_);
 }
 
 StatusOr<std::unique_ptr<MediaSource>> MediaSource::Create(MediaFetchOptions fetch,
@@ -155,6 +159,11 @@ StatusOr<std::unique_ptr<MediaSource>> MediaSource::Create(MediaFetchOptions fet
     if (m->local_root_.empty() || stat(m->local_root_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
       return InvalidArgument("--allowed-local-media-path " + MediaUrlForMessage(allowed_local_path) +
                              " is not a directory");
+    }
+    m->root_fd_ = open(m->local_root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (m->root_fd_ < 0) {
+      return InvalidArgument("--allowed-local-media-path " + MediaUrlForMessage(allowed_local_path) +
+                             " cannot be opened: " + std::error_code(errno, std::generic_category()).message());
     }
   }
   m->pool_ = std::make_unique<FetchPool>(fetch_threads);
@@ -311,26 +320,45 @@ StatusOr<std::string> FilePath(const std::string& url) {
   return p;
 }
 
-// A descriptor of the regular file `real` (already checked to lie under
-// the root), opened so that nothing else can block: lstat refuses what is
-// not regular before any open (opening a device can have effects of its
-// own); O_NONBLOCK keeps a FIFO swapped in since from blocking the open;
-// O_NOFOLLOW refuses a symlink swapped in; fstat, on the descriptor itself,
-// must find the same regular file before any read. `shown` names the file.
-StatusOr<int> OpenRegular(const std::string& real, const std::string& shown, struct stat& st) {
+// Opens `rel` (a realpath below the root, made relative) under `root_fd`
+// without following any symbolic link on the way: the realpath had none, so
+// one found now was swapped in since. openat2's RESOLVE_BENEATH also keeps
+// ".." from leaving the root. Kernels before 5.6 lack openat2: there only
+// the last component is held (O_NOFOLLOW).
+int OpenBeneath(int root_fd, const std::string& rel) {
+  constexpr int kFlags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY;
+  open_how how{};
+  how.flags = kFlags;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+  const long fd = syscall(SYS_openat2, root_fd, rel.c_str(), &how, sizeof(how));
+  if (fd >= 0 || errno != ENOSYS) return static_cast<int>(fd);
+  return openat(root_fd, rel.c_str(), kFlags);
+}
+
+// A descriptor of the regular file `rel` under `root_fd`, opened so that
+// nothing can block: fstatat refuses what is not regular before any open
+// (opening a device can have effects of its own); O_NONBLOCK keeps a FIFO
+// swapped in since from blocking the open; fstat, on the descriptor
+// itself, must find the same regular file before any read. `shown` names
+// the file in messages.
+StatusOr<int> OpenRegular(int root_fd, const std::string& rel, const std::string& shown, struct stat& st) {
   const auto not_regular = [&](mode_t mode) {
     return Status(StatusCode::kPermissionDenied,
                   "the media file " + shown + " is " + Kind(mode) + ", not a regular file; refused");
   };
   struct stat before {};
-  if (lstat(real.c_str(), &before) != 0) {
+  if (fstatat(root_fd, rel.c_str(), &before, AT_SYMLINK_NOFOLLOW) != 0) {
     return Status(StatusCode::kNotFound, "the media file " + shown + " does not exist");
   }
   if (!S_ISREG(before.st_mode)) return not_regular(before.st_mode);
-  const int fd = open(real.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  const int fd = OpenBeneath(root_fd, rel);
   if (fd < 0) {
-    return Status(StatusCode::kPermissionDenied,
-                  "the media file " + shown + " cannot be opened: " + std::string(std::strerror(errno)));
+    const int e = errno;
+    if (e == ELOOP || e == EXDEV) {
+      return Status(StatusCode::kPermissionDenied, "the media file " + shown + " changed while it was opened; refused");
+    }
+    return Status(StatusCode::kPermissionDenied, "the media file " + shown + " cannot be opened: " +
+                                                     std::error_code(e, std::generic_category()).message());
   }
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != before.st_dev || st.st_ino != before.st_ino) {
     const mode_t mode = st.st_mode;
@@ -358,7 +386,7 @@ StatusOr<std::string> MediaSource::FromFile(const std::string& url, const FetchC
                                                      MediaUrlForMessage(local_root_));
   }
   struct stat st {};
-  StatusOr<int> fd = OpenRegular(real, shown, st);
+  StatusOr<int> fd = OpenRegular(root_fd_, real.substr(local_root_.size() + 1), shown, st);
   if (!fd.ok()) return fd.status();
   Status s = st.st_size > max_bytes_
                  ? ResourceExhausted("the media file " + shown + " is " + std::to_string(st.st_size) +

@@ -16,9 +16,12 @@
 //                                 file: a FIFO, socket, device or directory
 //                                 is kPermissionDenied naming what it is,
 //                                 checked by lstat before it is opened and by
-//                                 fstat on the descriptor (opened O_NONBLOCK
-//                                 | O_NOFOLLOW, and the same inode) before any
-//                                 read, so no such file ever blocks a thread
+//                                 fstat on the descriptor (opened O_NONBLOCK,
+//                                 beneath the directory with no symlink on
+//                                 the way: openat2 RESOLVE_BENEATH |
+//                                 RESOLVE_NO_SYMLINKS; the same inode)
+//                                 before any read, so no such file ever
+//                                 blocks a thread
 //   anything else                 kInvalidArgument
 // Schemes are case-insensitive ("HTTP://", "Data:", "FILE://"). A URL that
 // is not valid UTF-8 (e.g. cut mid-character) is kInvalidArgument; every
@@ -147,6 +150,7 @@ class MediaSource {
   std::unique_ptr<MediaFetcher> fetcher_;
   std::int64_t max_bytes_ = 0;
   std::string local_root_;  // realpath, "" = file:// off
+  int root_fd_ = -1;        // local_root_ (O_PATH), what file:// paths are opened beneath
   std::mutex batches_mu_;
   std::unordered_set<Batch*> batches_;  // in flight; stopped on destruction
   std::unique_ptr<FetchPool> pool_;     // last: destroyed first, draining every batch

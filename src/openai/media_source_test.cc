@@ -8,7 +8,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -23,7 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-using testing_http::OriginRoute;
 using testing_http::TestOrigin;
 using Clock = std::chrono::steady_clock;
 
@@ -214,6 +215,9 @@ TEST(MediaSourceTest, ALocalFileThatIsNotRegularIsRefusedWithoutBlocking) {
   const fs::path root = mkdtemp(tmpl);
   ASSERT_EQ(mkfifo((root / "pipe.png").c_str(), 0600), 0);
   fs::create_directory(root / "dir.png");
+  std::ofstream(root / "in.png") << "inside";
+  fs::create_directory(root / "sub");
+  fs::create_symlink(root / "in.png", root / "sub" / "link.png");  // inside: followed by realpath, then none
   auto src = Source(root.string());
   const std::string fifo = "file://" + (root / "pipe.png").string();
   auto sync = std::async(std::launch::async, [&] { return src->Resolve(fifo); });
@@ -229,8 +233,21 @@ TEST(MediaSourceTest, ALocalFileThatIsNotRegularIsRefusedWithoutBlocking) {
   const Resolved r = ResolveAllAndWait(*src, {fifo, "file://" + (root / "dir.png").string()}, {});
   ASSERT_TRUE(r.media.failed.has_value());
   EXPECT_EQ(r.media.items[*r.media.failed].status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(Bytes(src->Resolve("file://" + (root / "sub" / "link.png").string())), "inside");
   const StatusOr<std::string> dir = src->Resolve("file://" + (root / "dir.png").string());
   EXPECT_NE(dir.status().message().find("is a directory"), std::string::npos) << dir.status().message();
+  const int unix_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un sun{};
+  sun.sun_family = AF_UNIX;
+  const std::string sock = (root / "sock.png").string();
+  ASSERT_LT(sock.size(), sizeof(sun.sun_path));
+  std::copy(sock.begin(), sock.end(), sun.sun_path);
+  ASSERT_EQ(bind(unix_fd, reinterpret_cast<sockaddr*>(&sun), sizeof(sun)), 0);
+  const StatusOr<std::string> on_socket = src->Resolve("file://" + sock);
+  EXPECT_EQ(on_socket.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(on_socket.status().message().find("sock.png is a socket"), std::string::npos)
+      << on_socket.status().message();
+  close(unix_fd);
   fs::remove_all(root);
 }
 
