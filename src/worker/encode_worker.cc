@@ -155,9 +155,13 @@ Status EncodeWorker::Impl::Admit(const EncodeRequest& request, std::vector<Statu
     return InvalidArgument("request '" + request.id + "' has " + std::to_string(n) + " items but " +
                            std::to_string(keys.size()) + " keys");
   }
-  return internal::CheckRequestQueueBound(
-      request.id, keys, options.dedup_in_flight, [this](const ContentKey& k) { return Known(k); }, queue.load(),
-      options.max_pending_items);
+  if (Status s = internal::CheckRequestQueueBound(
+          request.id, keys, options.dedup_in_flight, [this](const ContentKey& k) { return Known(k); }, queue.load(),
+          options.max_pending_items);
+      !s.ok()) {
+    return s;
+  }
+  return videos.CheckDecodeCap(request, keys);
 }
 
 bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, Clock::time_point arrived, ItemResult& res) {
@@ -221,14 +225,18 @@ std::int64_t EncodeWorker::Impl::Poll() {
 
 std::int64_t EncodeWorker::Step() {
   Impl& m = *impl_;
-  if (m.runner.Outstanding() == 0) {
+  while (m.runner.Outstanding() == 0) {
     m.Poll();
     // A pending video decode gates the next batch: wait for it here.
     while (m.queue.Gated()) {
       m.videos.AwaitCompletion();
       m.Poll();
     }
-    if (!m.StartBatch(nullptr)) return 0;
+    const std::int64_t barriers = m.queue.barriers();
+    if (m.StartBatch(nullptr)) break;
+    // kFair: a video expanded at the head without a job (all its chunks
+    // cached, or it failed) lets the next try find a batch.
+    if (m.queue.barriers() == barriers) return 0;
   }
   return m.FinishBatch();
 }
@@ -241,18 +249,25 @@ bool EncodeWorker::BatchFinished() const { return impl_->runner.Finished(); }
 
 bool EncodeWorker::Impl::StartBatch(std::function<void()> on_finished) {
   Poll();
-  if (runner.Busy() || runner.Outstanding() >= 2 || queue.queued() == 0) return false;
+  if (runner.Busy() || runner.Outstanding() >= 2 || !queue.Schedulable()) return false;
   if (options.sink_full && options.sink_full()) {
     ++stats.sink_full_stalls;
     return false;
   }
+  // kFair: NextBatch first expands the videos whose slot heads the order;
+  // what that decides without the tower (a failed or all-cached video) is
+  // delivered here.
   std::vector<internal::BatchEntry> entries = queue.NextBatch();
-  if (entries.empty()) return false;
+  if (entries.empty()) {
+    table.Fire();
+    return false;
+  }
   auto b = std::make_unique<internal::Batch>();
   for (internal::BatchEntry& e : entries) table.job(e.job).running = true;
   b->entries = std::move(entries);
   b->on_finished = std::move(on_finished);
   runner.Start(std::move(b));
+  table.Fire();
   return true;
 }
 

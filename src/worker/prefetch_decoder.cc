@@ -7,6 +7,7 @@
 // without counting it in ready_.
 #include "prefetch_decoder.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <span>
@@ -28,8 +29,9 @@ struct PrefetchDecoder::Task {
 
 PrefetchDecoder::PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, int threads, std::int64_t lookahead,
                                  bool fair)
-    : config_(config), limits_(limits), lookahead_(lookahead), fair_(fair) {
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+    : config_(config), limits_(limits), lookahead_(lookahead), fair_(fair), thread_count_(std::max(threads, 0)) {
+  threads_.reserve(static_cast<std::size_t>(thread_count_));
+  for (int i = 0; i < thread_count_; ++i) threads_.emplace_back([this] { Run(); });
 }
 
 PrefetchDecoder::~PrefetchDecoder() {
@@ -59,7 +61,7 @@ std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(std::function<St
 }
 
 std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Push(std::shared_ptr<Task> task) {
-  if (threads_.empty()) return task;  // decoded by Take
+  if (thread_count_ == 0) return task;  // decoded by Take
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace(task->rank, task);
@@ -84,7 +86,7 @@ void PrefetchDecoder::Need(const std::shared_ptr<Task>& task) {
 }
 
 std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::PickLocked() const {
-  const bool reserve = fair_ && busy_ + 1 >= static_cast<int>(threads_.size()) && threads_.size() > 1;
+  const bool reserve = fair_ && busy_ + 1 >= thread_count_ && thread_count_ > 1;
   for (const auto& [rank, task] : queue_) {
     if (ready_ >= lookahead_ && !task->needed) continue;
     if (reserve && running_.count(task->tenant) != 0) continue;
@@ -105,7 +107,7 @@ StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& t
   if (task->state == Task::State::kQueued) {
     // No helper has started it: decode here rather than wait behind others.
     task->state = Task::State::kGone;
-    if (!threads_.empty()) queue_.erase(task->rank);
+    if (thread_count_ > 0) queue_.erase(task->rank);
     lock.unlock();
     StatusOr<PreprocessedImage> r = Decode(*task);
     task->media = MediaBytes();
@@ -129,7 +131,7 @@ void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
   switch (task->state) {
     case Task::State::kQueued:
       task->state = Task::State::kGone;
-      if (!threads_.empty()) queue_.erase(task->rank);
+      if (thread_count_ > 0) queue_.erase(task->rank);
       task->media = MediaBytes();
       task->make = nullptr;
       break;

@@ -69,7 +69,7 @@ class PrefetchDecoder {
   bool Ready(const std::shared_ptr<Task>& task);
   // Marks the task as needed by the next batch (see Order above).
   void Need(const std::shared_ptr<Task>& task);
-  int threads() const { return static_cast<int>(threads_.size()); }
+  int threads() const { return thread_count_; }
 
   // The decoded and preprocessed image, or the decode error (kInvalidArgument).
   // `seconds`, when set, receives the decode's own wall time (seconds,
@@ -92,6 +92,10 @@ class PrefetchDecoder {
   const DecodeLimits limits_;
   const std::int64_t lookahead_;
   const bool fair_;
+  // The helpers' count, fixed before the first one starts: a helper reads it
+  // (PickLocked) while the constructor may still be starting the others, so
+  // it must not be threads_.size().
+  const int thread_count_;
 
   std::mutex mu_;
   std::condition_variable work_cv_;              // helpers: a task or room appeared, or stop
@@ -101,7 +105,7 @@ class PrefetchDecoder {
   int busy_ = 0;                                 // helpers decoding
   std::map<std::string, int> running_;           // fair_: decodes running per tenant
   bool stop_ = false;
-  std::vector<std::thread> threads_;
+  std::vector<std::thread> threads_;  // touched only by the constructor and destructor
 };
 
 }  // namespace epd::internal

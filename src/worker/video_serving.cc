@@ -26,7 +26,8 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 
 struct VideoServing::Decode {
   ContentKey key;
-  VideoInput input;  // shares the request's buffers
+  std::string tenant;  // who started it: its decodes_by_tenant_ count
+  VideoInput input;    // shares the request's buffers
   std::stop_source stop;
   // Set on the decode thread under mu_ before the Decode enters done_; read
   // by the owner only after TakeCompletions took it.
@@ -48,6 +49,7 @@ class VideoServing::Item final : public ItemSink, public GateBarrier {
         key(key) {}
 
   bool Resolved() const override { return abandoned || decode->done; }
+  bool Abandoned() const override { return abandoned; }
   void Expand() override { owner.Expand(*this); }
   void Abandon() override {
     if (abandoned || expanded) return;
@@ -130,7 +132,7 @@ bool VideoServing::Serve(RequestNum r, EncodeItemInput& item, Clock::time_point 
   auto v = std::make_shared<Item>(*this, d, r, res.index, arrived, item.expected_tokens, res.key);
   p_.table.SetSink(r, res.index, v);
   p_.table.Hold(r, std::move(res));
-  p_.queue.AddBarrier(std::move(v));
+  p_.queue.AddBarrier(std::move(v), p_.table.tenant(r), {p_.table.id(r), r, res.index, 0});
   // A decode already completed (shared with an identical video not expanded
   // yet) resolves the barrier at once; normally an unresolved one ahead of
   // it passes it later, but nothing must wait on a completion already taken.
@@ -138,11 +140,39 @@ bool VideoServing::Serve(RequestNum r, EncodeItemInput& item, Clock::time_point 
   return true;
 }
 
+Status VideoServing::CheckDecodeCap(const EncodeRequest& request, const std::vector<StatusOr<ContentKey>>& keys) const {
+  const std::int64_t cap = p_.options.max_video_decodes_per_tenant;
+  if (cap == 0) return Status::Ok();
+  std::vector<ContentKey> starts;  // the keys whose decode the request would start
+  for (std::size_t i = 0; i < request.items.size(); ++i) {
+    const EncodeItemInput& item = request.items[i];
+    if (!item.is_video() || !keys[i].ok()) continue;
+    const ContentKey& key = *keys[i];
+    const bool no_decode = !CheckExpectedTokensSign(item.expected_tokens).ok() ||
+                           !CheckBeforeDecode(p_.options, *item.video).ok() ||
+                           (timings_.Find(key) != nullptr && p_.cache.Contains(key)) || pending_.count(key) != 0 ||
+                           (!chunked_ && p_.options.dedup_in_flight && p_.table.InFlight(key).has_value());
+    const bool shared = p_.options.dedup_in_flight && std::find(starts.begin(), starts.end(), key) != starts.end();
+    if (!no_decode && !shared) starts.push_back(key);
+  }
+  if (starts.empty()) return Status::Ok();
+  const auto t = decodes_by_tenant_.find(request.tenant);
+  const std::int64_t queued = t == decodes_by_tenant_.end() ? 0 : t->second;
+  const auto n = static_cast<std::int64_t>(starts.size());
+  if (queued + n <= cap) return Status::Ok();
+  return ResourceExhausted("tenant '" + request.tenant + "' has " + std::to_string(queued) +
+                           " video decodes queued and request '" + request.id + "' would start " + std::to_string(n) +
+                           " more, past max_video_decodes_per_tenant (" + std::to_string(cap) +
+                           "); retry when one completes");
+}
+
 std::shared_ptr<VideoServing::Decode> VideoServing::StartDecode(const ContentKey& key, const VideoInput& input,
                                                                 const std::string& tenant) {
   auto d = std::make_shared<Decode>();
   d->key = key;
+  d->tenant = tenant;
   d->input = input;
+  ++decodes_by_tenant_[tenant];
   if (p_.options.dedup_in_flight) pending_[key] = d;
   in_flight_.push_back(d);
   ++p_.stats.video_decodes;
@@ -178,6 +208,7 @@ std::int64_t VideoServing::TakeCompletions() {
   for (const std::shared_ptr<Decode>& d : done) {
     d->done = true;
     std::erase(in_flight_, d);
+    if (auto t = decodes_by_tenant_.find(d->tenant); --t->second == 0) decodes_by_tenant_.erase(t);
     if (d->users == 0) Retire(*d);
   }
   return static_cast<std::int64_t>(done.size());

@@ -34,6 +34,10 @@
 //   the decode it is told to stop (its stop token: decode_video returns
 //   between frames) and its late completion is ignored.
 //
+// Cap (CheckDecodeCap, from Submit): one tenant has at most
+// max_video_decodes_per_tenant decodes posted and not yet completed; a
+// request that would start more is refused whole (kResourceExhausted).
+//
 // Counts video_items, video_decodes (decodes started), chunk_hits /
 // chunk_joins / chunk_misses (at expansion), and misses / joins / hits for
 // the item itself at Serve.
@@ -48,8 +52,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -87,6 +93,15 @@ class VideoServing {
   // held in the table); false when `res` is ready to post (a hit or an
   // error).
   bool Serve(RequestNum r, EncodeItemInput& item, Clock::time_point arrived, ItemResult& res);
+
+  // Submit's cap on queued decodes (issue 40): OK, or kResourceExhausted,
+  // naming the tenant and max_video_decodes_per_tenant, when the decodes the
+  // request's video items would start (neither a whole-video hit, nor
+  // refused before a decode, nor sharing a pending decode or whole-video job)
+  // would take its tenant's decodes posted and not yet completed past the
+  // cap. Checked before anything changes, so a refused request leaves no
+  // trace and no other request is touched.
+  Status CheckDecodeCap(const EncodeRequest& request, const std::vector<StatusOr<ContentKey>>& keys) const;
 
   // A whole video's job finished and its embedding is cached under `key`:
   // its timing is kept for whole-video hits.
@@ -140,6 +155,8 @@ class VideoServing {
   std::unordered_map<ContentKey, std::shared_ptr<Decode>, ContentKeyHash> pending_;
   // Posted and not yet taken by TakeCompletions (stopped at destruction).
   std::vector<std::shared_ptr<Decode>> in_flight_;
+  // in_flight_ counted by the tenant that started each (no zero entries).
+  std::map<std::string, std::int64_t> decodes_by_tenant_;
 
   mutable std::mutex mu_;
   std::condition_variable done_cv_;

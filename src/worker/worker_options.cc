@@ -40,6 +40,10 @@ Status WorkerOptions::Validate() const {
   if (decode_lookahead < 0) {
     return InvalidArgument("decode_lookahead must be >= 0, got " + std::to_string(decode_lookahead));
   }
+  if (max_video_decodes_per_tenant < 0) {
+    return InvalidArgument("max_video_decodes_per_tenant must be >= 0 (0 = unbounded), got " +
+                           std::to_string(max_video_decodes_per_tenant));
+  }
   if (!(std::isfinite(promote_seconds_per_byte) && promote_seconds_per_byte >= 0)) {
     return InvalidArgument("promote_seconds_per_byte must be finite and >= 0, got " +
                            std::to_string(promote_seconds_per_byte));

@@ -32,27 +32,34 @@
 // needs no decode (bad sampling, no decode_video for a container).
 // Otherwise Submit starts its decode as a task on the worker's video decode
 // threads (never the owning thread; an identical video whose decode is still
-// pending shares it) and returns. The video then acts as a GATE:
-//   - hits, joins, L3 adoptions and cancels of every other item are served at
-//     once while it decodes;
-//   - misses submitted after it (in its request or later ones) become jobs
-//     (joinable, counted by max_pending_items) but are HELD in arrival order,
-//     off the scheduler;
-//   - StartBatch() starts no batch while a video decode is pending, unless
-//     the next batch is closed (kFifo: it ends before the last queued job or
-//     is full, so nothing submitted later could join it).
-// When the decode completes, its completion is handled on the owning thread
-// (Poll(), also inside StartBatch() and Step(); WorkerLoop wakes on it via
-// SetWake): the video is cut into temporal chunks (temporal_patch_size
-// frames each, keyed by ComputeVideoChunkKey), each served as an image would
-// be (hit, join, or a job of grid (1, h, w) costing its post-merge tokens)
-// and queued where the video was submitted, followed by the jobs held behind
-// it, up to the next pending video. So decode timing decides only WHEN a
-// batch starts, never what it holds: every batch is the one the calls would
-// form had each video been decoded inside its Submit, except that a chunk's
-// hit or miss is decided against the cache as it is when the decode
-// completes (a batch collected meanwhile may have cached, or evicted, one of
-// its chunks). When its last chunk is ready the chunks' rows are
+// pending shares it) and returns. Hits, joins, L3 adoptions and cancels of
+// every other item are served at once while it decodes. The video then acts
+// as a GATE on the batches its chunks could join (src/worker/job_queue.h):
+//   - kFifo, kByKey (arrival order, no tenants): misses submitted after it
+//     (in its request or later ones) become jobs (joinable, counted by
+//     max_pending_items) but are HELD in arrival order, off the scheduler,
+//     and StartBatch() starts no batch while a decode is pending, unless the
+//     next batch is closed (kFifo: it ends before the last queued job or is
+//     full, so nothing submitted later could join it). Once the decode
+//     completes (Poll(), also inside StartBatch() and Step(); WorkerLoop
+//     wakes on it via SetWake) the video's chunks are queued where it was
+//     submitted, then the jobs held behind it, up to the next pending video:
+//     every batch is the one the calls would form had each video been
+//     decoded inside its Submit.
+//   - kFair (issue 40): only its own tenant's later misses are held (the
+//     tenant's lane); the video holds a slot in the fair order, and batches
+//     of the work ahead of that slot, any tenant's, start at once. When the
+//     slot heads the order StartBatch() waits for the decode (and Step()
+//     blocks for it), then queues the chunks, tagged from the tenant's
+//     history, and the lane's misses behind them. A video's chunks join the
+//     batches formed from its slot on, never one formed before it.
+// Either way decode timing decides only WHEN a batch starts, never what it
+// holds. The video is cut into temporal chunks (temporal_patch_size frames
+// each, keyed by ComputeVideoChunkKey), each served as an image would be
+// (hit, join, or a job of grid (1, h, w) costing its post-merge tokens); a
+// chunk's hit or miss is decided against the cache as it is when the video
+// is expanded (a batch collected meanwhile may have cached, or evicted, one
+// of its chunks). When its last chunk is ready the chunks' rows are
 // concatenated in order (grid (t, h, w)), cached under the whole-video key
 // and delivered with ItemResult::video. A failed chunk fails the video
 // (naming the chunk). With a tower that does not declare
@@ -67,7 +74,9 @@
 // request shares the decode, stops it between two frames (decode_video's
 // stop token); its late completion is ignored. One tenant's video decodes
 // (EncodeRequest::tenant) hold at most max(1, decode_threads - 1) of the
-// max(1, decode_threads) decode threads; the others queue.
+// max(1, decode_threads) decode threads; the others queue. A tenant has at
+// most max_video_decodes_per_tenant decodes queued or running: Submit refuses
+// a request that would start more with kResourceExhausted, changing nothing.
 // Helper threads decode and preprocess queued misses in the order the
 // scheduler will serve them (arrival order, or the fair order for kFair) while
 // the tower runs (at most decode_lookahead finished ahead), so decoding
@@ -235,7 +244,8 @@ class EncodeWorker {
   // condition variable's predicate).
   bool DecodeFinished() const;
   // Handles every completed decode: its video's chunks are served and queued,
-  // then the computations held behind it; results ready now are delivered.
+  // then the computations held behind it (kFair: once its slot heads the
+  // order, inside StartBatch or Step); results ready now are delivered.
   // Returns the number of decodes handled (0: nothing to do, O(1)).
   std::int64_t Poll();
   // True while StartBatch() starts nothing because a video decode is pending

@@ -139,6 +139,15 @@ struct WorkerOptions {
   VideoDecodeFn decode_video;
   VideoSampling video_sampling;
   VideoLimits video_limits;
+  // Most video decodes one tenant (EncodeRequest::tenant) may have queued
+  // or running at once: posted to the video decode threads and not yet
+  // completed. A request whose video items would start more is refused whole
+  // with kResourceExhausted naming the tenant and this cap (retry later);
+  // items that need no decode (a whole-video hit, an identical video whose
+  // decode is pending) do not count. 0 = unbounded. At the default, one
+  // tenant queues at most 4 decodes of up to video_limits.max_decode_seconds
+  // each, and cannot fill the decode pool's queue for everyone else.
+  std::int64_t max_video_decodes_per_tenant = 4;
   // Whole-video hits need the video's timing (VideoTiming) without a decode;
   // the worker keeps it for this many whole-video keys (oldest forgotten
   // first; a forgotten one costs a decode on its next hit, whose chunks hit).
@@ -170,8 +179,9 @@ struct WorkerOptions {
 
   // OK, or kInvalidArgument naming the first bad field: empty model_id,
   // invalid preprocess config, max_pixels <= 0, negative capacity,
-  // non-positive batch bounds, negative max_pending_items, decode_threads or
-  // decode_lookahead, a negative or non-finite promote_seconds_per_byte.
+  // non-positive batch bounds, negative max_pending_items, decode_threads,
+  // decode_lookahead or max_video_decodes_per_tenant, a negative or
+  // non-finite promote_seconds_per_byte.
   Status Validate() const;
   // Validate(), then the checks against the tower EncodeWorker::Create
   // makes (kInvalidArgument): a patch_dim or merge_size other than the
