@@ -66,6 +66,14 @@ struct Hop {
     }
     return !stopped.ok();
   }
+  // Room for the announced body (within max_bytes), so that it is never
+  // copied as it grows: the pages are only touched, and resident, as the
+  // charged bytes land, so memory follows the charge.
+  void Reserve() {
+    curl_off_t announced = -1;
+    curl_easy_getinfo(curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &announced);
+    if (announced > 0 && announced <= max_bytes) body.reserve(static_cast<std::size_t>(announced));
+  }
   bool Charged(std::size_t bytes) {
     if (!control->charge) return true;
     try {
@@ -178,6 +186,7 @@ struct MediaFetcher::Impl {
       return 0;
     }
     if (!hop->Charged(bytes)) return 0;
+    if (hop->body.empty()) hop->Reserve();
     hop->body.append(p, bytes);
     return bytes;
   }
