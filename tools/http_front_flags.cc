@@ -1,6 +1,8 @@
 // See http_front_flags.h.
 #include "http_front_flags.h"
 
+#include <algorithm>
+
 #include "flag_checks.h"
 
 namespace epd::cli {
@@ -24,7 +26,7 @@ void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
   cmd.add_option("--served-model-name", f.served_model_name,
                  "the model name requests must name (or omit) [the model id]")
       ->group(g);
-  cmd.add_option("--http-threads", f.threads, "HTTP requests served at once (idle connections hold none)")
+  cmd.add_option("--http-threads", f.threads, "HTTP handlers run at once (a connection waiting for bytes holds none)")
       ->capture_default_str()
       ->check(Integer(1, 4096))
       ->group(g);
@@ -49,7 +51,12 @@ void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
       ->capture_default_str()
       ->check(Number(0.001, 86400, "s"))
       ->group(g);
-  cmd.add_option("--http-max-body-mb", f.max_body_mb, "largest request body, MB (413 past it)")
+  cmd.add_option("--http-min-body-rate-kb", f.min_body_rate_kb,
+                 "after its first second, a request body slower than this on average gets 408, KB/s")
+      ->capture_default_str()
+      ->check(Number(0.001, 1e9, "KB/s"))
+      ->group(g);
+  cmd.add_option("--http-max-body-mb", f.max_body_mb, "largest request body, MB, however framed (413 past it)")
       ->capture_default_str()
       ->check(Number(0.001, 2047, "MB"))
       ->group(g);
@@ -66,6 +73,10 @@ void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
       ->capture_default_str()
       ->check(Number(0, 86400, "s"))
       ->group(g);
+  cmd.add_option("--ec-dir-group", f.ec_dir_group,
+                 "group (name or gid) of the files in --ec-dir, which are 0640 in directories 0750: the prefill's "
+                 "group [the server's]")
+      ->group(g);
   cmd.add_option("--allowed-media-domains", f.allowed_media_domains,
                  "http(s) media only from these hosts (exact names; repeatable or comma-separated) [any]")
       ->delimiter(',')
@@ -78,9 +89,14 @@ void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
       ->delimiter(',')
       ->group(g);
   cmd.add_option("--media-fetch-timeout-s", f.media_fetch_timeout_s,
-                 "one media URL's whole fetch, redirects included, s")
+                 "one request's media fetches, all of them, redirects included, s")
       ->capture_default_str()
       ->check(Number(0.001, 3600, "s"))
+      ->group(g);
+  cmd.add_option("--media-fetch-parallelism", f.media_fetch_parallelism,
+                 "one request's media URLs fetched at once (off the threads that serve other clients)")
+      ->capture_default_str()
+      ->check(Integer(1, 64))
       ->group(g);
   cmd.add_option("--media-max-mb", f.media_max_mb, "largest media item (fetched, data: or file://), MB")
       ->capture_default_str()
@@ -110,10 +126,13 @@ OpenAiFrontOptions MakeOpenAiFrontOptions(const HttpFrontFlags& f, const ServerO
   o.http.body_timeout = Ms(f.body_timeout_s);
   o.http.write_timeout = Ms(f.write_timeout_s);
   o.http.max_body_bytes = Mb(f.max_body_mb);
+  o.http.min_body_bytes_per_s = std::max<std::int64_t>(1, static_cast<std::int64_t>(f.min_body_rate_kb * 1024));
+  o.fetch_parallelism = f.media_fetch_parallelism;
   o.served_model_name = f.served_model_name;
   o.ec_dir = f.ec_dir;
   o.ec_dir_max_bytes = Mb(f.ec_dir_max_mb);
   o.ec_dir_grace = Ms(f.ec_dir_grace_s);
+  o.ec_dir_group = f.ec_dir_group;
   o.media.max_bytes = Mb(f.media_max_mb);
   o.media.timeout = Ms(f.media_fetch_timeout_s);
   o.media.max_redirects = f.media_max_redirects;

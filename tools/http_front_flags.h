@@ -29,15 +29,18 @@ struct HttpFrontFlags {
   double body_timeout_s = 30;
   double write_timeout_s = 30;
   double max_body_mb = 64;
+  double min_body_rate_kb = 16;
   std::string ec_dir;
   double ec_dir_max_mb = 0;
   double ec_dir_grace_s = 30;
+  std::string ec_dir_group;
   std::vector<std::string> allowed_media_domains;
   std::vector<std::string> allowed_media_networks;
   bool allow_private_media_addresses = false;
   double media_fetch_timeout_s = 10;
   double media_max_mb = 64;
   int media_max_redirects = 3;
+  int media_fetch_parallelism = 4;
   std::string allowed_local_media_path;
 };
 

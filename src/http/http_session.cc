@@ -22,6 +22,7 @@ using std::chrono::milliseconds;
 constexpr std::size_t kMaxTarget = 8192;
 constexpr auto kRateGrace = std::chrono::seconds(1);
 constexpr auto kLingerTime = std::chrono::seconds(2);
+constexpr std::size_t kLingerBytes = 1 << 20;  // what a refused client may still have in flight
 const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
 
 std::string Seconds(milliseconds d) {
@@ -427,12 +428,14 @@ void Session::Linger() {
     error_code ignored;
     socket_.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
     if (!scratch_) scratch_ = std::make_unique<char[]>(4096);
+    lingered_ = 0;
     ArmTimer(HttpClock::now() + kLingerTime);
   }
   socket_.async_read_some(asio::buffer(scratch_.get(), 4096),
-                          [self = shared_from_this()](const error_code& e, std::size_t) {
+                          [self = shared_from_this()](const error_code& e, std::size_t n) {
                             if (self->phase_ != Phase::kLinger) return;
-                            if (e) return self->Close();
+                            self->lingered_ += n;
+                            if (e || self->lingered_ > kLingerBytes) return self->Close();
                             self->Linger();
                           });
 }

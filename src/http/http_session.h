@@ -92,6 +92,7 @@ class Session : public std::enable_shared_from_this<Session> {
   int remote_port_ = 0;
   std::shared_ptr<std::atomic<bool>> gone_;
   std::unique_ptr<char[]> scratch_;  // lingering reads
+  std::size_t lingered_ = 0;         // bytes discarded while lingering
 };
 
 }  // namespace epd::internal

@@ -14,7 +14,13 @@ using nlohmann::json;
 std::string TypeOf(int status) {
   switch (status) {
     case 400:
+    case 414:
+    case 431:
       return "BadRequestError";
+    case 499:
+      return "ClientClosedRequestError";
+    case 504:
+      return "GatewayTimeoutError";
     case 401:
       return "AuthenticationError";
     case 404:
@@ -52,6 +58,16 @@ std::string CodeOf(int status) {
       return "request_timeout";
     case 413:
       return "request_too_large";
+    case 414:
+      return "uri_too_long";
+    case 431:
+      return "request_header_fields_too_large";
+    case 499:
+      return "client_closed_request";
+    case 500:
+      return "internal_error";
+    case 503:
+      return "unavailable";
     default:
       return "invalid_request";
   }
@@ -62,7 +78,8 @@ std::string CodeOf(int status) {
 HttpResponse ErrorResponse(const FrontError& e) {
   json err = {{"message", e.message}, {"type", TypeOf(e.status)}, {"code", e.code}};
   err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
-  return HttpResponse{e.status, "application/json", json{{"error", err}}.dump()};
+  return HttpResponse{e.status, "application/json",
+                      json{{"error", err}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
 }
 
 HttpResponse EndpointErrorPage(int status, const std::string& message) {
@@ -127,7 +144,7 @@ HttpResponse ChatCompletion(const std::string& completion_id, const std::string&
                                 {"finish_reason", "stop"}}})},
       {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", 0}, {"total_tokens", prompt_tokens}}},
       {"ec_transfer_params", params}};
-  return HttpResponse{200, "application/json", body.dump()};
+  return HttpResponse{200, "application/json", body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
 }
 
 }  // namespace epd::internal

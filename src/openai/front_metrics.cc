@@ -34,35 +34,36 @@ MetricFamily One(const std::string& name, const std::string& help, MetricType ty
 
 }  // namespace
 
-void FrontMetrics::CountResponse(int status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++responses_[status];
-}
-
 void FrontMetrics::CountFetch(const std::string& outcome) {
   std::lock_guard<std::mutex> lock(mu_);
   ++fetches_[outcome];
 }
 
-std::map<int, std::uint64_t> FrontMetrics::Responses() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return responses_;
-}
-
 std::string FrontMetrics::Render(const EcPublisherStats* ec, const HttpEndpointStats& http) const {
   std::vector<std::pair<std::string, double>> by_status, by_outcome;
+  for (const auto& [status, n] : http.responses) by_status.emplace_back(std::to_string(status), static_cast<double>(n));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [status, n] : responses_) by_status.emplace_back(std::to_string(status), static_cast<double>(n));
     for (const auto& [outcome, n] : fetches_) by_outcome.emplace_back(outcome, static_cast<double>(n));
   }
   std::vector<MetricFamily> out;
-  out.push_back(Series("epd_http_responses_total", "OpenAI front responses, by HTTP status", MetricType::Counter,
-                       "status", by_status));
+  out.push_back(Series("epd_http_responses_total",
+                       "OpenAI front responses, by HTTP status (every status its endpoint sent, its own "
+                       "404/405/408/413/414/431 included)",
+                       MetricType::Counter, "status", by_status));
   out.push_back(Series("epd_http_media_fetches_total", "Media URLs resolved by the OpenAI front, by outcome",
                        MetricType::Counter, "outcome", by_outcome));
   out.push_back(One("epd_http_parked_connections", "OpenAI front connections waiting for a request (no thread held)",
                     MetricType::Gauge, static_cast<double>(http.parked)));
+  const std::pair<const char*, std::uint64_t> edge[] = {{"epd_http_header_timeouts_total", http.header_timeouts},
+                                                        {"epd_http_body_timeouts_total", http.body_timeouts},
+                                                        {"epd_http_bodies_too_large_total", http.bodies_too_large},
+                                                        {"epd_http_handler_exceptions_total", http.handler_exceptions},
+                                                        {"epd_http_clients_gone_total", http.clients_gone}};
+  for (const auto& [name, v] : edge) {
+    out.push_back(
+        One(name, "OpenAI front connections (docs/SERVER.md, HTTP edge)", MetricType::Counter, static_cast<double>(v)));
+  }
   if (ec != nullptr) {
     const std::pair<const char*, std::uint64_t> counters[] = {
         {"epd_ec_files_published_total", ec->published},     {"epd_ec_files_present_total", ec->already_present},

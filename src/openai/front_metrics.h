@@ -18,16 +18,14 @@ namespace epd::internal {
 
 class FrontMetrics {
  public:
-  void CountResponse(int status);
   // "ok", "refused", "too_large", "failed", "bad_url".
   void CountFetch(const std::string& outcome);
-  std::map<int, std::uint64_t> Responses() const;
-  // `ec`: null when nothing is published.
+  // `ec`: null when nothing is published. epd_http_responses_total comes
+  // from the endpoint's own count (`http.responses`).
   std::string Render(const EcPublisherStats* ec, const HttpEndpointStats& http) const;
 
  private:
   mutable std::mutex mu_;
-  std::map<int, std::uint64_t> responses_;        // guarded by mu_
   std::map<std::string, std::uint64_t> fetches_;  // guarded by mu_
 };
 

@@ -29,6 +29,22 @@ std::string GrpcPeer(const std::string& ip) {
 
 ServerFrontDoor EncodeServer::front_door() { return ServerFrontDoor(impl_.get()); }
 
+Status ServerFrontDoor::TakeBudget(std::int64_t bytes) const {
+  if (bytes <= 0) return Status::Ok();
+  if (bytes > s_->budget->capacity()) {
+    return ResourceExhausted("the request's media come to more than the in-flight request budget of " +
+                             std::to_string(s_->budget->capacity()) + " bytes (--max-inflight-request-mb)");
+  }
+  Status granted = Status::Ok();
+  // A deadline already passed: the grant runs inline, now, either way.
+  s_->budget->Acquire(bytes, std::chrono::steady_clock::now(), [&granted](const Status& st) { granted = st; });
+  return granted;
+}
+
+void ServerFrontDoor::ReleaseBudget(std::int64_t bytes) const {
+  if (bytes > 0) s_->budget->Release(bytes);
+}
+
 RequestResult ServerFrontDoor::Encode(EncodeRequest request, std::int64_t bytes, const CallerIdentity& caller) const {
   EncodeServer::Impl& s = *s_;
   const auto arrived = std::chrono::steady_clock::now();

@@ -18,7 +18,9 @@
 #include "metrics.h"
 
 #include <prometheus/collectable.h>
+#include <prometheus/client_metric.h>
 #include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
@@ -144,6 +146,7 @@ Status ServerMetrics::Serve(const MetricsEndpointOptions& o) {
     return Status(http.status().code(),
                   "cannot serve metrics on " + o.host + ":" + std::to_string(o.port) + ": " + http.status().message());
   }
+  std::lock_guard<std::mutex> lock(impl_->sources_mu);  // Render reads http under it
   impl_->http = std::move(*http);
   impl_->port = impl_->http->port();
   return Status::Ok();
@@ -170,9 +173,21 @@ void ServerMetrics::ObserveCall(double seconds) { impl_->request_seconds->Observ
 std::string ServerMetrics::Render() const {
   std::vector<prometheus::MetricFamily> families = impl_->stats->Collect();
   for (prometheus::MetricFamily& f : impl_->registry->Collect()) families.push_back(std::move(f));
+  std::lock_guard<std::mutex> lock(impl_->sources_mu);
+  if (impl_->http != nullptr) {
+    // This port's own answers (its 401s, 404s, 408s and 413s too).
+    prometheus::MetricFamily own{"epd_metrics_http_responses_total", "Responses of the metrics port, by HTTP status",
+                                 prometheus::MetricType::Counter, {}};
+    for (const auto& [status, n] : impl_->http->Stats().responses) {
+      prometheus::ClientMetric m;
+      m.label.push_back({"status", std::to_string(status)});
+      m.counter.value = static_cast<double>(n);
+      own.metric.push_back(std::move(m));
+    }
+    families.push_back(std::move(own));
+  }
   std::ostringstream os;
   prometheus::TextSerializer().Serialize(os, families);
-  std::lock_guard<std::mutex> lock(impl_->sources_mu);
   for (const auto& text : impl_->sources) os << text();
   return os.str();
 }

@@ -18,7 +18,8 @@
 //   - at most `max_idle_connections` connections wait for a head; one more
 //     closes the one nearest its deadline (counted as evicted).
 // A refusal sent before the body was read closes the connection after a
-// short lingering read, so the client reads the answer rather than a reset.
+// short lingering read (at most 2 s and 1 MiB, discarded), so the client
+// reads the answer rather than a reset.
 //
 // Pages. Every page the endpoint builds (`error_page`) gets a message that
 // is valid UTF-8, whatever bytes the request held (Utf8Safe). A handler

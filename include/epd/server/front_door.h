@@ -54,6 +54,13 @@ class ServerFrontDoor {
   // namespace and is counted in the per-tenant stats.
   RequestResult Encode(EncodeRequest request, std::int64_t bytes, const CallerIdentity& caller) const;
 
+  // Takes `bytes` of the in-flight request budget at once (no wait), for
+  // bytes a front comes to hold before it calls Encode (media as they are
+  // fetched): OK, or kResourceExhausted naming the budget and what is in
+  // flight. Each OK take is given back with ReleaseBudget. O(1).
+  Status TakeBudget(std::int64_t bytes) const;
+  void ReleaseBudget(std::int64_t bytes) const;
+
   bool serving() const;
   const std::string& server_id() const;
   const WorkerOptions& worker_options() const;  // model_id, preprocess, video_sampling, key_mode
