@@ -1,8 +1,12 @@
 // EcPublisher on real files in a temporary directory: the one-tensor layout
-// (main rows, then each row's deepstack levels), no rewrite of a complete
-// file, unsafe ids, a write that fails, atomic publication under 200
-// concurrent publishes watched by a polling reader, and the bound's
-// oldest-first eviction with its grace (an injected clock).
+// (main rows, then each row's deepstack levels) and the key it records, no
+// rewrite of a file that records the same key and an atomic rewrite of one
+// that does not (B63), tenants' own directories (B62), any uuid accepted
+// and unsafe ones mapped (B71), a write that fails, atomic publication
+// under 200 concurrent publishes watched by a polling reader, and the
+// bound's oldest-first eviction with its grace (an injected clock). The
+// ec-dir's hostile contents (symlinks, FIFOs), modes and failed publishes
+// are ec_publisher_safety_test.cc.
 #include "epd/openai/ec_publisher.h"
 
 #include <dirent.h>
@@ -20,50 +24,18 @@
 #include <thread>
 #include <vector>
 
+#include "ec_publisher_test_util.h"
+
 namespace epd {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/ec_publisher_test.XXXXXX";
-    path = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string path;
-};
-
-// tokens x hidden floats main[r][c] = base + r * 100 + c, and `layers`
-// deepstack levels deep[r][l * hidden + c] = base + 10000 * (l + 1) + r * 100 + c.
-Embedding Rows(std::int64_t tokens, std::int64_t hidden, std::int64_t layers, float base) {
-  Embedding e;
-  e.tokens = tokens;
-  e.hidden = hidden;
-  e.deepstack_layers = layers;
-  e.dtype = DType::kFloat32;
-  e.grid = GridTHW{1, 2, 2};
-  std::vector<float> main, deep;
-  for (std::int64_t r = 0; r < tokens; ++r) {
-    for (std::int64_t c = 0; c < hidden; ++c) main.push_back(base + static_cast<float>(r * 100 + c));
-    for (std::int64_t l = 0; l < layers; ++l) {
-      for (std::int64_t c = 0; c < hidden; ++c)
-        deep.push_back(base + static_cast<float>(10000 * (l + 1) + r * 100 + c));
-    }
-  }
-  e.main.resize(main.size() * 4);
-  std::memcpy(e.main.data(), main.data(), e.main.size());
-  e.deepstack.resize(deep.size() * 4);
-  std::memcpy(e.deepstack.data(), deep.data(), e.deepstack.size());
-  return e;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using ec_test::MainRows;
+using ec_test::OpenOrDie;
+using ec_test::Read;
+using ec_test::Rows;
+using ec_test::Slurp;
+using ec_test::TempDir;
 
 // The safetensors header of `bytes` (its JSON text) and where data starts.
 std::string Header(const std::string& bytes, std::size_t* data_at) {
@@ -73,16 +45,10 @@ std::string Header(const std::string& bytes, std::size_t* data_at) {
   return bytes.substr(8, n);
 }
 
-std::unique_ptr<EcPublisher> OpenOrDie(EcPublisherOptions o) {
-  auto p = EcPublisher::Open(std::move(o));
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return p.ok() ? std::move(*p) : nullptr;
-}
-
 TEST(EcPublisherTest, OneEcCacheTensorHoldsEachMainRowThenItsDeepstackLevels) {
   TempDir d;
   auto p = OpenOrDie({d.path});
-  ASSERT_TRUE(p->Publish("item-1", Rows(3, 2, 2, 0.5f)).ok());
+  ASSERT_TRUE(p->Publish({"item-1", "key-1"}, Rows(3, 2, 2, 0.5f)).ok());
   const std::string bytes = Slurp(d.path + "/item-1/encoder_cache.safetensors");
   std::size_t at = 0;
   const std::string header = Header(bytes, &at);
@@ -96,15 +62,17 @@ TEST(EcPublisherTest, OneEcCacheTensorHoldsEachMainRowThenItsDeepstackLevels) {
                                    100.5f, 101.5f, 10100.5f, 10101.5f, 20100.5f, 20101.5f,
                                    200.5f, 201.5f, 10200.5f, 10201.5f, 20200.5f, 20201.5f};
   EXPECT_EQ(got, want);
+  // The key it was made from, where vLLM's load_file does not look.
+  EXPECT_EQ(Read(p->PathOf("item-1")).metadata, (std::map<std::string, std::string>{{"epd_content_key", "key-1"}}));
   EXPECT_EQ(p->Stats().published, 1u);
 }
 
-TEST(EcPublisherTest, ACompleteFileIsNotRewritten) {
+TEST(EcPublisherTest, AFileThatRecordsTheSameKeyIsRenewedNotRewritten) {
   TempDir d;
   auto p = OpenOrDie({d.path});
-  ASSERT_EQ(*p->Publish("same", Rows(2, 2, 0, 1.0f)), EcOutcome::kWritten);
+  ASSERT_EQ(*p->Publish({"same", "k"}, Rows(2, 2, 0, 1.0f)), EcOutcome::kWritten);
   const std::string first = Slurp(p->PathOf("same"));
-  StatusOr<EcOutcome> again = p->Publish("same", Rows(2, 2, 0, 7.0f));
+  StatusOr<EcOutcome> again = p->Publish({"same", "k"}, Rows(2, 2, 0, 7.0f));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, EcOutcome::kPresent);
   EXPECT_EQ(Slurp(p->PathOf("same")), first);
@@ -112,32 +80,95 @@ TEST(EcPublisherTest, ACompleteFileIsNotRewritten) {
   EXPECT_EQ(p->Stats().files, 1);
 }
 
-TEST(EcPublisherTest, IdsUnsafeInAPathAreRefused) {
-  for (const char* bad : {"../x", "a/b", ".hidden", "", "..", "a b", "x\n"}) {
-    const Status s = EcPublisher::CheckId(bad);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
-  }
-  EXPECT_EQ(EcPublisher::CheckId(std::string(256, 'a')).code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(EcPublisher::CheckId("Ok-id_1.2").ok());
-  EXPECT_TRUE(EcPublisher::CheckId(std::string(255, 'a')).ok());
+// B63: the proxy names an item sha256(url); the bytes behind the URL
+// changed, so the same id comes with another key and other rows. The old
+// file (4 rows) was kept while the reply gave the new grid.
+TEST(EcPublisherTest, StaleByUrlTheSameIdWithAnotherKeyIsRewrittenWithTheNewRows) {
   TempDir d;
   auto p = OpenOrDie({d.path});
-  EXPECT_EQ(p->Publish("../escape", Rows(1, 1, 0, 0)).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_FALSE(fs::exists(fs::path(d.path).parent_path() / "escape"));
+  ASSERT_EQ(*p->Publish({"url-hash", "old-key"}, Rows(4, 3, 0, 1.0f)), EcOutcome::kWritten);
+  StatusOr<EcOutcome> again = p->Publish({"url-hash", "new-key"}, Rows(6, 3, 0, 50.0f));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, EcOutcome::kWritten);
+  const ec_test::ReadBack got = Read(p->PathOf("url-hash"));
+  EXPECT_EQ(got.shape, (std::vector<std::int64_t>{6, 3}));
+  EXPECT_EQ(got.rows, MainRows(6, 3, 50.0f));
+  EXPECT_EQ(got.metadata.at("epd_content_key"), "new-key");
+  const EcPublisherStats s = p->Stats();
+  EXPECT_EQ(s.published, 2u);
+  EXPECT_EQ(s.files, 1);
+  EXPECT_EQ(s.bytes, static_cast<std::int64_t>(fs::file_size(p->PathOf("url-hash"))));
+  for (const auto& f : fs::directory_iterator(d.path + "/url-hash"))  // no temporary left
+    EXPECT_EQ(f.path().filename(), "encoder_cache.safetensors");
+}
+
+// B62: tenant B published its own image under the uuid A's proxy sends for
+// A's URL; A then got 200 and its prefill loaded B's rows.
+TEST(EcPublisherTest, CrossTenantUuidATenantNeverGetsAnotherTenantsFile) {
+  TempDir d;
+  auto p = OpenOrDie({d.path});
+  ASSERT_EQ(*p->Publish({"shared-uuid", "tenant-b-key", "bob"}, Rows(2, 2, 0, 900.0f)), EcOutcome::kWritten);
+  StatusOr<EcOutcome> a = p->Publish({"shared-uuid", "tenant-a-key", "alice"}, Rows(3, 2, 0, 1.0f));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(*a, EcOutcome::kWritten);
+  EXPECT_EQ(p->PathOf("shared-uuid", "alice"), d.path + "/tenant=alice/shared-uuid/encoder_cache.safetensors");
+  EXPECT_EQ(Read(p->PathOf("shared-uuid", "alice")).rows, MainRows(3, 2, 1.0f));
+  EXPECT_EQ(Read(p->PathOf("shared-uuid", "bob")).rows, MainRows(2, 2, 900.0f));  // B's file is B's still
+  EXPECT_FALSE(fs::exists(d.path + "/shared-uuid"));                              // nothing in the shared namespace
+  // Even in one namespace, a file made from another key is never present.
+  ASSERT_EQ(*p->Publish({"u", "tenant-b-key"}, Rows(2, 2, 0, 900.0f)), EcOutcome::kWritten);
+  ASSERT_EQ(*p->Publish({"u", "tenant-a-key"}, Rows(3, 2, 0, 1.0f)), EcOutcome::kWritten);
+  EXPECT_EQ(Read(p->PathOf("u")).rows, MainRows(3, 2, 1.0f));
+  // A tenant name unsafe in a path is mapped, and the files are found again at Open.
+  EXPECT_EQ(EcPublisher::TenantDir("tenant:x"),
+            "tenant=sha256=e23bce5b82b43b7908019054a148ad9b9ea7ca37be43d5c69961b6bd03c1698b");
+  EXPECT_EQ(EcPublisher::TenantDir(""), "");
+  p.reset();
+  EXPECT_EQ(OpenOrDie({d.path})->Stats().files, 3);
+}
+
+// B71: vLLM accepts any uuid; those unsafe in a path were refused with 400.
+TEST(EcPublisherTest, AnyUuidIsAcceptedAndOnesUnsafeInAPathAreMapped) {
+  const std::map<std::string, std::string> want = {
+      {"user:42", "sha256=ea3fd43be1e57d62e163dae19fc740bd6d660eec497235fd0ef859e2bd9fa328"},
+      {"a:b@c", "sha256=c0cd6415fabd224929f90c56025c75c35de8307c3aaab73d04dd1c5828aa7fc2"},
+      {"../escape", "sha256=1ba7343c47dc442de7dec43a995deb9a7b62234ecca16d7c6f597b5155bd85b1"},
+      {"", "sha256=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+      {"Ok-id_1.2", "Ok-id_1.2"},
+      {std::string(255, 'a'), std::string(255, 'a')}};
+  for (const auto& [id, name] : want) EXPECT_EQ(EcPublisher::IdName(id), name) << id;
+  for (const char* other : {".hidden", "..", "a/b", "a b", "x\n", "\xe7\x94\xbb\xe5\x83\x8f", "sha256=00"}) {
+    EXPECT_EQ(EcPublisher::IdName(other).substr(0, 7), "sha256=") << other;
+    EXPECT_EQ(EcPublisher::IdName(other).size(), 71u) << other;
+  }
+  EXPECT_EQ(EcPublisher::IdName(std::string(256, 'a')).size(), 71u);
+  TempDir d;
+  auto p = OpenOrDie({d.path + "/ec"});
+  float base = 0;
+  for (const auto& [id, name] : want) {
+    base += 10;
+    StatusOr<EcOutcome> done = p->Publish({id, "k" + id}, Rows(1, 2, 0, base));
+    ASSERT_TRUE(done.ok()) << id << ": " << done.status().ToString();
+    EXPECT_EQ(p->PathOf(id), d.path + "/ec/" + name + "/encoder_cache.safetensors");
+    EXPECT_EQ(Read(d.path + "/ec/" + name + "/encoder_cache.safetensors").rows, MainRows(1, 2, base)) << id;
+  }
+  EXPECT_FALSE(fs::exists(d.path + "/escape"));
+  EXPECT_EQ(p->Stats().files, static_cast<std::int64_t>(want.size()));
 }
 
 TEST(EcPublisherTest, AWriteThatFailsIsNamedAndLeavesThePublisherWorking) {
   TempDir d;
   auto p = OpenOrDie({d.path});
   std::ofstream(d.path + "/blocked") << "a file where the id's directory should be";
-  StatusOr<EcOutcome> failed = p->Publish("blocked", Rows(2, 2, 0, 0));
+  StatusOr<EcOutcome> failed = p->Publish({"blocked", "k"}, Rows(2, 2, 0, 0));
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), StatusCode::kInternal);
   EXPECT_EQ(failed.status().message().rfind("ec_dir_write_failed: cannot write " + d.path + "/blocked", 0), 0u)
       << failed.status().message();
   EXPECT_NE(failed.status().message().find("Not a directory"), std::string::npos);
   EXPECT_EQ(p->Stats().write_failures, 1u);
-  EXPECT_TRUE(p->Publish("fine", Rows(2, 2, 0, 0)).ok());
+  EXPECT_EQ(Slurp(d.path + "/blocked"), "a file where the id's directory should be");
+  EXPECT_TRUE(p->Publish({"fine", "k"}, Rows(2, 2, 0, 0)).ok());
   EXPECT_EQ(p->Stats().files, 1);
 }
 
@@ -178,7 +209,8 @@ TEST(EcPublisherTest, APollingReaderNeverSeesAPartialFileDuring200ConcurrentPubl
     writers.emplace_back([&, t] {
       for (int i = 0; i < 25; ++i) {
         const int id = (t * 25 + i) % 120;
-        if (!p->Publish("id-" + std::to_string(id), Rows(1 + id % 5, kHidden, 0, static_cast<float>(id))).ok()) {
+        const std::string name = "id-" + std::to_string(id);
+        if (!p->Publish({name, "k" + name}, Rows(1 + id % 5, kHidden, 0, static_cast<float>(id))).ok()) {
           ++failures;
         }
       }
@@ -208,27 +240,27 @@ TEST(EcPublisherTest, TheBoundDeletesOldestFirstButNothingWithinTheGrace) {
   at(0);
   const Embedding rows = Rows(4, 8, 0, 0);  // 128 data bytes, about 210 on disk
   auto probe = OpenOrDie({d.path + "/probe"});
-  ASSERT_TRUE(probe->Publish("x", rows).ok());
+  ASSERT_TRUE(probe->Publish({"x", "k"}, rows).ok());
   const std::int64_t file = probe->Stats().bytes;
   EcPublisherOptions o{d.path + "/ec", file * 5 / 2, std::chrono::seconds(10), [clock] { return *clock; }};
   auto p = OpenOrDie(o);
   const auto present = [&](const char* id) { return fs::exists(p->PathOf(id)); };
   at(0);
-  ASSERT_TRUE(p->Publish("a", rows).ok());
+  ASSERT_TRUE(p->Publish({"a", "k"}, rows).ok());
   at(20);
-  ASSERT_TRUE(p->Publish("b", rows).ok());
+  ASSERT_TRUE(p->Publish({"b", "k"}, rows).ok());
   at(40);
-  ASSERT_TRUE(p->Publish("c", rows).ok());  // 3 > 2.5: a (40 s old) goes
+  ASSERT_TRUE(p->Publish({"c", "k"}, rows).ok());  // 3 > 2.5: a (40 s old) goes
   EXPECT_FALSE(present("a"));
   EXPECT_TRUE(present("b") && present("c"));
   at(45);
-  ASSERT_TRUE(p->Publish("b", rows).ok());  // re-requested: b is now the newest
+  ASSERT_TRUE(p->Publish({"b", "k"}, rows).ok());  // re-requested: b is now the newest
   at(46);
-  ASSERT_TRUE(p->Publish("d", rows).ok());  // c (6 s) and b (1 s) are within the grace
+  ASSERT_TRUE(p->Publish({"d", "k"}, rows).ok());  // c (6 s) and b (1 s) are within the grace
   EXPECT_TRUE(present("b") && present("c") && present("d"));
   EXPECT_EQ(p->Stats().over_budget, 1u);
   at(60);
-  ASSERT_TRUE(p->Publish("e", rows).ok());  // oldest first: c (20 s), then b (15 s); then 2 <= 2.5
+  ASSERT_TRUE(p->Publish({"e", "k"}, rows).ok());  // oldest first: c (20 s), then b (15 s); then 2 <= 2.5
   EXPECT_FALSE(present("c"));
   EXPECT_FALSE(present("b"));
   EXPECT_TRUE(present("d") && present("e"));
@@ -244,7 +276,7 @@ TEST(EcPublisherTest, OpenKnowsTheFilesAlreadyThereAndDropsStaleTemporaries) {
   TempDir d;
   {
     auto p = OpenOrDie({d.path});
-    ASSERT_TRUE(p->Publish("old", Rows(2, 2, 0, 0)).ok());
+    ASSERT_TRUE(p->Publish({"old", "k"}, Rows(2, 2, 0, 0)).ok());
   }
   const std::string stale = d.path + "/old/.encoder_cache.safetensors.tmp-1-1";
   std::ofstream(stale) << "half a file";
@@ -253,7 +285,7 @@ TEST(EcPublisherTest, OpenKnowsTheFilesAlreadyThereAndDropsStaleTemporaries) {
   auto p = OpenOrDie({d.path, 0, std::chrono::seconds(30), nullptr});
   EXPECT_EQ(p->Stats().files, 1);
   EXPECT_FALSE(fs::exists(stale));
-  EXPECT_EQ(*p->Publish("old", Rows(2, 2, 0, 0)), EcOutcome::kPresent);
+  EXPECT_EQ(*p->Publish({"old", "k"}, Rows(2, 2, 0, 0)), EcOutcome::kPresent);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ get_filename_component(_epd_openai_root ${CMAKE_CURRENT_LIST_DIR}/../.. ABSOLUTE
 add_library(epd_openai
   ${CMAKE_CURRENT_LIST_DIR}/chat_reply.cc
   ${CMAKE_CURRENT_LIST_DIR}/chat_request.cc
+  ${CMAKE_CURRENT_LIST_DIR}/ec_files.cc
   ${CMAKE_CURRENT_LIST_DIR}/ec_publisher.cc
   ${CMAKE_CURRENT_LIST_DIR}/fetch_pool.cc
   ${CMAKE_CURRENT_LIST_DIR}/front_metrics.cc

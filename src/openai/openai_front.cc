@@ -106,13 +106,6 @@ struct OpenAiFront::Impl {
                             std::to_string(door.max_items_per_request()) + " are accepted (--max-items-per-request)",
                         "too_many_items", "messages"};
     }
-    for (const internal::ChatItem& item : req.items) {
-      if (!item.uuid.has_value()) continue;
-      if (Status s = EcPublisher::CheckId(*item.uuid); !s.ok()) {
-        return FrontError{400, "item " + std::to_string(item.index) + ": " + s.message(), "invalid_uuid",
-                          item.where + ".uuid"};
-      }
-    }
     if (StatusOr<CallerIdentity> t = Caller(r); !t.ok()) {
       if (t.status().code() == StatusCode::kUnauthenticated)
         return FrontError{401, t.status().message(), "invalid_token"};
@@ -193,12 +186,15 @@ struct OpenAiFront::Impl {
     return out;
   }
 
+  // Under tenant isolation each tenant's files go to its own directory.
   std::optional<FrontError> Publish(const std::vector<internal::PublishedItem>& items,
-                                    const std::vector<const ItemResult*>& reps) {
+                                    const std::vector<const ItemResult*>& reps, const CallerIdentity& caller) {
     if (ec == nullptr) return std::nullopt;
+    const std::string tenant = caller.key_namespace.has_value() ? caller.tenant : std::string();
     for (std::size_t i = 0; i < items.size(); ++i) {
       StatusOr<EmbeddingPtr> host = ToHost(reps[i]->embedding);
-      StatusOr<EcOutcome> done = host.ok() ? ec->Publish(items[i].id, **host) : StatusOr<EcOutcome>(host.status());
+      StatusOr<EcOutcome> done = host.ok() ? ec->Publish({items[i].id, reps[i]->key.Hex(), tenant}, **host)
+                                           : StatusOr<EcOutcome>(host.status());
       if (!done.ok()) {
         const std::string m = done.status().message();
         return FrontError{500, "item " + std::to_string(items[i].indices[0]) + ": " + m,
@@ -222,13 +218,14 @@ struct OpenAiFront::Impl {
     std::int64_t bytes = static_cast<std::int64_t>(r.body.size());
     auto built = Resolve(req, bytes);
     if (auto* e = std::get_if<FrontError>(&built)) return ErrorResponse(*e);
-    const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), bytes, *Caller(r));
+    const CallerIdentity caller = *Caller(r);
+    const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), bytes, caller);
     if (auto e = Failure(res)) return ErrorResponse(*e);
     std::vector<const ItemResult*> reps;
     auto grouped = Group(req, res, reps);
     if (auto* e = std::get_if<FrontError>(&grouped)) return ErrorResponse(*e);
     const auto& items = std::get<std::vector<internal::PublishedItem>>(grouped);
-    if (auto e = Publish(items, reps)) return ErrorResponse(*e);
+    if (auto e = Publish(items, reps, caller)) return ErrorResponse(*e);
     std::int64_t tokens = 0;
     for (const ItemResult& it : res.items) tokens += it.embedding->tokens;
     char id[32];
@@ -265,8 +262,8 @@ StatusOr<std::unique_ptr<OpenAiFront>> OpenAiFront::Start(OpenAiFrontOptions opt
   if (!media.ok()) return media.status();
   self->media = std::move(*media);
   if (!self->o.ec_dir.empty()) {
-    StatusOr<std::unique_ptr<EcPublisher>> ec =
-        EcPublisher::Open({self->o.ec_dir, self->o.ec_dir_max_bytes, self->o.ec_dir_grace, nullptr});
+    StatusOr<std::unique_ptr<EcPublisher>> ec = EcPublisher::Open(
+        {self->o.ec_dir, self->o.ec_dir_max_bytes, self->o.ec_dir_grace, nullptr, self->o.ec_dir_group});
     if (!ec.ok()) return ec.status();
     self->ec = std::move(*ec);
   }

@@ -13,8 +13,10 @@
 //       http(s):// under the SSRF rules of epd/http/media_fetch.h, file://
 //       under allowed_local_media_path) is encoded as a gRPC Encode call's
 //       would be, each item is published as <ec_dir>/<id>/encoder_cache.
-//       safetensors (epd/openai/ec_publisher.h) with id = the part's uuid,
-//       else the item's content key (hex), and the reply is a
+//       safetensors (epd/openai/ec_publisher.h; under tenant isolation in
+//       the caller's <ec_dir>/tenant=<name>/) with id = the part's uuid
+//       (any string; an unsafe one mapped, EcPublisher::IdName), else the
+//       item's content key (hex), and the reply is a
 //       chat.completion with "ec_transfer_params" (src/openai/chat_reply.h).
 //       The content key still decides cache hits: two uuids naming the same
 //       bytes share one tower run (and get a file each); one uuid naming two
@@ -67,6 +69,8 @@ struct OpenAiFrontOptions {
   std::string ec_dir{};
   std::int64_t ec_dir_max_bytes = 0;  // 0 = unbounded
   std::chrono::milliseconds ec_dir_grace{30000};
+  // The group of the published files (a name or a gid); "" = the server's.
+  std::string ec_dir_group{};
   // http(s) fetches; max_bytes bounds data: and file:// media too.
   MediaFetchOptions media{};
   std::string allowed_local_media_path{};  // "" = file:// off
