@@ -737,6 +737,24 @@ def render_measured_economics(ctx: Context) -> str | None:
     return _included_section("BENCHMARKS-measured-economics.md")
 
 
+def render_http_edge(ctx: Context) -> str | None:
+    """http_edge.json from bench/http_edge_bench.py (section `http_edge` of
+    scripts/bench.sh: the HTTP edge under issue 40's attacks, and Boost.Beast
+    against libmicrohttpd), rendered by that script's render_body; falls back
+    to the copy of the last run committed in docs/BENCHMARKS-http-edge.json."""
+    path = os.path.join(ctx.results, "http_edge.json")
+    if not os.path.isfile(path):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-http-edge.json")
+        if not os.path.isfile(path):
+            return None
+    with open(path) as f:
+        data = json.load(f)
+    mod = _bench_module("http_edge_bench")
+    for t in mod.targets(data):
+        ctx.target(*t)
+    return mod.render_body(data)
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -788,6 +806,7 @@ SECTIONS = [
     ("Video: chunk caching on overlapping clips", render_video),
     ("Cache economics: GDSF, adaptive, the doorkeeper and plan", render_economics),
     ("Cache economics with measured costs: GDSF and adaptive against LRU through replay", render_measured_economics),
+    ("HTTP edge under attack, and Boost.Beast against libmicrohttpd", render_http_edge),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),

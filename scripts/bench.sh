@@ -31,7 +31,7 @@ cd "$root"
 build="${1:-build}"
 results="$build/bench-results"
 py=/usr/bin/python3
-SECTIONS=(core e2e l3 video economics)
+SECTIONS=(core e2e l3 video economics http_edge)
 if [[ -n "${EPD_BENCH_SECTIONS:-}" ]]; then read -r -a SECTIONS <<<"$EPD_BENCH_SECTIONS"; fi
 mkdir -p "$results"
 
@@ -137,6 +137,17 @@ section_economics() {
   # plan against a live worker and a memory-capped Redis (about 3 minutes), reported with the rest.
   run "$py" bench/plan_live_bench.py --build "$build"
   run "$py" bench/economics_bench.py --build "$build"
+}
+
+# The HTTP edge (issue 40): a cached hit beside 200 slow-body connections,
+# RSS under two 600 MiB chunked uploads, scrapes beside slow POST /metrics,
+# and Boost.Beast against libmicrohttpd (bench/http_edge_bench.py,
+# bench/http_server_compare.cc; about 5 minutes on 2 cores). Writes
+# http_edge.json; docs/SERVER.md, "HTTP edge", has the figures.
+section_http_edge() {
+  run cmake -S . -B "$build" -DEPD_BUILD_BENCH=ON
+  run cmake --build "$build" --target epd-encode tiny_tower http_server_compare
+  run "$py" bench/http_edge_bench.py --build "$build" --out "$results/http_edge.json"
 }
 
 if [[ -z "${EPD_BENCH_REPORT_ONLY:-}" ]]; then

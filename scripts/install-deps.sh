@@ -10,7 +10,8 @@
 #   build  demo, plus what `make test` needs beyond it: torch in Python (the scripted towers and the
 #          reference models), scikit-image, pytest, the Python gRPC client's packages, Redis, stunnel,
 #          nginx, clang with its format and tidy tools, and gnuplot (plan --plot's quoting is tested)
-#   bench  build, plus the peer caches used by `make bench`
+#   bench  build, plus the peer caches used by `make bench`, and libmicrohttpd, the HTTP edge's
+#          comparison peer (bench/http_server_compare.cc)
 set -euo pipefail
 
 group="${1:-build}"
@@ -33,7 +34,7 @@ test_pkgs=(
   libjpeg-turbo-progs nginx curl redis-server stunnel4
   clang libclang-rt-14-dev clang-format clang-tidy gnuplot-nox
 )
-bench_pkgs=(libleveldb-dev librocksdb-dev)
+bench_pkgs=(libleveldb-dev librocksdb-dev libmicrohttpd-dev)
 
 case "$group" in
   demo) pkgs=("${demo_pkgs[@]}") ;;

@@ -36,7 +36,9 @@ FrontError MediaError(const Status& s, const internal::ChatItem& item) {
       {StatusCode::kNotFound, {400, "media_not_found"}},
       {StatusCode::kInvalidArgument, {400, "invalid_media_url"}},
       {StatusCode::kResourceExhausted, {413, "media_too_large"}},
-      {StatusCode::kUnavailable, {502, "media_fetch_failed"}}};
+      {StatusCode::kUnavailable, {502, "media_fetch_failed"}},
+      {StatusCode::kDeadlineExceeded, {504, "media_fetch_timeout"}},
+      {StatusCode::kCancelled, {499, "client_closed_request"}}};
   const auto it = kMap.find(s.code());
   const auto [status, code] = it != kMap.end() ? it->second : std::pair<int, const char*>{500, "media_error"};
   const std::string field = item.kind == MediaKind::kImage ? ".image_url.url" : ".video_url.url";
@@ -54,9 +56,20 @@ std::string FetchOutcome(StatusCode c) {
       return "too_large";
     case StatusCode::kUnavailable:
       return "failed";
+    case StatusCode::kDeadlineExceeded:
+      return "timeout";
+    case StatusCode::kCancelled:
+      return "cancelled";
     default:
       return "bad_url";
   }
+}
+
+bool IsHttpUrl(const std::string& url) {
+  const std::string head = url.substr(0, 8);
+  std::string lower(head.size(), ' ');
+  std::transform(head.begin(), head.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return lower.rfind("http://", 0) == 0 || lower.rfind("https://", 0) == 0;
 }
 
 bool IsJson(const std::optional<std::string>& content_type) {
@@ -82,13 +95,93 @@ struct OpenAiFront::Impl {
 
   explicit Impl(ServerFrontDoor d) : door(d) {}
 
-  HttpResponse ChatResponse(const HttpRequest& r) {
-    const auto start = Clock::now();
-    HttpResponse out = Answer(r);
-    metrics->CountResponse(out.status);
-    door.ObserveRequest(std::chrono::duration<double>(Clock::now() - start).count());
-    if (const auto id = r.Header("x-request-id")) out.headers.emplace_back("X-Request-Id", *id);
-    return out;
+  // A chat request, in two stages: Chat (parse and check, on an endpoint
+  // thread; the media then resolve on MediaSource's fetch threads, in
+  // parallel, charged to the request budget as their bytes arrive) and
+  // Encode (back on an endpoint thread: the worker, the files, the reply).
+  // No endpoint thread waits for a fetch.
+  struct Call {
+    Call(const HttpRequest& r, const HttpResponder& h) : http(r), respond(h) {}
+    HttpRequest http;
+    HttpResponder respond;
+    Clock::time_point start = Clock::now();
+    std::optional<internal::ChatRequest> req{};
+    std::atomic<bool> budget_refused{false};
+  };
+
+  void Finish(Call& c, HttpResponse out) const {
+    door.ObserveRequest(std::chrono::duration<double>(Clock::now() - c.start).count());
+    if (const auto id = c.http.Header("x-request-id")) out.headers.emplace_back("X-Request-Id", *id);
+    c.respond(std::move(out));
+  }
+
+  void Chat(const HttpRequest& r, const HttpResponder& respond) {
+    auto c = std::make_shared<Call>(r, respond);
+    if (auto e = Admit(*c)) return Finish(*c, ErrorResponse(*e));
+    std::vector<std::string> urls;
+    for (const internal::ChatItem& item : c->req->items) urls.push_back(item.url);
+    if (std::none_of(urls.begin(), urls.end(), IsHttpUrl)) {
+      // data: and file:// only: quick and bounded, so here, never queued
+      // behind other requests' slow fetches on the fetch threads.
+      internal::ResolvedMedia m = ResolveHere(*c, urls);
+      HttpResponse out = Encode(*c, m);
+      door.ReleaseBudget(m.charged_bytes);
+      return Finish(*c, std::move(out));
+    }
+    internal::ResolveOptions ro;
+    ro.deadline = Clock::now() + o.media.timeout;
+    ro.parallelism = o.fetch_parallelism;
+    ro.cancel = respond.client_gone_flag();
+    ro.charge = [this, c](std::int64_t bytes) {
+      Status s = door.TakeBudget(bytes);
+      if (!s.ok()) c->budget_refused = true;
+      return s;
+    };
+    media->ResolveAll(std::move(urls), std::move(ro), [this, c](internal::ResolvedMedia m) {
+      auto media_done = std::make_shared<internal::ResolvedMedia>(std::move(m));
+      c->respond.Post([this, c, media_done] {
+        HttpResponse out = Encode(*c, *media_done);
+        door.ReleaseBudget(media_done->charged_bytes);
+        Finish(*c, std::move(out));
+      });
+    });
+  }
+
+  // data: and file:// media resolved on this thread, charged as
+  // ResolveAll charges them.
+  internal::ResolvedMedia ResolveHere(Call& c, const std::vector<std::string>& urls) const {
+    internal::ResolvedMedia m;
+    for (const std::string& url : urls) {
+      StatusOr<std::string> got =
+          m.failed ? StatusOr<std::string>(Cancelled("not resolved: an item failed first")) : media->Resolve(url);
+      if (got.ok()) {
+        const auto bytes = static_cast<std::int64_t>(got->size());
+        if (Status s = door.TakeBudget(bytes); !s.ok()) {
+          c.budget_refused = true;
+          got = s;
+        } else {
+          m.charged_bytes += bytes;
+        }
+      }
+      if (!got.ok() && !m.failed) m.failed = m.items.size();
+      m.items.push_back(std::move(got));
+    }
+    return m;
+  }
+
+  // The checks before any media is resolved; fills c.req.
+  std::optional<FrontError> Admit(Call& c) const {
+    if (!door.serving()) return FrontError{503, "the server is draining (shutting down)", "draining"};
+    if (!IsJson(c.http.Header("Content-Type"))) {
+      return FrontError{415,
+                        "the request body must be application/json, got '" +
+                            Utf8Safe(c.http.Header("Content-Type").value_or("none")) + "'",
+                        "unsupported_media_type"};
+    }
+    auto parsed = internal::ParseChatRequest(c.http.body);
+    if (auto* e = std::get_if<FrontError>(&parsed)) return *e;
+    c.req = std::move(std::get<internal::ChatRequest>(parsed));
+    return Check(c.http, *c.req);
   }
 
   std::optional<FrontError> Check(const HttpRequest& r, const internal::ChatRequest& req) const {
@@ -118,19 +211,32 @@ struct OpenAiFront::Impl {
     return door.Caller(r.Header("Authorization"), r.Header(door.tenant_header()), r.remote_ip);
   }
 
-  // The worker's request for `req`'s items; bytes held go to `bytes`.
-  std::variant<EncodeRequest, FrontError> Resolve(const internal::ChatRequest& req, std::int64_t& bytes) {
+  // The worker's request for `req`'s items from their resolved bytes, or
+  // the failure that ended the resolve.
+  std::variant<EncodeRequest, FrontError> Build(Call& c, internal::ResolvedMedia& m) const {
+    const internal::ChatRequest& req = *c.req;
+    for (std::size_t i = 0; i < req.items.size(); ++i) {
+      const internal::ChatItem& item = req.items[i];
+      if (!IsHttpUrl(item.url)) continue;
+      const StatusCode code = m.items[i].status().code();
+      if (m.failed && i != *m.failed && code == StatusCode::kCancelled) continue;  // stopped, not fetched
+      metrics->CountFetch(FetchOutcome(code));
+    }
+    if (m.failed) {
+      const internal::ChatItem& item = req.items[*m.failed];
+      const Status& s = m.items[*m.failed].status();
+      if (c.budget_refused && s.code() == StatusCode::kResourceExhausted)
+        return FrontError{429, "item " + std::to_string(item.index) + ": " + s.message(), "over_capacity"};
+      return MediaError(s, item);
+    }
     EncodeRequest out;
-    for (const internal::ChatItem& item : req.items) {
-      StatusOr<std::string> got = media->Resolve(item.url);
-      if (item.url.rfind("http", 0) == 0) metrics->CountFetch(FetchOutcome(got.status().code()));
-      if (!got.ok()) return MediaError(got.status(), item);
-      bytes += static_cast<std::int64_t>(got->size());
+    for (std::size_t i = 0; i < req.items.size(); ++i) {
+      const internal::ChatItem& item = req.items[i];
       EncodeItemInput in;
       if (item.kind == MediaKind::kVideo) {
-        in.video = VideoInput{MediaBytes(std::move(*got)), {}, std::nullopt};
+        in.video = VideoInput{MediaBytes(std::move(*m.items[i])), {}, std::nullopt};
       } else {
-        in.media = MediaBytes(std::move(*got));
+        in.media = MediaBytes(std::move(*m.items[i]));
       }
       in.is_public = item.is_public;  // honoured only for a public reader (the worker's ItemNamespace)
       out.items.push_back(std::move(in));
@@ -204,25 +310,18 @@ struct OpenAiFront::Impl {
     return std::nullopt;
   }
 
-  HttpResponse Answer(const HttpRequest& r) {
-    if (!door.serving()) return ErrorResponse(FrontError{503, "the server is draining (shutting down)", "draining"});
-    if (!IsJson(r.Header("Content-Type"))) {
-      return ErrorResponse(FrontError{
-          415, "the request body must be application/json, got '" + r.Header("Content-Type").value_or("none") + "'",
-          "unsupported_media_type"});
-    }
-    auto parsed = internal::ParseChatRequest(r.body);
-    if (auto* e = std::get_if<FrontError>(&parsed)) return ErrorResponse(*e);
-    const internal::ChatRequest& req = std::get<internal::ChatRequest>(parsed);
-    if (auto e = Check(r, req)) return ErrorResponse(*e);
-    std::int64_t bytes = static_cast<std::int64_t>(r.body.size());
-    auto built = Resolve(req, bytes);
+  HttpResponse Encode(Call& c, internal::ResolvedMedia& m) {
+    auto built = Build(c, m);
     if (auto* e = std::get_if<FrontError>(&built)) return ErrorResponse(*e);
-    const CallerIdentity caller = *Caller(r);
-    const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), bytes, caller);
+    const StatusOr<CallerIdentity> who = Caller(c.http);
+    if (!who.ok()) return ErrorResponse(FrontError{401, who.status().message(), "invalid_token"});
+    const CallerIdentity& caller = *who;
+    // The media's bytes are charged already (ResolveAll's charge); the body's here.
+    const auto body_bytes = static_cast<std::int64_t>(c.http.body.size());
+    const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), body_bytes, caller);
     if (auto e = Failure(res)) return ErrorResponse(*e);
     std::vector<const ItemResult*> reps;
-    auto grouped = Group(req, res, reps);
+    auto grouped = Group(*c.req, res, reps);
     if (auto* e = std::get_if<FrontError>(&grouped)) return ErrorResponse(*e);
     const auto& items = std::get<std::vector<internal::PublishedItem>>(grouped);
     if (auto e = Publish(items, reps, caller)) return ErrorResponse(*e);
@@ -245,7 +344,9 @@ struct OpenAiFront::Impl {
                                  {"owned_by", "epd-encode"},
                                  {"root", door.worker_options().model_id},
                                  {"parent", nullptr}};
-    return HttpResponse{200, "application/json", nlohmann::json{{"object", "list"}, {"data", {card}}}.dump()};
+    return HttpResponse{200, "application/json",
+                        nlohmann::json{{"object", "list"}, {"data", {card}}}.dump(
+                            -1, ' ', false, nlohmann::json::error_handler_t::replace)};
   }
 };
 
@@ -258,7 +359,7 @@ StatusOr<std::unique_ptr<OpenAiFront>> OpenAiFront::Start(OpenAiFrontOptions opt
   self->o = std::move(options);
   self->model = self->o.served_model_name.empty() ? door.worker_options().model_id : self->o.served_model_name;
   StatusOr<std::unique_ptr<internal::MediaSource>> media =
-      internal::MediaSource::Create(self->o.media, self->o.allowed_local_media_path);
+      internal::MediaSource::Create(self->o.media, self->o.allowed_local_media_path, self->o.fetch_threads);
   if (!media.ok()) return media.status();
   self->media = std::move(*media);
   if (!self->o.ec_dir.empty()) {
@@ -273,7 +374,8 @@ StatusOr<std::unique_ptr<OpenAiFront>> OpenAiFront::Start(OpenAiFrontOptions opt
   }
   http.error_page = internal::EndpointErrorPage;
   StatusOr<std::unique_ptr<HttpEndpoint>> ep = HttpEndpoint::Start(
-      http, {{"POST", "/v1/chat/completions", true, [self](const HttpRequest& r) { return self->ChatResponse(r); }},
+      http, {{"POST", "/v1/chat/completions", true, nullptr,
+              [self](const HttpRequest& r, const HttpResponder& respond) { self->Chat(r, respond); }},
              {"GET", "/v1/models", true, [self](const HttpRequest& r) { return self->Models(r); }},
              {"GET", "/health", false, [self](const HttpRequest& r) { return self->Health(r); }}});
   if (!ep.ok()) return ep.status();
@@ -290,12 +392,15 @@ const std::string& OpenAiFront::served_model_name() const { return impl_->model;
 
 OpenAiFrontStats OpenAiFront::Stats() const {
   OpenAiFrontStats s;
-  s.responses = impl_->metrics->Responses();
   if (impl_->ec != nullptr) s.ec = impl_->ec->Stats();
   s.http = impl_->http->Stats();
+  s.responses = s.http.responses;
   return s;
 }
 
-void OpenAiFront::Stop() { impl_->http->Stop(); }
+void OpenAiFront::Stop() {
+  impl_->http->Stop();
+  impl_->media.reset();  // stops the fetches in flight (their answers are dropped)
+}
 
 }  // namespace epd

@@ -17,8 +17,8 @@
 // from the head before any body byte is read.
 #include "metrics.h"
 
-#include <prometheus/collectable.h>
 #include <prometheus/client_metric.h>
+#include <prometheus/collectable.h>
 #include <prometheus/histogram.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
@@ -176,8 +176,10 @@ std::string ServerMetrics::Render() const {
   std::lock_guard<std::mutex> lock(impl_->sources_mu);
   if (impl_->http != nullptr) {
     // This port's own answers (its 401s, 404s, 408s and 413s too).
-    prometheus::MetricFamily own{"epd_metrics_http_responses_total", "Responses of the metrics port, by HTTP status",
-                                 prometheus::MetricType::Counter, {}};
+    prometheus::MetricFamily own{"epd_metrics_http_responses_total",
+                                 "Responses of the metrics port, by HTTP status",
+                                 prometheus::MetricType::Counter,
+                                 {}};
     for (const auto& [status, n] : impl_->http->Stats().responses) {
       prometheus::ClientMetric m;
       m.label.push_back({"status", std::to_string(status)});

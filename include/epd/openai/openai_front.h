@@ -71,8 +71,11 @@ struct OpenAiFrontOptions {
   std::chrono::milliseconds ec_dir_grace{30000};
   // The group of the published files (a name or a gid); "" = the server's.
   std::string ec_dir_group{};
-  // http(s) fetches; max_bytes bounds data: and file:// media too.
+  // http(s) fetches; max_bytes bounds data: and file:// media too, and
+  // `timeout` is one request's deadline for all its media.
   MediaFetchOptions media{};
+  int fetch_parallelism = 4;               // one request's media resolved at once
+  int fetch_threads = 16;                  // all requests' fetches at once
   std::string allowed_local_media_path{};  // "" = file:// off
 };
 
