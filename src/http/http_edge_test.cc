@@ -121,6 +121,30 @@ TEST(HttpEdgeTest, AChunkedBodyIsBoundAsItArrives) {
   EXPECT_EQ(ep->Stats().bodies_too_large, 1u);
 }
 
+// Ten chunked bodies trickle; each is charged for what arrived, not for the
+// limit, so a body of known length still finds room in the budget (4 x the
+// limit) and is answered.
+TEST(HttpEdgeTest, SlowChunkedBodiesDoNotFillTheBodyBudget) {
+  HttpEndpointOptions o = Options();
+  o.max_body_bytes = 10000;
+  auto ep = StartOrDie(o);
+  std::vector<int> slow;
+  for (int i = 0; i < 10; ++i) {
+    slow.push_back(Connect(ep->port()));
+    SendAll(slow.back(),
+            "POST /echo HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer t\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n");
+  }
+  const std::string body(5000, 'y');
+  const std::string ok = Exchange(ep->port(),
+                                  "POST /echo HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer t\r\n"
+                                  "Content-Length: 5000\r\n\r\n" +
+                                      body);
+  EXPECT_EQ(Code(ok), 200) << ok;
+  EXPECT_EQ(ok.substr(ok.size() - 4), "5000") << ok;
+  for (int fd : slow) close(fd);
+}
+
 TEST(HttpEdgeTest, SlowBodiesHoldNoThreadAndMeetTheMinimumRate) {
   HttpEndpointOptions o = Options();
   o.threads = 1;

@@ -189,10 +189,14 @@ void HttpEndpoint::Impl::RunHandler(const HttpRoute& route, const HttpRequest& r
 
 void HttpEndpoint::Impl::BodyBytesReleased(std::int64_t bytes) {
   body_bytes_free += bytes;
-  while (!body_waiters.empty()) {
-    std::shared_ptr<internal::Session> s = body_waiters.front().lock();
-    if (s != nullptr && !s->BodyBudgetGranted()) return;  // the oldest still does not fit
-    body_waiters.pop_front();
+  // Oldest first, but a body that fits passes a larger one that does not.
+  for (auto it = body_waiters.begin(); it != body_waiters.end() && body_bytes_free > 0;) {
+    std::shared_ptr<internal::Session> s = it->lock();
+    if (s == nullptr || s->BodyBudgetGranted()) {
+      it = body_waiters.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

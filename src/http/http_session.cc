@@ -22,7 +22,9 @@ using std::chrono::milliseconds;
 constexpr std::size_t kMaxTarget = 8192;
 constexpr auto kRateGrace = std::chrono::seconds(1);
 constexpr auto kLingerTime = std::chrono::seconds(2);
-constexpr std::size_t kLingerBytes = 1 << 20;  // what a refused client may still have in flight
+constexpr std::size_t kLingerBytes = 1 << 20;
+constexpr std::int64_t kChunkedStart =
+    64 << 10;  // a chunked body's first reservation  // what a refused client may still have in flight
 const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
 
 std::string Seconds(milliseconds d) {
@@ -262,9 +264,11 @@ void Session::OnHead(error_code ec) {
   }
   if (parser_->is_done()) return Dispatch();
   parser_->body_limit(static_cast<std::uint64_t>(o.max_body_bytes));
-  body_want_ = length ? static_cast<std::int64_t>(*length) : o.max_body_bytes;
+  // A body of known length reserves it; a chunked one starts small and is
+  // charged as it arrives (ReadMore), so slow chunked bodies hold little.
+  body_want_ = length ? static_cast<std::int64_t>(*length) : std::min<std::int64_t>(kChunkedStart, o.max_body_bytes);
   phase_ = Phase::kBudget;
-  if (!ep_->body_waiters.empty() || !BodyBudgetGranted()) {
+  if (!BodyBudgetGranted()) {
     ep_->body_waiters.push_back(weak_from_this());
     ArmTimer(HttpClock::now() + o.body_timeout);
   }
@@ -307,10 +311,34 @@ void Session::ReadBody() {
   body_start_ = HttpClock::now();
   body_deadline_ = body_start_ + ep_->options.body_timeout;
   ArmTimer(std::min(body_deadline_, body_start_ + kRateGrace));
+  ReadMore();
+}
+
+void Session::ReadMore() {
   WithStream([&](auto& s) {
-    http::async_read(s, buffer_, *parser_,
-                     [self = shared_from_this()](const error_code& ec, std::size_t) { self->OnBody(ec); });
+    http::async_read_some(s, buffer_, *parser_, [self = shared_from_this()](const error_code& ec, std::size_t) {
+      if (self->phase_ != Phase::kBody) return;
+      if (ec || self->parser_->is_done()) return self->OnBody(ec);
+      if (!self->ChargeChunked()) {
+        return self->Refuse(503, "the server holds too many request bodies now; try again later");
+      }
+      self->ReadMore();
+    });
   });
+}
+
+bool Session::ChargeChunked() {
+  if (parser_->content_length()) return true;  // reserved whole up front
+  // The body's string grows by doubling: count twice what arrived.
+  const std::int64_t limit = ep_->options.max_body_bytes;
+  const std::int64_t held =
+      std::min(2 * static_cast<std::int64_t>(parser_->get().body().size()) + std::min(kChunkedStart, limit), 2 * limit);
+  if (held <= body_reserved_) return true;
+  const std::int64_t more = held - body_reserved_;
+  if (ep_->body_bytes_free < more) return false;
+  ep_->body_bytes_free -= more;
+  body_reserved_ += more;
+  return true;
 }
 
 void Session::OnBody(error_code ec) {

@@ -16,7 +16,11 @@
 //     `body_timeout` and, after its first second, at `min_body_bytes_per_s`
 //     on average (408 otherwise);
 //   - at most `max_idle_connections` connections wait for a head; one more
-//     closes the one nearest its deadline (counted as evicted).
+//     closes the one nearest its deadline (counted as evicted);
+//   - the bodies held at once are bounded by 4 x `max_body_bytes`: a body
+//     of known length reserves it before it is read (it waits up to
+//     `body_timeout` for room, then 503), a chunked one is charged as it
+//     arrives (twice its bytes, for its buffer's growth; 503 past the room).
 // A refusal sent before the body was read closes the connection after a
 // short lingering read (at most 2 s and 1 MiB, discarded), so the client
 // reads the answer rather than a reset.
