@@ -9,6 +9,7 @@
 #include <cmath>
 #include <list>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "epd/core/mini_sim.h"
@@ -272,6 +273,45 @@ TEST(MiniSimTest, DoorkeeperWritesFewerBytesOnOneHitWonders) {
   const SimResult dk = SimulateCapacity(mixed, {EvictionPolicy::kGdsf, true}, 2e5, {.rate = 1.0});
   EXPECT_LT(dk.write_bytes * 2, plain.write_bytes);
   EXPECT_EQ(dk.simulated, mixed.size());
+}
+
+// plan's largest entries (plan_e2e: 2^61 - 1 bytes, at capacities up to one
+// ulp under 2^62): the bytes written and hit, summed over accesses, pass
+// INT64_MAX within five accesses, and UBSan found the signed overflow
+// (issue 40). The counts stop at INT64_MAX; what hits is as for small entries.
+TEST(MiniSimTest, EntriesOfTwoToTheSixtyOneBytesStopTheByteCountsAtInt64Max) {
+  constexpr std::int64_t kBig = (std::int64_t{1} << 61) - 1;
+  const double cap = std::nextafter(0x1p62, 0.0);  // holds one such entry, not two
+  std::vector<CacheAccess> alternating, repeated;
+  for (int i = 0; i < 10; ++i) {
+    alternating.push_back({static_cast<std::uint64_t>(i % 2) + 1, kBig, 1.0});
+    repeated.push_back({7, kBig, 1.0});
+  }
+  for (EvictionPolicy e : {EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive}) {
+    const SimPolicy p{e, false};
+    // a, b, a, b, ...: each put evicts the other key, so every access misses
+    // and writes. Four writes are 9223372036854775804 bytes, exactly; ten
+    // would be 2.3e19.
+    const SimResult four = SimulateCapacity(std::span(alternating).first(4), p, cap, {.rate = 1.0});
+    EXPECT_EQ(four.write_bytes, 4 * kBig) << p.Name();
+    const SimResult ten = SimulateCapacity(alternating, p, cap, {.rate = 1.0});
+    EXPECT_EQ(ten.write_bytes, INT64_MAX) << p.Name();
+    EXPECT_EQ(ten.hits.objects, 0) << p.Name();
+    EXPECT_EQ(ten.MissRatio().bytes, 1.0) << p.Name();
+    // One key ten times: one write, then nine hits (the cache's own hit
+    // bytes pass INT64_MAX at the fifth).
+    const SimResult one = SimulateCapacity(repeated, p, cap, {.rate = 1.0});
+    EXPECT_EQ(one.write_bytes, kBig) << p.Name();
+    EXPECT_EQ(one.hits.objects, 9) << p.Name();
+    EXPECT_EQ(one.hits.bytes, 9 * 0x1p61) << p.Name();  // 9 x (2^61 - 1), each a double of 2^61
+  }
+  // The doorkeeper puts a key at its second request: a, b miss unwritten,
+  // then eight writes (past INT64_MAX); one key: two misses, one write, eight hits.
+  const SimPolicy dk{EvictionPolicy::kGdsf, true};
+  EXPECT_EQ(SimulateCapacity(alternating, dk, cap, {.rate = 1.0}).write_bytes, INT64_MAX);
+  const SimResult one = SimulateCapacity(repeated, dk, cap, {.rate = 1.0});
+  EXPECT_EQ(one.write_bytes, kBig);
+  EXPECT_EQ(one.hits.objects, 8);
 }
 
 }  // namespace

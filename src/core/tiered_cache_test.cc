@@ -287,5 +287,29 @@ TEST(TieredTierReportTest, GetReportsTheTier) {
   EXPECT_EQ(tier, CacheTier::kMiss);
 }
 
+// The byte counters summed over accesses stop at INT64_MAX rather than wrap
+// (a signed overflow): entries of 2^61 - 1 bytes pass it at the fifth.
+TEST(TieredByteCountersTest, StopAtInt64MaxInsteadOfWrapping) {
+  constexpr std::int64_t kBig = (std::int64_t{1} << 61) - 1;
+  TieredEmbeddingCache<int, int> t(kMaxCacheBytes, kMaxCacheBytes);
+  for (int i = 0; i < 4; ++i) t.Put(1, i, kBig);  // a re-put is a write too
+  EXPECT_EQ(t.l1_write_bytes(), 4 * kBig);        // 9223372036854775804
+  t.Put(1, 4, kBig);
+  EXPECT_EQ(t.l1_write_bytes(), INT64_MAX);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t.Get(1), 4);
+  EXPECT_EQ(t.l1_hit_bytes(), 4 * kBig);
+  EXPECT_EQ(t.l1().hit_bytes(), 4 * kBig);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(t.Get(1), 4);
+  EXPECT_EQ(t.l1_hit_bytes(), INT64_MAX);
+  EXPECT_EQ(t.l1().hit_bytes(), INT64_MAX);
+  EXPECT_EQ(t.l1_hits(), 6u);
+  // L2's writes (demotions) likewise: each put of a new key demotes the last.
+  TieredEmbeddingCache<int, int> d(kBig, kMaxCacheBytes);
+  for (int k = 0; k < 5; ++k) d.Put(k, k, kBig);
+  EXPECT_EQ(d.l2_write_bytes(), 4 * kBig);
+  d.Put(5, 5, kBig);
+  EXPECT_EQ(d.l2_write_bytes(), INT64_MAX);
+}
+
 }  // namespace
 }  // namespace epd

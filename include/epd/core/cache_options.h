@@ -150,6 +150,15 @@ struct PoppedEntry {
 // comes near this one).
 inline constexpr std::int64_t kMaxCacheBytes = (std::int64_t{1} << 62) - 1;
 
+// a + b for a byte count that only grows (bytes hit, bytes written, summed
+// over accesses, not bounded by a capacity): stops at INT64_MAX instead of
+// wrapping, which a signed sum may not do (entries of 2^61 - 1 bytes pass it
+// in five accesses). Exact below it. REQUIRES: a, b >= 0.
+inline constexpr std::int64_t AddBytesSaturating(std::int64_t a, std::int64_t b) {
+  std::int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? INT64_MAX : sum;
+}
+
 // The error for a byte count `name` (a capacity or a charge) outside
 // [0, kMaxCacheBytes]; `got` is its decimal text, so that a caller holding a
 // wider integer (Python's) reports it exactly.

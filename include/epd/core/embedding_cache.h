@@ -34,8 +34,8 @@
 //   Pop() and the costed hook hand the entry's cost and frequency on, so a
 //   tier below can keep them (epd/core/tiered_cache.h); a Put with them
 //   carries them in.
-// Weighted counters: hit_bytes() and hit_seconds() sum the charge and the cost
-// (EntryCost::seconds as stored) of each hit: the encode seconds the cache saved.
+// Weighted counters: hit_bytes() and hit_seconds() sum the charge and the cost (EntryCost::seconds as
+// stored) of each hit: the encode seconds the cache saved. hit_bytes() stops at INT64_MAX.
 // A caller that wants weighted hit ratios sums the misses' weights itself.
 //
 // Ownership: the cache owns one copy of each value. Get() returns a copy (for
@@ -154,7 +154,7 @@ class EmbeddingCache {
     if (ranked_) meta_[e].frequency = Referenced(h, meta_[e].frequency + 1);
     Touch(e);
     ++hits_;
-    hit_bytes_ += slab_[e].nbytes;
+    hit_bytes_ = AddBytesSaturating(hit_bytes_, slab_[e].nbytes);
     hit_seconds_ += meta_[e].seconds;
     return slab_[e].value;
   }

@@ -56,7 +56,7 @@ struct SimResult {
   double rate = 1;               // the sampling rate used
   Weights total;                 // the trace's weight
   Weights hits;                  // estimated weight that hits at full scale
-  std::int64_t write_bytes = 0;  // bytes put into the miniature cache (sampled, unscaled)
+  std::int64_t write_bytes = 0;  // bytes put into the miniature cache (sampled, unscaled; stops at INT64_MAX)
   std::uint64_t simulated = 0;   // accesses the miniature saw
   Weights MissRatio() const;     // (total - hits) / total per weighting, in [0, 1]; 1 where total is 0
 };

@@ -16,7 +16,7 @@
 // l1_/l2_hit_bytes and l1_/l2_hit_seconds sum the charge and the cost
 // (EntryCost::seconds) of each hit, seconds_saved() both tiers' seconds;
 // l1_/l2_write_bytes the bytes written into each tier (puts, promotions,
-// demotions).
+// demotions). The byte counters stop at INT64_MAX (AddBytesSaturating).
 //
 // Options (TieredOptions; the defaults are the reference's cache):
 //   - eviction: the policy of both tiers (epd/core/cache_options.h). Under
@@ -199,7 +199,7 @@ class TieredEmbeddingCache {
     std::optional<V> value = l1_.Get(key);
     if (value.has_value() && !Traits::IsNone(*value)) {
       ++l1_hits_;
-      l1_hit_bytes_ += l1_.hit_bytes() - bytes0;
+      l1_hit_bytes_ = AddBytesSaturating(l1_hit_bytes_, l1_.hit_bytes() - bytes0);
       l1_hit_seconds_ += l1_.hit_seconds() - seconds0;
       if (tier != nullptr) *tier = CacheTier::kL1;
       return value;
@@ -213,13 +213,13 @@ class TieredEmbeddingCache {
     V device_value = to_device_ ? to_device_(promoted->value) : std::move(promoted->value);
     ++l2_hits_;
     ++promotions_;
-    l2_hit_bytes_ += promoted->nbytes;
+    l2_hit_bytes_ = AddBytesSaturating(l2_hit_bytes_, promoted->nbytes);
     l2_hit_seconds_ += promoted->cost.seconds;
     if (tier != nullptr) *tier = CacheTier::kL2;
     EntryCost cost = promoted->cost;
     ++cost.frequency;
     l1_.Put(key, device_value, promoted->nbytes, cost);
-    if (l1_.Contains(key)) l1_write_bytes_ += promoted->nbytes;
+    if (l1_.Contains(key)) l1_write_bytes_ = AddBytesSaturating(l1_write_bytes_, promoted->nbytes);
     return device_value;
   }
 
@@ -233,7 +233,7 @@ class TieredEmbeddingCache {
       PutIntoL2(key, std::move(value), nbytes, cost, /*admission_refused=*/!oversize);
       return;
     }
-    if (l1_.Put(key, std::move(value), nbytes, cost)) l1_write_bytes_ += nbytes;
+    if (l1_.Put(key, std::move(value), nbytes, cost)) l1_write_bytes_ = AddBytesSaturating(l1_write_bytes_, nbytes);
   }
 
   // Reserves `l1_bytes` of L1 and `l2_bytes` of L2 for `tenant` (see the
@@ -309,7 +309,7 @@ class TieredEmbeddingCache {
     }
     l2_.Put(key, std::move(host_value), nbytes, cost);
     if (!l2_.Contains(key)) return false;
-    l2_write_bytes_ += nbytes;
+    l2_write_bytes_ = AddBytesSaturating(l2_write_bytes_, nbytes);
     return true;
   }
 
@@ -356,7 +356,7 @@ class TieredEmbeddingCache {
     }
     V device_value = to_device_ ? to_device_(*held) : std::move(*held);
     ++l2_hits_;
-    l2_hit_bytes_ += l2_.hit_bytes() - bytes0;
+    l2_hit_bytes_ = AddBytesSaturating(l2_hit_bytes_, l2_.hit_bytes() - bytes0);
     l2_hit_seconds_ += l2_.hit_seconds() - seconds0;
     if (tier != nullptr) *tier = CacheTier::kL2;
     return device_value;

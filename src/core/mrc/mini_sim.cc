@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "epd/core/admission_filter.h"
+#include "epd/core/cache_options.h"
 #include "epd/core/shards.h"
 
 namespace epd {
@@ -113,7 +114,7 @@ SimResult Replay(const std::vector<Sampled>& sampled, const Weights& total, doub
     // A head key's cost is scaled with its charge, so that GDSF ranks it by
     // the same cost per byte as at full scale.
     cache.Put(a.key, 0, charge, {is_head ? a.seconds * rate : a.seconds});
-    out.write_bytes += charge;
+    out.write_bytes = AddBytesSaturating(out.write_bytes, charge);
   }
   auto scale = [](double truth, double sampled) { return sampled > 0 ? truth / sampled : 0.0; };
   const Weights tail_truth{total.objects - head_total.objects, total.bytes - head_total.bytes,
