@@ -197,19 +197,47 @@ void GetScalar(const pb::Reflection* r, const pb::Message& m, const pb::FieldDes
   v = r->GetBool(m, f);
 }
 
+// A map field of the response, by its descriptor, through its generated
+// accessor: never through reflection's repeated-field view of the map
+// (AddMessage, GetRepeatedMessage). That view makes libprotobuf.so sync the
+// map with a repeated field in its own MapFieldBase code, and protobuf 3.21's
+// map_field.h gives MapFieldBase two more members when compiled with
+// -fsanitize=thread: the TSan build's generated code and Debian's
+// uninstrumented library then disagree on where repeated_field_ is, and
+// AddMessage crashed in `make tsan` (docs/SANITIZERS.md). The generated
+// Map is also the direct way: a lookup, not a scan of every entry.
+using CounterMap = pb::Map<std::string, std::uint64_t>;
+struct CounterMapField {
+  int number;
+  const CounterMap& (v1::StatsResponse::*get)() const;
+  CounterMap* (v1::StatsResponse::*get_mutable)();
+};
+constexpr CounterMapField kCounterMaps[] = {
+    {v1::StatsResponse::kItemErrorsFieldNumber, &v1::StatsResponse::item_errors,
+     &v1::StatsResponse::mutable_item_errors},
+    {v1::StatsResponse::kRpcErrorsFieldNumber, &v1::StatsResponse::rpc_errors, &v1::StatsResponse::mutable_rpc_errors},
+    {v1::StatsResponse::kL3CountersFieldNumber, &v1::StatsResponse::l3_counters,
+     &v1::StatsResponse::mutable_l3_counters},
+    {v1::StatsResponse::kL3ErrorsFieldNumber, &v1::StatsResponse::l3_errors, &v1::StatsResponse::mutable_l3_errors},
+};
+const CounterMapField* CounterMapFor(const pb::FieldDescriptor* f) {
+  for (const CounterMapField& c : kCounterMaps) {
+    if (c.number == f->number()) return &c;
+  }
+  return nullptr;
+}
+
 // The StatsResponse field a table row names, when it exists and holds a T
-// (for a map entry: a map<string, T>); null otherwise, and the row is
-// skipped (stats_tables_test proves no row is).
+// (for a map entry: one of kCounterMaps, the response's map<string, uint64>
+// fields, and T uint64); null otherwise, and the row is skipped
+// (stats_tables_test proves no row is).
 template <typename T>
 const pb::FieldDescriptor* FieldFor(const StatProto& p) {
   if (p.field.empty()) return nullptr;
   const pb::FieldDescriptor* f = v1::StatsResponse::descriptor()->FindFieldByName(std::string(p.field));
   if (f == nullptr) return nullptr;
   if (p.key.empty()) return !f->is_repeated() && f->cpp_type() == kCppTypeOf<T> ? f : nullptr;
-  return f->is_map() && f->message_type()->map_key()->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING &&
-                 f->message_type()->map_value()->cpp_type() == kCppTypeOf<T>
-             ? f
-             : nullptr;
+  return std::is_same_v<T, std::uint64_t> && CounterMapFor(f) != nullptr ? f : nullptr;
 }
 
 // Writes each row of `table` with a proto field from `s` into `out`.
@@ -221,9 +249,10 @@ void StatsToProto(const Table& table, const S& s, v1::StatsResponse* out) {
       const pb::FieldDescriptor* f = FieldFor<std::decay_t<decltype(v)>>(row.proto);
       if (f == nullptr) return;
       if (row.proto.key.empty()) return SetScalar(r, out, f, v);
-      pb::Message* entry = r->AddMessage(out, f);
-      entry->GetReflection()->SetString(entry, f->message_type()->map_key(), std::string(row.proto.key));
-      SetScalar(entry->GetReflection(), entry, f->message_type()->map_value(), v);
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::uint64_t>) {
+        CounterMap& map = *(out->*(CounterMapFor(f)->get_mutable))();
+        map[std::string(row.proto.key)] = v;
+      }
     });
   }
 }
@@ -238,12 +267,9 @@ void StatsFromProto(const Table& table, const v1::StatsResponse& m, S& s) {
       const pb::FieldDescriptor* f = FieldFor<std::decay_t<decltype(v)>>(row.proto);
       if (f == nullptr) return;
       if (row.proto.key.empty()) return GetScalar(r, m, f, v);
-      for (int i = 0; i < r->FieldSize(m, f); ++i) {
-        const pb::Message& entry = r->GetRepeatedMessage(m, f, i);
-        const pb::Reflection* er = entry.GetReflection();
-        if (er->GetString(entry, f->message_type()->map_key()) == row.proto.key) {
-          GetScalar(er, entry, f->message_type()->map_value(), v);
-        }
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::uint64_t>) {
+        const CounterMap& map = (m.*(CounterMapFor(f)->get))();
+        if (auto it = map.find(std::string(row.proto.key)); it != map.end()) v = it->second;
       }
     });
   }
