@@ -157,13 +157,24 @@ def _header(pid: int) -> str:
     return f"=== process {pid} (parent {parent}, state {fields[0] if fields else '?'}): {_read(f'/proc/{pid}/cmdline')}"
 
 
+def _gdb_env() -> Dict[str, str]:
+    """This process's environment without the sanitizer preload. Under
+    EPD_ASAN, ctest starts the Python tests with LD_PRELOAD=libasan.so
+    (cmake/epd_sanitizers.cmake), and a gdb that inherits it never starts:
+    `gdb --version` with it sat 20 s at 0.01 s of CPU before its timeout, so
+    every attach ran into GDB_TIMEOUT_S and the report came after the test's
+    own deadline (docs/SANITIZERS.md). gdb needs no preload to read an
+    instrumented process."""
+    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS")}
+
+
 def _start_gdb(pid: int) -> Optional[subprocess.Popen]:
     gdb = shutil.which("gdb")
     if gdb is None:
         return None
     return subprocess.Popen([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
                              "-ex", "thread apply all bt"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, env=_gdb_env())
 
 
 def _finish_gdb(pid: int, gdb: Optional[subprocess.Popen]) -> str:

@@ -23,18 +23,20 @@ import server_harness as h
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# The "test": arms the report from $EPD_TEST_TIMEOUT_S, starts a sleeping
-# child, adds report sections (one that raises, one removed again), prints
-# the child's PID, then blocks in a function whose name the report must show.
+# The "test": starts a sleeping child, adds report sections (one that
+# raises, one removed again), arms the report from $EPD_TEST_TIMEOUT_S,
+# prints the child's PID, then blocks in a function whose name the report
+# must show. It arms last, so that however slow the machine (a sanitizer's
+# preload, a loaded CI), the report finds it blocked there.
 STUCK = r"""
 import subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
 import hang_report
-assert hang_report.arm_from_env()
 child = subprocess.Popen(["sleep", "300"])
 hang_report.add_section("the child", lambda: f"child {child.pid} running: {child.poll() is None}")
 hang_report.add_section("a broken part", lambda: 1 // 0)
 hang_report.remove_section(hang_report.add_section("removed", lambda: "never shown"))
+assert hang_report.arm_from_env()
 print(child.pid, flush=True)
 def stuck_waiting_for_the_server():
     time.sleep(300)
@@ -94,10 +96,25 @@ def test_an_armed_test_writes_its_python_stack_and_its_childrens_stacks():
     assert f"=== process {proc.pid} " in text, text
 
 
+def _wait_asleep(pid: int, exe: str) -> None:
+    """Until process `pid` runs `exe` and sleeps (state S: sleep(1) blocks
+    nowhere but in its nanosleep), however slow the machine; at most 60 s."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(exe) and state == "S":
+                return
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.05)
+
+
 def test_process_stacks_shows_where_a_sleeping_process_waits():
     sleeper = subprocess.Popen(["sleep", "300"])
     try:
-        time.sleep(0.2)  # past exec
+        _wait_asleep(sleeper.pid, shutil.which("sleep"))
         text = hang_report.process_stacks(sleeper.pid)
     finally:
         sleeper.kill()
