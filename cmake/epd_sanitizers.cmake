@@ -91,6 +91,28 @@ if(EPD_TSAN)
   add_link_options(${EPD_SANITIZER_LINK_FLAGS})
 endif()
 
+# How many times longer a test may run here than in the plain build: ASan
+# and TSan slow a program several times over, more on a loaded machine
+# (docs/SANITIZERS.md, "Deadlines"). epd_scale_test_timeout(<test> <seconds>)
+# gives a test whose ctest TIMEOUT is a budget for its work (not a bound on a
+# hang) that many seconds times the factor, and passes the factor on as
+# $EPD_TEST_TIME_FACTOR for the deadlines inside the test. 1 in the plain
+# build, so its tests check what they always did.
+if(EPD_TSAN)
+  set(_epd_time_factor 10)
+elseif(EPD_ASAN)
+  set(_epd_time_factor 4)
+else()
+  set(_epd_time_factor 1)
+endif()
+set(EPD_TEST_TIME_FACTOR ${_epd_time_factor} CACHE STRING
+    "How many times longer a test may take than in the plain build (sanitizers)")
+function(epd_scale_test_timeout test seconds)
+  math(EXPR _timeout "${seconds} * ${EPD_TEST_TIME_FACTOR}")
+  set_tests_properties(${test} PROPERTIES TIMEOUT ${_timeout})
+  set_property(TEST ${test} APPEND PROPERTY ENVIRONMENT "EPD_TEST_TIME_FACTOR=${EPD_TEST_TIME_FACTOR}")
+endfunction()
+
 # An instrumented static library calls into its sanitizer's runtime, so a
 # program that links the installed copy must link that runtime too: the
 # exported target carries the flags (the build tree has them globally), and

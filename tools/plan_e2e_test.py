@@ -14,11 +14,12 @@ import subprocess
 import pytest
 
 EPD = os.environ.get("EPD_ENCODE")
+SLOWER = float(os.environ.get("EPD_TEST_TIME_FACTOR", "1"))  # a sanitizer build's (cmake/epd_sanitizers.cmake)
 pytestmark = pytest.mark.skipif(not EPD, reason="EPD_ENCODE not set (ctest plan_e2e sets it)")
 
 
 def run(*args, env=None):
-    return subprocess.run([EPD, "plan", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([EPD, "plan", *args], capture_output=True, text=True, env=env, timeout=300 * SLOWER)
 
 
 def write(path, lines):
@@ -91,7 +92,7 @@ def test_only_a_regular_file_is_read_as_a_trace(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for path, kind in (("/dev/zero", "a character device"), (str(fifo), "a FIFO")):
-        r = subprocess.run([EPD, "plan", "--trace", path], capture_output=True, text=True, timeout=30)
+        r = subprocess.run([EPD, "plan", "--trace", path], capture_output=True, text=True, timeout=30 * SLOWER)
         assert r.returncode == 1 and "not a regular file" in r.stderr and kind in r.stderr, (path, r.stderr)
     for path in (str(tmp_path), str(tmp_path / "missing.jsonl")):  # the flag's own check
         r = run("--trace", path)
@@ -586,7 +587,7 @@ def test_each_row_names_the_worker_flags_that_run_its_sizes(tmp_path, admission)
     r = run("--trace", path, "--json", "--eviction", "adaptive", "--l1-admission", admission, "--window", "77",
             "--l1-max-gb", "0.05", "--l2-max-gb", "0.07")
     assert r.returncode == 0, r.stderr
-    serve_help = subprocess.run([EPD, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    serve_help = subprocess.run([EPD, "serve", "--help"], capture_output=True, text=True, timeout=60 * SLOWER).stdout
     rows = [x for x in json.loads(r.stdout)["sizing"] if x["reachable"]]
     assert rows
     for row in rows:
