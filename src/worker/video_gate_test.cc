@@ -31,6 +31,7 @@ namespace epd {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Chunk;
 using testing::Clip;
 using testing::Expected;
 using testing::ExpectSameEmbedding;
@@ -38,22 +39,12 @@ using testing::FakeDecode;
 using testing::Png;
 using testing::Req;
 using testing::Request;
+using testing::S0;
 using testing::VideoItem;
 using testing::WantClip;
 
 using testing::HeldDecoder;
 using testing::kBound;
-
-// The s_0 a batch records for an item (FakeTowerState::batch_ids): the first
-// main value of its embedding, here computed through the image path.
-float S0(const std::string& still) {
-  const Embedding e = Expected(still);
-  float v;
-  std::memcpy(&v, e.main.data(), sizeof v);
-  return v;
-}
-// A clip's chunk k is the still Png(56, 56, k + 1) (video_test_clips.h).
-std::string Chunk(int k) { return Png(56, 56, k + 1); }
 
 class VideoGateTest : public ::testing::Test, protected testing::WorkerRig {
  protected:

@@ -32,6 +32,7 @@ namespace epd {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::Chunk;
 using testing::Clip;
 using testing::Expected;
 using testing::ExpectSameEmbedding;
@@ -40,17 +41,9 @@ using testing::kBound;
 using testing::Png;
 using testing::Req;
 using testing::Request;
+using testing::S0;
 using testing::VideoItem;
 using testing::WantClip;
-
-// The s_0 a batch records for an item (FakeTowerState::batch_ids).
-float S0(const std::string& still) {
-  const Embedding e = Expected(still);
-  float v;
-  std::memcpy(&v, e.main.data(), sizeof v);
-  return v;
-}
-std::string Chunk(int k) { return Png(56, 56, k + 1); }  // a clip's chunk k (video_test_clips.h)
 
 EncodeRequest For(std::string tenant, EncodeRequest r) {
   r.tenant = std::move(tenant);

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -80,5 +81,16 @@ inline EncodeItemInput VideoItem(std::string container) {
 inline EncodeRequest Req(std::string id, std::vector<EncodeItemInput> items) {
   return {std::move(id), std::move(items)};
 }
+
+// The s_0 a batch records for an item (FakeTowerState::batch_ids): the first
+// main value of its embedding, here computed through the image path.
+inline float S0(const std::string& still) {
+  const Embedding e = Expected(still);
+  float v;
+  std::memcpy(&v, e.main.data(), sizeof v);
+  return v;
+}
+// A clip's chunk k is the still Png(56, 56, k + 1).
+inline std::string Chunk(int k) { return Png(56, 56, k + 1); }
 
 }  // namespace epd::testing
