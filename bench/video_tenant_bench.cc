@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -69,16 +70,22 @@ Args Parse(int argc, char** argv) {
   return a;
 }
 
+// Reports a failure and ends the process at once (the worker's threads may
+// be running: std::exit's handlers are not thread-safe).
+[[noreturn]] void Fail(const std::string& why) {
+  std::fprintf(stderr, "video_tenant_bench: %s\n", why.c_str());
+  std::fflush(stdout);
+  std::_Exit(1);
+}
+
 // An MJPEG AVI of testsrc2 frames; `seed` turns the hue so each file differs.
 std::string MakeVideo(const std::filesystem::path& dir, const Args& a, int seed) {
   const std::filesystem::path path = dir / ("v" + std::to_string(seed) + ".avi");
   const std::string cmd = "ffmpeg -v error -nostdin -y -f lavfi -i testsrc2=size=" + std::to_string(a.side) + "x" +
                           std::to_string(a.side) + ":rate=2,hue=h=" + std::to_string(seed * 37 % 360) + " -frames:v " +
                           std::to_string(a.frames) + " -c:v mjpeg -q:v 8 " + path.string();
-  if (std::system(cmd.c_str()) != 0) {
-    std::fprintf(stderr, "video_tenant_bench: ffmpeg failed: %s\n", cmd.c_str());
-    std::exit(1);
-  }
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): runs before the worker starts any thread.
+  if (std::system(cmd.c_str()) != 0) Fail("ffmpeg failed: " + cmd);
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
@@ -86,7 +93,9 @@ std::string MakeVideo(const std::filesystem::path& dir, const Args& a, int seed)
 // A 512x512 PNG of its own bytes for each seed: always a miss.
 std::string FreshImage(int seed) {
   epd::RgbImage img = epd::testing::PatternImage(512, 512);
-  for (std::size_t i = 0; i < img.pixels.size(); i += 97) img.pixels[i] = static_cast<std::uint8_t>(seed * 131 + i);
+  for (std::size_t i = 0; i < img.pixels.size(); i += 97) {
+    img.pixels[i] = static_cast<std::uint8_t>(static_cast<std::size_t>(seed) * 131 + i);
+  }
   img.pixels[0] = static_cast<std::uint8_t>(seed);
   img.pixels[1] = static_cast<std::uint8_t>(seed >> 8);
   const epd::testing::Bytes b = epd::testing::EncodePngRgb(img);
@@ -103,12 +112,12 @@ epd::EncodeRequest Request(std::string id, std::string tenant, epd::EncodeItemIn
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const auto i = static_cast<std::size_t>(q / 100.0 * static_cast<double>(v.size() - 1) + 0.5);
+  const auto i = static_cast<std::size_t>(std::lround(q / 100.0 * static_cast<double>(v.size() - 1)));
   return v[std::min(i, v.size() - 1)];
 }
 
-// One call of b's, of an image made beforehand: its latency in ms (the
-// process exits on a failed call).
+// One call of b's, of an image made beforehand: its latency in ms (a failed
+// call ends the process).
 double Miss(epd::WorkerLoop& loop, const std::vector<std::string>& images, int seed) {
   epd::EncodeItemInput item;
   item.media = images[static_cast<std::size_t>(seed - 1)];
@@ -116,8 +125,7 @@ double Miss(epd::WorkerLoop& loop, const std::vector<std::string>& images, int s
   const epd::RequestResult r = loop.Submit(Request("b" + std::to_string(seed), "b", std::move(item))).get();
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (!r.all_ok() || r.items[0].source != epd::ItemSource::kMiss) {
-    std::fprintf(stderr, "video_tenant_bench: b's call %d failed or was not a miss\n", seed);
-    std::exit(1);
+    Fail("b's call " + std::to_string(seed) + " failed or was not a miss");
   }
   return ms;
 }
@@ -143,10 +151,7 @@ std::unique_ptr<epd::EncodeWorker> MakeWorker(const Args& a) {
   o.decode_threads = a.decode_threads;
   o.decode_video = epd::DecodeVideo;
   auto w = epd::EncodeWorker::Create(std::move(o), std::make_unique<epd::testing::FakeTower>());
-  if (!w.ok()) {
-    std::fprintf(stderr, "video_tenant_bench: %s\n", w.status().ToString().c_str());
-    std::exit(1);
-  }
+  if (!w.ok()) Fail(w.status().ToString());
   return std::move(*w);
 }
 
@@ -158,10 +163,12 @@ int main(int argc, char** argv) {
       std::filesystem::temp_directory_path() / ("video_tenant_bench." + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   std::vector<std::string> videos;
+  videos.reserve(static_cast<std::size_t>(a.videos));
   for (int i = 0; i < a.videos; ++i) videos.push_back(MakeVideo(dir, a, i + 1));
   std::filesystem::remove_all(dir);
 
   std::vector<std::string> images;  // b's, all made before the clock runs
+  images.reserve(static_cast<std::size_t>(2 * a.misses));
   for (int i = 1; i <= 2 * a.misses; ++i) images.push_back(FreshImage(i));
 
   epd::WorkerLoop loop(MakeWorker(a));
@@ -171,6 +178,7 @@ int main(int argc, char** argv) {
 
   const Clock::time_point t0 = Clock::now();
   std::vector<std::future<epd::RequestResult>> pending;
+  pending.reserve(static_cast<std::size_t>(a.videos));
   for (int i = 0; i < a.videos; ++i) {
     epd::EncodeItemInput item;
     item.video = epd::VideoInput{epd::MediaBytes(videos[static_cast<std::size_t>(i)]), {}, std::nullopt};

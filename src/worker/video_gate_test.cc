@@ -242,8 +242,12 @@ TEST(TenantTaskPoolTest, OneTenantHoldsAtMostAllButOneThread) {
   });
   {
     std::unique_lock<std::mutex> lock(mu);
-    EXPECT_TRUE(cv.wait_for(lock, kBound, [&] { return y_ran; }));  // while two x tasks hold their threads
-    EXPECT_EQ(running_x, 2);
+    // y runs while two x tasks hold their threads. The second x task is
+    // taken before y but may not have started its body yet when y is done:
+    // wait for both, not only for y (a check of running_x right after y_ran
+    // failed under TSan's slower threads).
+    EXPECT_TRUE(cv.wait_for(lock, kBound, [&] { return y_ran && running_x == 2; }));
+    EXPECT_EQ(max_x, 2);  // the third x task waited for its tenant's share
     release = true;
     cv.notify_all();
   }

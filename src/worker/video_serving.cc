@@ -129,10 +129,11 @@ bool VideoServing::Serve(RequestNum r, EncodeItemInput& item, Clock::time_point 
   }
   if (d == nullptr) d = StartDecode(res.key, *item.video, p_.table.tenant(r));
   ++d->users;
-  auto v = std::make_shared<Item>(*this, d, r, res.index, arrived, item.expected_tokens, res.key);
-  p_.table.SetSink(r, res.index, v);
+  const std::int64_t index = res.index;
+  auto v = std::make_shared<Item>(*this, d, r, index, arrived, item.expected_tokens, res.key);
+  p_.table.SetSink(r, index, v);
   p_.table.Hold(r, std::move(res));
-  p_.queue.AddBarrier(std::move(v), p_.table.tenant(r), {p_.table.id(r), r, res.index, 0});
+  p_.queue.AddBarrier(std::move(v), p_.table.tenant(r), {p_.table.id(r), r, index, 0});
   // A decode already completed (shared with an identical video not expanded
   // yet) resolves the barrier at once; normally an unresolved one ahead of
   // it passes it later, but nothing must wait on a completion already taken.

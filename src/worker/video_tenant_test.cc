@@ -157,7 +157,7 @@ TEST_F(VideoTenantTest, SameTenantChunksStillJoinItsLaterMissInOneBatch) {
 TEST_F(VideoTenantTest, AMissPastTheSlotsShareWaitsForTheDecode) {
   WorkerOptions o = Options();
   o.max_tokens_per_batch = 8;
-  o.video_limits.max_source_pixels = 56 * 56;
+  o.video_limits.max_source_pixels = std::int64_t{56} * 56;
   auto w = Make(o);
   Submit(*w, "a", Req("v", {VideoItem("hold:" + Clip(0, 2))}));
   Submit(*w, "b", Request("x", {b_}));
