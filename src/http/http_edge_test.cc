@@ -212,5 +212,49 @@ TEST(HttpEdgeTest, AClientThatLeavesIsSeenByItsHandler) {
   EXPECT_TRUE(gone);
 }
 
+// A pipelined request leaves no read pending while the one before it is
+// served; once the head's timer had fired, nothing held the connection and
+// the answer was dropped with it (the client saw a close, no response).
+TEST(HttpEdgeTest, APipelinedRequestWaitsForASlowAnswerBeforeIt) {
+  auto release = std::make_shared<std::atomic<bool>>(false);
+  std::vector<HttpRoute> routes = Routes();
+  routes.push_back({"GET", "/gate", false, nullptr, [release](const HttpRequest&, const HttpResponder& respond) {
+                      std::thread([release, respond] {
+                        for (int i = 0; i < 3000 && !*release; ++i) std::this_thread::sleep_for(milliseconds(10));
+                        respond(HttpResponse{200, "text/plain", "gate"});
+                      }).detach();
+                    }});
+  HttpEndpointOptions o = Options();
+  o.header_timeout = milliseconds(100);  // the timer that held the connection fires while /gate is served
+  auto ep = StartOrDie(o, routes);
+  const int fd = Connect(ep->port());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendAll(fd,
+                      "GET /gate HTTP/1.1\r\nHost: t\r\n\r\n"
+                      "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
+  std::this_thread::sleep_for(milliseconds(500));
+  *release = true;
+  const std::string first = ReadResponse(fd);
+  const std::string second = ReadResponse(fd);
+  close(fd);
+  EXPECT_EQ(Code(first), 200) << first;
+  EXPECT_NE(first.find("gate"), std::string::npos) << first;
+  EXPECT_EQ(Code(second), 200) << second;
+}
+
+// A transfer coding that is not chunked: Beast read the body as empty and
+// served its bytes as a second request; RFC 9112 6.3 wants a 400 and a close.
+TEST(HttpEdgeTest, ATransferEncodingOtherThanChunkedIsRefusedNotSmuggled) {
+  auto ep = StartOrDie(Options());
+  for (const char* coding : {"identity", "xchunked", "chunked, gzip"}) {
+    const std::string raw =
+        Exchange(ep->port(), std::string("POST /echo HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer t\r\n") +
+                                 "Transfer-Encoding: " + coding + "\r\n\r\nGET /health HTTP/1.1\r\nHost: t\r\n\r\n");
+    EXPECT_EQ(Code(raw), 400) << coding << ": " << raw;
+    EXPECT_EQ(raw.find("ok\n"), std::string::npos) << coding << ": the smuggled GET was served: " << raw;
+  }
+  EXPECT_EQ(ep->Stats().responses.count(200), 0u);
+}
+
 }  // namespace
 }  // namespace epd

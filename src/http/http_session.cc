@@ -240,6 +240,11 @@ void Session::OnHead(error_code ec) {
   if (target.size() > kMaxTarget)
     return Refuse(414, "the request target is " + std::to_string(target.size()) + " bytes; at most " +
                            std::to_string(kMaxTarget) + " are accepted");
+  // RFC 9112 6.3: a Transfer-Encoding whose final coding is not chunked
+  // leaves the body's length unknown; Beast would read it as empty and take
+  // the body's bytes for the next request (a smuggling primitive): 400.
+  if (req.find(http::field::transfer_encoding) != req.end() && !parser_->chunked())
+    return Refuse(400, "a Transfer-Encoding other than chunked leaves the body's length unknown");
   std::string allow;
   route_ = ep_->FindRoute(method, path, allow);
   if (route_ == nullptr && allow.empty()) return Refuse(404, "no route for " + method + " " + path);
@@ -379,6 +384,7 @@ void Session::Dispatch() {
   HttpResponder respond(std::move(state));
   HttpEndpoint::Impl* ep = ep_;
   const HttpRoute* route = route_;
+  serving_hold_ = shared_from_this();
   if (!ep_->pool->Submit([ep, route, in = std::move(in), respond] { ep->RunHandler(*route, in, respond); })) {
     respond(ep_->ErrorPage(503, "the server is shutting down"));
   }
@@ -404,6 +410,7 @@ void Session::WatchClient() {
 
 void Session::Deliver(HttpResponse response) {
   if (phase_ != Phase::kServing) return;
+  const std::shared_ptr<Session> hold = std::move(serving_hold_);
   error_code ignored;
   if (watching_) socket_.cancel(ignored);
   Write(std::move(response));
@@ -478,6 +485,7 @@ void Session::CloseIfWaiting() {
 
 void Session::Close(bool count_evicted) {
   if (phase_ == Phase::kClosed) return;
+  const std::shared_ptr<Session> hold = std::move(serving_hold_);  // `this` lives to the end
   phase_ = Phase::kClosed;
   Unpark();
   ReleaseBody();

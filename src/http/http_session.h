@@ -93,6 +93,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string remote_ip_;
   int remote_port_ = 0;
   std::shared_ptr<std::atomic<bool>> gone_;
+  // While serving, nothing else may hold the session (no read is pending
+  // when the next request's bytes are buffered): this keeps it for the
+  // handler's answer. Cleared by Deliver and Close.
+  std::shared_ptr<Session> serving_hold_;
   std::unique_ptr<char[]> scratch_;  // lingering reads
   std::size_t lingered_ = 0;         // bytes discarded while lingering
 };
