@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(dir);
 
   std::vector<std::string> images;  // b's, all made before the clock runs
-  images.reserve(static_cast<std::size_t>(2 * a.misses));
+  images.reserve(2 * static_cast<std::size_t>(a.misses));
   for (int i = 1; i <= 2 * a.misses; ++i) images.push_back(FreshImage(i));
 
   epd::WorkerLoop loop(MakeWorker(a));
