@@ -137,11 +137,13 @@ struct MediaSource::Batch {
 
 MediaSource::MediaSource() = default;
 
+void MediaSource::StopAll() {
+  std::lock_guard<std::mutex> lock(batches_mu_);
+  for (Batch* b : batches_) b->stop->store(true);
+}
+
 MediaSource::~MediaSource() {
-  {
-    std::lock_guard<std::mutex> lock(batches_mu_);
-    for (Batch* b : batches_) b->stop->store(true);
-  }
+  StopAll();
   if (pool_ != nullptr) pool_->Stop();  // runs every token left (they may post more): each batch ends, done called
   if (root_fd_ >= 0) close(root_fd_);
 }

@@ -127,6 +127,11 @@ class MediaSource {
   MediaSource(const MediaSource&) = delete;
   MediaSource& operator=(const MediaSource&) = delete;
 
+  // Stops every ResolveAll in flight (a server stopping): their fetches
+  // abort, their items end kCancelled "stopped", and their `done` runs.
+  // Later calls are not affected. Thread-safe.
+  void StopAll();
+
   // One URL's bytes, on the calling thread, with no deadline but the
   // fetch's own timeout, no cancel and no charge.
   StatusOr<std::string> Resolve(const std::string& url) const;

@@ -227,6 +227,8 @@ struct OpenAiFront::Impl {
       const Status& s = m.items[*m.failed].status();
       if (c.budget_refused && s.code() == StatusCode::kResourceExhausted)
         return FrontError{429, "item " + std::to_string(item.index) + ": " + s.message(), "over_capacity"};
+      if (s.code() == StatusCode::kCancelled && !c.respond.client_gone() && !door.serving())
+        return FrontError{503, "the server is shutting down; the media fetches were stopped", "draining"};
       return MediaError(s, item);
     }
     EncodeRequest out;
@@ -399,6 +401,10 @@ OpenAiFrontStats OpenAiFront::Stats() const {
 }
 
 void OpenAiFront::Stop() {
+  // The fetches in flight stop first, so that their requests are answered
+  // (503, Build) while the endpoint still writes answers; else Stop waited
+  // for them and then closed their connections with no answer at all.
+  if (impl_->media != nullptr) impl_->media->StopAll();
   impl_->http->Stop();
   impl_->media.reset();  // stops the fetches in flight (their answers are dropped)
 }

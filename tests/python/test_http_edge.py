@@ -53,6 +53,7 @@ class Origin:
         self.running = 0
         self.peak = 0
         self.drip_ended_at = None
+        self.drip_started = threading.Event()
         self.first_slow_done_at = None
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -85,6 +86,7 @@ class Origin:
                         pass
                     return
                 if self.path == "/drip":
+                    origin.drip_started.set()
                     self.send_response(200)
                     self.send_header("Content-Length", str(60 * 20 * 1024))
                     self.end_headers()
@@ -366,3 +368,34 @@ def test_slow_fetches_hold_no_thread_that_serves_other_clients(server, origin):
     assert len(done) == 6 and all(s == 200 for _, s in done), done
     assert answered < origin.first_slow_done_at
     assert origin.peak <= 16
+
+
+def test_a_stop_answers_the_requests_whose_fetches_are_in_flight(origin):
+    """SIGTERM while a request's media fetch runs: the request is answered
+    503 (draining). Before, Stop waited 5 s for the fetch and then closed
+    the connection with no answer at all."""
+    s = Server(["--media-fetch-timeout-s", "60"])
+    origin.drip_started.clear()
+    body = json.dumps(image(origin.url("/drip"))).encode()
+    conn = socket.create_connection(("127.0.0.1", s.http_port), timeout=30)
+    conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: " + str(len(body)).encode() +
+                 b"\r\n\r\n" + body)
+    assert origin.drip_started.wait(30), "the fetch did not start"
+    got = []
+
+    def read():
+        data = b""
+        try:
+            while chunk := conn.recv(65536):
+                data += chunk
+        except OSError:
+            pass
+        got.append(data)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    s.close()  # SIGTERM; asserts exit status 0
+    reader.join(60)
+    conn.close()
+    assert got and got[0].startswith(b"HTTP/1.1 503"), got
