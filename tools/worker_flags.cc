@@ -98,6 +98,11 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--decode-threads", f.decode_threads, "helper threads decoding misses ahead of the tower")
       ->capture_default_str()
       ->check(Integer(0, 256));
+  cmd.add_option("--video-max-decodes-per-tenant", f.max_video_decodes_per_tenant,
+                 "videos: most decodes one tenant may have queued or running; a request that would start more is "
+                 "refused with RESOURCE_EXHAUSTED (0: no cap)")
+      ->capture_default_str()
+      ->check(Integer(0));
   cmd.add_option("--exif-orientation", f.exif_orientation,
                  "apply the EXIF Orientation tag as PIL.ImageOps.exif_transpose (part of the content key)")
       ->capture_default_str()
@@ -234,6 +239,7 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.max_tokens_per_batch = f.max_tokens_per_batch;
   o.max_items_per_batch = f.max_items_per_batch;
   o.decode_threads = f.decode_threads;
+  o.max_video_decodes_per_tenant = f.max_video_decodes_per_tenant;
   // Both were checked by the flags' IsMember.
   o.eviction = *ParseEvictionPolicy(f.eviction);
   o.l1_admission = *ParseL1Admission(f.l1_admission);

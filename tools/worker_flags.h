@@ -89,6 +89,7 @@ struct WorkerFlags {
   std::string order = "fifo";
   std::int64_t max_pixels = 0;  // 0: the model's (see --max-pixels)
   int decode_threads = WorkerOptions{}.decode_threads;
+  std::int64_t max_video_decodes_per_tenant = WorkerOptions{}.max_video_decodes_per_tenant;
   std::string exif_orientation = "on";
   std::string rgba_background = "white";
   std::int64_t max_decode_pixels = DecodeLimits{}.max_pixels;
