@@ -755,6 +755,25 @@ def render_http_edge(ctx: Context) -> str | None:
     return mod.render_body(data)
 
 
+def render_preprocess(ctx: Context) -> str | None:
+    """preprocess.json from bench/preprocess_bench.py (section `preprocess` of
+    scripts/bench.sh: DecodeAndPreprocess against Pillow + numpy, torchvision
+    and the TurboJPEG decode floor, issue 42), rendered by that script's
+    render_body; falls back to the copy of the last run committed in
+    docs/BENCHMARKS-preprocess.json."""
+    path = os.path.join(ctx.results, "preprocess.json")
+    if not os.path.isfile(path):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-preprocess.json")
+        if not os.path.isfile(path):
+            return None
+    with open(path) as f:
+        data = json.load(f)
+    mod = _bench_module("preprocess_bench")
+    for t in mod.targets(data):
+        ctx.target(*t)
+    return mod.render_body(data)
+
+
 def render_findings(ctx: Context) -> str | None:
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_notes.md")
     if not os.path.isfile(notes):
@@ -807,6 +826,7 @@ SECTIONS = [
     ("Cache economics: GDSF, adaptive, the doorkeeper and plan", render_economics),
     ("Cache economics with measured costs: GDSF and adaptive against LRU through replay", render_measured_economics),
     ("HTTP edge under attack, and Boost.Beast against libmicrohttpd", render_http_edge),
+    ("Preprocessing against the decode floor (issue 42)", render_preprocess),
     ("Findings", render_findings),
     ("Other results", render_other),
     ("How these numbers were made", render_commands),

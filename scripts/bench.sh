@@ -31,7 +31,7 @@ cd "$root"
 build="${1:-build}"
 results="$build/bench-results"
 py=/usr/bin/python3
-SECTIONS=(core e2e l3 video economics http_edge)
+SECTIONS=(core e2e l3 video economics http_edge preprocess)
 if [[ -n "${EPD_BENCH_SECTIONS:-}" ]]; then read -r -a SECTIONS <<<"$EPD_BENCH_SECTIONS"; fi
 mkdir -p "$results"
 
@@ -148,6 +148,19 @@ section_http_edge() {
   run cmake -S . -B "$build" -DEPD_BUILD_BENCH=ON
   run cmake --build "$build" --target epd-encode tiny_tower http_server_compare
   run "$py" bench/http_edge_bench.py --build "$build" --out "$results/http_edge.json"
+}
+
+# Preprocessing against the JPEG-decode floor (issue 42): DecodeAndPreprocess,
+# its decode and its preprocess apart, Pillow + numpy, torchvision and
+# TurboJPEG decode alone, one thread each, interleaved over four photographs
+# per size, and DecodeAndPreprocess on 1 and 2 threads
+# (bench/preprocess_bench.py; about 5 minutes on 2 cores). Writes
+# preprocess.json and its copy docs/BENCHMARKS-preprocess.json.
+section_preprocess() {
+  run cmake -S . -B "$build" -DEPD_BUILD_BENCH=ON
+  run cmake --build "$build" --target preprocess_bench
+  run "$py" bench/preprocess_bench.py --build "$build" --out "$results/preprocess.json"
+  run cp "$results/preprocess.json" docs/BENCHMARKS-preprocess.json
 }
 
 if [[ -z "${EPD_BENCH_REPORT_ONLY:-}" ]]; then

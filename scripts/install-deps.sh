@@ -10,8 +10,9 @@
 #   build  demo, plus what `make test` needs beyond it: torch in Python (the scripted towers and the
 #          reference models), scikit-image, pytest, the Python gRPC client's packages, Redis, stunnel,
 #          nginx, clang with its format and tidy tools, and gnuplot (plan --plot's quoting is tested)
-#   bench  build, plus the peer caches used by `make bench`, and libmicrohttpd, the HTTP edge's
-#          comparison peer (bench/http_server_compare.cc)
+#   bench  build, plus the peer caches used by `make bench`, libmicrohttpd, the HTTP edge's
+#          comparison peer (bench/http_server_compare.cc), and torchvision, the preprocessing
+#          benchmark's fast-processor peer (bench/preprocess_bench.py)
 set -euo pipefail
 
 group="${1:-build}"
@@ -34,7 +35,7 @@ test_pkgs=(
   libjpeg-turbo-progs nginx curl redis-server stunnel4
   clang libclang-rt-14-dev clang-format clang-tidy gnuplot-nox
 )
-bench_pkgs=(libleveldb-dev librocksdb-dev libmicrohttpd-dev)
+bench_pkgs=(libleveldb-dev librocksdb-dev libmicrohttpd-dev python3-torchvision)
 
 case "$group" in
   demo) pkgs=("${demo_pkgs[@]}") ;;
