@@ -22,9 +22,8 @@ using std::chrono::milliseconds;
 constexpr std::size_t kMaxTarget = 8192;
 constexpr auto kRateGrace = std::chrono::seconds(1);
 constexpr auto kLingerTime = std::chrono::seconds(2);
-constexpr std::size_t kLingerBytes = 1 << 20;
-constexpr std::int64_t kChunkedStart =
-    64 << 10;  // a chunked body's first reservation  // what a refused client may still have in flight
+constexpr std::size_t kLingerBytes = 1 << 20;  // what a refused client may still have in flight
+constexpr std::int64_t kBodyStart = 64 << 10;  // a body's first reservation
 const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
 
 std::string Seconds(milliseconds d) {
@@ -269,9 +268,9 @@ void Session::OnHead(error_code ec) {
   }
   if (parser_->is_done()) return Dispatch();
   parser_->body_limit(static_cast<std::uint64_t>(o.max_body_bytes));
-  // A body of known length reserves it; a chunked one starts small and is
-  // charged as it arrives (ReadMore), so slow chunked bodies hold little.
-  body_want_ = length ? static_cast<std::int64_t>(*length) : std::min<std::int64_t>(kChunkedStart, o.max_body_bytes);
+  // Every body starts small and is charged as it arrives (ReadMore), so slow
+  // bodies hold what they sent, not what they announced.
+  body_want_ = std::min<std::int64_t>(kBodyStart, o.max_body_bytes);
   phase_ = Phase::kBudget;
   if (!BodyBudgetGranted()) {
     ep_->body_waiters.push_back(weak_from_this());
@@ -324,7 +323,7 @@ void Session::ReadMore() {
     http::async_read_some(s, buffer_, *parser_, [self = shared_from_this()](const error_code& ec, std::size_t) {
       if (self->phase_ != Phase::kBody) return;
       if (ec || self->parser_->is_done()) return self->OnBody(ec);
-      if (!self->ChargeChunked()) {
+      if (!self->ChargeArrived()) {
         return self->Refuse(503, "the server holds too many request bodies now; try again later");
       }
       self->ReadMore();
@@ -332,12 +331,14 @@ void Session::ReadMore() {
   });
 }
 
-bool Session::ChargeChunked() {
-  if (parser_->content_length()) return true;  // reserved whole up front
-  // The body's string grows by doubling: count twice what arrived.
+bool Session::ChargeArrived() {
+  // A body of known length has its string reserved once (its pages are
+  // touched as bytes arrive); a chunked body's string grows by doubling, so
+  // it counts twice what arrived.
+  const std::int64_t factor = parser_->content_length() ? 1 : 2;
   const std::int64_t limit = ep_->options.max_body_bytes;
-  const std::int64_t held =
-      std::min(2 * static_cast<std::int64_t>(parser_->get().body().size()) + std::min(kChunkedStart, limit), 2 * limit);
+  const std::int64_t held = std::min(
+      factor * static_cast<std::int64_t>(parser_->get().body().size()) + std::min(kBodyStart, limit), factor * limit);
   if (held <= body_reserved_) return true;
   const std::int64_t more = held - body_reserved_;
   if (ep_->body_bytes_free < more) return false;
@@ -411,6 +412,7 @@ void Session::WatchClient() {
 void Session::Deliver(HttpResponse response) {
   if (phase_ != Phase::kServing) return;
   const std::shared_ptr<Session> hold = std::move(serving_hold_);
+  ReleaseBody();  // answered: the handler is done with the body
   error_code ignored;
   if (watching_) socket_.cancel(ignored);
   Write(std::move(response));

@@ -61,7 +61,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void StartBody();
   void ReadBody();
   void ReadMore();
-  bool ChargeChunked();  // false: the body budget has no room for what arrived
+  bool ChargeArrived();  // false: the body budget has no room for what arrived
   void OnBody(boost::system::error_code ec);
   void Dispatch();
   void WatchClient();
@@ -87,7 +87,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool linger_ = false;  // the body was not read: drain before closing
   bool watching_ = false;
   int served_ = 0;
-  std::int64_t body_want_ = 0;      // what this body reserves first (Content-Length, else 64 KiB)
+  std::int64_t body_want_ = 0;      // what this body reserves before its first byte (64 KiB)
   std::int64_t body_reserved_ = 0;  // taken from the endpoint's body budget
   HttpClock::time_point body_start_{}, body_deadline_{};
   std::string remote_ip_;

@@ -17,10 +17,11 @@
 //     on average (408 otherwise);
 //   - at most `max_idle_connections` connections wait for a head; one more
 //     closes the one nearest its deadline (counted as evicted);
-//   - the bodies held at once are bounded by 4 x `max_body_bytes`: a body
-//     of known length reserves it before it is read (it waits up to
-//     `body_timeout` for room, then 503), a chunked one is charged as it
-//     arrives (twice its bytes, for its buffer's growth; 503 past the room).
+//   - the bodies held at once are bounded by 4 x `max_body_bytes`, until
+//     their request is answered: a body reserves 64 KiB before it is read
+//     (waiting up to `body_timeout` for room, then 503) and is charged as
+//     it arrives (a chunked one twice its bytes, for its buffer's growth);
+//     503 when the budget has no room for what arrived.
 // A refusal sent before the body was read closes the connection after a
 // short lingering read (at most 2 s and 1 MiB, discarded), so the client
 // reads the answer rather than a reset.
