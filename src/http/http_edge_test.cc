@@ -259,12 +259,17 @@ TEST(HttpEdgeTest, APipelinedRequestWaitsForASlowAnswerBeforeIt) {
                       "GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"));
   std::this_thread::sleep_for(milliseconds(1500));  // past the timer that held the connection
   *release = true;
-  const std::string first = ReadResponse(fd);
-  const std::string second = ReadResponse(fd);
+  // Both answers, read to the close the second asks for (one read may hold
+  // both, so they are not read one ReadResponse each).
+  std::string both;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) both.append(buf, static_cast<std::size_t>(n));
   close(fd);
-  EXPECT_EQ(Code(first), 200) << first;
-  EXPECT_NE(first.find("gate"), std::string::npos) << first;
-  EXPECT_EQ(Code(second), 200) << second;
+  EXPECT_EQ(Code(both), 200) << both;
+  const std::size_t second = both.find("HTTP/1.1 ", 1);
+  ASSERT_NE(second, std::string::npos) << both;
+  EXPECT_NE(both.substr(0, second).find("gate"), std::string::npos) << both;
+  EXPECT_EQ(Code(both.substr(second)), 200) << both;
 }
 
 // A transfer coding that is not chunked: Beast read the body as empty and
