@@ -737,41 +737,35 @@ def render_measured_economics(ctx: Context) -> str | None:
     return _included_section("BENCHMARKS-measured-economics.md")
 
 
-def render_http_edge(ctx: Context) -> str | None:
-    """http_edge.json from bench/http_edge_bench.py (section `http_edge` of
-    scripts/bench.sh: the HTTP edge under issue 40's attacks, and Boost.Beast
-    against libmicrohttpd), rendered by that script's render_body; falls back
-    to the copy of the last run committed in docs/BENCHMARKS-http-edge.json."""
-    path = os.path.join(ctx.results, "http_edge.json")
+def _render_script_section(ctx: Context, name: str, module: str) -> str | None:
+    """<name>.json from bench/<module>.py, rendered by that script's
+    render_body (its targets added to the summary); falls back to the copy
+    of the last run committed in docs/BENCHMARKS-<name with - for _>.json."""
+    path = os.path.join(ctx.results, name + ".json")
     if not os.path.isfile(path):
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-http-edge.json")
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.path.join(repo, "docs", "BENCHMARKS-" + name.replace("_", "-") + ".json")
         if not os.path.isfile(path):
             return None
     with open(path) as f:
         data = json.load(f)
-    mod = _bench_module("http_edge_bench")
+    mod = _bench_module(module)
     for t in mod.targets(data):
         ctx.target(*t)
     return mod.render_body(data)
+
+
+def render_http_edge(ctx: Context) -> str | None:
+    """Section `http_edge` of scripts/bench.sh: the HTTP edge under issue 40's
+    attacks, and Boost.Beast against libmicrohttpd (bench/http_edge_bench.py)."""
+    return _render_script_section(ctx, "http_edge", "http_edge_bench")
 
 
 def render_preprocess(ctx: Context) -> str | None:
-    """preprocess.json from bench/preprocess_bench.py (section `preprocess` of
-    scripts/bench.sh: DecodeAndPreprocess against Pillow + numpy, torchvision
-    and the TurboJPEG decode floor, issue 42), rendered by that script's
-    render_body; falls back to the copy of the last run committed in
-    docs/BENCHMARKS-preprocess.json."""
-    path = os.path.join(ctx.results, "preprocess.json")
-    if not os.path.isfile(path):
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "BENCHMARKS-preprocess.json")
-        if not os.path.isfile(path):
-            return None
-    with open(path) as f:
-        data = json.load(f)
-    mod = _bench_module("preprocess_bench")
-    for t in mod.targets(data):
-        ctx.target(*t)
-    return mod.render_body(data)
+    """Section `preprocess` of scripts/bench.sh: DecodeAndPreprocess against
+    Pillow + numpy, torchvision and the TurboJPEG decode floor, issue 42
+    (bench/preprocess_bench.py)."""
+    return _render_script_section(ctx, "preprocess", "preprocess_bench")
 
 
 def render_findings(ctx: Context) -> str | None:
