@@ -245,7 +245,12 @@ TEST(PlanRedisTest, AtPlansL3SizeRedisHoldsTheKeysAndServesTheHitsPredicted) {
   EXPECT_NEAR(static_cast<double>(keys), static_cast<double>(model.l3_entries()), 0.05 * model.l3_entries())
       << "Redis holds " << keys << " keys at maxmemory " << maxmemory << "; the model " << model.l3_entries()
       << " (charging entry bytes alone, about " << uncharged << ")";
-  EXPECT_NEAR(live, predicted, 0.04) << "Redis served " << live << " of encode seconds; plan predicted " << predicted;
+  // Redis's LRU clock ticks once a second and the test replaces its keys
+  // within seconds, so Redis evicts among keys of equal idle time: its hits
+  // can only fall under exact LRU's (1.5 to 4.6 points under, docs/PLAN.md),
+  // never rise far above them.
+  EXPECT_LE(live, predicted + 0.02) << "Redis served " << live << " of encode seconds; plan predicted " << predicted;
+  EXPECT_GE(live, predicted - 0.06) << "Redis served " << live << " of encode seconds; plan predicted " << predicted;
   EXPECT_NEAR(predicted, row.hit_ratio, 0.01) << "the row was sized for its target";
   EXPECT_EQ(tier->Stats().write_drops, 0u);
 }
