@@ -14,10 +14,8 @@ std::chrono::milliseconds Ms(double seconds) {
 
 std::int64_t Mb(double mb) { return static_cast<std::int64_t>(mb * (1 << 20)); }
 
-}  // namespace
-
-void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
-  const char* g = "OpenAI-compatible HTTP front (vLLM encoder instance, docs/VLLM.md)";
+// The endpoint: address, threads, limits and deadlines.
+void AddServerFlags(CLI::App& cmd, HttpFrontFlags& f, const char* g) {
   cmd.add_option("--http-port", f.port, "port of the OpenAI-compatible HTTP front; -1 = off, 0 = any free port")
       ->capture_default_str()
       ->check(Integer(-1, 65535))
@@ -60,6 +58,10 @@ void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
       ->capture_default_str()
       ->check(Number(0.001, 2047, "MB"))
       ->group(g);
+}
+
+// Where items are published for vLLM's ECExampleConnector.
+void AddEcDirFlags(CLI::App& cmd, HttpFrontFlags& f, const char* g) {
   cmd.add_option("--ec-dir", f.ec_dir,
                  "publish each item as DIR/<id>/encoder_cache.safetensors for vLLM's ECExampleConnector "
                  "(its shared_storage_path), e.g. /dev/shm/ec")
@@ -77,6 +79,10 @@ void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
                  "group (name or gid) of the files in --ec-dir, which are 0640 in directories 0750: the prefill's "
                  "group [the server's]")
       ->group(g);
+}
+
+// Media URLs: the SSRF rules, the fetches' bounds, local files.
+void AddMediaFlags(CLI::App& cmd, HttpFrontFlags& f, const char* g) {
   cmd.add_option("--allowed-media-domains", f.allowed_media_domains,
                  "http(s) media only from these hosts (exact names; repeatable or comma-separated) [any]")
       ->delimiter(',')
@@ -110,6 +116,15 @@ void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
                  "serve file:// media URLs from under this directory only [file:// off]")
       ->check(CLI::ExistingDirectory)
       ->group(g);
+}
+
+}  // namespace
+
+void AddHttpFrontFlags(CLI::App& cmd, HttpFrontFlags& f) {
+  const char* g = "OpenAI-compatible HTTP front (vLLM encoder instance, docs/VLLM.md)";
+  AddServerFlags(cmd, f, g);
+  AddEcDirFlags(cmd, f, g);
+  AddMediaFlags(cmd, f, g);
 }
 
 OpenAiFrontOptions MakeOpenAiFrontOptions(const HttpFrontFlags& f, const ServerOptions& so) {
