@@ -1,4 +1,4 @@
-// epd/core/slot_index.h: the hash index of an EmbeddingCache
+// epd/core/internal/slot_index.h (internal: not part of the API): the hash index of an EmbeddingCache
 // (epd/core/embedding_cache.h), from a key's hash to the slab index of its
 // entry.
 //
@@ -28,7 +28,7 @@
 #include <optional>
 #include <vector>
 
-namespace epd {
+namespace epd::internal {
 
 class SlotIndex {
  public:
@@ -119,4 +119,4 @@ class SlotIndex {
   std::vector<Slot> slots_;
 };
 
-}  // namespace epd
+}  // namespace epd::internal
