@@ -35,7 +35,7 @@ set(EPD_LAYER_core_HEADERS
   # Internal headers (abseil's convention): installed, since the public
   # templates include them, but not part of the API. A header is listed with
   # its folder under include/epd/<layer>/, and is installed there.
-  internal/adaptive_policy.h internal/any_policy.h internal/cache_policy.h internal/eviction_order.h
+  internal/adaptive_policy.h internal/any_policy.h internal/cache_policy.h internal/entry_slab.h internal/eviction_order.h
   internal/gdsf_heap.h internal/gdsf_policy.h internal/lru_policy.h internal/slot_index.h
   internal/tenant_partition.h)
 

@@ -58,6 +58,29 @@ template <typename F>
   return std::visit(std::forward<F>(f), p);
 }
 
+// What the cache reads of its policy.
+inline double ClockOf(const AnyPolicy& p) {
+  return VisitPolicy(p, [](const auto& q) { return q.clock(); });
+}
+inline const AdmissionFilter* HistoryOf(const AnyPolicy& p) {
+  return VisitPolicy(p, [](const auto& q) { return q.history(); });
+}
+inline const PolicyDuel* DuelOf(const AnyPolicy& p) {
+  return VisitPolicy(p, [](const auto& q) { return q.duel(); });
+}
+inline std::size_t MemoryOf(const AnyPolicy& p) {
+  return VisitPolicy(p, [](const auto& q) { return q.memory_bytes(); });
+}
+// The cost a Pop or the hook hands on: the meta, and the owner under a partition.
+inline EntryCost CostOf(const AnyPolicy& p, std::uint32_t e, const EntryMeta& m) {
+  EntryCost c{m.seconds, m.frequency};
+  VisitPolicy(p, [&](const auto& q) { q.FillCost(e, c); });
+  return c;
+}
+[[gnu::always_inline]] inline std::uint64_t RankEpoch(const AnyPolicy& p) {
+  return VisitPolicy(p, [](const auto& q) { return q.rank_epoch(); });
+}
+
 template <typename T>
 struct IsPartition : std::false_type {};
 template <typename P>
