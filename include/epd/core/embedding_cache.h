@@ -93,7 +93,7 @@ class EmbeddingCache {
 
   // Returns a copy of the value and marks it touched (GDSF: one more
   // reference), or nullopt (a miss).
-  std::optional<V> Get(const K& key) {
+  [[gnu::always_inline]] std::optional<V> Get(const K& key) {
     const std::size_t h = slab_.HashOf(key);
     const std::uint32_t e = slab_.Find(key, h);
     if (e == kNone) [[unlikely]] {
@@ -143,7 +143,8 @@ class EmbeddingCache {
       slab_.meta(e).seconds = seconds;
       Visit([&](auto& p) { p.Replace(Ref(e, h), old_nbytes, slab_.meta(e), cost, SeqOf()); });
     } else {
-      e = slab_.Add(key, std::move(value), nbytes, ++seq_, h, ++size_);
+      e = slab_.Add(key, std::move(value), nbytes, ++seq_, h, size_ + 1);
+      ++size_;
       cur_bytes_ += nbytes;
       slab_.meta(e) = internal::EntryMeta{seconds, 0};
       Visit([&](auto& p) { p.Insert(Ref(e, h), slab_.meta(e), cost, SeqOf()); });

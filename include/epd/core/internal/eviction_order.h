@@ -33,7 +33,7 @@ class RecencyLog {
 
   // Appends e's touch, with sequence seq; `held` is the entries in the order.
   template <typename SeqOf>
-  void Log(std::uint32_t e, std::uint64_t seq, std::size_t held, const SeqOf& seq_of) {
+  [[gnu::always_inline]] void Log(std::uint32_t e, std::uint64_t seq, std::size_t held, const SeqOf& seq_of) {
     log_.push_back(Record{e, seq});
     if (log_.size() - head_ > 3 * held + 64) Compact(seq_of);
   }
@@ -72,7 +72,7 @@ class RecencyLog {
 
  private:
   template <typename SeqOf>
-  void Compact(const SeqOf& seq_of) {
+  [[gnu::noinline, gnu::cold]] void Compact(const SeqOf& seq_of) {
     std::size_t out = 0;
     for (std::size_t i = head_; i < log_.size(); ++i) {
       const Record r = log_[i];

@@ -43,7 +43,7 @@ class SlotIndex {
   // same(e) returns true or false, or nullopt when the comparison changed
   // the cache (the probe then starts again).
   template <typename Same>
-  std::uint32_t Find(std::size_t h, Same&& same) const {
+  [[gnu::always_inline]] std::uint32_t Find(std::size_t h, Same&& same) const {
     for (;;) {  // once more each time a comparison changed the cache
       const std::size_t mask = slots_.size() - 1;
       const std::uint32_t lo = Lo(h);
