@@ -91,7 +91,7 @@ std::vector<StatusOr<ItemProbe>> ProbeItems(const WorkerOptions& options, const 
       }
       p.route_key = *route;
     }
-    out.emplace_back(std::move(p));
+    out.emplace_back(p);
   }
   return out;
 }

@@ -46,7 +46,7 @@ EncodeRequest OneImage(const std::string& bytes) {
 
 // A JPEG with an APP1 EXIF block carrying `orientation`.
 std::string JpegWithOrientation(int width, int height, int orientation) {
-  Bytes jpeg = EncodeJpegRgb(PatternImage(width, height), 90, /*TJSAMP_420=*/2);
+  Bytes jpeg = EncodeJpegRgb(PatternImage(width, height), 90, /*subsamp=*/2);  // TJSAMP_420
   const Bytes exif = ExifWithOrientation(orientation);
   Bytes app1 = {0xff, 0xe1, 0, static_cast<std::uint8_t>(exif.size() + 2)};
   app1.insert(app1.end(), exif.begin(), exif.end());
@@ -140,6 +140,7 @@ TEST(ItemProbeTest, FrameListProbesToTheSampledGrid) {
   const std::vector<StatusOr<ItemProbe>> p = ProbeItems(o, r);
   ASSERT_TRUE(p[0].ok()) << p[0].status().ToString();
   std::vector<std::span<const std::uint8_t>> spans;
+  spans.reserve(frames.size());
   for (const MediaBytes& f : frames) spans.push_back(f.span());
   const StatusOr<SampledVideo> full = SampleFrameList(spans, o.video_sampling, o.preprocess, o.limits);
   ASSERT_TRUE(full.ok()) << full.status().ToString();
@@ -196,7 +197,7 @@ TEST(ItemProbeTest, BadItemsFailAloneWithTheEncodesMessages) {
 
 TEST(ItemProbeTest, TooManyPixelsIsRefusedAsTheDecodeRefusesIt) {
   WorkerOptions o = Options();
-  o.limits.max_pixels = 100 * 100;
+  o.limits.max_pixels = std::int64_t{100} * 100;
   const std::vector<StatusOr<ItemProbe>> p = ProbeItems(o, OneImage(Png(101, 100, 1)));
   ASSERT_FALSE(p[0].ok());
   EXPECT_NE(p[0].status().message().find("too many pixels"), std::string::npos) << p[0].status().message();
