@@ -69,7 +69,7 @@ set(EPD_LAYER_checkpoint_tower_HEADERS checkpoint_tower.h)
 
 set(EPD_LAYER_worker_TARGET epd_worker)
 set(EPD_LAYER_worker_USES core media safetensors)
-set(EPD_LAYER_worker_HEADERS encode_request.h encode_worker.h safetensors.h worker_loop.h worker_options.h)
+set(EPD_LAYER_worker_HEADERS encode_request.h encode_worker.h item_probe.h safetensors.h worker_loop.h worker_options.h)
 
 set(EPD_LAYER_l3_TARGET epd_l3)
 set(EPD_LAYER_l3_USES core media)
