@@ -1,4 +1,4 @@
-// tools/plan_report.cc: plan's report, as text tables and as JSON (the
+// src/plan/plan_report.cc: plan's report, as text tables and as JSON (the
 // declarations and the fields: plan.h; what each column means: docs/PLAN.md,
 // "What it prints").
 #include <fmt/format.h>
@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "plan.h"
+#include "epd/plan/plan.h"
 
-namespace epd::cli {
+namespace epd::plan {
 namespace {
 
 nlohmann::json WeightsJson(const Weights& w) {
@@ -170,4 +170,4 @@ std::string PlanJson(const PlanResult& r) {
   return j.dump() + "\n";
 }
 
-}  // namespace epd::cli
+}  // namespace epd::plan

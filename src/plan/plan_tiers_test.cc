@@ -4,7 +4,7 @@
 // as Redis runs it, written here as the oracle (its own loop, not
 // TierReplayer). Issue 26: the predicted hit
 // ratios at the recommended sizes within 2 points of the replayed ones.
-#include "plan_tiers.h"
+#include "epd/plan/plan_tiers.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace epd::cli {
+namespace epd::plan {
 namespace {
 
 // Zipf(s) popularity over `keys` keys (std::discrete_distribution over 1 / rank^s),
@@ -217,4 +217,4 @@ TEST(TierRateTest, RaisedUntilTheSmallerTierHoldsEnoughEntries) {
 }
 
 }  // namespace
-}  // namespace epd::cli
+}  // namespace epd::plan

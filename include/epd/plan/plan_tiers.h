@@ -1,4 +1,4 @@
-// tools/plan_tiers.h: a cache trace replayed through the tiers `epd-encode
+// epd/plan/plan_tiers.h: a cache trace replayed through the tiers `epd-encode
 // plan` recommends, in full (the check) or in miniature (the per-tier
 // prediction), through the same code, modelled on what a server runs
 // (docs/L3.md): a TieredEmbeddingCache (L1, L2; exclusive: L2 takes L1's
@@ -26,7 +26,7 @@
 // share of the scaled capacity and GDSF ranks it by the same cost per byte
 // as at full scale. Estimates: the head's weights as they are, the sampled
 // tail's scaled to the tail's true weight (post-stratified, as MiniSim and
-// SHARDS do here: epd/core/mini_sim.h).
+// SHARDS do here: epd/plan/mini_sim.h).
 //
 // Units: capacities and charges in bytes, costs in encode seconds.
 // Complexity: O(log n) per replayed access (the caches' GDSF heaps).
@@ -40,11 +40,11 @@
 #include <vector>
 
 #include "epd/core/embedding_cache.h"
-#include "epd/core/shards.h"
 #include "epd/core/tiered_cache.h"
-#include "plan.h"
+#include "epd/plan/plan.h"
+#include "epd/plan/shards.h"
 
-namespace epd::cli {
+namespace epd::plan {
 
 // The largest capacity the caches take, as a double: kMaxCacheBytes
 // (2^62 - 1) rounds up to 2^62, which they refuse, so one ulp under it
@@ -70,7 +70,7 @@ inline double LargestCapacity() { return std::nextafter(static_cast<double>(kMax
 // Size classes (JemallocSizeClass): 8, multiples of 16 up to 128, then four
 // per doubling (a size s rounded up to a multiple of 2^(floor(log2(s-1))-2)),
 // so a value wastes up to a quarter of itself, about a tenth on average.
-// tools/plan_redis_test.cc checks it against a real redis-server: the
+// src/plan/plan_redis_test.cc checks it against a real redis-server: the
 // `used_memory` of thousands of values, and the keys held and hits served
 // under `maxmemory`. Saturates at kMaxCacheBytes (what a cache takes at
 // most). Not modelled: cluster mode (16 bytes more a key), `--l3-ttl-s 0`
@@ -157,4 +157,4 @@ TierHits SimulateTiers(const TierSample& sample, const TierSizes& sizes, const P
 // little, and would raise the rate for all).
 double TierRate(double base, const TierSizes& sizes, double mean_bytes, double min_entries = 64);
 
-}  // namespace epd::cli
+}  // namespace epd::plan

@@ -5,7 +5,7 @@
 // misses the target (Refine); a pass over the rows in target order; then
 // (with options.replay) a replay per row, side by side. Each phase reports
 // through options.progress.
-#include "plan.h"
+#include "epd/plan/plan.h"
 
 #include <fmt/format.h>
 
@@ -21,12 +21,12 @@
 #include <thread>
 #include <utility>
 
-#include "epd/core/mini_sim.h"
-#include "epd/core/shards.h"
-#include "plan_serve_args.h"
-#include "plan_tiers.h"
+#include "epd/plan/mini_sim.h"
+#include "epd/plan/plan_serve_args.h"
+#include "epd/plan/plan_tiers.h"
+#include "epd/plan/shards.h"
 
-namespace epd::cli {
+namespace epd::plan {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -472,4 +472,4 @@ PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
   return r;
 }
 
-}  // namespace epd::cli
+}  // namespace epd::plan

@@ -30,11 +30,11 @@
 
 #include "epd/l3/l3_value.h"
 #include "epd/l3/redis_tier.h"
-#include "plan.h"
-#include "plan_tiers.h"
+#include "epd/plan/plan.h"
+#include "epd/plan/plan_tiers.h"
 #include "redis_server.h"
 
-namespace epd::cli {
+namespace epd::plan {
 namespace {
 
 static_assert(kRedisL3ValueHeaderBytes == static_cast<std::int64_t>(kL3CostedHeaderBytes),
@@ -256,4 +256,4 @@ TEST(PlanRedisTest, AtPlansL3SizeRedisHoldsTheKeysAndServesTheHitsPredicted) {
 }
 
 }  // namespace
-}  // namespace epd::cli
+}  // namespace epd::plan

@@ -1,13 +1,13 @@
 // See plan_tiers.h. The full replay is the miniature at rate 1 with no
 // head, so the check and the prediction run the same policy code.
-#include "plan_tiers.h"
+#include "epd/plan/plan_tiers.h"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
 
-namespace epd::cli {
+namespace epd::plan {
 namespace {
 
 std::int64_t Scaled(double bytes, double rate) {
@@ -165,4 +165,4 @@ double TierRate(double base, const TierSizes& sizes, double mean_bytes, double m
   return std::min(r, 1.0);
 }
 
-}  // namespace epd::cli
+}  // namespace epd::plan
