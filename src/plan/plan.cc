@@ -217,257 +217,328 @@ TierHits ReplayTiers(std::span<const CacheAccess> trace, double l1, double l2, d
   return r.Hits({}, {});
 }
 
-PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
-  std::mutex progress_mu;  // the tasks report from their threads
-  auto progress = [&o, &progress_mu](const char* phase, std::size_t done, std::size_t total) {
-    const std::lock_guard<std::mutex> lock(progress_mu);
-    if (o.progress) o.progress(phase, done, total);
-  };
-  const unsigned threads = o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-  PlanResult r;
-  r.requests = trace.size();
-  const Clock::time_point t0 = Clock::now();
-  {
-    // The infinite cache's hit ratio is counted here, exactly: every access
-    // but a key's first. The sampled curve only estimates it.
-    LastSizes sizes;
-    Weights total, repeats;
-    for (std::size_t i = 0; i < trace.size(); ++i) {
-      const CacheAccess& a = trace[i];
-      if (!sizes.Set(a.key, a.bytes)) repeats += Weights::Of(a);
-      total += Weights::Of(a);
-      r.total_seconds += a.seconds;
-      r.largest_entry = std::max(r.largest_entry, static_cast<double>(a.bytes));
-      if ((i & 0xfffff) == 0) progress("keys", i, trace.size());
-    }
-    r.distinct_keys = sizes.size();
-    r.working_set_bytes = sizes.SumBytes();
-    r.working_set_redis_bytes = sizes.SumRedisCharge();
-    // The stack distances sum the distinct keys' bytes in int64 (a sum past it would wrap).
-    if (sizes.SumPastMax()) {
-      throw std::invalid_argument(
-          fmt::format("the trace's distinct keys hold {:.4g} bytes, over the 2^62 - 1 that the "
-                      "caches and the stack distances count",
-                      r.working_set_bytes));
-    }
-    auto ratio = [](double part, double all) { return all > 0 ? part / all : 0.0; };  // 0: nothing to save
-    r.max_hit_ratio = {ratio(repeats.objects, total.objects), ratio(repeats.bytes, total.bytes),
-                       ratio(repeats.seconds, total.seconds)};
-  }
-  const double mean = trace.empty() ? 1 : r.working_set_bytes / std::max(1.0, static_cast<double>(r.distinct_keys));
-  // Capacities stay below kMaxCacheBytes (2^62 - 1, which a double rounds up to 2^62: one ulp under it).
-  const double max_capacity = LargestCapacity();
-  const double lo = std::min(std::max({r.largest_entry, 8 * mean, r.working_set_bytes / 1e4, 1.0}), max_capacity / 2);
-  const double hi = std::min(std::max(lo * 2, r.working_set_bytes * 1.25), max_capacity);
-  // L3's bytes per byte of entry: what Redis charges for the working set over its bytes.
-  const double redis_charge = r.working_set_bytes > 0 ? r.working_set_redis_bytes / r.working_set_bytes : 1.0;
-  const std::vector<double> caps = LogCapacities(lo, hi, o.points);
+namespace {
 
-  // The head (SHARDS and MiniSim keep it at rate 1), then the four curves
-  // as four tasks: LRU (exact or SHARDS), GDSF, GDSF + doorkeeper and adaptive
-  // (MiniSim; the whole trace when it is small).
-  r.exact = trace.size() <= o.exact_max;
-  MiniSimOptions m;
-  m.rate = trace.size() <= 200'000 ? 1.0 : o.minisim_rate;
-  m.doorkeeper_window = o.doorkeeper_window;
-  const std::vector<std::uint64_t> head =
-      !r.exact || m.rate < 1 ? HeavyHitters(trace, o.shards_head) : std::vector<std::uint64_t>{};
-  if (m.rate < 1) {
-    m.exact_keys.assign(head.begin(),
-                        head.begin() + static_cast<std::ptrdiff_t>(std::min(head.size(), o.minisim_head)));
+// RunPlan's phases over what they share: the trace, the options, the
+// capacities the curves are evaluated at, the LRU histogram, the miniatures'
+// samples. Each phase fills its part of the result.
+class Planner {
+ public:
+  Planner(std::span<const CacheAccess> trace, const PlanOptions& o, PlanResult& r)
+      : trace_(trace),
+        o_(o),
+        r_(r),
+        threads_(o.threads != 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency())) {}
+
+  void CountKeys();
+  void BuildCurves();
+  void SizeRows();
+  void RefineRows();
+  void ReplayRows();
+
+ private:
+  void Progress(const char* phase, std::size_t done, std::size_t total) {
+    const std::lock_guard<std::mutex> lock(progress_mu_);  // the tasks report from their threads
+    if (o_.progress) o_.progress(phase, done, total);
   }
-  std::optional<ReuseHistogram> lru;
+  void LruCurve();
+  void WarnSampledCurves();
+  SizingRow SizeRow(double target) const;
+  void FinishRow(SizingRow& row);
+  void WarnIdleL1();
+  const TierSample& Sample(double rate) {
+    if (!samples_.count(rate)) samples_.emplace(rate, SampleTrace(trace_, rate, m_.exact_keys));
+    return samples_.at(rate);
+  }
+
+  std::span<const CacheAccess> trace_;
+  const PlanOptions& o_;
+  PlanResult& r_;
+  const unsigned threads_;
+  std::mutex progress_mu_;
+  double mean_ = 1, hi_ = 1;         // an entry's mean bytes; the curves' largest capacity
+  double redis_charge_ = 1;          // L3's bytes per byte of entry (the working set's)
+  std::vector<double> caps_;         // the curves' capacities
+  std::vector<std::uint64_t> head_;  // the hottest keys (SHARDS and MiniSim keep them at rate 1)
+  MiniSimOptions m_;
+  std::optional<ReuseHistogram> lru_;
   // Exact traces: LRU stack distances in the bytes Redis charges too, where
   // L3 (an LRU) starts; sampled ones scale the LRU curve by the charge ratio.
-  std::optional<ReuseHistogram> l3_lru_charged;
-  r.curves.resize(4);
-  std::vector<std::function<void()>> curve_tasks;
-  curve_tasks.emplace_back([&] {
-    if (r.exact) {
-      progress("lru (exact)", 0, 1);
-      lru = ExactReuseHistogram(trace);
-      r.curves[0] = EvaluateCurve(*lru, caps, "lru (exact)");
-      std::vector<CacheAccess> charged(trace.begin(), trace.end());
-      for (CacheAccess& a : charged) a.bytes = RedisChargeBytes(a.bytes);
-      l3_lru_charged = ExactReuseHistogram(charged);
-      return;
-    }
-    ShardsSampler s({o.shards_rate, o.shards_max_keys, head});
-    for (std::size_t i = 0; i < trace.size(); ++i) {
-      s.Access(trace[i]);
-      if ((i & 0xfffff) == 0) progress("lru (shards)", i, trace.size());
-    }
-    lru = s.histogram();
-    r.shards_rate = s.rate();
-    r.shards_head = s.head_keys();
-    r.shards_sampled_keys = s.sampled_keys();
-    r.sampled_fraction = static_cast<double>(s.sampled_accesses()) / std::max(1.0, static_cast<double>(trace.size()));
-    r.sampler_bytes = s.memory_bytes();
-    r.curves[0] =
-        EvaluateCurve(*lru, caps, fmt::format("lru (shards {:g}% + {} head keys)", 100 * o.shards_rate, head.size()));
-  });
-  const SimPolicy simulated[] = {
+  std::optional<ReuseHistogram> l3_lru_charged_;
+  std::map<double, TierSample> samples_;  // the miniatures' samples, by rate
+};
+
+// One pass: the keys, the working set, and the infinite cache's hit ratio,
+// counted exactly (every access but a key's first); the sampled curve only
+// estimates it. Then the capacities the curves are evaluated at.
+void Planner::CountKeys() {
+  LastSizes sizes;
+  Weights total, repeats;
+  for (std::size_t i = 0; i < trace_.size(); ++i) {
+    const CacheAccess& a = trace_[i];
+    if (!sizes.Set(a.key, a.bytes)) repeats += Weights::Of(a);
+    total += Weights::Of(a);
+    r_.total_seconds += a.seconds;
+    r_.largest_entry = std::max(r_.largest_entry, static_cast<double>(a.bytes));
+    if ((i & 0xfffff) == 0) Progress("keys", i, trace_.size());
+  }
+  r_.requests = trace_.size();
+  r_.distinct_keys = sizes.size();
+  r_.working_set_bytes = sizes.SumBytes();
+  r_.working_set_redis_bytes = sizes.SumRedisCharge();
+  // The stack distances sum the distinct keys' bytes in int64 (a sum past it would wrap).
+  if (sizes.SumPastMax()) {
+    throw std::invalid_argument(
+        fmt::format("the trace's distinct keys hold {:.4g} bytes, over the 2^62 - 1 that the "
+                    "caches and the stack distances count",
+                    r_.working_set_bytes));
+  }
+  auto ratio = [](double part, double all) { return all > 0 ? part / all : 0.0; };  // 0: nothing to save
+  r_.max_hit_ratio = {ratio(repeats.objects, total.objects), ratio(repeats.bytes, total.bytes),
+                      ratio(repeats.seconds, total.seconds)};
+  mean_ = trace_.empty() ? 1 : r_.working_set_bytes / std::max(1.0, static_cast<double>(r_.distinct_keys));
+  // Capacities stay below kMaxCacheBytes (2^62 - 1, which a double rounds up to 2^62: one ulp under it).
+  const double max_capacity = LargestCapacity();
+  const double lo =
+      std::min(std::max({r_.largest_entry, 8 * mean_, r_.working_set_bytes / 1e4, 1.0}), max_capacity / 2);
+  hi_ = std::min(std::max(lo * 2, r_.working_set_bytes * 1.25), max_capacity);
+  redis_charge_ = r_.working_set_bytes > 0 ? r_.working_set_redis_bytes / r_.working_set_bytes : 1.0;
+  caps_ = LogCapacities(lo, hi_, o_.points);
+}
+
+// The LRU curve: exact stack distances, or SHARDS with the head exact.
+void Planner::LruCurve() {
+  if (r_.exact) {
+    Progress("lru (exact)", 0, 1);
+    lru_ = ExactReuseHistogram(trace_);
+    r_.curves[0] = EvaluateCurve(*lru_, caps_, "lru (exact)");
+    std::vector<CacheAccess> charged(trace_.begin(), trace_.end());
+    for (CacheAccess& a : charged) a.bytes = RedisChargeBytes(a.bytes);
+    l3_lru_charged_ = ExactReuseHistogram(charged);
+    return;
+  }
+  ShardsSampler s({o_.shards_rate, o_.shards_max_keys, head_});
+  for (std::size_t i = 0; i < trace_.size(); ++i) {
+    s.Access(trace_[i]);
+    if ((i & 0xfffff) == 0) Progress("lru (shards)", i, trace_.size());
+  }
+  lru_ = s.histogram();
+  r_.shards_rate = s.rate();
+  r_.shards_head = s.head_keys();
+  r_.shards_sampled_keys = s.sampled_keys();
+  r_.sampled_fraction = static_cast<double>(s.sampled_accesses()) / std::max(1.0, static_cast<double>(trace_.size()));
+  r_.sampler_bytes = s.memory_bytes();
+  r_.curves[0] =
+      EvaluateCurve(*lru_, caps_, fmt::format("lru (shards {:g}% + {} head keys)", 100 * o_.shards_rate, head_.size()));
+}
+
+// The four curves as four tasks: LRU (exact or SHARDS), GDSF, GDSF +
+// doorkeeper and adaptive (MiniSim; the whole trace when it is small).
+void Planner::BuildCurves() {
+  r_.exact = trace_.size() <= o_.exact_max;
+  m_.rate = trace_.size() <= 200'000 ? 1.0 : o_.minisim_rate;
+  m_.doorkeeper_window = o_.doorkeeper_window;
+  if (!r_.exact || m_.rate < 1) head_ = HeavyHitters(trace_, o_.shards_head);
+  if (m_.rate < 1) {
+    m_.exact_keys.assign(head_.begin(),
+                         head_.begin() + static_cast<std::ptrdiff_t>(std::min(head_.size(), o_.minisim_head)));
+  }
+  r_.curves.resize(4);
+  std::vector<std::function<void()>> tasks;
+  tasks.emplace_back([this] { LruCurve(); });
+  static const SimPolicy kSimulated[] = {
       {EvictionPolicy::kGdsf, false}, {EvictionPolicy::kGdsf, true}, {EvictionPolicy::kAdaptive, false}};
-  for (std::size_t i = 0; i < std::size(simulated); ++i) {
-    curve_tasks.emplace_back([&, i] {
-      const SimPolicy p = simulated[i];
-      progress(p.Name().c_str(), 0, 1);
-      MissRatioCurve c = SimulateCurve(trace, p, caps, m);
-      c.label = p.Name() + (m.rate >= 1 ? " (simulated)" : fmt::format(" (minisim {:g}%)", 100 * m.rate));
-      r.curves[i + 1] = std::move(c);
+  for (std::size_t i = 0; i < std::size(kSimulated); ++i) {
+    tasks.emplace_back([this, i] {
+      const SimPolicy p = kSimulated[i];
+      Progress(p.Name().c_str(), 0, 1);
+      MissRatioCurve c = SimulateCurve(trace_, p, caps_, m_);
+      c.label = p.Name() + (m_.rate >= 1 ? " (simulated)" : fmt::format(" (minisim {:g}%)", 100 * m_.rate));
+      r_.curves[i + 1] = std::move(c);
     });
   }
-  RunTasks(curve_tasks, threads);
-  r.curves_s = Seconds(t0);
-  // A sample too small for the trace shows first at the curve's end.
-  if (const double sampled = lru->MaxHitRatio().seconds;
-      !r.exact && std::abs(sampled - r.max_hit_ratio.seconds) > kSampleWarnGap) {
-    r.warnings.push_back(fmt::format(
+  RunTasks(tasks, threads_);
+  WarnSampledCurves();
+}
+
+// A sample too small for the trace shows first at the curve's end: SHARDS's
+// LRU curve, and GDSF's MiniSim curve where its largest capacity holds the
+// working set (it ends at the infinite cache then).
+void Planner::WarnSampledCurves() {
+  if (const double sampled = lru_->MaxHitRatio().seconds;
+      !r_.exact && std::abs(sampled - r_.max_hit_ratio.seconds) > kSampleWarnGap) {
+    r_.warnings.push_back(fmt::format(
         "the SHARDS sample ({} keys, tail rate {:.3g}%) puts the infinite cache's encode-seconds hit ratio at "
         "{:.3f}, the trace's is {:.3f}: its curve is off by as much; raise --shards-max-keys or --shards-rate",
-        r.shards_sampled_keys, 100 * r.shards_rate, sampled, r.max_hit_ratio.seconds));
+        r_.shards_sampled_keys, 100 * r_.shards_rate, sampled, r_.max_hit_ratio.seconds));
   }
-  // The same check for MiniSim: GDSF's curve ends at the infinite cache when
-  // its largest capacity holds the working set.
-  if (m.rate < 1 && caps.back() >= r.working_set_bytes && !r.curves[1].points.empty()) {
-    const double sampled = 1 - r.curves[1].points.back().miss_ratio.seconds;
-    if (std::abs(sampled - r.max_hit_ratio.seconds) > kSampleWarnGap) {
-      r.warnings.push_back(fmt::format(
+  if (m_.rate < 1 && caps_.back() >= r_.working_set_bytes && !r_.curves[1].points.empty()) {
+    const double sampled = 1 - r_.curves[1].points.back().miss_ratio.seconds;
+    if (std::abs(sampled - r_.max_hit_ratio.seconds) > kSampleWarnGap) {
+      r_.warnings.push_back(fmt::format(
           "the MiniSim sample (rate {:.3g}%, {} head keys) puts the infinite cache's encode-seconds hit ratio at "
           "{:.3f}, the trace's is {:.3f}: the gdsf, gdsf+doorkeeper and adaptive curves are off by about as much; "
           "raise --minisim-rate",
-          100 * m.rate, m.exact_keys.size(), sampled, r.max_hit_ratio.seconds));
+          100 * m_.rate, m_.exact_keys.size(), sampled, r_.max_hit_ratio.seconds));
     }
   }
+}
 
-  // Sizing off the policy's curve. The doorkeeper gates L1 alone (a first
-  // request goes into L2), so the tiers' total reads the policy's own curve;
-  // the GDSF + doorkeeper curve, one cache that never takes a first request,
-  // ends well short of what the tiers reach.
-  const bool simulated_policy = o.eviction != EvictionPolicy::kLru;  // sized off a MiniSim curve
-  const bool dk = o.l1_admission == L1Admission::kDoorkeeper;
-  r.policy = SimPolicy{o.eviction, dk}.Name();
-  const std::size_t sized = o.eviction == EvictionPolicy::kAdaptive ? 3 : !simulated_policy ? 0 : 1;
-  const MissRatioCurve& curve = r.curves[sized];
-  auto hit = [](const MissRatioCurve& c, double bytes) { return 1 - c.MissRatioAt(bytes).seconds; };
-  auto at = [&](double b) { return !simulated_policy && r.exact ? 1 - lru->MissRatioAt(b).seconds : hit(curve, b); };
-  const Clock::time_point t1 = Clock::now();
-  for (double target : o.targets) {
-    SizingRow row;
-    row.target = target;
-    row.hit_ratio = target * r.max_hit_ratio.seconds;
-    // Nothing to save (no key repeats): no cache at all.
-    row.total_bytes = row.hit_ratio <= 0             ? 0
-                      : !simulated_policy && r.exact ? lru->CapacityFor(Weighting::kSeconds, row.hit_ratio)
-                                                     : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
-    // A sampled or simulated curve can end a little short of the trace's own
-    // maximum: such a row starts where the curve comes within 0.1 % of its
-    // end, and the miniature moves it from there.
-    // A curve flat at 0 (no sampled key repeats) starts at its largest capacity.
-    if (row.total_bytes < 0 && row.hit_ratio > 0 && (simulated_policy || !r.exact)) {
-      const double top = hit(curve, hi);
-      row.total_bytes = top > 0 ? curve.CapacityFor(Weighting::kSeconds, top * (1 - 1e-3)) : hi;
-      if (row.total_bytes <= 0) row.total_bytes = hi;
-    }
-    if (row.total_bytes >= 0) {
-      Split(row, row.total_bytes, o);
-      // L3 is an LRU that holds copies of what L1 and L2 hold: where the
-      // split leaves it a share, it needs about what one LRU cache needs for
-      // the target on its own, whatever the tiers' policy (GDSF's curve can
-      // sit far below), in the bytes Redis charges for them.
-      const double l3_lru = row.l3_bytes <= 0 ? -1
-                            : r.exact         ? l3_lru_charged->CapacityFor(Weighting::kSeconds, row.hit_ratio)
-                                      : r.curves[0].CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge;
-      if (l3_lru > row.l3_bytes) Split(row, row.l1_bytes + row.l2_bytes + l3_lru, o);
-      // Entries of 0 bytes give a curve that needs 0 bytes, but the tiers hold
-      // each in a byte and Redis charges it a value: start from the target's
-      // share of the working set as Redis charges it, and let the miniature move it.
-      if (row.total_bytes <= 0 && row.hit_ratio > 0) Split(row, row.target * r.working_set_redis_bytes, o);
-      row.tiers_rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
-    }
-    r.rows.push_back(row);
+// Sizing off the policy's curve. The doorkeeper gates L1 alone (a first
+// request goes into L2), so the tiers' total reads the policy's own curve;
+// the GDSF + doorkeeper curve, one cache that never takes a first request,
+// ends well short of what the tiers reach.
+void Planner::SizeRows() {
+  r_.policy = SimPolicy{o_.eviction, o_.l1_admission == L1Admission::kDoorkeeper}.Name();
+  for (double target : o_.targets) r_.rows.push_back(SizeRow(target));
+}
+
+SizingRow Planner::SizeRow(double target) const {
+  const bool simulated_policy = o_.eviction != EvictionPolicy::kLru;  // sized off a MiniSim curve
+  const MissRatioCurve& curve = r_.curves[o_.eviction == EvictionPolicy::kAdaptive ? 3 : !simulated_policy ? 0 : 1];
+  SizingRow row;
+  row.target = target;
+  row.hit_ratio = target * r_.max_hit_ratio.seconds;
+  // Nothing to save (no key repeats): no cache at all.
+  row.total_bytes = row.hit_ratio <= 0              ? 0
+                    : !simulated_policy && r_.exact ? lru_->CapacityFor(Weighting::kSeconds, row.hit_ratio)
+                                                    : curve.CapacityFor(Weighting::kSeconds, row.hit_ratio);
+  // A sampled or simulated curve can end a little short of the trace's own
+  // maximum: such a row starts where the curve comes within 0.1 % of its
+  // end, and the miniature moves it from there. A curve flat at 0 (no
+  // sampled key repeats) starts at its largest capacity.
+  if (row.total_bytes < 0 && row.hit_ratio > 0 && (simulated_policy || !r_.exact)) {
+    const double top = 1 - curve.MissRatioAt(hi_).seconds;
+    row.total_bytes = top > 0 ? curve.CapacityFor(Weighting::kSeconds, top * (1 - 1e-3)) : hi_;
+    if (row.total_bytes <= 0) row.total_bytes = hi_;
   }
-  // The hit ratios by a miniature of the tiered cache itself (plan_tiers.h),
-  // one sample per distinct rate, each row moved to the total its miniature
-  // says reaches the target where the curve's misses it (Refine); then the
-  // replays at the final sizes.
-  r.replayed = o.replay;
-  std::map<double, TierSample> samples;
-  for (const SizingRow& row : r.rows) {
-    if (row.total_bytes >= 0 && !samples.count(row.tiers_rate)) {
-      samples.emplace(row.tiers_rate, SampleTrace(trace, row.tiers_rate, m.exact_keys));
-    }
+  if (row.total_bytes < 0) return row;
+  Split(row, row.total_bytes, o_);
+  // L3 is an LRU that holds copies of what L1 and L2 hold: where the split
+  // leaves it a share, it needs about what one LRU cache needs for the
+  // target on its own, whatever the tiers' policy (GDSF's curve can sit far
+  // below), in the bytes Redis charges for them.
+  const double l3_lru = row.l3_bytes <= 0 ? -1
+                        : r_.exact        ? l3_lru_charged_->CapacityFor(Weighting::kSeconds, row.hit_ratio)
+                                   : r_.curves[0].CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge_;
+  if (l3_lru > row.l3_bytes) Split(row, row.l1_bytes + row.l2_bytes + l3_lru, o_);
+  // Entries of 0 bytes give a curve that needs 0 bytes, but the tiers hold
+  // each in a byte and Redis charges it a value: start from the target's
+  // share of the working set as Redis charges it, and let the miniature move it.
+  if (row.total_bytes <= 0 && row.hit_ratio > 0) Split(row, row.target * r_.working_set_redis_bytes, o_);
+  row.tiers_rate = TierRate(m_.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean_);
+  return row;
+}
+
+// The hit ratios by a miniature of the tiered cache itself (plan_tiers.h),
+// one sample per distinct rate, each row moved to the total its miniature
+// says reaches the target where the curve's misses it (Refine); then a pass
+// in target order (FinishRow) and the idle-L1 warning.
+void Planner::RefineRows() {
+  for (const SizingRow& row : r_.rows) {
+    if (row.total_bytes >= 0) Sample(row.tiers_rate);
   }
   // L3 is written through and holds copies of what L1 and L2 hold, so the
   // tiers' total may need the curve's largest capacity in L3 alone.
-  const double ceiling = std::min(
-      std::max(hi, 1.25 * r.working_set_redis_bytes) + std::min(hi, o.l1_max_bytes) + std::min(hi, o.l2_max_bytes),
-      max_capacity);
-  std::vector<std::function<void()>> row_tasks;
-  for (std::size_t i = 0; i < r.rows.size(); ++i) {
-    SizingRow& row = r.rows[i];
-    if (row.total_bytes < 0) continue;
-    row_tasks.emplace_back([&, i] {
-      progress("tiers (minisim)", i, r.rows.size());
-      const TierSample& sample = samples.at(row.tiers_rate);
-      Predict(row, sample, o);
-      Refine(row, sample, 1.0, ceiling, o);
+  const double ceiling = std::min(std::max(hi_, 1.25 * r_.working_set_redis_bytes) + std::min(hi_, o_.l1_max_bytes) +
+                                      std::min(hi_, o_.l2_max_bytes),
+                                  LargestCapacity());
+  std::vector<std::function<void()>> tasks;
+  for (std::size_t i = 0; i < r_.rows.size(); ++i) {
+    if (r_.rows[i].total_bytes < 0) continue;
+    tasks.emplace_back([this, i, ceiling] {
+      Progress("tiers (minisim)", i, r_.rows.size());
+      SizingRow& row = r_.rows[i];
+      const TierSample& sample = samples_.at(row.tiers_rate);
+      Predict(row, sample, o_);
+      Refine(row, sample, 1.0, ceiling, o_);
     });
   }
-  RunTasks(row_tasks, threads);
-  // In target order: a higher target never gets a smaller total than a lower
-  // one (within Refine's tolerance it could); the miniature's rate for the
-  // final sizes (a moved row can need a higher one), predicting again where
-  // either changed; the curve at the final total; whether the target is met.
-  for (std::size_t i = 0; i < r.rows.size(); ++i) {
-    SizingRow& row = r.rows[i];
-    if (row.total_bytes < 0) continue;
-    bool again = false;
-    for (const SizingRow& lower : r.rows) {
-      if (lower.target < row.target && lower.total_bytes > row.total_bytes) {
-        Split(row, lower.total_bytes, o);
-        again = true;
-      }
-    }
-    const double rate = TierRate(m.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean);
-    if (rate != row.tiers_rate) {
-      row.tiers_rate = rate;
-      if (!samples.count(rate)) samples.emplace(rate, SampleTrace(trace, rate, m.exact_keys));
+  RunTasks(tasks, threads_);
+  for (SizingRow& row : r_.rows) {
+    if (row.total_bytes >= 0) FinishRow(row);
+  }
+  WarnIdleL1();
+}
+
+// A higher target never gets a smaller total than a lower one (within
+// Refine's tolerance it could); the miniature's rate for the final sizes (a
+// moved row can need a higher one), predicting again where either changed;
+// the curve at the final total; whether the target is met.
+void Planner::FinishRow(SizingRow& row) {
+  bool again = false;
+  for (const SizingRow& lower : r_.rows) {
+    if (lower.target < row.target && lower.total_bytes > row.total_bytes) {
+      Split(row, lower.total_bytes, o_);
       again = true;
     }
-    if (again) Predict(row, samples.at(row.tiers_rate), o);
-    row.curve_all = at(row.l1_bytes + row.l2_bytes + row.l3_bytes / redis_charge);  // the curve is in entry bytes
-    row.reached = row.predicted_all >= row.hit_ratio - kRefineTolerance;
   }
-  // An L1 the tiers fill first but that serves nothing: say so once, with
-  // the likeliest cause when the doorkeeper guards it.
-  for (const SizingRow& row : r.rows) {
+  const double rate = TierRate(m_.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean_);
+  if (rate != row.tiers_rate) {
+    row.tiers_rate = rate;
+    again = true;
+  }
+  if (again) Predict(row, Sample(row.tiers_rate), o_);
+  const bool simulated_policy = o_.eviction != EvictionPolicy::kLru;
+  const MissRatioCurve& curve = r_.curves[o_.eviction == EvictionPolicy::kAdaptive ? 3 : !simulated_policy ? 0 : 1];
+  const double total = row.l1_bytes + row.l2_bytes + row.l3_bytes / redis_charge_;  // the curve is in entry bytes
+  row.curve_all = 1 - (!simulated_policy && r_.exact ? lru_->MissRatioAt(total) : curve.MissRatioAt(total)).seconds;
+  row.reached = row.predicted_all >= row.hit_ratio - kRefineTolerance;
+}
+
+// An L1 the tiers fill first but that serves nothing: say so once, with the
+// likeliest cause when the doorkeeper guards it.
+void Planner::WarnIdleL1() {
+  for (const SizingRow& row : r_.rows) {
     if (row.total_bytes > 0 && row.l1_bytes > 0 && row.predicted_all > 0 && row.predicted_l1 < 0.001) {
-      r.warnings.push_back(fmt::format(
+      r_.warnings.push_back(fmt::format(
           "L1 ({} at {:.0f}% of encode seconds saved) is predicted to serve {:.2f}% of encode seconds{}",
           Gb(row.l1_bytes), 100 * row.target, 100 * row.predicted_l1,
-          dk ? fmt::format(": under the doorkeeper a key enters L1 on its second request within {} requests, and "
-                           "no key is requested from L1 after that (a window too short for keys to repeat in it, "
-                           "or keys not requested again after their second time)",
-                           o.doorkeeper_window)
-             : ""));
-      break;
+          o_.l1_admission == L1Admission::kDoorkeeper
+              ? fmt::format(": under the doorkeeper a key enters L1 on its second request within {} requests, and "
+                            "no key is requested from L1 after that (a window too short for keys to repeat in it, "
+                            "or keys not requested again after their second time)",
+                            o_.doorkeeper_window)
+              : ""));
+      return;
     }
   }
-  row_tasks.clear();
-  for (std::size_t i = 0; i < r.rows.size(); ++i) {
-    SizingRow& row = r.rows[i];
+}
+
+// The worker flags per row, then (with options.replay) a replay per row,
+// side by side.
+void Planner::ReplayRows() {
+  r_.replayed = o_.replay;
+  std::vector<std::function<void()>> tasks;
+  for (std::size_t i = 0; i < r_.rows.size(); ++i) {
+    SizingRow& row = r_.rows[i];
     if (row.total_bytes >= 0) {
-      row.serve_args = ServeArgs(row.l1_bytes, row.l2_bytes, o.eviction, o.l1_admission,
-                                 o.worker_window != 0 ? o.worker_window : o.doorkeeper_window);
+      row.serve_args = ServeArgs(row.l1_bytes, row.l2_bytes, o_.eviction, o_.l1_admission,
+                                 o_.worker_window != 0 ? o_.worker_window : o_.doorkeeper_window);
     }
-    if (row.total_bytes < 0 || !o.replay) continue;
-    row_tasks.emplace_back([&, i] {
-      progress("replay", i, r.rows.size());
-      row.replayed = ReplayTiers(trace, row.l1_bytes, row.l2_bytes, row.l3_bytes, o);
+    if (row.total_bytes < 0 || !o_.replay) continue;
+    tasks.emplace_back([this, i] {
+      Progress("replay", i, r_.rows.size());
+      SizingRow& row = r_.rows[i];
+      row.replayed = ReplayTiers(trace_, row.l1_bytes, row.l2_bytes, row.l3_bytes, o_);
     });
   }
-  RunTasks(row_tasks, threads);
+  RunTasks(tasks, threads_);
+}
+
+}  // namespace
+
+PlanResult RunPlan(std::span<const CacheAccess> trace, const PlanOptions& o) {
+  PlanResult r;
+  Planner p(trace, o, r);
+  const Clock::time_point t0 = Clock::now();
+  p.CountKeys();
+  p.BuildCurves();
+  r.curves_s = Seconds(t0);
+  const Clock::time_point t1 = Clock::now();
+  p.SizeRows();
+  p.RefineRows();
+  p.ReplayRows();
   r.replay_s = Seconds(t1);
   return r;
 }
