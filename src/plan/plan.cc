@@ -423,8 +423,9 @@ SizingRow Planner::SizeRow(double target) const {
                                    : r_.curves[0].CapacityFor(Weighting::kSeconds, row.hit_ratio) * redis_charge_;
   if (l3_lru > row.l3_bytes) Split(row, row.l1_bytes + row.l2_bytes + l3_lru, o_);
   // Entries of 0 bytes give a curve that needs 0 bytes, but the tiers hold
-  // each in a byte and Redis charges it a value: start from the target's
-  // share of the working set as Redis charges it, and let the miniature move it.
+  // each in a byte and Redis charges each at least a byte: start from the
+  // target's share of the working set as Redis charges it, and let the
+  // miniature move it.
   if (row.total_bytes <= 0 && row.hit_ratio > 0) Split(row, row.target * r_.working_set_redis_bytes, o_);
   row.tiers_rate = TierRate(m_.rate, {row.l1_bytes, row.l2_bytes, row.l3_bytes}, mean_);
   return row;

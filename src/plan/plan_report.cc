@@ -100,7 +100,7 @@ std::string SizingText(const PlanResult& r) {
       "\nsizing ({}; the total off its curve, moved where a miniature of the tiers misses the target; the hit "
       "ratios predicted by that miniature; by encode seconds; L3 is Redis under allkeys-lru, written through with "
       "every tower result, so it holds copies of what L1 and L2 hold, and its column is the maxmemory to set: "
-      "what Redis charges for the values, its allocator's rounding included):\n",
+      "what Redis charges for the values, the entries' bytes times the overhead factor measured in docs/PLAN.md):\n",
       r.policy);
   o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
                    "L2", "L3", "predicted L1/L1+2/all", r.replayed ? "replayed L1/L1+2/all" : "");

@@ -18,6 +18,7 @@
 // and LRU, so it holds copies of what L1 and L2 hold (plan_tiers.h); where
 // the split leaves L3 a share, L3 starts at no less than the LRU curve's
 // capacity for the target in the bytes Redis charges (RedisChargeBytes:
+// the entry's bytes times one measured overhead factor, at least a byte;
 // exact stack distances over the charged sizes up to exact_max requests,
 // the sampled curve times the working set's charge ratio above). The
 // predicted hit ratios (L1, L1 + L2, all tiers) come from a miniature of the
