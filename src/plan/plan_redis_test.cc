@@ -259,7 +259,7 @@ TEST(PlanRedisTest, AtPlansL3SizeRedisHoldsTheKeysAndServesTheHitsPredicted) {
   // Within 2 % (client buffers grow, one value more or less) plus the
   // factor's own kFactorTolerance: this workload's sizes fall into size
   // classes otherwise than the factor's population (the charges of the keys
-  // held were 1.8 % to 2.2 % under over six runs). A model that charged
+  // held were 1.7 % to 2.2 % under over eight runs). A model that charged
   // the entries' bytes alone would be about 10 % under.
   EXPECT_NEAR(held, row.l3_bytes, (0.02 + kFactorTolerance) * row.l3_bytes)
       << "the values Redis holds at maxmemory " << maxmemory << " are charged " << held << " bytes";
