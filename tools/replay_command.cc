@@ -47,6 +47,7 @@ using plan::PlanOptions;
 using plan::PlanResult;
 using plan::PlanText;
 using plan::RunPlan;
+using plan::SizingRow;
 
 namespace {
 
