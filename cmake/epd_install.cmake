@@ -9,7 +9,7 @@
 #                                   generated epd/core/version.h
 #   lib/libepd_*.a                  the libraries (static, position
 #                                   independent), exported as epd::core,
-#                                   epd::media, epd::video,
+#                                   epd::plan, epd::media, epd::video,
 #                                   epd::safetensors, epd::model,
 #                                   epd::gpu,
 #                                   epd::gpu_cuda, epd::torch_tower,
@@ -41,6 +41,7 @@ set(EPD_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/epd CACHE STRING
 # external packages each component needs are found by epdConfig.cmake.in.
 set(_epd_components
   "core|epd_core|"
+  "plan|epd_plan|core"
   "media|epd_media|core"
   "video|epd_video|media"
   "safetensors|epd_safetensors|core"

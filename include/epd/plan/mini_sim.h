@@ -1,4 +1,4 @@
-// epd/core/mini_sim.h: miss-ratio curves of policies that stack distances do
+// epd/plan/mini_sim.h: miss-ratio curves of policies that stack distances do
 // not describe (GDSF, an admission filter), by miniature simulation
 // (Waldspurger, Saemundsson, Ahmad, Park, "Cache Modeling and Optimization
 // using Miniature Simulations", USENIX ATC 2017).
@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "epd/core/embedding_cache.h"
-#include "epd/core/miss_ratio_curve.h"
+#include "epd/plan/miss_ratio_curve.h"
 
 namespace epd {
 

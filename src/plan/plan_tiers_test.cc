@@ -4,7 +4,7 @@
 // as Redis runs it, written here as the oracle (its own loop, not
 // TierReplayer). Issue 26: the predicted hit
 // ratios at the recommended sizes within 2 points of the replayed ones.
-#include "plan_tiers.h"
+#include "epd/plan/plan_tiers.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace epd::cli {
+namespace epd::plan {
 namespace {
 
 // Zipf(s) popularity over `keys` keys (std::discrete_distribution over 1 / rank^s),
@@ -162,12 +162,12 @@ INSTANTIATE_TEST_SUITE_P(Policies, PlanTiersTest,
 //   D        miss; L1 D, L2 A (C dropped); L3 writes D and evicts B: C A D
 //   B        miss (an exclusive L3 fed L2's victims would hold B); L3: A D B
 //   C        miss
-// L3 holds three values of 100-byte entries: 3 x 408 bytes as Redis charges
-// them (RedisChargesItsAllocatorsSizeClasses below).
+// L3 holds three values of 100-byte entries: 3 x 110 bytes as Redis charges
+// them (EntryBytesTimesTheOverheadFactor below).
 TEST(TierReplayerTest, L3IsWrittenThroughWithEveryMissAndKeepsWhatItServes) {
   PlanOptions o;
   o.eviction = EvictionPolicy::kLru;
-  TierReplayer r({100, 100, 3 * 408}, 1.0, o);
+  TierReplayer r({100, 100, 3 * 110}, 1.0, o);
   for (char k : std::string("ABCADBC")) r.Access({static_cast<std::uint64_t>(k), 100, 1.0}, false);
   const TierHits h = r.Hits({}, {});
   EXPECT_EQ(h.l1.objects, 0);
@@ -180,33 +180,20 @@ TEST(TierReplayerTest, L3IsWrittenThroughWithEveryMissAndKeepsWhatItServes) {
   EXPECT_EQ(r.Hits({}, {}).l3.objects, 1);
 }
 
-// jemalloc 5's size classes: 8, multiples of 16 to 128, then four per doubling.
-TEST(RedisChargeTest, JemallocSizeClasses) {
-  EXPECT_EQ(JemallocSizeClass(0), 8u);
-  EXPECT_EQ(JemallocSizeClass(9), 16u);
-  EXPECT_EQ(JemallocSizeClass(128), 128u);
-  EXPECT_EQ(JemallocSizeClass(129), 160u);
-  EXPECT_EQ(JemallocSizeClass(224), 224u);
-  EXPECT_EQ(JemallocSizeClass(257), 320u);
-  EXPECT_EQ(JemallocSizeClass(1u << 20), 1u << 20);
-  EXPECT_EQ(JemallocSizeClass((1u << 20) + 1), (1u << 20) + (1u << 18));
-  EXPECT_EQ(JemallocSizeClass(~0ULL), ~0ULL);  // saturates
-}
-
-// Worked by hand (plan_tiers.h's accounting). The key "epd:v:" + 64 hex: an
-// sds of 3 + 70 + 1 = 74 bytes, class 80; its object 16, two dictionary
-// entries 64, buckets 24: 184 bytes a key besides the value's sds.
-TEST(RedisChargeTest, RedisChargesItsAllocatorsSizeClasses) {
-  // 100 bytes of rows: a value of 220 bytes, sds 3 + 220 + 1 = 224: class 224.
-  EXPECT_EQ(RedisChargeBytes(100), 224 + 184);
-  // 560 tokens of Qwen2.5-VL-7B (3584 x bf16): 4,014,080 bytes; the value's
-  // sds 9 + 4,014,200 + 1 rounds up to 4 MiB.
-  EXPECT_EQ(RedisChargeBytes(4014080), 4194304 + 184);
-  // 600 tokens: 4,300,800 bytes, just over 4 MiB: 5 MiB, 22 % over the rows.
-  EXPECT_EQ(RedisChargeBytes(4300800), 5242880 + 184);
+// One factor over the entry's bytes (kRedisOverheadFactor, 1.100), rounded
+// up to a byte; worked by hand.
+TEST(RedisChargeTest, EntryBytesTimesTheOverheadFactor) {
+  EXPECT_EQ(RedisChargeBytes(100), 110);
+  // 560 tokens of Qwen2.5-VL-7B (3584 x bf16): 4,014,080 bytes.
+  EXPECT_EQ(RedisChargeBytes(4014080), 4415488);
+  EXPECT_EQ(RedisChargeBytes(1), 2);   // 1.1 rounds up
+  EXPECT_EQ(RedisChargeBytes(0), 1);   // the tiers hold an empty entry in a byte
+  EXPECT_EQ(RedisChargeBytes(-5), 1);  // a negative size counts as 0
   // Saturates at what a cache takes, so that the largest entry a trace may hold is charged, not refused.
   EXPECT_EQ(RedisChargeBytes(std::numeric_limits<std::int64_t>::max()), kMaxCacheBytes);
   EXPECT_EQ(RedisChargeBytes(kMaxCacheBytes - 1000), kMaxCacheBytes);
+  // Near the cap, exact: 1.1 x 4,192,441,834,933,989,000 = 4,611,686,018,427,387,900 (2^62 - 1 is ...903).
+  EXPECT_EQ(RedisChargeBytes(4192441834933989000), 4611686018427387900);
 }
 
 TEST(TierRateTest, RaisedUntilTheSmallerTierHoldsEnoughEntries) {
@@ -217,4 +204,4 @@ TEST(TierRateTest, RaisedUntilTheSmallerTierHoldsEnoughEntries) {
 }
 
 }  // namespace
-}  // namespace epd::cli
+}  // namespace epd::plan

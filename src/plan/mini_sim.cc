@@ -1,6 +1,6 @@
-// See epd/core/mini_sim.h. Keys are already 64-bit hashes, so the simulated
+// See epd/plan/mini_sim.h. Keys are already 64-bit hashes, so the simulated
 // cache hashes them with the identity; the doorkeeper remixes its own.
-#include "epd/core/mini_sim.h"
+#include "epd/plan/mini_sim.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "epd/core/admission_filter.h"
 #include "epd/core/cache_options.h"
-#include "epd/core/shards.h"
+#include "epd/plan/shards.h"
 
 namespace epd {
 namespace {

@@ -12,10 +12,10 @@
 #include <span>
 #include <vector>
 
-#include "epd/core/mini_sim.h"
-#include "epd/core/miss_ratio_curve.h"
-#include "epd/core/shards.h"
-#include "epd/core/stack_distance.h"
+#include "epd/plan/mini_sim.h"
+#include "epd/plan/miss_ratio_curve.h"
+#include "epd/plan/shards.h"
+#include "epd/plan/stack_distance.h"
 
 namespace epd {
 namespace {

@@ -1,4 +1,4 @@
-// epd/core/stack_distance.h: exact byte-weighted LRU stack distances, with
+// epd/plan/stack_distance.h: exact byte-weighted LRU stack distances, with
 // variable entry sizes.
 //
 // The stack distance of an access to key k is the bytes an LRU cache must

@@ -1,4 +1,4 @@
-// tools/plan_tiers.h: a cache trace replayed through the tiers `epd-encode
+// epd/plan/plan_tiers.h: a cache trace replayed through the tiers `epd-encode
 // plan` recommends, in full (the check) or in miniature (the per-tier
 // prediction), through the same code, modelled on what a server runs
 // (docs/L3.md): a TieredEmbeddingCache (L1, L2; exclusive: L2 takes L1's
@@ -13,9 +13,9 @@
 // straight into L2 when L1 is too small for it (the L2-only rule, served
 // from L2 thereafter: TieredOptions::keep_oversize_in_l2); into L3 alone
 // when L2 is too small as well. L3 charges each entry what Redis charges
-// against `maxmemory` for its value (RedisChargeBytes below), so the L3 size
-// is the `maxmemory` to set; it is exact LRU, where Redis samples keys for
-// its LRU (maxmemory-samples).
+// against `maxmemory` for its value (RedisChargeBytes below: one measured
+// factor over the entry's bytes), so the L3 size is the `maxmemory` to set; it is exact LRU, where Redis samples keys
+// for its LRU (maxmemory-samples).
 //
 // The miniature (MiniSim, Waldspurger et al., USENIX ATC 2017, applied to
 // the whole tiered cache rather than to one cache): the keys with
@@ -26,7 +26,7 @@
 // share of the scaled capacity and GDSF ranks it by the same cost per byte
 // as at full scale. Estimates: the head's weights as they are, the sampled
 // tail's scaled to the tail's true weight (post-stratified, as MiniSim and
-// SHARDS do here: epd/core/mini_sim.h).
+// SHARDS do here: epd/plan/mini_sim.h).
 //
 // Units: capacities and charges in bytes, costs in encode seconds.
 // Complexity: O(log n) per replayed access (the caches' GDSF heaps).
@@ -40,50 +40,31 @@
 #include <vector>
 
 #include "epd/core/embedding_cache.h"
-#include "epd/core/shards.h"
 #include "epd/core/tiered_cache.h"
-#include "plan.h"
+#include "epd/plan/plan.h"
+#include "epd/plan/shards.h"
 
-namespace epd::cli {
+namespace epd::plan {
 
 // The largest capacity the caches take, as a double: kMaxCacheBytes
 // (2^62 - 1) rounds up to 2^62, which they refuse, so one ulp under it
 // (2^62 - 512).
 inline double LargestCapacity() { return std::nextafter(static_cast<double>(kMaxCacheBytes), 0.0); }
 
-// What one L3 value adds to a Redis's `used_memory`, the figure `maxmemory`
-// bounds, bytes: the value an embedding of `embedding_bytes` bytes is
-// stored as (src/l3/redis_tier.cc: `SET <prefix>v:<key hex> <value> PX
-// <ttl>`), as Redis 7 allocates it through jemalloc 5 (Debian 12:
-// redis-server 7.0.15, jemalloc 5.3.0), which it counts by the allocator's
-// usable size:
-//   - the value: an sds string of kRedisL3ValueHeaderBytes + embedding_bytes
-//     bytes (with its sds header: 3, 5, 9 or 17 bytes below 2^8, 2^16, 2^32
-//     bytes and above, and a NUL), rounded up to its size class, plus its
-//     16-byte object;
-//   - the key, "epd:v:" and 64 hex digits (70 bytes, the default
-//     --l3-prefix): an sds rounded up likewise;
-//   - two 24-byte dictionary entries (size class 32), in the keyspace and,
-//     since every value has a TTL, in the expires table;
-//   - the two tables' bucket pointers: 8 bytes a slot, a power of two
-//     slots at least as many as the keys, about 1.5 a key on average: 24.
-// Size classes (JemallocSizeClass): 8, multiples of 16 up to 128, then four
-// per doubling (a size s rounded up to a multiple of 2^(floor(log2(s-1))-2)),
-// so a value wastes up to a quarter of itself, about a tenth on average.
-// tools/plan_redis_test.cc checks it against a real redis-server: the
-// `used_memory` of thousands of values, and the keys held and hits served
-// under `maxmemory`. Saturates at kMaxCacheBytes (what a cache takes at
-// most). Not modelled: cluster mode (16 bytes more a key), `--l3-ttl-s 0`
-// (no expires entry: 32 bytes and a bucket less), a value without a
-// measured cost (8 bytes less), a lease key while its write is in flight,
-// and Redis 7.2 on (other dictionary layouts). O(1); thread-safe.
-std::int64_t RedisChargeBytes(std::int64_t embedding_bytes);
-// jemalloc 5's size class for an allocation of `bytes` (above), saturating.
-std::uint64_t JemallocSizeClass(std::uint64_t bytes);
-// The L3 value's header with the encode cost, format 1 (no --l3-key-file):
-// epd/l3/l3_value.h's kL3CostedHeaderBytes (the test checks they agree). A
-// key file's format 2 adds 24 bytes a value, left out.
-inline constexpr std::int64_t kRedisL3ValueHeaderBytes = 120;
+// L3's bytes in Redis per byte of entry: what a Redis holding L3 values
+// adds to `used_memory` (the figure `maxmemory` bounds) over the entries'
+// bytes. Measured, not modelled: docs/PLAN.md, "What Redis charges a value", gives
+// the population, the Redis version and the tolerance, and
+// src/plan/plan_redis_test.cc measures it against a real redis-server.
+// In thousandths, so that a charge is exact integer arithmetic.
+inline constexpr std::int64_t kRedisOverheadPerMille = 1100;
+inline constexpr double kRedisOverheadFactor = static_cast<double>(kRedisOverheadPerMille) / 1000;
+
+// What Redis charges an entry of `entry_bytes` bytes, bytes: entry_bytes x
+// kRedisOverheadFactor rounded up, at least 1 (the tiers hold an empty entry
+// in a byte too), at most kMaxCacheBytes (what a cache takes). A negative
+// size counts as 0. O(1); thread-safe.
+std::int64_t RedisChargeBytes(std::int64_t entry_bytes);
 
 // The full-scale sizes of the three tiers, bytes.
 struct TierSizes {
@@ -157,4 +138,4 @@ TierHits SimulateTiers(const TierSample& sample, const TierSizes& sizes, const P
 // little, and would raise the rate for all).
 double TierRate(double base, const TierSizes& sizes, double mean_bytes, double min_entries = 64);
 
-}  // namespace epd::cli
+}  // namespace epd::plan

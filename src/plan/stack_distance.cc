@@ -1,8 +1,8 @@
-// See epd/core/stack_distance.h. Invariant: tree_[c] holds, at each live
+// See epd/plan/stack_distance.h. Invariant: tree_[c] holds, at each live
 // class-c key's position, that key's current bytes and 0 everywhere else, so
 // Prefix(tree_[c], p) is the bytes of the class-c keys last accessed at or
 // before p. tree_[1] stays empty until a class-1 key arrives.
-#include "epd/core/stack_distance.h"
+#include "epd/plan/stack_distance.h"
 
 #include <algorithm>
 #include <utility>

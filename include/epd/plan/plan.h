@@ -1,10 +1,10 @@
-// tools/plan.h: what `epd-encode plan` computes from a cache trace: the
+// epd/plan/plan.h: what `epd-encode plan` computes from a cache trace: the
 // miss-ratio curves, the tier sizes for a share of the encode seconds an
 // infinite cache would save, the hit ratios those sizes are predicted to
 // give, and the hit ratios a replay of the trace through the real caches at
 // those sizes gives (docs/PLAN.md).
 //
-// Curves (epd/core/miss_ratio_curve.h and friends):
+// Curves (epd/plan/miss_ratio_curve.h and friends):
 //   - LRU: exact stack distances for traces up to exact_max requests,
 //     SHARDS above (shards_rate on the tail, the shards_head hottest keys
 //     exactly, at most shards_max_keys tail keys);
@@ -18,6 +18,7 @@
 // and LRU, so it holds copies of what L1 and L2 hold (plan_tiers.h); where
 // the split leaves L3 a share, L3 starts at no less than the LRU curve's
 // capacity for the target in the bytes Redis charges (RedisChargeBytes:
+// the entry's bytes times one measured overhead factor, at least a byte;
 // exact stack distances over the charged sizes up to exact_max requests,
 // the sampled curve times the working set's charge ratio above). The
 // predicted hit ratios (L1, L1 + L2, all tiers) come from a miniature of the
@@ -29,7 +30,7 @@
 // miniature at the curve's total misses t x the maximum by more than half a
 // point either way, the total moves to the smallest one whose miniature
 // reaches it (doublings or halvings to bracket it, at most 20, then 6
-// bisections in log space; plan.cc, Refine), so the sizes printed give the
+// bisections in log space; src/plan/plan.cc, Refine), so the sizes printed give the
 // share asked for by the same estimate that predicts them. A row past the
 // curve's end starts where the curve comes within 0.1 % of its end.
 // Replay (plan_tiers.h; only with PlanOptions::replay): the same tiers at
@@ -54,10 +55,10 @@
 #include <vector>
 
 #include "epd/core/embedding_cache.h"
-#include "epd/core/miss_ratio_curve.h"
 #include "epd/core/tiered_cache.h"
+#include "epd/plan/miss_ratio_curve.h"
 
-namespace epd::cli {
+namespace epd::plan {
 
 struct PlanOptions {
   EvictionPolicy eviction = EvictionPolicy::kGdsf;
@@ -165,4 +166,4 @@ std::string PlanJson(const PlanResult& r);
 // "512 B"); "-" for a negative count (an unreachable row). plan_report.cc.
 std::string Gb(double bytes);
 
-}  // namespace epd::cli
+}  // namespace epd::plan

@@ -1,12 +1,12 @@
-// See epd/core/miss_ratio_curve.h. Bucket 0 holds distances below 1 byte;
+// See epd/plan/miss_ratio_curve.h. Bucket 0 holds distances below 1 byte;
 // bucket b >= 1 holds [2^((b-1)/64), 2^(b/64)); the last bucket holds cold
 // and everything at or beyond 2^64, which no capacity reaches.
-#include "epd/core/miss_ratio_curve.h"
+#include "epd/plan/miss_ratio_curve.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "epd/core/stack_distance.h"
+#include "epd/plan/stack_distance.h"
 
 namespace epd {
 

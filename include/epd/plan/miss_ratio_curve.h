@@ -1,10 +1,10 @@
-// epd/core/miss_ratio_curve.h: miss-ratio curves of a cache trace, weighted
+// epd/plan/miss_ratio_curve.h: miss-ratio curves of a cache trace, weighted
 // by objects, bytes and encode seconds.
 //
 // A trace is a sequence of CacheAccess: one per item request, with the key's
 // 64-bit hash, its entry's size in bytes and the encode seconds a miss costs.
 // A ReuseHistogram collects, for each access, its reuse distance in bytes
-// (epd/core/stack_distance.h; the smallest LRU cache that hits it) and its
+// (epd/plan/stack_distance.h; the smallest LRU cache that hits it) and its
 // three weights; the hit ratio of an LRU cache of C bytes is the weight at
 // distances <= C over the total weight, and the miss ratio one minus that.
 //   - Exact mode keeps every (distance, weights) record: HitsAt is exact for
@@ -12,7 +12,7 @@
 //   - Bucketed mode sums records into 64 log-spaced buckets per doubling
 //     (each 1.1% wide; 4,100 buckets, ~130 KB whatever the trace): HitsAt
 //     counts a bucket by the fraction of its log-width below C, so it errs
-//     by at most one bucket's weight. SHARDS (epd/core/shards.h) uses it.
+//     by at most one bucket's weight. SHARDS (epd/plan/shards.h) uses it.
 // Totals: Record adds to the recorded weight; AddTotal adds to the true
 // total (every access, sampled or not). MissRatioAt is (recorded - hits) /
 // true total, clamped to [0, 1]: for an exact histogram the two totals are

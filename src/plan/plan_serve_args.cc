@@ -1,12 +1,12 @@
-// tools/plan_serve_args.cc: see plan_serve_args.h.
-#include "plan_serve_args.h"
+// src/plan/plan_serve_args.cc: see epd/plan/plan_serve_args.h.
+#include "epd/plan/plan_serve_args.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-namespace epd::cli {
+namespace epd::plan {
 
 std::int64_t MibAtLeast(double bytes) {
   if (!std::isfinite(bytes) || bytes <= 0) return 0;
@@ -25,4 +25,4 @@ std::string ServeArgs(double l1_bytes, double l2_bytes, EvictionPolicy eviction,
   return s;
 }
 
-}  // namespace epd::cli
+}  // namespace epd::plan

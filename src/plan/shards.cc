@@ -1,5 +1,5 @@
-// See epd/core/shards.h.
-#include "epd/core/shards.h"
+// See epd/plan/shards.h.
+#include "epd/plan/shards.h"
 
 #include <algorithm>
 #include <cmath>

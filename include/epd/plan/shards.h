@@ -1,11 +1,11 @@
-// epd/core/shards.h: SHARDS, spatially hashed sampling for miss-ratio curves
+// epd/plan/shards.h: SHARDS, spatially hashed sampling for miss-ratio curves
 // in bounded memory (Waldspurger, Park, Garthwaite, Ahmad, "Efficient MRC
 // Construction with SHARDS", FAST 2015), fixed-size variant.
 //
 // A key is sampled iff mix(key) < T, where mix is the SplitMix64 finaliser
 // (a bijection on 64 bits) and T / 2^64 = R is the sampling rate. Sampling
 // by key, not by access, keeps every access of a sampled key, so the sampled
-// keys' stack distances (epd/core/stack_distance.h) scaled by 1 / R estimate
+// keys' stack distances (epd/plan/stack_distance.h) scaled by 1 / R estimate
 // the full trace's. Each sampled access is recorded with weight w / R in a
 // bucketed ReuseHistogram; every access adds w to the true total.
 //
@@ -35,7 +35,7 @@
 // Memory: about 80 bytes per sampled key (stack index, Fenwick positions,
 // the max-heap of sampled hashes) plus the histogram's ~130 KB;
 // memory_bytes() reports it. The MAE against the exact curve is tested in
-// src/core/mrc_test.cc and measured in docs/BENCHMARKS.md.
+// src/plan/mrc_test.cc and measured in docs/BENCHMARKS.md.
 // Complexity: O(1) per unsampled access, O(log s) per sampled one.
 // Thread safety: thread-compatible.
 //
@@ -52,8 +52,8 @@
 #include <utility>
 #include <vector>
 
-#include "epd/core/miss_ratio_curve.h"
-#include "epd/core/stack_distance.h"
+#include "epd/plan/miss_ratio_curve.h"
+#include "epd/plan/stack_distance.h"
 
 namespace epd {
 

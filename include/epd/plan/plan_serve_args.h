@@ -1,4 +1,4 @@
-// tools/plan_serve_args.h: the `epd-encode serve` (and `replay`) flags that
+// epd/plan/plan_serve_args.h: the `epd-encode serve` (and `replay`) flags that
 // run one of plan's sizing rows, so that a plan is not read off in one unit
 // and typed back in another.
 //
@@ -20,7 +20,7 @@
 #include "epd/core/cache_options.h"
 #include "epd/core/tiered_cache.h"
 
-namespace epd::cli {
+namespace epd::plan {
 
 // The whole MiB at or above `bytes` (>= 0): the smallest --cache-mb /
 // --host-cache-mb that holds them, at most the kMaxCacheBytes >> 20 the
@@ -33,4 +33,4 @@ std::int64_t MibAtLeast(double bytes);
 std::string ServeArgs(double l1_bytes, double l2_bytes, EvictionPolicy eviction, L1Admission admission,
                       std::uint64_t window);
 
-}  // namespace epd::cli
+}  // namespace epd::plan

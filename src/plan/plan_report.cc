@@ -1,4 +1,4 @@
-// tools/plan_report.cc: plan's report, as text tables and as JSON (the
+// src/plan/plan_report.cc: plan's report, as text tables and as JSON (the
 // declarations and the fields: plan.h; what each column means: docs/PLAN.md,
 // "What it prints").
 #include <fmt/format.h>
@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "plan.h"
+#include "epd/plan/plan.h"
 
-namespace epd::cli {
+namespace epd::plan {
 namespace {
 
 nlohmann::json WeightsJson(const Weights& w) {
@@ -31,7 +31,10 @@ std::string Gb(double bytes) {
   return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
 }
 
-std::string PlanText(const PlanResult& r) {
+namespace {
+
+// The trace's figures, the sampler's and the warnings.
+std::string SummaryText(const PlanResult& r) {
   std::string o;
   o += fmt::format("plan: {} requests, {} distinct keys, working set {}, largest entry {:.1f} MB, encode {:.1f} s\n",
                    r.requests, r.distinct_keys, Gb(r.working_set_bytes), r.largest_entry / 1e6, r.total_seconds);
@@ -43,7 +46,12 @@ std::string PlanText(const PlanResult& r) {
                      static_cast<double>(r.sampler_bytes) / 1e6);
   }
   for (const std::string& w : r.warnings) o += "  warning: " + w + "\n";
-  o += "\nmiss ratio curves (miss ratio by objects / bytes / encode seconds):\n";
+  return o;
+}
+
+// The curves side by side: about a dozen of their capacities, and the last.
+std::string CurvesText(const PlanResult& r) {
+  std::string o = "\nmiss ratio curves (miss ratio by objects / bytes / encode seconds):\n";
   o += fmt::format("  {:>12}", "capacity");
   for (const MissRatioCurve& c : r.curves) o += fmt::format("  {:>28}", c.label.substr(0, 28));
   o += "\n";
@@ -63,36 +71,47 @@ std::string PlanText(const PlanResult& r) {
     }
     o += "\n";
   }
-  o += fmt::format(
+  return o;
+}
+
+// One sizing row: its sizes, predicted and replayed hit ratios.
+std::string SizingRowText(const SizingRow& row, bool replayed) {
+  const std::string what = fmt::format("{:.0f}% of max ({:.3f})", 100 * row.target, row.hit_ratio);
+  if (row.total_bytes < 0) return fmt::format("  {:>22} unreachable on the curve\n", what);
+  const TierHits& h = row.replayed;
+  const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
+  const double l3 = h.Ratio(h.l3, Weighting::kSeconds);
+  std::string o =
+      fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", what, Gb(row.total_bytes),
+                  Gb(row.l1_bytes), Gb(row.l2_bytes), Gb(row.l3_bytes),
+                  fmt::format("{:.3f}/{:.3f}/{:.3f}", row.predicted_l1, row.predicted_l12, row.predicted_all),
+                  replayed ? fmt::format("{:.3f}/{:.3f}/{:.3f}", l1, l1 + l2, l1 + l2 + l3) : "");
+  if (!row.reached) {
+    o += fmt::format(
+        "  {:>22} (short: no total up to {} gave it in the miniature; the tiers' limits or the "
+        "admission filter cap it)\n",
+        "", Gb(row.total_bytes));
+  }
+  return o;
+}
+
+std::string SizingText(const PlanResult& r) {
+  std::string o = fmt::format(
       "\nsizing ({}; the total off its curve, moved where a miniature of the tiers misses the target; the hit "
       "ratios predicted by that miniature; by encode seconds; L3 is Redis under allkeys-lru, written through with "
       "every tower result, so it holds copies of what L1 and L2 hold, and its column is the maxmemory to set: "
-      "what Redis charges for the values, its allocator's rounding included):\n",
+      "what Redis charges for the values, the entries' bytes times the overhead factor measured in docs/PLAN.md):\n",
       r.policy);
   o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", "encode seconds saved", "total", "L1",
                    "L2", "L3", "predicted L1/L1+2/all", r.replayed ? "replayed L1/L1+2/all" : "");
-  for (const SizingRow& row : r.rows) {
-    const std::string what = fmt::format("{:.0f}% of max ({:.3f})", 100 * row.target, row.hit_ratio);
-    if (row.total_bytes < 0) {
-      o += fmt::format("  {:>22} unreachable on the curve\n", what);
-      continue;
-    }
-    const TierHits& h = row.replayed;
-    const double l1 = h.Ratio(h.l1, Weighting::kSeconds), l2 = h.Ratio(h.l2, Weighting::kSeconds);
-    const double l3 = h.Ratio(h.l3, Weighting::kSeconds);
-    o += fmt::format("  {:>22} {:>10} {:>10} {:>10} {:>10}   {:>22}   {:>22}\n", what, Gb(row.total_bytes),
-                     Gb(row.l1_bytes), Gb(row.l2_bytes), Gb(row.l3_bytes),
-                     fmt::format("{:.3f}/{:.3f}/{:.3f}", row.predicted_l1, row.predicted_l12, row.predicted_all),
-                     r.replayed ? fmt::format("{:.3f}/{:.3f}/{:.3f}", l1, l1 + l2, l1 + l2 + l3) : "");
-    if (!row.reached) {
-      o += fmt::format(
-          "  {:>22} (short: no total up to {} gave it in the miniature; the tiers' limits or the "
-          "admission filter cap it)\n",
-          "", Gb(row.total_bytes));
-    }
-  }
+  for (const SizingRow& row : r.rows) o += SizingRowText(row, r.replayed);
   if (!r.replayed) o += "  (not replayed: --replay on checks the prediction against the real tiers)\n";
   if (r.max_hit_ratio.seconds <= 0) o += "  (nothing to save: no key repeats, or every repeat costs 0 s)\n";
+  return o;
+}
+
+// The worker flags per row, and the sizes on one line.
+std::string FlagsText(const PlanResult& r) {
   auto join = [&r](const char* sep, auto&& item) {
     std::string s;
     for (const SizingRow& row : r.rows) {
@@ -101,7 +120,7 @@ std::string PlanText(const PlanResult& r) {
     }
     return s;
   };
-  o += "  worker flags for each row's L1 and L2 (MiB; L3 is Redis's maxmemory, docs/L3.md):\n";
+  std::string o = "  worker flags for each row's L1 and L2 (MiB; L3 is Redis's maxmemory, docs/L3.md):\n";
   for (const SizingRow& row : r.rows) {
     if (!row.serve_args.empty())
       o += fmt::format("  {:>22} {}\n", fmt::format("{:.0f}%", 100 * row.target), row.serve_args);
@@ -113,6 +132,10 @@ std::string PlanText(const PlanResult& r) {
                    join(" / ", [](const SizingRow& x) { return Gb(x.total_bytes < 0 ? -1 : x.l3_bytes); }));
   return o;
 }
+
+}  // namespace
+
+std::string PlanText(const PlanResult& r) { return SummaryText(r) + CurvesText(r) + SizingText(r) + FlagsText(r); }
 
 std::string PlanJson(const PlanResult& r) {
   nlohmann::json j = {{"requests", r.requests},
@@ -170,4 +193,4 @@ std::string PlanJson(const PlanResult& r) {
   return j.dump() + "\n";
 }
 
-}  // namespace epd::cli
+}  // namespace epd::plan

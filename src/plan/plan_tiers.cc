@@ -1,13 +1,11 @@
 // See plan_tiers.h. The full replay is the miniature at rate 1 with no
 // head, so the check and the prediction run the same policy code.
-#include "plan_tiers.h"
+#include "epd/plan/plan_tiers.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
-#include <limits>
 
-namespace epd::cli {
+namespace epd::plan {
 namespace {
 
 std::int64_t Scaled(double bytes, double rate) {
@@ -36,36 +34,15 @@ Weights Times(const Weights& w, const Weights& f) {
   return {w.objects * f.objects, w.bytes * f.bytes, w.seconds * f.seconds};
 }
 
-// The sds header for a string of `n` bytes (Redis 7.0's sdsReqType; an L3
-// value and key are never under 32 bytes, where type 5 would be used).
-std::uint64_t SdsHeaderBytes(std::uint64_t n) {
-  if (n < (1ULL << 8)) return 3;
-  if (n < (1ULL << 16)) return 5;
-  if (n < (1ULL << 32)) return 9;
-  return 17;
-}
-
 }  // namespace
 
-std::uint64_t JemallocSizeClass(std::uint64_t bytes) {
-  if (bytes <= 8) return 8;
-  if (bytes <= 128) return (bytes + 15) / 16 * 16;
-  const int lg = 63 - std::countl_zero(bytes - 1);  // floor(log2(bytes - 1))
-  const std::uint64_t spacing = 1ULL << (lg - 2);
-  if (bytes > std::numeric_limits<std::uint64_t>::max() - spacing) return std::numeric_limits<std::uint64_t>::max();
-  return (bytes + spacing - 1) / spacing * spacing;
-}
-
-std::int64_t RedisChargeBytes(std::int64_t embedding_bytes) {
-  constexpr std::uint64_t kKeyBytes = 70;  // "epd:v:" + 64 hex digits
-  constexpr std::uint64_t kObject = 16, kDictEntry = 32, kBuckets = 24;
-  static const std::uint64_t kPerKey =
-      JemallocSizeClass(SdsHeaderBytes(kKeyBytes) + kKeyBytes + 1) + kObject + 2 * kDictEntry + kBuckets;
-  const std::uint64_t value = static_cast<std::uint64_t>(std::max<std::int64_t>(embedding_bytes, 0)) +
-                              static_cast<std::uint64_t>(kRedisL3ValueHeaderBytes);
-  const std::uint64_t charge = JemallocSizeClass(SdsHeaderBytes(value) + value + 1);
-  const auto most = static_cast<std::uint64_t>(kMaxCacheBytes);  // what a cache takes at most
-  return static_cast<std::int64_t>(charge >= most - kPerKey ? most : charge + kPerKey);
+std::int64_t RedisChargeBytes(std::int64_t entry_bytes) {
+  const std::int64_t bytes = std::max<std::int64_t>(entry_bytes, 0);
+  // Past this the product would pass kMaxCacheBytes (and, far past, overflow).
+  if (bytes > kMaxCacheBytes / kRedisOverheadPerMille * 1000) return kMaxCacheBytes;
+  // ceil(bytes x per-mille / 1000) by thousands and the rest: bytes x per-mille would overflow near the cap.
+  const std::int64_t thousands = bytes / 1000, rest = bytes % 1000;
+  return std::max<std::int64_t>(1, thousands * kRedisOverheadPerMille + (rest * kRedisOverheadPerMille + 999) / 1000);
 }
 
 TierReplayer::TierReplayer(const TierSizes& sizes, double rate, const PlanOptions& o, double share)
@@ -165,4 +142,4 @@ double TierRate(double base, const TierSizes& sizes, double mean_bytes, double m
   return std::min(r, 1.0);
 }
 
-}  // namespace epd::cli
+}  // namespace epd::plan
