@@ -8,6 +8,12 @@ set_tests_properties(k8s_manifests_test PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 
 # runs it and `podman kube play` of the trial overlay. Serial: podman's
 # image builds take both cores of a small machine.
 if(TARGET epd-encode)
+  # The router script following the encoders as they come and go, with
+  # Debian's nginx and two real servers (no container).
+  add_test(NAME router_follows_test COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/deploy/test_router_follows.py)
+  set_tests_properties(router_follows_test PROPERTIES
+    ENVIRONMENT "EPD_ENCODE_BIN=$<TARGET_FILE:epd-encode>;EPD_BUILD_DIR=${CMAKE_BINARY_DIR}"
+    TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS deploy)
   # `epd-encode health`, the image's HEALTHCHECK, against a real server.
   add_test(NAME health_command_test COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/deploy/test_health_command.py)
   set_tests_properties(health_command_test PROPERTIES
