@@ -215,6 +215,28 @@ TEST(RedisClusterTier, DeadMasterIsCountedByNodeWhileTheOthersServe) {
   ASSERT_NE(*got, nullptr);
 }
 
+TEST(RedisClusterTier, ClusterDownIsRetriedBoundedThenCountedAndTheSlotServesOnceBack) {
+  RedisCluster cluster(EPD_REDIS_SERVER, 3);
+  auto a = Open(cluster, "server-a");
+  const ContentKey k = TestKey(90);
+  a->PutAsync(k, Rows(1, 2, 4));
+  AwaitWrites(*a, 1);
+  const int slot = SlotOf(cluster, ValueKey(k));
+  const int owner = cluster.MasterOf(slot);
+  // The slot served by no node: its owner answers CLUSTERDOWN for it.
+  ASSERT_EQ(cluster.node(owner).Cli({"CLUSTER", "DELSLOTS", std::to_string(slot)}), "+OK\r\n");
+  StatusOr<EmbeddingPtr> down = a->Get(k);
+  EXPECT_FALSE(down.ok());
+  SharedTierStats s = a->Stats();
+  EXPECT_EQ(s.errors.at("reply"), 1u);  // one failure after the retries, not one per retry
+  EXPECT_EQ(s.node_errors.at("127.0.0.1:" + std::to_string(cluster.node(owner).port()) + "/0"), 1u);
+  ASSERT_EQ(cluster.node(owner).Cli({"CLUSTER", "ADDSLOTS", std::to_string(slot)}), "+OK\r\n");
+  StatusOr<EmbeddingPtr> back = a->Get(k);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_NE(*back, nullptr);
+  EXPECT_EQ((*back)->main, Rows(1, 2, 4)->main);
+}
+
 TEST(RedisClusterTier, OpenRefusesMixedUrlsAndABraceInThePrefix) {
   RedisTierOptions o;
   o.urls = {"redis-cluster://127.0.0.1:7000", "redis://127.0.0.1:6379"};
