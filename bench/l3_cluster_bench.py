@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import redis_cluster_harness as rch  # noqa: E402
 import redis_harness as rh  # noqa: E402
 import server_harness as h  # noqa: E402
-from l3_harness import Server, wait_for  # noqa: E402
+from l3_harness import Server  # noqa: E402
 
 
 def image(i: int) -> bytes:

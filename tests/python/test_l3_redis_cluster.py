@@ -13,7 +13,7 @@ CLUSTER NODES, EXISTS on a node) or against counts made here:
 - slots moved with `redis-cli --cluster reshard` under load: no request
   fails, MOVED is followed, and values moved with their slot are l3 hits;
 - the same images sent to the three servers at once run the tower once each
-  in the cluster;
+  in the cluster, and a server started again serves them all as l3 hits;
 - a corrupt value planted on the node that serves its key is refused,
   counted, re-encoded and rewritten there."""
 
@@ -175,7 +175,7 @@ def test_resharding_under_load_follows_moved_and_no_request_fails(cluster, three
     assert b.counters().get("redirects_moved", 0) >= 1
 
 
-def test_same_images_to_three_servers_at_once_run_the_tower_once_each(three):
+def test_same_images_to_three_servers_at_once_run_the_tower_once_each_and_survive_a_restart(cluster, three):
     images = [image(10 + i) for i in range(4)]
     with cf.ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(n.encode, [img]) for img in images for n in three]
@@ -184,6 +184,15 @@ def test_same_images_to_three_servers_at_once_run_the_tower_once_each(three):
     assert sum(n.stats()["misses"] for n in three) == len(images), "one encode per distinct image in the cluster"
     assert sum(n.stats()["tower_items"] for n in three) == len(images)
     assert sum(n.stats()["hits_l3"] for n in three) == 2 * len(images)
+    # Warm restart: a server started again (empty L1/L2) serves them from the cluster.
+    wait_for(lambda: total(three, "writes") == len(images), "the four L3 writes")
+    three[0].stop()
+    restarted = Server(cluster.url, "a")
+    try:
+        assert [r.source for r in restarted.encode(images)] == ["l3"] * len(images)
+        assert restarted.stats()["tower_items"] == 0
+    finally:
+        restarted.stop()
 
 
 def test_corrupt_value_planted_on_its_node_is_refused_and_rewritten(cluster, three):
