@@ -8,6 +8,7 @@ directories, stopped by PID) in cluster mode, joined by
     cluster.master_of_key("epd:v:{<hex>}")          # the RedisServer serving it
     cluster.kill(node); cluster.wait_promoted(node) # a failover
     cluster.reshard(src, dst, slots)                # redis-cli --cluster reshard
+    cluster.begin_move(slot, src, dst); cluster.finish_move(slot, dst)  # one slot, by hand
     cluster.close()
 
 The cluster bus port of each node is chosen free too (--cluster-port): the
@@ -161,6 +162,17 @@ class RedisCluster:
                         "--cluster-from", self.node_id(source), "--cluster-to", self.node_id(target),
                         "--cluster-slots", str(slots), "--cluster-yes"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+
+    def begin_move(self, slot: int, source: rh.RedisServer, target: rh.RedisServer) -> None:
+        """The first step of moving one slot, as a reshard takes it: from here
+        on `source` answers ASK for the slot's keys it does not hold."""
+        target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
+        source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
+
+    def finish_move(self, slot: int, target: rh.RedisServer) -> None:
+        """The last step: every master learns that `target` serves the slot."""
+        for m in self.masters():
+            m.command("CLUSTER", "SETSLOT", slot, "NODE", self.node_id(target))
 
     def close(self) -> None:
         for n in self.nodes:

@@ -12,6 +12,9 @@ CLUSTER NODES, EXISTS on a node) or against counts made here:
   (it was replicated);
 - slots moved with `redis-cli --cluster reshard` under load: no request
   fails, MOVED is followed, and values moved with their slot are l3 hits;
+- a slot stopped in migration (as a reshard leaves it between its steps):
+  a new image's lease and value go to the importing node through ASK, and
+  another server reads the value there through ASK;
 - the same images sent to the three servers at once run the tower once each
   in the cluster, and a server started again serves them all as l3 hits;
 - a corrupt value planted on the node that serves its key is refused,
@@ -173,6 +176,29 @@ def test_resharding_under_load_follows_moved_and_no_request_fails(cluster, three
     assert all(cluster.master_of_key(value_key(a, img)) is target for img in moved)
     assert [r.source for r in b.encode(moved)] == ["l3"] * len(moved)
     assert b.counters().get("redirects_moved", 0) >= 1
+
+
+def test_a_slot_in_migration_is_followed_through_ask(cluster, three):
+    a, b, c = three
+    assert b.encode([image(3100)])[0].ok  # b and c have read the slot map
+    assert c.encode([image(3101)])[0].ok
+    img = image(3200)
+    key = value_key(c, img)
+    slot = int(cluster.live()[0].command("CLUSTER", "KEYSLOT", key))
+    source = cluster.master_of_key(key)
+    target = next(m for m in cluster.masters() if m is not source)
+    # Stopped between the first and the last step of a reshard: a new key of
+    # the slot goes to the importing node (its lease, then its value).
+    cluster.begin_move(slot, source, target)
+    r = c.encode([img])[0]
+    assert r.ok and r.source == "miss"
+    c.await_writes(1)
+    assert c.counters().get("redirects_ask", 0) >= 2  # the lease's SET NX and the value's SET
+    assert [x.source for x in b.encode([img])] == ["l3"]  # GET at the source, ASK, found at the target
+    assert b.counters().get("redirects_ask", 0) == 1
+    assert b.counters().get("redirects_moved", 0) == 0  # ASK leaves the map alone
+    cluster.finish_move(slot, target)
+    assert target.command("EXISTS", key) == 1
 
 
 def test_same_images_to_three_servers_at_once_run_the_tower_once_each_and_survive_a_restart(cluster, three):
