@@ -7,6 +7,7 @@
 // asked of the servers themselves (CLUSTER KEYSLOT, EXISTS on each node).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <set>
 #include <thread>
 
@@ -235,6 +236,53 @@ TEST(RedisClusterTier, ClusterDownIsRetriedBoundedThenCountedAndTheSlotServesOnc
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   ASSERT_NE(*back, nullptr);
   EXPECT_EQ((*back)->main, Rows(1, 2, 4)->main);
+}
+
+// Four readers share one tier while the slot of half their keys moves
+// between two masters, step by step: every read is a hit with its own rows.
+TEST(RedisClusterTier, ReadersInParallelKeepHittingWhileTheirSlotMoves) {
+  RedisCluster cluster(EPD_REDIS_SERVER, 3);
+  auto a = Open(cluster, "server-a");
+  const ContentKey moving = TestKey(100);
+  const int slot = SlotOf(cluster, ValueKey(moving));
+  const int from = cluster.MasterOf(slot);
+  const int to = (from + 1) % cluster.size();
+  std::vector<ContentKey> keys = {moving};
+  for (std::uint8_t i = 101; keys.size() < 4; ++i) keys.push_back(TestKey(i));
+  for (std::size_t i = 0; i < keys.size(); ++i) a->PutAsync(keys[i], Rows(1, 2, static_cast<std::uint8_t>(i)));
+  AwaitWrites(*a, keys.size());
+  std::atomic<bool> stop{false};
+  std::atomic<int> misses{0}, failures{0}, reads{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      for (std::size_t n = static_cast<std::size_t>(t); !stop.load(); ++n) {
+        const std::size_t i = n % keys.size();
+        StatusOr<EmbeddingPtr> got = a->Get(keys[i]);
+        ++reads;
+        if (!got.ok()) {
+          ++failures;
+        } else if (*got == nullptr || (*got)->main != Rows(1, 2, static_cast<std::uint8_t>(i))->main) {
+          ++misses;
+        }
+      }
+    });
+  }
+  auto until_reads = [&](int n) {
+    while (reads.load() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  until_reads(50);
+  cluster.BeginMove(slot, from, to);
+  until_reads(reads.load() + 50);
+  cluster.Migrate(from, to, {ValueKey(moving)});
+  until_reads(reads.load() + 50);
+  cluster.FinishMove(slot, to);
+  until_reads(reads.load() + 50);
+  stop = true;
+  for (std::thread& r : readers) r.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(misses.load(), 0);
+  EXPECT_GE(a->Stats().redirects_moved + a->Stats().redirects_ask, 1u);
 }
 
 TEST(RedisClusterTier, OpenRefusesMixedUrlsAndABraceInThePrefix) {
