@@ -117,12 +117,24 @@ def every_doc(root):
     return docs
 
 
+def layout_errors(root):
+    """README.md's layout block names every folder of src/."""
+    text = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    if "## Layout" not in text:
+        return ["README.md: no '## Layout' section"]
+    block = text.split("## Layout", 1)[1].split("```")[1]
+    named = set(re.findall(r"^src/([\w-]+)/", block, re.M))
+    have = {d for d in os.listdir(os.path.join(root, "src")) if os.path.isdir(os.path.join(root, "src", d))}
+    return [f"README.md: the layout block does not name src/{d}/" for d in sorted(have - named)]
+
+
 def main():
     root, docs = sys.argv[1], sys.argv[2:]
+    errors = []
     if docs == ["--all"]:
         docs = every_doc(root)
+        errors += layout_errors(root)
     names = all_files(root)
-    errors = []
     for doc in docs:
         errors += check(root, doc, names)
     if errors:
