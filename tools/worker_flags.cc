@@ -260,6 +260,12 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.video_chunk_cache = !f.no_video_chunk_cache;
 #ifdef EPD_HAVE_VIDEO
   o.decode_video = DecodeVideo;
+  o.probe_video = [](std::span<const std::uint8_t> bytes, const VideoSampling& s, const PreprocessConfig& cfg,
+                     const VideoLimits& limits) -> StatusOr<GridTHW> {
+    StatusOr<VideoInfo> info = ProbeVideo(bytes, limits);
+    if (!info.ok()) return info.status();
+    return VideoHeaderGrid(*info, s, cfg);
+  };
 #endif
 #ifdef EPD_HAVE_CUDA_TIER
   if (gpu_tier) {
