@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "baseline/embedding_cache_eacf3f7.h"
 #include "epd/core/concurrent_cache.h"
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
@@ -244,6 +245,41 @@ class EpdLru {
   void Put(const ContentKey& k, const EmbeddingPtr& v, std::int64_t charge) { c_.Put(k, v, charge); }
   std::size_t BookkeepingBytes() const { return c_.bookkeeping_bytes(); }
   std::size_t Size() const { return c_.size(); }
+
+ private:
+  EpdCache c_;
+};
+
+// The header as it stood at eacf3f7, before GDSF (bench/baseline/): today's
+// LRU get-hit must be no slower (issue 41).
+class EpdLruEacf3f7 {
+ public:
+  static constexpr const char* kName = "epd_eacf3f7";
+  static constexpr bool kThreadSafe = false;
+  EpdLruEacf3f7(std::int64_t capacity, std::size_t) : c_(capacity) {}
+  EmbeddingPtr Get(const ContentKey& k) {
+    std::optional<EmbeddingPtr> v = c_.Get(k);
+    return v ? std::move(*v) : EmbeddingPtr();
+  }
+  void Put(const ContentKey& k, const EmbeddingPtr& v, std::int64_t charge) { c_.Put(k, v, charge); }
+
+ private:
+  baseline_eacf3f7::EmbeddingCache<ContentKey, EmbeddingPtr, ContentKeyHash> c_;
+};
+
+// EmbeddingCache under GDSF or adaptive eviction (puts carry no measured
+// cost, so GDSF ranks by frequency, then by touch).
+template <EvictionPolicy P>
+class EpdRanked {
+ public:
+  static constexpr const char* kName = P == EvictionPolicy::kGdsf ? "epd_gdsf" : "epd_adaptive";
+  static constexpr bool kThreadSafe = false;
+  EpdRanked(std::int64_t capacity, std::size_t) : c_(capacity, CacheOptions{P}) {}
+  EmbeddingPtr Get(const ContentKey& k) {
+    std::optional<EmbeddingPtr> v = c_.Get(k);
+    return v ? std::move(*v) : EmbeddingPtr();
+  }
+  void Put(const ContentKey& k, const EmbeddingPtr& v, std::int64_t charge) { c_.Put(k, v, charge); }
 
  private:
   EpdCache c_;
@@ -756,6 +792,10 @@ void RegisterAll() {
   benchmark::RegisterBenchmark("tiered_promote/memcpy", BM_TieredPromote, true)->MinTime(0.3);
   benchmark::RegisterBenchmark("tiered_demote/memcpy", BM_TieredDemote, true)->MinTime(0.3);
 
+  benchmark::RegisterBenchmark("hit/epd_eacf3f7", BM_GetHit<EpdLruEacf3f7>)->Arg(kResident)->Iterations(kHitTimedOps);
+  benchmark::RegisterBenchmark("hit/epd_eacf3f7", BM_GetHit<EpdLruEacf3f7>)->Arg(kHot)->MinTime(0.3);
+  RegisterPeer<EpdRanked<EvictionPolicy::kGdsf>>();
+  RegisterPeer<EpdRanked<EvictionPolicy::kAdaptive>>();
   benchmark::RegisterBenchmark("hit/epd_u64value", BM_GetHit<EpdPlainValue>)->Arg(kResident)->Iterations(kHitTimedOps);
   benchmark::RegisterBenchmark("hit/epd_u64value", BM_GetHit<EpdPlainValue>)->Arg(kHot)->MinTime(0.3);
   RegisterPeer<EpdSharded>();

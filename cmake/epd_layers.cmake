@@ -18,7 +18,8 @@
 #   EPD_LAYER_<L>_USES     the layers L may include and link (transitively
 #                          closed: list every one, not just the next)
 #   EPD_LAYER_<L>_HEADERS  its public headers, under include/epd/<L>/ (the
-#                          folder is the layer, so an include line names it)
+#                          folder is the layer, so an include line names it),
+#                          and its internal ones as internal/<name>.h
 # "rpc" is the internal epd_proto (generated gRPC code and the conversions);
 # its one public header, the stats both ends report, is shared by server and
 # client.
@@ -28,8 +29,14 @@ set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
 set(EPD_LAYER_core_HEADERS
   admission_filter.h cache_options.h concurrent_cache.h content_key_type.h embedding.h embedding_cache.h
-  encode_scheduler.h encode_types.h eviction_order.h gdsf_heap.h grid.h job_scheduler.h policy_duel.h
-  shared_tier.h slot_index.h stat_fields.h status.h tenant_quota.h tiered_cache.h version.h vision_tower.h)
+  encode_scheduler.h encode_types.h grid.h job_scheduler.h policy_duel.h
+  shared_tier.h stat_fields.h status.h tenant_quota.h tiered_cache.h version.h vision_tower.h
+  # Internal headers (abseil's convention): installed, since the public
+  # templates include them, but not part of the API. A header is listed with
+  # its folder under include/epd/<layer>/, and is installed there.
+  internal/adaptive_policy.h internal/any_policy.h internal/cache_policy.h internal/entry_slab.h internal/eviction_order.h
+  internal/gdsf_heap.h internal/gdsf_policy.h internal/lru_policy.h internal/slot_index.h
+  internal/tenant_partition.h)
 
 # Cache economics (docs/PLAN.md): the miss-ratio curves and the planner that
 # sizes the tiers from them. Nothing in the serving path uses it.

@@ -215,22 +215,24 @@ TEST(AdaptiveTest, PromotionsOutOfL2AreRequestsToItsDuel) {
 }
 
 // Under kLru and kGdsf PopRequested is Pop: no duel, nothing counted.
-TEST(AdaptiveTest, PopRequestedIsPopOutsideAdaptive) {
-  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf}) {
-    Cache c(200, CacheOptions{p});
-    c.Put("a", 7, 100, {0.5});
-    c.Put("b", 8, 100, {0.5});
-    c.Put("c", 9, 100, {0.5});
-    auto popped = c.PopRequested("c");
-    ASSERT_TRUE(popped.has_value());
-    EXPECT_EQ(popped->value, 9);
-    EXPECT_EQ(popped->nbytes, 100);
-    EXPECT_FALSE(c.PopRequested("c").has_value());
-    EXPECT_EQ(c.hits(), 0u);
-    EXPECT_EQ(c.misses(), 0u);
-    EXPECT_EQ(c.duel(), nullptr);
-  }
+class PopRequestedTest : public ::testing::TestWithParam<EvictionPolicy> {};
+
+TEST_P(PopRequestedTest, IsPopOutsideAdaptive) {
+  Cache c(200, CacheOptions{GetParam()});
+  c.Put("a", 7, 100, {0.5});
+  c.Put("b", 8, 100, {0.5});
+  c.Put("c", 9, 100, {0.5});
+  auto popped = c.PopRequested("c");
+  ASSERT_TRUE(popped.has_value());
+  EXPECT_EQ(popped->value, 9);
+  EXPECT_EQ(popped->nbytes, 100);
+  EXPECT_FALSE(c.PopRequested("c").has_value());
+  EXPECT_EQ(c.hits(), 0u);
+  EXPECT_EQ(c.misses(), 0u);
+  EXPECT_EQ(c.duel(), nullptr);
 }
+INSTANTIATE_TEST_SUITE_P(Policies, PopRequestedTest, ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kGdsf),
+                         [](const auto& info) { return std::string(EvictionPolicyName(info.param)); });
 
 }  // namespace
 }  // namespace epd

@@ -1,8 +1,9 @@
 // The cache contract, run against every implementation: EmbeddingCache under
-// LRU and under GDSF, and ConcurrentEmbeddingCache with one shard (an exact
-// LRU, like the former). Each test is one sentence of the contract in
-// epd/core/embedding_cache.h; the sentences that hold only for LRU run in
-// LruContractTest, GDSF's own in GdsfTest.
+// each policy (LRU, GDSF, adaptive, GDSF with probation, and LRU, GDSF and
+// adaptive partitioned by tenant: TenantPartition<P>), and
+// ConcurrentEmbeddingCache with one shard (an exact LRU). Each test is one
+// sentence of the contract in epd/core/embedding_cache.h; the sentences that
+// hold only for LRU run in LruContractTest, GDSF's own in GdsfTest.
 #include "epd/core/embedding_cache.h"
 
 #include <gmock/gmock.h>
@@ -68,6 +69,32 @@ template <>
 std::unique_ptr<ProbationCache> Make(std::int64_t cap, ProbationCache::EvictHook hook) {
   return std::make_unique<ProbationCache>(cap, std::move(hook));
 }
+// The same policies partitioned by tenant (TenantPartition<P>): a reservation
+// of 0 for the shared tenant switches the partition on; every entry is the
+// shared tenant's and it is always over its reservation, so the victims are
+// the policy's own.
+template <EvictionPolicy P>
+class PartitionedCache : public RankedCache<P> {
+ public:
+  PartitionedCache(std::int64_t cap, typename RankedCache<P>::EvictHook hook) : RankedCache<P>(cap, std::move(hook)) {
+    this->SetTenantReservation(kSharedTenant, 0);
+  }
+};
+using PartitionedLru = PartitionedCache<EvictionPolicy::kLru>;
+using PartitionedGdsf = PartitionedCache<EvictionPolicy::kGdsf>;
+using PartitionedAdaptive = PartitionedCache<EvictionPolicy::kAdaptive>;
+template <>
+std::unique_ptr<PartitionedLru> Make(std::int64_t cap, PartitionedLru::EvictHook hook) {
+  return std::make_unique<PartitionedLru>(cap, std::move(hook));
+}
+template <>
+std::unique_ptr<PartitionedGdsf> Make(std::int64_t cap, PartitionedGdsf::EvictHook hook) {
+  return std::make_unique<PartitionedGdsf>(cap, std::move(hook));
+}
+template <>
+std::unique_ptr<PartitionedAdaptive> Make(std::int64_t cap, PartitionedAdaptive::EvictHook hook) {
+  return std::make_unique<PartitionedAdaptive>(cap, std::move(hook));
+}
 template <>
 std::unique_ptr<ConcurrentEmbeddingCache<std::string, int>> Make(
     std::int64_t cap, ConcurrentEmbeddingCache<std::string, int>::EvictHook hook) {
@@ -84,14 +111,16 @@ class CacheContractTest : public ::testing::Test {
   }
 };
 
-using CacheTypes = ::testing::Types<EmbeddingCache<std::string, int>, ConcurrentEmbeddingCache<std::string, int>,
-                                    GdsfCache, AdaptiveCache, ProbationCache>;
+using CacheTypes =
+    ::testing::Types<EmbeddingCache<std::string, int>, ConcurrentEmbeddingCache<std::string, int>, GdsfCache,
+                     AdaptiveCache, ProbationCache, PartitionedLru, PartitionedGdsf, PartitionedAdaptive>;
 TYPED_TEST_SUITE(CacheContractTest, CacheTypes);
 
 // The sentences of the contract that are LRU's alone.
 template <typename C>
 class LruContractTest : public CacheContractTest<C> {};
-using LruCacheTypes = ::testing::Types<EmbeddingCache<std::string, int>, ConcurrentEmbeddingCache<std::string, int>>;
+using LruCacheTypes =
+    ::testing::Types<EmbeddingCache<std::string, int>, ConcurrentEmbeddingCache<std::string, int>, PartitionedLru>;
 TYPED_TEST_SUITE(LruContractTest, LruCacheTypes);
 
 TYPED_TEST(CacheContractTest, MissReturnsNulloptAndCountsMiss) {

@@ -170,19 +170,23 @@ TEST_F(GdsfTest, RefetchRateRanksEntriesTheTierBelowHolds) {
   EXPECT_TRUE(c.Contains("big"));
 }
 
-TEST(WeightedCountersTest, HitBytesAndSecondsSumEachHitUnderBothPolicies) {
-  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive}) {
-    Cache c(1000, CacheOptions{p});
-    c.Put("a", 1, 100, {0.3});
-    c.Put("b", 2, 50, {0.2});
-    c.Get("a");
-    c.Get("a");
-    c.Get("b");
-    c.Get("missing");
-    EXPECT_EQ(c.hit_bytes(), 250) << EvictionPolicyName(p);
-    EXPECT_DOUBLE_EQ(c.hit_seconds(), 0.8) << EvictionPolicyName(p);
-  }
+class WeightedCountersTest : public ::testing::TestWithParam<EvictionPolicy> {};
+
+TEST_P(WeightedCountersTest, HitBytesAndSecondsSumEachHitUnderEveryPolicy) {
+  const EvictionPolicy p = GetParam();
+  Cache c(1000, CacheOptions{p});
+  c.Put("a", 1, 100, {0.3});
+  c.Put("b", 2, 50, {0.2});
+  c.Get("a");
+  c.Get("a");
+  c.Get("b");
+  c.Get("missing");
+  EXPECT_EQ(c.hit_bytes(), 250) << EvictionPolicyName(p);
+  EXPECT_DOUBLE_EQ(c.hit_seconds(), 0.8) << EvictionPolicyName(p);
 }
+INSTANTIATE_TEST_SUITE_P(Policies, WeightedCountersTest,
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive),
+                         [](const auto& info) { return std::string(EvictionPolicyName(info.param)); });
 
 TEST(EvictionPolicyTest, ParsesItsNamesAndRejectsOthers) {
   EXPECT_EQ(*ParseEvictionPolicy("lru"), EvictionPolicy::kLru);

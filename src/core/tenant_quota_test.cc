@@ -142,26 +142,29 @@ TEST(TenantQuotaCacheTest, EvictsFromTheTenantOverItsReservationInItsOwnOrder) {
   EXPECT_EQ(c.tenants()->row(kFlood).evictions, 0u);
 }
 
-TEST(TenantQuotaCacheTest, RefusesWhatTheReservationPlusSharedPoolCannotHold) {
-  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive}) {
-    Cache c = NewCache(100, p);
-    c.SetTenantReservation(kReserved, 70);  // shared pool: 30
-    c.Put(1, 0, 70, Charged(kReserved));
-    c.Put(2, 0, 30, Charged(kFlood));
-    EXPECT_FALSE(c.Put(3, 0, 31, Charged(kFlood)));  // 31 > 0 + 30
-    EXPECT_EQ(c.refusals(), 1u);
-    EXPECT_EQ(c.tenants()->row(kFlood).refusals, 1u);
-    EXPECT_FALSE(c.Put(2, 0, 40, Charged(kFlood)));  // a refused replace leaves 2 as it was
-    EXPECT_TRUE(c.Contains(2));
-    EXPECT_EQ(c.tenants()->bytes(kFlood), 30);
-    EXPECT_TRUE(c.Contains(1));
-    EXPECT_TRUE(c.Put(4, 0, 100, Charged(kReserved)));  // 100 <= 70 + 30: evicts 2, then its own 1
-    EXPECT_FALSE(c.Contains(1));
-    EXPECT_FALSE(c.Contains(2));
-    EXPECT_EQ(c.current_bytes(), 100);
-    EXPECT_EQ(c.refusals(), 2u);
-  }
+class TenantRefusalTest : public ::testing::TestWithParam<EvictionPolicy> {};
+
+TEST_P(TenantRefusalTest, RefusesWhatTheReservationPlusSharedPoolCannotHold) {
+  Cache c = NewCache(100, GetParam());
+  c.SetTenantReservation(kReserved, 70);  // shared pool: 30
+  c.Put(1, 0, 70, Charged(kReserved));
+  c.Put(2, 0, 30, Charged(kFlood));
+  EXPECT_FALSE(c.Put(3, 0, 31, Charged(kFlood)));  // 31 > 0 + 30
+  EXPECT_EQ(c.refusals(), 1u);
+  EXPECT_EQ(c.tenants()->row(kFlood).refusals, 1u);
+  EXPECT_FALSE(c.Put(2, 0, 40, Charged(kFlood)));  // a refused replace leaves 2 as it was
+  EXPECT_TRUE(c.Contains(2));
+  EXPECT_EQ(c.tenants()->bytes(kFlood), 30);
+  EXPECT_TRUE(c.Contains(1));
+  EXPECT_TRUE(c.Put(4, 0, 100, Charged(kReserved)));  // 100 <= 70 + 30: evicts 2, then its own 1
+  EXPECT_FALSE(c.Contains(1));
+  EXPECT_FALSE(c.Contains(2));
+  EXPECT_EQ(c.current_bytes(), 100);
+  EXPECT_EQ(c.refusals(), 2u);
 }
+INSTANTIATE_TEST_SUITE_P(Policies, TenantRefusalTest,
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kGdsf, EvictionPolicy::kAdaptive),
+                         [](const auto& info) { return std::string(EvictionPolicyName(info.param)); });
 
 TEST(TenantQuotaCacheTest, NoReservationMeansNoLedgerAndTheTenantIsIgnored) {
   std::vector<std::uint64_t> evicted;

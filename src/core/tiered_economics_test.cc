@@ -130,21 +130,24 @@ TEST_F(TieredEconomicsTest, GdsfCarriesCostAndFrequencyAcrossTiers) {
 
 // L1 holds one entry and demotes each; L2 holds two. GDSF's L2 keeps the
 // expensive x and drops the cheap y; LRU's drops x, the oldest.
-TEST_F(TieredEconomicsTest, GdsfL2KeepsTheExpensiveEntryLruDropsTheOldest) {
-  for (EvictionPolicy p : {EvictionPolicy::kLru, EvictionPolicy::kGdsf}) {
-    TieredOptions o;
-    o.eviction = p;
-    Tiered t = Make(100, 200, o);
-    t.Put("x", "x", 100, {10.0});
-    t.Put("y", "y", 100, {0.01});
-    t.Put("z", "z", 100, {0.02});
-    t.Put("w", "w", 100, {0.03});
-    EXPECT_EQ(t.l2().Contains("x"), p == EvictionPolicy::kGdsf) << EvictionPolicyName(p);
-    EXPECT_EQ(t.l2().Contains("y"), p == EvictionPolicy::kLru) << EvictionPolicyName(p);
-    EXPECT_TRUE(t.l2().Contains("z"));
-    EXPECT_TRUE(t.l1().Contains("w"));
-  }
+class TieredL2OrderTest : public TieredEconomicsTest, public ::testing::WithParamInterface<EvictionPolicy> {};
+
+TEST_P(TieredL2OrderTest, GdsfL2KeepsTheExpensiveEntryLruDropsTheOldest) {
+  const EvictionPolicy p = GetParam();
+  TieredOptions o;
+  o.eviction = p;
+  Tiered t = Make(100, 200, o);
+  t.Put("x", "x", 100, {10.0});
+  t.Put("y", "y", 100, {0.01});
+  t.Put("z", "z", 100, {0.02});
+  t.Put("w", "w", 100, {0.03});
+  EXPECT_EQ(t.l2().Contains("x"), p == EvictionPolicy::kGdsf) << EvictionPolicyName(p);
+  EXPECT_EQ(t.l2().Contains("y"), p == EvictionPolicy::kLru) << EvictionPolicyName(p);
+  EXPECT_TRUE(t.l2().Contains("z"));
+  EXPECT_TRUE(t.l1().Contains("w"));
 }
+INSTANTIATE_TEST_SUITE_P(Policies, TieredL2OrderTest, ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kGdsf),
+                         [](const auto& info) { return std::string(EvictionPolicyName(info.param)); });
 
 TEST_F(TieredEconomicsTest, L2VictimHookSeesTheDropsWithTheirCost) {
   Tiered t = Make(100, 100, TieredOptions{});

@@ -1,86 +1,29 @@
-// epd/core/tiered_cache.h: a two-tier embedding cache, L1 in device memory and L2
-// in host memory, with exclusive tiers.
+// epd/core/tiered_cache.h: a two-tier embedding cache, L1 in device memory and
+// L2 in host memory, with exclusive tiers.
 //
-// TieredEmbeddingCache<K, V> has the same Get/Put surface as EmbeddingCache,
-// so the encode worker uses either. A key lives in at most one tier:
-//   - put(k) always lands in L1, after dropping any stale L2 copy of k.
-//   - An L1 capacity victim is demoted: copied device->host by `to_host` and
-//     put into L2. A victim larger than all of L2 is dropped without a copy.
-//   - A get that misses L1 and hits L2 promotes: the entry leaves L2, is copied
-//     host->device by `to_device`, and is put into L1 as MRU. That may demote
-//     colder L1 entries, never the promoted key (it is MRU and fits).
-//   - L2 is the bottom tier: its victims are dropped.
-// Counters: l1_hits, l2_hits, misses, promotions, demotions; hits() is
-// l1_hits + l2_hits. Contains() and size() span both tiers. The sub-caches'
-// own counters (l1().hits() etc.) move as the reference's do. Weighted:
-// l1_/l2_hit_bytes and l1_/l2_hit_seconds sum the charge and the cost
-// (EntryCost::seconds) of each hit, seconds_saved() both tiers' seconds;
-// l1_/l2_write_bytes the bytes written into each tier (puts, promotions,
-// demotions). The byte counters stop at INT64_MAX (AddBytesSaturating).
-//
-// Options (TieredOptions; the defaults are the reference's cache):
-//   - eviction: the policy of both tiers (epd/core/cache_options.h). Under
-//     kGdsf and kAdaptive an entry's cost and frequency travel with it: a demotion puts the
-//     victim into L2 with the cost and frequency it had in L1, a promotion
-//     puts it into L1 with its cost and its frequency plus one (the hit).
-//     L1 ranks an entry that L2 can hold by the promotion it would cost,
-//     nbytes x promote_seconds_per_byte, not by its encode cost, since an L1
-//     victim is demoted, not lost; L2 ranks by the encode cost. The victims
-//     of each tier go in GDSF order (lowest priority first); under kAdaptive
-//     each tier's own duel picks LRU's, GDSF's or probation's victim, L1's scoring hits
-//     by the promotion they save and L2's by the encode (a promotion out of
-//     L2 counts as a request to its duel: EmbeddingCache::PopRequested).
-//   - l1_admission kDoorkeeper: every Get records a request in an
-//     AdmissionFilter (epd/core/admission_filter.h). A Put of a key with
-//     fewer than 2 requests in the current window (its first) goes into L2
-//     only (copied by to_host, dropped when larger than L2), never into L1;
-//     a key already in L1 is replaced there. An L2 hit on a key with 2 or
-//     more requests promotes it as above; on one with fewer it is served by a
-//     to_device copy and stays in L2 (touched, counted as an l2 hit of the
-//     sub-cache too). So a one-hit wonder never enters L1, and a second
-//     request within the window does (through a promotion or its put).
-//
-// A value for which ValueTraits<V>::IsNone(v) holds (a null EmbeddingPtr, a
-// Python None) is treated by Get() like an L1 miss, as in the reference.
-//
-// Copies: `to_host` and `to_device` are injected callables, V -> V, so the
-// tiering logic is testable without a device (a fake records each copy) and
-// the CUDA tier (src/gpu) supplies async copies. Where
-// ValueTraits<V>::kNullCopyDrops holds (shared_ptr values), a `to_host` that
-// returns null for a non-null victim drops it, exactly as when the victim is
-// larger than L2 (no demotion is counted): the GPU tier does so when its
-// pinned pool has no free block. For Python values it does not hold: a
-// to_host returning None stores None, as the reference does. They run synchronously on the
-// calling thread, inside Get()/Put(); they may throw, and the exception
-// propagates with the state the reference would leave (for a failed promote:
-// the entry has already left L2 and is lost; for a failed demote: the victim
-// has already left L1 and is dropped).
-//
-// Tenant reservations (SetTenantReservation; epd/core/tenant_quota.h): each
-// tier keeps its own ledger, reservations and shared pool. An entry stays
-// charged to its tenant (EntryCost::tenant) through a demotion and a
-// promotion, so a tenant's L1 bytes plus its L2 bytes are what it holds. A
-// demotion L2 refuses drops the victim (counted in l2().refusals()); an L2
-// hit that L1 would refuse is served by a to_device copy and stays in L2.
-//
-// keep_oversize_in_l2 (off by default): a put of an entry larger than L1's
-// capacity goes straight into L2 (as the doorkeeper's first put does, not
-// counted as an admission rejection), and an L2 hit on such an entry (the
-// doorkeeper implies this part) is likewise served by a to_device copy and
-// stays in L2. In both cases the entry is served in place, never
-// popped: L2's own Get makes it MRU and counts one more reference (GDSF's
-// frequency plus one) and a hit of the sub-cache; the tiered cache counts an
-// l2 hit, not a promotion; a copy that throws loses nothing. The reference
-// holds no such entry (its puts land in L1, its demotions fit L1), so parity
-// is unaffected; without the option a get promotes it and L1 skips it.
-//
-// Complexity: as EmbeddingCache, plus one copy per promotion or demotion or
-// L2 hit served in place, O(1) filter work per Get and Put with the
-// doorkeeper, and with tenants, the doorkeeper or keep_oversize_in_l2 two
-// O(1) lookups more per L2 hit (StaysInL2).
-// Ownership: as EmbeddingCache; a promoted value is the one `to_device` made.
-// Thread safety: thread-compatible; the server's single worker thread owns it.
-//
+// TieredEmbeddingCache<K, V> has EmbeddingCache's Get/Put surface, so the
+// worker uses either. A key lives in at most one tier: a put lands in L1 after
+// dropping a stale L2 copy; an L1 victim is demoted (copied by `to_host` into
+// L2; one larger than L2 is dropped uncopied); a get that misses L1 and hits
+// L2 promotes (out of L2, copied by `to_device`, into L1, which may demote
+// colder entries, never the promoted key); L2's victims are dropped. A value
+// ValueTraits<V>::IsNone holds for reads as an L1 miss, as in the reference.
+// Counters: l1_/l2_hits, misses, promotions, demotions, and weighted
+// l1_/l2_hit_bytes, _hit_seconds and _write_bytes (saturating at INT64_MAX).
+// Options (TieredOptions, defaults the reference's; each mode is described by
+// the unit that owns it, and docs/CACHE.md shows how they combine):
+//   eviction             both tiers' policy; an entry's cost and frequency
+//                        travel with it (epd/core/cache_options.h)
+//   l1_admission         the doorkeeper (epd/core/admission_filter.h)
+//   keep_oversize_in_l2  an entry larger than L1 lives and is served in L2
+//   SetTenantReservation per-tier reservations
+//                        (epd/core/internal/tenant_partition.h)
+// `to_host` and `to_device` (V -> V) run synchronously inside Get and Put and
+// may throw, leaving the state the reference would (a failed promotion has
+// lost the entry; a failed demotion the victim); a `to_host` that returns null
+// for a shared_ptr value drops the victim (the pinned pool is full).
+// Complexity: EmbeddingCache's plus a copy per promotion, demotion or in-place
+// L2 hit. Ownership: as EmbeddingCache. Thread safety: thread-compatible.
 // Example:
 //   TieredEmbeddingCache<ContentKey, EmbeddingPtr> cache(l1_bytes, l2_bytes, to_host, to_device);
 //   cache.Put(key, emb, emb->nbytes());

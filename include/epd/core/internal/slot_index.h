@@ -1,4 +1,4 @@
-// epd/core/slot_index.h: the hash index of an EmbeddingCache
+// epd/core/internal/slot_index.h (internal: not part of the API): the hash index of an EmbeddingCache
 // (epd/core/embedding_cache.h), from a key's hash to the slab index of its
 // entry.
 //
@@ -28,7 +28,7 @@
 #include <optional>
 #include <vector>
 
-namespace epd {
+namespace epd::internal {
 
 class SlotIndex {
  public:
@@ -43,7 +43,7 @@ class SlotIndex {
   // same(e) returns true or false, or nullopt when the comparison changed
   // the cache (the probe then starts again).
   template <typename Same>
-  std::uint32_t Find(std::size_t h, Same&& same) const {
+  [[gnu::always_inline]] std::uint32_t Find(std::size_t h, Same&& same) const {
     for (;;) {  // once more each time a comparison changed the cache
       const std::size_t mask = slots_.size() - 1;
       const std::uint32_t lo = Lo(h);
@@ -119,4 +119,4 @@ class SlotIndex {
   std::vector<Slot> slots_;
 };
 
-}  // namespace epd
+}  // namespace epd::internal

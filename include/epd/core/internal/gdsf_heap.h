@@ -1,4 +1,4 @@
-// epd/core/gdsf_heap.h: the eviction order of GreedyDual-Size-Frequency, an
+// epd/core/internal/gdsf_heap.h (internal): the eviction order of GreedyDual-Size-Frequency, an
 // indexed binary min-heap of entry ids keyed by (priority, sequence).
 //
 // GDSF (L. Cherkasova, "Improving WWW Proxies Performance with
@@ -7,7 +7,7 @@
 //     priority = clock + frequency x cost / size
 // and evicts the entry of lowest priority; the cache's clock then becomes
 // that victim's priority, so every entry still resident has aged relative to
-// newcomers without being touched. EmbeddingCache (epd/core/embedding_cache.h)
+// newcomers without being touched. GdsfPolicy (epd/core/internal/gdsf_policy.h)
 // owns the clock and the formula; this heap only orders ids.
 //
 // Ties: equal priorities are ordered by sequence, lowest (oldest touch)
@@ -35,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-namespace epd {
+namespace epd::internal {
 
 class GdsfHeap {
  public:
@@ -150,4 +150,4 @@ class GdsfHeap {
   std::vector<std::uint32_t> pos_;  // id -> index in nodes_, kAbsent when not held
 };
 
-}  // namespace epd
+}  // namespace epd::internal
