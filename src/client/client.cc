@@ -276,7 +276,9 @@ struct EncodeClient::Impl {
     StatusOr<PreprocessConfig> cfg = internal::FromProto(resp.preprocess());
     if (!cfg.ok()) return Internal("server's Health: " + cfg.status().message());
     info.preprocess = *cfg;
-    info.key_mode = resp.key_mode() == "xxh3-fast" ? KeyMode::kXxh3Fast : KeyMode::kSha256;
+    // A server that names no mode (or one unknown here) keys with SHA-256.
+    const StatusOr<KeyMode> key_mode = ParseKeyMode(resp.key_mode());
+    info.key_mode = key_mode.ok() ? *key_mode : KeyMode::kSha256;
     info.tower = resp.tower();
     info.hidden = resp.hidden();
     info.deepstack_layers = resp.deepstack_layers();

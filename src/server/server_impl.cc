@@ -84,7 +84,7 @@ grpc::Status EncodeServer::Impl::Health(grpc::ServerContext* ctx, const v1::Heal
   out->set_server_id(options.server_id);
   out->set_model_id(worker_options.model_id);
   internal::ToProto(worker_options.preprocess, out->mutable_preprocess());
-  out->set_key_mode(worker_options.key_mode == KeyMode::kSha256 ? "sha256" : "xxh3-fast");
+  out->set_key_mode(std::string(KeyModeName(worker_options.key_mode)));
   out->set_tower(tower_description);
   out->set_hidden(tower_hidden);
   out->set_deepstack_layers(tower_deepstack);
