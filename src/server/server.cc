@@ -1,7 +1,10 @@
 // EncodeServer: gRPC over a WorkerLoop. Encode (encode_call.h) and Session
 // (shm_session.h) use gRPC's callback API; Health, Stats and Release, which
-// do no waiting, are sync. This file starts and stops the server and holds
-// the sync methods' bodies (server_impl.h).
+// do no waiting, are sync. This file starts and stops the server: Start
+// validates its options (ServerOptions::Validate), then runs one named step
+// per part (identity and metrics, delivery, budgets, worker, gRPC, the
+// metrics page). The methods' bodies are in server_impl.cc and
+// encode_call.cc.
 //
 // Threads: gRPC's own (they receive calls and run the callback reactions),
 // the sync methods' handler threads, the WorkerLoop thread, a small TaskPool

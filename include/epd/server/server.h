@@ -325,8 +325,8 @@ class EncodeServer {
   // See the header comment. Idempotent; returns when everything has stopped.
   void Shutdown(std::chrono::milliseconds grace);
 
-  // Opaque: defined in server.cc, and named here in public only so that its
-  // per-call classes can reach it.
+  // Opaque: defined in src/server/server_impl.h, and named here in public
+  // only so that its per-call classes can reach it.
   struct Impl;
 
  private:
