@@ -99,7 +99,7 @@ set(EPD_LAYER_rpc_HEADERS server_stats.h)
 
 set(EPD_LAYER_server_TARGET epd_server)
 set(EPD_LAYER_server_USES core media safetensors gpu worker rpc http)
-set(EPD_LAYER_server_HEADERS front_door.h server.h)
+set(EPD_LAYER_server_HEADERS front_door.h request_shape.h server.h)
 
 # The OpenAI-compatible front and ECExampleConnector publication (docs/VLLM.md).
 set(EPD_LAYER_openai_TARGET epd_openai)

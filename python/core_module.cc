@@ -284,10 +284,13 @@ class PyTieredRef : public LockedCacheRef<PyTiered> {
   PyCacheRef l2_;
 };
 
+// The reference's EncodeScheduler knows by_key and fifo only.
 ScheduleOrder ParseOrder(const std::string& order) {
-  if (order == "by_key") return ScheduleOrder::kByKey;
-  if (order == "fifo") return ScheduleOrder::kFifo;
-  throw Error(StatusCode::kInvalidArgument, "order must be 'by_key' or 'fifo', got '" + order + "'");
+  StatusOr<ScheduleOrder> o = ParseScheduleOrder(order);
+  if (!o.ok() || *o == ScheduleOrder::kFair) {
+    throw Error(StatusCode::kInvalidArgument, "order must be 'by_key' or 'fifo', got '" + order + "'");
+  }
+  return *o;
 }
 
 }  // namespace
@@ -410,6 +413,6 @@ PYBIND11_MODULE(_core, m) {
           py::arg("request_id"), py::arg("item_index"))
       .def_property_readonly("max_tokens_per_batch", &EncodeScheduler::max_tokens_per_batch)
       .def_property_readonly("max_items_per_batch", &EncodeScheduler::max_items_per_batch)
-      .def_property_readonly(
-          "order", [](const EncodeScheduler& s) { return s.order() == ScheduleOrder::kByKey ? "by_key" : "fifo"; });
+      .def_property_readonly("order",
+                             [](const EncodeScheduler& s) { return std::string(ScheduleOrderName(s.order())); });
 }

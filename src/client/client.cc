@@ -276,7 +276,9 @@ struct EncodeClient::Impl {
     StatusOr<PreprocessConfig> cfg = internal::FromProto(resp.preprocess());
     if (!cfg.ok()) return Internal("server's Health: " + cfg.status().message());
     info.preprocess = *cfg;
-    info.key_mode = resp.key_mode() == "xxh3-fast" ? KeyMode::kXxh3Fast : KeyMode::kSha256;
+    // A server that names no mode (or one unknown here) keys with SHA-256.
+    const StatusOr<KeyMode> key_mode = ParseKeyMode(resp.key_mode());
+    info.key_mode = key_mode.ok() ? *key_mode : KeyMode::kSha256;
     info.tower = resp.tower();
     info.hidden = resp.hidden();
     info.deepstack_layers = resp.deepstack_layers();
@@ -384,17 +386,7 @@ EncodeClient::~EncodeClient() {
 Status EncodeClient::FlushReleases() { return impl_->link->Send(impl_->link->Take()); }
 
 StatusOr<std::unique_ptr<EncodeClient>> EncodeClient::Connect(ClientOptions options) {
-  if (options.target.empty()) return InvalidArgument("client target is empty; pass host:port or unix:/path");
-  if (options.timeout.count() <= 0) return InvalidArgument("client timeout must be > 0");
-  if (options.max_response_bytes <= 0 || options.max_response_bytes > std::int64_t{2047} << 20) {
-    return InvalidArgument("max_response_bytes must be in (0, 2047 MiB]");
-  }
-  if (options.delivery == Delivery::kCudaIpc && options.ipc_device == nullptr) {
-    return InvalidArgument("Delivery::kCudaIpc needs ClientOptions::ipc_device, the Device that imports the rows");
-  }
-  if (options.tls_client_cert_pem.empty() != options.tls_client_key_pem.empty()) {
-    return InvalidArgument("mutual TLS needs both the client certificate and its key; one is missing");
-  }
+  if (Status s = options.Validate(); !s.ok()) return s;
   const bool tls = options.tls || !options.tls_root_certs_pem.empty() || !options.tls_client_cert_pem.empty();
   auto impl = std::make_unique<Impl>();
   impl->options = options;

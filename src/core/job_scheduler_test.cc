@@ -67,5 +67,19 @@ TEST(JobSchedulerTest, FindGivesThePendingJobUntilItLeaves) {
   EXPECT_FALSE(s.Contains(7));
 }
 
+TEST(JobSchedulerTest, EachOrderHasOneNameThatParsesBack) {
+  EXPECT_EQ(ScheduleOrderName(ScheduleOrder::kByKey), "by_key");
+  EXPECT_EQ(ScheduleOrderName(ScheduleOrder::kFifo), "fifo");
+  EXPECT_EQ(ScheduleOrderName(ScheduleOrder::kFair), "fair");
+  for (ScheduleOrder o : {ScheduleOrder::kByKey, ScheduleOrder::kFifo, ScheduleOrder::kFair}) {
+    StatusOr<ScheduleOrder> back = ParseScheduleOrder(ScheduleOrderName(o));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, o);
+  }
+  const StatusOr<ScheduleOrder> bad = ParseScheduleOrder("lifo");
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "schedule order must be 'by_key', 'fifo' or 'fair', got 'lifo'");
+}
+
 }  // namespace
 }  // namespace epd

@@ -213,54 +213,11 @@ void Session::ReadHead(bool first) {
 void Session::OnHead(error_code ec) {
   if (phase_ != Phase::kHead) return;
   const HttpEndpointOptions& o = ep_->options;
-  if (ec) {
-    if (timed_out_) {
-      ++ep_->counters.header_timeouts;
-      if (parser_->got_some() || buffer_.size() > 0)
-        return Refuse(408, "the request head did not arrive within " + Seconds(o.header_timeout));
-      return Close();
-    }
-    if (ec == http::error::body_limit) {  // a Content-Length over the limit, seen in the head
-      ++ep_->counters.bodies_too_large;
-      return Refuse(413, "the request body is over " + std::to_string(o.max_body_bytes) + " bytes");
-    }
-    if (ec == http::error::header_limit)
-      return Refuse(431, "the request head is over " + std::to_string(o.max_header_bytes) + " bytes");
-    if (PeerClosed(ec) || ec == asio::error::operation_aborted) return Close();
-    return Refuse(400, "malformed HTTP request (request line, headers or body framing)");
-  }
+  if (ec) return OnHeadError(ec);
   Unpark();
   ++timer_gen_;
   ++ep_->counters.requests;
-  const auto& req = parser_->get();
-  const std::string_view target(req.target().data(), req.target().size());
-  const std::string method(req.method_string());
-  const std::string path(target.substr(0, target.find('?')));
-  if (target.size() > kMaxTarget)
-    return Refuse(414, "the request target is " + std::to_string(target.size()) + " bytes; at most " +
-                           std::to_string(kMaxTarget) + " are accepted");
-  // RFC 9112 6.3: a Transfer-Encoding whose final coding is not chunked
-  // leaves the body's length unknown; Beast would read it as empty and take
-  // the body's bytes for the next request (a smuggling primitive): 400.
-  if (req.find(http::field::transfer_encoding) != req.end() && !parser_->chunked())
-    return Refuse(400, "a Transfer-Encoding other than chunked leaves the body's length unknown");
-  std::string allow;
-  route_ = ep_->FindRoute(method, path, allow);
-  if (route_ == nullptr && allow.empty()) return Refuse(404, "no route for " + method + " " + path);
-  if (route_ == nullptr)
-    return Refuse(405, method + " is not allowed on " + path + "; use " + allow, {{"Allow", allow}});
-  if (route_->authenticated && o.authorize) {
-    const auto it = req.find(http::field::authorization);
-    std::optional<std::string> auth;
-    if (it != req.end()) auth = std::string(it->value());
-    Status s = Status::Ok();
-    try {
-      s = o.authorize(auth);
-    } catch (const std::exception& e) {
-      s = Status(StatusCode::kUnauthenticated, std::string("the token check failed: ") + e.what());
-    }
-    if (!s.ok()) return Refuse(401, s.message(), {{"WWW-Authenticate", "Bearer"}});
-  }
+  if (!AcceptHead()) return;
   const auto length = parser_->content_length();
   if (length && *length > static_cast<std::uint64_t>(o.max_body_bytes)) {
     ++ep_->counters.bodies_too_large;
@@ -276,6 +233,62 @@ void Session::OnHead(error_code ec) {
     ep_->body_waiters.push_back(weak_from_this());
     ArmTimer(HttpClock::now() + o.body_timeout);
   }
+}
+
+void Session::OnHeadError(error_code ec) {
+  const HttpEndpointOptions& o = ep_->options;
+  if (timed_out_) {
+    ++ep_->counters.header_timeouts;
+    if (parser_->got_some() || buffer_.size() > 0)
+      return Refuse(408, "the request head did not arrive within " + Seconds(o.header_timeout));
+    return Close();
+  }
+  if (ec == http::error::body_limit) {  // a Content-Length over the limit, seen in the head
+    ++ep_->counters.bodies_too_large;
+    return Refuse(413, "the request body is over " + std::to_string(o.max_body_bytes) + " bytes");
+  }
+  if (ec == http::error::header_limit)
+    return Refuse(431, "the request head is over " + std::to_string(o.max_header_bytes) + " bytes");
+  if (PeerClosed(ec) || ec == asio::error::operation_aborted) return Close();
+  return Refuse(400, "malformed HTTP request (request line, headers or body framing)");
+}
+
+bool Session::AcceptHead() {
+  const HttpEndpointOptions& o = ep_->options;
+  const auto& req = parser_->get();
+  const std::string_view target(req.target().data(), req.target().size());
+  const std::string method(req.method_string());
+  const std::string path(target.substr(0, target.find('?')));
+  auto refuse = [this](int status, const std::string& message,
+                       std::vector<std::pair<std::string, std::string>> headers = {}) {
+    Refuse(status, message, std::move(headers));
+    return false;
+  };
+  if (target.size() > kMaxTarget)
+    return refuse(414, "the request target is " + std::to_string(target.size()) + " bytes; at most " +
+                           std::to_string(kMaxTarget) + " are accepted");
+  // RFC 9112 6.3: a Transfer-Encoding whose final coding is not chunked
+  // leaves the body's length unknown; Beast would read it as empty and take
+  // the body's bytes for the next request (a smuggling primitive): 400.
+  if (req.find(http::field::transfer_encoding) != req.end() && !parser_->chunked())
+    return refuse(400, "a Transfer-Encoding other than chunked leaves the body's length unknown");
+  std::string allow;
+  route_ = ep_->FindRoute(method, path, allow);
+  if (route_ == nullptr && allow.empty()) return refuse(404, "no route for " + method + " " + path);
+  if (route_ == nullptr)
+    return refuse(405, method + " is not allowed on " + path + "; use " + allow, {{"Allow", allow}});
+  if (!route_->authenticated || !o.authorize) return true;
+  const auto it = req.find(http::field::authorization);
+  std::optional<std::string> auth;
+  if (it != req.end()) auth = std::string(it->value());
+  Status s = Status::Ok();
+  try {
+    s = o.authorize(auth);
+  } catch (const std::exception& e) {
+    s = Status(StatusCode::kUnauthenticated, std::string("the token check failed: ") + e.what());
+  }
+  if (!s.ok()) return refuse(401, s.message(), {{"WWW-Authenticate", "Bearer"}});
+  return true;
 }
 
 bool Session::BodyBudgetGranted() {

@@ -57,6 +57,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnTimer();
   void ReadHead(bool first);
   void OnHead(boost::system::error_code ec);
+  void OnHeadError(boost::system::error_code ec);
+  bool AcceptHead();  // the target, framing, route and token; false: refused
   void Refuse(int status, const std::string& message, std::vector<std::pair<std::string, std::string>> headers = {});
   void StartBody();
   void ReadBody();

@@ -54,6 +54,113 @@ struct BmpHeader {
   std::size_t stride = 0;     // bytes per stored row
 };
 
+// The info header's fields ParseBmpHeader decides from.
+struct InfoFields {
+  std::int64_t width = 0, height = 0;
+  std::uint32_t compression = kBiRgb;
+  std::uint32_t colors = 0;
+  std::array<std::uint32_t, 4> masks{};
+  std::size_t end = 0;  // file offset after the header and any separate bit masks
+};
+
+// The 12-byte OS/2 core header, or the 40..124-byte Windows ones.
+StatusOr<InfoFields> ReadInfoHeader(ByteSpan b, std::uint32_t header_size, BmpHeader& out) {
+  const std::uint8_t* h = &b[18];  // after the header-size field
+  InfoFields f;
+  f.end = 14 + header_size;
+  if (header_size == 12) {
+    f.width = ReadLe16(h);
+    f.height = ReadLe16(h + 2);
+    out.bits = ReadLe16(h + 6);
+    out.palette_entry = 3;
+    return f;
+  }
+  f.width = ReadLe32(h);
+  const std::uint32_t raw_height = ReadLe32(h + 4);
+  out.top_down = h[7] == 0xff;  // Pillow's test for a negative height
+  f.height = out.top_down ? (std::int64_t{1} << 32) - raw_height : raw_height;
+  out.bits = ReadLe16(h + 10);
+  f.compression = ReadLe32(h + 12);
+  f.colors = ReadLe32(h + 28);
+  if (f.compression == kBiBitfields) {
+    if (header_size >= 56) {
+      for (std::size_t i = 0; i < 4; ++i) f.masks[i] = ReadLe32(h + 36 + 4 * i);
+    } else {
+      if (b.size() < f.end + 12) return Corrupt("BMP", "the bit masks are cut off");
+      for (std::size_t i = 0; i < 3; ++i) f.masks[i] = ReadLe32(&b[f.end + 4 * i]);
+      f.end += 12;
+    }
+  }
+  return f;
+}
+
+// The layout of uncompressed (BI_RGB) pixels of `bits` bits.
+StatusOr<Layout> PlainLayout(int bits) {
+  switch (bits) {
+    case 1:
+    case 4:
+    case 8:
+      return Layout::kPalette;
+    case 16:
+      return Layout::kBgr15;
+    case 24:
+      return Layout::kBgr;
+    case 32:
+      return Layout::kBgrx;
+    default:
+      return InvalidArgument("unsupported BMP pixel depth: " + std::to_string(bits) + " bits");
+  }
+}
+
+// The layout BI_BITFIELDS masks `m` name, among the ones Pillow supports.
+Status BitfieldsLayout(const std::array<std::uint32_t, 4>& m, BmpHeader& out) {
+  using M = std::array<std::uint32_t, 4>;
+  using Rgb = std::array<std::uint32_t, 3>;
+  const Rgb rgb{m[0], m[1], m[2]};
+  bool ok = true;
+  if (out.bits == 32) {
+    if (m == M{0xff0000, 0xff00, 0xff, 0})
+      out.layout = Layout::kBgrx;
+    else if (m == M{0xff000000, 0xff0000, 0xff00, 0})
+      out.layout = Layout::kXbgr;
+    else if (m == M{0xff000000, 0xff0000, 0xff00, 0xff})
+      out.layout = Layout::kAbgr;
+    else if (m == M{0xff, 0xff00, 0xff0000, 0xff000000})
+      out.layout = Layout::kRgba;
+    else if (m == M{0xff0000, 0xff00, 0xff, 0xff000000} || m == M{0, 0, 0, 0})
+      out.layout = Layout::kBgra;
+    else
+      ok = false;
+    out.rgba_mode = out.layout == Layout::kAbgr || out.layout == Layout::kRgba || out.layout == Layout::kBgra;
+  } else if (out.bits == 24 && rgb == Rgb{0xff0000, 0xff00, 0xff}) {
+    out.layout = Layout::kBgr;
+  } else if (out.bits == 16 && rgb == Rgb{0xf800, 0x7e0, 0x1f}) {
+    out.layout = Layout::kBgr16;
+  } else if (out.bits == 16 && rgb == Rgb{0x7c00, 0x3e0, 0x1f}) {
+    out.layout = Layout::kBgr15;
+  } else {
+    ok = false;
+  }
+  if (!ok) return InvalidArgument("unsupported BMP bitfields layout for " + std::to_string(out.bits) + " bits");
+  return Status::Ok();
+}
+
+// out.layout from the depth and the compression.
+Status ChooseLayout(const InfoFields& f, BmpHeader& out) {
+  StatusOr<Layout> plain = PlainLayout(out.bits);
+  if (!plain.ok()) return plain.status();
+  out.layout = *plain;
+  if (f.compression == kBiBitfields) return BitfieldsLayout(f.masks, out);
+  if (f.compression == kBiRle8 || f.compression == kBiRle4) {
+    return InvalidArgument(std::string("unsupported BMP compression: ") + (f.compression == kBiRle8 ? "RLE8" : "RLE4") +
+                           " (convert the image to PNG)");
+  }
+  if (f.compression != kBiRgb) {
+    return InvalidArgument("unsupported BMP compression: type " + std::to_string(f.compression));
+  }
+  return Status::Ok();
+}
+
 StatusOr<BmpHeader> ParseBmpHeader(ByteSpan b) {
   if (b.size() < 18) return Corrupt("BMP", std::to_string(b.size()) + " bytes is too short for a BMP header");
   std::uint32_t offset = ReadLe32(&b[10]);
@@ -63,100 +170,21 @@ StatusOr<BmpHeader> ParseBmpHeader(ByteSpan b) {
                            "-byte info header (supported: 12, 40, 64, 108, 124)");
   }
   if (b.size() < 14 + header_size) return Corrupt("BMP", "the info header is cut off");
-  const std::uint8_t* h = &b[18];  // after the header-size field
   BmpHeader out;
-  std::uint32_t compression = kBiRgb;
-  std::uint32_t colors = 0;
-  std::array<std::uint32_t, 4> masks{};
-  std::size_t at = 14 + header_size;
-  std::int64_t width = 0, height = 0;
-  if (header_size == 12) {
-    width = ReadLe16(h);
-    height = ReadLe16(h + 2);
-    out.bits = ReadLe16(h + 6);
-    out.palette_entry = 3;
-  } else {
-    width = ReadLe32(h);
-    const std::uint32_t raw_height = ReadLe32(h + 4);
-    out.top_down = h[7] == 0xff;  // Pillow's test for a negative height
-    height = out.top_down ? (std::int64_t{1} << 32) - raw_height : raw_height;
-    out.bits = ReadLe16(h + 10);
-    compression = ReadLe32(h + 12);
-    colors = ReadLe32(h + 28);
-    if (compression == kBiBitfields) {
-      if (header_size >= 56) {
-        for (std::size_t i = 0; i < 4; ++i) masks[i] = ReadLe32(h + 36 + 4 * i);
-      } else {
-        if (b.size() < at + 12) return Corrupt("BMP", "the bit masks are cut off");
-        for (std::size_t i = 0; i < 3; ++i) masks[i] = ReadLe32(&b[at + 4 * i]);
-        at += 12;
-      }
-    }
+  StatusOr<InfoFields> f = ReadInfoHeader(b, header_size, out);
+  if (!f.ok()) return f.status();
+  if (f->width == 0 || f->height == 0) {
+    return InvalidArgument("zero-sized image: the BMP header says " + Dims(f->width, f->height));
   }
-  if (width == 0 || height == 0) {
-    return InvalidArgument("zero-sized image: the BMP header says " + Dims(width, height));
+  if (f->width > 0x7fffffff || f->height > 0x7fffffff) {
+    return Corrupt("BMP", "header size " + Dims(f->width, f->height) + " is out of range");
   }
-  if (width > 0x7fffffff || height > 0x7fffffff) {
-    return Corrupt("BMP", "header size " + Dims(width, height) + " is out of range");
-  }
-  out.width = static_cast<int>(width);
-  out.height = static_cast<int>(height);
-  out.colors = colors != 0 ? colors : (out.bits < 32 ? 1u << out.bits : 0u);
+  out.width = static_cast<int>(f->width);
+  out.height = static_cast<int>(f->height);
+  out.colors = f->colors != 0 ? f->colors : (out.bits < 32 ? 1u << out.bits : 0u);
   if (offset == 14 + header_size && out.bits <= 8) offset += 4 * out.colors;  // Pillow's quirk, kept
-
-  switch (out.bits) {
-    case 1:
-    case 4:
-    case 8:
-      out.layout = Layout::kPalette;
-      break;
-    case 16:
-      out.layout = Layout::kBgr15;
-      break;
-    case 24:
-      out.layout = Layout::kBgr;
-      break;
-    case 32:
-      out.layout = Layout::kBgrx;
-      break;
-    default:
-      return InvalidArgument("unsupported BMP pixel depth: " + std::to_string(out.bits) + " bits");
-  }
-  if (compression == kBiBitfields) {
-    using M = std::array<std::uint32_t, 4>;
-    const M m = masks;
-    const std::array<std::uint32_t, 3> rgb{m[0], m[1], m[2]};
-    bool ok = true;
-    if (out.bits == 32) {
-      if (m == M{0xff0000, 0xff00, 0xff, 0})
-        out.layout = Layout::kBgrx;
-      else if (m == M{0xff000000, 0xff0000, 0xff00, 0})
-        out.layout = Layout::kXbgr;
-      else if (m == M{0xff000000, 0xff0000, 0xff00, 0xff})
-        out.layout = Layout::kAbgr;
-      else if (m == M{0xff, 0xff00, 0xff0000, 0xff000000})
-        out.layout = Layout::kRgba;
-      else if (m == M{0xff0000, 0xff00, 0xff, 0xff000000} || m == M{0, 0, 0, 0})
-        out.layout = Layout::kBgra;
-      else
-        ok = false;
-      out.rgba_mode = out.layout == Layout::kAbgr || out.layout == Layout::kRgba || out.layout == Layout::kBgra;
-    } else if (out.bits == 24 && rgb == std::array<std::uint32_t, 3>{0xff0000, 0xff00, 0xff}) {
-      out.layout = Layout::kBgr;
-    } else if (out.bits == 16 && rgb == std::array<std::uint32_t, 3>{0xf800, 0x7e0, 0x1f}) {
-      out.layout = Layout::kBgr16;
-    } else if (out.bits == 16 && rgb == std::array<std::uint32_t, 3>{0x7c00, 0x3e0, 0x1f}) {
-      out.layout = Layout::kBgr15;
-    } else {
-      ok = false;
-    }
-    if (!ok) return InvalidArgument("unsupported BMP bitfields layout for " + std::to_string(out.bits) + " bits");
-  } else if (compression == kBiRle8 || compression == kBiRle4) {
-    return InvalidArgument(std::string("unsupported BMP compression: ") + (compression == kBiRle8 ? "RLE8" : "RLE4") +
-                           " (convert the image to PNG)");
-  } else if (compression != kBiRgb) {
-    return InvalidArgument("unsupported BMP compression: type " + std::to_string(compression));
-  }
+  if (Status s = ChooseLayout(*f, out); !s.ok()) return s;
+  std::size_t at = f->end;
   if (out.layout == Layout::kPalette) {
     if (out.colors == 0 || out.colors > 65536) {
       return InvalidArgument("unsupported BMP palette size: " + std::to_string(out.colors) + " colours");
@@ -179,6 +207,95 @@ StatusOr<ImageInfo> ProbeBmp(ByteSpan bytes) {
   return ImageInfo{ImageFormat::kBmp, h->width, h->height, 1};
 }
 
+namespace {
+
+using Palette = std::array<std::array<std::uint8_t, 3>, 256>;
+
+// The palette's colours; indices past it are grey (i, i, i), as in Pillow.
+StatusOr<Palette> ReadPalette(ByteSpan bytes, const BmpHeader& h) {
+  Palette palette{};
+  if (h.palette_at + std::size_t{h.colors} * h.palette_entry > bytes.size()) {
+    return Corrupt("BMP", "the palette is cut off");
+  }
+  for (int i = 0; i < 256; ++i) {
+    const auto v = static_cast<std::uint8_t>(i);
+    if (static_cast<std::uint32_t>(i) < h.colors) {
+      const std::uint8_t* e = &bytes[h.palette_at + std::size_t(i) * h.palette_entry];
+      palette[i] = {e[2], e[1], e[0]};  // stored B, G, R
+    } else {
+      palette[i] = {v, v, v};
+    }
+  }
+  return palette;
+}
+
+// One pixel of a 32-bit layout, composited under the alpha policy for RGBA.
+void Pixel32(const std::uint8_t* s, const BmpHeader& h, const DecodeOptions& options, std::uint8_t* out) {
+  std::uint8_t r, g, b, a = 255;
+  switch (h.layout) {
+    case Layout::kBgrx:
+      b = s[0], g = s[1], r = s[2];
+      break;
+    case Layout::kXbgr:
+      b = s[1], g = s[2], r = s[3];
+      break;
+    case Layout::kAbgr:
+      a = s[0], b = s[1], g = s[2], r = s[3];
+      break;
+    case Layout::kRgba:
+      r = s[0], g = s[1], b = s[2], a = s[3];
+      break;
+    default:
+      b = s[0], g = s[1], r = s[2], a = s[3];
+      break;  // kBgra
+  }
+  if (h.rgba_mode && options.alpha.composite) {
+    r = BlendOver(r, a, options.alpha.background[0]);
+    g = BlendOver(g, a, options.alpha.background[1]);
+    b = BlendOver(b, a, options.alpha.background[2]);
+  }
+  out[0] = r, out[1] = g, out[2] = b;
+}
+
+// One stored row `in` as `w` RGB pixels at `out`.
+void DecodeRow(const std::uint8_t* in, std::size_t w, const BmpHeader& h, const Palette& palette,
+               const DecodeOptions& options, std::uint8_t* out) {
+  for (std::size_t x = 0; x < w; ++x, out += 3) {
+    switch (h.layout) {
+      case Layout::kPalette: {
+        const std::size_t bit = x * h.bits;  // MSB first within a byte
+        const unsigned index = (in[bit >> 3] >> (8 - h.bits - (bit & 7))) & ((1u << h.bits) - 1);
+        std::memcpy(out, palette[index].data(), 3);
+        break;
+      }
+      case Layout::kBgr15: {
+        const unsigned p = ReadLe16(in + 2 * x);
+        out[0] = Scale((p >> 10) & 31, 31);
+        out[1] = Scale((p >> 5) & 31, 31);
+        out[2] = Scale(p & 31, 31);
+        break;
+      }
+      case Layout::kBgr16: {
+        const unsigned p = ReadLe16(in + 2 * x);
+        out[0] = Scale((p >> 11) & 31, 31);
+        out[1] = Scale((p >> 5) & 63, 63);
+        out[2] = Scale(p & 31, 31);
+        break;
+      }
+      case Layout::kBgr: {
+        const std::uint8_t* s = in + 3 * x;
+        out[0] = s[2], out[1] = s[1], out[2] = s[0];
+        break;
+      }
+      default:  // 32-bit layouts
+        Pixel32(in + 4 * x, h, options, out);
+        break;
+    }
+  }
+}
+
+}  // namespace
+
 StatusOr<RgbImage> DecodeBmp(ByteSpan bytes, const DecodeLimits& limits, const DecodeOptions& options) {
   auto parsed = ParseBmpHeader(bytes);
   if (!parsed.ok()) return parsed.status();
@@ -191,87 +308,19 @@ StatusOr<RgbImage> DecodeBmp(ByteSpan bytes, const DecodeLimits& limits, const D
     return Corrupt("BMP", "pixel data needs " + std::to_string(h.stride * rows) + " bytes at offset " +
                               std::to_string(h.pixels_at) + ", the file has " + std::to_string(bytes.size()));
   }
-  std::array<std::array<std::uint8_t, 3>, 256> palette{};
+  Palette palette{};
   if (h.layout == Layout::kPalette) {
-    if (h.palette_at + std::size_t{h.colors} * h.palette_entry > bytes.size()) {
-      return Corrupt("BMP", "the palette is cut off");
-    }
-    for (int i = 0; i < 256; ++i) {
-      const auto v = static_cast<std::uint8_t>(i);
-      if (static_cast<std::uint32_t>(i) < h.colors) {
-        const std::uint8_t* e = &bytes[h.palette_at + std::size_t(i) * h.palette_entry];
-        palette[i] = {e[2], e[1], e[0]};  // stored B, G, R
-      } else {
-        palette[i] = {v, v, v};
-      }
-    }
+    StatusOr<Palette> read = ReadPalette(bytes, h);
+    if (!read.ok()) return read.status();
+    palette = *read;
   }
-
   RgbImage img;
   img.width = h.width;
   img.height = h.height;
   img.pixels.resize(w * rows * 3);
   for (std::size_t y = 0; y < rows; ++y) {
     const std::size_t stored = h.top_down ? y : rows - 1 - y;
-    const std::uint8_t* in = &bytes[h.pixels_at + stored * h.stride];
-    std::uint8_t* out = &img.pixels[y * w * 3];
-    for (std::size_t x = 0; x < w; ++x, out += 3) {
-      switch (h.layout) {
-        case Layout::kPalette: {
-          const std::size_t bit = x * h.bits;  // MSB first within a byte
-          const unsigned index = (in[bit >> 3] >> (8 - h.bits - (bit & 7))) & ((1u << h.bits) - 1);
-          std::memcpy(out, palette[index].data(), 3);
-          break;
-        }
-        case Layout::kBgr15: {
-          const unsigned p = ReadLe16(in + 2 * x);
-          out[0] = Scale((p >> 10) & 31, 31);
-          out[1] = Scale((p >> 5) & 31, 31);
-          out[2] = Scale(p & 31, 31);
-          break;
-        }
-        case Layout::kBgr16: {
-          const unsigned p = ReadLe16(in + 2 * x);
-          out[0] = Scale((p >> 11) & 31, 31);
-          out[1] = Scale((p >> 5) & 63, 63);
-          out[2] = Scale(p & 31, 31);
-          break;
-        }
-        case Layout::kBgr: {
-          const std::uint8_t* s = in + 3 * x;
-          out[0] = s[2], out[1] = s[1], out[2] = s[0];
-          break;
-        }
-        default: {  // 32-bit layouts
-          const std::uint8_t* s = in + 4 * x;
-          std::uint8_t r, g, b, a = 255;
-          switch (h.layout) {
-            case Layout::kBgrx:
-              b = s[0], g = s[1], r = s[2];
-              break;
-            case Layout::kXbgr:
-              b = s[1], g = s[2], r = s[3];
-              break;
-            case Layout::kAbgr:
-              a = s[0], b = s[1], g = s[2], r = s[3];
-              break;
-            case Layout::kRgba:
-              r = s[0], g = s[1], b = s[2], a = s[3];
-              break;
-            default:
-              b = s[0], g = s[1], r = s[2], a = s[3];
-              break;  // kBgra
-          }
-          if (h.rgba_mode && options.alpha.composite) {
-            r = BlendOver(r, a, options.alpha.background[0]);
-            g = BlendOver(g, a, options.alpha.background[1]);
-            b = BlendOver(b, a, options.alpha.background[2]);
-          }
-          out[0] = r, out[1] = g, out[2] = b;
-          break;
-        }
-      }
-    }
+    DecodeRow(&bytes[h.pixels_at + stored * h.stride], w, h, palette, options, &img.pixels[y * w * 3]);
   }
   return img;
 }

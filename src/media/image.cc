@@ -60,73 +60,67 @@ void RgbaToRgbInPlace(std::uint8_t* rgba, std::size_t n, bool composite_mode, co
   }
 }
 
-void ApplyOrientation(RgbImage& img, int orientation) {
+namespace {
+
+// Mirrors each row of a w x h RGB image in place (FLIP_LEFT_RIGHT).
+void MirrorRows(std::uint8_t* p, std::size_t w, std::size_t h) {
+  for (std::size_t y = 0; y < h; ++y) {
+    std::uint8_t* row = p + y * w * 3;
+    for (std::size_t x = 0; x < w / 2; ++x) std::swap_ranges(row + x * 3, row + x * 3 + 3, row + (w - 1 - x) * 3);
+  }
+}
+
+// Reverses the rows of a w x h RGB image in place (FLIP_TOP_BOTTOM).
+void FlipRows(std::uint8_t* p, std::size_t w, std::size_t h) {
+  for (std::size_t y = 0; y < h / 2; ++y) std::swap_ranges(p + y * w * 3, p + (y + 1) * w * 3, p + (h - 1 - y) * w * 3);
+}
+
+// Orientations 5 to 8, which swap the axes: `img` becomes h wide and w
+// tall; out(x, y) = in(sx, sy) with, per PIL's Image.transpose:
+// 5 TRANSPOSE (y, x); 6 ROTATE_270 (y, h-1-x); 7 TRANSVERSE (w-1-y, h-1-x);
+// 8 ROTATE_90 (w-1-y, x).
+void Transpose(RgbImage& img, int orientation) {
   const std::size_t w = static_cast<std::size_t>(img.width);
   const std::size_t h = static_cast<std::size_t>(img.height);
-  std::uint8_t* p = img.pixels.data();
-  auto swap_px = [](std::uint8_t* a, std::uint8_t* b) {
-    for (int c = 0; c < 3; ++c) std::swap(a[c], b[c]);
-  };
-  auto mirror_rows = [&] {
-    for (std::size_t y = 0; y < h; ++y) {
-      std::uint8_t* row = p + y * w * 3;
-      for (std::size_t x = 0; x < w / 2; ++x) swap_px(row + x * 3, row + (w - 1 - x) * 3);
-    }
-  };
-  auto flip_rows = [&] {
-    for (std::size_t y = 0; y < h / 2; ++y) {
-      std::swap_ranges(p + y * w * 3, p + (y + 1) * w * 3, p + (h - 1 - y) * w * 3);
-    }
-  };
-  switch (orientation) {
-    case 2:  // FLIP_LEFT_RIGHT
-      mirror_rows();
-      return;
-    case 3:  // ROTATE_180
-      mirror_rows();
-      flip_rows();
-      return;
-    case 4:  // FLIP_TOP_BOTTOM
-      flip_rows();
-      return;
-    case 5:
-    case 6:
-    case 7:
-    case 8:
-      break;
-    default:
-      return;
-  }
-  // Output is h wide and w tall; out(x, y) = in(sx, sy) with, per PIL's
-  // Image.transpose: 5 TRANSPOSE (y, x); 6 ROTATE_270 (y, h-1-x);
-  // 7 TRANSVERSE (w-1-y, h-1-x); 8 ROTATE_90 (w-1-y, x).
+  const std::uint8_t* p = img.pixels.data();
   std::vector<std::uint8_t> out(img.pixels.size());
   for (std::size_t y = 0; y < w; ++y) {
     for (std::size_t x = 0; x < h; ++x) {
-      std::size_t sx = 0, sy = 0;
-      switch (orientation) {
-        case 5:
-          sx = y;
-          sy = x;
-          break;
-        case 6:
-          sx = y;
-          sy = h - 1 - x;
-          break;
-        case 7:
-          sx = w - 1 - y;
-          sy = h - 1 - x;
-          break;
-        default:
-          sx = w - 1 - y;
-          sy = x;
-          break;
-      }
+      const std::size_t sx = orientation == 5 || orientation == 6 ? y : w - 1 - y;
+      const std::size_t sy = orientation == 5 || orientation == 8 ? x : h - 1 - x;
       std::memcpy(&out[(y * h + x) * 3], p + (sy * w + sx) * 3, 3);
     }
   }
   img.pixels = std::move(out);
   std::swap(img.width, img.height);
+}
+
+}  // namespace
+
+void ApplyOrientation(RgbImage& img, int orientation) {
+  const std::size_t w = static_cast<std::size_t>(img.width);
+  const std::size_t h = static_cast<std::size_t>(img.height);
+  std::uint8_t* p = img.pixels.data();
+  switch (orientation) {
+    case 2:  // FLIP_LEFT_RIGHT
+      MirrorRows(p, w, h);
+      return;
+    case 3:  // ROTATE_180
+      MirrorRows(p, w, h);
+      FlipRows(p, w, h);
+      return;
+    case 4:  // FLIP_TOP_BOTTOM
+      FlipRows(p, w, h);
+      return;
+    case 5:
+    case 6:
+    case 7:
+    case 8:
+      Transpose(img, orientation);
+      return;
+    default:
+      return;
+  }
 }
 
 std::uint32_t ReadBe32(const std::uint8_t* p) {

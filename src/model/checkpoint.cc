@@ -207,14 +207,12 @@ std::int64_t Checkpoint::parameter_count() const {
   return n;
 }
 
-StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& dir_str) {
-  const fs::path dir(dir_str);
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return Status(StatusCode::kNotFound, "checkpoint directory not found: " + dir_str);
-  std::shared_ptr<Checkpoint> ck(new Checkpoint());
-  ck->dir_ = dir_str;
+namespace {
 
-  // 1. config.json
+using TensorMap = std::map<std::string, TensorView, std::less<>>;
+
+// config.json: the architecture and the vision tower's config.
+StatusOr<std::pair<VisionArch, VisionConfig>> ReadVisionConfig(const fs::path& dir) {
   const std::string config_path = (dir / "config.json").string();
   StatusOr<json> config = ReadJson(dir / "config.json");
   if (!config.ok()) return config.status();
@@ -223,22 +221,16 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
   if (!arch.ok()) return arch.status();
   StatusOr<VisionConfig> vision = ParseVisionConfig(*arch, *config, config_path);
   if (!vision.ok()) return vision.status();
-  ck->vision_ = std::move(*vision);
+  return std::pair{*arch, std::move(*vision)};
+}
 
-  // 2. preprocessor_config.json
-  const std::string pre_path = (dir / "preprocessor_config.json").string();
-  StatusOr<json> pre = ReadJson(dir / "preprocessor_config.json");
-  if (!pre.ok()) return pre.status();
-  StatusOr<PreprocessConfig> pcfg = ParsePreprocess(*pre, ck->vision_, pre_path);
-  if (!pcfg.ok()) return pcfg.status();
-  ck->preprocess_ = *pcfg;
-
-  // 3. weight files
-  StatusOr<WeightPlan> plan = PlanWeights(dir);
-  if (!plan.ok()) return plan.status();
-  std::map<std::string, TensorView, std::less<>> all;  // full name -> view
-  std::map<std::string, std::string> where;            // full name -> file
-  for (const std::string& f : plan->files) {
+// The weight files, mapped, and every tensor in them by full name; a tensor
+// in two files, or not where the index puts it, is refused.
+StatusOr<TensorMap> OpenWeights(const fs::path& dir, const std::string& dir_str, const WeightPlan& plan,
+                                std::vector<std::shared_ptr<const SafetensorsFile>>& files) {
+  TensorMap all;                             // full name -> view
+  std::map<std::string, std::string> where;  // full name -> file
+  for (const std::string& f : plan.files) {
     StatusOr<std::shared_ptr<const SafetensorsFile>> file = SafetensorsFile::Open((dir / f).string());
     if (!file.ok()) return file.status();
     for (const auto& [name, view] : (*file)->tensors()) {
@@ -249,10 +241,9 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
       }
       all.emplace(name, view);
     }
-    ck->files_.push_back(std::move(*file));
+    files.push_back(std::move(*file));
   }
-  ck->weight_files_ = plan->files;
-  for (const auto& [name, file] : plan->weight_map) {
+  for (const auto& [name, file] : plan.weight_map) {
     auto it = where.find(name);
     if (it == where.end() || it->second != file) {
       // NOLINTNEXTLINE(performance-inefficient-string-concatenation): built once, for the error returned
@@ -260,8 +251,11 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
                              file + ", which does not hold it");
     }
   }
+  return all;
+}
 
-  // 4. the vision tensors
+// The one prefix the vision tensors are under (kPrefixes).
+StatusOr<std::string> VisionPrefix(const TensorMap& all, const std::string& dir_str) {
   std::string prefix;
   for (std::string_view p : kPrefixes) {
     auto it = all.lower_bound(p);
@@ -277,10 +271,17 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
   if (prefix.empty()) {
     return InvalidArgument("checkpoint " + dir_str + " holds no vision tensors ('visual.*' or 'model.visual.*')");
   }
-  ck->prefix_ = prefix;
+  return prefix;
+}
+
+// The vision tensors by name without the prefix: exactly the ones
+// config.json implies, of their shapes, in a float dtype.
+StatusOr<TensorMap> VisionTensors(const TensorMap& all, const std::string& prefix, VisionArch arch,
+                                  const VisionConfig& vision, const std::string& dir_str) {
   std::map<std::string, std::vector<std::int64_t>> expected;
-  for (TensorSpec& s : ExpectedVisionTensors(ck->vision_)) expected.emplace(std::move(s.name), std::move(s.shape));
-  const std::string arch_name(VisionArchName(*arch));
+  for (TensorSpec& s : ExpectedVisionTensors(vision)) expected.emplace(std::move(s.name), std::move(s.shape));
+  const std::string arch_name(VisionArchName(arch));
+  TensorMap out;
   for (auto it = all.lower_bound(prefix); it != all.end() && it->first.starts_with(prefix); ++it) {
     const std::string name = it->first.substr(prefix.size());
     auto e = expected.find(name);
@@ -298,17 +299,49 @@ StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& di
       return InvalidArgument("checkpoint " + dir_str + ": tensor '" + it->first + "' has dtype " +
                              std::string(TensorDTypeName(t.dtype)) + "; vision tensors must be F32, F16 or BF16");
     }
-    ck->tensors_.emplace(name, t);
+    out.emplace(name, t);
   }
   for (const auto& [name, shape] : expected) {
-    if (!ck->tensors_.count(name)) {
+    if (!out.count(name)) {
       // NOLINTBEGIN(performance-inefficient-string-concatenation): built once, for the error returned
       return InvalidArgument("checkpoint " + dir_str + ": missing tensor '" + prefix + name + "' (" +
                              ShapeToString(shape) + ") of the " + arch_name + " vision tower");
       // NOLINTEND(performance-inefficient-string-concatenation)
     }
   }
-  ck->model_id_ = ModelId(*arch, ck->tensors_, ck->vision_);
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const Checkpoint>> OpenCheckpoint(const std::string& dir_str) {
+  const fs::path dir(dir_str);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return Status(StatusCode::kNotFound, "checkpoint directory not found: " + dir_str);
+  std::shared_ptr<Checkpoint> ck(new Checkpoint());
+  ck->dir_ = dir_str;
+  StatusOr<std::pair<VisionArch, VisionConfig>> config = ReadVisionConfig(dir);
+  if (!config.ok()) return config.status();
+  const VisionArch arch = config->first;
+  ck->vision_ = std::move(config->second);
+  const std::string pre_path = (dir / "preprocessor_config.json").string();
+  StatusOr<json> pre = ReadJson(dir / "preprocessor_config.json");
+  if (!pre.ok()) return pre.status();
+  StatusOr<PreprocessConfig> pcfg = ParsePreprocess(*pre, ck->vision_, pre_path);
+  if (!pcfg.ok()) return pcfg.status();
+  ck->preprocess_ = *pcfg;
+  StatusOr<WeightPlan> plan = PlanWeights(dir);
+  if (!plan.ok()) return plan.status();
+  StatusOr<TensorMap> all = OpenWeights(dir, dir_str, *plan, ck->files_);
+  if (!all.ok()) return all.status();
+  ck->weight_files_ = plan->files;
+  StatusOr<std::string> prefix = VisionPrefix(*all, dir_str);
+  if (!prefix.ok()) return prefix.status();
+  ck->prefix_ = *prefix;
+  StatusOr<TensorMap> tensors = VisionTensors(*all, *prefix, arch, ck->vision_, dir_str);
+  if (!tensors.ok()) return tensors.status();
+  ck->tensors_ = std::move(*tensors);
+  ck->model_id_ = ModelId(arch, ck->tensors_, ck->vision_);
   return std::shared_ptr<const Checkpoint>(std::move(ck));
 }
 

@@ -142,19 +142,13 @@ StatusOr<VisionArch> DetectArch(const json& config, const std::string& where) {
       where + " has neither model_type nor architectures (supported model types: " + SupportedVisionArchs() + ")");
 }
 
-// Defaults: transformers' Qwen2VLVisionConfig, Qwen2_5_VLVisionConfig and
-// Qwen3VLVisionConfig (configuration_*.py / modular_*.py).
-StatusOr<VisionConfig> ParseVisionConfig(VisionArch arch, const json& config, const std::string& where) {
-  auto vc = config.find("vision_config");
-  if (vc == config.end() || !vc->is_object()) return InvalidArgument(where + " has no vision_config object");
-  Fields f(*vc, where + " vision_config");
-  VisionConfig v;
-  v.arch = arch;
-  v.in_channels = f.Int("in_channels", f.Int("in_chans", 3));
-  v.temporal_patch_size = f.Int("temporal_patch_size", 2);
-  v.merge_size = f.Int("spatial_merge_size", 2);
-  v.num_heads = f.Int("num_heads", 16);
-  switch (arch) {
+namespace {
+
+// The fields each architecture reads, with transformers' defaults
+// (Qwen2VLVisionConfig, Qwen2_5_VLVisionConfig, Qwen3VLVisionConfig in
+// configuration_*.py / modular_*.py).
+void ReadArchFields(Fields& f, VisionConfig& v) {
+  switch (v.arch) {
     case VisionArch::kQwen2VL: {
       v.depth = f.Int("depth", 32);
       v.width = f.Int("embed_dim", 1280);
@@ -186,52 +180,77 @@ StatusOr<VisionConfig> ParseVisionConfig(VisionArch arch, const json& config, co
       v.deepstack_visual_indexes = f.Ints("deepstack_visual_indexes", {8, 16, 24});
       break;
   }
-  if (!f.status().ok()) return f.status();
+}
 
-  auto bad = [&](const std::string& what) { return InvalidArgument(where + " vision_config: " + what); };
-  auto in_range = [](std::int64_t x, std::int64_t lo, std::int64_t hi) { return x >= lo && x <= hi; };
-  if (!in_range(v.depth, 1, 1024)) return bad("depth " + std::to_string(v.depth) + " is not in [1, 1024]");
-  if (!in_range(v.width, 1, 1 << 16)) return bad("width " + std::to_string(v.width) + " is not in [1, 65536]");
-  if (!in_range(v.num_heads, 1, v.width) || v.width % v.num_heads != 0 || v.head_dim() % 4 != 0) {
-    return bad("num_heads " + std::to_string(v.num_heads) + " must divide the width " + std::to_string(v.width) +
-               " into heads whose size is a multiple of 4 (2D rotary embedding)");
+bool InRange(std::int64_t x, std::int64_t lo, std::int64_t hi) { return x >= lo && x <= hi; }
+
+// The sizes every architecture shares; an empty string when all are in range.
+std::string BadSize(const VisionConfig& v) {
+  if (!InRange(v.depth, 1, 1024)) return "depth " + std::to_string(v.depth) + " is not in [1, 1024]";
+  if (!InRange(v.width, 1, 1 << 16)) return "width " + std::to_string(v.width) + " is not in [1, 65536]";
+  if (!InRange(v.num_heads, 1, v.width) || v.width % v.num_heads != 0 || v.head_dim() % 4 != 0) {
+    return "num_heads " + std::to_string(v.num_heads) + " must divide the width " + std::to_string(v.width) +
+           " into heads whose size is a multiple of 4 (2D rotary embedding)";
   }
-  if (!in_range(v.mlp_hidden, 1, 1 << 20))
-    return bad("MLP width " + std::to_string(v.mlp_hidden) + " is not in [1, 2^20]");
-  if (!in_range(v.out_hidden, 1, 1 << 20))
-    return bad("output width " + std::to_string(v.out_hidden) + " is not in [1, 2^20]");
-  if (!in_range(v.in_channels, 1, 16))
-    return bad("in_channels " + std::to_string(v.in_channels) + " is not in [1, 16]");
-  if (!in_range(v.patch_size, 1, 1024))
-    return bad("patch_size " + std::to_string(v.patch_size) + " is not in [1, 1024]");
-  if (!in_range(v.temporal_patch_size, 1, 64)) return bad("temporal_patch_size is not in [1, 64]");
-  if (!in_range(v.merge_size, 1, 64)) return bad("spatial_merge_size is not in [1, 64]");
+  if (!InRange(v.mlp_hidden, 1, 1 << 20)) return "MLP width " + std::to_string(v.mlp_hidden) + " is not in [1, 2^20]";
+  if (!InRange(v.out_hidden, 1, 1 << 20)) {
+    return "output width " + std::to_string(v.out_hidden) + " is not in [1, 2^20]";
+  }
+  if (!InRange(v.in_channels, 1, 16)) return "in_channels " + std::to_string(v.in_channels) + " is not in [1, 16]";
+  if (!InRange(v.patch_size, 1, 1024)) return "patch_size " + std::to_string(v.patch_size) + " is not in [1, 1024]";
+  if (!InRange(v.temporal_patch_size, 1, 64)) return "temporal_patch_size is not in [1, 64]";
+  if (!InRange(v.merge_size, 1, 64)) return "spatial_merge_size is not in [1, 64]";
+  return "";
+}
+
+// The activation, the block indexes and each architecture's own fields;
+// an empty string when all are valid.
+std::string BadLayout(const VisionConfig& v) {
   static const std::set<std::string> kActs = {"quick_gelu", "silu", "gelu_pytorch_tanh", "gelu"};
   if (!kActs.count(v.hidden_act)) {
-    return bad("hidden_act '" + v.hidden_act + "' is not supported (quick_gelu, silu, gelu_pytorch_tanh, gelu)");
+    return "hidden_act '" + v.hidden_act + "' is not supported (quick_gelu, silu, gelu_pytorch_tanh, gelu)";
   }
   for (std::int64_t i : v.fullatt_block_indexes) {
-    if (!in_range(i, 0, v.depth - 1))
-      return bad("fullatt_block_indexes entry " + std::to_string(i) + " is not a block");
+    if (!InRange(i, 0, v.depth - 1)) return "fullatt_block_indexes entry " + std::to_string(i) + " is not a block";
   }
   for (std::int64_t i : v.deepstack_visual_indexes) {
-    if (!in_range(i, 0, v.depth - 1))
-      return bad("deepstack_visual_indexes entry " + std::to_string(i) + " is not a block");
+    if (!InRange(i, 0, v.depth - 1)) return "deepstack_visual_indexes entry " + std::to_string(i) + " is not a block";
   }
-  if (arch == VisionArch::kQwen25VL) {
+  if (v.arch == VisionArch::kQwen25VL) {
     const std::int64_t f2 = v.patch_size * v.merge_size;
     if (v.window_size < f2 || v.window_size % f2 != 0) {
-      return bad("window_size " + std::to_string(v.window_size) + " must be a positive multiple of patch_size * " +
-                 "spatial_merge_size = " + std::to_string(f2));
+      return "window_size " + std::to_string(v.window_size) + " must be a positive multiple of patch_size * " +
+             "spatial_merge_size = " + std::to_string(f2);
     }
   }
-  if (arch == VisionArch::kQwen3VL) {
+  if (v.arch == VisionArch::kQwen3VL) {
     const auto side =
         static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(v.num_position_embeddings))));
     if (v.num_position_embeddings < 1 || side * side != v.num_position_embeddings) {
-      return bad("num_position_embeddings " + std::to_string(v.num_position_embeddings) + " is not a square");
+      return "num_position_embeddings " + std::to_string(v.num_position_embeddings) + " is not a square";
     }
   }
+  return "";
+}
+
+}  // namespace
+
+// Defaults: ReadArchFields.
+StatusOr<VisionConfig> ParseVisionConfig(VisionArch arch, const json& config, const std::string& where) {
+  auto vc = config.find("vision_config");
+  if (vc == config.end() || !vc->is_object()) return InvalidArgument(where + " has no vision_config object");
+  Fields f(*vc, where + " vision_config");
+  VisionConfig v;
+  v.arch = arch;
+  v.in_channels = f.Int("in_channels", f.Int("in_chans", 3));
+  v.temporal_patch_size = f.Int("temporal_patch_size", 2);
+  v.merge_size = f.Int("spatial_merge_size", 2);
+  v.num_heads = f.Int("num_heads", 16);
+  ReadArchFields(f, v);
+  if (!f.status().ok()) return f.status();
+  std::string bad = BadSize(v);
+  if (bad.empty()) bad = BadLayout(v);
+  if (!bad.empty()) return InvalidArgument(where + " vision_config: " + bad);
   return v;
 }
 

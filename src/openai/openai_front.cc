@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <limits>
 #include <map>
 #include <variant>
 
 #include "chat_reply.h"
 #include "chat_request.h"
+#include "epd/server/request_shape.h"
 #include "front_error.h"
 #include "front_metrics.h"
 #include "kwargs_check.h"
@@ -195,19 +197,28 @@ struct OpenAiFront::Impl {
     if (auto e = internal::CheckProcessingKwargs(req.mm_processor_kwargs, req.media_io_kwargs, door.worker_options())) {
       return e;
     }
-    const auto n = static_cast<std::int64_t>(req.items.size());
-    if (n > door.max_items_per_request()) {
-      return FrontError{400,
-                        "the request has " + std::to_string(n) + " media items; at most " +
-                            std::to_string(door.max_items_per_request()) + " are accepted (--max-items-per-request)",
-                        "too_many_items", "messages"};
-    }
+    if (auto e = CheckShape(req)) return e;
     if (StatusOr<CallerIdentity> t = Caller(r); !t.ok()) {
       if (t.status().code() == StatusCode::kUnauthenticated)
         return FrontError{401, t.status().message(), "invalid_token"};
       return FrontError{400, t.status().message(), "invalid_tenant", door.tenant_header()};
     }
     return std::nullopt;
+  }
+
+  // The request-shape rules the gRPC door applies too (request_shape.h),
+  // on the media parts; the body's size is the endpoint's limit. A chat
+  // without media parts has nothing to encode and is answered with none.
+  std::optional<FrontError> CheckShape(const internal::ChatRequest& req) const {
+    if (req.items.empty()) return std::nullopt;
+    RequestShape shape;
+    for (const internal::ChatItem& item : req.items) {
+      shape.items.push_back(
+          ItemShape{.image = item.kind != MediaKind::kVideo, .video = item.kind == MediaKind::kVideo});
+    }
+    const Status s = CheckRequestShape(shape, {door.max_items_per_request(), std::numeric_limits<std::int64_t>::max()});
+    if (s.ok()) return std::nullopt;
+    return FrontError{400, s.message(), "too_many_items", "messages"};
   }
 
   StatusOr<CallerIdentity> Caller(const HttpRequest& r) const {

@@ -50,12 +50,13 @@ void EncodeCall::Start() {
   if (!caller.ok()) return FinishWith(caller.status());
   caller_ = std::move(*caller);
   message_bytes_ = static_cast<std::int64_t>(req_->ByteSizeLong());
-  if (Status st = internal::CheckRequestSize(message_bytes_, s.options.max_request_bytes); !st.ok()) {
+  if (!s.serving.load()) return FinishWith(Status(StatusCode::kUnavailable, "the server is shutting down"));
+  // Size, items, kinds and id: the rules every front shares (request_shape.h).
+  if (Status st = CheckRequestShape(internal::ShapeOf(*req_, message_bytes_),
+                                    {s.options.max_items_per_request, s.options.max_request_bytes});
+      !st.ok()) {
     return FinishWith(st);
   }
-  if (!s.serving.load()) return FinishWith(Status(StatusCode::kUnavailable, "the server is shutting down"));
-  if (Status st = s.Validate(*req_); !st.ok()) return FinishWith(st);
-  if (Status st = internal::CheckClientRequestId(req_->id()); !st.ok()) return FinishWith(st);
   tenant_ = caller_.share;
   connection_ = ctx_->peer();
   account_ = s.replies->Open(tenant_, connection_);

@@ -1,7 +1,10 @@
 // EncodeServer: gRPC over a WorkerLoop. Encode (encode_call.h) and Session
 // (shm_session.h) use gRPC's callback API; Health, Stats and Release, which
-// do no waiting, are sync. This file starts and stops the server and holds
-// the sync methods' bodies (server_impl.h).
+// do no waiting, are sync. This file starts and stops the server: Start
+// validates its options (ServerOptions::Validate), then runs one named step
+// per part (identity and metrics, delivery, budgets, worker, gRPC, the
+// metrics page). The methods' bodies are in server_impl.cc and
+// encode_call.cc.
 //
 // Threads: gRPC's own (they receive calls and run the callback reactions),
 // the sync methods' handler threads, the WorkerLoop thread, a small TaskPool
@@ -29,7 +32,7 @@ namespace epd {
 namespace {
 
 // Idle gRPC handler threads kept waiting for calls of the sync methods (see
-// Start).
+// SetThreadsAndQuota).
 constexpr int kIdleRpcThreads = 16;
 // What gRPC's memory quota gets beyond twice the request budget: room for
 // the transport's read buffers, which gRPC grows up to 4 MiB a connection
@@ -64,93 +67,25 @@ std::string HostName() {
   return buf;
 }
 
-}  // namespace
+// Start's steps, in order. Each fills its part of `self`; a step that fails
+// leaves what earlier steps started for the caller to stop.
 
-EncodeServer::EncodeServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-EncodeServer::~EncodeServer() { Shutdown(std::chrono::milliseconds(0)); }
-
-StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions options, WorkerOptions worker_options,
-                                                            std::unique_ptr<VisionTower> tower) {
-  std::vector<std::string> addresses = {options.address};
-  addresses.insert(addresses.end(), options.extra_addresses.begin(), options.extra_addresses.end());
-  for (const std::string& a : addresses) {
-    if (a.starts_with("unix:") ? a.size() == 5 : a.find(':') == std::string::npos) {
-      return InvalidArgument("server address '" + a + "' is neither host:port nor unix:/path");
-    }
-  }
-  if (options.shm_arena_bytes < 0) {
-    return InvalidArgument("shm_arena_bytes must be >= 0 (0 = off), got " + std::to_string(options.shm_arena_bytes));
-  }
-  if (options.shm_lease.count() <= 0) {
-    return InvalidArgument("shm_lease must be > 0 ms, got " + std::to_string(options.shm_lease.count()));
-  }
-  if (options.ipc_export_bytes < 0) {
-    return InvalidArgument("ipc_export_bytes must be >= 0 (0 = off), got " + std::to_string(options.ipc_export_bytes));
-  }
-  if (options.ipc_lease.count() < 0) {
-    return InvalidArgument("ipc_lease must be >= 0 ms (0 = shm_lease), got " +
-                           std::to_string(options.ipc_lease.count()));
-  }
-  if (options.shm_max_sessions <= 0) {
-    return InvalidArgument("shm_max_sessions must be > 0, got " + std::to_string(options.shm_max_sessions));
-  }
-  if (options.max_items_per_request <= 0) {
-    return InvalidArgument("max_items_per_request must be > 0, got " + std::to_string(options.max_items_per_request));
-  }
-  if (options.max_request_bytes <= 0 || options.max_request_bytes > std::int64_t{2047} << 20) {
-    return InvalidArgument("max_request_bytes must be in (0, 2047 MiB], got " +
-                           std::to_string(options.max_request_bytes));
-  }
-  if (options.max_inflight_request_bytes < options.max_request_bytes) {
-    return InvalidArgument("max_inflight_request_bytes (" + std::to_string(options.max_inflight_request_bytes) +
-                           ") must be >= max_request_bytes (" + std::to_string(options.max_request_bytes) +
-                           "): a request of the largest accepted size must fit the budget");
-  }
-  if (options.admission_wait.count() < 0) return InvalidArgument("admission_wait must be >= 0");
-  if (options.keepalive.count() < 0 || options.keepalive_timeout.count() < 0) {
-    return InvalidArgument("keepalive and keepalive_timeout must be >= 0 ms (0 = gRPC's default), got " +
-                           std::to_string(options.keepalive.count()) + " and " +
-                           std::to_string(options.keepalive_timeout.count()));
-  }
-  if (options.max_buffered_bytes <= 0) {
-    return InvalidArgument("max_buffered_bytes must be > 0, got " + std::to_string(options.max_buffered_bytes));
-  }
-  if (options.max_buffered_bytes_per_tenant < 0) {
-    return InvalidArgument("max_buffered_bytes_per_tenant must be >= 0 (0 = a quarter of max_buffered_bytes), got " +
-                           std::to_string(options.max_buffered_bytes_per_tenant));
-  }
-  if (options.max_reply_bytes <= 0 || options.max_reply_bytes_per_connection <= 0) {
-    return InvalidArgument("max_reply_bytes and max_reply_bytes_per_connection must be > 0, got " +
-                           std::to_string(options.max_reply_bytes) + " and " +
-                           std::to_string(options.max_reply_bytes_per_connection));
-  }
-  if (options.miss_reply_floor.count() < 0) {
-    return InvalidArgument("miss_reply_floor must be >= 0 ms (0 = off), got " +
-                           std::to_string(options.miss_reply_floor.count()));
-  }
-  if (options.write_timeout.count() < 0) {
-    return InvalidArgument("write_timeout must be >= 0 ms (0 = never), got " +
-                           std::to_string(options.write_timeout.count()));
-  }
-  if (options.max_concurrent_streams < 0) {
-    return InvalidArgument("max_concurrent_streams must be >= 0 (0 = gRPC's default), got " +
-                           std::to_string(options.max_concurrent_streams));
-  }
-  if (options.max_rpc_threads < 2) {
-    return InvalidArgument("max_rpc_threads must be >= 2, got " + std::to_string(options.max_rpc_threads));
-  }
+// The options, the tower and the TLS credentials they name.
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> ValidateStart(const ServerOptions& options,
+                                                                 const VisionTower* tower) {
+  if (Status s = options.Validate(); !s.ok()) return s;
   if (tower == nullptr) return InvalidArgument("tower is null");
-  StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      internal::MakeServerCredentials(options.tls_cert_pem, options.tls_key_pem, options.tls_client_ca_pem);
-  if (!credentials.ok()) return credentials.status();
+  return internal::MakeServerCredentials(options.tls_cert_pem, options.tls_key_pem, options.tls_client_ca_pem);
+}
 
-  auto impl = std::make_unique<Impl>();
-  Impl* self = impl.get();
-  self->options = options;
-  self->tower_description = tower->Describe();
-  self->tower_hidden = tower->hidden();
-  self->tower_deepstack = tower->deepstack_layers();
-  self->tower_dtype = tower->dtype();
+// Who calls (tenants, tokens), what failed calls log, and the metrics page's
+// sources; the tower's shape as Health reports it.
+Status MakeIdentityAndMetrics(EncodeServer::Impl* self, const VisionTower& tower) {
+  const ServerOptions& options = self->options;
+  self->tower_description = tower.Describe();
+  self->tower_hidden = tower.hidden();
+  self->tower_deepstack = tower.deepstack_layers();
+  self->tower_dtype = tower.dtype();
   self->outcomes = std::make_unique<internal::CallOutcomes>(options.log);
   StatusOr<std::unique_ptr<internal::TenantDirectory>> tenants = internal::TenantDirectory::Create(options);
   if (!tenants.ok()) return tenants.status();
@@ -171,10 +106,13 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   self->metrics = std::make_shared<internal::ServerMetrics>(
       [self] { return self->Snapshot(); }, std::make_shared<internal::TenantLabels>(options.max_tenant_labels, shares));
   self->metrics->AddSource([stats = self->tenant_stats] { return stats->Render(); });
-  self->pool = std::make_unique<internal::TaskPool>(PoolThreads());
-  self->budget = std::make_unique<internal::RequestBudget>(options.max_inflight_request_bytes,
-                                                           options.max_inflight_request_bytes / 16,
-                                                           options.on_requests_drained, self->pool.get());
+  return Status::Ok();
+}
+
+// Zero-copy delivery: the shared-memory arena, CUDA IPC exports and the
+// lease sessions over them (docs/SHM.md).
+Status StartDelivery(EncodeServer::Impl* self) {
+  const ServerOptions& options = self->options;
   if (options.shm_arena_bytes > 0) {
     StatusOr<std::unique_ptr<internal::ShmArena>> arena =
         internal::ShmArena::Create(options.shm_arena_bytes, options.shm_lease);
@@ -193,7 +131,18 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     self->sessions =
         std::make_unique<internal::ShmSessions>(self->arena.get(), self->ipc.get(), options.shm_max_sessions);
   }
+  return Status::Ok();
+}
 
+// The task pool, the in-flight request budget and the reply budget, whose
+// sink_full the worker consults before each tower batch (server.h,
+// "Backpressure").
+void MakeBudgets(EncodeServer::Impl* self, WorkerOptions& worker_options) {
+  const ServerOptions& options = self->options;
+  self->pool = std::make_unique<internal::TaskPool>(PoolThreads());
+  self->budget = std::make_unique<internal::RequestBudget>(options.max_inflight_request_bytes,
+                                                           options.max_inflight_request_bytes / 16,
+                                                           options.on_requests_drained, self->pool.get());
   internal::ReplyBudget::Limits reply_limits;
   reply_limits.buffered_bytes = options.max_buffered_bytes;
   reply_limits.tenant_share_bytes = options.max_buffered_bytes_per_tenant > 0
@@ -222,19 +171,21 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   worker_options.sink_full = [self, user_sink_full] {
     return self->replies->SinkFull() || (user_sink_full && user_sink_full());
   };
+}
+
+// The worker over the metered tower, and the loop that owns it.
+Status StartWorker(EncodeServer::Impl* self, WorkerOptions worker_options, std::unique_ptr<VisionTower> tower) {
   self->worker_options = worker_options;
   StatusOr<std::unique_ptr<EncodeWorker>> worker =
       EncodeWorker::Create(std::move(worker_options), internal::MeterTower(std::move(tower), self->metrics));
   if (!worker.ok()) return worker.status();
   self->loop = std::make_unique<WorkerLoop>(std::move(*worker));
+  return Status::Ok();
+}
 
-  internal::EnableStandardServices();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, *credentials, &self->port);
-  std::vector<int> extra_ports(options.extra_addresses.size(), 0);
-  for (std::size_t i = 0; i < options.extra_addresses.size(); ++i) {
-    builder.AddListeningPort(options.extra_addresses[i], *credentials, &extra_ports[i]);
-  }
+// The channel arguments that come from ServerOptions: keepalive, streams
+// per connection, message sizes.
+void SetChannelArguments(grpc::ServerBuilder& builder, const ServerOptions& options) {
   // gRPC sets SO_REUSEPORT by default, so a second server on a busy port would
   // start and silently share its traffic; refuse instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -251,7 +202,6 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   if (options.max_concurrent_streams > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   }
-  builder.RegisterService(self);
   // gRPC refuses a message over its limit before any code of ours (the
   // interceptor included) sees the call, so such refusals could be neither
   // counted nor logged. Its limit is therefore a backstop at twice ours, and
@@ -259,6 +209,10 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<std::int64_t>(2 * options.max_request_bytes, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(-1);
+}
+
+// The sync methods' handler threads and gRPC's memory quota.
+void SetThreadsAndQuota(grpc::ServerBuilder& builder, grpc::ResourceQuota& quota, const ServerOptions& options) {
   // The sync methods' idle handler threads wait for calls in slices of this
   // length (10 s by default), and gRPC's Shutdown joins them; a short slice
   // keeps any wait on an idle poller short, for the cost of five wake-ups a
@@ -273,7 +227,6 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   // unmapping with its TLB shootdown), measured here as several percent of
   // a hit's CPU. Up to kIdleRpcThreads idle threads are kept instead.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, kIdleRpcThreads);
-  grpc::ResourceQuota quota("epd-encode-server");
   quota.SetMaxThreads(options.max_rpc_threads);
   // The transport's buffers (requests being received among them) are
   // charged to this quota; past it gRPC shrinks its flow-control windows
@@ -286,6 +239,23 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   // quota were not reset); admission_wait bounds how long it is held.
   quota.Resize(static_cast<std::size_t>(2 * options.max_inflight_request_bytes + kQuotaSlackBytes));
   builder.SetResourceQuota(quota);
+}
+
+// Binds every address and starts gRPC; kUnavailable naming the first
+// address that could not be bound.
+Status StartGrpcServer(EncodeServer::Impl* self, const std::shared_ptr<grpc::ServerCredentials>& credentials) {
+  const ServerOptions& options = self->options;
+  internal::EnableStandardServices();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.address, credentials, &self->port);
+  std::vector<int> extra_ports(options.extra_addresses.size(), 0);
+  for (std::size_t i = 0; i < options.extra_addresses.size(); ++i) {
+    builder.AddListeningPort(options.extra_addresses[i], credentials, &extra_ports[i]);
+  }
+  SetChannelArguments(builder, options);
+  builder.RegisterService(self);
+  grpc::ResourceQuota quota("epd-encode-server");
+  SetThreadsAndQuota(builder, quota, options);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(self->outcomes->MakeInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -298,7 +268,6 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
   }
   if (self->server == nullptr || !unbound.empty()) {
     if (self->server != nullptr) self->server->Shutdown(std::chrono::system_clock::now());
-    self->loop->Shutdown(std::chrono::milliseconds(0));
     return Status(StatusCode::kUnavailable, "cannot listen on " + (unbound.empty() ? options.address : unbound) +
                                                 " (address in use, not a local address, or a socket path that "
                                                 "exists already?)");
@@ -308,26 +277,54 @@ StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions option
     self->options.server_id =
         HostName() + ":" + (options.address.starts_with("unix:") ? options.address : std::to_string(self->port));
   }
-  if (options.metrics_port >= 0) {
-    internal::MetricsEndpointOptions mo;
-    mo.host = options.metrics_address.empty() ? HostOf(options.address) : options.metrics_address;
-    mo.port = options.metrics_port;
-    if (self->auth->enabled()) {
-      // The page is global (every tenant's label): an operator's token only.
-      mo.authorize = [self](const std::optional<std::string>& h) -> Status {
-        StatusOr<internal::TokenOwner> owner = self->auth->Owner(h);
-        if (!owner.ok()) return owner.status();
-        if (!owner->is_operator) {
-          return Status(StatusCode::kPermissionDenied, "the metrics page is an operator's; this token is a tenant's");
-        }
-        return Status::Ok();
-      };
-    }
-    if (Status s = self->metrics->Serve(mo); !s.ok()) {
-      self->server->Shutdown(std::chrono::system_clock::now());
-      self->loop->Shutdown(std::chrono::milliseconds(0));
-      return s;
-    }
+  return Status::Ok();
+}
+
+// The Prometheus page, when asked for (metrics_port >= 0).
+Status StartMetrics(EncodeServer::Impl* self) {
+  const ServerOptions& options = self->options;
+  if (options.metrics_port < 0) return Status::Ok();
+  internal::MetricsEndpointOptions mo;
+  mo.host = options.metrics_address.empty() ? HostOf(options.address) : options.metrics_address;
+  mo.port = options.metrics_port;
+  if (self->auth->enabled()) {
+    // The page is global (every tenant's label): an operator's token only.
+    mo.authorize = [self](const std::optional<std::string>& h) -> Status {
+      StatusOr<internal::TokenOwner> owner = self->auth->Owner(h);
+      if (!owner.ok()) return owner.status();
+      if (!owner->is_operator) {
+        return Status(StatusCode::kPermissionDenied, "the metrics page is an operator's; this token is a tenant's");
+      }
+      return Status::Ok();
+    };
+  }
+  return self->metrics->Serve(mo);
+}
+
+}  // namespace
+
+EncodeServer::EncodeServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EncodeServer::~EncodeServer() { Shutdown(std::chrono::milliseconds(0)); }
+
+StatusOr<std::unique_ptr<EncodeServer>> EncodeServer::Start(ServerOptions options, WorkerOptions worker_options,
+                                                            std::unique_ptr<VisionTower> tower) {
+  StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ValidateStart(options, tower.get());
+  if (!credentials.ok()) return credentials.status();
+  auto impl = std::make_unique<Impl>();
+  Impl* self = impl.get();
+  self->options = std::move(options);
+  if (Status s = MakeIdentityAndMetrics(self, *tower); !s.ok()) return s;
+  if (Status s = StartDelivery(self); !s.ok()) return s;
+  MakeBudgets(self, worker_options);
+  if (Status s = StartWorker(self, std::move(worker_options), std::move(tower)); !s.ok()) return s;
+  if (Status s = StartGrpcServer(self, *credentials); !s.ok()) {
+    self->loop->Shutdown(std::chrono::milliseconds(0));
+    return s;
+  }
+  if (Status s = StartMetrics(self); !s.ok()) {
+    self->server->Shutdown(std::chrono::system_clock::now());
+    self->loop->Shutdown(std::chrono::milliseconds(0));
+    return s;
   }
   self->serving = true;
   internal::SetStandardHealth(*self->server, true);

@@ -15,11 +15,7 @@ StatusOr<LoadedModel> LoadModel(const ModelOptions& options) {
     StatusOr<std::shared_ptr<const Checkpoint>> ck = OpenCheckpoint(options.path);
     if (!ck.ok()) return ck.status();
     CheckpointTowerOptions t;
-    t.num_threads = options.num_threads;
-    t.device = options.device;
-    t.output_dtype = options.output_dtype;
-    t.output_on_device = options.output_on_device;
-    t.tune_malloc = options.tune_malloc;
+    static_cast<TowerRuntimeOptions&>(t) = options;
     loaded.kind = "checkpoint";
     loaded.preprocess = (*ck)->preprocess();
     loaded.model_id = (*ck)->model_id();
@@ -31,11 +27,7 @@ StatusOr<LoadedModel> LoadModel(const ModelOptions& options) {
   if (fs::is_regular_file(options.path, ec)) {
     TorchTowerOptions t;
     t.model_path = options.path;
-    t.num_threads = options.num_threads;
-    t.device = options.device;
-    t.output_dtype = options.output_dtype;
-    t.output_on_device = options.output_on_device;
-    t.tune_malloc = options.tune_malloc;
+    static_cast<TowerRuntimeOptions&>(t) = options;
     StatusOr<std::unique_ptr<VisionTower>> tower = LoadTorchScriptTower(t);
     if (!tower.ok()) return tower.status();
     loaded.kind = "torchscript";

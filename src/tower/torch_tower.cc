@@ -125,6 +125,12 @@ class TorchScriptTower final : public VisionTower {
   }
 
  private:
+  // Encode's steps: the items' rows and grid as tensors on the device; the
+  // forward's result checked against the contract; the outputs converted
+  // into `out` (host bytes, or device tensors it keeps alive).
+  std::pair<at::Tensor, at::Tensor> PackInputs(std::span<const TowerItem> items, std::int64_t total_patches) const;
+  Status CheckResult(const c10::IValue& result, std::int64_t total_tokens) const;
+  void StoreOutputs(const c10::IValue& result, TowerOutput& out) const;
   // Checks one output tensor of forward against [rows, cols], floating dtype.
   Status CheckOutput(const c10::IValue& v, const char* name, std::int64_t rows, std::int64_t cols) const;
 
@@ -162,99 +168,145 @@ Status TorchScriptTower::CheckOutput(const c10::IValue& v, const char* name, std
   return Status::Ok();
 }
 
+std::pair<at::Tensor, at::Tensor> TorchScriptTower::PackInputs(std::span<const TowerItem> items,
+                                                               std::int64_t total_patches) const {
+  const std::int64_t n_items = static_cast<std::int64_t>(items.size());
+  at::Tensor pixels = torch::empty({total_patches, meta_.patch_dim}, at::kFloat);
+  at::Tensor grid = torch::empty({n_items, 3}, at::kLong);
+  auto* dst = pixels.data_ptr<float>();
+  auto* g = grid.data_ptr<std::int64_t>();
+  for (const TowerItem& item : items) {
+    const std::int64_t n = item.grid.patches() * meta_.patch_dim;
+    std::memcpy(dst, item.patches, static_cast<std::size_t>(n) * sizeof(float));
+    dst += n;
+    *g++ = item.grid.t;
+    *g++ = item.grid.h;
+    *g++ = item.grid.w;
+  }
+  if (!device_.is_cpu()) {
+    pixels = pixels.to(device_);
+    grid = grid.to(device_);
+  }
+  return {pixels, grid};
+}
+
+Status TorchScriptTower::CheckResult(const c10::IValue& result, std::int64_t total_tokens) const {
+  if (!result.isTuple() || result.toTupleRef().elements().size() != 2) {
+    return Internal("TorchScript tower " + path_ +
+                    ": forward must return Tuple[Tensor, Tensor] (main, deepstack), got " + result.type()->str());
+  }
+  const auto& elements = result.toTupleRef().elements();
+  if (Status s = CheckOutput(elements[0], "main", total_tokens, meta_.hidden); !s.ok()) return s;
+  return CheckOutput(elements[1], "deepstack", total_tokens, meta_.hidden * meta_.deepstack_layers);
+}
+
+void TorchScriptTower::StoreOutputs(const c10::IValue& result, TowerOutput& out) const {
+  const auto& elements = result.toTupleRef().elements();
+  const at::ScalarType dtype = ToScalarType(dtype_);
+  if (!output_on_device_) {
+    out.main = HostBytes(elements[0].toTensor(), dtype);
+    out.deepstack = HostBytes(elements[1].toTensor(), dtype);
+    return;
+  }
+  // Converted and made contiguous on the device; the synchronise makes
+  // the rows complete before anyone copies them on another stream.
+  auto owner = std::make_shared<DeviceOutputTensors>();
+  owner->main = elements[0].toTensor().to(dtype).contiguous();
+  owner->deepstack = elements[1].toTensor().to(dtype).contiguous();
+  torch::cuda::synchronize(device_.index());
+  out.device_main = static_cast<const std::byte*>(owner->main.data_ptr());
+  out.device_deepstack =
+      meta_.deepstack_layers > 0 ? static_cast<const std::byte*>(owner->deepstack.data_ptr()) : nullptr;
+  out.device_owner = std::move(owner);
+}
+
 StatusOr<TowerOutput> TorchScriptTower::Encode(std::span<const TowerItem> items) {
   std::int64_t total_patches = 0;
   std::int64_t total_tokens = 0;
   if (Status s = ValidateTowerItems(items, meta_.patch_dim, meta_.merge_size, &total_patches, &total_tokens); !s.ok()) {
     return s;
   }
-
   TowerOutput out;
   out.tokens = total_tokens;
   out.hidden = meta_.hidden;
   out.deepstack_layers = meta_.deepstack_layers;
   out.dtype = dtype_;
   if (items.empty()) return out;
-
   try {
     c10::InferenceMode inference_mode;
     if (at::get_num_threads() != num_threads_) at::set_num_threads(num_threads_);
-
-    const std::int64_t n_items = static_cast<std::int64_t>(items.size());
-    at::Tensor pixels = torch::empty({total_patches, meta_.patch_dim}, at::kFloat);
-    at::Tensor grid = torch::empty({n_items, 3}, at::kLong);
-    auto* dst = pixels.data_ptr<float>();
-    auto* g = grid.data_ptr<std::int64_t>();
-    for (const TowerItem& item : items) {
-      const std::int64_t n = item.grid.patches() * meta_.patch_dim;
-      std::memcpy(dst, item.patches, static_cast<std::size_t>(n) * sizeof(float));
-      dst += n;
-      *g++ = item.grid.t;
-      *g++ = item.grid.h;
-      *g++ = item.grid.w;
-    }
-    if (!device_.is_cpu()) {
-      pixels = pixels.to(device_);
-      grid = grid.to(device_);
-    }
-
+    auto [pixels, grid] = PackInputs(items, total_patches);
     c10::IValue result = module_.forward({pixels, grid});
-
-    if (!result.isTuple() || result.toTupleRef().elements().size() != 2) {
-      return Internal("TorchScript tower " + path_ +
-                      ": forward must return Tuple[Tensor, Tensor] (main, deepstack), got " + result.type()->str());
-    }
-    const auto& elements = result.toTupleRef().elements();
-    if (Status s = CheckOutput(elements[0], "main", total_tokens, meta_.hidden); !s.ok()) return s;
-    if (Status s = CheckOutput(elements[1], "deepstack", total_tokens, meta_.hidden * meta_.deepstack_layers);
-        !s.ok()) {
-      return s;
-    }
-    const at::ScalarType dtype = ToScalarType(dtype_);
-    if (output_on_device_) {
-      // Converted and made contiguous on the device; the synchronise makes
-      // the rows complete before anyone copies them on another stream.
-      auto owner = std::make_shared<DeviceOutputTensors>();
-      owner->main = elements[0].toTensor().to(dtype).contiguous();
-      owner->deepstack = elements[1].toTensor().to(dtype).contiguous();
-      torch::cuda::synchronize(device_.index());
-      out.device_main = static_cast<const std::byte*>(owner->main.data_ptr());
-      out.device_deepstack =
-          meta_.deepstack_layers > 0 ? static_cast<const std::byte*>(owner->deepstack.data_ptr()) : nullptr;
-      out.device_owner = std::move(owner);
-    } else {
-      out.main = HostBytes(elements[0].toTensor(), dtype);
-      out.deepstack = HostBytes(elements[1].toTensor(), dtype);
-    }
+    if (Status s = CheckResult(result, total_tokens); !s.ok()) return s;
+    StoreOutputs(result, out);
   } catch (const std::exception& e) {
     return Internal("TorchScript tower " + path_ + ": forward failed: " + TorchMessage(e));
   }
   return out;
 }
 
-}  // namespace
+// The contract's attributes and forward's arity (docs/TOWER.md).
+StatusOr<Metadata> ReadContract(torch::jit::Module& module, const std::string& path) {
+  Metadata meta;
+  if (Status s = ReadIntAttribute(module, path, "patch_dim", 1, &meta.patch_dim); !s.ok()) return s;
+  if (Status s = ReadIntAttribute(module, path, "merge_size", 1, &meta.merge_size); !s.ok()) return s;
+  if (Status s = ReadIntAttribute(module, path, "hidden_size", 1, &meta.hidden); !s.ok()) return s;
+  if (Status s = ReadIntAttribute(module, path, "deepstack_layers", 0, &meta.deepstack_layers); !s.ok()) return s;
+  if (Status s = ReadChunkAttribute(module, path, &meta.temporal_chunks_independent); !s.ok()) return s;
+  auto forward = module.find_method("forward");
+  if (!forward) return InvalidArgument("TorchScript tower " + path + " has no forward method");
+  // The schema counts `self`.
+  const auto& args = forward->function().getSchema().arguments();
+  if (args.size() != 3) {
+    return InvalidArgument("TorchScript tower " + path + ": forward must take (pixel_values, grid_thw), schema is " +
+                           toString(forward->function().getSchema()));
+  }
+  return meta;
+}
 
-StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOptions& options) {
-  const std::string& path = options.model_path;
+// Two forwards on one zero-valued merge block (TorchTowerOptions::warm_up).
+Status WarmUp(VisionTower& tower, const Metadata& meta) {
+  const GridTHW grid{1, meta.merge_size, meta.merge_size};
+  const std::vector<float> zeros(static_cast<std::size_t>(grid.patches() * meta.patch_dim));
+  const TowerItem item{zeros.data(), grid, meta.patch_dim};
+  for (int i = 0; i < 2; ++i) {
+    auto out = tower.Encode({&item, 1});
+    if (!out.ok()) {
+      return InvalidArgument("warm-up forward on one " + std::to_string(meta.merge_size) + "x" +
+                             std::to_string(meta.merge_size) + " block failed: " + out.status().message());
+    }
+  }
+  return Status::Ok();
+}
+
+// The options' checks that need no module: threads, path, device.
+StatusOr<c10::Device> CheckLoadOptions(const TorchTowerOptions& options) {
   if (options.num_threads < 0) {
     return InvalidArgument("torch tower num_threads must be >= 0 (0 = all cores), got " +
                            std::to_string(options.num_threads));
   }
-  if (path.empty()) return InvalidArgument("torch tower model_path is empty");
+  if (options.model_path.empty()) return InvalidArgument("torch tower model_path is empty");
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return Status(StatusCode::kNotFound, "TorchScript tower file not found: " + path);
+  if (!std::filesystem::is_regular_file(options.model_path, ec)) {
+    return Status(StatusCode::kNotFound, "TorchScript tower file not found: " + options.model_path);
   }
   auto device = ParseDevice(options.device);
   if (!device.ok()) return device.status();
   if (options.output_on_device && device->is_cpu()) {
     return InvalidArgument("torch tower output_on_device needs a cuda device, got '" + options.device + "'");
   }
+  return *device;
+}
 
+}  // namespace
+
+StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOptions& options) {
+  const std::string& path = options.model_path;
+  StatusOr<c10::Device> device = CheckLoadOptions(options);
+  if (!device.ok()) return device.status();
   if (options.tune_malloc) TuneMallocOnce();
   int threads = options.num_threads;
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-
   try {
     torch::jit::Module module;
     try {
@@ -263,38 +315,15 @@ StatusOr<std::unique_ptr<VisionTower>> LoadTorchScriptTower(const TorchTowerOpti
       return InvalidArgument("cannot load " + path + " as a TorchScript archive " +
                              "(torch.jit.save output expected): " + TorchMessage(e));
     }
-    Metadata meta;
-    if (Status s = ReadIntAttribute(module, path, "patch_dim", 1, &meta.patch_dim); !s.ok()) return s;
-    if (Status s = ReadIntAttribute(module, path, "merge_size", 1, &meta.merge_size); !s.ok()) return s;
-    if (Status s = ReadIntAttribute(module, path, "hidden_size", 1, &meta.hidden); !s.ok()) return s;
-    if (Status s = ReadIntAttribute(module, path, "deepstack_layers", 0, &meta.deepstack_layers); !s.ok()) {
-      return s;
-    }
-    if (Status s = ReadChunkAttribute(module, path, &meta.temporal_chunks_independent); !s.ok()) return s;
-    auto forward = module.find_method("forward");
-    if (!forward) return InvalidArgument("TorchScript tower " + path + " has no forward method");
-    // The schema counts `self`.
-    const auto& args = forward->function().getSchema().arguments();
-    if (args.size() != 3) {
-      return InvalidArgument("TorchScript tower " + path + ": forward must take (pixel_values, grid_thw), schema is " +
-                             toString(forward->function().getSchema()));
-    }
+    StatusOr<Metadata> meta = ReadContract(module, path);
+    if (!meta.ok()) return meta.status();
     module.eval();
     if (!device->is_cpu()) module.to(*device);
     at::set_num_threads(threads);
-    auto tower = std::make_unique<TorchScriptTower>(std::move(module), meta, *device, threads, options.output_dtype,
+    auto tower = std::make_unique<TorchScriptTower>(std::move(module), *meta, *device, threads, options.output_dtype,
                                                     options.output_on_device, path);
     if (options.warm_up) {
-      const GridTHW grid{1, meta.merge_size, meta.merge_size};
-      const std::vector<float> zeros(static_cast<std::size_t>(grid.patches() * meta.patch_dim));
-      const TowerItem item{zeros.data(), grid, meta.patch_dim};
-      for (int i = 0; i < 2; ++i) {
-        auto out = tower->Encode({&item, 1});
-        if (!out.ok()) {
-          return InvalidArgument("warm-up forward on one " + std::to_string(meta.merge_size) + "x" +
-                                 std::to_string(meta.merge_size) + " block failed: " + out.status().message());
-        }
-      }
+      if (Status s = WarmUp(*tower, *meta); !s.ok()) return s;
     }
     return std::unique_ptr<VisionTower>(std::move(tower));
   } catch (const std::exception& e) {

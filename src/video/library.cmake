@@ -5,6 +5,7 @@
 # of its types, so nothing above this edge includes an FFmpeg header.
 add_library(epd_video
   ${CMAKE_CURRENT_LIST_DIR}/decode_budget.cc
+  ${CMAKE_CURRENT_LIST_DIR}/ffmpeg_log.cc
   ${CMAKE_CURRENT_LIST_DIR}/video_decoder.cc
   ${CMAKE_CURRENT_LIST_DIR}/video_orientation.cc
 )

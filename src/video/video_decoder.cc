@@ -30,7 +30,8 @@
 //     autorotate filters it before scaling (video_orientation.h).
 //   - FFmpeg's own logging is routed, once per process, to a callback that
 //     prints nothing and keeps the thread's last error line, which is added
-//     to the Status message (FFmpeg's return codes alone are often generic).
+//     to the Status message (FFmpeg's return codes alone are often generic;
+//     ffmpeg_log.h).
 //
 // Benefits: no temp files; memory is bounded by the limits (sampled frames
 // after resize, plus one decoded frame and FFmpeg's reference frames).
@@ -51,76 +52,28 @@ extern "C" {
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "decode_budget.h"
+#include "ffmpeg_log.h"
 #include "video_orientation.h"
 
 namespace epd {
 namespace {
 
+using internal::AvError;
 using internal::CheckDecodeWork;
 using internal::DecodeBudget;
+using internal::FfmpegSays;
 using internal::Num;
+using internal::OpenFailureReason;
+using internal::StartFfmpegLog;
 
 constexpr int kIoBufferSize = 64 * 1024;
-
-std::string AvError(int err) {
-  char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
-  av_strerror(err, buf, sizeof(buf));
-  return buf;
-}
-
-// FFmpeg's last error-level log line on this thread: FFmpeg often says why
-// (e.g. "Picture size 100000x100000 is invalid") only in its log, and its
-// return code is generic. Worker threads of a decoder log into their own
-// copy, which nobody reads.
-thread_local std::string t_ffmpeg_error;
-
-void CaptureFfmpegLog(void* avcl, int level, const char* fmt, va_list vl) {
-  if (level > AV_LOG_ERROR) return;
-  char line[512];
-  int print_prefix = 0;
-  av_log_format_line2(avcl, level, fmt, vl, line, sizeof(line), &print_prefix);
-  std::string msg(line);
-  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
-  if (!msg.empty()) t_ffmpeg_error = std::move(msg);
-}
-
-// Routes FFmpeg's logging (process-wide) into CaptureFfmpegLog: nothing is
-// printed, errors reach the caller as Status messages.
-void SilenceFfmpegOnce() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    av_log_set_level(AV_LOG_ERROR);
-    av_log_set_callback(&CaptureFfmpegLog);
-  });
-}
-
-// " (FFmpeg: <its last error line>)" when it logged one since the last call.
-std::string FfmpegSays() {
-  std::string said = t_ffmpeg_error.empty() ? "" : "; FFmpeg: " + t_ffmpeg_error;
-  t_ffmpeg_error.clear();
-  return said;
-}
-
-// Why FFmpeg failed to open a container: its logged error line when it
-// logged one, else the text of `err`. The line comes first because a
-// demuxer's return code can be wrong: for a picture size it refuses, the Y4M
-// demuxer returns AVERROR(EINVAL) plus its 6-byte "FRAME\n" magic, which
-// av_strerror renders as "Device or resource busy".
-std::string OpenFailureReason(int err) {
-  if (t_ffmpeg_error.empty()) return AvError(err);
-  std::string said = "FFmpeg: " + t_ffmpeg_error;
-  t_ffmpeg_error.clear();
-  return said;
-}
 
 // The caller's bytes as an FFmpeg byte stream.
 struct MemoryReader {
@@ -188,6 +141,11 @@ class Demuxer {
 
  private:
   Status CheckHeader(const VideoLimits& limits) const;
+  // Open's steps: the custom I/O and the header; stream info (which decodes
+  // a few frames); the video stream, info_ and its decoder.
+  Status OpenInput(std::span<const std::uint8_t> bytes);
+  Status FindStreamInfo(const VideoLimits& limits);
+  Status ChooseStream(const VideoLimits& limits);
 
   MemoryReader reader_;
   AVIOContext* avio_ = nullptr;
@@ -258,9 +216,15 @@ Status Demuxer::CheckHeader(const VideoLimits& limits) const {
 }
 
 Status Demuxer::Open(std::span<const std::uint8_t> bytes, const VideoLimits& limits) {
-  SilenceFfmpegOnce();
-  t_ffmpeg_error.clear();
+  StartFfmpegLog();
   if (bytes.empty()) return InvalidArgument("video is empty (0 bytes)");
+  if (Status s = OpenInput(bytes); !s.ok()) return s;
+  if (Status s = CheckHeader(limits); !s.ok()) return s;
+  if (Status s = FindStreamInfo(limits); !s.ok()) return s;
+  return ChooseStream(limits);
+}
+
+Status Demuxer::OpenInput(std::span<const std::uint8_t> bytes) {
   reader_ = MemoryReader{bytes, 0};
   auto* buf = static_cast<std::uint8_t*>(av_malloc(kIoBufferSize));
   if (buf == nullptr) return ResourceExhausted("FFmpeg could not allocate an I/O buffer");
@@ -278,8 +242,10 @@ Status Demuxer::Open(std::span<const std::uint8_t> bytes, const VideoLimits& lim
     return InvalidArgument("not a readable video container: corrupt, truncated or an unknown format (" +
                            OpenFailureReason(err) + ")");
   }
-  if (Status s = CheckHeader(limits); !s.ok()) return s;
+  return Status::Ok();
+}
 
+Status Demuxer::FindStreamInfo(const VideoLimits& limits) {
   // Stream info decodes a few frames: cap every video decoder it opens.
   std::vector<AVDictionary*> opts(fmt_->nb_streams, nullptr);
   for (unsigned i = 0; i < fmt_->nb_streams; ++i) {
@@ -288,7 +254,10 @@ Status Demuxer::Open(std::span<const std::uint8_t> bytes, const VideoLimits& lim
   const int err = avformat_find_stream_info(fmt_, opts.data());
   for (AVDictionary*& d : opts) av_dict_free(&d);
   if (err < 0) return InvalidArgument("corrupt or truncated video container (" + AvError(err) + FfmpegSays() + ")");
+  return Status::Ok();
+}
 
+Status Demuxer::ChooseStream(const VideoLimits& limits) {
   const int index = av_find_best_stream(fmt_, AVMEDIA_TYPE_VIDEO, -1, -1, nullptr, 0);
   if (index < 0 || !IsVideo(fmt_->streams[index])) {
     return InvalidArgument(std::string("container (") + fmt_->iformat->name + ") has no video stream");
@@ -426,112 +395,100 @@ StatusOr<GridTHW> VideoHeaderGrid(const VideoInfo& info, const VideoSampling& s,
   return GridTHW{*nframes / cfg.temporal_patch_size, size->height / cfg.patch_size, size->width / cfg.patch_size};
 }
 
-StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const VideoSampling& sampling,
-                                   const PreprocessConfig& cfg, const VideoLimits& limits, std::stop_token stop) {
-  if (Status s = sampling.Validate(); !s.ok()) return s;
-  if (Status s = cfg.Validate(); !s.ok()) return s;
-  DecodeBudget budget(limits, std::move(stop));
-  if (Status s = budget.Between(); !s.ok()) return s;
+namespace {
 
-  // Pass 1: header, limits, frame count.
-  std::int64_t total = 0;
+// What pass 1 decides: the source's frame count and which frames to keep,
+// turned and resized how.
+struct DecodePlan {
   VideoInfo info;
+  std::int64_t total = 0;             // packets of the video stream
+  std::int64_t nframes = 0;           // frames sampled
+  std::vector<std::int64_t> indices;  // their source indices, ascending
+  VideoOrientation orientation;
+  ResizedSize size;
+};
+
+// Pass 1: header, limits, frame count; then the sampling and its limits.
+StatusOr<DecodePlan> PlanDecode(std::span<const std::uint8_t> bytes, const VideoSampling& sampling,
+                                const PreprocessConfig& cfg, const VideoLimits& limits, DecodeBudget& budget) {
+  DecodePlan p;
   {
     Demuxer d;
     if (Status s = d.Open(bytes, limits); !s.ok()) return s;
-    info = d.info();
+    p.info = d.info();
     StatusOr<std::int64_t> n = CountPackets(d, limits);
     if (!n.ok()) return n.status();
-    total = *n;
+    p.total = *n;
   }
-  if (total == 0) return InvalidArgument("video stream has no frames");
-
-  const std::int64_t T = cfg.temporal_patch_size;
-  StatusOr<std::int64_t> nframes = SampleFrameCount(sampling, total, info.fps, T);
+  if (p.total == 0) return InvalidArgument("video stream has no frames");
+  StatusOr<std::int64_t> nframes = SampleFrameCount(sampling, p.total, p.info.fps, cfg.temporal_patch_size);
   if (!nframes.ok()) return nframes.status();
-  const std::vector<std::int64_t> indices = SampleFrameIndices(total, *nframes);
+  p.nframes = *nframes;
+  p.indices = SampleFrameIndices(p.total, p.nframes);
   // Frames decode in order, up to the last sampled one.
-  if (Status s = CheckDecodeWork(indices.back() + 1, info.width, info.height, limits); !s.ok()) return s;
+  if (Status s = CheckDecodeWork(p.indices.back() + 1, p.info.width, p.info.height, limits); !s.ok()) return s;
   if (Status s = budget.Between(); !s.ok()) return s;
-  VideoOrientation orientation = sampling.apply_rotation ? info.orientation : VideoOrientation{};
-  StatusOr<ResizedSize> size = ShownFrameSize(info, orientation, *nframes, sampling, cfg);
+  p.orientation = sampling.apply_rotation ? p.info.orientation : VideoOrientation{};
+  StatusOr<ResizedSize> size = ShownFrameSize(p.info, p.orientation, p.nframes, sampling, cfg);
   if (!size.ok()) return size.status();
+  p.size = *size;
   const double bytes_needed =
-      static_cast<double>(*nframes) * static_cast<double>(size->height) * static_cast<double>(size->width) * 3.0;
+      static_cast<double>(p.nframes) * static_cast<double>(p.size.height) * static_cast<double>(p.size.width) * 3.0;
   if (bytes_needed > static_cast<double>(limits.max_decoded_bytes)) {
-    return InvalidArgument("video samples " + std::to_string(*nframes) + " frames of " + std::to_string(size->width) +
-                           "x" + std::to_string(size->height) + ", " + Num(bytes_needed) +
+    return InvalidArgument("video samples " + std::to_string(p.nframes) + " frames of " + std::to_string(p.size.width) +
+                           "x" + std::to_string(p.size.height) + ", " + Num(bytes_needed) +
                            " bytes of RGB8, over the limit of " + std::to_string(limits.max_decoded_bytes) +
                            " (max_decoded_bytes)");
   }
+  return p;
+}
 
-  // Pass 2: decode sequentially, keep the sampled frames.
-  Demuxer d;
-  if (Status s = d.Open(bytes, limits); !s.ok()) return s;
-  std::unique_ptr<AVCodecContext, CodecContextDeleter> codec(avcodec_alloc_context3(d.decoder()));
-  std::unique_ptr<AVFrame, FrameDeleter> frame(av_frame_alloc());
-  std::unique_ptr<AVPacket, PacketDeleter> pkt(av_packet_alloc());
-  if (!codec || !frame || !pkt) return ResourceExhausted("FFmpeg could not allocate a decoder");
+// Pass 2: decodes sequentially and keeps the planned frames.
+struct FrameSampler {
+  const VideoSampling& sampling;
+  const PreprocessConfig& cfg;
+  DecodeBudget& budget;
+  DecodePlan& plan;
+  std::unique_ptr<AVCodecContext, CodecContextDeleter> codec{};
+  std::unique_ptr<AVFrame, FrameDeleter> frame{};
+  std::unique_ptr<SwsContext, SwsDeleter> sws{};
+  AVRational tb{0, 1};
+  std::int64_t start = 0;    // the stream's first timestamp
+  std::int64_t decoded = 0;  // frames out of the decoder so far
+  std::size_t next = 0;      // next wanted entry of plan.indices
+  SampledVideo out{};
+
+  bool done() const { return next >= plan.indices.size(); }
+  Status OpenCodec(const Demuxer& d, const VideoLimits& limits);
+  Status Run(Demuxer& d);
+  Status Drain();
+  Status Keep();
+};
+
+Status FrameSampler::OpenCodec(const Demuxer& d, const VideoLimits& limits) {
+  codec.reset(avcodec_alloc_context3(d.decoder()));
+  frame.reset(av_frame_alloc());
+  if (!codec || !frame) return ResourceExhausted("FFmpeg could not allocate a decoder");
   if (int err = avcodec_parameters_to_context(codec.get(), d.stream()->codecpar); err < 0) {
     return InvalidArgument("video codec parameters are invalid (" + AvError(err) + ")");
   }
   codec->max_pixels = limits.max_source_pixels;
   codec->thread_count = 0;  // FFmpeg picks; output is the same for any count
   if (int err = avcodec_open2(codec.get(), d.decoder(), nullptr); err < 0) {
-    return InvalidArgument("cannot open the " + info.codec + " decoder (" + AvError(err) + ")");
+    return InvalidArgument("cannot open the " + plan.info.codec + " decoder (" + AvError(err) + ")");
   }
+  tb = d.stream()->time_base;
+  start = d.stream()->start_time == AV_NOPTS_VALUE ? 0 : d.stream()->start_time;
+  out.frames.reserve(plan.indices.size());
+  out.timestamps_s.reserve(plan.indices.size());
+  return Status::Ok();
+}
 
-  SampledVideo out;
-  out.frames.reserve(indices.size());
-  out.timestamps_s.reserve(indices.size());
-  std::unique_ptr<SwsContext, SwsDeleter> sws;
-  const AVRational tb = d.stream()->time_base;
-  const std::int64_t start = d.stream()->start_time == AV_NOPTS_VALUE ? 0 : d.stream()->start_time;
-  std::int64_t decoded = 0;  // frames out of the decoder so far
-  std::size_t next = 0;      // next wanted entry of `indices`
-
-  // Drains the decoder; returns an error or OK (EAGAIN/EOF are not errors).
-  auto drain = [&]() -> Status {
-    for (;;) {
-      const int err = avcodec_receive_frame(codec.get(), frame.get());
-      if (err == AVERROR(EAGAIN) || err == AVERROR_EOF) return Status::Ok();
-      if (err < 0) {
-        return InvalidArgument("corrupt video stream at frame " + std::to_string(decoded) + " (" + AvError(err) +
-                               FfmpegSays() + ")");
-      }
-      if (Status s = budget.Charge(frame->width, frame->height); !s.ok()) return s;
-      if (next < indices.size() && decoded == indices[next]) {
-        if (next == 0 && sampling.apply_rotation && info.orientation.identity()) {
-          // No container matrix: the bitstream's (a display-orientation
-          // SEI), as ffmpeg's autorotate reads it. A swap keeps the bytes.
-          orientation = internal::FrameOrientation(frame.get());
-          size = ShownFrameSize(info, orientation, *nframes, sampling, cfg);
-          if (!size.ok()) return size.status();
-        }
-        StatusOr<RgbImage> rgb = ToRgb(frame.get(), sws);
-        if (!rgb.ok()) return rgb.status();
-        const RgbImage shown = internal::OrientFrame(std::move(*rgb), orientation);
-        StatusOr<RgbImage> resized =
-            ResizeRgb(shown, static_cast<int>(size->width), static_cast<int>(size->height), cfg.resample);
-        if (!resized.ok()) return resized.status();
-        out.frames.push_back(std::move(*resized));
-        std::int64_t pts = frame->best_effort_timestamp;
-        if (pts == AV_NOPTS_VALUE) pts = frame->pts;
-        double ts;
-        if (pts != AV_NOPTS_VALUE && tb.den > 0) {
-          ts = static_cast<double>(pts - start) * av_q2d(tb);
-        } else {
-          ts = static_cast<double>(decoded) / info.fps;  // no timestamp: the nominal one
-        }
-        out.timestamps_s.push_back(ts);
-        ++next;
-      }
-      ++decoded;
-      av_frame_unref(frame.get());
-    }
-  };
-
-  while (next < indices.size() && av_read_frame(d.fmt(), pkt.get()) >= 0) {
+// Feeds the video stream's packets until every planned frame is kept.
+Status FrameSampler::Run(Demuxer& d) {
+  std::unique_ptr<AVPacket, PacketDeleter> pkt(av_packet_alloc());
+  if (!pkt) return ResourceExhausted("FFmpeg could not allocate a decoder");
+  while (!done() && av_read_frame(d.fmt(), pkt.get()) >= 0) {
     if (pkt->stream_index != d.stream()->index) {
       av_packet_unref(pkt.get());
       continue;
@@ -540,30 +497,96 @@ StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const Vi
     int send;
     // EAGAIN: the decoder's output is full; drain it and send again.
     while ((send = avcodec_send_packet(codec.get(), pkt.get())) == AVERROR(EAGAIN)) {
-      if (Status s = drain(); !s.ok()) return s;
+      if (Status s = Drain(); !s.ok()) return s;
     }
     av_packet_unref(pkt.get());
     if (send < 0) {
       return InvalidArgument("corrupt video stream at frame " + std::to_string(decoded) + " (" + AvError(send) +
                              FfmpegSays() + ")");
     }
-    if (Status s = drain(); !s.ok()) return s;
+    if (Status s = Drain(); !s.ok()) return s;
   }
-  if (next < indices.size()) {  // end of packets: flush the decoder's delayed frames
+  if (!done()) {  // end of packets: flush the decoder's delayed frames
     avcodec_send_packet(codec.get(), nullptr);
-    if (Status s = drain(); !s.ok()) return s;
+    if (Status s = Drain(); !s.ok()) return s;
   }
-  if (next < indices.size()) {
+  if (!done()) {
     return InvalidArgument("corrupt or truncated video: decoded " + std::to_string(decoded) + " frames of the " +
-                           std::to_string(total) + " the container holds");
+                           std::to_string(plan.total) + " the container holds");
   }
+  return Status::Ok();
+}
 
-  out.grid = GridTHW{*nframes / T, size->height / cfg.patch_size, size->width / cfg.patch_size};
+// Drains the decoder; returns an error or OK (EAGAIN/EOF are not errors).
+Status FrameSampler::Drain() {
+  for (;;) {
+    const int err = avcodec_receive_frame(codec.get(), frame.get());
+    if (err == AVERROR(EAGAIN) || err == AVERROR_EOF) return Status::Ok();
+    if (err < 0) {
+      return InvalidArgument("corrupt video stream at frame " + std::to_string(decoded) + " (" + AvError(err) +
+                             FfmpegSays() + ")");
+    }
+    if (Status s = budget.Charge(frame->width, frame->height); !s.ok()) return s;
+    if (!done() && decoded == plan.indices[next]) {
+      if (Status s = Keep(); !s.ok()) return s;
+    }
+    ++decoded;
+    av_frame_unref(frame.get());
+  }
+}
+
+// Keeps the decoded frame: turned, converted, resized, and its time.
+Status FrameSampler::Keep() {
+  if (next == 0 && sampling.apply_rotation && plan.info.orientation.identity()) {
+    // No container matrix: the bitstream's (a display-orientation
+    // SEI), as ffmpeg's autorotate reads it. A swap keeps the bytes.
+    plan.orientation = internal::FrameOrientation(frame.get());
+    StatusOr<ResizedSize> shown_size = ShownFrameSize(plan.info, plan.orientation, plan.nframes, sampling, cfg);
+    if (!shown_size.ok()) return shown_size.status();
+    plan.size = *shown_size;
+  }
+  const ResizedSize* size = &plan.size;
+  StatusOr<RgbImage> rgb = ToRgb(frame.get(), sws);
+  if (!rgb.ok()) return rgb.status();
+  const RgbImage shown = internal::OrientFrame(std::move(*rgb), plan.orientation);
+  StatusOr<RgbImage> resized =
+      ResizeRgb(shown, static_cast<int>(size->width), static_cast<int>(size->height), cfg.resample);
+  if (!resized.ok()) return resized.status();
+  out.frames.push_back(std::move(*resized));
+  std::int64_t pts = frame->best_effort_timestamp;
+  if (pts == AV_NOPTS_VALUE) pts = frame->pts;
+  // No timestamp: the nominal one.
+  const bool timed = pts != AV_NOPTS_VALUE && tb.den > 0;
+  out.timestamps_s.push_back(timed ? static_cast<double>(pts - start) * av_q2d(tb)
+                                   : static_cast<double>(decoded) / plan.info.fps);
+  ++next;
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<SampledVideo> DecodeVideo(std::span<const std::uint8_t> bytes, const VideoSampling& sampling,
+                                   const PreprocessConfig& cfg, const VideoLimits& limits, std::stop_token stop) {
+  if (Status s = sampling.Validate(); !s.ok()) return s;
+  if (Status s = cfg.Validate(); !s.ok()) return s;
+  DecodeBudget budget(limits, std::move(stop));
+  if (Status s = budget.Between(); !s.ok()) return s;
+  StatusOr<DecodePlan> plan = PlanDecode(bytes, sampling, cfg, limits, budget);
+  if (!plan.ok()) return plan.status();
+  Demuxer d;
+  if (Status s = d.Open(bytes, limits); !s.ok()) return s;
+  FrameSampler sampler{sampling, cfg, budget, *plan};
+  if (Status s = sampler.OpenCodec(d, limits); !s.ok()) return s;
+  if (Status s = sampler.Run(d); !s.ok()) return s;
+  SampledVideo out = std::move(sampler.out);
+  const std::int64_t T = cfg.temporal_patch_size;
+  out.grid = GridTHW{plan->nframes / T, plan->size.height / cfg.patch_size, plan->size.width / cfg.patch_size};
   // qwen-vl-utils: sample_fps = nframes / max(total_frames, 1e-6) * video_fps.
-  out.sample_fps = static_cast<double>(*nframes) / std::max(static_cast<double>(total), 1e-6) * info.fps;
+  out.sample_fps =
+      static_cast<double>(plan->nframes) / std::max(static_cast<double>(plan->total), 1e-6) * plan->info.fps;
   out.seconds_per_grid_t = static_cast<double>(T) / out.sample_fps;
-  out.source_frames = total;
-  out.source_fps = info.fps;
+  out.source_frames = plan->total;
+  out.source_fps = plan->info.fps;
   return out;
 }
 

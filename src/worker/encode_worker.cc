@@ -46,13 +46,8 @@ namespace epd {
 
 using internal::Clock;
 using internal::JobId;
+using internal::Ms;
 using internal::RequestNum;
-
-namespace {
-
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-}  // namespace
 
 struct EncodeWorker::Impl {
   Impl(WorkerOptions opt, std::unique_ptr<VisionTower> t)

@@ -5,11 +5,6 @@
 #include <utility>
 
 namespace epd::internal {
-namespace {
-
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-}  // namespace
 
 std::optional<RequestNum> JobTable::Find(const std::string& id) const {
   auto it = request_ids_.find(id);

@@ -53,6 +53,10 @@ using Clock = std::chrono::steady_clock;
 using JobId = std::uint64_t;
 using RequestNum = std::uint64_t;  // the table's number for a request: its submission number, from 1
 
+// A duration in milliseconds, as the worker's timings and stats report it
+// (the one definition every worker source uses).
+inline double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
 // Receives the part results of an item assembled from several (a video from
 // its temporal chunks, video_serving.h).
 class ItemSink {

@@ -18,11 +18,6 @@
 #include "item_rules.h"
 
 namespace epd::internal {
-namespace {
-
-double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-}  // namespace
 
 struct VideoServing::Decode {
   ContentKey key;

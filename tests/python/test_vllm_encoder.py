@@ -362,6 +362,8 @@ def test_bad_input_gets_its_status_and_the_server_keeps_serving(encoder, origins
          "model_not_found"),
         ("processing kwargs", lambda: encoder.post(dict(good, mm_processor_kwargs={"max_pixels": 1000})), 400,
          "processing_kwargs_refused"),
+        ("too many media items", lambda: encoder.post(encoder_request([image_part(data_url(h.png(8, 8, 7)))] * 257)),
+         400, "too_many_items"),
     ]
     for what, send, want_status, want_code in cases:
         status, reply = send()
@@ -370,6 +372,10 @@ def test_bad_input_gets_its_status_and_the_server_keeps_serving(encoder, origins
         assert reply["error"]["message"], what
         status, ok = encoder.post(good)
         assert status == 200, (what, ok)
+    # The gRPC door's message for the same rule (CheckRequestShape, src/server/request_shape.cc).
+    many = encoder.post(encoder_request([image_part(data_url(h.png(8, 8, 7)))] * 257))[1]["error"]["message"]
+    assert many == ("the request has 257 items; this server accepts at most 256 per request "
+                    "(split it, or raise --max-items-per-request)"), many
     refused = encoder.post(encoder_request([image_part(origins["private"] + "/a.png")]))[1]["error"]["message"]
     assert "127.0.0.1 (loopback)" in refused
     redirected = encoder.post(encoder_request([image_part(origins["allowed"] + "/redirect?to=" + origins["private"] +

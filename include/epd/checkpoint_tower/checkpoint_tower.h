@@ -96,26 +96,19 @@
 #include "epd/core/vision_tower.h"
 #include "epd/media/preprocess.h"
 #include "epd/model/checkpoint.h"
+#include "epd/torch_tower/torch_tower.h"
 
 namespace epd {
 
-struct CheckpointTowerOptions {
+// The runtime fields (num_threads, device, output_dtype, output_on_device,
+// tune_malloc) are TowerRuntimeOptions' (epd/torch_tower/torch_tower.h).
+struct CheckpointTowerOptions : TowerRuntimeOptions {
   // The checkpoint directory. Required by LoadCheckpointTower(options).
   std::string dir;
-  // Intra-op threads; 0 = std::thread::hardware_concurrency().
-  int num_threads = 0;
-  // "cpu", "cuda" (device 0) or "cuda:N".
-  std::string device = "cpu";
   // dtype the weights are converted to at load and the forward runs in.
   // kFloat32 matches the reference to ~1e-5; kBFloat16 is for GPUs (softmax
   // and norms still accumulate in float32 inside libtorch).
   DType compute_dtype = DType::kFloat32;
-  // dtype of TowerOutput (16-bit types round to nearest even).
-  DType output_dtype = DType::kFloat32;
-  // CUDA only: leave the output in device memory (see epd/torch_tower/torch_tower.h).
-  bool output_on_device = false;
-  // As TorchTowerOptions::tune_malloc.
-  bool tune_malloc = true;
   // CUDA with libtorch >= 2 only: attention through fused kernels (flash
   // varlen, or at::scaled_dot_product_attention per segment length). false
   // keeps the explicit matmul + float32 softmax + matmul, the path a CPU or
@@ -179,16 +172,12 @@ StatusOr<std::unique_ptr<VisionTower>> LoadCheckpointTower(const std::shared_ptr
                                                            const CheckpointTowerOptions& options);
 
 // What --model loads, decided by what the path is.
-struct ModelOptions {
+// The runtime fields go to whichever tower loads (TowerRuntimeOptions). A
+// process that tunes malloc itself (the CLI: tools/cli_util.h) turns
+// tune_malloc off.
+struct ModelOptions : TowerRuntimeOptions {
   // A checkpoint directory, or a TorchScript archive file (docs/TOWER.md).
   std::string path;
-  int num_threads = 0;
-  std::string device = "cpu";
-  DType output_dtype = DType::kFloat32;
-  bool output_on_device = false;
-  // As TorchTowerOptions::tune_malloc, for either kind. A process that tunes
-  // malloc itself (the CLI: tools/cli_util.h) turns it off.
-  bool tune_malloc = true;
 };
 
 struct LoadedModel {

@@ -111,6 +111,12 @@ struct ClientOptions {
   // memory (ClientItemResult::shm) when the server has an arena, rather than
   // inline.
   bool ipc_fallback_shm = true;
+
+  // OK, or kInvalidArgument naming the first bad option: an empty target, a
+  // timeout <= 0, max_response_bytes outside (0, 2047 MiB], kCudaIpc
+  // without ipc_device, a client certificate without its key or the reverse.
+  // EncodeClient::Connect runs it first. O(1).
+  Status Validate() const;
 };
 
 // What Health reports, and what key derivation needs.

@@ -71,12 +71,37 @@
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
+
+#include "epd/core/status.h"
 
 namespace epd {
 
 enum class ScheduleOrder : std::uint8_t { kByKey = 0, kFifo = 1, kFair = 2 };
+
+// "by_key", "fifo" or "fair": the order as flags, the Python module and
+// reports spell it.
+inline std::string_view ScheduleOrderName(ScheduleOrder order) {
+  switch (order) {
+    case ScheduleOrder::kFifo:
+      return "fifo";
+    case ScheduleOrder::kFair:
+      return "fair";
+    case ScheduleOrder::kByKey:
+      break;
+  }
+  return "by_key";
+}
+
+// The order ScheduleOrderName names; kInvalidArgument naming the text otherwise.
+inline StatusOr<ScheduleOrder> ParseScheduleOrder(std::string_view text) {
+  for (ScheduleOrder o : {ScheduleOrder::kByKey, ScheduleOrder::kFifo, ScheduleOrder::kFair}) {
+    if (text == ScheduleOrderName(o)) return o;
+  }
+  return InvalidArgument("schedule order must be 'by_key', 'fifo' or 'fair', got '" + std::string(text) + "'");
+}
 
 // A job's place in the kByKey order, compared field by field (the request
 // id as bytes, std::string's comparison). The worker fills request_id with

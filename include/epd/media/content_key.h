@@ -76,6 +76,16 @@ enum class KeyMode : std::uint8_t {
   kXxh3Fast = 1,  // XXH3-128; trusted single-tenant use only (see above)
 };
 
+// "sha256" or "xxh3-fast": the mode as Health reports it and clients read it.
+inline std::string_view KeyModeName(KeyMode mode) { return mode == KeyMode::kXxh3Fast ? "xxh3-fast" : "sha256"; }
+
+// The mode KeyModeName(mode) names; kInvalidArgument naming the text otherwise.
+inline StatusOr<KeyMode> ParseKeyMode(std::string_view text) {
+  if (text == "sha256") return KeyMode::kSha256;
+  if (text == "xxh3-fast") return KeyMode::kXxh3Fast;
+  return InvalidArgument("key mode must be 'sha256' or 'xxh3-fast', got '" + std::string(text) + "'");
+}
+
 // bytes[16..32) of every KeyMode::kXxh3Fast key: "epd:xxh3-128:v1" and a NUL.
 inline constexpr std::array<std::uint8_t, 16> kFastKeyMarker = {'e', 'p', 'd', ':', 'x', 'x', 'h', '3',
                                                                 '-', '1', '2', '8', ':', 'v', '1', 0};

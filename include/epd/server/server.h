@@ -286,6 +286,18 @@ struct ServerOptions {
   // says how many were dropped. Called on gRPC threads; must be thread-safe.
   // Null = no log (the calls are still counted in ServerStats::rpc_errors).
   std::function<void(const std::string&)> log{};
+
+  // OK, or kInvalidArgument naming the first bad option: an address that is
+  // neither host:port nor unix:/path; a negative shm_arena_bytes,
+  // ipc_export_bytes or ipc_lease; a non-positive shm_lease or
+  // shm_max_sessions; max_items_per_request <= 0; max_request_bytes outside
+  // (0, 2047 MiB]; max_inflight_request_bytes < max_request_bytes; negative
+  // admission_wait, keepalive, keepalive_timeout, miss_reply_floor,
+  // write_timeout, max_concurrent_streams or max_buffered_bytes_per_tenant;
+  // non-positive max_buffered_bytes, max_reply_bytes or
+  // max_reply_bytes_per_connection; max_rpc_threads < 2. EncodeServer::Start
+  // runs it first. O(number of addresses).
+  Status Validate() const;
 };
 
 class EncodeServer {
@@ -294,7 +306,7 @@ class EncodeServer {
   // its own sink_full; one already set is also honoured), starts the worker
   // thread, the gRPC server and, when asked, the metrics endpoint.
   // Errors: EncodeWorker::Create's (kInvalidArgument); kInvalidArgument for
-  // bad ServerOptions (non-positive limits, malformed address);
+  // bad ServerOptions (ServerOptions::Validate) or a null tower;
   // kUnavailable when the address or metrics port cannot be bound.
   static StatusOr<std::unique_ptr<EncodeServer>> Start(ServerOptions options, WorkerOptions worker_options,
                                                        std::unique_ptr<VisionTower> tower);
@@ -313,8 +325,8 @@ class EncodeServer {
   // See the header comment. Idempotent; returns when everything has stopped.
   void Shutdown(std::chrono::milliseconds grace);
 
-  // Opaque: defined in server.cc, and named here in public only so that its
-  // per-call classes can reach it.
+  // Opaque: defined in src/server/server_impl.h, and named here in public
+  // only so that its per-call classes can reach it.
   struct Impl;
 
  private:

@@ -63,27 +63,19 @@
 
 namespace epd {
 
-struct TorchTowerOptions {
-  // Path of a TorchScript archive (torch.jit.save). Required.
-  std::string model_path;
+// Where and how a tower's forward runs, and what it hands back: the fields
+// every tower kind shares. TorchTowerOptions, CheckpointTowerOptions and
+// ModelOptions (epd/checkpoint_tower/checkpoint_tower.h) each hold one as
+// their base, so `options.device` reads the same on all three and LoadModel
+// passes it on in one assignment.
+struct TowerRuntimeOptions {
   // Intra-op threads. 0 = std::thread::hardware_concurrency(). libtorch's
   // own default is 1 under some launchers, which wastes the other cores.
+  // Process-wide (see "Threads" above). Must be >= 0.
   int num_threads = 0;
   // "cpu", "cuda" (device 0) or "cuda:N". Inputs are moved to the device and
-  // outputs copied back to host memory.
+  // outputs copied back to host memory (unless output_on_device).
   std::string device = "cpu";
-  // Run two forwards on one zero-valued merge block at load. TorchScript's
-  // profiling executor profiles and then optimises a graph on its first two
-  // calls, which costs about a second; warming up moves that cost out of the
-  // first request and checks the output contract before serving.
-  bool warm_up = true;
-  // Process-wide, once, glibc only: raise malloc's mmap threshold to 32 MiB
-  // and its trim threshold to 256 MiB, so the forward's large temporaries
-  // are reused across calls instead of being unmapped and page-faulted back
-  // in every time. Measured on the default tower (one 512x512 image, 2
-  // threads): 112 -> 58-75 ms, with the same peak RSS. Turn off if the
-  // process must hand freed memory back to the OS between calls.
-  bool tune_malloc = true;
   // dtype of TowerOutput. kBFloat16 or kFloat16 halve the bytes per row;
   // the conversion rounds to nearest even.
   DType output_dtype = DType::kFloat32;
@@ -94,6 +86,24 @@ struct TorchTowerOptions {
   // needs WorkerOptions::adopt_device_rows (the GPU tier). kInvalidArgument
   // at load with device "cpu".
   bool output_on_device = false;
+  // Process-wide, once, glibc only: raise malloc's mmap threshold to 32 MiB
+  // and its trim threshold to 256 MiB, so the forward's large temporaries
+  // are reused across calls instead of being unmapped and page-faulted back
+  // in every time. Measured on the default tower (one 512x512 image, 2
+  // threads): 112 -> 58-75 ms, with the same peak RSS. Turn off if the
+  // process must hand freed memory back to the OS between calls (or tunes
+  // malloc itself, as the CLI does).
+  bool tune_malloc = true;
+};
+
+struct TorchTowerOptions : TowerRuntimeOptions {
+  // Path of a TorchScript archive (torch.jit.save). Required.
+  std::string model_path;
+  // Run two forwards on one zero-valued merge block at load. TorchScript's
+  // profiling executor profiles and then optimises a graph on its first two
+  // calls, which costs about a second; warming up moves that cost out of the
+  // first request and checks the output contract before serving.
+  bool warm_up = true;
 };
 
 // Loads and checks the module; see the header comment for the errors.
