@@ -15,7 +15,7 @@
 //   RegisterReplayCommand   replay            tools/replay_command.cc
 //   RegisterPlanCommand     plan              tools/plan_command.cc
 //   RegisterInspectModelCommand  inspect-model  tools/inspect_model_command.cc
-//   RegisterServerCommands  serve, client     tools/server_commands.cc  } built only
+//   RegisterServerCommands  serve, client     tools/server_commands.h   } built only
 //   RegisterBenchServerCommand  bench-server  tools/bench_server_command.cc } with
 //                                             EPD_WITH_GRPC
 #pragma once
