@@ -66,6 +66,52 @@ epd::StatusOr<std::unique_ptr<epd::Device>> OpenDevice(const std::string& kind) 
 #endif
 }
 
+// Step 1: the item's main + deepstack bytes by inline delivery. An error's
+// message names the step, as Fail prints it.
+epd::Status FetchInline(const std::string& target, const std::string& image, std::vector<std::byte>* rows) {
+  auto client = epd::EncodeClient::Connect({.target = target});
+  if (!client.ok()) return epd::Internal("inline client: " + client.status().ToString());
+  epd::EncodeResult r = (*client)->Encode({epd::ClientItem{image}});
+  if (!r.status.ok()) return epd::Internal("inline Encode: " + r.status.ToString());
+  const epd::Embedding& e = *r.items[0].embedding;
+  rows->assign(e.main.begin(), e.main.end());
+  rows->insert(rows->end(), e.deepstack.begin(), e.deepstack.end());
+  return epd::Status::Ok();
+}
+
+// Step 2: the rows imported on `device`, once they landed, copied to the
+// host, and the lease released; where they came from in *source. The
+// client and its leases go before the device.
+epd::Status FetchByIpc(const std::string& target, const std::string& image, epd::Device& device,
+                       std::vector<std::byte>* rows, std::string* source) {
+  epd::ClientOptions o{.target = target};
+  o.delivery = epd::Delivery::kCudaIpc;
+  o.ipc_device = &device;
+  o.ipc_fallback_shm = false;
+  auto client = epd::EncodeClient::Connect(o);
+  if (!client.ok()) return epd::Internal("CUDA IPC client: " + client.status().ToString());
+  epd::EncodeResult r = (*client)->Encode({epd::ClientItem{image}});
+  if (!r.status.ok()) return epd::Internal("CUDA IPC Encode: " + r.status.ToString());
+  const epd::ClientItemResult& item = r.items[0];
+  if (item.ipc == nullptr) {
+    return epd::Internal(std::string("the item came ") + (item.shm != nullptr ? "by shared memory" : "inline") +
+                         ", not by CUDA IPC (is the server's GPU tier on, with --ipc-export-mb?)");
+  }
+  *source = std::string(epd::ItemSourceName(item.source));
+  if (epd::Status s = item.ipc->WaitReady(); !s.ok()) return epd::Internal("WaitReady: " + s.ToString());
+  rows->resize(item.ipc->nbytes());
+  if (epd::Status s = device.CopyAsync(rows->data(), item.ipc->data(), rows->size(), epd::CopyKind::kDeviceToHost,
+                                       epd::Stream::kOffload);
+      !s.ok()) {
+    return epd::Internal("copying the imported rows to the host: " + s.ToString());
+  }
+  if (epd::Status s = device.Synchronize(epd::Stream::kOffload); !s.ok()) {
+    return epd::Internal("waiting for the copy: " + s.ToString());
+  }
+  if (epd::Status s = item.ipc->Release(); !s.ok()) return epd::Internal("releasing the lease: " + s.ToString());
+  return epd::Status::Ok();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,49 +136,10 @@ int main(int argc, char** argv) {
 
   epd::StatusOr<std::unique_ptr<epd::Device>> device = OpenDevice(device_kind);
   if (!device.ok()) return Fail("opening the device: " + device.status().ToString());
-
-  // Step 1: inline.
-  std::vector<std::byte> inline_rows;
-  {
-    auto client = epd::EncodeClient::Connect({.target = target});
-    if (!client.ok()) return Fail("inline client: " + client.status().ToString());
-    epd::EncodeResult r = (*client)->Encode({epd::ClientItem{image}});
-    if (!r.status.ok()) return Fail("inline Encode: " + r.status.ToString());
-    const epd::Embedding& e = *r.items[0].embedding;
-    inline_rows.assign(e.main.begin(), e.main.end());
-    inline_rows.insert(inline_rows.end(), e.deepstack.begin(), e.deepstack.end());
-  }
-
-  // Step 2: CUDA IPC. The client and its leases go before the device.
-  std::vector<std::byte> ipc_rows;
+  std::vector<std::byte> inline_rows, ipc_rows;
   std::string source;
-  {
-    epd::ClientOptions o{.target = target};
-    o.delivery = epd::Delivery::kCudaIpc;
-    o.ipc_device = device->get();
-    o.ipc_fallback_shm = false;
-    auto client = epd::EncodeClient::Connect(o);
-    if (!client.ok()) return Fail("CUDA IPC client: " + client.status().ToString());
-    epd::EncodeResult r = (*client)->Encode({epd::ClientItem{image}});
-    if (!r.status.ok()) return Fail("CUDA IPC Encode: " + r.status.ToString());
-    const epd::ClientItemResult& item = r.items[0];
-    if (item.ipc == nullptr) {
-      return Fail(std::string("the item came ") + (item.shm != nullptr ? "by shared memory" : "inline") +
-                  ", not by CUDA IPC (is the server's GPU tier on, with --ipc-export-mb?)");
-    }
-    source = std::string(epd::ItemSourceName(item.source));
-    if (epd::Status s = item.ipc->WaitReady(); !s.ok()) return Fail("WaitReady: " + s.ToString());
-    ipc_rows.resize(item.ipc->nbytes());
-    if (epd::Status s = (*device)->CopyAsync(ipc_rows.data(), item.ipc->data(), ipc_rows.size(),
-                                             epd::CopyKind::kDeviceToHost, epd::Stream::kOffload);
-        !s.ok()) {
-      return Fail("copying the imported rows to the host: " + s.ToString());
-    }
-    if (epd::Status s = (*device)->Synchronize(epd::Stream::kOffload); !s.ok()) {
-      return Fail("waiting for the copy: " + s.ToString());
-    }
-    if (epd::Status s = item.ipc->Release(); !s.ok()) return Fail("releasing the lease: " + s.ToString());
-  }
+  if (epd::Status s = FetchInline(target, image, &inline_rows); !s.ok()) return Fail(s.message());
+  if (epd::Status s = FetchByIpc(target, image, **device, &ipc_rows, &source); !s.ok()) return Fail(s.message());
 
   const bool same = ipc_rows == inline_rows;
   std::printf("ipc_bytes=%zu fnv1a64=%016llx source=%s same_as_inline=%s\n", ipc_rows.size(),
