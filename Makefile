@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 PY ?= /usr/bin/python3
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench asan tsan fuzz cuda clean format lint
+.PHONY: all deps configure build demo test bench asan tsan fuzz cuda clean format lint image k8s-check
 
 all: build
 
@@ -36,6 +36,19 @@ demo: configure
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The OCI images, two-stage from a Debian base made by mmdebstrap (no
+# registry): localhost/epd-encode, epd-router, epd-redis:<version>
+# (scripts/image.sh, docs/DEPLOY.md). The base tarball is cached in $(BUILD)/oci.
+image:
+	@scripts/install-deps.sh image
+	scripts/image.sh full $(BUILD)
+
+# The deploy/ ctests alone: the Kubernetes manifests render and read into the
+# client's typed models; the image, packaged from this build, runs, and so
+# does `podman kube play` of the trial overlay. Both are part of `make test`.
+k8s-check: build
+	cd $(BUILD) && ctest -L deploy --output-on-failure
 
 # Configures again (peers installed since the last configure are found; a
 # missing one stops the configure, naming it: bench/peers.cmake).

@@ -25,9 +25,9 @@
 #include "epd/core/content_key_type.h"
 #include "epd/core/embedding.h"
 #include "epd/core/embedding_cache.h"
-#include "epd/core/mini_sim.h"
-#include "epd/core/shards.h"
-#include "plan.h"
+#include "epd/plan/mini_sim.h"
+#include "epd/plan/plan.h"
+#include "epd/plan/shards.h"
 
 namespace epd::bench {
 namespace {
@@ -188,11 +188,11 @@ int Simulate(const std::string& path, const std::vector<double>& lru_hits, const
   for (double f : fractions) j["by_fraction"].push_back(Compare(*trace, f * working_set));
   if (tiered.size() == 2) {
     for (bool dk : {false, true}) {
-      cli::PlanOptions o;
+      plan::PlanOptions o;
       o.eviction = EvictionPolicy::kGdsf;
       o.l1_admission = dk ? L1Admission::kDoorkeeper : L1Admission::kNone;
       o.doorkeeper_window = window;
-      const cli::TierHits h = cli::ReplayTiers(*trace, tiered[0] * working_set, tiered[1] * working_set, 0, o);
+      const plan::TierHits h = plan::ReplayTiers(*trace, tiered[0] * working_set, tiered[1] * working_set, 0, o);
       const double hit = h.Ratio(h.l1, Weighting::kSeconds) + h.Ratio(h.l2, Weighting::kSeconds);
       j[dk ? "tiered_doorkeeper" : "tiered_none"] = {{"l1_write_bytes", h.l1_write_bytes},
                                                      {"seconds_hit_ratio", hit},

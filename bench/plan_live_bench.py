@@ -63,29 +63,15 @@ import child_process  # noqa: E402
 from redis_harness import RedisServer  # noqa: E402
 from traces import zipf_cdf  # noqa: E402  (bench/, this script's own folder)
 
-HEADER = 120  # the L3 value's header with the encode cost (include/epd/l3/l3_value.h)
 
 
-# --- Redis's charge per value (tools/plan_tiers.cc, RedisChargeBytes) --------
+# --- Redis's charge per value (epd/plan/plan_tiers.h, RedisChargeBytes) --------
 
-def jemalloc_class(n: int) -> int:
-    if n <= 8:
-        return 8
-    if n <= 128:
-        return (n + 15) // 16 * 16
-    lg = (n - 1).bit_length() - 1
-    spacing = 1 << (lg - 2)
-    return (n + spacing - 1) // spacing * spacing
-
-
-def sds_header(n: int) -> int:
-    return 3 if n < 1 << 8 else 5 if n < 1 << 16 else 9 if n < 1 << 32 else 17
+OVERHEAD_PER_MILLE = 1100  # kRedisOverheadPerMille: Redis's bytes per 1000 bytes of entry (docs/PLAN.md)
 
 
 def redis_charge(embedding_bytes: int) -> int:
-    per_key = jemalloc_class(sds_header(70) + 70 + 1) + 16 + 2 * 32 + 24
-    value = embedding_bytes + HEADER
-    return jemalloc_class(sds_header(value) + value + 1) + per_key
+    return max(1, -(-max(embedding_bytes, 0) * OVERHEAD_PER_MILLE // 1000))
 
 
 # --- Inputs --------------------------------------------------------------------

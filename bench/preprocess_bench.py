@@ -13,6 +13,9 @@ interleaved in one run:
                normalize (mean and std scaled by 255), patchify as
                Qwen2VLImageProcessorFast does;
   turbojpeg    tjDecompress2 to RGB8 alone, one reused handle and buffer (the floor).
+  probe        epd::ProbeItems on a one-image request (issue 42 section 5):
+               the content key plus the header grid, no decode;
+  probe_header epd::ProbeGrid alone, the header grid.
 The C++ contenders run in build/bench/preprocess_bench (-DEPD_BUILD_BENCH=ON),
 a child process that times them on request; the Python ones run here with
 torch.set_num_threads(1).
@@ -59,8 +62,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = "epd-bench-preprocess/1"
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
-SINGLE = ("epd", "decode", "preprocess", "pillow", "torchvision", "turbojpeg")
-CPP = ("epd", "decode", "preprocess", "turbojpeg")
+SINGLE = ("epd", "decode", "preprocess", "pillow", "torchvision", "turbojpeg", "probe", "probe_header")
+CPP = ("epd", "decode", "preprocess", "turbojpeg", "probe", "probe_header")
 THREADED = ("epd", "turbojpeg")
 LABEL = {
     "epd": "epd-encode, `DecodeAndPreprocess`",
@@ -69,7 +72,11 @@ LABEL = {
     "pillow": "Pillow + numpy (Hugging Face's slow Qwen2-VL processor's steps)",
     "torchvision": "torchvision (the fast processor's path)",
     "turbojpeg": "TurboJPEG decode alone (the floor)",
+    "probe": "the header probe, `ProbeItems` (content key + grid, no decode)",
+    "probe_header": "... its header grid alone (`ProbeGrid`)",
 }
+# Issue 42 section 5: the probe at least this many times DecodeAndPreprocess, at this size.
+PROBE_GOAL = (100.0, "1024")
 # Issue 42's targets: DecodeAndPreprocess at least this many times each peer, at every size.
 GOALS = (("turbojpeg", 0.4, "the TurboJPEG decode floor"), ("pillow", 3.0, "Pillow + numpy"),
          ("torchvision", 2.0, "torchvision"))
@@ -253,6 +260,8 @@ def render_body(d: dict) -> str:
         ("**epd / torchvision**", "epd", "torchvision"),
         ("**epd / the decode floor**", "epd", "turbojpeg"),
         ("epd's decode / the decode floor", "decode", "turbojpeg"),
+        ("**probe (`ProbeItems`) / `DecodeAndPreprocess`**", "probe", "epd"),
+        ("`ProbeGrid` / `DecodeAndPreprocess`", "probe_header", "epd"),
     ]
     for label, a, b in rows:
         lines.append(f"| {label} | " + " | ".join(
@@ -298,6 +307,12 @@ def targets(d: dict) -> list[tuple]:
                     f"{'/'.join(s + '²' for s in sizes)}", f">= {goal}x at every size",
                     ", ".join(f"{r:.2f}x" for r in rs), worst >= goal,
                     f"worst {worst:.2f}x, {'met' if worst >= goal else f'{goal / worst:.1f}x short'}"))
+    goal, size = PROBE_GOAL
+    r = ratio(d["median"].get("probe", {}).get(size), d["median"]["epd"].get(size))
+    if r is not None:
+        out.append((f"issue 42 section 5: the probe (`ProbeItems`) against DecodeAndPreprocess, images/s per core "
+                    f"at {size}²", f">= {goal:.0f}x", f"{r:.0f}x", r >= goal,
+                    "met" if r >= goal else f"{goal / r:.1f}x short"))
     return out
 
 

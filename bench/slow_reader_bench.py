@@ -28,32 +28,21 @@ import argparse
 import json
 import os
 import statistics
-import struct
 import sys
 import time
-import zlib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
 import h2_peer  # noqa: E402
+import pngs  # noqa: E402
 import server_harness as h  # noqa: E402
 
 CACHED_KEY = b"slow-reader-bench-item"
 
 
 def solid_png(width: int, height: int, seed: int) -> bytes:
-    """A PNG whose rows repeat (fast to make at any size) below a first row
-    that spells `seed`, so distinct seeds give distinct images."""
-    row = b"\x00" + bytes((x * 7 + seed * 31) & 255 for x in range(width * 3))
-    first = b"\x00" + (seed.to_bytes(4, "big") * (width * 3 // 4 + 1))[:width * 3]
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(first + row * (height - 1))) + chunk(
-        b"IEND", b"")
+    return pngs.striped_png(width, height, seed)
 
 
 def rss_mb(pid: int, field: str = "VmRSS") -> float:

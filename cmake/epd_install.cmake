@@ -9,7 +9,7 @@
 #                                   generated epd/core/version.h
 #   lib/libepd_*.a                  the libraries (static, position
 #                                   independent), exported as epd::core,
-#                                   epd::media, epd::video,
+#                                   epd::plan, epd::media, epd::video,
 #                                   epd::safetensors, epd::model,
 #                                   epd::gpu,
 #                                   epd::gpu_cuda, epd::torch_tower,
@@ -41,6 +41,7 @@ set(EPD_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/epd CACHE STRING
 # external packages each component needs are found by epdConfig.cmake.in.
 set(_epd_components
   "core|epd_core|"
+  "plan|epd_plan|core"
   "media|epd_media|core"
   "video|epd_video|media"
   "safetensors|epd_safetensors|core"
@@ -132,17 +133,21 @@ install(CODE "
 
 # --- the CLI, its default models, the systemd example ----------------------------
 if(TARGET epd-encode)
-  install(TARGETS epd-encode RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  install(TARGETS epd-encode RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT cli)
 endif()
+# Component "cli": `cmake --install BUILD --component cli` installs the
+# program and its models alone, after building only epd-encode and
+# default_model (the image's builder stage, deploy/oci/Containerfile); the
+# scripted towers are OPTIONAL there, as they need torch in Python.
 foreach(model EPD_DEFAULT_TOWER_PATH EPD_DEFAULT_TOWER_NODS_PATH)
   if(${model})
-    install(FILES ${${model}} DESTINATION ${CMAKE_INSTALL_DATADIR}/epd/models)
+    install(FILES ${${model}} DESTINATION ${CMAKE_INSTALL_DATADIR}/epd/models COMPONENT cli OPTIONAL)
   endif()
 endforeach()
 # The default model (a Qwen2.5-VL checkpoint directory): the installed
 # epd-encode runs share/epd/models/default-qwen2_5_vl when given no --model.
 if(EPD_DEFAULT_MODEL_DIR)
-  install(DIRECTORY ${EPD_DEFAULT_MODEL_DIR} DESTINATION ${CMAKE_INSTALL_DATADIR}/epd/models)
+  install(DIRECTORY ${EPD_DEFAULT_MODEL_DIR} DESTINATION ${CMAKE_INSTALL_DATADIR}/epd/models COMPONENT cli)
 endif()
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/systemd/epd-encode.service
         DESTINATION ${CMAKE_INSTALL_DATADIR}/epd/systemd)

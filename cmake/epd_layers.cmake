@@ -22,15 +22,21 @@
 # "rpc" is the internal epd_proto (generated gRPC code and the conversions);
 # its one public header, the stats both ends report, is shared by server and
 # client.
-set(EPD_LAYERS core media video safetensors model gpu gpu_cuda torch_tower checkpoint_tower worker l3 http rpc server openai client python)
+set(EPD_LAYERS core plan media video safetensors model gpu gpu_cuda torch_tower checkpoint_tower worker l3 http rpc server openai client python)
 
 set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
 set(EPD_LAYER_core_HEADERS
   admission_filter.h cache_options.h concurrent_cache.h content_key_type.h embedding.h embedding_cache.h
-  encode_scheduler.h encode_types.h eviction_order.h gdsf_heap.h grid.h job_scheduler.h mini_sim.h
-  miss_ratio_curve.h policy_duel.h shards.h shared_tier.h slot_index.h stack_distance.h stat_fields.h status.h
-  tenant_quota.h tiered_cache.h version.h vision_tower.h)
+  encode_scheduler.h encode_types.h eviction_order.h gdsf_heap.h grid.h job_scheduler.h policy_duel.h
+  shared_tier.h slot_index.h stat_fields.h status.h tenant_quota.h tiered_cache.h version.h vision_tower.h)
+
+# Cache economics (docs/PLAN.md): the miss-ratio curves and the planner that
+# sizes the tiers from them. Nothing in the serving path uses it.
+set(EPD_LAYER_plan_TARGET epd_plan)
+set(EPD_LAYER_plan_USES core)
+set(EPD_LAYER_plan_HEADERS
+  mini_sim.h miss_ratio_curve.h plan.h plan_serve_args.h plan_tiers.h shards.h stack_distance.h)
 
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
@@ -69,7 +75,7 @@ set(EPD_LAYER_checkpoint_tower_HEADERS checkpoint_tower.h)
 
 set(EPD_LAYER_worker_TARGET epd_worker)
 set(EPD_LAYER_worker_USES core media safetensors)
-set(EPD_LAYER_worker_HEADERS encode_request.h encode_worker.h safetensors.h worker_loop.h worker_options.h)
+set(EPD_LAYER_worker_HEADERS encode_request.h encode_worker.h item_probe.h safetensors.h worker_loop.h worker_options.h)
 
 set(EPD_LAYER_l3_TARGET epd_l3)
 set(EPD_LAYER_l3_USES core media)

@@ -2,7 +2,7 @@
 # Installs the Debian packages epd-encode needs, skipping those already present.
 # Idempotent: a second run installs nothing and makes no network call.
 #
-# Usage: scripts/install-deps.sh [demo|build|bench|all]   (default: build)
+# Usage: scripts/install-deps.sh [demo|build|image|bench|all]   (default: build)
 #   demo   what configuring the build and `make demo` need: compilers, the libraries every target links
 #          (libtorch, gRPC, FFmpeg, ...), numpy and Pillow for the default model and the demo's images,
 #          and ffmpeg for its video. A new machine installs about 80 MB less than `build` and almost no
@@ -10,6 +10,9 @@
 #   build  demo, plus what `make test` needs beyond it: torch in Python (the scripted towers and the
 #          reference models), scikit-image, pytest, the Python gRPC client's packages, Redis, stunnel,
 #          nginx, clang with its format and tidy tools, and gnuplot (plan --plot's quoting is tested)
+#   image  what `make image` and the ctests of deploy/ (docs/DEPLOY.md) need: podman with runc and
+#          catatonit, mmdebstrap, the Kubernetes Python client and kubectl (Debian's kubernetes-client,
+#          unless a kubectl is on PATH already: the two packages both own /usr/bin/kubectl); in build too
 #   bench  build, plus the peer caches used by `make bench`, libmicrohttpd, the HTTP edge's
 #          comparison peer (bench/http_server_compare.cc), and torchvision, the preprocessing
 #          benchmark's fast-processor peer (bench/preprocess_bench.py)
@@ -35,13 +38,17 @@ test_pkgs=(
   libjpeg-turbo-progs nginx curl redis-server stunnel4
   clang libclang-rt-14-dev clang-format clang-tidy gnuplot-nox
 )
+image_pkgs=(podman runc catatonit conmon uidmap slirp4netns fuse-overlayfs containernetworking-plugins mmdebstrap
+  python3-kubernetes python3-yaml)
+command -v kubectl >/dev/null || image_pkgs+=(kubernetes-client)
 bench_pkgs=(libleveldb-dev librocksdb-dev libmicrohttpd-dev python3-torchvision)
 
 case "$group" in
   demo) pkgs=("${demo_pkgs[@]}") ;;
-  build) pkgs=("${demo_pkgs[@]}" "${test_pkgs[@]}") ;;
-  bench|all) pkgs=("${demo_pkgs[@]}" "${test_pkgs[@]}" "${bench_pkgs[@]}") ;;
-  *) echo "install-deps.sh: unknown group '$group' (expected demo, build, bench or all)" >&2; exit 2 ;;
+  build) pkgs=("${demo_pkgs[@]}" "${test_pkgs[@]}" "${image_pkgs[@]}") ;;
+  image) pkgs=("${image_pkgs[@]}") ;;
+  bench|all) pkgs=("${demo_pkgs[@]}" "${test_pkgs[@]}" "${image_pkgs[@]}" "${bench_pkgs[@]}") ;;
+  *) echo "install-deps.sh: unknown group '$group' (expected demo, build, image, bench or all)" >&2; exit 2 ;;
 esac
 
 missing=()

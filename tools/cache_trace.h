@@ -36,8 +36,8 @@
 #include <string_view>
 #include <vector>
 
-#include "epd/core/miss_ratio_curve.h"
 #include "epd/core/status.h"
+#include "epd/plan/miss_ratio_curve.h"
 
 namespace epd::cli {
 

@@ -17,7 +17,8 @@
 //   RegisterInspectModelCommand  inspect-model  tools/inspect_model_command.cc
 //   RegisterServerCommands  serve, client     tools/server_commands.h   } built only
 //   RegisterBenchServerCommand  bench-server  tools/bench_server_command.cc } with
-//                                             EPD_WITH_GRPC
+//   RegisterProbeCommand    probe             tools/probe_command.cc    } EPD_WITH_GRPC
+//   RegisterHealthCommand   health            tools/health_command.cc   }
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -44,6 +45,8 @@ void RegisterInspectModelCommand(CLI::App& app);
 #ifdef EPD_WITH_GRPC
 void RegisterServerCommands(CLI::App& app);
 void RegisterBenchServerCommand(CLI::App& app);
+void RegisterProbeCommand(CLI::App& app);
+void RegisterHealthCommand(CLI::App& app);
 #endif
 
 }  // namespace epd::cli

@@ -15,7 +15,8 @@ namespace epd::cli {
 void AddL3Flags(CLI::App& cmd, L3Flags& f) {
   cmd.add_option("--l3", f.urls,
                  "shared L3 tier: redis://[[user]:password@]host[:port][/db]; repeat to spread keys over several "
-                 "Redis servers (docs/L3.md)");
+                 "Redis servers; or one redis-cluster://[[user]:password@]host:port[,host:port...] for a Redis "
+                 "Cluster (docs/L3.md)");
   cmd.add_option("--l3-ttl-s", f.ttl_s, "lifetime of an L3 entry, seconds; 0 = none")
       ->capture_default_str()
       ->check(Integer(0));

@@ -73,6 +73,8 @@ int main(int argc, char** argv) {
 #ifdef EPD_WITH_GRPC
   epd::cli::RegisterServerCommands(app);
   epd::cli::RegisterBenchServerCommand(app);
+  epd::cli::RegisterProbeCommand(app);
+  epd::cli::RegisterHealthCommand(app);
 #endif
   // Exit codes: 0 success (and --help); a subcommand's own code when it
   // fails after parsing (e.g. replay's 3 for failed items); 1 for every

@@ -28,8 +28,8 @@
 #include "cache_trace.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "epd/plan/plan.h"
 #include "flag_checks.h"
-#include "plan.h"
 #include "plan_plot.h"
 #include "trace.h"
 #ifdef EPD_WITH_INSPECT_MODEL
@@ -39,6 +39,14 @@
 #endif
 
 namespace epd::cli {
+
+using plan::PlanJson;
+using plan::PlanOptions;
+using plan::PlanResult;
+using plan::PlanText;
+using plan::RunPlan;
+using plan::SizingRow;
+
 namespace {
 
 struct PlanFlags {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "epd/core/miss_ratio_curve.h"
 #include "epd/core/status.h"
+#include "epd/plan/miss_ratio_curve.h"
 
 namespace epd::cli {
 

@@ -32,15 +32,23 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "epd/plan/plan.h"
 #include "epd/worker/safetensors.h"
 #include "epd/worker/worker_loop.h"
 #include "flag_checks.h"
-#include "plan.h"
 #include "replay_manifest.h"
 #include "trace.h"
 #include "worker_flags.h"
 
 namespace epd::cli {
+
+using plan::PlanJson;
+using plan::PlanOptions;
+using plan::PlanResult;
+using plan::PlanText;
+using plan::RunPlan;
+using plan::SizingRow;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -119,7 +127,7 @@ CacheAccess MrcAccess(const ContentKey& key, const Embedding& e, const WorkerSta
   return {h, static_cast<std::int64_t>(e.nbytes()), per_token * static_cast<double>(e.tokens)};
 }
 
-// --mrc: the curves of the items this replay served (tools/plan.h), sized
+// --mrc: the curves of the items this replay served (epd/plan/plan.h), sized
 // for the replay's own policy and L1 admission, with its L1/L2 limits.
 PlanResult MrcOf(const std::vector<CacheAccess>& accesses, const ReplayFlags& f) {
   PlanOptions o;

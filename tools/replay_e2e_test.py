@@ -20,29 +20,19 @@ import shutil
 import struct
 import subprocess
 import sys
-import zlib
 
 # The test helpers' launcher: `replay` dies with this test even when ctest
 # kills it.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "python"))
 import child_process  # noqa: E402
+import pngs  # noqa: E402
 
 
 def png(path, width, height, seed):
-    rows = b""
-    for y in range(height):
-        row = bytearray([0])  # filter: none
-        for x in range(width):
-            row += bytes([(x * 7 + seed * 31) % 256, (y * 5 + seed * 17) % 256, (x * y + seed) % 256])
-        rows += bytes(row)
-
-    def chunk(kind, data):
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    rows = pngs.rows_of(width, height, lambda x, y: ((x * 7 + seed * 31) % 256, (y * 5 + seed * 17) % 256,
+                                                     (x * y + seed) % 256))
     with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+        f.write(pngs.encode_png(width, height, rows))
 
 
 def run(binary, *args, timeout=None):

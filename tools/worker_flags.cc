@@ -300,6 +300,12 @@ void ApplyVideoFlags(const WorkerFlags& f, WorkerOptions& o) {
   o.video_chunk_cache = !f.no_video_chunk_cache;
 #ifdef EPD_HAVE_VIDEO
   o.decode_video = DecodeVideo;
+  o.probe_video = [](std::span<const std::uint8_t> bytes, const VideoSampling& s, const PreprocessConfig& cfg,
+                     const VideoLimits& limits) -> StatusOr<GridTHW> {
+    StatusOr<VideoInfo> info = ProbeVideo(bytes, limits);
+    if (!info.ok()) return info.status();
+    return VideoHeaderGrid(*info, s, cfg);
+  };
 #endif
 }
 #endif  // EPD_HAVE_TORCH_TOWER

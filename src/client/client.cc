@@ -295,6 +295,16 @@ struct EncodeClient::Impl {
     return fresh;
   }
 
+  static void ToProto(const ClientItem& item, v1::EncodeItem* m) {
+    m->set_image(item.image);
+    if (item.caller_key.has_value()) m->set_caller_key(*item.caller_key);
+    m->set_expected_tokens(item.expected_tokens);
+    m->set_public_(item.is_public);
+    m->set_video(item.video);
+    for (const std::string& f : item.video_frames) m->mutable_video_frames()->add_frames(f);
+    if (item.sampling.has_value()) internal::ToProto(*item.sampling, m->mutable_sampling());
+  }
+
   static StatusOr<ContentKey> Key(const ServerInfo& info, const ClientItem& item) {
     if (item.is_video()) {
       std::vector<std::span<const std::uint8_t>> parts;
@@ -326,18 +336,7 @@ struct EncodeClient::Impl {
       req.set_ipc_fallback_shm(options.ipc_fallback_shm);
     }
     for (v1::ShmLease& l : link->Take()) *req.add_release() = std::move(l);
-    for (std::int64_t i : group.indices) {
-      v1::EncodeItem* m = req.add_items();
-      m->set_image(items[i].image);
-      if (items[i].caller_key.has_value()) m->set_caller_key(*items[i].caller_key);
-      m->set_expected_tokens(items[i].expected_tokens);
-      m->set_public_(items[i].is_public);
-      m->set_video(items[i].video);
-      if (!items[i].video_frames.empty()) {
-        for (const std::string& f : items[i].video_frames) m->mutable_video_frames()->add_frames(f);
-      }
-      if (items[i].sampling.has_value()) internal::ToProto(*items[i].sampling, m->mutable_sampling());
-    }
+    for (std::int64_t i : group.indices) ToProto(items[i], req.add_items());
     grpc::ClientContext ctx;
     SetDeadline(ctx);
     if (!group.route.empty()) ctx.AddMetadata(internal::kRouteHeader, group.route);
@@ -448,6 +447,37 @@ StatusOr<ContentKey> EncodeClient::KeyFor(const ClientItem& item) {
   StatusOr<ServerInfo> info = impl_->CachedInfo();
   if (!info.ok()) return info.status();
   return Impl::Key(*info, item);
+}
+
+ProbeResult EncodeClient::Probe(const std::vector<ClientItem>& items) {
+  ProbeResult result;
+  if (items.empty()) {
+    result.status = InvalidArgument("the request has no items; send at least one image");
+    return result;
+  }
+  v1::EncodeRequest req;
+  for (const ClientItem& item : items) Impl::ToProto(item, req.add_items());
+  grpc::ClientContext ctx;
+  impl_->SetDeadline(ctx);
+  v1::ProbeResponse resp;
+  const Status call = internal::FromGrpc(impl_->stub->Probe(&ctx, req, &resp));
+  result.server_id = resp.server_id();
+  result.items.resize(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    result.items[i].index = static_cast<std::int64_t>(i);
+    result.items[i].status = call.ok() ? Internal("the server's probe reply has no item " + std::to_string(i)) : call;
+  }
+  for (const v1::ProbedItem& m : resp.items()) {
+    if (m.index() < 0 || m.index() >= static_cast<std::int64_t>(items.size())) continue;
+    result.items[static_cast<std::size_t>(m.index())] = internal::FromProto(m);
+  }
+  for (const ClientProbeItem& r : result.items) {
+    if (!r.status.ok()) {
+      result.status = r.status;
+      break;
+    }
+  }
+  return result;
 }
 
 EncodeResult EncodeClient::Encode(std::vector<ClientItem> items, const std::string& request_id) {

@@ -28,7 +28,8 @@ ClientItemResult Header(const v1::EncodedItem& m) {
 
 // An empty grid_thw (an older server) leaves the grid unknown; a present one
 // must be 3 positive values.
-Status GridFromProto(const v1::EncodedItem& m, GridTHW* grid) {
+template <class Message>  // v1::EncodedItem or v1::ProbedItem
+Status GridFromProto(const Message& m, GridTHW* grid) {
   if (m.grid_thw_size() == 0) return Status::Ok();
   if (m.grid_thw_size() != 3 || m.grid_thw(0) <= 0 || m.grid_thw(1) <= 0 || m.grid_thw(2) <= 0) {
     std::string got;
@@ -140,6 +141,27 @@ ClientItemResult FromProtoIpc(const v1::EncodedItem& m, EmbeddingShape* shape, G
   std::memcpy(handle->event.data(), ref.event_handle().data(), IpcHandle::kHandleBytes);
   handle->bytes = ref.length();
   if (Status g = GridFromProto(m, grid); !g.ok()) r.status = g;
+  return r;
+}
+
+ClientProbeItem FromProto(const v1::ProbedItem& m) {
+  ClientProbeItem r;
+  r.index = m.index();
+  if (m.error_code() != 0) {
+    r.status =
+        Status(static_cast<StatusCode>(m.error_code()), "item " + std::to_string(m.index()) + ": " + m.error_message());
+    return r;
+  }
+  if (m.key().size() != r.key.bytes.size() || m.route_key().size() != r.route_key.bytes.size()) {
+    r.status =
+        Internal("server sent probed item " + std::to_string(m.index()) + " with a " + std::to_string(m.key().size()) +
+                 "-byte key and a " + std::to_string(m.route_key().size()) + "-byte route key; expected 32 bytes each");
+    return r;
+  }
+  std::memcpy(r.key.bytes.data(), m.key().data(), r.key.bytes.size());
+  std::memcpy(r.route_key.bytes.data(), m.route_key().data(), r.route_key.bytes.size());
+  if (Status g = GridFromProto(m, &r.grid); !g.ok()) r.status = g;
+  r.tokens = m.tokens();
   return r;
 }
 

@@ -14,6 +14,11 @@ namespace epd::internal {
 // failed keeps the server's code and message.
 ClientItemResult FromProto(const v1::EncodedItem& m);
 
+// A Probe reply's item: the server's failure as the item's status (prefixed
+// "item <i>: "), a key or route key that is not 32 bytes or a malformed
+// grid_thw as kInternal.
+ClientProbeItem FromProto(const v1::ProbedItem& m);
+
 // For an item sent by reference (m.has_shm()): the result without its rows
 // (embedding and shm null), plus the rows' shape and grid. kInternal item
 // status when the span does not fit the arena or its length disagrees with

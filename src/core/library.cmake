@@ -8,10 +8,6 @@ add_library(epd_core
   ${CMAKE_CURRENT_LIST_DIR}/status.cc
   ${CMAKE_CURRENT_LIST_DIR}/admission_filter.cc
   ${CMAKE_CURRENT_LIST_DIR}/policy_duel.cc
-  ${CMAKE_CURRENT_LIST_DIR}/mrc/stack_distance.cc
-  ${CMAKE_CURRENT_LIST_DIR}/mrc/miss_ratio_curve.cc
-  ${CMAKE_CURRENT_LIST_DIR}/mrc/shards.cc
-  ${CMAKE_CURRENT_LIST_DIR}/mrc/mini_sim.cc
   ${CMAKE_CURRENT_LIST_DIR}/content_key_type.cc
   ${CMAKE_CURRENT_LIST_DIR}/embedding.cc
   ${CMAKE_CURRENT_LIST_DIR}/encode_scheduler.cc

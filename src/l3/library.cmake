@@ -10,6 +10,8 @@ add_library(epd_l3
   ${CMAKE_CURRENT_LIST_DIR}/l3_mac.cc
   ${CMAKE_CURRENT_LIST_DIR}/l3_ring.cc
   ${CMAKE_CURRENT_LIST_DIR}/l3_value.cc
+  ${CMAKE_CURRENT_LIST_DIR}/redis_cluster.cc
+  ${CMAKE_CURRENT_LIST_DIR}/redis_router.cc
   ${CMAKE_CURRENT_LIST_DIR}/redis_shard.cc
   ${CMAKE_CURRENT_LIST_DIR}/redis_tier.cc
 )

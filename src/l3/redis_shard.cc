@@ -33,8 +33,9 @@ bool Shard::down() const {
   return down_;
 }
 
-CommandResult Shard::Run(const std::vector<std::string_view>& argv) {
+CommandResult Shard::Run(const std::vector<std::string_view>& argv, bool asking) {
   CommandResult out;
+  out.node = name_;
   redisContext* c = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -64,7 +65,9 @@ CommandResult Shard::Run(const std::vector<std::string_view>& argv) {
     args.push_back(a.data());
     lens.push_back(a.size());
   }
-  auto* r = static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(args.size()), args.data(), lens.data()));
+  const int argc = static_cast<int>(args.size());
+  auto* r = asking ? RunAsking(c, argc, args.data(), lens.data())
+                   : static_cast<redisReply*>(redisCommandArgv(c, argc, args.data(), lens.data()));
   if (r == nullptr) {
     out.error_kind = IoKind(c);
     out.error = "shard " + name_ + ": " + (c->errstr[0] != '\0' ? std::string(c->errstr) : "no reply");
@@ -79,6 +82,20 @@ CommandResult Shard::Run(const std::vector<std::string_view>& argv) {
   }
   MarkUp(c);
   return out;
+}
+
+redisReply* Shard::RunAsking(redisContext* c, int argc, const char** args, const std::size_t* lens) {
+  if (redisAppendCommand(c, "ASKING") != REDIS_OK || redisAppendCommandArgv(c, argc, args, lens) != REDIS_OK) {
+    return nullptr;
+  }
+  void* first = nullptr;
+  void* second = nullptr;
+  if (redisGetReply(c, &first) != REDIS_OK) return nullptr;
+  Reply asking(static_cast<redisReply*>(first));
+  if (redisGetReply(c, &second) != REDIS_OK) return nullptr;
+  Reply command(static_cast<redisReply*>(second));
+  if (asking != nullptr && asking->type == REDIS_REPLY_ERROR) return asking.release();
+  return command.release();
 }
 
 std::string Shard::IoKind(const redisContext* c) {

@@ -36,6 +36,7 @@ struct CommandResult {
   Reply reply;
   std::string error_kind;  // empty when reply is set and is not an error reply
   std::string error;
+  std::string node;  // the shard's name ("host:port/db")
 };
 
 class Shard {
@@ -51,7 +52,10 @@ class Shard {
 
   // Runs one command (argv) on a pooled connection. Never throws. Error
   // kinds: "connect", "timeout", "io", "oom", "auth", "reply", "down".
-  CommandResult Run(const std::vector<std::string_view>& argv);
+  // `asking`: sends ASKING first on the same connection (Redis Cluster's
+  // ASK redirection, src/l3/redis_cluster.h); its reply is not returned
+  // unless it is an error.
+  CommandResult Run(const std::vector<std::string_view>& argv, bool asking = false);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -60,6 +64,9 @@ class Shard {
   redisContext* Connect(std::string* kind, std::string* error);
   void MarkDown();
   void MarkUp(redisContext* c);
+  // Sends ASKING then argv on `c`, pipelined; the second reply, or the
+  // first when it is an error. nullptr on an I/O error.
+  static redisReply* RunAsking(redisContext* c, int argc, const char** args, const std::size_t* lens);
 
   const RedisUrl url_;
   const std::string name_;

@@ -4,7 +4,13 @@
 // - Each Redis is a Shard (src/l3/redis_shard.h): a pool of blocking
 //   connections with a per-socket timeout, marked down for a backoff after
 //   an I/O error. The callers are already off the worker thread (the
-//   WorkerLoop's lookup threads and this tier's writer thread).
+//   WorkerLoop's lookup threads and this tier's writer thread). A Router
+//   (src/l3/redis_router.h) picks the shard of a key: the ring of
+//   independent servers, or Redis Cluster's slot map (redis_cluster.h).
+// - Every command names one key, and on a cluster a value and its lease
+//   carry the content key as their hash tag, so they share a slot: the
+//   Lua compare-and-deletes (one key each) and the lease's SET NX never
+//   cross slots.
 // - Writes go through one writer thread and a queue bounded in bytes, so a
 //   slow or full Redis costs at most that much memory and never stalls the
 //   worker. A write is followed by the release of this process's lease (the
@@ -23,6 +29,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <charconv>
@@ -35,17 +42,17 @@
 #include <thread>
 
 #include "epd/l3/l3_lease.h"
-#include "epd/l3/l3_ring.h"
 #include "epd/l3/l3_value.h"
 #include "epd/media/content_key.h"
-#include "redis_shard.h"
+#include "redis_cluster.h"
+#include "redis_router.h"
 
 namespace epd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using internal::CommandResult;
-using internal::Shard;
+using internal::Router;
 
 // Deletes KEYS[1] only while it holds exactly ARGV[1].
 constexpr const char* kCompareDeleteScript =
@@ -83,15 +90,13 @@ std::string DefaultOwnerId() {
 
 class RedisTier final : public SharedTier {
  public:
-  RedisTier(RedisTierOptions o, std::vector<RedisUrl> urls) : opt_(std::move(o)) {
+  // `cluster`: `urls` are the seeds of a Redis Cluster, else the ring's shards.
+  RedisTier(RedisTierOptions o, std::vector<RedisUrl> urls, bool cluster)
+      : opt_(std::move(o)), open_(cluster ? "{" : ""), close_(cluster ? "}" : "") {
     value_opts_.keyring = opt_.keyring;
     value_opts_.merge_size = opt_.merge_size;
-    std::vector<std::string> names;
-    for (RedisUrl& u : urls) {
-      names.push_back(u.Name());
-      shards_.push_back(std::make_unique<Shard>(std::move(u), opt_));
-    }
-    ring_ = std::make_unique<HashRing>(std::move(names), opt_.virtual_nodes);
+    router_ = cluster ? std::unique_ptr<Router>(std::make_unique<internal::ClusterRouter>(std::move(urls), opt_))
+                      : internal::MakeRingRouter(std::move(urls), opt_);
     writer_ = std::thread([this] { WriterLoop(); });
   }
 
@@ -111,15 +116,14 @@ class RedisTier final : public SharedTier {
     if (encode_seconds != nullptr) *encode_seconds = kL3Unmeasured;
     Count([](SharedTierStats& s) { ++s.gets; });
     const std::string k = ValueKey(key);
-    Shard& shard = ShardOf(key);
-    CommandResult r = shard.Run({"GET", k});
+    CommandResult r = Run(key, k, {"GET", k});
     if (!Ok(r)) return Status(StatusCode::kUnavailable, "L3 " + r.error);
     if (r.reply->type == REDIS_REPLY_NIL) {
       Count([](SharedTierStats& s) { ++s.misses; });
       return EmbeddingPtr();
     }
     if (r.reply->type != REDIS_REPLY_STRING) {
-      Fail("reply", "shard " + shard.name() + ": GET answered type " + std::to_string(r.reply->type));
+      Fail("reply", "shard " + r.node + ": GET answered type " + std::to_string(r.reply->type), r.node);
       return Status(StatusCode::kUnavailable, "L3 GET: unexpected reply type");
     }
     const std::string_view bytes(r.reply->str, r.reply->len);
@@ -131,11 +135,11 @@ class RedisTier final : public SharedTier {
         ++s.misses;
       });
       Log(auth ? "unauthenticated" : "corrupt",
-          "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + e.status().message());
+          "key " + key.Hex().substr(0, 16) + " on " + r.node + ": " + e.status().message());
       // Deleted so no other process fetches and rejects it again; the
       // encode that follows writes a good one. Only these exact bytes: a
       // valid value written since survives.
-      Ok(shard.Run({"EVAL", kCompareDeleteScript, "1", k, bytes}));
+      Ok(Run(key, k, {"EVAL", kCompareDeleteScript, "1", k, bytes}));
       return EmbeddingPtr();
     }
     Remember(key, bytes.substr(0, std::min(bytes.size(), kRememberBytes)));
@@ -144,7 +148,6 @@ class RedisTier final : public SharedTier {
   }
 
   LeaseResult TryLease(const ContentKey& key) override {
-    Shard& shard = ShardOf(key);
     const std::string k = LeaseKey(key);
     const std::string px = std::to_string(opt_.lease.count());
     StatusOr<std::string> mine = MakeLeaseValue(opt_.keyring.get(), key, opt_.owner_id, WallMs() + opt_.lease.count());
@@ -155,7 +158,7 @@ class RedisTier final : public SharedTier {
     // Twice at most: a forged lease found on the first try is deleted and
     // the SET NX repeated once.
     for (int attempt = 0; attempt < 2; ++attempt) {
-      CommandResult r = shard.Run({"SET", k, *mine, "NX", "PX", px});
+      CommandResult r = Run(key, k, {"SET", k, *mine, "NX", "PX", px});
       if (!Ok(r)) return LeaseResult::kError;
       if (r.reply->type == REDIS_REPLY_STATUS) {
         {
@@ -165,7 +168,7 @@ class RedisTier final : public SharedTier {
         Count([](SharedTierStats& s) { ++s.leases_acquired; });
         return LeaseResult::kAcquired;
       }
-      CommandResult holder = shard.Run({"GET", k});
+      CommandResult holder = Run(key, k, {"GET", k});
       if (!Ok(holder)) return LeaseResult::kError;
       // Gone (it lapsed just now): the next poll takes it.
       if (holder.reply->type != REDIS_REPLY_STRING) return LeaseResult::kHeldByOther;
@@ -173,9 +176,8 @@ class RedisTier final : public SharedTier {
       StatusOr<std::string> owner = LeaseOwner(opt_.keyring.get(), key, found, WallMs());
       if (owner.ok()) return *owner == opt_.owner_id ? LeaseResult::kHeldByUs : LeaseResult::kHeldByOther;
       Count([](SharedTierStats& s) { ++s.lease_auth_failures; });
-      Log("unauthenticated",
-          "key " + key.Hex().substr(0, 16) + " on " + shard.name() + ": " + owner.status().message());
-      Ok(shard.Run({"EVAL", kCompareDeleteScript, "1", k, found}));
+      Log("unauthenticated", "key " + key.Hex().substr(0, 16) + " on " + holder.node + ": " + owner.status().message());
+      Ok(Run(key, k, {"EVAL", kCompareDeleteScript, "1", k, found}));
     }
     // Forged again between our delete and our SET NX: the next poll retries.
     return LeaseResult::kHeldByOther;
@@ -207,17 +209,12 @@ class RedisTier final : public SharedTier {
   SharedTierStats Stats() const override {
     std::lock_guard<std::mutex> lock(stats_mu_);
     SharedTierStats s = stats_;
-    s.degraded = false;
-    for (const auto& shard : shards_) s.degraded = s.degraded || shard->down();
-    s.degraded = s.degraded || last_failed_.load();
+    router_->AddStats(s);
+    s.degraded = router_->degraded() || last_failed_.load();
     return s;
   }
 
-  std::string Describe() const override {
-    std::string out;
-    for (const std::string& n : ring_->names()) out += (out.empty() ? "redis://" : ",redis://") + n;
-    return out;
-  }
+  std::string Describe() const override { return router_->Describe(); }
 
  private:
   struct WriteJob {
@@ -230,9 +227,12 @@ class RedisTier final : public SharedTier {
     double encode_seconds = kL3Unmeasured;  // the value's cost field (-1: none)
   };
 
-  Shard& ShardOf(const ContentKey& key) { return *shards_[ring_->ShardFor(key)]; }
-  std::string ValueKey(const ContentKey& key) const { return opt_.key_prefix + "v:" + key.Hex(); }
-  std::string LeaseKey(const ContentKey& key) const { return opt_.key_prefix + "lease:" + key.Hex(); }
+  CommandResult Run(const ContentKey& key, std::string_view redis_key, const std::vector<std::string_view>& argv) {
+    return router_->Run(key, redis_key, argv);
+  }
+  // On a cluster the hex is the key's hash tag ("epd:v:{<hex>}").
+  std::string ValueKey(const ContentKey& key) const { return opt_.key_prefix + "v:" + open_ + key.Hex() + close_; }
+  std::string LeaseKey(const ContentKey& key) const { return opt_.key_prefix + "lease:" + open_ + key.Hex() + close_; }
 
   template <typename F>
   void Count(F f) const {
@@ -246,12 +246,15 @@ class RedisTier final : public SharedTier {
       last_failed_ = false;
       return true;
     }
-    Fail(r.error_kind, r.error);
+    Fail(r.error_kind, r.error, r.node);
     return false;
   }
-  void Fail(const std::string& kind, const std::string& message) {
+  void Fail(const std::string& kind, const std::string& message, const std::string& node = std::string()) {
     last_failed_ = true;
-    Count([&](SharedTierStats& s) { ++s.errors[kind]; });
+    Count([&](SharedTierStats& s) {
+      ++s.errors[kind];
+      if (!node.empty()) ++s.node_errors[node];
+    });
     Log(kind, message);
   }
 
@@ -354,9 +357,9 @@ class RedisTier final : public SharedTier {
       return;
     }
     const std::string k = ValueKey(job.key);
-    CommandResult r = opt_.ttl.count() > 0
-                          ? ShardOf(job.key).Run({"SET", k, value, "PX", std::to_string(opt_.ttl.count() * 1000)})
-                          : ShardOf(job.key).Run({"SET", k, value});
+    const std::string px = std::to_string(opt_.ttl.count() * 1000);
+    CommandResult r =
+        opt_.ttl.count() > 0 ? Run(job.key, k, {"SET", k, value, "PX", px}) : Run(job.key, k, {"SET", k, value});
     if (!Ok(r)) {
       Count([](SharedTierStats& s) { ++s.write_drops; });
       return;
@@ -376,7 +379,8 @@ class RedisTier final : public SharedTier {
       mine = std::move(it->second);
       held_.erase(it);
     }
-    CommandResult r = ShardOf(key).Run({"EVAL", kCompareDeleteScript, "1", LeaseKey(key), mine});
+    const std::string k = LeaseKey(key);
+    CommandResult r = Run(key, k, {"EVAL", kCompareDeleteScript, "1", k, mine});
     if (!Ok(r)) return;  // it lapses by itself after `lease`
     if (r.reply->type == REDIS_REPLY_INTEGER && r.reply->integer == 1) {
       Count([](SharedTierStats& s) { ++s.leases_released; });
@@ -384,7 +388,8 @@ class RedisTier final : public SharedTier {
   }
 
   void Reject(const ContentKey& key, const std::string& header) {
-    Ok(ShardOf(key).Run({"EVAL", kPrefixDeleteScript, "1", ValueKey(key), header, std::to_string(header.size())}));
+    const std::string k = ValueKey(key);
+    Ok(Run(key, k, {"EVAL", kPrefixDeleteScript, "1", k, header, std::to_string(header.size())}));
   }
 
   struct LogState {
@@ -394,8 +399,8 @@ class RedisTier final : public SharedTier {
 
   const RedisTierOptions opt_;
   L3ValueOptions value_opts_;
-  std::vector<std::unique_ptr<Shard>> shards_;
-  std::unique_ptr<HashRing> ring_;
+  const std::string open_, close_;  // the hash tag's braces on a cluster, else empty
+  std::unique_ptr<Router> router_;
 
   mutable std::mutex stats_mu_;
   mutable SharedTierStats stats_;  // guarded by stats_mu_
@@ -477,6 +482,20 @@ StatusOr<std::shared_ptr<SharedTier>> OpenRedisTier(RedisTierOptions o) {
   }
   if (o.key_prefix.empty()) return InvalidArgument("the L3 key prefix is empty");
   if (o.merge_size < 1 || o.merge_size > 64) return InvalidArgument("the L3 merge size must be in 1..64");
+  if (o.owner_id.empty()) o.owner_id = DefaultOwnerId();
+  const auto is_cluster = [](const std::string& u) { return u.rfind("redis-cluster://", 0) == 0; };
+  if (std::any_of(o.urls.begin(), o.urls.end(), is_cluster)) {
+    if (o.urls.size() != 1) {
+      return InvalidArgument("--l3 redis-cluster:// lists every seed in one URL and cannot be mixed with other --l3");
+    }
+    if (o.key_prefix.find_first_of("{}") != std::string::npos) {
+      return InvalidArgument("--l3-prefix '" + o.key_prefix +
+                             "' holds a brace: on Redis Cluster the key's hash tag is the content key's");
+    }
+    StatusOr<std::vector<RedisUrl>> seeds = internal::ParseClusterUrl(o.urls.front());
+    if (!seeds.ok()) return seeds.status();
+    return std::shared_ptr<SharedTier>(std::make_shared<RedisTier>(std::move(o), *std::move(seeds), true));
+  }
   std::vector<RedisUrl> urls;
   std::set<std::string> names;
   for (const std::string& u : o.urls) {
@@ -485,8 +504,7 @@ StatusOr<std::shared_ptr<SharedTier>> OpenRedisTier(RedisTierOptions o) {
     if (!names.insert(parsed->Name()).second) return InvalidArgument("--l3 lists " + parsed->Name() + " twice");
     urls.push_back(*std::move(parsed));
   }
-  if (o.owner_id.empty()) o.owner_id = DefaultOwnerId();
-  return std::shared_ptr<SharedTier>(std::make_shared<RedisTier>(std::move(o), std::move(urls)));
+  return std::shared_ptr<SharedTier>(std::make_shared<RedisTier>(std::move(o), std::move(urls), false));
 }
 
 }  // namespace epd

@@ -13,6 +13,7 @@ add_library(epd_openai
   ${CMAKE_CURRENT_LIST_DIR}/front_metrics.cc
   ${CMAKE_CURRENT_LIST_DIR}/kwargs_check.cc
   ${CMAKE_CURRENT_LIST_DIR}/media_source.cc
+  ${CMAKE_CURRENT_LIST_DIR}/probe_reply.cc
   ${CMAKE_CURRENT_LIST_DIR}/openai_front.cc)
 add_library(epd::openai ALIAS epd_openai)
 target_include_directories(epd_openai PUBLIC

@@ -16,6 +16,7 @@
 #include "front_metrics.h"
 #include "kwargs_check.h"
 #include "media_source.h"
+#include "probe_reply.h"
 
 namespace epd {
 namespace {
@@ -107,6 +108,7 @@ struct OpenAiFront::Impl {
     Clock::time_point start = Clock::now();
     std::optional<internal::ChatRequest> req{};
     std::atomic<bool> budget_refused{false};
+    bool probe = false;  // POST /v1/probe: the same path, answered by ProbeReply
   };
 
   void Finish(Call& c, HttpResponse out) const {
@@ -115,8 +117,9 @@ struct OpenAiFront::Impl {
     c.respond(std::move(out));
   }
 
-  void Chat(const HttpRequest& r, const HttpResponder& respond) {
+  void Chat(const HttpRequest& r, const HttpResponder& respond, bool probe = false) {
     auto c = std::make_shared<Call>(r, respond);
+    c->probe = probe;
     if (auto e = Admit(*c)) return Finish(*c, ErrorResponse(*e));
     std::vector<std::string> urls;
     for (const internal::ChatItem& item : c->req->items) urls.push_back(item.url);
@@ -318,6 +321,10 @@ struct OpenAiFront::Impl {
     const StatusOr<CallerIdentity> who = Caller(c.http);
     if (!who.ok()) return ErrorResponse(FrontError{401, who.status().message(), "invalid_token"});
     const CallerIdentity& caller = *who;
+    if (c.probe) {
+      return internal::ProbeReply(door.Probe(std::move(std::get<EncodeRequest>(built)), caller), model,
+                                  door.server_id());
+    }
     // The media's bytes are charged already (ResolveAll's charge); the body's here.
     const auto body_bytes = static_cast<std::int64_t>(c.http.body.size());
     const RequestResult res = door.Encode(std::move(std::get<EncodeRequest>(built)), body_bytes, caller);
@@ -378,6 +385,8 @@ StatusOr<std::unique_ptr<OpenAiFront>> OpenAiFront::Start(OpenAiFrontOptions opt
   StatusOr<std::unique_ptr<HttpEndpoint>> ep = HttpEndpoint::Start(
       http, {{"POST", "/v1/chat/completions", true, nullptr,
               [self](const HttpRequest& r, const HttpResponder& respond) { self->Chat(r, respond); }},
+             {"POST", "/v1/probe", true, nullptr,
+              [self](const HttpRequest& r, const HttpResponder& respond) { self->Chat(r, respond, true); }},
              {"GET", "/v1/models", true, [self](const HttpRequest& r) { return self->Models(r); }},
              {"GET", "/health", false, [self](const HttpRequest& r) { return self->Health(r); }}});
   if (!ep.ok()) return ep.status();

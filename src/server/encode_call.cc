@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "encode_items.h"
 #include "ipc_delivery.h"
 #include "request_id.h"
 #include "server_impl.h"
@@ -49,10 +50,8 @@ void EncodeCall::Start() {
   if (!caller.ok()) return FinishWith(caller.status());
   caller_ = std::move(*caller);
   message_bytes_ = static_cast<std::int64_t>(req_->ByteSizeLong());
-  if (const std::int64_t bytes = message_bytes_; bytes > s.options.max_request_bytes) {
-    return FinishWith(
-        ResourceExhausted("the request is " + std::to_string(bytes) + " bytes; this server accepts at most " +
-                          std::to_string(s.options.max_request_bytes) + " (split it, or raise --max-request-mb)"));
+  if (Status st = internal::CheckRequestSize(message_bytes_, s.options.max_request_bytes); !st.ok()) {
+    return FinishWith(st);
   }
   if (!s.serving.load()) return FinishWith(Status(StatusCode::kUnavailable, "the server is shutting down"));
   if (Status st = s.Validate(*req_); !st.ok()) return FinishWith(st);
@@ -141,22 +140,7 @@ void EncodeCall::Submit() {
   // request's bytes are held once, not twice, while it is in flight. The
   // message is this call's alone, and nothing reads it after this.
   for (v1::EncodeItem& item : *const_cast<v1::EncodeRequest*>(req_)->mutable_items()) {
-    EncodeItemInput in;
-    in.expected_tokens = item.expected_tokens();
-    if (!item.video().empty() || item.has_video_frames()) {
-      in.is_public = item.public_();
-      VideoInput v;
-      v.container = std::move(*item.mutable_video());
-      for (const std::string& f : item.video_frames().frames()) v.frames.emplace_back(f);
-      if (item.has_sampling()) v.sampling = internal::FromProto(item.sampling(), s.worker_options.video_sampling);
-      in.video = std::move(v);
-      request.items.push_back(std::move(in));
-      continue;
-    }
-    in.media = std::move(*item.mutable_image());
-    in.is_public = item.public_();
-    if (!item.caller_key().empty()) in.caller_key = item.caller_key();
-    request.items.push_back(std::move(in));
+    request.items.push_back(internal::ItemFromProto(std::move(item), s.worker_options.video_sampling));
   }
   RequestCallbacks callbacks;
   callbacks.on_item = [self = shared_from_this()](const ItemResult& r) { self->Deliver(r); };

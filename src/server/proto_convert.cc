@@ -219,6 +219,8 @@ constexpr CounterMapField kCounterMaps[] = {
     {v1::StatsResponse::kL3CountersFieldNumber, &v1::StatsResponse::l3_counters,
      &v1::StatsResponse::mutable_l3_counters},
     {v1::StatsResponse::kL3ErrorsFieldNumber, &v1::StatsResponse::l3_errors, &v1::StatsResponse::mutable_l3_errors},
+    {v1::StatsResponse::kL3NodeErrorsFieldNumber, &v1::StatsResponse::l3_node_errors,
+     &v1::StatsResponse::mutable_l3_node_errors},
 };
 const CounterMapField* CounterMapFor(const pb::FieldDescriptor* f) {
   for (const CounterMapField& c : kCounterMaps) {
@@ -293,6 +295,7 @@ void ToProto(const ServerStats& s, v1::StatsResponse* out) {
   if (s.l3_enabled) {
     StatsToProto(kSharedTierStatsFields, s.l3, out);
     for (const auto& [kind, n] : s.l3.errors) (*out->mutable_l3_errors())[kind] = n;
+    for (const auto& [node, n] : s.l3.node_errors) (*out->mutable_l3_node_errors())[node] = n;
   }
 }
 
@@ -307,6 +310,7 @@ ServerStats FromProto(const v1::StatsResponse& m) {
   for (const auto& [name, n] : m.item_errors()) s.worker.errors[CodeFromName(name)] += n;
   for (const auto& [name, n] : m.rpc_errors()) s.rpc_errors[CodeFromName(name)] += n;
   for (const auto& [kind, n] : m.l3_errors()) s.l3.errors[kind] = n;
+  for (const auto& [node, n] : m.l3_node_errors()) s.l3.node_errors[node] = n;
   return s;
 }
 

@@ -161,6 +161,9 @@ struct EncodeServer::Impl final
   grpc::ServerWriteReactor<v1::EncodedItem>* Encode(grpc::CallbackServerContext* ctx,
                                                     const v1::EncodeRequest* req) override;
 
+  // probe_call.cc
+  grpc::Status Probe(grpc::ServerContext* ctx, const v1::EncodeRequest* req, v1::ProbeResponse* out) override;
+
   grpc::Status Health(grpc::ServerContext* ctx, const v1::HealthRequest*, v1::HealthResponse* out) override {
     if (Status s = auth->Check(*ctx); !s.ok()) return internal::ToGrpc(s);
     out->set_serving(serving.load());

@@ -77,6 +77,8 @@ std::vector<MetricFamily> StatsFamilies(const ServerStats& s, TenantLabels& tena
     f.AddRows(kSharedTierStatsFields, s.l3);
     f.AddMap("epd_l3_errors_total", "Failed L3 operations, by kind", "kind", s.l3.errors,
              [](const std::string& kind) { return kind; });
+    f.AddMap("epd_l3_node_errors_total", "Failed L3 operations, by Redis node", "node", s.l3.node_errors,
+             [](const std::string& node) { return node; });
   }
   f.AddMap("epd_item_errors_total", "Failed items, by status code", "code", s.worker.errors, CodeName);
   f.AddMap("epd_rpc_errors_total", "Calls (any service) that ended with an error, by status code", "code", s.rpc_errors,

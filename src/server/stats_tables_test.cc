@@ -34,8 +34,8 @@ const std::map<std::string, std::string> kPrefix = {
     {"WorkerStats", ""}, {"ServerStats", ""}, {"ShmStats", "shm_"}, {"IpcStats", "ipc_"}, {"SharedTierStats", "l3_"}};
 // StatsResponse fields the conversion carries by hand (they are no number).
 // (scope, tenant, tenant_stats: the Stats RPC's caller scoping, server_impl.h.)
-const std::set<std::string> kByHand = {"server_id", "item_errors", "rpc_errors",  "l3_errors",
-                                       "scope",     "tenant",      "tenant_stats"};
+const std::set<std::string> kByHand = {"server_id", "item_errors", "rpc_errors",   "l3_errors",
+                                       "scope",     "tenant",      "tenant_stats", "l3_node_errors"};
 // The rows that stay in the process (commit 8aa0e98 for the budget's two).
 const std::set<std::string> kNotSent = {"WorkerStats.callback_exceptions", "ServerStats.request_bytes_in_flight",
                                         "ServerStats.admission_waiting"};
@@ -113,6 +113,7 @@ ServerStats Filled() {
   s.worker.errors = {{StatusCode::kInvalidArgument, 11}, {StatusCode::kInternal, 12}};
   s.rpc_errors = {{StatusCode::kResourceExhausted, 13}, {StatusCode::kUnauthenticated, 14}};
   for (const char* kind : {"connect", "timeout", "io", "oom", "auth", "reply", "down"}) s.l3.errors[kind] = 20;
+  s.l3.node_errors = {{"10.0.0.1:7000/0", 21}, {"10.0.0.2:7001/0", 22}};
   s.worker.tenant_cache = {{"", 1, 2, 3, 4, 5, 6}, {"tenant:a", 7, 8, 9, 10, 11, 12}};
   return s;
 }
@@ -159,8 +160,10 @@ TEST(StatsTablesTest, EveryRowIsAStatsResponseFieldOfItsTypeAndEveryFieldARowOrB
     EXPECT_TRUE(fields_covered.count(name) + map_keys.count(name) + kByHand.count(name) == 1)
         << "StatsResponse." << name << " is in no table (or in one and carried by hand too)";
   }
-  // The L3 tier's 13 counters, and the two of the cluster key (docs/L3.md).
-  EXPECT_EQ(map_keys["l3_counters"].size(), 15u);
+  // The L3 tier's 13 counters, the two of the cluster key and the three of
+  // Redis Cluster (docs/L3.md).
+  EXPECT_EQ(map_keys["l3_counters"].size(), 18u);
+  EXPECT_EQ(map_keys["l3_counters"].count("redirects_ask"), 1u);
   EXPECT_EQ(map_keys["l3_counters"].count("auth_failures"), 1u);
   EXPECT_EQ(map_keys["l3_counters"].count("lease_auth_failures"), 1u);
 }
@@ -182,6 +185,7 @@ TEST(StatsTablesTest, RoundTripOverTheWireKeepsEveryFieldOfADistinctlyFilledSnap
   EXPECT_EQ(back.worker.errors, s.worker.errors);
   EXPECT_EQ(back.rpc_errors, s.rpc_errors);
   EXPECT_EQ(back.l3.errors, s.l3.errors);
+  EXPECT_EQ(back.l3.node_errors, s.l3.node_errors);
   EXPECT_EQ(back.worker.callback_exceptions, 0u);
   EXPECT_EQ(back.request_bytes_in_flight, 0);
 
@@ -195,7 +199,9 @@ TEST(StatsTablesTest, RoundTripOverTheWireKeepsEveryFieldOfADistinctlyFilledSnap
   EXPECT_EQ(m.ipc_session_reclaimed(), s.ipc.session_reclaimed);
   EXPECT_TRUE(m.l3_enabled());
   EXPECT_TRUE(m.l3_degraded());
-  EXPECT_EQ(m.l3_counters().size(), 15u);
+  EXPECT_EQ(m.l3_counters().size(), 18u);
+  EXPECT_EQ(m.l3_counters().at("slot_map_refreshes"), s.l3.slot_map_refreshes);
+  EXPECT_EQ(m.l3_node_errors().at("10.0.0.2:7001/0"), 22u);
   EXPECT_EQ(m.l3_counters().at("auth_failures"), s.l3.auth_failures);
   EXPECT_EQ(m.l3_counters().at("lease_wait_timeouts"), s.l3.lease_wait_timeouts);
   EXPECT_EQ(m.item_errors().at("INVALID_ARGUMENT"), 11u);
@@ -212,6 +218,7 @@ TEST(StatsTablesTest, WithoutASharedTierNoL3CountersTravel) {
   EXPECT_FALSE(m.l3_enabled());
   EXPECT_EQ(m.l3_counters_size(), 0);
   EXPECT_EQ(m.l3_errors_size(), 0);
+  EXPECT_EQ(m.l3_node_errors_size(), 0);
   EXPECT_EQ(m.hits_l3(), s.worker.hits_l3);  // a WorkerStats row, sent either way
 }
 
@@ -261,6 +268,7 @@ TEST(StatsTablesTest, EachRowWithASeriesShowsItsValueThereUnderItsFamilysTypeAnd
   EXPECT_NE(page.find("\nepd_l3_degraded 1\n"), std::string::npos);
   EXPECT_NE(page.find("\nepd_item_errors_total{code=\"INTERNAL\"} 12\n"), std::string::npos);
   EXPECT_NE(page.find("\nepd_l3_errors_total{kind=\"down\"} 20\n"), std::string::npos);
+  EXPECT_NE(page.find("\nepd_l3_node_errors_total{node=\"10.0.0.1:7000/0\"} 21\n"), std::string::npos);
   // Without a tier, no L3 family at all.
   ServerStats no_l3 = s;
   no_l3.l3_enabled = false;

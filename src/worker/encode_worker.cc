@@ -32,6 +32,7 @@
 #include <optional>
 #include <utility>
 
+#include "adopted_value.h"
 #include "batch_output.h"
 #include "item_rules.h"
 #include "job_queue.h"
@@ -78,15 +79,18 @@ struct EncodeWorker::Impl {
   // the tower and the decoder above.
   internal::TowerRunner runner;
 
-  Status Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys);
+  // `adopted`: empty, or one entry per item (LoopSubmit).
+  Status Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys,
+                std::vector<internal::AdoptedValue> adopted);
   // Submit's request-level refusals, checked before anything changes; fills
   // `keys` when the caller left it empty.
   Status Admit(const EncodeRequest& request, std::vector<StatusOr<ContentKey>>& keys) const;
   // Serves image item res.index (res.key set) of request `r`: joins a job,
-  // takes a hit (L1/L2, or L3 via item.ready), or creates a job. True when
-  // the item now waits on a job (res held in the table); false when `res` is
-  // ready to post.
-  bool ServeImage(RequestNum r, EncodeItemInput& item, Clock::time_point arrived, ItemResult& res);
+  // takes a hit (L1/L2, or L3 via `adopted`, null when none), or creates a
+  // job. True when the item now waits on a job (res held in the table);
+  // false when `res` is ready to post.
+  bool ServeImage(RequestNum r, EncodeItemInput& item, internal::AdoptedValue* adopted, Clock::time_point arrived,
+                  ItemResult& res);
   // Handles completed video decodes: expansions, then the held jobs.
   std::int64_t Poll();
   bool StartBatch(std::function<void()> on_finished);
@@ -110,17 +114,26 @@ std::vector<StatusOr<ContentKey>> EncodeWorker::ItemKeys(const EncodeRequest& re
 }
 
 Status EncodeWorker::Submit(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys) {
-  return impl_->Submit(std::move(request), std::move(callbacks), std::move(keys));
+  return impl_->Submit(std::move(request), std::move(callbacks), std::move(keys), {});
+}
+
+Status EncodeWorker::SubmitAdopting(EncodeRequest request, RequestCallbacks callbacks,
+                                    std::vector<StatusOr<ContentKey>> keys,
+                                    std::vector<internal::AdoptedValue> adopted) {
+  return impl_->Submit(std::move(request), std::move(callbacks), std::move(keys), std::move(adopted));
 }
 
 Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callbacks,
-                                  std::vector<StatusOr<ContentKey>> keys) {
+                                  std::vector<StatusOr<ContentKey>> keys, std::vector<internal::AdoptedValue> adopted) {
   const Clock::time_point arrived = Clock::now();
   if (Status s = Admit(request, keys); !s.ok()) {
     ++stats.rejected_requests;
     return s;
   }
-  internal::CarryNamespaceToVideos(request);  // chunk keys in the items' namespaces
+  if (!adopted.empty() && adopted.size() != request.items.size()) {
+    return InvalidArgument("request '" + request.id + "' has " + std::to_string(request.items.size()) + " items but " +
+                           std::to_string(adopted.size()) + " adopted values");
+  }
   const std::size_t n = request.items.size();
   const RequestNum r = table.Open(request.id, std::move(request.tenant), std::move(callbacks), n);
   ++stats.requests;
@@ -131,7 +144,9 @@ Status EncodeWorker::Impl::Submit(EncodeRequest request, RequestCallbacks callba
     EncodeItemInput& item = request.items[i];
     if (keys[i].ok()) {
       res.key = *keys[i];
-      const bool waits = item.is_video() ? videos.Serve(r, item, arrived, res) : ServeImage(r, item, arrived, res);
+      const bool waits = item.is_video()
+                             ? videos.Serve(r, item, internal::ItemNamespace(request.key_namespace, item), arrived, res)
+                             : ServeImage(r, item, adopted.empty() ? nullptr : &adopted[i], arrived, res);
       if (waits) continue;
     } else {
       ++stats.misses;
@@ -164,7 +179,8 @@ Status EncodeWorker::Impl::Admit(const EncodeRequest& request, std::vector<Statu
   return videos.CheckDecodeCap(request, keys);
 }
 
-bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, Clock::time_point arrived, ItemResult& res) {
+bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, internal::AdoptedValue* adopted,
+                                    Clock::time_point arrived, ItemResult& res) {
   const std::int64_t merge = options.preprocess.merge_size;
   internal::HeaderProbe header(item.media, options);
   if (Status s = internal::CheckImageExpectedTokens(item, header, merge); !s.ok()) {
@@ -177,11 +193,11 @@ bool EncodeWorker::Impl::ServeImage(RequestNum r, EncodeItemInput& item, Clock::
   if (cache.ServeHit(res.key, want, res)) return false;
   // A shared-tier value is adopted only when L1/L2 hold nothing for the key
   // (a cached value of another shape is re-encoded).
-  if (item.ready != nullptr && !cache.Contains(res.key)) {
+  if (adopted != nullptr && adopted->value != nullptr && !cache.Contains(res.key)) {
     internal::AdoptExpectation expect{want, std::nullopt};
     if (!item.media.empty() && header.Get().ok()) expect.grid = header.Get()->grid;
-    const EntryCost cost = cache.CostFor(item.ready_seconds, table.tenant(r));
-    if (std::optional<EmbeddingPtr> l3 = cache.Adopt(res.key, std::move(item.ready), expect, cost)) {
+    const EntryCost cost = cache.CostFor(adopted->seconds, table.tenant(r));
+    if (std::optional<EmbeddingPtr> l3 = cache.Adopt(res.key, std::move(adopted->value), expect, cost)) {
       res.source = ItemSource::kL3;
       res.embedding = std::move(*l3);
       // The cost measured where the tower ran it, as the shared tier stored it.

@@ -13,16 +13,14 @@
 
 namespace epd::internal {
 
-namespace {
-
-// The namespace an item's keys go to: the request's, or "public" for an
-// item marked public where the request allows it.
 std::optional<KeyNamespace> ItemNamespace(const std::optional<KeyNamespace>& ns, const EncodeItemInput& item) {
   if (!ns.has_value() || !item.is_public || !ns->public_allowed) return ns;
   KeyNamespace pub = *ns;
   pub.name = std::string(kPublicNamespace);
   return pub;
 }
+
+namespace {
 
 // The item's key moved into its namespace (KeyNamespace); as is without one.
 StatusOr<ContentKey> InNamespace(const std::optional<KeyNamespace>& ns, const EncodeItemInput& item,
@@ -59,13 +57,6 @@ ContentKey ChunkKeyIn(const std::optional<KeyNamespace>& ns, const ContentKey& k
   if (!ns.has_value()) return key;
   const std::string& secret = *ns->secret;
   return NamespacedContentKey({reinterpret_cast<const std::uint8_t*>(secret.data()), secret.size()}, ns->name, key);
-}
-
-void CarryNamespaceToVideos(EncodeRequest& request) {
-  if (!request.key_namespace.has_value()) return;
-  for (EncodeItemInput& item : request.items) {
-    if (item.is_video()) item.video->chunk_namespace = ItemNamespace(request.key_namespace, item);
-  }
 }
 
 const StatusOr<ProbedGrid>& HeaderProbe::Get() {

@@ -34,9 +34,10 @@ namespace epd::internal {
 // place tenant isolation is applied; everything downstream sees only the
 // namespaced key). O(bytes hashed).
 std::vector<StatusOr<ContentKey>> KeysFor(const WorkerOptions& options, const EncodeRequest& request);
-// Gives each video item of `request` the namespace its temporal chunks are
-// keyed in (VideoInput::chunk_namespace): the one KeysFor gives the item.
-void CarryNamespaceToVideos(EncodeRequest& request);
+// The namespace an item's keys go to: the request's `ns`, or "public" for an
+// item marked public where `ns` allows it. A video's temporal chunks are
+// keyed in its item's namespace too.
+std::optional<KeyNamespace> ItemNamespace(const std::optional<KeyNamespace>& ns, const EncodeItemInput& item);
 // A temporal chunk's key moved into `ns` (NamespacedContentKey); as is
 // without one. The chunk-key counterpart of KeysFor's rule.
 ContentKey ChunkKeyIn(const std::optional<KeyNamespace>& ns, const ContentKey& key);

@@ -10,6 +10,7 @@ add_library(epd_worker
   ${CMAKE_CURRENT_LIST_DIR}/adopt_check.cc
   ${CMAKE_CURRENT_LIST_DIR}/batch_output.cc
   ${CMAKE_CURRENT_LIST_DIR}/encode_worker.cc
+  ${CMAKE_CURRENT_LIST_DIR}/item_probe.cc
   ${CMAKE_CURRENT_LIST_DIR}/item_rules.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_queue.cc
   ${CMAKE_CURRENT_LIST_DIR}/job_table.cc

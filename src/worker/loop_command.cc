@@ -60,7 +60,8 @@ void CommandRunner::Submit(LoopCommand& c) {
                                Finish(user_done, *promise, r);
                              }};
   const bool cancelled = c.cancelled;
-  Status s = worker_.Submit(std::move(c.request), std::move(callbacks), std::move(c.keys));
+  Status s =
+      LoopSubmit::Submit(worker_, std::move(c.request), std::move(callbacks), std::move(c.keys), std::move(c.adopted));
   // Values the worker refused are deleted from the tier before the items'
   // re-encodes are written back (both go through the tier's write queue).
   if (parking_ != nullptr) {
@@ -77,10 +78,9 @@ bool CommandRunner::Park(LoopCommand& c) {
   const SharedTierParking::Outcome outcome = parking_->Park(
       parked->request, parked->keys, parked->ticket, [this](const ContentKey& k) { return worker_.HasLocal(k); },
       [this, parked](std::vector<EmbeddingPtr> ready, std::vector<double> seconds, bool cancelled) {
+        parked->adopted.resize(ready.size());
         for (std::size_t i = 0; i < ready.size(); ++i) {
-          if (ready[i] == nullptr) continue;
-          parked->request.items[i].ready = std::move(ready[i]);
-          parked->request.items[i].ready_seconds = seconds[i];
+          parked->adopted[i] = AdoptedValue{std::move(ready[i]), seconds[i]};
         }
         parked->resolved = true;
         parked->cancelled = cancelled;

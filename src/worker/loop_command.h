@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "adopted_value.h"
 #include "epd/core/encode_types.h"
 #include "epd/worker/encode_worker.h"
 #include "shared_tier_lookup.h"
@@ -42,6 +43,9 @@ struct LoopCommand {
   EncodeRequest request;  // request.id is the id to cancel when `cancel`
   RequestCallbacks callbacks;
   std::vector<StatusOr<ContentKey>> keys;
+  // What the shared tier held for the items (set when `resolved`): empty,
+  // or one entry per item.
+  std::vector<AdoptedValue> adopted;
   std::shared_ptr<std::promise<RequestResult>> promise;
 };
 

@@ -204,7 +204,7 @@ SharedTierParking::Outcome SharedTierParking::Park(const EncodeRequest& request,
   std::vector<std::pair<std::size_t, std::size_t>> item_key;  // (item, index into wanted)
   for (std::size_t i = 0; i < keys.size() && i < request.items.size(); ++i) {
     const EncodeItemInput& item = request.items[i];
-    if (item.is_video() || !keys[i].ok() || item.ready != nullptr || local(*keys[i])) continue;
+    if (item.is_video() || !keys[i].ok() || local(*keys[i])) continue;
     auto k = std::find(wanted.begin(), wanted.end(), *keys[i]);
     if (k == wanted.end()) k = wanted.insert(k, *keys[i]);
     item_key.emplace_back(i, static_cast<std::size_t>(k - wanted.begin()));

@@ -83,7 +83,8 @@ Status CheckBeforeDecode(const WorkerOptions& options, const VideoInput& input) 
   return Status::Ok();
 }
 
-StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input, std::stop_token stop) {
+StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input,
+                                     const std::optional<KeyNamespace>& chunk_ns, std::stop_token stop) {
   if (Status s = CheckBeforeDecode(options, input); !s.ok()) return s;
   const VideoSampling& sampling = SamplingFor(options, input);
   const PreprocessConfig& cfg = options.preprocess;
@@ -114,7 +115,7 @@ StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoIn
         options.model_id, cfg, frames.subspan(static_cast<std::size_t>(t * T), static_cast<std::size_t>(T)),
         options.key_mode);
     if (!key.ok()) return key.status();
-    out.chunk_keys.push_back(ChunkKeyIn(input.chunk_namespace, *key));
+    out.chunk_keys.push_back(ChunkKeyIn(chunk_ns, *key));
   }
   out.video = std::make_shared<const SampledVideo>(std::move(*sampled));
   return out;

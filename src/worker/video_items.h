@@ -58,12 +58,13 @@ struct PreparedVideo {
 Status CheckBeforeDecode(const WorkerOptions& options, const VideoInput& input);
 
 // Decodes (options.decode_video for a container, SampleFrameList for frames)
-// and keys every chunk; `stop` is handed to decode_video, which returns early
+// and keys every chunk, in `chunk_ns` when set; `stop` is handed to decode_video, which returns early
 // (kCancelled) once it is requested. Errors: CheckBeforeDecode's, the
 // decoder's (kInvalidArgument for bad input or a decode over video_limits),
 // kInvalidArgument when the decoder's output breaks the SampledVideo
 // contract (frame count, sizes, grid). Thread-safe (a decode thread runs it).
-StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input, std::stop_token stop = {});
+StatusOr<PreparedVideo> PrepareVideo(const WorkerOptions& options, const VideoInput& input,
+                                     const std::optional<KeyNamespace>& chunk_ns, std::stop_token stop = {});
 
 // The patch rows of the whole video as ONE tower item of grid (t, h, w):
 // the chunks' rows (PreprocessChunk) in order. For the whole-video path

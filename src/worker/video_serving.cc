@@ -26,8 +26,9 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 
 struct VideoServing::Decode {
   ContentKey key;
-  std::string tenant;  // who started it: its decodes_by_tenant_ count
-  VideoInput input;    // shares the request's buffers
+  std::string tenant;                    // who started it: its decodes_by_tenant_ count
+  VideoInput input;                      // shares the request's buffers
+  std::optional<KeyNamespace> chunk_ns;  // its chunk keys' namespace
   std::stop_source stop;
   // Set on the decode thread under mu_ before the Decode enters done_; read
   // by the owner only after TakeCompletions took it.
@@ -101,7 +102,8 @@ VideoServing::~VideoServing() {
   // pool_ is destroyed first of the members: it waits for the decodes.
 }
 
-bool VideoServing::Serve(RequestNum r, EncodeItemInput& item, Clock::time_point arrived, ItemResult& res) {
+bool VideoServing::Serve(RequestNum r, EncodeItemInput& item, std::optional<KeyNamespace> chunk_ns,
+                         Clock::time_point arrived, ItemResult& res) {
   ++p_.stats.video_items;
   Status refused = CheckExpectedTokensSign(item.expected_tokens);
   // An exact repeat: one lookup, no decode.
@@ -127,7 +129,7 @@ bool VideoServing::Serve(RequestNum r, EncodeItemInput& item, Clock::time_point 
     ++p_.stats.misses;
     res.source = ItemSource::kMiss;
   }
-  if (d == nullptr) d = StartDecode(res.key, *item.video, p_.table.tenant(r));
+  if (d == nullptr) d = StartDecode(res.key, *item.video, std::move(chunk_ns), p_.table.tenant(r));
   ++d->users;
   const std::int64_t index = res.index;
   auto v = std::make_shared<Item>(*this, d, r, index, arrived, item.expected_tokens, res.key);
@@ -168,11 +170,13 @@ Status VideoServing::CheckDecodeCap(const EncodeRequest& request, const std::vec
 }
 
 std::shared_ptr<VideoServing::Decode> VideoServing::StartDecode(const ContentKey& key, const VideoInput& input,
+                                                                std::optional<KeyNamespace> chunk_ns,
                                                                 const std::string& tenant) {
   auto d = std::make_shared<Decode>();
   d->key = key;
   d->tenant = tenant;
   d->input = input;
+  d->chunk_ns = std::move(chunk_ns);
   ++decodes_by_tenant_[tenant];
   if (p_.options.dedup_in_flight) pending_[key] = d;
   in_flight_.push_back(d);
@@ -181,7 +185,7 @@ std::shared_ptr<VideoServing::Decode> VideoServing::StartDecode(const ContentKey
     const Clock::time_point start = Clock::now();
     StatusOr<PreparedVideo> r = d->stop.stop_requested()
                                     ? StatusOr<PreparedVideo>(Cancelled("the video's request ended before its decode"))
-                                    : PrepareVideo(p_.options, d->input, d->stop.get_token());
+                                    : PrepareVideo(p_.options, d->input, d->chunk_ns, d->stop.get_token());
     if (r.ok()) r->decode_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     std::lock_guard<std::mutex> lock(mu_);
     d->result.emplace(std::move(r));

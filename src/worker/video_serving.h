@@ -91,8 +91,9 @@ class VideoServing {
   // Serves video item res.index of request `r` (res.key is its whole-video
   // key). True when the item now waits (on a decode or on jobs; res is then
   // held in the table); false when `res` is ready to post (a hit or an
-  // error).
-  bool Serve(RequestNum r, EncodeItemInput& item, Clock::time_point arrived, ItemResult& res);
+  // error). `chunk_ns`: the namespace its temporal chunks are keyed in.
+  bool Serve(RequestNum r, EncodeItemInput& item, std::optional<KeyNamespace> chunk_ns, Clock::time_point arrived,
+             ItemResult& res);
 
   // Submit's cap on queued decodes (issue 40): OK, or kResourceExhausted,
   // naming the tenant and max_video_decodes_per_tenant, when the decodes the
@@ -125,7 +126,9 @@ class VideoServing {
   class Item;
   struct Decode;
 
-  std::shared_ptr<Decode> StartDecode(const ContentKey& key, const VideoInput& input, const std::string& tenant);
+  // `chunk_ns`: the namespace of the video's temporal chunk keys.
+  std::shared_ptr<Decode> StartDecode(const ContentKey& key, const VideoInput& input,
+                                      std::optional<KeyNamespace> chunk_ns, const std::string& tenant);
   // An item no longer needs its decode (expanded or abandoned).
   void Release(Decode& d);
   // No item needs `d`: stops it when still running, forgets it from pending_.

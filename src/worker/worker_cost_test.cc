@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "adopt_check.h"
+#include "adopted_value.h"
 #include "epd/worker/encode_worker.h"
 #include "test_names.h"
 #include "tower_runner.h"
@@ -39,15 +40,20 @@ class WorkerCostTest : public ::testing::Test, protected testing::WorkerRig {
  protected:
   std::unique_ptr<EncodeWorker> Make(WorkerOptions o = Options(0)) { return WorkerRig::Make(std::move(o)); }
 
+  // Submits the one-item request `r` as the worker loop does after finding
+  // `value` (encode cost `seconds`) for it in the shared tier.
+  Status SubmitWithL3Value(EncodeWorker& w, EncodeRequest r, const std::string& id, Embedding value, double seconds) {
+    std::vector<internal::AdoptedValue> adopted{{std::make_shared<const Embedding>(std::move(value)), seconds}};
+    return internal::LoopSubmit::Submit(w, std::move(r), c_.For(id), {}, std::move(adopted));
+  }
+
   // A ready value `bad` for `img` (the n-th refusal): refused, counted,
   // handed out for the tier's deletion, and re-encoded with a fresh
   // encode's rows.
   void ExpectReadyRefused(EncodeWorker& w, const std::string& img, Embedding bad, const std::string& why,
                           std::uint64_t n) {
     const std::string id = test_util::Name("r", static_cast<long long>(n));
-    EncodeRequest r = Request(id, {img});
-    r.items[0].ready = std::make_shared<const Embedding>(std::move(bad));
-    ASSERT_TRUE(w.Submit(std::move(r), c_.For(id)).ok());
+    ASSERT_TRUE(SubmitWithL3Value(w, Request(id, {img}), id, std::move(bad), -1).ok());
     std::vector<EncodeWorker::RefusedValue> refused = w.TakeRefused();
     ASSERT_EQ(refused.size(), 1u);
     EXPECT_EQ(refused[0].key, *w.ItemKeys(Request("k", {img}))[0]);
@@ -241,10 +247,7 @@ TEST_F(WorkerCostTest, ReadyValuesThatBreakAPredictionAreRefusedAndReencoded) {
 TEST_F(WorkerCostTest, AGoodReadyValueIsAdoptedWithItsCost) {
   auto w = Make();
   const std::string img = Png(56, 56, 9);
-  EncodeRequest r = Request("r", {img});
-  r.items[0].ready = std::make_shared<const Embedding>(Value(img));
-  r.items[0].ready_seconds = 0.125;
-  ASSERT_TRUE(w->Submit(std::move(r), c_.For("r")).ok());
+  ASSERT_TRUE(SubmitWithL3Value(*w, Request("r", {img}), "r", Value(img), 0.125).ok());
   EXPECT_EQ(c_.done["r"].items[0].source, ItemSource::kL3);
   // The result carries the cost the shared tier stored (replay's manifest
   // writes it as cost_s).
@@ -263,10 +266,8 @@ TEST_F(WorkerCostTest, AGoodReadyValueIsAdoptedWithItsCost) {
 TEST_F(WorkerCostTest, AReadyValueWithoutACostLeavesTheResultUnmeasured) {
   auto w = Make();
   const std::string img = Png(56, 56, 10);
-  EncodeRequest r = Request("r", {img});
-  r.items[0].ready = std::make_shared<const Embedding>(Value(img));
-  r.items[0].ready_seconds = std::numeric_limits<double>::quiet_NaN();
-  ASSERT_TRUE(w->Submit(std::move(r), c_.For("r")).ok());
+  ASSERT_TRUE(
+      SubmitWithL3Value(*w, Request("r", {img}), "r", Value(img), std::numeric_limits<double>::quiet_NaN()).ok());
   EXPECT_EQ(c_.done["r"].items[0].source, ItemSource::kL3);
   EXPECT_EQ(c_.done["r"].items[0].encode_seconds, -1);
 }

@@ -24,12 +24,13 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
-import zlib
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import pngs  # noqa: E402
 
 
 # What users and the tests import from epd.client (the package's public
@@ -57,17 +58,8 @@ def expect(what, got, want):
 
 
 def write_png(path, width, height):
-    """An RGB PNG written by hand (zlib + struct): no imaging library needed."""
-    rows = b"".join(b"\0" + bytes((x * 9 + y * 3) % 256 for x in range(width) for _ in range(3))
-                    for y in range(height))
-
-    def chunk(kind, data):
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows))
-                     + chunk(b"IEND", b""))
+    """An RGB PNG written by hand (tests/python/pngs.py): no imaging library needed."""
+    path.write_bytes(pngs.encode_png(width, height, pngs.rows_of(width, height, lambda x, y: ((x * 9 + y * 3) % 256,) * 3)))
 
 
 def check_default_model(cli, model_dir, tmp):

@@ -6,16 +6,15 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from typing import Dict, List, Optional, Tuple
 
 import child_process
 import hang_report
+import pngs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,17 +51,7 @@ def missing_reason() -> Optional[str]:
 
 def png(width: int, height: int, seed: int) -> bytes:
     """An 8-bit RGB PNG whose pixels depend on seed (distinct seeds, distinct bytes)."""
-    rows = bytearray()
-    for y in range(height):
-        rows.append(0)
-        for x in range(width):
-            rows += bytes(((x * 7 + y * 3 + seed * 31) & 255, (x * y + seed * 11) & 255, (x ^ y ^ seed) & 255))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(rows))) + chunk(b"IEND", b"")
+    return pngs.pattern_png(width, height, seed)
 
 
 def free_ports(n: int) -> List[int]:

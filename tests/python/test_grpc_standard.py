@@ -58,7 +58,7 @@ def test_reflection_lists_the_services_and_serves_the_encoder_descriptor(server)
         assert encoder, [f.name for f in files]
         [svc] = [s for s in encoder[0].service if s.name == "Encoder"]
         methods = {m.name: m for m in svc.method}
-        assert set(methods) == {"Encode", "Health", "Stats", "Release", "Session"}
+        assert set(methods) == {"Encode", "Health", "Stats", "Release", "Session", "Probe"}
         assert methods["Release"].input_type == ".epd.v1.ReleaseRequest"
         assert methods["Session"].client_streaming and methods["Session"].server_streaming
         assert methods["Encode"].server_streaming and not methods["Encode"].client_streaming

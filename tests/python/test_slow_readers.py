@@ -15,13 +15,12 @@ itself received on the wire.
 """
 
 import os
-import struct
 import time
-import zlib
 
 import pytest
 
 import server_harness as h
+import pngs
 
 reason = h.missing_reason()
 if reason:
@@ -38,17 +37,7 @@ MIB = 1 << 20
 
 
 def striped_png(width: int, height: int, seed: int) -> bytes:
-    """A PNG of repeated rows under a first row spelling `seed` (distinct seeds,
-    distinct images), quick to make at any size."""
-    row = b"\x00" + bytes((x * 7 + seed * 31) & 255 for x in range(width * 3))
-    first = b"\x00" + (seed.to_bytes(4, "big") * (width * 3 // 4 + 1))[:width * 3]
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(first + row * (height - 1)))
-            + chunk(b"IEND", b""))
+    return pngs.striped_png(width, height, seed)
 
 
 def rss_bytes(pid: int) -> int:

@@ -9,16 +9,14 @@ every later round. Without the reservation the same flood evicts "a"'s images
 (the control, so the assertion can fail). The sum of reservations past the
 capacity is refused at start, naming the flag."""
 
-import random
 import re
-import struct
 import subprocess
 import urllib.request
-import zlib
 
 import pytest
 
 import child_process
+import pngs
 import server_harness as h
 
 reason = h.missing_reason()
@@ -39,12 +37,7 @@ SHARED = 16         # L1's shared pool, in entries
 def _image(seed):
     """A SIDE x SIDE RGB PNG of seeded random pixels: distinct per seed (the
     harness's png() repeats every 256 seeds)."""
-    pixels = random.Random(seed).randbytes(SIDE * SIDE * 3)
-    raw = b"".join(b"\0" + pixels[y * SIDE * 3:(y + 1) * SIDE * 3] for y in range(SIDE))
-    parts = [(b"IHDR", struct.pack(">IIBBBBB", SIDE, SIDE, 8, 2, 0, 0, 0)), (b"IDAT", zlib.compress(raw)),
-             (b"IEND", b"")]
-    return b"\x89PNG\r\n\x1a\n" + b"".join(
-        struct.pack(">I", len(d)) + k + d + struct.pack(">I", zlib.crc32(k + d)) for k, d in parts)
+    return pngs.random_png(SIDE, SIDE, seed)
 
 
 def _client(port, tenant):

@@ -285,6 +285,23 @@ struct EncodeResult {
   std::vector<ClientItemResult> items;  // by index
 };
 
+// One item of a Probe (proto ProbedItem): what an Encode of it would key and
+// produce, from its headers (epd/worker/item_probe.h).
+struct ClientProbeItem {
+  std::int64_t index = 0;
+  Status status;            // OK, or why the item cannot be probed ("item <i>: " + the server's message)
+  ContentKey key;           // the server's content key (tenant-namespaced)
+  ContentKey route_key;     // the unsalted key for "x-epd-route"; equals KeyFor(item)
+  GridTHW grid;             // (t, h, w); {0, 0, 0} for a caller_key alone
+  std::int64_t tokens = 0;  // post-merge tokens
+};
+
+struct ProbeResult {
+  Status status;                       // the call's, else the lowest-index failed item's, else OK
+  std::vector<ClientProbeItem> items;  // by index
+  std::string server_id;
+};
+
 class EncodeClient {
  public:
   // Creates the channel (connection is lazy: nothing is contacted here).
@@ -325,6 +342,13 @@ class EncodeClient {
 
   // The content key the server will use for `item`, from Health's inputs.
   StatusOr<ContentKey> KeyFor(const ClientItem& item);
+
+  // The Probe RPC: each item's key, route key, grid and tokens, read by the
+  // server from the headers without decoding (docs/SERVER.md, "Probe").
+  // One call, unrouted (any server answers the same), under the client's
+  // credentials; no items: kInvalidArgument, nothing sent. A call that fails
+  // as a whole fails each item with its status. Blocks up to `timeout`.
+  ProbeResult Probe(const std::vector<ClientItem>& items);
 
  private:
   struct Impl;

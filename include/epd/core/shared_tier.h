@@ -89,15 +89,23 @@ struct SharedTierStats {
   std::uint64_t lease_wait_hits = 0;      // ... and got its value
   std::uint64_t lease_takeovers = 0;      // ... and took the lease after it lapsed
   std::uint64_t lease_wait_timeouts = 0;  // ... and gave up after LeaseWaitPolicy::wait
+  // Redis Cluster only (redis-cluster://, docs/L3.md): redirections followed
+  // and slot maps read (CLUSTER SLOTS).
+  std::uint64_t redirects_moved = 0;
+  std::uint64_t redirects_ask = 0;
+  std::uint64_t slot_map_refreshes = 0;
   // Failed operations by kind: "connect", "timeout", "io", "oom", "auth",
   // "reply" (any other error reply), "down" (skipped while reconnecting).
   std::map<std::string, std::uint64_t> errors;
+  // The same failures by node ("host:port/db"), redirections excluded.
+  std::map<std::string, std::uint64_t> node_errors;
 };
 
 // Every numeric field of SharedTierStats, once (epd/core/stat_fields.h). In
 // StatsResponse the counters are entries of the map l3_counters, sent only by
-// a server with a tier; `errors` (by kind) is no number and travels by hand
-// (l3_errors, epd_l3_errors_total{kind}).
+// a server with a tier; `errors` (by kind) and `node_errors` are no numbers
+// and travel by hand (l3_errors, epd_l3_errors_total{kind}; l3_node_errors,
+// epd_l3_node_errors_total{node}).
 // A row per field reads as a table; clang-format would give each cell a line.
 // clang-format off
 inline constexpr StatField<SharedTierStats> kSharedTierStatsFields[] = {
@@ -151,6 +159,15 @@ inline constexpr StatField<SharedTierStats> kSharedTierStatsFields[] = {
     {"lease_wait_timeouts", &SharedTierStats::lease_wait_timeouts, StatKind::kCounter, StatUnit::kCount,
      "Lease waits that gave up (LeaseWaitPolicy::wait)",
      {"l3_counters", "lease_wait_timeouts"}, {"epd_l3_lease_wait_timeouts_total"}, ""},
+    {"redirects_moved", &SharedTierStats::redirects_moved, StatKind::kCounter, StatUnit::kCount,
+     "Redis Cluster MOVED redirections followed",
+     {"l3_counters", "redirects_moved"}, {"epd_l3_redirects_moved_total"}, ""},
+    {"redirects_ask", &SharedTierStats::redirects_ask, StatKind::kCounter, StatUnit::kCount,
+     "Redis Cluster ASK redirections followed (ASKING and one retry)",
+     {"l3_counters", "redirects_ask"}, {"epd_l3_redirects_ask_total"}, ""},
+    {"slot_map_refreshes", &SharedTierStats::slot_map_refreshes, StatKind::kCounter, StatUnit::kCount,
+     "Redis Cluster slot maps read (CLUSTER SLOTS)",
+     {"l3_counters", "slot_map_refreshes"}, {"epd_l3_slot_map_refreshes_total"}, ""},
 };
 // clang-format on
 

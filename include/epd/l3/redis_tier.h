@@ -5,7 +5,11 @@
 // TTL; "<prefix>lease:<content key hex>" holds the lease of the process
 // encoding that key (epd/l3/l3_lease.h), set with `SET ... NX PX <lease>`. Keys are spread over
 // the URLs by consistent hashing (epd/l3/l3_ring.h), value and lease of one key
-// always on the same shard. Eviction is Redis's own: run it with a
+// always on the same shard. Or, with one redis-cluster:// URL, over a Redis
+// Cluster by its own slot map, MOVED and ASK followed (docs/L3.md, "Redis
+// Cluster"); the keys then carry the content key as their hash tag
+// ("<prefix>v:{<hex>}", "<prefix>lease:{<hex>}"), so value and lease share a
+// slot. Eviction is Redis's own: run it with a
 // `maxmemory` and `maxmemory-policy allkeys-lru` (docs/L3.md).
 //
 // Calls: Get is one GET; TryLease is SET NX PX, plus a GET of the lease when
@@ -79,7 +83,9 @@ struct RedisUrl {
 StatusOr<RedisUrl> ParseRedisUrl(std::string_view url);
 
 struct RedisTierOptions {
-  // One or more redis:// URLs (see ParseRedisUrl); at least one.
+  // One or more redis:// URLs (see ParseRedisUrl); at least one. Or exactly
+  // one redis-cluster://[[user]:password@]host:port[,host:port...]: the seeds
+  // of a Redis Cluster (database 0 only).
   std::vector<std::string> urls;
   // Lifetime of a stored value; 0 = none (Redis's eviction alone).
   std::chrono::seconds ttl{24 * 3600};
@@ -119,7 +125,8 @@ struct RedisTierOptions {
 // connected on first use, so a Redis that is down at start only makes the
 // tier degraded. Errors: kInvalidArgument for no URL, a bad URL, the same
 // shard twice, a non-positive timeout, lease or queue size, negative ttl,
-// a merge size outside 1..64.
+// a merge size outside 1..64; for a cluster: a bad seed, a redis-cluster://
+// URL beside other URLs, a key prefix holding a brace.
 StatusOr<std::shared_ptr<SharedTier>> OpenRedisTier(RedisTierOptions options);
 
 }  // namespace epd

@@ -21,6 +21,10 @@
 //       The content key still decides cache hits: two uuids naming the same
 //       bytes share one tower run (and get a file each); one uuid naming two
 //       different media in a request is refused (400).
+//   POST /v1/probe             the same body and media rules as chat
+//       completions; answers each item's content key, route key, grid and
+//       tokens from its headers without decoding or encoding
+//       (src/openai/probe_reply.h, docs/SERVER.md "Probe").
 //   GET /health                200 while serving, 503 while draining; no token.
 //   GET /v1/models             the served model name.
 // Bearer token: when the server has one, the /v1 routes need

@@ -24,11 +24,13 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "epd/core/status.h"
 #include "epd/rpc/server_stats.h"
 #include "epd/server/server.h"
 #include "epd/worker/encode_worker.h"
+#include "epd/worker/item_probe.h"
 
 namespace epd {
 
@@ -53,6 +55,13 @@ class ServerFrontDoor {
   // `caller` (from Caller()) sets the request's fair share and key
   // namespace and is counted in the per-tenant stats.
   RequestResult Encode(EncodeRequest request, std::int64_t bytes, const CallerIdentity& caller) const;
+
+  // The Probe RPC's path after its transport checks (src/server/
+  // probe_call.cc): serving?, then ProbeItems (epd/worker/item_probe.h) with
+  // `caller`'s key namespace, on the calling thread. The media's bytes must
+  // be charged already (TakeBudget). kUnavailable when shutting down; else
+  // one entry per item.
+  StatusOr<std::vector<StatusOr<ItemProbe>>> Probe(EncodeRequest request, const CallerIdentity& caller) const;
 
   // Takes `bytes` of the in-flight request budget at once (no wait), for
   // bytes a front comes to hold before it calls Encode (media as they are

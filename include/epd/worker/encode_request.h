@@ -80,10 +80,6 @@ struct VideoInput {
   MediaBytes container;
   std::vector<MediaBytes> frames;
   std::optional<VideoSampling> sampling;
-  // The namespace of the video's temporal chunk keys. The worker sets it
-  // from the request's KeyNamespace when it accepts the request (callers
-  // leave it unset); unset = unsalted chunk keys.
-  std::optional<KeyNamespace> chunk_namespace{};
 };
 
 // One image or video of a request.
@@ -99,18 +95,6 @@ struct EncodeItemInput {
   // (the header's count is used to check hits). Negative, or different from
   // what the image header gives, fails the item (kInvalidArgument).
   std::int64_t expected_tokens = 0;
-  // A value for this item's key found in the shared tier (L3) by WorkerLoop;
-  // null otherwise. When the key is neither joinable nor in L1/L2, the worker
-  // checks it against the expected shape like any hit and, if it matches,
-  // caches it in L1 (through to_device when set) and delivers it as
-  // ItemSource::kL3. A value that does not match the grid, tokens, width,
-  // dtype or deepstack layers this item predicts, or holds non-finite rows,
-  // is refused (WorkerStats::adopt_rejections; EncodeWorker::TakeRefused) and
-  // the item encoded.
-  EmbeddingPtr ready;
-  // The encode cost measured where `ready` was made (seconds, the L3 value's
-  // cost field); -1 (EntryCost::kUnmeasured) when unknown.
-  double ready_seconds = -1;
   // Set for a video item (then `media` and `caller_key` must be empty): it is
   // decoded and sampled, cut into temporal chunks and answered from them
   // (docs/VIDEO.md). expected_tokens, when > 0, must equal the video's

@@ -182,6 +182,11 @@
 
 namespace epd {
 
+namespace internal {
+class LoopSubmit;
+struct AdoptedValue;
+}  // namespace internal
+
 class EncodeWorker {
  public:
   // Validates the options against the tower (WorkerOptions::ValidateFor:
@@ -285,8 +290,11 @@ class EncodeWorker {
   const VisionTower& tower() const;
 
  private:
+  friend class internal::LoopSubmit;  // WorkerLoop's shared-tier values
   struct Impl;
   explicit EncodeWorker(std::unique_ptr<Impl> impl);
+  Status SubmitAdopting(EncodeRequest request, RequestCallbacks callbacks, std::vector<StatusOr<ContentKey>> keys,
+                        std::vector<internal::AdoptedValue> adopted);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -37,6 +37,11 @@ namespace epd {
 // this shape). Called on a video decode thread; must be thread-safe.
 using VideoDecodeFn = std::function<StatusOr<SampledVideo>(
     std::span<const std::uint8_t>, const VideoSampling&, const PreprocessConfig&, const VideoLimits&, std::stop_token)>;
+// The grid (t, h, w) a container will decode to, from its header alone
+// (epd::video's ProbeVideo then VideoHeaderGrid). Used by ProbeItems
+// (epd/worker/item_probe.h) on the caller's thread; must be thread-safe.
+using VideoProbeFn = std::function<StatusOr<GridTHW>(std::span<const std::uint8_t>, const VideoSampling&,
+                                                     const PreprocessConfig&, const VideoLimits&)>;
 
 struct WorkerOptions {
   // Hashed into every content key: two models never share an entry. Required.
@@ -137,6 +142,9 @@ struct WorkerOptions {
   // its whole-video key.
   bool video_chunk_cache = true;
   VideoDecodeFn decode_video;
+  // The header probe of a container (ProbeItems); empty = a container item
+  // of a probe fails with kFailedPrecondition. Set with decode_video.
+  VideoProbeFn probe_video;
   VideoSampling video_sampling;
   VideoLimits video_limits;
   // Most video decodes one tenant (EncodeRequest::tenant) may have queued

@@ -107,7 +107,7 @@ from epd.client._keys import KEY_VERSION, PreprocessConfig, VideoSampling, calle
 from epd.client._lease_types import CudaIpcLease, CudaIpcRef, ShmLease
 from epd.client._leases import SESSION_HEADER, SESSION_RETRY_S
 from epd.client._proto import Item
-from epd.client._results import EncodeError, EncodeResult, ItemResult, ServerInfo, to_vllm_batch
+from epd.client._results import EncodeError, EncodeResult, ItemResult, ProbeResult, ServerInfo, to_vllm_batch
 from epd.client._routing import ROUTE_HEADER
 from epd.v1 import encoder_pb2, encoder_pb2_grpc  # noqa: F401
 
@@ -125,6 +125,7 @@ __all__ = [
     "Item",
     "ItemResult",
     "EncodeResult",
+    "ProbeResult",
     "to_vllm_batch",
     "ShmLease",
     "CudaIpcRef",

@@ -15,7 +15,7 @@ from epd._service_config import ENCODER_SERVICE_CONFIG, RETRY_BUFFER_BYTES
 from epd.client import _proto, _routing
 from epd.client._leases import SESSION_HEADER, ArenaMappings, LeaseSession, attach_cuda_ipc, attach_shm
 from epd.client._proto import Item, _as_item, _from_proto
-from epd.client._results import EncodeError, ItemResult, ServerInfo
+from epd.client._results import EncodeError, ItemResult, ProbeResult, ServerInfo
 from epd.v1 import encoder_pb2, encoder_pb2_grpc
 
 
@@ -127,6 +127,30 @@ class EncodeClient:
         if self._info is None:
             self._info = self.health()
         return self._info
+
+    def probe(self, items: Sequence[Union[bytes, Item]], check: bool = True) -> List[ProbeResult]:
+        """The Probe RPC: each item's content key, route key, grid and
+        tokens, read by the server from the headers without decoding or
+        encoding (docs/SERVER.md, "Probe"). One unrouted call under this
+        client's credentials. With ``check`` (default) raises EncodeError
+        carrying the lowest-index failed item (and every result); a failed
+        call raises EncodeError with its status. TypeError as encode()."""
+        items = [_as_item(i, n) for n, i in enumerate(items)]
+        if not items:
+            raise EncodeError(grpc.StatusCode.INVALID_ARGUMENT, "the request has no items; send at least one image")
+        reply = _proto.unary(self._stub.Probe, _proto.encode_request("", items, False, False), self.timeout,
+                             self._auth)
+        out: List[ProbeResult] = [ProbeResult(index=i, ok=False, code=grpc.StatusCode.INTERNAL,
+                                              message=f"the server's probe reply has no item {i}")
+                                  for i in range(len(items))]
+        for m in reply.items:
+            if 0 <= m.index < len(items):
+                out[m.index] = _proto.probe_from_proto(m, m.index)
+        if check:
+            for r in out:
+                if not r.ok:
+                    raise EncodeError(r.code, r.message, out)
+        return out
 
     # --- Encode -------------------------------------------------------------
     def release(self, results: Sequence[ItemResult]) -> None:

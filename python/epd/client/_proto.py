@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from epd.client._keys import PreprocessConfig, VideoSampling
-from epd.client._results import EncodeError, ItemResult, ServerInfo
+from epd.client._results import EncodeError, ItemResult, ProbeResult, ServerInfo
 from epd.v1 import encoder_pb2
 
 _SOURCES = {
@@ -137,6 +137,21 @@ def _from_proto(m, index: int) -> ItemResult:
                       dtype=_DTYPES.get(m.dtype, "unknown"), main=m.main, deepstack=m.deepstack,
                       grid_thw=grid or None, timestamps_s=list(m.timestamps_s) or None,
                       sample_fps=m.sample_fps, seconds_per_grid_t=m.seconds_per_grid_t, **common)
+
+
+def probe_from_proto(m, index: int) -> ProbeResult:
+    """ProbedItem ``m`` as request item ``index``'s ProbeResult; an item
+    error, or a grid_thw that is not empty or 3 positive values (INTERNAL),
+    makes a failed one."""
+    if m.error_code != 0:
+        return ProbeResult(index=index, ok=False, code=_CODES.get(m.error_code, grpc.StatusCode.UNKNOWN),
+                           message=f"item {index}: {m.error_message}")
+    grid = tuple(m.grid_thw)
+    if grid and (len(grid) != 3 or min(grid) <= 0):
+        return ProbeResult(index=index, ok=False, code=grpc.StatusCode.INTERNAL,
+                           message=f"server sent probed item {index} with grid_thw {list(grid)}")
+    return ProbeResult(index=index, ok=True, key=m.key, route_key=m.route_key, grid_thw=grid or None,
+                       tokens=m.tokens)
 
 
 def server_info(r) -> ServerInfo:

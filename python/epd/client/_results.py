@@ -53,6 +53,22 @@ class EncodeError(Exception):
 
 
 @dataclass
+class ProbeResult:
+    """One item's Probe answer (EncodeClient.probe): what an encode of it
+    would key and produce, read by the server from its headers without
+    decoding (docs/SERVER.md, "Probe")."""
+
+    index: int
+    ok: bool
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    message: str = ""
+    key: bytes = b""        # the server's content key (tenant-namespaced), 32 bytes
+    route_key: bytes = b""  # the unsalted key for x-epd-route; equals key_for(item)
+    grid_thw: Optional[Tuple[int, int, int]] = None  # None: a caller_key alone (no header)
+    tokens: int = 0         # post-merge tokens
+
+
+@dataclass
 class ItemResult:
     """One image's result (also exported as ``EncodeResult``)."""
 
