@@ -66,16 +66,23 @@ bool JsonNumber(std::string_view s) {
   return i == s.size();
 }
 
-// The fast path (see the top of the file): the access, or nullopt to let
-// the DOM parse decide. Strings must be printable ASCII without escapes
-// (anything else, UTF-8 included, goes to the DOM parse, which validates it).
-std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_seconds_per_byte) {
+// The fast path's cursor over one line, and what it has read of the object.
+struct FlatScan {
+  explicit FlatScan(std::string_view l) : line(l) {}
+
+  std::string_view line;
   std::size_t i = 0;
-  auto ws = [&] {
+  std::optional<std::string_view> key;
+  std::optional<std::int64_t> bytes;
+  std::optional<double> cost;
+
+  bool At(char c) const { return i < line.size() && line[i] == c; }
+  void SkipSpace() {
     while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) ++i;
-  };
-  auto string = [&]() -> std::optional<std::string_view> {
-    if (i >= line.size() || line[i] != '"') return std::nullopt;
+  }
+  // A string of printable ASCII without escapes, or nullopt.
+  std::optional<std::string_view> String() {
+    if (!At('"')) return std::nullopt;
     const std::size_t end = line.find_first_of("\"\\", i + 1);
     if (end == std::string_view::npos || line[end] != '"') return std::nullopt;
     std::string_view out = line.substr(i + 1, end - i - 1);
@@ -84,57 +91,78 @@ std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_se
     }
     i = end + 1;
     return out;
-  };
-  ws();
-  if (i >= line.size() || line[i++] != '{') return std::nullopt;
-  std::optional<std::string_view> key;
-  std::optional<std::int64_t> bytes;
-  std::optional<double> cost;
+  }
+};
+
+// The number value of field `name` at the cursor: bytes (an integer up to
+// kMaxCacheBytes), cost_s or t_ms, each finite and >= 0. False for anything
+// else, which the DOM parse then decides.
+bool ScanFlatNumber(FlatScan& sc, std::string_view name) {
+  const std::size_t end = sc.line.find_first_of(",} \t\r", sc.i);
+  const std::string_view num =
+      sc.line.substr(sc.i, end == std::string_view::npos ? std::string_view::npos : end - sc.i);
+  if (!JsonNumber(num)) return false;
+  double d;
+  auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), d);
+  if (ec != std::errc() || ptr != num.data() + num.size() || !std::isfinite(d) || d < 0) return false;
+  if (name == "bytes") {
+    std::int64_t n;
+    auto [p2, e2] = std::from_chars(num.data(), num.data() + num.size(), n);
+    if (e2 != std::errc() || p2 != num.data() + num.size() || n > kMaxCacheBytes) return false;
+    sc.bytes = n;
+  } else if (name == "cost_s") {
+    sc.cost = d;
+  } else if (name != "t_ms") {
+    return false;
+  }
+  sc.i += num.size();
+  return true;
+}
+
+// One `"name": value` member at the cursor: key and tenant take strings,
+// the rest numbers (ScanFlatNumber).
+bool ScanFlatMember(FlatScan& sc) {
+  auto name = sc.String();
+  sc.SkipSpace();
+  if (!name || !sc.At(':')) return false;
+  ++sc.i;
+  sc.SkipSpace();
+  if (!sc.At('"')) return ScanFlatNumber(sc, *name);
+  auto v = sc.String();
+  if (!v) return false;
+  if (*name == "key") {
+    sc.key = v;
+  } else if (*name != "tenant") {
+    return false;
+  }
+  return true;
+}
+
+// The fast path (see the top of the file): the access, or nullopt to let
+// the DOM parse decide. Strings must be printable ASCII without escapes
+// (anything else, UTF-8 included, goes to the DOM parse, which validates it).
+std::optional<CacheAccess> ScanFlatLine(std::string_view line, double default_seconds_per_byte) {
+  FlatScan sc(line);
+  sc.SkipSpace();
+  if (!sc.At('{')) return std::nullopt;
+  ++sc.i;
   for (bool first = true;; first = false) {
-    ws();
-    if (i < line.size() && line[i] == '}' && first) return std::nullopt;  // empty object: let the DOM say why
-    auto name = string();
-    ws();
-    if (!name || i >= line.size() || line[i++] != ':') return std::nullopt;
-    ws();
-    if (i < line.size() && line[i] == '"') {
-      auto v = string();
-      if (!v) return std::nullopt;
-      if (*name == "key")
-        key = v;
-      else if (*name != "tenant")
-        return std::nullopt;
-    } else {
-      const std::size_t end = line.find_first_of(",} \t\r", i);
-      const std::string_view num = line.substr(i, end == std::string_view::npos ? std::string_view::npos : end - i);
-      if (!JsonNumber(num)) return std::nullopt;
-      double d;
-      auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), d);
-      if (ec != std::errc() || ptr != num.data() + num.size() || !std::isfinite(d) || d < 0) return std::nullopt;
-      if (*name == "bytes") {
-        std::int64_t n;
-        auto [p2, e2] = std::from_chars(num.data(), num.data() + num.size(), n);
-        if (e2 != std::errc() || p2 != num.data() + num.size() || n > kMaxCacheBytes) return std::nullopt;
-        bytes = n;
-      } else if (*name == "cost_s") {
-        cost = d;
-      } else if (*name != "t_ms") {
-        return std::nullopt;
-      }
-      i += num.size();
-    }
-    ws();
-    if (i < line.size() && line[i] == ',') {
-      ++i;
+    sc.SkipSpace();
+    if (first && sc.At('}')) return std::nullopt;  // empty object: let the DOM say why
+    if (!ScanFlatMember(sc)) return std::nullopt;
+    sc.SkipSpace();
+    if (sc.At(',')) {
+      ++sc.i;
       continue;
     }
-    if (i < line.size() && line[i] == '}') break;
+    if (sc.At('}')) break;
     return std::nullopt;
   }
-  ++i;
-  ws();
-  if (i != line.size() || !key || key->empty() || !bytes) return std::nullopt;
-  return CacheAccess{KeyHash(*key), *bytes, cost ? *cost : static_cast<double>(*bytes) * default_seconds_per_byte};
+  ++sc.i;
+  sc.SkipSpace();
+  if (sc.i != line.size() || !sc.key || sc.key->empty() || !sc.bytes) return std::nullopt;
+  return CacheAccess{KeyHash(*sc.key), *sc.bytes,
+                     sc.cost ? *sc.cost : static_cast<double>(*sc.bytes) * default_seconds_per_byte};
 }
 
 // The JSON parser's own account of why `line` is not JSON (the parse runs
@@ -173,6 +201,58 @@ bool LooksLikeReplayTrace(std::string_view text) {
   return false;
 }
 
+namespace {
+
+// A line the fast path left to the DOM parse: its access; or nothing and no
+// error, for a replay manifest's failed item (an error message and no bytes:
+// nothing was cached); or why it is rejected.
+struct DomLine {
+  std::optional<CacheAccess> access;
+  std::string error;
+};
+
+DomLine ParseDomLine(std::string_view line, const CacheTraceOptions& options) {
+  // One at the start of the file is gone (ParseCacheTrace); the JSON parser
+  // would skip one wherever it is given a line.
+  if (line.starts_with("\xEF\xBB\xBF")) return {std::nullopt, "a UTF-8 byte-order mark inside the file"};
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return {std::nullopt, "not valid JSON: " + JsonError(line)};
+  if (!j.is_object()) return {std::nullopt, "expected a JSON object"};
+  if (auto e = j.find("error");
+      e != j.end() && e->is_string() && !e->get_ref<const std::string&>().empty() && !j.contains("bytes")) {
+    return {};
+  }
+  if (j.contains("images") || j.contains("videos")) {
+    return {std::nullopt, "a replay trace line (images/videos), not a cache trace: give --images DIR and --model DIR"};
+  }
+  auto key = j.find("key");
+  if (key == j.end() || !key->is_string() || key->get_ref<const std::string&>().empty()) {
+    return {std::nullopt, "key must be a non-empty string"};
+  }
+  auto bytes = j.find("bytes");
+  if (bytes == j.end() || !(bytes->is_number_unsigned() || (bytes->is_number_integer() && *bytes >= 0)) ||
+      bytes->get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxCacheBytes)) {
+    return {std::nullopt, "bytes must be an integer, 0 <= bytes <= 2^62 - 1"};
+  }
+  CacheAccess a{KeyHash(key->get_ref<const std::string&>()), bytes->get<std::int64_t>(), 0};
+  auto cost = j.find("cost_s");
+  if (cost == j.end()) {
+    a.seconds = static_cast<double>(a.bytes) * options.default_seconds_per_byte;
+  } else if (!cost->is_number() || !(cost->get<double>() >= 0) || !std::isfinite(cost->get<double>())) {
+    return {std::nullopt, "cost_s must be a finite number >= 0"};
+  } else {
+    a.seconds = cost->get<double>();
+  }
+  auto t = j.find("t_ms");
+  if (t != j.end() && (!t->is_number() || !(t->get<double>() >= 0)))
+    return {std::nullopt, "t_ms must be a number >= 0"};
+  auto tenant = j.find("tenant");
+  if (tenant != j.end() && !tenant->is_string()) return {std::nullopt, "tenant must be a string"};
+  return {a, ""};
+}
+
+}  // namespace
+
 StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const std::string& name,
                                                    const CacheTraceOptions& options) {
   // A byte-order mark may start the file (and only the file): dropped here.
@@ -191,51 +271,18 @@ StatusOr<std::vector<CacheAccess>> ParseCacheTrace(std::string_view text, const 
     auto error = [&](const std::string& what) { return InvalidArgument(name + ":" + std::to_string(n) + ": " + what); };
     // The JSON parser reads a NUL as the end of its input and would drop the rest of the line.
     if (line.find('\0') != std::string_view::npos) return error("a NUL byte, which JSON text never holds");
-    if (auto fast = ScanFlatLine(line, options.default_seconds_per_byte)) {
-      if (!std::isfinite(seconds += fast->seconds)) return error(kOverflow);
-      out.push_back(*fast);
-      continue;
-    }
-    // One at the start of the file is gone (above); the JSON parser would
-    // skip one wherever it is given a line.
-    if (line.starts_with("\xEF\xBB\xBF")) return error("a UTF-8 byte-order mark inside the file");
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return error("not valid JSON: " + JsonError(line));
-    if (!j.is_object()) return error("expected a JSON object");
-    // A replay manifest's failed item (an error message and no bytes): nothing was cached.
-    if (auto e = j.find("error");
-        e != j.end() && e->is_string() && !e->get_ref<const std::string&>().empty() && !j.contains("bytes")) {
-      if (options.skipped != nullptr) ++*options.skipped;
-      continue;
-    }
-    if (j.contains("images") || j.contains("videos")) {
-      return error("a replay trace line (images/videos), not a cache trace: give --images DIR and --model DIR");
-    }
-    auto key = j.find("key");
-    if (key == j.end() || !key->is_string() || key->get_ref<const std::string&>().empty()) {
-      return error("key must be a non-empty string");
-    }
-    auto bytes = j.find("bytes");
-    if (bytes == j.end() || !(bytes->is_number_unsigned() || (bytes->is_number_integer() && *bytes >= 0)) ||
-        bytes->get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxCacheBytes)) {
-      return error("bytes must be an integer, 0 <= bytes <= 2^62 - 1");
-    }
-    CacheAccess a{KeyHash(key->get_ref<const std::string&>()), bytes->get<std::int64_t>(), 0};
-    auto cost = j.find("cost_s");
-    if (cost == j.end()) {
-      a.seconds = static_cast<double>(a.bytes) * options.default_seconds_per_byte;
-    } else {
-      if (!cost->is_number() || !(cost->get<double>() >= 0) || !std::isfinite(cost->get<double>())) {
-        return error("cost_s must be a finite number >= 0");
+    std::optional<CacheAccess> access = ScanFlatLine(line, options.default_seconds_per_byte);
+    if (!access) {
+      DomLine dom = ParseDomLine(line, options);
+      if (!dom.error.empty()) return error(dom.error);
+      if (!dom.access) {
+        if (options.skipped != nullptr) ++*options.skipped;
+        continue;
       }
-      a.seconds = cost->get<double>();
+      access = dom.access;
     }
-    auto t = j.find("t_ms");
-    if (t != j.end() && (!t->is_number() || !(t->get<double>() >= 0))) return error("t_ms must be a number >= 0");
-    auto tenant = j.find("tenant");
-    if (tenant != j.end() && !tenant->is_string()) return error("tenant must be a string");
-    if (!std::isfinite(seconds += a.seconds)) return error(kOverflow);
-    out.push_back(a);
+    if (!std::isfinite(seconds += access->seconds)) return error(kOverflow);
+    out.push_back(*access);
   }
   return out;
 }

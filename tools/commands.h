@@ -15,7 +15,7 @@
 //   RegisterReplayCommand   replay            tools/replay_command.cc
 //   RegisterPlanCommand     plan              tools/plan_command.cc
 //   RegisterInspectModelCommand  inspect-model  tools/inspect_model_command.cc
-//   RegisterServerCommands  serve, client     tools/server_commands.cc  } built only
+//   RegisterServerCommands  serve, client     tools/server_commands.h   } built only
 //   RegisterBenchServerCommand  bench-server  tools/bench_server_command.cc } with
 //   RegisterProbeCommand    probe             tools/probe_command.cc    } EPD_WITH_GRPC
 //   RegisterHealthCommand   health            tools/health_command.cc   }

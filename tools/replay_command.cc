@@ -159,24 +159,14 @@ StatusOr<std::vector<TraceRequest>> BuildTrace(const ReplayFlags& f) {
   return GenerateTrace(*images, g);
 }
 
-int RunReplay(const ReplayFlags& f) {
-  if (f.trace.empty() == (f.generate == 0))
-    return CommandError("replay", "give exactly one of --trace FILE or --generate N");
-  if (f.generate > 0 && f.images.empty()) return CommandError("replay", "--generate needs --images DIR");
-
-  auto trace = BuildTrace(f);
-  if (!trace.ok()) return CommandError("replay", trace.status().message());
-  if (!f.write_trace.empty()) {
-    std::ofstream w(f.write_trace);
-    w << TraceToJsonLines(*trace);
-    if (!w) return CommandError("replay", "cannot write " + f.write_trace);
-  }
-
-  // Each distinct file is read once; the requests that name it share its
-  // bytes (MediaBytes), so memory holds each file once however often the
-  // trace repeats it.
+// Each distinct file is read once; the requests that name it share its
+// bytes (MediaBytes), so memory holds each file once however often the
+// trace repeats it. kInvalidArgument names the request and the file that
+// cannot be read.
+StatusOr<std::map<std::string, MediaBytes>> ReadReplayMedia(const std::vector<TraceRequest>& trace,
+                                                            const ReplayFlags& f) {
   std::map<std::string, MediaBytes> media;
-  for (const TraceRequest& r : *trace) {
+  for (const TraceRequest& r : trace) {
     for (const std::string& p : r.paths()) {
       std::filesystem::path path(p);
       if (path.is_relative() && !f.images.empty()) path = std::filesystem::path(f.images) / path;
@@ -187,181 +177,271 @@ int RunReplay(const ReplayFlags& f) {
           ReadRegularFile(path.string(), static_cast<std::int64_t>(f.max_request_mb * (1 << 20)));
       if (!bytes.ok()) {
         const bool video = std::find(r.videos.begin(), r.videos.end(), p) != r.videos.end();
-        return CommandError("replay", "request '" + r.id + "': cannot read " + (video ? "video " : "image ") +
-                                          path.string() + ": " + std::string(bytes.status().message()));
+        return InvalidArgument("request '" + r.id + "': cannot read " + (video ? "video " : "image ") + path.string() +
+                               ": " + std::string(bytes.status().message()));
       }
       media[p] = MediaBytes(std::move(*bytes));
     }
   }
+  return media;
+}
 
-  TuneMalloc(MallocUse::kTower);
-  auto worker = MakeWorker(f.worker);
-  if (!worker.ok()) return CommandError("replay", worker.status().ToString());
-  spdlog::info("replay: {} requests, {} distinct files; tower {}", trace->size(), media.size(),
-               (*worker)->tower().Describe());
-  const std::string model_id = (*worker)->options().model_id;
-  WorkerLoop loop(std::move(*worker));
+// The worker's request for trace line `t`, its items sharing `media`'s bytes.
+EncodeRequest MakeReplayRequest(const TraceRequest& t, std::map<std::string, MediaBytes>& media) {
+  EncodeRequest req{t.id, {}};
+  const std::vector<std::string> paths = t.paths();
+  req.items.reserve(paths.size());
+  for (std::size_t k = 0; k < paths.size(); ++k) {
+    EncodeItemInput item;
+    if (t.is_video(k)) {
+      item.video = VideoInput{media[paths[k]], {}, std::nullopt};
+    } else {
+      item.media = media[paths[k]];
+    }
+    req.items.push_back(std::move(item));
+  }
+  return req;
+}
 
-  const std::size_t n = trace->size();
-  std::vector<Clock::time_point> submitted(n), finished(n);
+// One replay's timeline: when it started, when each request was submitted
+// and finished, and each request's result, in trace order.
+struct ReplayRun {
+  Clock::time_point start;
+  std::vector<Clock::time_point> submitted, finished;
+  std::vector<RequestResult> results;
+};
+
+// Submits every request (at its arrival_ms with --realtime), waits for all
+// of them and shuts the loop down. A progress bar runs on a terminal.
+void SubmitAndWait(WorkerLoop& loop, const std::vector<TraceRequest>& trace, std::map<std::string, MediaBytes>& media,
+                   const ReplayFlags& f, ReplayRun& run) {
+  const std::size_t n = trace.size();
+  run.submitted.resize(n);
+  run.finished.resize(n);
   std::vector<std::future<RequestResult>> futures;
   futures.reserve(n);
   std::atomic<std::int64_t> done{0};
   std::unique_ptr<ProgressBar> bar;
   if (isatty(STDERR_FILENO)) bar = std::make_unique<ProgressBar>(done, static_cast<std::int64_t>(n));
-
-  const Clock::time_point start = Clock::now();
+  run.start = Clock::now();
   for (std::size_t i = 0; i < n; ++i) {
-    const TraceRequest& t = (*trace)[i];
+    const TraceRequest& t = trace[i];
     if (f.realtime) {
-      std::this_thread::sleep_until(
-          start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(t.arrival_ms)));
+      std::this_thread::sleep_until(run.start + std::chrono::duration_cast<Clock::duration>(
+                                                    std::chrono::duration<double, std::milli>(t.arrival_ms)));
     }
-    EncodeRequest req{t.id, {}};
-    const std::vector<std::string> paths = t.paths();
-    req.items.reserve(paths.size());
-    for (std::size_t k = 0; k < paths.size(); ++k) {
-      EncodeItemInput item;
-      if (t.is_video(k)) {
-        item.video = VideoInput{media[paths[k]], {}, std::nullopt};
-      } else {
-        item.media = media[paths[k]];
-      }
-      req.items.push_back(std::move(item));
-    }
-    submitted[i] = Clock::now();
+    EncodeRequest req = MakeReplayRequest(t, media);
+    run.submitted[i] = Clock::now();
     // finished[i] is written on the worker thread and read after the future
     // is ready, which orders the two.
-    futures.push_back(loop.Submit(std::move(req), {nullptr, [&finished, &done, i](const RequestResult&) {
+    futures.push_back(loop.Submit(std::move(req), {nullptr, [&finished = run.finished, &done, i](const RequestResult&) {
                                                      finished[i] = Clock::now();
                                                      ++done;
                                                    }}));
   }
-
-  std::vector<RequestResult> results;
-  results.reserve(n);
-  for (auto& fut : futures) results.push_back(fut.get());
+  run.results.reserve(n);
+  for (auto& fut : futures) run.results.push_back(fut.get());
   loop.Shutdown(std::chrono::milliseconds(0));
   if (bar) bar->Stop();
-  const WorkerStats s = loop.Stats();
-  const SharedTierStats l3 = loop.SharedTierStatsSnapshot();
+}
 
-  // Summary.
-  std::vector<double> latency;
+// What the report says about a finished replay.
+struct ReplaySummary {
+  std::vector<double> latency;  // per request, ms, ascending
   std::set<ContentKey> distinct;
-  std::map<ContentKey, EmbeddingPtr> embeddings;
-  std::map<std::string, std::int64_t> failures;  // status code name -> items
+  std::map<ContentKey, EmbeddingPtr> embeddings;  // for --out
+  std::map<std::string, std::int64_t> failures;   // status code name -> items
   std::string first_failure;
-  std::int64_t items = 0, failed_requests = 0;
+  std::int64_t items = 0, failed_items = 0, failed_requests = 0;
   std::vector<CacheAccess> accesses;  // for --mrc: one per embedded item, in trace order
-  // For --mrc: each key's measured cost, as the manifest's cost_s.
-  const std::unordered_map<ContentKey, double, ContentKeyHash> measured =
-      f.mrc ? MeasuredCosts(results) : std::unordered_map<ContentKey, double, ContentKeyHash>{};
-  Clock::time_point last = start;
-  for (std::size_t i = 0; i < n; ++i) {
-    const RequestResult& r = results[i];
-    latency.push_back(std::chrono::duration<double, std::milli>(finished[i] - submitted[i]).count());
-    last = std::max(last, finished[i]);
-    if (!r.status.ok()) {
-      ++failed_requests;
-      if (first_failure.empty()) first_failure = "request '" + r.id + "': " + r.status.ToString();
-    }
-    items += static_cast<std::int64_t>((*trace)[i].paths().size());
-    for (const ItemResult& it : r.items) {
-      if (it.status.ok()) {
-        distinct.insert(it.key);
-        if (f.mrc && it.embedding != nullptr) accesses.push_back(MrcAccess(it.key, *it.embedding, s, measured));
-        if (!f.out.empty()) embeddings.emplace(it.key, it.embedding);
-      } else {
-        ++failures[std::string(StatusCodeName(it.status.code()))];
-        if (first_failure.empty()) {
-          first_failure = "request '" + r.id + "', item " + std::to_string(it.index) + ": " + it.status.ToString();
-        }
+  double wall_s = 0;
+  double mean_batch_tokens = 0;
+};
+
+// Counts request `r`'s items into `sum`: keys, failures, --mrc accesses and
+// --out embeddings.
+void SummarizeItems(const RequestResult& r, const ReplayFlags& f, const WorkerStats& s,
+                    const std::unordered_map<ContentKey, double, ContentKeyHash>& measured, ReplaySummary& sum) {
+  for (const ItemResult& it : r.items) {
+    if (it.status.ok()) {
+      sum.distinct.insert(it.key);
+      if (f.mrc && it.embedding != nullptr) sum.accesses.push_back(MrcAccess(it.key, *it.embedding, s, measured));
+      if (!f.out.empty()) sum.embeddings.emplace(it.key, it.embedding);
+    } else {
+      ++sum.failures[std::string(StatusCodeName(it.status.code()))];
+      ++sum.failed_items;
+      if (sum.first_failure.empty()) {
+        sum.first_failure = "request '" + r.id + "', item " + std::to_string(it.index) + ": " + it.status.ToString();
       }
     }
   }
-  std::sort(latency.begin(), latency.end());
-  const double wall_s = std::chrono::duration<double>(last - start).count();
-  const double mean_batch_tokens =
+}
+
+ReplaySummary Summarize(const ReplayRun& run, const std::vector<TraceRequest>& trace, const WorkerStats& s,
+                        const ReplayFlags& f) {
+  ReplaySummary sum;
+  // For --mrc: each key's measured cost, as the manifest's cost_s.
+  const std::unordered_map<ContentKey, double, ContentKeyHash> measured =
+      f.mrc ? MeasuredCosts(run.results) : std::unordered_map<ContentKey, double, ContentKeyHash>{};
+  Clock::time_point last = run.start;
+  for (std::size_t i = 0; i < run.results.size(); ++i) {
+    const RequestResult& r = run.results[i];
+    sum.latency.push_back(std::chrono::duration<double, std::milli>(run.finished[i] - run.submitted[i]).count());
+    last = std::max(last, run.finished[i]);
+    if (!r.status.ok()) {
+      ++sum.failed_requests;
+      if (sum.first_failure.empty()) sum.first_failure = "request '" + r.id + "': " + r.status.ToString();
+    }
+    sum.items += static_cast<std::int64_t>(trace[i].paths().size());
+    SummarizeItems(r, f, s, measured, sum);
+  }
+  std::sort(sum.latency.begin(), sum.latency.end());
+  sum.wall_s = std::chrono::duration<double>(last - run.start).count();
+  sum.mean_batch_tokens =
       s.tower_batches == 0 ? 0 : static_cast<double>(s.tower_tokens) / static_cast<double>(s.tower_batches);
-  std::int64_t failed_items = 0;
-  for (const auto& [code, count] : failures) failed_items += count;
+  return sum;
+}
 
+// --out: the embeddings as safetensors and, beside them, the manifest of
+// which tensor is whose image: (request, item, media) -> key and grid.
+Status WriteReplayOut(const ReplayFlags& f, const ReplaySummary& sum, const std::vector<TraceRequest>& trace,
+                      const ReplayRun& run, const std::string& model_id) {
+  std::vector<KeyedEmbedding> out;
+  out.reserve(sum.embeddings.size());
+  for (const auto& [key, e] : sum.embeddings) out.push_back({key, e});
+  Status w = WriteEmbeddingsSafetensors(
+      f.out, out,
+      {{"producer", "epd-encode replay"}, {"model_id", model_id}, {"embeddings", std::to_string(out.size())}});
+  if (!w.ok()) return w;
+  return WriteReplayManifest(ManifestPathFor(f.out), trace, run.results, f.out);
+}
+
+// What the report prints besides the summary: the worker's and L3's counters.
+struct ReplayCounters {
+  WorkerStats worker;
+  SharedTierStats l3;
+  bool has_l3 = false;
+  std::string model_id;
+};
+
+void PrintReplayJson(const ReplayFlags& f, std::size_t n, const ReplaySummary& sum, const ReplayCounters& c) {
+  const WorkerStats& s = c.worker;
+  // The counters go by their field tables' replay keys (epd/core/stat_fields.h).
+  nlohmann::json j = {
+      {"requests", n},
+      {"items", sum.items},
+      {"distinct_keys", sum.distinct.size()},
+      {"failed_items", sum.failed_items},
+      {"failed_requests", sum.failed_requests},
+      {"errors", sum.failures},
+      {"mean_batch_tokens", sum.mean_batch_tokens},
+      {"latency_ms_p50", Percentile(sum.latency, 0.50)},
+      {"latency_ms_p99", Percentile(sum.latency, 0.99)},
+      {"items_per_s", sum.wall_s > 0 ? static_cast<double>(sum.items) / sum.wall_s : 0},
+      {"wall_s", sum.wall_s},
+      {"tower_busy_fraction", sum.wall_s > 0 ? std::min(1.0, s.tower_seconds / sum.wall_s) : 0},
+      {"model_id", c.model_id},
+  };
+  AddReportFields(kWorkerStatsFields, s, j);
+  if (c.has_l3) {
+    nlohmann::json& l3j = j["l3"] = {{"errors", c.l3.errors}};
+    AddReportFields(kSharedTierStatsFields, c.l3, l3j);
+  }
+  if (f.mrc) j["mrc"] = nlohmann::json::parse(PlanJson(MrcOf(sum.accesses, f)));
+  std::fputs((j.dump() + "\n").c_str(), stdout);
+}
+
+// The text report's lines on what served the items: caches, L3, videos, tower.
+std::string ServedText(const ReplaySummary& sum, const ReplayCounters& c) {
+  const WorkerStats& s = c.worker;
+  std::string o = fmt::format(
+      "  served     L1 hits {}, L2 hits {}, L3 hits {}, in-flight joins {}, misses {} ({} shape mismatches)\n",
+      s.hits_l1, s.hits_l2, s.hits_l3, s.joins, s.misses, s.shape_mismatches);
+  if (c.has_l3) {
+    const SharedTierStats& l3 = c.l3;
+    std::uint64_t errors = 0;
+    for (const auto& [kind, count] : l3.errors) errors += count;
+    o += fmt::format("  l3         {} gets, {} hits, {} corrupt, {} writes ({} dropped), {} lease waits, {} errors{}\n",
+                     l3.gets, l3.hits, l3.corrupt, l3.writes, l3.write_drops, l3.lease_waits, errors,
+                     l3.degraded ? " (degraded)" : "");
+  }
+  if (s.video_items > 0) {
+    o += fmt::format("  videos     {} items, {} decoded; chunks: {} hits, {} joins, {} misses\n", s.video_items,
+                     s.video_decodes, s.chunk_hits, s.chunk_joins, s.chunk_misses);
+  }
+  o += fmt::format("  tower      {} batches, {} items, {:.1f} tokens per batch, {:.3f} s\n", s.tower_batches,
+                   s.tower_items, sum.mean_batch_tokens, s.tower_seconds);
+  return o;
+}
+
+void PrintReplayText(const ReplayFlags& f, std::size_t n, const ReplaySummary& sum, const ReplayCounters& c) {
+  const WorkerStats& s = c.worker;
+  const double wall_s = sum.wall_s;
+  std::string o = fmt::format("replay: {} requests, {} items, {} distinct keys\n", n, sum.items, sum.distinct.size());
+  o += ServedText(sum, c);
+  o += fmt::format("  latency    p50 {:.1f} ms, p99 {:.1f} ms\n", Percentile(sum.latency, 0.50),
+                   Percentile(sum.latency, 0.99));
+  o += fmt::format("  throughput {:.1f} items/s, wall {:.3f} s (tower busy {:.1f}% of it)\n",
+                   wall_s > 0 ? static_cast<double>(sum.items) / wall_s : 0, wall_s,
+                   wall_s > 0 ? 100 * std::min(1.0, s.tower_seconds / wall_s) : 0.0);
+  o += fmt::format("  cache      L1 {:.1f} MB, L2 {:.1f} MB, {} demotions, {} promotions\n",
+                   static_cast<double>(s.l1_used_bytes) / (1 << 20), static_cast<double>(s.l2_used_bytes) / (1 << 20),
+                   s.demotions, s.promotions);
+  if (sum.failed_items > 0 || sum.failed_requests > 0) {
+    o += fmt::format("  failed     {} items, {} requests; first: {}\n", sum.failed_items, sum.failed_requests,
+                     sum.first_failure);
+  }
   if (!f.out.empty()) {
-    std::vector<KeyedEmbedding> out;
-    out.reserve(embeddings.size());
-    for (auto& [key, e] : embeddings) out.push_back({key, e});
-    Status w = WriteEmbeddingsSafetensors(
-        f.out, out,
-        {{"producer", "epd-encode replay"}, {"model_id", model_id}, {"embeddings", std::to_string(out.size())}});
-    if (!w.ok()) return CommandError("replay", w.ToString());
-    // Which tensor is whose image: (request, item, media) -> key and grid.
-    Status m = WriteReplayManifest(ManifestPathFor(f.out), *trace, results, f.out);
-    if (!m.ok()) return CommandError("replay", m.ToString());
+    o += fmt::format("  wrote      {} embeddings to {}, manifest {}\n", sum.embeddings.size(), f.out,
+                     ManifestPathFor(f.out));
   }
+  if (f.mrc) o += "\n" + PlanText(MrcOf(sum.accesses, f));
+  std::fputs(o.c_str(), stdout);
+}
 
-  const double p50 = Percentile(latency, 0.50), p99 = Percentile(latency, 0.99);
-  const double items_per_s = wall_s > 0 ? static_cast<double>(items) / wall_s : 0;
-  if (f.json) {
-    // The counters go by their field tables' replay keys (epd/core/stat_fields.h).
-    nlohmann::json j = {
-        {"requests", n},
-        {"items", items},
-        {"distinct_keys", distinct.size()},
-        {"failed_items", failed_items},
-        {"failed_requests", failed_requests},
-        {"errors", failures},
-        {"mean_batch_tokens", mean_batch_tokens},
-        {"latency_ms_p50", p50},
-        {"latency_ms_p99", p99},
-        {"items_per_s", items_per_s},
-        {"wall_s", wall_s},
-        {"tower_busy_fraction", wall_s > 0 ? std::min(1.0, s.tower_seconds / wall_s) : 0},
-        {"model_id", model_id},
-    };
-    AddReportFields(kWorkerStatsFields, s, j);
-    if (loop.has_shared_tier()) {
-      nlohmann::json& l3j = j["l3"] = {{"errors", l3.errors}};
-      AddReportFields(kSharedTierStatsFields, l3, l3j);
-    }
-    if (f.mrc) j["mrc"] = nlohmann::json::parse(PlanJson(MrcOf(accesses, f)));
-    std::fputs((j.dump() + "\n").c_str(), stdout);
-  } else {
-    std::string o;
-    o += fmt::format("replay: {} requests, {} items, {} distinct keys\n", n, items, distinct.size());
-    o += fmt::format(
-        "  served     L1 hits {}, L2 hits {}, L3 hits {}, in-flight joins {}, misses {} ({} shape mismatches)\n",
-        s.hits_l1, s.hits_l2, s.hits_l3, s.joins, s.misses, s.shape_mismatches);
-    if (loop.has_shared_tier()) {
-      std::uint64_t errors = 0;
-      for (const auto& [kind, count] : l3.errors) errors += count;
-      o += fmt::format(
-          "  l3         {} gets, {} hits, {} corrupt, {} writes ({} dropped), {} lease waits, {} errors{}\n", l3.gets,
-          l3.hits, l3.corrupt, l3.writes, l3.write_drops, l3.lease_waits, errors, l3.degraded ? " (degraded)" : "");
-    }
-    if (s.video_items > 0) {
-      o += fmt::format("  videos     {} items, {} decoded; chunks: {} hits, {} joins, {} misses\n", s.video_items,
-                       s.video_decodes, s.chunk_hits, s.chunk_joins, s.chunk_misses);
-    }
-    o += fmt::format("  tower      {} batches, {} items, {:.1f} tokens per batch, {:.3f} s\n", s.tower_batches,
-                     s.tower_items, mean_batch_tokens, s.tower_seconds);
-    o += fmt::format("  latency    p50 {:.1f} ms, p99 {:.1f} ms\n", p50, p99);
-    o += fmt::format("  throughput {:.1f} items/s, wall {:.3f} s (tower busy {:.1f}% of it)\n", items_per_s, wall_s,
-                     wall_s > 0 ? 100 * std::min(1.0, s.tower_seconds / wall_s) : 0.0);
-    o += fmt::format("  cache      L1 {:.1f} MB, L2 {:.1f} MB, {} demotions, {} promotions\n",
-                     static_cast<double>(s.l1_used_bytes) / (1 << 20), static_cast<double>(s.l2_used_bytes) / (1 << 20),
-                     s.demotions, s.promotions);
-    if (failed_items > 0 || failed_requests > 0) {
-      o += fmt::format("  failed     {} items, {} requests; first: {}\n", failed_items, failed_requests, first_failure);
-    }
-    if (!f.out.empty()) {
-      o += fmt::format("  wrote      {} embeddings to {}, manifest {}\n", embeddings.size(), f.out,
-                       ManifestPathFor(f.out));
-    }
-    if (f.mrc) o += "\n" + PlanText(MrcOf(accesses, f));
-    std::fputs(o.c_str(), stdout);
+// The trace (read or generated), written out for --write-trace.
+StatusOr<std::vector<TraceRequest>> PrepareTrace(const ReplayFlags& f) {
+  if (f.trace.empty() == (f.generate == 0)) return InvalidArgument("give exactly one of --trace FILE or --generate N");
+  if (f.generate > 0 && f.images.empty()) return InvalidArgument("--generate needs --images DIR");
+  StatusOr<std::vector<TraceRequest>> trace = BuildTrace(f);
+  if (!trace.ok() || f.write_trace.empty()) return trace;
+  std::ofstream w(f.write_trace);
+  w << TraceToJsonLines(*trace);
+  if (!w) return InvalidArgument("cannot write " + f.write_trace);
+  return trace;
+}
+
+int RunReplay(const ReplayFlags& f) {
+  StatusOr<std::vector<TraceRequest>> trace = PrepareTrace(f);
+  if (!trace.ok()) return CommandError("replay", trace.status().message());
+  StatusOr<std::map<std::string, MediaBytes>> media = ReadReplayMedia(*trace, f);
+  if (!media.ok()) return CommandError("replay", media.status().message());
+
+  TuneMalloc(MallocUse::kTower);
+  auto worker = MakeWorker(f.worker);
+  if (!worker.ok()) return CommandError("replay", worker.status().ToString());
+  spdlog::info("replay: {} requests, {} distinct files; tower {}", trace->size(), media->size(),
+               (*worker)->tower().Describe());
+  ReplayCounters c;
+  c.model_id = (*worker)->options().model_id;
+  WorkerLoop loop(std::move(*worker));
+  ReplayRun run;
+  SubmitAndWait(loop, *trace, *media, f, run);
+  c.worker = loop.Stats();
+  c.l3 = loop.SharedTierStatsSnapshot();
+  c.has_l3 = loop.has_shared_tier();
+
+  const ReplaySummary sum = Summarize(run, *trace, c.worker, f);
+  if (!f.out.empty()) {
+    if (Status s = WriteReplayOut(f, sum, *trace, run, c.model_id); !s.ok())
+      return CommandError("replay", s.ToString());
   }
-  return failed_items > 0 || failed_requests > 0 ? 3 : 0;
+  if (f.json) {
+    PrintReplayJson(f, trace->size(), sum, c);
+  } else {
+    PrintReplayText(f, trace->size(), sum, c);
+  }
+  return sum.failed_items > 0 || sum.failed_requests > 0 ? 3 : 0;
 }
 
 }  // namespace

@@ -42,7 +42,11 @@ std::string DefaultModelPath() {
 #endif
 }
 
-void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
+namespace {
+
+// AddWorkerFlags' groups, registered in the order below (--help lists them so).
+// The tower: which model, where it runs, the embeddings' dtype.
+void AddModelFlags(CLI::App& cmd, WorkerFlags& f) {
   f.model = DefaultModelPath();
   cmd.add_option("--model", f.model,
                  "Hugging Face checkpoint directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) or TorchScript tower file "
@@ -58,6 +62,10 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--dtype", f.dtype, "embedding dtype")
       ->capture_default_str()
       ->check(CLI::IsMember({"float32", "bfloat16"}));
+}
+
+// L1 and L2: capacities, eviction and admission.
+void AddCacheFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--cache-mb", f.cache_mb, "L1 cache capacity, MiB (2^20 bytes)")
       ->capture_default_str()
       ->check(NonNegative("MiB"));
@@ -82,6 +90,10 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
                  "the doorkeeper's window, requests (plan's --window; at most 2^27)")
       ->capture_default_str()
       ->check(Integer(1, std::int64_t{1} << 27));
+}
+
+// Tower batches, their order, and decoding and preprocessing of images.
+void AddBatchAndDecodeFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--max-tokens-per-batch", f.max_tokens_per_batch, "tower batch token budget")
       ->capture_default_str()
       ->check(Integer(1));
@@ -121,8 +133,10 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
                  "largest stored image accepted, pixels (decompression-bomb guard; default Pillow's error threshold)")
       ->capture_default_str()
       ->check(Integer(1));
-  AddL3Flags(cmd, f.l3);
-  AddTenantQuotaFlags(cmd, f.quotas);
+}
+
+// Videos' default sampling, their decode limits and chunk caching.
+void AddVideoFlags(CLI::App& cmd, WorkerFlags& f) {
   cmd.add_option("--video-fps", f.video_fps, "videos: default sampled frames per second (a request may override)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -153,6 +167,17 @@ void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
                "videos: encode and cache each video whole, not per temporal chunk (to measure what chunks save)");
 }
 
+}  // namespace
+
+void AddWorkerFlags(CLI::App& cmd, WorkerFlags& f) {
+  AddModelFlags(cmd, f);
+  AddCacheFlags(cmd, f);
+  AddBatchAndDecodeFlags(cmd, f);
+  AddL3Flags(cmd, f.l3);
+  AddTenantQuotaFlags(cmd, f.quotas);
+  AddVideoFlags(cmd, f);
+}
+
 #ifdef EPD_HAVE_CUDA_TIER
 namespace {
 
@@ -181,9 +206,11 @@ int CudaIndex(const std::string& device) {
 }  // namespace
 #endif
 
-StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
-  // At most what the cache's byte counter holds (epd::kMaxCacheBytes), checked
-  // before the conversion to bytes below, which would overflow.
+namespace {
+
+// At most what the cache's byte counter holds (epd::kMaxCacheBytes), checked
+// before the conversion to bytes, which would overflow.
+Status CheckCacheSizes(const WorkerFlags& f) {
   for (const auto& [flag, mb] : {std::pair{"--cache-mb", f.cache_mb}, std::pair{"--host-cache-mb", f.host_cache_mb}}) {
     if (mb > static_cast<double>(kMaxCacheBytes >> 20)) {
       char got[32];
@@ -192,13 +219,17 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
                              " MiB (what the cache's byte counter holds), got " + got);
     }
   }
-  // The reservations against the capacities, before the tower loads.
-  StatusOr<std::shared_ptr<TenantQuotas>> quotas =
-      MakeTenantQuotas(f.quotas, f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20)),
-                       f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20)));
-  if (!quotas.ok()) return quotas.status();
+  return Status::Ok();
+}
+
+// L1's (`host` false) or L2's capacity in bytes; 0 with --no-cache.
+std::int64_t CacheBytes(const WorkerFlags& f, bool host) {
+  if (f.no_cache) return 0;
+  return static_cast<std::int64_t>((host ? f.host_cache_mb : f.cache_mb) * (1 << 20));
+}
+
 #ifdef EPD_HAVE_TORCH_TOWER
-  if (f.model.empty()) return InvalidArgument("--model is required (this build has no default tower)");
+ModelOptions MakeModelOptions(const WorkerFlags& f) {
   ModelOptions t;
   t.path = f.model;
   t.num_threads = f.threads;
@@ -207,29 +238,33 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   // The executable owns the process's malloc tuning (TuneMalloc, cli_util.h).
   t.tune_malloc = false;
 #ifdef EPD_HAVE_CUDA_TIER
-  const bool gpu_tier = f.device != "cpu";
-  t.output_on_device = gpu_tier;
+  t.output_on_device = f.device != "cpu";  // the GPU tier
 #endif
-  StatusOr<LoadedModel> loaded = LoadModel(t);
-  if (!loaded.ok()) return loaded.status();
+  return t;
+}
 
-  // Model id and preprocessing: a checkpoint's own, a TorchScript file's
-  // name and the Qwen2-VL defaults; flags override either.
+// Model id and preprocessing: a checkpoint's own, a TorchScript file's name
+// and the Qwen2-VL defaults; flags override either.
+void ApplyLoadedModel(const WorkerFlags& f, const LoadedModel& loaded, WorkerOptions& o) {
   if (!f.model_id.empty()) {
     o.model_id = f.model_id;
-  } else if (!loaded->model_id.empty()) {
-    o.model_id = loaded->model_id;
+  } else if (!loaded.model_id.empty()) {
+    o.model_id = loaded.model_id;
   } else {
     o.model_id = std::filesystem::path(f.model).filename().string();
   }
-  if (loaded->preprocess) o.preprocess = *loaded->preprocess;
+  if (loaded.preprocess) o.preprocess = *loaded.preprocess;
   if (f.max_pixels > 0) {
     o.preprocess.max_pixels = f.max_pixels;
     o.preprocess.min_pixels = std::min(o.preprocess.min_pixels, f.max_pixels);
   }
-  o.l1_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.cache_mb * (1 << 20));
-  o.l2_capacity_bytes = f.no_cache ? 0 : static_cast<std::int64_t>(f.host_cache_mb * (1 << 20));
-  o.tenant_quotas = std::move(*quotas);
+}
+
+// Caches, decoding, batches, their order and L3. Errors: a bad
+// --rgba-background, or ApplyL3Flags'.
+Status ApplyServingFlags(const WorkerFlags& f, WorkerOptions& o) {
+  o.l1_capacity_bytes = CacheBytes(f, /*host=*/false);
+  o.l2_capacity_bytes = CacheBytes(f, /*host=*/true);
   StatusOr<AlphaPolicy> alpha = ParseAlphaPolicy(f.rgba_background);
   if (!alpha.ok()) return alpha.status();
   o.preprocess.decode.alpha = *alpha;
@@ -247,7 +282,12 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
   o.order = f.order == "by_key" ? ScheduleOrder::kByKey
             : f.order == "fair" ? ScheduleOrder::kFair
                                 : ScheduleOrder::kFifo;
-  if (Status s = ApplyL3Flags(f.l3, o); !s.ok()) return s;
+  return ApplyL3Flags(f.l3, o);
+}
+
+// Videos' sampling (for the model's patch size, so after ApplyLoadedModel)
+// and limits.
+void ApplyVideoFlags(const WorkerFlags& f, WorkerOptions& o) {
   o.video_sampling = VideoSampling::ForPatchSize(o.preprocess.patch_size);
   o.video_sampling.fps = f.video_fps;
   o.video_sampling.max_frames = f.video_max_frames;
@@ -267,15 +307,44 @@ StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
     return VideoHeaderGrid(*info, s, cfg);
   };
 #endif
+}
+#endif  // EPD_HAVE_TORCH_TOWER
+
 #ifdef EPD_HAVE_CUDA_TIER
-  if (gpu_tier) {
-    StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), static_cast<std::size_t>(o.l1_capacity_bytes),
-                                              static_cast<std::size_t>(o.l2_capacity_bytes));
+// --device cuda: the process's GPU tier, sized for L1 and L2, and the hooks
+// that move rows between it and the host.
+StatusOr<Device*> AttachGpuTier(const WorkerFlags& f, WorkerOptions& o) {
+  StatusOr<Device*> dev = ProcessCudaDevice(CudaIndex(f.device), static_cast<std::size_t>(o.l1_capacity_bytes),
+                                            static_cast<std::size_t>(o.l2_capacity_bytes));
+  if (!dev.ok()) return dev.status();
+  EmbeddingTierHooks hooks = MakeEmbeddingTierHooks(**dev);
+  o.to_host = std::move(hooks.to_host);
+  o.to_device = std::move(hooks.to_device);
+  o.adopt_device_rows = std::move(hooks.adopt_device_rows);
+  return dev;
+}
+#endif
+
+}  // namespace
+
+StatusOr<WorkerParts> MakeWorkerParts(const WorkerFlags& f, WorkerOptions o) {
+  if (Status s = CheckCacheSizes(f); !s.ok()) return s;
+  // The reservations against the capacities, before the tower loads.
+  StatusOr<std::shared_ptr<TenantQuotas>> quotas =
+      MakeTenantQuotas(f.quotas, CacheBytes(f, /*host=*/false), CacheBytes(f, /*host=*/true));
+  if (!quotas.ok()) return quotas.status();
+#ifdef EPD_HAVE_TORCH_TOWER
+  if (f.model.empty()) return InvalidArgument("--model is required (this build has no default tower)");
+  StatusOr<LoadedModel> loaded = LoadModel(MakeModelOptions(f));
+  if (!loaded.ok()) return loaded.status();
+  ApplyLoadedModel(f, *loaded, o);
+  o.tenant_quotas = std::move(*quotas);
+  if (Status s = ApplyServingFlags(f, o); !s.ok()) return s;
+  ApplyVideoFlags(f, o);
+#ifdef EPD_HAVE_CUDA_TIER
+  if (f.device != "cpu") {
+    StatusOr<Device*> dev = AttachGpuTier(f, o);
     if (!dev.ok()) return dev.status();
-    EmbeddingTierHooks hooks = MakeEmbeddingTierHooks(**dev);
-    o.to_host = std::move(hooks.to_host);
-    o.to_device = std::move(hooks.to_device);
-    o.adopt_device_rows = std::move(hooks.adopt_device_rows);
     return WorkerParts{std::move(o), std::move(loaded->tower), *dev};
   }
 #endif

@@ -1,6 +1,6 @@
 // tools/worker_flags.h: the flags every subcommand that runs an EncodeWorker
-// shares (replay here, serve / bench-server in server_commands.cc), and the
-// one function that turns them into a worker with its tower loaded.
+// shares (replay here, serve in serve_command.cc), and the one function that
+// turns them into a worker with its tower loaded.
 //
 // Flags (defaults in brackets):
 //   --model PATH              a Hugging Face checkpoint directory (Qwen2-VL,

@@ -46,72 +46,82 @@ std::string OneLine(std::string s) {
   return s;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  namespace fs = std::filesystem;
+// What the command line asks for.
+struct DumpArgs {
   epd::PreprocessConfig cfg;
   epd::DecodeLimits limits;
-  fs::path out_dir;
+  std::filesystem::path out_dir;
   std::vector<std::string> files;
+};
+
+// The arguments into `d`; what is wrong with them for Usage, or "" when
+// nothing is.
+std::string ParseArgs(int argc, char** argv, DumpArgs* d) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     const bool has_value = i + 1 < argc;
     if (arg == "--out-dir" && has_value) {
-      out_dir = argv[++i];
+      d->out_dir = argv[++i];
     } else if (arg == "--no-exif-orientation") {
-      cfg.decode.apply_exif_orientation = false;
+      d->cfg.decode.apply_exif_orientation = false;
     } else if (arg == "--rgba-background" && has_value) {
       auto policy = epd::ParseAlphaPolicy(argv[++i]);
-      if (!policy.ok()) return Usage(policy.status().message().c_str());
-      cfg.decode.alpha = *policy;
+      if (!policy.ok()) return policy.status().message();
+      d->cfg.decode.alpha = *policy;
     } else if (arg == "--max-decode-pixels" && has_value) {
-      limits.max_pixels = std::strtoll(argv[++i], nullptr, 10);
+      d->limits.max_pixels = std::strtoll(argv[++i], nullptr, 10);
     } else if (!arg.empty() && arg[0] == '-') {
-      return Usage(("unknown or incomplete option " + std::string(arg)).c_str());
+      return "unknown or incomplete option " + std::string(arg);
     } else {
-      files.emplace_back(arg);
+      d->files.emplace_back(arg);
     }
   }
-  if (out_dir.empty() || files.empty()) return Usage("need --out-dir and at least one FILE");
+  if (d->out_dir.empty() || d->files.empty()) return "need --out-dir and at least one FILE";
+  return "";
+}
 
-  for (const std::string& file : files) {
-    std::ifstream in(file, std::ios::binary);
-    if (!in) {
-      std::fprintf(stderr, "epd_decode_dump: cannot read %s\n", file.c_str());
-      return 2;
-    }
-    const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto fail = [&](const epd::Status& s) {
-      std::printf("%s\terror\t%s\t%s\n", file.c_str(), std::string(epd::StatusCodeName(s.code())).c_str(),
-                  OneLine(std::string(s.message())).c_str());
-    };
-    auto info = epd::ProbeImage(bytes);
-    if (!info.ok()) {
-      fail(info.status());
-      continue;
-    }
-    auto img = epd::DecodeImage(bytes, limits, cfg.decode);
-    if (!img.ok()) {
-      fail(img.status());
-      continue;
-    }
-    auto header_grid = epd::GridForImage(*info, cfg);
-    auto grid = epd::GridForImage(img->height, img->width, cfg);
-    if (!header_grid.ok() || !grid.ok()) {
-      fail(!grid.ok() ? grid.status() : header_grid.status());
-      continue;
-    }
-    const fs::path out = out_dir / (fs::path(file).filename().string() + ".rgb");
-    std::ofstream o(out, std::ios::binary);
-    o.write(reinterpret_cast<const char*>(img->pixels.data()), static_cast<std::streamsize>(img->pixels.size()));
-    if (!o) {
-      std::fprintf(stderr, "epd_decode_dump: cannot write %s\n", out.c_str());
-      return 2;
-    }
-    std::printf("%s\tok\t%d\t%d\t%d\t%lld\t%lld\n", file.c_str(), img->width, img->height, info->orientation,
-                static_cast<long long>(header_grid->tokens(cfg.merge_size)),
-                static_cast<long long>(grid->tokens(cfg.merge_size)));
+// One file's line on stdout, its pixels under --out-dir; a decode error is
+// a line too. False, with the reason on stderr, when the file cannot be read
+// or its pixels cannot be written.
+bool DumpFile(const std::string& file, const DumpArgs& d) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "epd_decode_dump: cannot read %s\n", file.c_str());
+    return false;
+  }
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto fail = [&](const epd::Status& s) {
+    std::printf("%s\terror\t%s\t%s\n", file.c_str(), std::string(epd::StatusCodeName(s.code())).c_str(),
+                OneLine(std::string(s.message())).c_str());
+    return true;
+  };
+  auto info = epd::ProbeImage(bytes);
+  if (!info.ok()) return fail(info.status());
+  auto img = epd::DecodeImage(bytes, d.limits, d.cfg.decode);
+  if (!img.ok()) return fail(img.status());
+  auto header_grid = epd::GridForImage(*info, d.cfg);
+  auto grid = epd::GridForImage(img->height, img->width, d.cfg);
+  if (!header_grid.ok() || !grid.ok()) return fail(!grid.ok() ? grid.status() : header_grid.status());
+  const std::filesystem::path out = d.out_dir / (std::filesystem::path(file).filename().string() + ".rgb");
+  std::ofstream o(out, std::ios::binary);
+  o.write(reinterpret_cast<const char*>(img->pixels.data()), static_cast<std::streamsize>(img->pixels.size()));
+  if (!o) {
+    std::fprintf(stderr, "epd_decode_dump: cannot write %s\n", out.c_str());
+    return false;
+  }
+  std::printf("%s\tok\t%d\t%d\t%d\t%lld\t%lld\n", file.c_str(), img->width, img->height, info->orientation,
+              static_cast<long long>(header_grid->tokens(d.cfg.merge_size)),
+              static_cast<long long>(grid->tokens(d.cfg.merge_size)));
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  DumpArgs d;
+  if (const std::string why = ParseArgs(argc, argv, &d); !why.empty()) return Usage(why.c_str());
+  for (const std::string& file : d.files) {
+    if (!DumpFile(file, d)) return 2;
   }
   return 0;
 }

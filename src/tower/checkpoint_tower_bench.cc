@@ -216,7 +216,7 @@ nlohmann::json RowJson(const Row& r, const std::string& dtype) {
           {"notes", r.stats.notes}};
 }
 
-int Run(int argc, char** argv) {
+struct BenchFlags {
   std::string models = "build/models", model, photo = kDefaultPhoto, json_out, device = "cpu", dtype = "f32";
   int repeats = 5;
   int mixed = 0;
@@ -224,127 +224,169 @@ int Run(int argc, char** argv) {
   std::vector<int> batches = {1};
   std::string attention = "fused";
   std::string configs_flag = "default";
-  epd::tower_tools::FlagParser flags;
-  flags.Texts({{"--models", &models}, {"--model", &model}, {"--photo", &photo}});
-  flags.Texts({{"--json", &json_out}, {"--device", &device}, {"--configs", &configs_flag}});
-  flags.Int("--repeats", 1, &repeats);
-  flags.Int("--mixed", 0, &mixed);
-  flags.Choice("--dtype", {"f32", "bf16"}, &dtype);
-  flags.Choice("--attention", {"fused", "unfused"}, &attention);
   std::string output = "host", out_dtype = "f32";
-  flags.Choice("--output", {"host", "device"}, &output);
-  flags.Choice("--out-dtype", {"f32", "bf16"}, &out_dtype);
-  flags.IntList("--threads", 1, &thread_counts);
-  flags.IntList("--batches", 1, &batches);
-  if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(s.message());
-  const bool fused_attention = attention == "fused";
-  std::vector<std::string> configs;
-  std::stringstream list(configs_flag);
+  std::vector<std::string> configs;  // --configs, split and checked
+};
+
+// `s` with its code name in the message, as Fail prints a library's error.
+epd::Status Described(const epd::Status& s) { return {s.code(), s.ToString()}; }
+
+// The flags; an error's message is what Fail prints.
+epd::Status ParseBenchFlags(int argc, char** argv, BenchFlags* f) {
+  epd::tower_tools::FlagParser flags;
+  flags.Texts({{"--models", &f->models}, {"--model", &f->model}, {"--photo", &f->photo}});
+  flags.Texts({{"--json", &f->json_out}, {"--device", &f->device}, {"--configs", &f->configs_flag}});
+  flags.Int("--repeats", 1, &f->repeats);
+  flags.Int("--mixed", 0, &f->mixed);
+  flags.Choice("--dtype", {"f32", "bf16"}, &f->dtype);
+  flags.Choice("--attention", {"fused", "unfused"}, &f->attention);
+  flags.Choice("--output", {"host", "device"}, &f->output);
+  flags.Choice("--out-dtype", {"f32", "bf16"}, &f->out_dtype);
+  flags.IntList("--threads", 1, &f->thread_counts);
+  flags.IntList("--batches", 1, &f->batches);
+  if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return s;
+  std::stringstream list(f->configs_flag);
   for (std::string c; std::getline(list, c, ',');) {
     epd::CheckpointTowerOptions probe;
     if (!epd::tower_tools::ApplyStepConfig(c, &probe)) {
-      return Fail("--configs: unknown configuration '" + c +
-                  "' (baseline, restructure, attention, fusions, graphs, default)");
+      return epd::InvalidArgument("--configs: unknown configuration '" + c +
+                                  "' (baseline, restructure, attention, fusions, graphs, default)");
     }
-    configs.push_back(c);
+    f->configs.push_back(c);
   }
-  if (configs.empty()) return Fail("--configs is empty");
+  if (f->configs.empty()) return epd::InvalidArgument("--configs is empty");
+  return epd::Status::Ok();
+}
 
-  std::ifstream file(photo, std::ios::binary);
-  if (!file) return Fail("cannot read --photo " + photo);
-  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-
-  std::vector<std::string> dirs;
-  if (!model.empty()) {
-    dirs.push_back(model);
-  } else {
-    for (const char* arch : kArchs) dirs.push_back(models + "/tiny-" + arch);
-  }
-
-  std::vector<Row> rows;
-  for (const std::string& dir : dirs) {
-    auto checkpoint = epd::OpenCheckpoint(dir);
-    if (!checkpoint.ok()) return Fail(checkpoint.status().ToString());
-    const epd::VisionConfig& vision = (*checkpoint)->vision();
-
-    Workload one;
-    const double p0 = WallMs();
-    auto image = epd::DecodeAndPreprocess(bytes, (*checkpoint)->preprocess());
-    one.preprocess_ms = WallMs() - p0;
-    if (!image.ok()) return Fail(photo + ": " + image.status().ToString());
-    one.images.push_back(std::move(*image));
-    Workload sizes;
-    if (mixed != 0) {
-      for (int side : kMixedSides) {
-        epd::PreprocessConfig cfg = (*checkpoint)->preprocess();
-        cfg.min_pixels = cfg.max_pixels = static_cast<std::int64_t>(side) * side;
-        auto im = epd::DecodeAndPreprocess(bytes, cfg);
-        if (!im.ok()) return Fail(photo + " at " + std::to_string(side) + "^2: " + im.status().ToString());
-        sizes.images.push_back(std::move(*im));
-      }
-      for (const auto& im : sizes.images) sizes.items.push_back(ItemOf(im));
+// The photo preprocessed once with the checkpoint's config (`one`, timed),
+// and with --mixed at each of kMixedSides (`sizes`).
+epd::Status PrepareWorkloads(const epd::Checkpoint& checkpoint, const std::vector<std::uint8_t>& bytes,
+                             const BenchFlags& f, Workload* one, Workload* sizes) {
+  const double p0 = WallMs();
+  auto image = epd::DecodeAndPreprocess(bytes, checkpoint.preprocess());
+  one->preprocess_ms = WallMs() - p0;
+  if (!image.ok()) return epd::InvalidArgument(f.photo + ": " + image.status().ToString());
+  one->images.push_back(std::move(*image));
+  if (f.mixed == 0) return epd::Status::Ok();
+  for (int side : kMixedSides) {
+    epd::PreprocessConfig cfg = checkpoint.preprocess();
+    cfg.min_pixels = cfg.max_pixels = static_cast<std::int64_t>(side) * side;
+    auto im = epd::DecodeAndPreprocess(bytes, cfg);
+    if (!im.ok()) {
+      return epd::InvalidArgument(f.photo + " at " + std::to_string(side) + "^2: " + im.status().ToString());
     }
+    sizes->images.push_back(std::move(*im));
+  }
+  for (const auto& im : sizes->images) sizes->items.push_back(ItemOf(im));
+  return epd::Status::Ok();
+}
 
-    for (const std::string& config : configs) {
-      for (int threads : thread_counts) {
-        epd::CheckpointTowerOptions opts;
-        opts.num_threads = threads;
-        opts.device = device;
-        opts.compute_dtype = dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
-        opts.fused_attention = fused_attention;
-        opts.output_on_device = output == "device";
-        opts.output_dtype = out_dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
-        epd::tower_tools::ApplyStepConfig(config, &opts);
-        auto tower = epd::LoadCheckpointTower(*checkpoint, opts);
-        if (!tower.ok()) return Fail(tower.status().ToString());
-        Row base;
-        base.arch = std::string(epd::VisionArchName(vision.arch));
-        base.config = config;
-        base.threads = threads;
-        base.depth = vision.depth;
-        base.width = vision.width;
-        base.preprocess_ms = one.preprocess_ms;
-        for (int batch : batches) {
-          Row row = base;
-          const std::vector<epd::TowerItem> items(static_cast<std::size_t>(batch), ItemOf(one.images.front()));
-          if (epd::Status s = TimeCalls(**tower, items, repeats, &row); !s.ok()) return Fail(s.ToString());
-          rows.push_back(std::move(row));
-        }
-        if (!sizes.items.empty()) {
-          Row row = base;
-          if (epd::Status s = TimeCalls(**tower, sizes.items, repeats, &row); !s.ok()) return Fail(s.ToString());
-          rows.push_back(std::move(row));
-        }
-      }
+epd::CheckpointTowerOptions BenchTowerOptions(const BenchFlags& f, const std::string& config, int threads) {
+  epd::CheckpointTowerOptions opts;
+  opts.num_threads = threads;
+  opts.device = f.device;
+  opts.compute_dtype = f.dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
+  opts.fused_attention = f.attention == "fused";
+  opts.output_on_device = f.output == "device";
+  opts.output_dtype = f.out_dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32;
+  epd::tower_tools::ApplyStepConfig(config, &opts);
+  return opts;
+}
+
+// One row per --batches size of `one`'s image, and one for the mixed batch.
+epd::Status TimeWorkloads(epd::VisionTower& tower, const Workload& one, const Workload& sizes, const BenchFlags& f,
+                          const Row& base, std::vector<Row>* rows) {
+  for (int batch : f.batches) {
+    Row row = base;
+    const std::vector<epd::TowerItem> items(static_cast<std::size_t>(batch), ItemOf(one.images.front()));
+    if (epd::Status s = TimeCalls(tower, items, f.repeats, &row); !s.ok()) return Described(s);
+    rows->push_back(std::move(row));
+  }
+  if (!sizes.items.empty()) {
+    Row row = base;
+    if (epd::Status s = TimeCalls(tower, sizes.items, f.repeats, &row); !s.ok()) return Described(s);
+    rows->push_back(std::move(row));
+  }
+  return epd::Status::Ok();
+}
+
+// Every configuration and thread count of the checkpoint in `dir`.
+epd::Status BenchCheckpoint(const std::string& dir, const std::vector<std::uint8_t>& bytes, const BenchFlags& f,
+                            std::vector<Row>* rows) {
+  auto checkpoint = epd::OpenCheckpoint(dir);
+  if (!checkpoint.ok()) return Described(checkpoint.status());
+  const epd::VisionConfig& vision = (*checkpoint)->vision();
+  Workload one, sizes;
+  if (epd::Status s = PrepareWorkloads(**checkpoint, bytes, f, &one, &sizes); !s.ok()) return s;
+  for (const std::string& config : f.configs) {
+    for (int threads : f.thread_counts) {
+      auto tower = epd::LoadCheckpointTower(*checkpoint, BenchTowerOptions(f, config, threads));
+      if (!tower.ok()) return Described(tower.status());
+      Row base;
+      base.arch = std::string(epd::VisionArchName(vision.arch));
+      base.config = config;
+      base.threads = threads;
+      base.depth = vision.depth;
+      base.width = vision.width;
+      base.preprocess_ms = one.preprocess_ms;
+      if (epd::Status s = TimeWorkloads(**tower, one, sizes, f, base, rows); !s.ok()) return s;
     }
   }
+  return epd::Status::Ok();
+}
 
-  double load[1] = {0};
-  if (getloadavg(load, 1) != 1) load[0] = -1;
-  const std::string base = photo.substr(photo.find_last_of('/') + 1);
+void PrintReport(const BenchFlags& f, const std::vector<Row>& rows, std::size_t photo_bytes, double load) {
+  const std::string base = f.photo.substr(f.photo.find_last_of('/') + 1);
   std::printf(
       "C++ checkpoint towers (epd/checkpoint_tower/checkpoint_tower.h, %s on %s, %s attention, output %s %s), %s, %zu "
       "bytes, load average %.2f\n\n",
-      dtype.c_str(), device.c_str(), fused_attention ? "fused" : "unfused", output.c_str(), out_dtype.c_str(),
-      base.c_str(), bytes.size(), load[0]);
+      f.dtype.c_str(), f.device.c_str(), f.attention == "fused" ? "fused" : "unfused", f.output.c_str(),
+      f.out_dtype.c_str(), base.c_str(), photo_bytes, load);
   PrintTable(rows);
   for (const Row& r : rows) {
     if (!r.stats.notes.empty()) std::printf("\nnote (%s): %s\n", r.config.c_str(), r.stats.notes.c_str());
   }
+}
 
-  if (!json_out.empty()) {
-    nlohmann::json doc;
-    doc["schema"] = "epd-bench-checkpoint-tower/1";  // fields added since: config, grids, attention, ...
-    doc["photo"] = photo;
-    doc["load_average"] = load[0];
-    doc["device"] = device;
-    doc["output"] = output;
-    doc["out_dtype"] = out_dtype;
-    doc["rows"] = nlohmann::json::array();
-    for (const Row& r : rows) doc["rows"].push_back(RowJson(r, dtype));
-    std::ofstream out(json_out);
-    out << doc.dump(2) << "\n";
-    if (!out) return Fail("cannot write --json " + json_out);
+epd::Status WriteJson(const BenchFlags& f, const std::vector<Row>& rows, double load) {
+  nlohmann::json doc;
+  doc["schema"] = "epd-bench-checkpoint-tower/1";  // fields added since: config, grids, attention, ...
+  doc["photo"] = f.photo;
+  doc["load_average"] = load;
+  doc["device"] = f.device;
+  doc["output"] = f.output;
+  doc["out_dtype"] = f.out_dtype;
+  doc["rows"] = nlohmann::json::array();
+  for (const Row& r : rows) doc["rows"].push_back(RowJson(r, f.dtype));
+  std::ofstream out(f.json_out);
+  out << doc.dump(2) << "\n";
+  if (!out) return epd::InvalidArgument("cannot write --json " + f.json_out);
+  return epd::Status::Ok();
+}
+
+int Run(int argc, char** argv) {
+  BenchFlags f;
+  if (epd::Status s = ParseBenchFlags(argc, argv, &f); !s.ok()) return Fail(s.message());
+  std::ifstream file(f.photo, std::ios::binary);
+  if (!file) return Fail("cannot read --photo " + f.photo);
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+
+  std::vector<std::string> dirs;
+  if (!f.model.empty()) {
+    dirs.push_back(f.model);
+  } else {
+    for (const char* arch : kArchs) dirs.push_back(f.models + "/tiny-" + arch);
+  }
+  std::vector<Row> rows;
+  for (const std::string& dir : dirs) {
+    if (epd::Status s = BenchCheckpoint(dir, bytes, f, &rows); !s.ok()) return Fail(s.message());
+  }
+
+  double load[1] = {0};
+  if (getloadavg(load, 1) != 1) load[0] = -1;
+  PrintReport(f, rows, bytes.size(), load[0]);
+  if (!f.json_out.empty()) {
+    if (epd::Status s = WriteJson(f, rows, load[0]); !s.ok()) return Fail(s.message());
   }
   return 0;
 }

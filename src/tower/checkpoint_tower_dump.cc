@@ -27,6 +27,69 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+// IN's two tensors, checked for dtype and rank. An error's message is what
+// Fail prints.
+struct DumpInput {
+  const epd::TensorView* pixels = nullptr;  // pixel_values F32 [N, patch_dim]
+  const epd::TensorView* grids = nullptr;   // grid_thw I64 [n_items, 3]
+};
+
+epd::Status FindInputs(const std::string& in, const epd::SafetensorsFile& input, DumpInput* found) {
+  const epd::TensorView* pixels = input.Find("pixel_values");
+  const epd::TensorView* grids = input.Find("grid_thw");
+  if (pixels == nullptr || pixels->dtype != epd::TensorDType::kF32 || pixels->shape.size() != 2) {
+    return epd::InvalidArgument(in + ": needs pixel_values F32 [N, patch_dim]");
+  }
+  if (grids == nullptr || grids->dtype != epd::TensorDType::kI64 || grids->shape.size() != 2 || grids->shape[1] != 3) {
+    return epd::InvalidArgument(in + ": needs grid_thw I64 [n_items, 3]");
+  }
+  *found = {pixels, grids};
+  return epd::Status::Ok();
+}
+
+// The items: pixel_values' rows copied into `rows` (the mapping's tensor
+// data need not be 4- or 8-aligned), then one item per grid_thw row, in
+// order, over those rows. An error's message is what Fail prints.
+epd::Status PackItems(const std::string& in, const DumpInput& input, std::vector<float>* rows,
+                      std::vector<epd::TowerItem>* items) {
+  const epd::TensorView& pixels = *input.pixels;
+  rows->resize(static_cast<std::size_t>(pixels.numel()));
+  std::memcpy(rows->data(), pixels.bytes.data(), pixels.bytes.size());
+  std::vector<std::int64_t> g(static_cast<std::size_t>(input.grids->numel()));
+  std::memcpy(g.data(), input.grids->bytes.data(), input.grids->bytes.size());
+  const std::int64_t patch_dim = pixels.shape[1];
+  std::int64_t row = 0;
+  for (std::size_t i = 0; i < g.size(); i += 3) {
+    epd::TowerItem item;
+    item.grid = {g[i], g[i + 1], g[i + 2]};
+    item.patch_dim = patch_dim;
+    if (g[i] < 1 || g[i + 1] < 1 || g[i + 2] < 1 || item.grid.patches() > pixels.shape[0] - row) {
+      return epd::InvalidArgument(in + ": grid_thw row " + std::to_string(i / 3) +
+                                  " does not fit the pixel_values rows");
+    }
+    item.patches = rows->data() + row * patch_dim;
+    row += item.grid.patches();
+    items->push_back(item);
+  }
+  if (row != pixels.shape[0]) {
+    return epd::InvalidArgument(in + ": grid_thw covers " + std::to_string(row) + " rows, pixel_values has " +
+                                std::to_string(pixels.shape[0]));
+  }
+  return epd::Status::Ok();
+}
+
+// OUT: "main", and "deepstack" when the tower has it.
+epd::Status WriteOutputs(const std::string& out, const epd::TowerOutput& result) {
+  std::vector<epd::NamedTensor> tensors;
+  tensors.push_back({"main", {epd::TensorDType::kF32, {result.tokens, result.hidden}, result.main}});
+  if (result.deepstack_layers > 0) {
+    tensors.push_back(
+        {"deepstack",
+         {epd::TensorDType::kF32, {result.tokens, result.hidden * result.deepstack_layers}, result.deepstack}});
+  }
+  return epd::WriteSafetensors(out, tensors);
+}
+
 int Run(int argc, char** argv) {
   std::string model, in, out;
   int threads = 1;
@@ -39,58 +102,22 @@ int Run(int argc, char** argv) {
   if (model.empty() || in.empty() || out.empty()) {
     return Fail("usage: checkpoint_tower_dump --model DIR --in IN.safetensors --out OUT.safetensors [--threads N]");
   }
-
   auto input = epd::SafetensorsFile::Open(in);
   if (!input.ok()) return Fail(input.status().ToString());
-  const epd::TensorView* pixels = (*input)->Find("pixel_values");
-  const epd::TensorView* grids = (*input)->Find("grid_thw");
-  if (pixels == nullptr || pixels->dtype != epd::TensorDType::kF32 || pixels->shape.size() != 2) {
-    return Fail(in + ": needs pixel_values F32 [N, patch_dim]");
-  }
-  if (grids == nullptr || grids->dtype != epd::TensorDType::kI64 || grids->shape.size() != 2 || grids->shape[1] != 3) {
-    return Fail(in + ": needs grid_thw I64 [n_items, 3]");
-  }
+  DumpInput found;
+  if (epd::Status s = FindInputs(in, **input, &found); !s.ok()) return Fail(s.message());
 
   epd::CheckpointTowerOptions opts;
   opts.dir = model;
   opts.num_threads = threads;
   auto tower = epd::LoadCheckpointTower(opts);
   if (!tower.ok()) return Fail(tower.status().ToString());
-
-  // Aligned copies: the mapping's tensor data need not be 4- or 8-aligned.
-  std::vector<float> rows(static_cast<std::size_t>(pixels->numel()));
-  std::memcpy(rows.data(), pixels->bytes.data(), pixels->bytes.size());
-  std::vector<std::int64_t> g(static_cast<std::size_t>(grids->numel()));
-  std::memcpy(g.data(), grids->bytes.data(), grids->bytes.size());
-  const std::int64_t patch_dim = pixels->shape[1];
+  std::vector<float> rows;
   std::vector<epd::TowerItem> items;
-  std::int64_t row = 0;
-  for (std::size_t i = 0; i < g.size(); i += 3) {
-    epd::TowerItem item;
-    item.grid = {g[i], g[i + 1], g[i + 2]};
-    item.patch_dim = patch_dim;
-    if (g[i] < 1 || g[i + 1] < 1 || g[i + 2] < 1 || item.grid.patches() > pixels->shape[0] - row) {
-      return Fail(in + ": grid_thw row " + std::to_string(i / 3) + " does not fit the pixel_values rows");
-    }
-    item.patches = rows.data() + row * patch_dim;
-    row += item.grid.patches();
-    items.push_back(item);
-  }
-  if (row != pixels->shape[0]) {
-    return Fail(in + ": grid_thw covers " + std::to_string(row) + " rows, pixel_values has " +
-                std::to_string(pixels->shape[0]));
-  }
-
+  if (epd::Status s = PackItems(in, found, &rows, &items); !s.ok()) return Fail(s.message());
   auto result = (*tower)->Encode(items);
   if (!result.ok()) return Fail(result.status().ToString());
-  std::vector<epd::NamedTensor> tensors;
-  tensors.push_back({"main", {epd::TensorDType::kF32, {result->tokens, result->hidden}, result->main}});
-  if (result->deepstack_layers > 0) {
-    tensors.push_back(
-        {"deepstack",
-         {epd::TensorDType::kF32, {result->tokens, result->hidden * result->deepstack_layers}, result->deepstack}});
-  }
-  if (epd::Status s = epd::WriteSafetensors(out, tensors); !s.ok()) return Fail(s.ToString());
+  if (epd::Status s = WriteOutputs(out, *result); !s.ok()) return Fail(s.ToString());
   return 0;
 }
 

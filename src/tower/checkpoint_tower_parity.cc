@@ -84,79 +84,109 @@ std::unique_ptr<epd::VisionTower> Load(const std::shared_ptr<const epd::Checkpoi
   return std::move(*t);
 }
 
-int Run(int argc, char** argv) {
-  std::string model, photos_flag, device = "cuda", dtype = "bf16", json_out, min_cosine_s = "0.999", max_rel_s = "0.03";
+struct ParityFlags {
+  std::string model, photos_flag, device = "cuda", dtype = "bf16", json_out;
   int cpu_threads = 0;
-  epd::tower_tools::FlagParser flags;
-  flags.Texts({{"--model", &model}, {"--photos", &photos_flag}, {"--device", &device}});
-  flags.Texts({{"--json", &json_out}, {"--min-cosine", &min_cosine_s}, {"--max-rel-l2", &max_rel_s}});
-  flags.Choice("--dtype", {"f32", "bf16"}, &dtype);
-  flags.Int("--cpu-threads", 0, &cpu_threads);
-  if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(s.message());
-  if (model.empty() || photos_flag.empty()) return Fail("usage: checkpoint_tower_parity --model DIR --photos A,B,...");
-  const double min_cosine = std::stod(min_cosine_s);
-  const double max_rel = std::stod(max_rel_s);
-  std::vector<std::string> photos;
-  std::stringstream list(photos_flag);
-  for (std::string p; std::getline(list, p, ',');) photos.push_back(p);
+  double min_cosine = 0, max_rel = 0;  // --min-cosine, --max-rel-l2
+  std::vector<std::string> photos;     // --photos, split
+};
 
-  auto checkpoint = epd::OpenCheckpoint(model);
+// The flags; an error's message is what Fail prints. A bound that is not a
+// number throws (std::stod), which RunReportingExceptions reports.
+epd::Status ParseParityFlags(int argc, char** argv, ParityFlags* f) {
+  std::string min_cosine_s = "0.999", max_rel_s = "0.03";
+  epd::tower_tools::FlagParser flags;
+  flags.Texts({{"--model", &f->model}, {"--photos", &f->photos_flag}, {"--device", &f->device}});
+  flags.Texts({{"--json", &f->json_out}, {"--min-cosine", &min_cosine_s}, {"--max-rel-l2", &max_rel_s}});
+  flags.Choice("--dtype", {"f32", "bf16"}, &f->dtype);
+  flags.Int("--cpu-threads", 0, &f->cpu_threads);
+  if (epd::Status s = flags.Parse(argc, argv); !s.ok()) return s;
+  if (f->model.empty() || f->photos_flag.empty()) {
+    return epd::InvalidArgument("usage: checkpoint_tower_parity --model DIR --photos A,B,...");
+  }
+  f->min_cosine = std::stod(min_cosine_s);
+  f->max_rel = std::stod(max_rel_s);
+  std::stringstream list(f->photos_flag);
+  for (std::string p; std::getline(list, p, ',');) f->photos.push_back(p);
+  return epd::Status::Ok();
+}
+
+// One photo on both towers: a table row per output (main, and deepstack when
+// the tower has it), printed and added to `rows`; *all_ok turns false when
+// one misses a bound. An error's message is what Fail prints.
+epd::Status ComparePhoto(const std::string& photo, const epd::Checkpoint& checkpoint, epd::VisionTower& cpu,
+                         epd::VisionTower& dev, const ParityFlags& f, nlohmann::json* rows, bool* all_ok) {
+  std::ifstream file(photo, std::ios::binary);
+  if (!file) return epd::InvalidArgument("cannot read photo " + photo);
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  auto image = epd::DecodeAndPreprocess(bytes, checkpoint.preprocess());
+  if (!image.ok()) return epd::InvalidArgument(photo + ": " + image.status().ToString());
+  const epd::TowerItem item{image->patches.data(), image->grid, image->patch_dim};
+  auto want = cpu.Encode({&item, 1});
+  auto got = dev.Encode({&item, 1});
+  if (!want.ok()) return epd::InvalidArgument("cpu: " + want.status().ToString());
+  if (!got.ok()) return epd::InvalidArgument(f.device + ": " + got.status().ToString());
+  const epd::GridTHW& g = image->grid;
+  char grid[96];
+  std::snprintf(grid, sizeof(grid), "(%lld, %lld, %lld)", static_cast<long long>(g.t), static_cast<long long>(g.h),
+                static_cast<long long>(g.w));
+  const std::string name = photo.substr(photo.find_last_of('/') + 1);
+  for (const char* output : {"main", "deepstack"}) {
+    const bool main = std::string(output) == "main";
+    if (!main && want->deepstack_layers == 0) continue;
+    const std::int64_t width = main ? want->hidden : want->hidden * want->deepstack_layers;
+    const Agreement a =
+        Compare(Floats(main ? got->main : got->deepstack), Floats(main ? want->main : want->deepstack), width);
+    const bool ok = a.mean_cosine >= f.min_cosine && a.rel_l2 <= f.max_rel;
+    *all_ok = *all_ok && ok;
+    std::printf("| %s | %s | %s | %.5f | %.4f | %s |\n", name.c_str(), grid, output, a.mean_cosine, a.rel_l2,
+                ok ? "yes" : "NO");
+    rows->push_back({{"photo", name},
+                     {"grid_thw", {g.t, g.h, g.w}},
+                     {"output", output},
+                     {"mean_row_cosine", a.mean_cosine},
+                     {"rel_l2", a.rel_l2},
+                     {"ok", ok}});
+  }
+  return epd::Status::Ok();
+}
+
+int Run(int argc, char** argv) {
+  ParityFlags f;
+  if (epd::Status s = ParseParityFlags(argc, argv, &f); !s.ok()) return Fail(s.message());
+  auto checkpoint = epd::OpenCheckpoint(f.model);
   if (!checkpoint.ok()) return Fail(checkpoint.status().ToString());
   std::string error;
-  auto cpu = Load(*checkpoint, "cpu", epd::DType::kFloat32, cpu_threads, &error);
+  auto cpu = Load(*checkpoint, "cpu", epd::DType::kFloat32, f.cpu_threads, &error);
   if (cpu == nullptr) return Fail(error);
-  auto dev = Load(*checkpoint, device, dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32, 1, &error);
+  auto dev = Load(*checkpoint, f.device, f.dtype == "bf16" ? epd::DType::kBFloat16 : epd::DType::kFloat32, 1, &error);
   if (dev == nullptr) return Fail(error);
 
-  std::printf("parity: %s on %s in %s against the CPU in float32 (%s)\n\n", model.c_str(), device.c_str(),
-              dtype.c_str(), dev->Describe().c_str());
+  std::printf("parity: %s on %s in %s against the CPU in float32 (%s)\n\n", f.model.c_str(), f.device.c_str(),
+              f.dtype.c_str(), dev->Describe().c_str());
   std::printf(
       "| photo | grid (t,h,w) | output | mean row cosine | relative L2 | within bounds |\n|---|---|---|---|---|---|\n");
   nlohmann::json rows = nlohmann::json::array();
   bool all_ok = true;
-  for (const std::string& photo : photos) {
-    std::ifstream file(photo, std::ios::binary);
-    if (!file) return Fail("cannot read photo " + photo);
-    const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    auto image = epd::DecodeAndPreprocess(bytes, (*checkpoint)->preprocess());
-    if (!image.ok()) return Fail(photo + ": " + image.status().ToString());
-    const epd::TowerItem item{image->patches.data(), image->grid, image->patch_dim};
-    auto want = cpu->Encode({&item, 1});
-    auto got = dev->Encode({&item, 1});
-    if (!want.ok()) return Fail("cpu: " + want.status().ToString());
-    if (!got.ok()) return Fail(device + ": " + got.status().ToString());
-    const epd::GridTHW& g = image->grid;
-    char grid[96];
-    std::snprintf(grid, sizeof(grid), "(%lld, %lld, %lld)", static_cast<long long>(g.t), static_cast<long long>(g.h),
-                  static_cast<long long>(g.w));
-    const std::string name = photo.substr(photo.find_last_of('/') + 1);
-    for (const char* output : {"main", "deepstack"}) {
-      const bool main = std::string(output) == "main";
-      if (!main && want->deepstack_layers == 0) continue;
-      const std::int64_t width = main ? want->hidden : want->hidden * want->deepstack_layers;
-      const Agreement a =
-          Compare(Floats(main ? got->main : got->deepstack), Floats(main ? want->main : want->deepstack), width);
-      const bool ok = a.mean_cosine >= min_cosine && a.rel_l2 <= max_rel;
-      all_ok = all_ok && ok;
-      std::printf("| %s | %s | %s | %.5f | %.4f | %s |\n", name.c_str(), grid, output, a.mean_cosine, a.rel_l2,
-                  ok ? "yes" : "NO");
-      rows.push_back({{"photo", name},
-                      {"grid_thw", {g.t, g.h, g.w}},
-                      {"output", output},
-                      {"mean_row_cosine", a.mean_cosine},
-                      {"rel_l2", a.rel_l2},
-                      {"ok", ok}});
+  for (const std::string& photo : f.photos) {
+    if (epd::Status s = ComparePhoto(photo, **checkpoint, *cpu, *dev, f, &rows, &all_ok); !s.ok()) {
+      return Fail(s.message());
     }
   }
-  std::printf("\nbounds: mean row cosine >= %g, relative L2 <= %g: %s\n", min_cosine, max_rel,
+  std::printf("\nbounds: mean row cosine >= %g, relative L2 <= %g: %s\n", f.min_cosine, f.max_rel,
               all_ok ? "met" : "MISSED");
-  if (!json_out.empty()) {
-    nlohmann::json doc = {
-        {"schema", "epd-tower-parity/1"}, {"model", model},        {"device", device}, {"dtype", dtype}, {"rows", rows},
-        {"min_cosine", min_cosine},       {"max_rel_l2", max_rel}, {"met", all_ok}};
-    std::ofstream out(json_out);
+  if (!f.json_out.empty()) {
+    nlohmann::json doc = {{"schema", "epd-tower-parity/1"},
+                          {"model", f.model},
+                          {"device", f.device},
+                          {"dtype", f.dtype},
+                          {"rows", rows},
+                          {"min_cosine", f.min_cosine},
+                          {"max_rel_l2", f.max_rel},
+                          {"met", all_ok}};
+    std::ofstream out(f.json_out);
     out << doc.dump(2) << "\n";
-    if (!out) return Fail("cannot write --json " + json_out);
+    if (!out) return Fail("cannot write --json " + f.json_out);
   }
   return all_ok ? 0 : 2;
 }

@@ -39,20 +39,29 @@ int Usage(const char* why) {
   return 2;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// What the command line asks for.
+struct DumpArgs {
   epd::PreprocessConfig cfg;
-  std::vector<std::string_view> args(argv + 1, argv + argc);
-  // --patch first: it resets the pixel defaults the other flags then override.
-  epd::VideoSampling s;
+  epd::VideoSampling sampling;
+  std::string out_dir, file;
+};
+
+// --patch first: it sets the patch size and resets the pixel defaults the
+// other flags then override.
+void ApplyPatchFlag(const std::vector<std::string_view>& args, DumpArgs* d) {
   for (std::size_t i = 0; i + 1 < args.size(); ++i) {
     if (args[i] == "--patch") {
-      cfg.patch_size = std::atoi(std::string(args[i + 1]).c_str());
-      s = epd::VideoSampling::ForPatchSize(cfg.patch_size);
+      d->cfg.patch_size = std::atoi(std::string(args[i + 1]).c_str());
+      d->sampling = epd::VideoSampling::ForPatchSize(d->cfg.patch_size);
     }
   }
-  std::string out_dir, file;
+}
+
+// The arguments into `d`; what is wrong with them for Usage, or "" when
+// nothing is. An option without its value reads as "" (so 0).
+std::string ParseArgs(const std::vector<std::string_view>& args, DumpArgs* d) {
+  ApplyPatchFlag(args, d);
+  epd::VideoSampling& s = d->sampling;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string_view a = args[i];
     auto next = [&]() -> std::string {
@@ -80,56 +89,72 @@ int main(int argc, char** argv) {
       s.resized_height = next_int();
       s.resized_width = next_int();
     } else if (a == "--out-dir") {
-      out_dir = next();
+      d->out_dir = next();
     } else if (!a.empty() && a[0] == '-') {
-      return Usage(("unknown option " + std::string(a)).c_str());
-    } else if (file.empty()) {
-      file = std::string(a);
+      return "unknown option " + std::string(a);
+    } else if (d->file.empty()) {
+      d->file = std::string(a);
     } else {
-      return Usage("more than one FILE");
+      return "more than one FILE";
     }
   }
-  if (file.empty()) return Usage("no FILE");
+  return d->file.empty() ? "no FILE" : "";
+}
 
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Usage(("cannot read " + file).c_str());
+// A decode error's line; exit status 1.
+int Fail(const epd::Status& st) {
+  std::string m = st.message();
+  for (char& c : m) {
+    if (c == '\n') c = ' ';
+  }
+  std::printf("error %d %s\n", static_cast<int>(st.code()), m.c_str());
+  return 1;
+}
+
+void PrintSampled(const epd::SampledVideo& video) {
+  const epd::RgbImage& f0 = video.frames.front();
+  std::printf(
+      "source_frames %lld\nframes %zu\nresized %d %d\ngrid %lld %lld %lld\nsample_fps %.17g\n"
+      "seconds_per_grid_t %.17g\ntimestamps",
+      static_cast<long long>(video.source_frames), video.frames.size(), f0.height, f0.width,
+      static_cast<long long>(video.grid.t), static_cast<long long>(video.grid.h), static_cast<long long>(video.grid.w),
+      video.sample_fps, video.seconds_per_grid_t);
+  for (double t : video.timestamps_s) std::printf(" %.17g", t);
+  std::printf("\n");
+}
+
+// Frame I to DIR/frame_III.rgb.
+void WriteFrames(const epd::SampledVideo& video, const std::string& out_dir) {
+  std::filesystem::create_directories(out_dir);
+  for (std::size_t i = 0; i < video.frames.size(); ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "frame_%03zu.rgb", i);
+    std::ofstream o(std::filesystem::path(out_dir) / name, std::ios::binary);
+    o.write(reinterpret_cast<const char*>(video.frames[i].pixels.data()),
+            static_cast<std::streamsize>(video.frames[i].pixels.size()));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  DumpArgs d;
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  if (const std::string why = ParseArgs(args, &d); !why.empty()) return Usage(why.c_str());
+  std::ifstream in(d.file, std::ios::binary);
+  if (!in) return Usage(("cannot read " + d.file).c_str());
   const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 
-  auto fail = [](const epd::Status& st) {
-    std::string m = st.message();
-    for (char& c : m) {
-      if (c == '\n') c = ' ';
-    }
-    std::printf("error %d %s\n", static_cast<int>(st.code()), m.c_str());
-    return 1;
-  };
   auto info = epd::ProbeVideo(bytes);
-  if (!info.ok()) return fail(info.status());
+  if (!info.ok()) return Fail(info.status());
   std::printf(
       "container %s\ncodec %s\nsource_size %lld %lld\nheader_frames %lld\nsource_fps %.17g\n"
       "duration_s %.17g\n",
       info->container.c_str(), info->codec.c_str(), static_cast<long long>(info->width),
       static_cast<long long>(info->height), static_cast<long long>(info->frames), info->fps, info->duration_s);
-  auto video = epd::DecodeVideo(bytes, s, cfg);
-  if (!video.ok()) return fail(video.status());
-  const epd::RgbImage& f0 = video->frames.front();
-  std::printf(
-      "source_frames %lld\nframes %zu\nresized %d %d\ngrid %lld %lld %lld\nsample_fps %.17g\n"
-      "seconds_per_grid_t %.17g\ntimestamps",
-      static_cast<long long>(video->source_frames), video->frames.size(), f0.height, f0.width,
-      static_cast<long long>(video->grid.t), static_cast<long long>(video->grid.h),
-      static_cast<long long>(video->grid.w), video->sample_fps, video->seconds_per_grid_t);
-  for (double t : video->timestamps_s) std::printf(" %.17g", t);
-  std::printf("\n");
-  if (!out_dir.empty()) {
-    std::filesystem::create_directories(out_dir);
-    for (std::size_t i = 0; i < video->frames.size(); ++i) {
-      char name[32];
-      std::snprintf(name, sizeof(name), "frame_%03zu.rgb", i);
-      std::ofstream o(std::filesystem::path(out_dir) / name, std::ios::binary);
-      o.write(reinterpret_cast<const char*>(video->frames[i].pixels.data()),
-              static_cast<std::streamsize>(video->frames[i].pixels.size()));
-    }
-  }
+  auto video = epd::DecodeVideo(bytes, d.sampling, d.cfg);
+  if (!video.ok()) return Fail(video.status());
+  PrintSampled(*video);
+  if (!d.out_dir.empty()) WriteFrames(*video, d.out_dir);
   return 0;
 }
