@@ -1,0 +1,139 @@
+// The fused resample-normalise-patchify path (PreprocessInto, PatchWriter,
+// the resampler's per-thread scratch): equal to the separate steps, and free
+// of allocations once warm.
+//
+// Allocations are counted by replacing the global operator new (and new[])
+// in this test binary: every C++ allocation of the process goes through the
+// counter, so "the counter did not move across the call" means the call
+// allocated nothing through new. (C allocations by C libraries, e.g.
+// libjpeg-turbo's own working memory, are not seen; PreprocessInto calls
+// none.)
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "epd/media/preprocess.h"
+#include "patchify.h"
+#include "test_images.h"
+
+namespace {
+std::atomic<long> g_news{0};
+}  // namespace
+
+void* operator new(std::size_t n) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace epd {
+namespace {
+
+// The unfused path, each step separately tested: ResizeRgb, then a float
+// image ([3, H, W]), then the permutation (PatchifyTest's naive check).
+std::vector<float> Unfused(const RgbImage& img, const PreprocessConfig& cfg) {
+  auto size = SmartResize(img.height, img.width, cfg);
+  EXPECT_TRUE(size.ok());
+  auto resized = ResizeRgb(img, static_cast<int>(size->width), static_cast<int>(size->height), cfg.resample);
+  EXPECT_TRUE(resized.ok());
+  return internal::Patchify(internal::NormalizeToPlanar(*resized, cfg), resized->height, resized->width, cfg);
+}
+
+PreprocessConfig Config(int patch, int merge, int temporal) {
+  PreprocessConfig cfg;
+  cfg.patch_size = patch;
+  cfg.merge_size = merge;
+  cfg.temporal_patch_size = temporal;
+  cfg.min_pixels = 4 * patch * merge * patch * merge;
+  return cfg;
+}
+
+TEST(FusedPreprocessTest, EqualsResizeThenNormaliseThenPatchify) {
+  // Qwen2-VL (14), Qwen3-VL (16), a side with no fixed-length loop (5) and
+  // odd merge and temporal sizes; downscales, upscales and one unchanged axis.
+  for (const PreprocessConfig& cfg : {Config(14, 2, 2), Config(16, 2, 2), Config(5, 3, 3), Config(14, 2, 1)}) {
+    for (auto [w, h] : {std::pair{333, 251}, std::pair{61, 47}, std::pair{112, 400}}) {
+      const RgbImage img = testing::PatternImage(w, h);
+      auto pre = Preprocess(img, cfg);
+      ASSERT_TRUE(pre.ok()) << pre.status().ToString();
+      EXPECT_EQ(pre->patches, Unfused(img, cfg)) << w << "x" << h << " patch " << cfg.patch_size;
+    }
+  }
+}
+
+TEST(FusedPreprocessTest, PreprocessIntoWritesPreprocessRows) {
+  const PreprocessConfig cfg;
+  const RgbImage img = testing::PatternImage(427, 300);
+  auto pre = Preprocess(img, cfg);
+  ASSERT_TRUE(pre.ok());
+  std::vector<float> rows(pre->patches.size(), -7.0f);
+  ASSERT_TRUE(PreprocessInto(img, cfg, rows).ok());
+  EXPECT_EQ(rows, pre->patches);
+}
+
+TEST(FusedPreprocessTest, PreprocessIntoRefusesAWrongLengthByName) {
+  std::vector<float> rows(10);
+  Status s = PreprocessInto(testing::PatternImage(56, 56), PreprocessConfig{}, rows);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  // 56x56: 16 rows of 1176 floats.
+  EXPECT_NE(s.message().find("rows has 10 floats"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("16 rows of 1176 = 18816"), std::string::npos) << s.ToString();
+}
+
+TEST(FusedPreprocessTest, PreprocessIntoAllocatesNothingOnceWarm) {
+  const PreprocessConfig cfg;
+  const RgbImage big = testing::PatternImage(1024, 768);
+  const RgbImage other = testing::ConstantImage(1024, 768, 9, 99, 199);
+  const RgbImage small = testing::PatternImage(300, 200);
+  auto grid = GridForImage(big.height, big.width, cfg);
+  ASSERT_TRUE(grid.ok());
+  std::vector<float> rows(static_cast<std::size_t>(grid->patches() * cfg.patch_dim()));
+  ASSERT_TRUE(PreprocessInto(big, cfg, rows).ok());  // warm-up: the scratch grows
+  auto small_grid = GridForImage(small.height, small.width, cfg);
+  ASSERT_TRUE(small_grid.ok());
+  std::vector<float> small_rows(static_cast<std::size_t>(small_grid->patches() * cfg.patch_dim()));
+
+  const long before = g_news.load();
+  ASSERT_TRUE(PreprocessInto(other, cfg, rows).ok());
+  ASSERT_TRUE(PreprocessInto(big, cfg, rows).ok());
+  ASSERT_TRUE(PreprocessInto(small, cfg, small_rows).ok());  // smaller: fits the scratch
+  EXPECT_EQ(g_news.load() - before, 0);
+
+  // And the counter does count: Preprocess allocates its result.
+  const long counted = g_news.load();
+  ASSERT_TRUE(Preprocess(big, cfg).ok());
+  EXPECT_GT(g_news.load() - counted, 0);
+}
+
+TEST(FusedPreprocessTest, ThreadsHaveTheirOwnScratch) {
+  const PreprocessConfig cfg;
+  const RgbImage a = testing::PatternImage(640, 427), b = testing::PatternImage(301, 555);
+  auto want_a = Preprocess(a, cfg), want_b = Preprocess(b, cfg);
+  ASSERT_TRUE(want_a.ok() && want_b.ok());
+  std::vector<int> mismatches(2, 0);
+  auto loop = [&](int t) {
+    const RgbImage& img = t == 0 ? a : b;
+    const std::vector<float>& want = t == 0 ? want_a->patches : want_b->patches;
+    for (int i = 0; i < 20; ++i) {
+      auto got = Preprocess(img, cfg);
+      mismatches[t] += !got.ok() || got->patches != want;
+    }
+  };
+  std::thread other(loop, 1);
+  loop(0);
+  other.join();
+  EXPECT_EQ(mismatches[0], 0);
+  EXPECT_EQ(mismatches[1], 0);
+}
+
+}  // namespace
+}  // namespace epd
