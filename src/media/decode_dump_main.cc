@@ -7,7 +7,7 @@
 //   epd_decode_dump --out-dir DIR [--no-exif-orientation]
 //                   [--rgba-background white|none|R,G,B]
 //                   [--max-decode-pixels N] [--resize W H [--bilinear]]
-//                   [--rows] FILE...
+//                   [--rows [--dct-scaling]] FILE...
 // For each FILE, one tab-separated line on stdout:
 //   FILE ok W H ORIENTATION HEADER_TOKENS TOKENS
 // where W x H is the decoded (displayed) size, ORIENTATION the EXIF value
@@ -20,7 +20,9 @@
 // BILINEAR with --bilinear) of the decoded image, and W H on the line are
 // the resized size. --rows: also writes DIR/<basename>.f32, epd::Preprocess's
 // patch rows (float32, row-major), and appends the grid T H W to the line
-// (tests/python/test_resample_parity.py compares both with Pillow + numpy).
+// (tests/python/test_resample_parity.py compares both with Pillow + numpy);
+// with --dct-scaling those rows are DecodeAndPreprocess's with
+// PreprocessConfig::jpeg_dct_scaling on.
 // Exit status 0 when every file was processed (decode errors included), 2 on
 // bad usage or an unreadable file.
 #include <cstdio>
@@ -28,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,7 +44,7 @@ int Usage(const char* why) {
   std::fprintf(stderr,
                "epd_decode_dump: %s\nusage: epd_decode_dump --out-dir DIR [--no-exif-orientation] "
                "[--rgba-background white|none|R,G,B] [--max-decode-pixels N] [--resize W H [--bilinear]] "
-               "[--rows] FILE...\n",
+               "[--rows [--dct-scaling]] FILE...\n",
                why);
   return 2;
 }
@@ -71,8 +74,10 @@ struct Options {
 };
 
 // Writes FILE.f32 (Preprocess's rows) and returns "\tT\tH\tW", or the error.
-epd::StatusOr<std::string> DumpRows(const std::string& file, const epd::RgbImage& img, const Options& o, bool& io_ok) {
-  auto pre = epd::Preprocess(img, o.cfg);
+epd::StatusOr<std::string> DumpRows(const std::string& file, std::span<const std::uint8_t> bytes,
+                                    const epd::RgbImage& img, const Options& o, bool& io_ok) {
+  // With --dct-scaling the rows are DecodeAndPreprocess's, which alone reads it.
+  auto pre = o.cfg.jpeg_dct_scaling ? epd::DecodeAndPreprocess(bytes, o.cfg, o.limits) : epd::Preprocess(img, o.cfg);
   if (!pre.ok()) return pre.status();
   io_ok = WriteFile(o.out_dir / (std::filesystem::path(file).filename().string() + ".f32"), pre->patches.data(),
                     pre->patches.size() * sizeof(float));
@@ -102,7 +107,7 @@ bool DumpOne(const std::string& file, const Options& o) {
   std::string grid_text;
   bool io_ok = true;
   if (o.rows) {
-    auto text = DumpRows(file, *img, o, io_ok);
+    auto text = DumpRows(file, bytes, *img, o, io_ok);
     if (!text.ok()) return fail(text.status());
     if (!io_ok) return false;
     grid_text = *text;
@@ -147,6 +152,8 @@ int main(int argc, char** argv) {
       o.filter = epd::Resample::kBilinear;
     } else if (arg == "--rows") {
       o.rows = true;
+    } else if (arg == "--dct-scaling") {
+      o.cfg.jpeg_dct_scaling = true;
     } else if (!arg.empty() && arg[0] == '-') {
       return Usage(("unknown or incomplete option " + std::string(arg)).c_str());
     } else {

@@ -10,14 +10,19 @@
 // each band of patch_size output rows, still in cache, to the PatchWriter,
 // which normalises it straight into patch rows: no full-size float image,
 // and the scratch (the resampler's) is this thread's, reused from image to
-// image. Preprocess is PreprocessInto on a vector it allocates.
+// image. Preprocess is PreprocessInto on a vector it allocates (grown by
+// copies of finished rows, never zero-filled). DecodeAndPreprocess decodes
+// a JPEG shown as stored into a per-thread buffer too.
 #include "epd/media/preprocess.h"
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 
+#include "image_internal.h"
 #include "patchify.h"
 #include "resample.h"
 
@@ -272,10 +277,9 @@ std::vector<float> NormalizeToPlanar(const RgbImage& image, const PreprocessConf
 
 namespace {
 
-// The resized size of `image`, checked to fit an int side.
-StatusOr<ResizedSize> TargetSize(const RgbImage& image, const PreprocessConfig& cfg) {
-  if (Status s = CheckImage(image); !s.ok()) return s;
-  auto size = SmartResize(image.height, image.width, cfg);
+// The resized size of a height x width image, checked to fit an int side.
+StatusOr<ResizedSize> TargetSize(int height, int width, const PreprocessConfig& cfg) {
+  auto size = SmartResize(height, width, cfg);
   if (!size.ok()) return size.status();
   // SmartResize output is bounded by about max_pixels (<= 2^40) per area, but
   // a single side could still exceed int for extreme configs.
@@ -285,25 +289,64 @@ StatusOr<ResizedSize> TargetSize(const RgbImage& image, const PreprocessConfig& 
   return *size;
 }
 
-// Resample, normalise and patchify into `rows` (or onto `append`, see
-// PatchSink). REQUIRES: `size` is TargetSize's and rows the right length.
-void ResampleIntoRows(const RgbImage& image, const ResizedSize& size, const PreprocessConfig& cfg, float* rows,
-                      std::vector<float>* append) {
+// Resample, normalise and patchify RGB8 `pixels` (width x height) into
+// `rows` (or onto `append`, see PatchSink). REQUIRES: `size` is
+// TargetSize's and rows the right length.
+void ResampleIntoRows(const std::uint8_t* pixels, int width, int height, const ResizedSize& size,
+                      const PreprocessConfig& cfg, float* rows, std::vector<float>* append) {
   thread_local std::vector<float> chunk;
   const int H = static_cast<int>(size.height), W = static_cast<int>(size.width);
   PatchSink sink(cfg, W, rows, append, &chunk);
   internal::ResampleScratch& scratch = internal::ThreadScratch();
-  internal::ResampleRgb(image.pixels.data(), image.width, image.height,
-                        std::size_t{3} * static_cast<std::size_t>(image.width), W, H, cfg.resample,
+  internal::ResampleRgb(pixels, width, height, std::size_t{3} * static_cast<std::size_t>(width), W, H, cfg.resample,
                         cfg.patch_size * cfg.merge_size, scratch, sink);
   scratch.Trim();
   if (chunk.capacity() * sizeof(float) > internal::ResampleScratch::kKeepBytes) std::vector<float>().swap(chunk);
 }
 
+// Preprocess on well-formed RGB8 pixels, resized to `size`.
+StatusOr<PreprocessedImage> PreprocessPixels(const std::uint8_t* pixels, int width, int height, const ResizedSize& size,
+                                             const PreprocessConfig& cfg) {
+  PreprocessedImage out;
+  out.grid = GridTHW{1, size.height / cfg.patch_size, size.width / cfg.patch_size};
+  out.merge_size = cfg.merge_size;
+  out.patch_dim = cfg.patch_dim();
+  out.patches.reserve(static_cast<std::size_t>(out.grid.patches() * out.patch_dim));
+  ResampleIntoRows(pixels, width, height, size, cfg, nullptr, &out.patches);
+  return out;
+}
+
+// The least decoded size DCT scaling may give (jpeg_dct_scaling): the
+// resized size when it is at most half the stored one on both axes, else
+// {0, 0} (no scaling). `context` is the PreprocessConfig.
+std::pair<int, int> DctMinSize(int width, int height, const void* context) {
+  auto size = TargetSize(height, width, *static_cast<const PreprocessConfig*>(context));
+  if (!size.ok() || 2 * size->width > width || 2 * size->height > height) return {0, 0};
+  return {static_cast<int>(size->width), static_cast<int>(size->height)};
+}
+
+// DecodeAndPreprocess's JPEG path: the pixels decode into this thread's
+// buffer. nullopt when the image takes DecodeImage instead (CMYK).
+StatusOr<std::optional<PreprocessedImage>> JpegFastPath(std::span<const std::uint8_t> bytes,
+                                                        const PreprocessConfig& cfg, const DecodeLimits& limits) {
+  thread_local internal::PixelBuffer buffer;
+  StatusOr<bool> decoded =
+      internal::DecodeJpegRgbInto(bytes, limits, buffer, cfg.jpeg_dct_scaling ? DctMinSize : nullptr, &cfg);
+  if (!decoded.ok()) return decoded.status();
+  if (!*decoded) return std::optional<PreprocessedImage>();
+  // The grid is the stored size's, also when the decode was scaled.
+  auto size = TargetSize(buffer.stored_height, buffer.stored_width, cfg);
+  if (!size.ok()) return size.status();
+  auto pre = PreprocessPixels(buffer.data.get(), buffer.width, buffer.height, *size, cfg);
+  if (!pre.ok()) return pre.status();
+  return std::optional<PreprocessedImage>(*std::move(pre));
+}
+
 }  // namespace
 
 Status PreprocessInto(const RgbImage& image, const PreprocessConfig& cfg, std::span<float> rows) {
-  auto size = TargetSize(image, cfg);
+  if (Status s = CheckImage(image); !s.ok()) return s;
+  auto size = TargetSize(image.height, image.width, cfg);
   if (!size.ok()) return size.status();
   const std::int64_t patches = (size->height / cfg.patch_size) * (size->width / cfg.patch_size);
   const std::int64_t want = patches * cfg.patch_dim();
@@ -312,26 +355,30 @@ Status PreprocessInto(const RgbImage& image, const PreprocessConfig& cfg, std::s
                            Dims(size->height, size->width) + " (HxW) result needs " + std::to_string(patches) +
                            " rows of " + std::to_string(cfg.patch_dim()) + " = " + std::to_string(want));
   }
-  ResampleIntoRows(image, *size, cfg, rows.data(), nullptr);
+  ResampleIntoRows(image.pixels.data(), image.width, image.height, *size, cfg, rows.data(), nullptr);
   return Status::Ok();
 }
 
 StatusOr<PreprocessedImage> Preprocess(const RgbImage& image, const PreprocessConfig& cfg) {
-  auto size = TargetSize(image, cfg);
+  if (Status s = CheckImage(image); !s.ok()) return s;
+  auto size = TargetSize(image.height, image.width, cfg);
   if (!size.ok()) return size.status();
-  PreprocessedImage out;
-  out.grid = GridTHW{1, size->height / cfg.patch_size, size->width / cfg.patch_size};
-  out.merge_size = cfg.merge_size;
-  out.patch_dim = cfg.patch_dim();
-  out.patches.reserve(static_cast<std::size_t>(out.grid.patches() * out.patch_dim));
-  ResampleIntoRows(image, *size, cfg, nullptr, &out.patches);
-  return out;
+  return PreprocessPixels(image.pixels.data(), image.width, image.height, *size, cfg);
 }
 
 StatusOr<PreprocessedImage> DecodeAndPreprocess(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
                                                 const DecodeLimits& limits) {
   // Validate first: a bad config should not cost a decode.
   if (Status s = cfg.Validate(); !s.ok()) return s;
+  // The common case, a JPEG shown as stored, decodes into this thread's
+  // buffer (internal::DecodeJpegRgbInto); the rest takes DecodeImage, whose
+  // checks and errors the fast path shares.
+  const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xff && bytes[1] == 0xd8 && bytes[2] == 0xff;
+  if (jpeg && limits.max_pixels > 0 && (!cfg.decode.apply_exif_orientation || internal::JpegOrientation(bytes) == 1)) {
+    auto fast = JpegFastPath(bytes, cfg, limits);
+    if (!fast.ok()) return fast.status();
+    if (fast->has_value()) return **std::move(fast);
+  }
   auto image = DecodeImage(bytes, limits, cfg.decode);
   if (!image.ok()) return image.status();
   return Preprocess(*image, cfg);

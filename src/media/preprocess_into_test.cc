@@ -11,11 +11,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <new>
 #include <thread>
 #include <vector>
 
+#include "epd/media/content_key.h"
 #include "epd/media/preprocess.h"
 #include "patchify.h"
 #include "test_images.h"
@@ -133,6 +135,78 @@ TEST(FusedPreprocessTest, ThreadsHaveTheirOwnScratch) {
   other.join();
   EXPECT_EQ(mismatches[0], 0);
   EXPECT_EQ(mismatches[1], 0);
+}
+
+// `jpeg` with an APP1 Exif segment (orientation o) right after SOI.
+testing::Bytes WithExif(const testing::Bytes& jpeg, int o) {
+  const testing::Bytes exif = testing::ExifWithOrientation(o);
+  const std::size_t len = exif.size() + 2;
+  testing::Bytes out(jpeg.begin(), jpeg.begin() + 2);
+  out.insert(out.end(), {0xff, 0xe1, static_cast<std::uint8_t>(len >> 8), static_cast<std::uint8_t>(len & 0xff)});
+  out.insert(out.end(), exif.begin(), exif.end());
+  out.insert(out.end(), jpeg.begin() + 2, jpeg.end());
+  return out;
+}
+
+// DecodeAndPreprocess's JPEG path (a per-thread buffer) against DecodeImage
+// then Preprocess, on every branch: plain, EXIF-rotated and CMYK (which take
+// DecodeImage), orientation ignored, corrupt and over the pixel limit.
+TEST(FusedPreprocessTest, DecodeAndPreprocessOfJpegEqualsTheTwoSteps) {
+  const RgbImage img = testing::PatternImage(301, 197);
+  const testing::Bytes plain = testing::EncodeJpegRgb(img, 90);
+  testing::Bytes cmyk_px(std::size_t{64} * 48 * 4);
+  for (std::size_t i = 0; i < cmyk_px.size(); ++i) cmyk_px[i] = static_cast<std::uint8_t>(i * 7);
+  PreprocessConfig no_exif;
+  no_exif.decode.apply_exif_orientation = false;
+  struct Case {
+    testing::Bytes bytes;
+    PreprocessConfig cfg;
+  };
+  for (const Case& c : {Case{plain, {}}, Case{WithExif(plain, 6), {}}, Case{WithExif(plain, 6), no_exif},
+                        Case{testing::EncodeJpegCmyk(64, 48, cmyk_px, 90), {}}}) {
+    auto decoded = DecodeImage(c.bytes, {}, c.cfg.decode);
+    ASSERT_TRUE(decoded.ok());
+    auto want = Preprocess(*decoded, c.cfg);
+    auto got = DecodeAndPreprocess(c.bytes, c.cfg);
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_EQ(got->grid, want->grid);
+    EXPECT_EQ(got->patches, want->patches);
+  }
+  const testing::Bytes corrupt = testing::FirstHalf(plain);
+  EXPECT_EQ(DecodeAndPreprocess(corrupt, {}).status().ToString(), DecodeImage(corrupt).status().ToString());
+  const DecodeLimits tight{.max_pixels = 1000};
+  EXPECT_EQ(DecodeAndPreprocess(plain, {}, tight).status().ToString(), DecodeImage(plain, tight).status().ToString());
+}
+
+// A smooth 2400 x 1800 photo-like image: its resized size (1148 x 840) is
+// under half of it, so jpeg_dct_scaling decodes it at 1/2.
+TEST(FusedPreprocessTest, DctScalingIsOffByDefaultKeepsTheGridAndChangesTheKey) {
+  RgbImage img{2400, 1800, {}};
+  img.pixels.resize(std::size_t{2400} * 1800 * 3);
+  for (int y = 0; y < 1800; ++y) {
+    for (int x = 0; x < 2400; ++x) {
+      std::uint8_t* p = &img.pixels[(static_cast<std::size_t>(y) * 2400 + x) * 3];
+      p[0] = static_cast<std::uint8_t>(x / 10);
+      p[1] = static_cast<std::uint8_t>(y / 8);
+      p[2] = static_cast<std::uint8_t>(128 + 100 * std::sin(x / 37.0 + y / 53.0));
+    }
+  }
+  const testing::Bytes jpeg = testing::EncodeJpegRgb(img, 90);
+  PreprocessConfig on;
+  on.jpeg_dct_scaling = true;
+  EXPECT_FALSE(PreprocessConfig{}.jpeg_dct_scaling);
+  auto full = DecodeAndPreprocess(jpeg, {});
+  auto scaled = DecodeAndPreprocess(jpeg, on);
+  ASSERT_TRUE(full.ok() && scaled.ok());
+  EXPECT_EQ(scaled->grid, full->grid);
+  EXPECT_EQ(full->grid, (GridTHW{1, 60, 82}));  // 840 x 1148: under half of 1800 x 2400
+  ASSERT_EQ(scaled->patches.size(), full->patches.size());
+  double sum = 0;
+  for (std::size_t i = 0; i < full->patches.size(); ++i) sum += std::fabs(scaled->patches[i] - full->patches[i]);
+  const double mean_levels = sum / static_cast<double>(full->patches.size()) * 0.27 * 255;
+  EXPECT_GT(mean_levels, 0.0);  // the option does change the decode
+  EXPECT_LT(mean_levels, 2.0);  // but it is the same picture
+  EXPECT_NE(ComputeContentKey("m", on, jpeg), ComputeContentKey("m", PreprocessConfig{}, jpeg));
 }
 
 }  // namespace

@@ -80,6 +80,14 @@ struct PreprocessConfig {
   std::array<float, 3> mean{0.48145466f, 0.4578275f, 0.40821073f};
   std::array<float, 3> std{0.26862954f, 0.26130258f, 0.27577711f};
   Resample resample = Resample::kBicubic;
+  // DecodeAndPreprocess only: when on, a JPEG shown as stored whose resized
+  // size is at most half its own on both axes is decoded by libjpeg-turbo's
+  // DCT-domain scaling (1/2, 1/4 or 1/8: the smallest still at least the
+  // resized size) and then resampled. Faster (about 1.3x at 2048x2048 ->
+  // 980x980), but not Pillow's pixels: docs/KEYS_AND_PREPROCESSING.md gives
+  // the measured difference, which exceeds issue 42's parity bound, hence
+  // off by default. Part of the content key when on.
+  bool jpeg_dct_scaling = false;
   // How the encoded bytes become RGB before step 1: EXIF orientation and the
   // alpha policy (epd/media/image.h). Part of the content key, like every field
   // here. Defaults: orientation applied, RGBA composited on white (vLLM's
