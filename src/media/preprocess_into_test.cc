@@ -19,6 +19,7 @@
 
 #include "epd/media/content_key.h"
 #include "epd/media/preprocess.h"
+#include "epd/media/video.h"
 #include "patchify.h"
 #include "test_images.h"
 
@@ -176,6 +177,29 @@ TEST(FusedPreprocessTest, DecodeAndPreprocessOfJpegEqualsTheTwoSteps) {
   EXPECT_EQ(DecodeAndPreprocess(corrupt, {}).status().ToString(), DecodeImage(corrupt).status().ToString());
   const DecodeLimits tight{.max_pixels = 1000};
   EXPECT_EQ(DecodeAndPreprocess(plain, {}, tight).status().ToString(), DecodeImage(plain, tight).status().ToString());
+}
+
+// A video chunk's T distinct frames through the fused writer equal the
+// separate normalise and PatchifyFrames (tested on distinct values).
+TEST(FusedPreprocessTest, VideoChunkOfDistinctFramesEqualsPatchifyFrames) {
+  for (const PreprocessConfig& cfg : {Config(14, 2, 2), Config(16, 2, 3)}) {
+    SampledVideo video;
+    const int W = 4 * cfg.patch_size * cfg.merge_size, H = 2 * cfg.patch_size * cfg.merge_size;
+    for (int k = 0; k < 2 * cfg.temporal_patch_size; ++k) {
+      RgbImage frame = testing::PatternImage(W, H);
+      for (std::uint8_t& v : frame.pixels) v = static_cast<std::uint8_t>(v + 37 * k);
+      video.frames.push_back(std::move(frame));
+    }
+    auto chunk = PreprocessChunk(video, 1, cfg);
+    ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+    std::vector<std::vector<float>> planar;
+    for (int k = 0; k < cfg.temporal_patch_size; ++k) {
+      planar.push_back(internal::NormalizeToPlanar(video.frames[cfg.temporal_patch_size + k], cfg));
+    }
+    std::vector<const std::vector<float>*> ptrs;
+    for (const auto& p : planar) ptrs.push_back(&p);
+    EXPECT_EQ(chunk->patches, internal::PatchifyFrames(ptrs, H, W, cfg)) << "patch " << cfg.patch_size;
+  }
 }
 
 // A smooth 2400 x 1800 photo-like image: its resized size (1148 x 840) is
