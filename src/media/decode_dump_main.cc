@@ -115,7 +115,7 @@ bool DumpOne(const std::string& file, const Options& o) {
   if (o.resize_w != 0 || o.resize_h != 0) {
     auto resized = epd::ResizeRgb(*img, o.resize_w, o.resize_h, o.filter);
     if (!resized.ok()) return fail(resized.status());
-    *img = *std::move(resized);
+    *img = std::move(*resized);
   }
   if (!WriteFile(o.out_dir / (std::filesystem::path(file).filename().string() + ".rgb"), img->pixels.data(),
                  img->pixels.size())) {

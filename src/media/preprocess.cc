@@ -339,7 +339,7 @@ StatusOr<std::optional<PreprocessedImage>> JpegFastPath(std::span<const std::uin
   if (!size.ok()) return size.status();
   auto pre = PreprocessPixels(buffer.data.get(), buffer.width, buffer.height, *size, cfg);
   if (!pre.ok()) return pre.status();
-  return std::optional<PreprocessedImage>(*std::move(pre));
+  return std::optional<PreprocessedImage>(std::move(*pre));
 }
 
 }  // namespace
@@ -377,7 +377,7 @@ StatusOr<PreprocessedImage> DecodeAndPreprocess(std::span<const std::uint8_t> by
   if (jpeg && limits.max_pixels > 0 && (!cfg.decode.apply_exif_orientation || internal::JpegOrientation(bytes) == 1)) {
     auto fast = JpegFastPath(bytes, cfg, limits);
     if (!fast.ok()) return fast.status();
-    if (fast->has_value()) return **std::move(fast);
+    if (fast->has_value()) return std::move(**fast);  // move: the rows are megabytes
   }
   auto image = DecodeImage(bytes, limits, cfg.decode);
   if (!image.ok()) return image.status();
