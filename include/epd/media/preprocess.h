@@ -20,8 +20,8 @@
 //   3. x / 255, then (x - mean[c]) / std[c], float32.
 //   4. The still image is repeated to temporal_patch_size frames and
 //      patchified (see Preprocess below for the exact row layout).
-// Steps 3 and 4 run on each band of patch_size resized rows as the resize
-// makes it, so no full-size float image exists; the resize's scratch is
+// Steps 3 and 4 run on each band of merge_size * patch_size resized rows as
+// the resize makes it, so no full-size float image exists; the resize's scratch is
 // per thread and reused, so PreprocessInto allocates nothing once a thread
 // has seen an image of the size (its scratch, up to 64 MiB, stays with the
 // thread; above that it is freed after each image).
@@ -31,8 +31,8 @@
 // section 2.1). mean/std are OpenAI CLIP's (OPENAI_CLIP_MEAN / OPENAI_CLIP_STD
 // in transformers/utils/constants.py), the Qwen2-VL processor defaults.
 //
-// Complexity: O((h * W + H * W) * taps) for the resize, taps = 4 * max(1,
-// h / H) + 1 rounded up to odd (bicubic); O(H * W) for normalise/patchify;
+// Complexity: O((h * W + H * W) * taps) for the resize, taps at most
+// 2 * ceil(2 * max(1, h / H)) + 1 (bicubic); O(H * W) to normalise and patchify;
 // SmartResize and GridForImage are O(1).
 // Thread safety: all functions are thread-safe (pure functions of their
 // arguments; the resize scratch is thread_local); PreprocessConfig is a
@@ -83,8 +83,8 @@ struct PreprocessConfig {
   // DecodeAndPreprocess only: when on, a JPEG shown as stored whose resized
   // size is at most half its own on both axes is decoded by libjpeg-turbo's
   // DCT-domain scaling (1/2, 1/4 or 1/8: the smallest still at least the
-  // resized size) and then resampled. Faster (about 1.3x at 2048x2048 ->
-  // 980x980), but not Pillow's pixels: docs/KEYS_AND_PREPROCESSING.md gives
+  // resized size) and then resampled. Faster (1.66x at 2048x2048 ->
+  // 980x980 in docs/BENCHMARKS.md), but not Pillow's pixels: docs/KEYS_AND_PREPROCESSING.md gives
   // the measured difference, which exceeds issue 42's parity bound, hence
   // off by default. Part of the content key when on.
   bool jpeg_dct_scaling = false;
@@ -193,8 +193,11 @@ StatusOr<PreprocessedImage> Preprocess(const RgbImage& image, const PreprocessCo
 // message gives the size needed).
 Status PreprocessInto(const RgbImage& image, const PreprocessConfig& cfg, std::span<float> rows);
 
-// DecodeImage(bytes, limits, cfg.decode) then Preprocess(image, cfg). Same
-// errors as both.
+// DecodeImage(bytes, limits, cfg.decode) then Preprocess(image, cfg), with
+// the same result and errors as both. A three-channel JPEG shown as stored
+// (EXIF orientation 1, or not applied) decodes into a per-thread buffer
+// instead of a new RgbImage; its result vector is the one allocation per
+// image of ours (libjpeg-turbo still mallocs its own working memory).
 StatusOr<PreprocessedImage> DecodeAndPreprocess(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
                                                 const DecodeLimits& limits = {});
 
