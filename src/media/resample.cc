@@ -136,8 +136,14 @@ inline void Narrow(std::uint8_t* p, V a) { *p = Clip8(a); }
 }  // namespace scalar
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// Each block below is compiled for its instruction set: GCC's target
+// pragma, or clang's equivalent (clang ignores GCC's).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2")
+#endif
 namespace avx2 {
 using V = __m256i;
 constexpr int kWidth = 8;
@@ -154,14 +160,18 @@ inline void Narrow(std::uint8_t* p, V a) {
 }
 #include "resample_kernels.inc"
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
 #pragma GCC pop_options
-
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 // GCC 12's AVX-512 intrinsics trip -Wmaybe-uninitialized on their own
 // internal undefined operand; nothing of ours is uninitialised.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 namespace avx512 {
 using V = __m512i;
 constexpr int kWidth = 16;
@@ -177,8 +187,12 @@ inline void Narrow(std::uint8_t* p, V a) {
 }
 #include "resample_kernels.inc"
 }  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
+#endif
 #endif
 
 // The widest kernels this CPU runs, chosen once.
