@@ -27,6 +27,10 @@ namespace {
 std::atomic<long> g_news{0};
 }  // namespace
 
+// GCC pairs the malloc here with operator new's own contract and warns that
+// free() gets "new" memory; both halves are ours and match.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t n) {
   g_news.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
@@ -37,6 +41,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace epd {
 namespace {
@@ -56,7 +61,7 @@ PreprocessConfig Config(int patch, int merge, int temporal) {
   cfg.patch_size = patch;
   cfg.merge_size = merge;
   cfg.temporal_patch_size = temporal;
-  cfg.min_pixels = 4 * patch * merge * patch * merge;
+  cfg.min_pixels = std::int64_t{4} * patch * merge * patch * merge;
   return cfg;
 }
 
@@ -142,8 +147,12 @@ TEST(FusedPreprocessTest, ThreadsHaveTheirOwnScratch) {
 testing::Bytes WithExif(const testing::Bytes& jpeg, int o) {
   const testing::Bytes exif = testing::ExifWithOrientation(o);
   const std::size_t len = exif.size() + 2;
-  testing::Bytes out(jpeg.begin(), jpeg.begin() + 2);
-  out.insert(out.end(), {0xff, 0xe1, static_cast<std::uint8_t>(len >> 8), static_cast<std::uint8_t>(len & 0xff)});
+  const std::uint8_t app1[4] = {0xff, 0xe1, static_cast<std::uint8_t>(len >> 8), static_cast<std::uint8_t>(len & 0xff)};
+  testing::Bytes out;
+  out.reserve(jpeg.size() + exif.size() + 4);
+  out.push_back(jpeg[0]);  // SOI
+  out.push_back(jpeg[1]);
+  out.insert(out.end(), app1, app1 + 4);
   out.insert(out.end(), exif.begin(), exif.end());
   out.insert(out.end(), jpeg.begin() + 2, jpeg.end());
   return out;
@@ -193,10 +202,12 @@ TEST(FusedPreprocessTest, VideoChunkOfDistinctFramesEqualsPatchifyFrames) {
     auto chunk = PreprocessChunk(video, 1, cfg);
     ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
     std::vector<std::vector<float>> planar;
+    planar.reserve(static_cast<std::size_t>(cfg.temporal_patch_size));
     for (int k = 0; k < cfg.temporal_patch_size; ++k) {
       planar.push_back(internal::NormalizeToPlanar(video.frames[cfg.temporal_patch_size + k], cfg));
     }
     std::vector<const std::vector<float>*> ptrs;
+    ptrs.reserve(planar.size());
     for (const auto& p : planar) ptrs.push_back(&p);
     EXPECT_EQ(chunk->patches, internal::PatchifyFrames(ptrs, H, W, cfg)) << "patch " << cfg.patch_size;
   }

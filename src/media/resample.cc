@@ -48,10 +48,10 @@ inline std::uint8_t Clip8(std::int32_t sum) {
 
 // Pillow's bicubic_filter (a = -0.5) and bilinear_filter, same operations.
 double Bicubic(double x) {
-  constexpr double a = -0.5;
+  constexpr double kA = -0.5;
   if (x < 0.0) x = -x;
-  if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
-  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+  if (x < 1.0) return ((kA + 2.0) * x - (kA + 3.0)) * x * x + 1;
+  if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * kA;
   return 0.0;
 }
 
@@ -66,7 +66,7 @@ double Bilinear(double x) {
 // rounds of interleaves (bytes, pairs, quads, octets).
 void Transpose16(const __m128i in[16], __m128i out[16]) {
   __m128i a[16], b[16];
-  for (int g = 0; g < 8; ++g) {  // rows 2g, 2g+1: columns 0-7, 8-15
+  for (std::ptrdiff_t g = 0; g < 8; ++g) {  // rows 2g, 2g+1: columns 0-7, 8-15
     a[2 * g] = _mm_unpacklo_epi8(in[2 * g], in[2 * g + 1]);
     a[2 * g + 1] = _mm_unpackhi_epi8(in[2 * g], in[2 * g + 1]);
   }
@@ -82,7 +82,7 @@ void Transpose16(const __m128i in[16], __m128i out[16]) {
       a[8 * o + 2 * k + 1] = _mm_unpackhi_epi32(b[8 * o + k], b[8 * o + 4 + k]);
     }
   }
-  for (int m = 0; m < 8; ++m) {
+  for (std::ptrdiff_t m = 0; m < 8; ++m) {
     out[2 * m] = _mm_unpacklo_epi64(a[m], a[8 + m]);
     out[2 * m + 1] = _mm_unpackhi_epi64(a[m], a[8 + m]);
   }
@@ -276,8 +276,9 @@ void ComputeAxisWeights(int in_size, int out_size, Resample filter, AxisWeights&
   const double ss = 1.0 / filterscale;
   for (int i = 0; i < out_size; ++i) {
     const double center = 0.0 + (i + 0.5) * scale;
-    const int lo = std::max(0, static_cast<int>(center - support + 0.5));
-    const int hi = std::min(in_size, static_cast<int>(center + support + 0.5));
+    // Pillow's own rounding (truncation after + 0.5), kept to the bit.
+    const int lo = std::max(0, static_cast<int>(center - support + 0.5));        // NOLINT(bugprone-incorrect-roundings)
+    const int hi = std::min(in_size, static_cast<int>(center + support + 0.5));  // NOLINT(bugprone-incorrect-roundings)
     const int n = hi - lo;
     // Pillow stores each weight, sums, then divides; evaluating the filter
     // twice gives the same doubles without a buffer.
