@@ -83,7 +83,7 @@ struct PreprocessConfig {
   // DecodeAndPreprocess only: when on, a JPEG shown as stored whose resized
   // size is at most half its own on both axes is decoded by libjpeg-turbo's
   // DCT-domain scaling (1/2, 1/4 or 1/8: the smallest still at least the
-  // resized size) and then resampled. Faster (1.66x at 2048x2048 ->
+  // resized size) and then resampled. Faster (1.62x at 2048x2048 ->
   // 980x980 in docs/BENCHMARKS.md), but not Pillow's pixels: docs/KEYS_AND_PREPROCESSING.md gives
   // the measured difference, which exceeds issue 42's parity bound, hence
   // off by default. Part of the content key when on.
