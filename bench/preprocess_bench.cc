@@ -6,6 +6,9 @@
 // Contenders, each over a set of JPEG files held in memory:
 //   epd         epd::DecodeAndPreprocess with the default PreprocessConfig
 //               (Qwen2-VL): the product's path, bytes to patch rows;
+//   dct         the same with PreprocessConfig::jpeg_dct_scaling on (a JPEG
+//               at least twice its resized size decodes DCT-scaled; not
+//               Pillow's pixels, off by default);
 //   decode      epd::DecodeImage alone (its first half);
 //   preprocess  epd::Preprocess alone, on images decoded once beforehand
 //               (its second half: smart_resize, resize, normalise, patchify);
@@ -85,14 +88,20 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   bool Valid() const {
-    return contender_ == "epd" || contender_ == "decode" || contender_ == "preprocess" || contender_ == "turbojpeg" ||
-           contender_ == "probe" || contender_ == "probe_header";
+    return contender_ == "epd" || contender_ == "dct" || contender_ == "decode" || contender_ == "preprocess" ||
+           contender_ == "turbojpeg" || contender_ == "probe" || contender_ == "probe_header";
   }
 
   bool Run(std::size_t i) {
     const auto& bytes = set_.files[i];
     if (contender_ == "epd") {
       auto pre = epd::DecodeAndPreprocess(bytes, cfg_);
+      return Keep(pre.ok() ? epd::Status() : pre.status(), pre.ok() ? pre->patches.size() : 0);
+    }
+    if (contender_ == "dct") {
+      epd::PreprocessConfig dct = cfg_;
+      dct.jpeg_dct_scaling = true;
+      auto pre = epd::DecodeAndPreprocess(bytes, dct);
       return Keep(pre.ok() ? epd::Status() : pre.status(), pre.ok() ? pre->patches.size() : 0);
     }
     if (contender_ == "decode") {

@@ -4,6 +4,9 @@
 For each size (256, 512, 1024 and 2048 pixels square), one thread each,
 interleaved in one run:
   epd          epd::DecodeAndPreprocess, the product's path (bytes -> patch rows);
+  dct          the same with PreprocessConfig::jpeg_dct_scaling on (DCT-scaled
+               JPEG decode where the target is at most half the image; off
+               by default: not Pillow's pixels, see docs/KEYS_AND_PREPROCESSING.md);
   decode       its decode alone (epd::DecodeImage);
   preprocess   its preprocess alone (epd::Preprocess on an image decoded beforehand);
   pillow       the Pillow + numpy pipeline of bench/reference_pipeline.py
@@ -62,11 +65,12 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = "epd-bench-preprocess/1"
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
-SINGLE = ("epd", "decode", "preprocess", "pillow", "torchvision", "turbojpeg", "probe", "probe_header")
-CPP = ("epd", "decode", "preprocess", "turbojpeg", "probe", "probe_header")
+SINGLE = ("epd", "dct", "decode", "preprocess", "pillow", "torchvision", "turbojpeg", "probe", "probe_header")
+CPP = ("epd", "dct", "decode", "preprocess", "turbojpeg", "probe", "probe_header")
 THREADED = ("epd", "turbojpeg")
 LABEL = {
     "epd": "epd-encode, `DecodeAndPreprocess`",
+    "dct": "... with `jpeg_dct_scaling` (off by default: not Pillow's pixels)",
     "decode": "... its decode alone (`DecodeImage`)",
     "preprocess": "... its preprocess alone (`Preprocess`)",
     "pillow": "Pillow + numpy (Hugging Face's slow Qwen2-VL processor's steps)",
@@ -259,6 +263,7 @@ def render_body(d: dict) -> str:
         ("**epd / Pillow + numpy**", "epd", "pillow"),
         ("**epd / torchvision**", "epd", "torchvision"),
         ("**epd / the decode floor**", "epd", "turbojpeg"),
+        ("epd with `jpeg_dct_scaling` / the decode floor", "dct", "turbojpeg"),
         ("epd's decode / the decode floor", "decode", "turbojpeg"),
         ("**probe (`ProbeItems`) / `DecodeAndPreprocess`**", "probe", "epd"),
         ("`ProbeGrid` / `DecodeAndPreprocess`", "probe_header", "epd"),

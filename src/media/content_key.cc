@@ -13,6 +13,8 @@
 //   0x18          decode.apply_exif_orientation: int64 LE, 0 or 1 (v2)
 //   0x19          decode.alpha: 4 bytes: composite (0 or 1), then the
 //                 background R, G, B (all 0 when composite is 0) (v2)
+//   0x1a          jpeg_dct_scaling: int64 LE 1, written only when on (so
+//                 every key made with it off is unchanged)
 //   raw pixels only: 0x20 width, 0x21 height, 0x22 channels (int64 LE)
 //   payload: 0x30 encoded media | 0x31 raw pixels | 0x32 caller key
 // Video keys (same version) add, after the header:
@@ -58,6 +60,7 @@ enum Tag : std::uint8_t {
   kTagResample = 0x17,
   kTagExifOrientation = 0x18,
   kTagAlpha = 0x19,
+  kTagDctScaling = 0x1a,
   kTagWidth = 0x20,
   kTagHeight = 0x21,
   kTagChannels = 0x22,
@@ -137,6 +140,7 @@ class KeyEncoder {
                                          alpha.composite ? alpha.background[1] : std::uint8_t{0},
                                          alpha.composite ? alpha.background[2] : std::uint8_t{0}};
     Bytes(kTagAlpha, alpha_bytes);
+    if (cfg.jpeg_dct_scaling) Int(kTagDctScaling, 1);
   }
 
   ContentKey Finish(KeyMode mode) {

@@ -58,7 +58,7 @@ TEST(ContentKeyTest, DifferentMediaGiveDifferentKeys) {
 TEST(ContentKeyTest, EveryPreprocessingFieldAndTheModelIdChangeTheKey) {
   const PreprocessConfig base;
   const Bytes media = B("media");
-  std::vector<PreprocessConfig> variants(10, base);
+  std::vector<PreprocessConfig> variants(11, base);
   variants[0].patch_size = 16;
   variants[1].merge_size = 3;
   variants[2].temporal_patch_size = 1;
@@ -70,6 +70,7 @@ TEST(ContentKeyTest, EveryPreprocessingFieldAndTheModelIdChangeTheKey) {
   variants[8].mean[0] = base.mean[1];  // values permuted across channels
   variants[8].mean[1] = base.mean[0];
   variants[9].std[0] = -0.0f;  // bit pattern, not value: -0 differs from any positive std
+  variants[10].jpeg_dct_scaling = true;
 
   std::set<ContentKey> keys = {ComputeContentKey("qwen2-vl-7b", base, media),
                                ComputeContentKey("qwen2-vl-2b", base, media)};

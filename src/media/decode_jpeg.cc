@@ -114,4 +114,47 @@ StatusOr<RgbImage> DecodeJpeg(ByteSpan bytes, const DecodeLimits& limits, const 
   return img;
 }
 
+StatusOr<bool> DecodeJpegRgbInto(ByteSpan bytes, const DecodeLimits& limits, PixelBuffer& out, MinSize min_size,
+                                 const void* context) {
+  thread_local TjHandle tj;
+  if (!tj) {
+    auto made = NewJpegDecoder();
+    if (!made.ok()) return made.status();
+    tj = std::move(*made);
+  }
+  auto header = ReadHeader(tj.get(), bytes);
+  if (!header.ok()) return header.status();
+  if (header->cmyk) return false;
+  if (Status s = CheckPixelLimit(header->width, header->height, limits); !s.ok()) return s;
+  int width = header->width, height = header->height;
+  if (min_size != nullptr) {
+    const auto [want_w, want_h] = min_size(width, height, context);
+    for (int denom : {8, 4, 2}) {  // TJSCALED: the side rounded up
+      const int w = (header->width + denom - 1) / denom, h = (header->height + denom - 1) / denom;
+      if (want_w > 0 && want_h > 0 && w >= want_w && h >= want_h) {
+        width = w;
+        height = h;
+        break;
+      }
+    }
+  }
+  const std::size_t need = static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3;
+  if (out.capacity < need) {
+    out.data.reset(new std::uint8_t[need]);  // default-initialised: the decoder fills it
+    out.capacity = need;
+  }
+  out.width = width;
+  out.height = height;
+  out.stored_width = header->width;
+  out.stored_height = header->height;
+  // The same flags as DecodeJpeg (see there). Asked for a smaller size,
+  // TurboJPEG picks the scaling factor that gives it.
+  const int flags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS;
+  if (tjDecompress2(tj.get(), bytes.data(), static_cast<unsigned long>(bytes.size()), out.data.get(), width, width * 3,
+                    height, TJPF_RGB, flags) != 0) {
+    return Corrupt("JPEG", tjGetErrorStr2(tj.get()));
+  }
+  return true;
+}
+
 }  // namespace epd::internal

@@ -7,9 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "epd/core/status.h"
 #include "epd/media/image.h"
@@ -20,6 +22,29 @@ using ByteSpan = std::span<const std::uint8_t>;
 
 StatusOr<ImageInfo> ProbeJpeg(ByteSpan bytes);
 StatusOr<RgbImage> DecodeJpeg(ByteSpan bytes, const DecodeLimits& limits, const DecodeOptions& options);
+// Pixels DecodeAndPreprocess decodes into and reuses from image to image:
+// grown when an image needs more, never zero-filled (the decoder writes
+// every byte it hands out). RGB8, width * height * 3 bytes valid.
+struct PixelBuffer {
+  std::unique_ptr<std::uint8_t[]> data;
+  std::size_t capacity = 0;
+  int width = 0;  // of the pixels
+  int height = 0;
+  int stored_width = 0;  // the JPEG's own, before any DCT scaling
+  int stored_height = 0;
+};
+
+// DecodeJpeg's path without allocation once warm, for DecodeAndPreprocess:
+// a 3-channel JPEG is decoded into `out` with this thread's decompressor and
+// true returned; a CMYK/YCCK one is left alone and false returned (the
+// caller takes DecodeJpeg). Same checks and errors as DecodeJpeg. The pixels
+// are in stored orientation. With a `min_size` callback (stored width,
+// height -> the least width and height wanted, or {0, 0}), the decode is
+// DCT-scaled by the smallest of 1/8, 1/4, 1/2 that keeps both sides at
+// least that (PreprocessConfig::jpeg_dct_scaling).
+using MinSize = std::pair<int, int> (*)(int width, int height, const void* context);
+StatusOr<bool> DecodeJpegRgbInto(ByteSpan bytes, const DecodeLimits& limits, PixelBuffer& out,
+                                 MinSize min_size = nullptr, const void* context = nullptr);
 StatusOr<ImageInfo> ProbePng(ByteSpan bytes);
 StatusOr<RgbImage> DecodePng(ByteSpan bytes, const DecodeLimits& limits, const DecodeOptions& options);
 StatusOr<ImageInfo> ProbeWebp(ByteSpan bytes);

@@ -3,11 +3,11 @@
 # (the device machine's build), which each provide the dependencies first:
 # imported targets OpenSSL::Crypto, PNG::PNG, PkgConfig::TURBOJPEG,
 # PkgConfig::XXHASH, PkgConfig::WEBP (libwebp + libwebpdemux) and
-# PkgConfig::GIF (giflib), and the variable STB_INCLUDE_DIR (the directory holding
-# stb/stb_image_resize.h).
+# PkgConfig::GIF (giflib). (STB_INCLUDE_DIR is no longer read: the resampler
+# is our own, resample.cc.)
 #
 # Edge dependencies (libcrypto, libxxhash, libturbojpeg, libpng, libwebp,
-# giflib, stb) stay PRIVATE: the public headers mention none of them. Paths
+# giflib) stay PRIVATE: the public headers mention none of them. Paths
 # are absolute because add_library resolves relative ones against the
 # including directory, not this file's.
 add_library(epd_media
@@ -20,13 +20,16 @@ add_library(epd_media
   ${CMAKE_CURRENT_LIST_DIR}/digest.cc
   ${CMAKE_CURRENT_LIST_DIR}/exif.cc
   ${CMAKE_CURRENT_LIST_DIR}/image.cc
+  ${CMAKE_CURRENT_LIST_DIR}/patch_writer.cc
   ${CMAKE_CURRENT_LIST_DIR}/preprocess.cc
-  ${CMAKE_CURRENT_LIST_DIR}/stb_image_resize_impl.cc
+  ${CMAKE_CURRENT_LIST_DIR}/resample.cc
   ${CMAKE_CURRENT_LIST_DIR}/tenant_key.cc
   ${CMAKE_CURRENT_LIST_DIR}/video_sampling.cc
 )
 add_library(epd::media ALIAS epd_media)
-target_include_directories(epd_media PRIVATE ${STB_INCLUDE_DIR})
+# The resampler's weights must round as Pillow's do (resample.cc): no fused
+# multiply-add may change an IEEE double operation.
+target_compile_options(epd_media PRIVATE -ffp-contract=off)
 target_link_libraries(epd_media
   PUBLIC epd::core
   PRIVATE OpenSSL::Crypto PNG::PNG PkgConfig::TURBOJPEG PkgConfig::XXHASH PkgConfig::WEBP PkgConfig::GIF)

@@ -46,6 +46,36 @@ std::vector<float> PatchifyFrames(std::span<const std::vector<float>* const> fra
 // [3, H, W] float32. REQUIRES: image well formed (pixels.size() == W*H*3).
 std::vector<float> NormalizeToPlanar(const RgbImage& image, const PreprocessConfig& cfg);
 
+// Steps 3 and 4 fused: normalises bands of patch_size rows of uint8 RGB
+// frames straight into patch rows (the layout of epd::Preprocess), so no
+// float image is ever whole. Values equal NormalizeToPlanar's then
+// PatchifyFrames' bit for bit (the same float operations, through a table).
+// Thread-compatible; holds a 3 x 256 float table.
+class PatchWriter {
+ public:
+  // For frames `width` pixels wide. REQUIRES: cfg valid; width a multiple
+  // of cfg.factor().
+  PatchWriter(const PreprocessConfig& cfg, int width);
+
+  // Writes every patch whose top row is y0 (a multiple of patch_size):
+  // frames[t] points at row y0 of temporal frame t (cfg.temporal_patch_size
+  // pointers; equal pointers are read once), rows 3 * width bytes, `stride`
+  // bytes apart. Patch row r goes to rows + (r - row0) * patch_dim: the
+  // rows of a band lie in [RowsBefore(y0), RowsBefore(y0) + RowsPerBlockRow())
+  // (the merge-block row that y0 belongs to).
+  void Band(const std::uint8_t* const* frames, std::size_t stride, int y0, float* rows, std::size_t row0) const;
+
+  // Patch rows before the merge-block row holding output row y.
+  std::size_t RowsBefore(int y) const;
+  // Patch rows of one merge-block row: (width / P) * merge_size.
+  std::size_t RowsPerBlockRow() const;
+
+ private:
+  int patch_, merge_, temporal_, width_;
+  std::size_t row_len_;
+  float lut_[3][256];
+};
+
 // smart_resize with explicit bounds (double, as the Python original's may be
 // floats: qwen-vl-utils' video max_pixels is total_pixels / nframes * 2).
 // Same formula and errors as epd::SmartResize, which calls it with

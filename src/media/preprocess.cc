@@ -6,20 +6,25 @@
 // ours. Exactness matters beyond numerics: the LLM side reserves one
 // placeholder per token, so an off-by-one grid breaks the request.
 //
-// Preprocess first normalises into a planar [3, H, W] float frame and then
-// permutes into patch rows. The extra pass costs one H*W*3 float buffer but
-// keeps the permutation a separate function that a test can check with
-// distinct values (a uint8 image cannot hold H*W*3 distinct values).
+// PreprocessInto resamples with Pillow's arithmetic (resample.h) and hands
+// each band of patch_size output rows, still in cache, to the PatchWriter,
+// which normalises it straight into patch rows: no full-size float image,
+// and the scratch (the resampler's) is this thread's, reused from image to
+// image. Preprocess is PreprocessInto on a vector it allocates (grown by
+// copies of finished rows, never zero-filled). DecodeAndPreprocess decodes
+// a JPEG shown as stored into a per-thread buffer too.
 #include "epd/media/preprocess.h"
-
-#include <stb/stb_image_resize.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 
+#include "image_internal.h"
 #include "patchify.h"
+#include "resample.h"
 
 namespace epd {
 namespace {
@@ -44,20 +49,58 @@ Status CheckImage(const RgbImage& img) {
   return Status::Ok();
 }
 
-StatusOr<RgbImage> ResizeOnePass(const RgbImage& src, int width, int height, stbir_filter filter) {
-  RgbImage out;
-  out.width = width;
-  out.height = height;
-  out.pixels.resize(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3);
-  // LINEAR colour space: filter the stored sRGB values as numbers, as PIL does.
-  if (!stbir_resize_uint8_generic(src.pixels.data(), src.width, src.height, src.width * 3, out.pixels.data(), width,
-                                  height, width * 3, 3, STBIR_ALPHA_CHANNEL_NONE, 0, STBIR_EDGE_CLAMP, filter,
-                                  STBIR_COLORSPACE_LINEAR, nullptr)) {
-    return Internal("stb_image_resize failed resizing " + std::to_string(src.width) + "x" + std::to_string(src.height) +
-                    " to " + std::to_string(width) + "x" + std::to_string(height));
+// Copies each band into an RgbImage (ResizeRgb's output).
+class ImageSink final : public internal::BandSink {
+ public:
+  explicit ImageSink(RgbImage& out) : out_(out) {}
+  void Band(const std::uint8_t* rows, std::size_t stride, int y0, int n) override {
+    const std::size_t len = std::size_t{3} * static_cast<std::size_t>(out_.width);
+    for (int y = 0; y < n; ++y) {
+      std::memcpy(out_.pixels.data() + static_cast<std::size_t>(y0 + y) * len,
+                  rows + static_cast<std::size_t>(y) * stride, len);
+    }
   }
-  return out;
-}
+
+ private:
+  RgbImage& out_;
+};
+
+// Feeds each band of merge_size * patch_size rows (one merge-block row of
+// patches) to a PatchWriter, a still image's one band standing for every
+// temporal frame. Writes into `rows` (all the image's), or, with `append`,
+// into `chunk` and then onto the end of *append: Preprocess's vector grows
+// by copies of finished rows and is never zero-filled first.
+class PatchSink final : public internal::BandSink {
+ public:
+  PatchSink(const PreprocessConfig& cfg, int width, float* rows, std::vector<float>* append, std::vector<float>* chunk)
+      : writer_(cfg, width),
+        patch_(cfg.patch_size),
+        temporal_(cfg.temporal_patch_size),
+        rows_(rows),
+        append_(append),
+        chunk_(chunk) {
+    if (append_ != nullptr) chunk_->resize(writer_.RowsPerBlockRow() * static_cast<std::size_t>(cfg.patch_dim()));
+  }
+  void Band(const std::uint8_t* rows, std::size_t stride, int y0, int n) override {
+    const std::uint8_t* frames[64];  // temporal_patch_size <= 64 (Validate)
+    for (int y = y0; y < y0 + n; y += patch_) {
+      for (int t = 0; t < temporal_; ++t) frames[t] = rows + static_cast<std::size_t>(y - y0) * stride;
+      if (append_ == nullptr) {
+        writer_.Band(frames, stride, y, rows_, 0);
+      } else {
+        writer_.Band(frames, stride, y, chunk_->data(), writer_.RowsBefore(y0));
+      }
+    }
+    if (append_ != nullptr) append_->insert(append_->end(), chunk_->begin(), chunk_->end());
+  }
+
+ private:
+  internal::PatchWriter writer_;
+  int patch_, temporal_;
+  float* rows_;
+  std::vector<float>* append_;
+  std::vector<float>* chunk_;
+};
 
 }  // namespace
 
@@ -154,32 +197,19 @@ StatusOr<RgbImage> ResizeRgb(const RgbImage& src, int width, int height, Resampl
                            " (WxH) is not positive");
   }
   if (width == src.width && height == src.height) return src;
-  stbir_filter stb_filter;
-  switch (filter) {
-    case Resample::kBicubic:
-      stb_filter = STBIR_FILTER_CATMULLROM;
-      break;
-    case Resample::kBilinear:
-      stb_filter = STBIR_FILTER_TRIANGLE;
-      break;
-    default:
-      return InvalidArgument("unknown resample filter " + std::to_string(static_cast<int>(filter)));
+  if (filter != Resample::kBicubic && filter != Resample::kBilinear) {
+    return InvalidArgument("unknown resample filter " + std::to_string(static_cast<int>(filter)));
   }
-  // PIL resamples horizontally into a uint8 image, then vertically. The
-  // intermediate rounding and clamping to [0, 255] matters at sharp edges,
-  // where the cubic's negative lobes overshoot: a single float pass differs
-  // from PIL there by up to ~17 levels, two passes by at most 1 or 2. An
-  // axis whose size is unchanged is skipped; stb would leave it intact anyway
-  // (the kernel is 1 at 0 and 0 at +-1, +-2).
-  RgbImage horizontal;
-  const RgbImage* rows = &src;
-  if (width != src.width && height != src.height) {
-    auto h = ResizeOnePass(src, width, src.height, stb_filter);
-    if (!h.ok()) return h.status();
-    horizontal = std::move(*h);
-    rows = &horizontal;
-  }
-  return ResizeOnePass(*rows, width, height, stb_filter);
+  RgbImage out;
+  out.width = width;
+  out.height = height;
+  out.pixels.resize(static_cast<std::size_t>(width) * static_cast<std::size_t>(height) * 3);
+  ImageSink sink(out);
+  internal::ResampleScratch& scratch = internal::ThreadScratch();
+  internal::ResampleRgb(src.pixels.data(), src.width, src.height, std::size_t{3} * static_cast<std::size_t>(src.width),
+                        width, height, filter, 64, scratch, sink);
+  scratch.Trim();
+  return out;
 }
 
 namespace internal {
@@ -245,33 +275,110 @@ std::vector<float> NormalizeToPlanar(const RgbImage& image, const PreprocessConf
 
 }  // namespace internal
 
-StatusOr<PreprocessedImage> Preprocess(const RgbImage& image, const PreprocessConfig& cfg) {
-  if (Status s = CheckImage(image); !s.ok()) return s;
-  auto size = SmartResize(image.height, image.width, cfg);
+namespace {
+
+// The resized size of a height x width image, checked to fit an int side.
+StatusOr<ResizedSize> TargetSize(int height, int width, const PreprocessConfig& cfg) {
+  auto size = SmartResize(height, width, cfg);
   if (!size.ok()) return size.status();
   // SmartResize output is bounded by about max_pixels (<= 2^40) per area, but
   // a single side could still exceed int for extreme configs.
   if (size->height > kMaxSide || size->width > kMaxSide) {
     return InvalidArgument("resized size " + Dims(size->height, size->width) + " exceeds 2^31-1");
   }
-  auto resized = ResizeRgb(image, static_cast<int>(size->width), static_cast<int>(size->height), cfg.resample);
-  if (!resized.ok()) return resized.status();
+  return *size;
+}
 
-  const int H = resized->height, W = resized->width;
-  const std::vector<float> planar = internal::NormalizeToPlanar(*resized, cfg);
+// Resample, normalise and patchify RGB8 `pixels` (width x height) into
+// `rows` (or onto `append`, see PatchSink). REQUIRES: `size` is
+// TargetSize's and rows the right length.
+void ResampleIntoRows(const std::uint8_t* pixels, int width, int height, const ResizedSize& size,
+                      const PreprocessConfig& cfg, float* rows, std::vector<float>* append) {
+  thread_local std::vector<float> chunk;
+  const int H = static_cast<int>(size.height), W = static_cast<int>(size.width);
+  PatchSink sink(cfg, W, rows, append, &chunk);
+  internal::ResampleScratch& scratch = internal::ThreadScratch();
+  internal::ResampleRgb(pixels, width, height, std::size_t{3} * static_cast<std::size_t>(width), W, H, cfg.resample,
+                        cfg.patch_size * cfg.merge_size, scratch, sink);
+  scratch.Trim();
+  if (chunk.capacity() * sizeof(float) > internal::ResampleScratch::kKeepBytes) std::vector<float>().swap(chunk);
+}
 
+// Preprocess on well-formed RGB8 pixels, resized to `size`.
+StatusOr<PreprocessedImage> PreprocessPixels(const std::uint8_t* pixels, int width, int height, const ResizedSize& size,
+                                             const PreprocessConfig& cfg) {
   PreprocessedImage out;
-  out.grid = GridTHW{1, H / cfg.patch_size, W / cfg.patch_size};
+  out.grid = GridTHW{1, size.height / cfg.patch_size, size.width / cfg.patch_size};
   out.merge_size = cfg.merge_size;
   out.patch_dim = cfg.patch_dim();
-  out.patches = internal::Patchify(planar, H, W, cfg);
+  out.patches.reserve(static_cast<std::size_t>(out.grid.patches() * out.patch_dim));
+  ResampleIntoRows(pixels, width, height, size, cfg, nullptr, &out.patches);
   return out;
+}
+
+// The least decoded size DCT scaling may give (jpeg_dct_scaling): the
+// resized size when it is at most half the stored one on both axes, else
+// {0, 0} (no scaling). `context` is the PreprocessConfig.
+std::pair<int, int> DctMinSize(int width, int height, const void* context) {
+  auto size = TargetSize(height, width, *static_cast<const PreprocessConfig*>(context));
+  if (!size.ok() || 2 * size->width > width || 2 * size->height > height) return {0, 0};
+  return {static_cast<int>(size->width), static_cast<int>(size->height)};
+}
+
+// DecodeAndPreprocess's JPEG path: the pixels decode into this thread's
+// buffer. nullopt when the image takes DecodeImage instead (CMYK).
+StatusOr<std::optional<PreprocessedImage>> JpegFastPath(std::span<const std::uint8_t> bytes,
+                                                        const PreprocessConfig& cfg, const DecodeLimits& limits) {
+  thread_local internal::PixelBuffer buffer;
+  StatusOr<bool> decoded =
+      internal::DecodeJpegRgbInto(bytes, limits, buffer, cfg.jpeg_dct_scaling ? DctMinSize : nullptr, &cfg);
+  if (!decoded.ok()) return decoded.status();
+  if (!*decoded) return std::optional<PreprocessedImage>();
+  // The grid is the stored size's, also when the decode was scaled.
+  auto size = TargetSize(buffer.stored_height, buffer.stored_width, cfg);
+  if (!size.ok()) return size.status();
+  auto pre = PreprocessPixels(buffer.data.get(), buffer.width, buffer.height, *size, cfg);
+  if (!pre.ok()) return pre.status();
+  return std::optional<PreprocessedImage>(std::move(*pre));
+}
+
+}  // namespace
+
+Status PreprocessInto(const RgbImage& image, const PreprocessConfig& cfg, std::span<float> rows) {
+  if (Status s = CheckImage(image); !s.ok()) return s;
+  auto size = TargetSize(image.height, image.width, cfg);
+  if (!size.ok()) return size.status();
+  const std::int64_t patches = (size->height / cfg.patch_size) * (size->width / cfg.patch_size);
+  const std::int64_t want = patches * cfg.patch_dim();
+  if (static_cast<std::int64_t>(rows.size()) != want) {
+    return InvalidArgument("PreprocessInto: rows has " + std::to_string(rows.size()) + " floats, the " +
+                           Dims(size->height, size->width) + " (HxW) result needs " + std::to_string(patches) +
+                           " rows of " + std::to_string(cfg.patch_dim()) + " = " + std::to_string(want));
+  }
+  ResampleIntoRows(image.pixels.data(), image.width, image.height, *size, cfg, rows.data(), nullptr);
+  return Status::Ok();
+}
+
+StatusOr<PreprocessedImage> Preprocess(const RgbImage& image, const PreprocessConfig& cfg) {
+  if (Status s = CheckImage(image); !s.ok()) return s;
+  auto size = TargetSize(image.height, image.width, cfg);
+  if (!size.ok()) return size.status();
+  return PreprocessPixels(image.pixels.data(), image.width, image.height, *size, cfg);
 }
 
 StatusOr<PreprocessedImage> DecodeAndPreprocess(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
                                                 const DecodeLimits& limits) {
   // Validate first: a bad config should not cost a decode.
   if (Status s = cfg.Validate(); !s.ok()) return s;
+  // The common case, a JPEG shown as stored, decodes into this thread's
+  // buffer (internal::DecodeJpegRgbInto); the rest takes DecodeImage, whose
+  // checks and errors the fast path shares.
+  const bool jpeg = bytes.size() >= 3 && bytes[0] == 0xff && bytes[1] == 0xd8 && bytes[2] == 0xff;
+  if (jpeg && limits.max_pixels > 0 && (!cfg.decode.apply_exif_orientation || internal::JpegOrientation(bytes) == 1)) {
+    auto fast = JpegFastPath(bytes, cfg, limits);
+    if (!fast.ok()) return fast.status();
+    if (fast->has_value()) return std::move(**fast);  // move: the rows are megabytes
+  }
   auto image = DecodeImage(bytes, limits, cfg.decode);
   if (!image.ok()) return image.status();
   return Preprocess(*image, cfg);

@@ -153,7 +153,8 @@ TEST(ResizeTest, HorizontalGradientStaysMonotone) {
 // PIL's resampling (Pillow libImaging/Resample.c), written out independently
 // in double precision: separable, kernel centred at (i + 0.5) * scale, support
 // widened by the scale when downscaling, weights normalised; the horizontal
-// pass is rounded to uint8 before the vertical one, as PIL does.
+// pass is rounded to uint8 before the vertical one, as PIL does. At the
+// borders the weights of the taps inside the image are renormalised to 1.
 std::vector<double> PilResample1d(const std::vector<double>& in, int out_n) {
   const int in_n = static_cast<int>(in.size());
   const double scale = static_cast<double>(in_n) / out_n;  // input pixels per output pixel
@@ -173,8 +174,8 @@ std::vector<double> PilResample1d(const std::vector<double>& in, int out_n) {
          ++j) {
       const double wgt = cubic((j + 0.5 - center) / filterscale);
       if (wgt == 0) continue;
-      const int jj = std::clamp(j, 0, in_n - 1);  // edge replicate, as stb does
-      sum += wgt * in[jj];
+      if (j < 0 || j >= in_n) continue;  // taps outside the image are dropped, the rest renormalised (Pillow)
+      sum += wgt * in[j];
       wsum += wgt;
     }
     out[i] = sum / wsum;
@@ -209,9 +210,9 @@ TEST(ResizeTest, BicubicMatchesPilStyleTwoPassReference) {
           off_by_more_than_one += err > 1;
         }
       }
-      // float (stb) vs double rounding: an intermediate value may round the
-      // other way (1 level, weight <= 1) and the final value too, so 2 at
-      // worst, and rarely. PatternImage wraps 255 -> 0, so the intermediate
+      // Fixed-point weights (22 bits, as Pillow's) vs double: an
+      // intermediate value may round the other way (1 level, weight <= 1)
+      // and the final value too, so 2 at worst, and rarely. PatternImage wraps 255 -> 0, so the intermediate
       // clamping is exercised.
       EXPECT_LE(worst, 2) << w << "x" << h << " channel " << c;
       EXPECT_LE(off_by_more_than_one, w * h / 100) << w << "x" << h << " channel " << c;

@@ -262,22 +262,25 @@ StatusOr<PreprocessedImage> PreprocessChunk(const SampledVideo& video, std::int6
     return InvalidArgument("video frames are " + std::to_string(W) + "x" + std::to_string(H) +
                            " (WxH), not positive multiples of factor " + std::to_string(cfg.factor()));
   }
-  std::vector<std::vector<float>> planar;
-  planar.reserve(static_cast<std::size_t>(T));
+  const std::uint8_t* frames[64];  // temporal_patch_size <= 64 (Validate)
   for (std::int64_t k = 0; k < T; ++k) {
     const std::size_t index = static_cast<std::size_t>(t * T + k);
     if (Status st = CheckResizedFrame(video.frames[index], H, W, index); !st.ok()) return st;
-    planar.push_back(internal::NormalizeToPlanar(video.frames[index], cfg));
+    frames[k] = video.frames[index].pixels.data();
   }
-  std::vector<const std::vector<float>*> ptrs;
-  ptrs.reserve(planar.size());
-  for (const auto& p : planar) ptrs.push_back(&p);
-
   PreprocessedImage out;
   out.grid = GridTHW{1, H / cfg.patch_size, W / cfg.patch_size};
   out.merge_size = cfg.merge_size;
   out.patch_dim = cfg.patch_dim();
-  out.patches = internal::PatchifyFrames(ptrs, static_cast<int>(H), static_cast<int>(W), cfg);
+  out.patches.resize(static_cast<std::size_t>(out.grid.patches() * out.patch_dim));
+  // The image path's fused normalise-and-patchify, T distinct frames.
+  const internal::PatchWriter writer(cfg, static_cast<int>(W));
+  const std::size_t stride = static_cast<std::size_t>(W) * 3;
+  const std::uint8_t* band[64];
+  for (std::int64_t y0 = 0; y0 < H; y0 += cfg.patch_size) {
+    for (std::int64_t k = 0; k < T; ++k) band[k] = frames[k] + static_cast<std::size_t>(y0) * stride;
+    writer.Band(band, stride, static_cast<int>(y0), out.patches.data(), 0);
+  }
   return out;
 }
 

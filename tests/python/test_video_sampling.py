@@ -227,13 +227,13 @@ def ffmpeg_frame(path, index, tmp_path):
 
 def test_sampled_frame_pixels_match_ffmpeg(videos, tmp_path):
     """At the source size the frame must equal ffmpeg's exactly: same decoder,
-    same YUV -> RGB conversion. After the resize the one difference is the
-    resampler: epd::ResizeRgb (stb) against PIL's BICUBIC, which the
-    reference's processors use. epd/media/preprocess.h documents their agreement:
-    within 1 level away from the borders, up to 7 levels within about
-    2 * scale pixels of a border (edge handling differs). So: at most 1
-    inside a 2-pixel margin (the resize here is an upscale, scale < 2),
-    at most 7 anywhere."""
+    same YUV -> RGB conversion. After the resize the one difference could be
+    the resampler: epd::ResizeRgb against PIL's BICUBIC, which the
+    reference's processors use. ResizeRgb now reimplements Pillow's and
+    equals it byte for byte (tests/python/test_resample_parity.py); the
+    bounds are kept from when it was stb_image_resize, which differed at
+    borders: at most 1 inside a 2-pixel margin (the resize here is an
+    upscale, scale < 2), at most 7 anywhere."""
     path = videos["7.3s_24fps"]  # 224x168: both multiples of 28
     total, fps, height, width = probe(path)
     want = reference({}, total, fps, height, width)

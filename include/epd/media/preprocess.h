@@ -10,29 +10,33 @@
 //
 // Pipeline (Preprocess):
 //   1. SmartResize(h, w) -> (H, W), both multiples of 28.
-//   2. Resize RGB8 to W x H with an antialiased Catmull-Rom bicubic (a = -0.5,
-//      support widened by the scale when downscaling), in the stored (sRGB)
-//      values without gamma linearisation, horizontal pass rounded to uint8
-//      before the vertical pass: PIL's Image.resize(BICUBIC), which the
-//      Hugging Face processor uses. Implemented with stb_image_resize. Away
-//      from the borders it agrees with PIL to within 1 level; stb replicates
-//      edge pixels where PIL renormalises the truncated kernel, so pixels
-//      within about 2 * scale of a border may differ by a few levels (up to 7
-//      seen at 3000x4000 -> 840x1148). An image already W x H is not
-//      resampled (PIL also copies).
+//   2. Resize RGB8 to W x H exactly as PIL's Image.resize(BICUBIC) does,
+//      which the Hugging Face processor uses: Pillow's ImagingResample
+//      (antialiased Catmull-Rom, a = -0.5, support widened by the scale when
+//      downscaling, weights normalised over the taps inside the image,
+//      22-bit fixed point; horizontal pass rounded to uint8 before the
+//      vertical pass; an unchanged axis skipped), reimplemented with SIMD
+//      (src/media/resample.h). The output equals Pillow 9.4's byte for byte.
 //   3. x / 255, then (x - mean[c]) / std[c], float32.
 //   4. The still image is repeated to temporal_patch_size frames and
 //      patchified (see Preprocess below for the exact row layout).
+// Steps 3 and 4 run on each band of merge_size * patch_size resized rows as
+// the resize makes it, so no full-size float image exists; the resize's scratch is
+// per thread and reused, so PreprocessInto allocates nothing once a thread
+// has seen an image of the size (its scratch, up to 64 MiB, stays with the
+// thread; above that it is freed after each image).
 //
 // Sources: transformers/models/qwen2_vl/image_processing_qwen2_vl.py
 // (smart_resize, _preprocess) and the Qwen2-VL report (arXiv:2409.12191,
 // section 2.1). mean/std are OpenAI CLIP's (OPENAI_CLIP_MEAN / OPENAI_CLIP_STD
 // in transformers/utils/constants.py), the Qwen2-VL processor defaults.
 //
-// Complexity: O(H * W) for the resize/normalise/patchify; SmartResize and
-// GridForImage are O(1).
+// Complexity: O((h * W + H * W) * taps) for the resize, taps at most
+// 2 * ceil(2 * max(1, h / H)) + 1 (bicubic); O(H * W) to normalise and patchify;
+// SmartResize and GridForImage are O(1).
 // Thread safety: all functions are thread-safe (pure functions of their
-// arguments); PreprocessConfig is a value type.
+// arguments; the resize scratch is thread_local); PreprocessConfig is a
+// value type.
 //
 // Example:
 //   epd::PreprocessConfig cfg;                       // Qwen2-VL defaults
@@ -76,6 +80,14 @@ struct PreprocessConfig {
   std::array<float, 3> mean{0.48145466f, 0.4578275f, 0.40821073f};
   std::array<float, 3> std{0.26862954f, 0.26130258f, 0.27577711f};
   Resample resample = Resample::kBicubic;
+  // DecodeAndPreprocess only: when on, a JPEG shown as stored whose resized
+  // size is at most half its own on both axes is decoded by libjpeg-turbo's
+  // DCT-domain scaling (1/2, 1/4 or 1/8: the smallest still at least the
+  // resized size) and then resampled. Faster (1.62x at 2048x2048 ->
+  // 980x980 in docs/BENCHMARKS.md), but not Pillow's pixels: docs/KEYS_AND_PREPROCESSING.md gives
+  // the measured difference, which exceeds issue 42's parity bound, hence
+  // off by default. Part of the content key when on.
+  bool jpeg_dct_scaling = false;
   // How the encoded bytes become RGB before step 1: EXIF orientation and the
   // alpha policy (epd/media/image.h). Part of the content key, like every field
   // here. Defaults: orientation applied, RGBA composited on white (vLLM's
@@ -142,9 +154,10 @@ struct ProbedGrid {
 StatusOr<ProbedGrid> ProbeGrid(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
                                const DecodeLimits& limits = {});
 
-// Resamples `src` to width x height with `filter` (see step 2 above).
-// Errors (kInvalidArgument): src malformed (non-positive size or pixels.size()
-// != width * height * 3), target size < 1. Returns a copy when sizes match.
+// Resamples `src` to width x height with `filter` (see step 2 above; BILINEAR
+// is Pillow's BILINEAR likewise). Errors (kInvalidArgument): src malformed
+// (non-positive size or pixels.size() != width * height * 3), target size
+// < 1, unknown filter. Returns a copy when sizes match.
 StatusOr<RgbImage> ResizeRgb(const RgbImage& src, int width, int height, Resample filter);
 
 // Preprocess output. Owns its floats.
@@ -172,8 +185,19 @@ struct PreprocessedImage {
 // Errors (kInvalidArgument): malformed image, invalid cfg, SmartResize errors.
 StatusOr<PreprocessedImage> Preprocess(const RgbImage& image, const PreprocessConfig& cfg);
 
-// DecodeImage(bytes, limits, cfg.decode) then Preprocess(image, cfg). Same
-// errors as both.
+// Preprocess into caller-owned memory: `rows` must hold exactly
+// GridForImage(image.height, image.width, cfg)->patches() * cfg.patch_dim()
+// floats, written in Preprocess's layout. Allocates nothing once this thread
+// has preprocessed an image of the same sizes (the scratch is reused).
+// Errors (kInvalidArgument): Preprocess's, and a wrong rows.size() (the
+// message gives the size needed).
+Status PreprocessInto(const RgbImage& image, const PreprocessConfig& cfg, std::span<float> rows);
+
+// DecodeImage(bytes, limits, cfg.decode) then Preprocess(image, cfg), with
+// the same result and errors as both. A three-channel JPEG shown as stored
+// (EXIF orientation 1, or not applied) decodes into a per-thread buffer
+// instead of a new RgbImage; its result vector is the one allocation per
+// image of ours (libjpeg-turbo still mallocs its own working memory).
 StatusOr<PreprocessedImage> DecodeAndPreprocess(std::span<const std::uint8_t> bytes, const PreprocessConfig& cfg,
                                                 const DecodeLimits& limits = {});
 
