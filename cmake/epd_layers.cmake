@@ -29,8 +29,8 @@ set(EPD_LAYER_core_USES "")
 set(EPD_LAYER_core_HEADERS
   admission_filter.h cache_options.h concurrent_cache.h content_key_type.h embedding.h embedding_cache.h
   encode_scheduler.h encode_types.h eviction_order.h gdsf_heap.h grid.h job_scheduler.h mini_sim.h
-  miss_ratio_curve.h policy_duel.h shards.h shared_tier.h slot_index.h stack_distance.h stat_fields.h status.h
-  tenant_quota.h tiered_cache.h version.h vision_tower.h)
+  miss_ratio_curve.h mutex.h policy_duel.h shards.h shared_tier.h slot_index.h stack_distance.h stat_fields.h status.h
+  tenant_quota.h thread_annotations.h tiered_cache.h version.h vision_tower.h)
 
 set(EPD_LAYER_media_TARGET epd_media)
 set(EPD_LAYER_media_USES core)
