@@ -29,8 +29,8 @@ set(EPD_LAYER_core_TARGET epd_core)
 set(EPD_LAYER_core_USES "")
 set(EPD_LAYER_core_HEADERS
   admission_filter.h cache_options.h concurrent_cache.h content_key_type.h embedding.h embedding_cache.h
-  encode_scheduler.h encode_types.h grid.h job_scheduler.h policy_duel.h
-  shared_tier.h stat_fields.h status.h tenant_quota.h tiered_cache.h version.h vision_tower.h
+  encode_scheduler.h encode_types.h grid.h job_scheduler.h mutex.h policy_duel.h
+  shared_tier.h stat_fields.h status.h tenant_quota.h thread_annotations.h tiered_cache.h version.h vision_tower.h
   # Internal headers (abseil's convention): installed, since the public
   # templates include them, but not part of the API. A header is listed with
   # its folder under include/epd/<layer>/, and is installed there.

@@ -83,8 +83,9 @@ PY
 )
 echo "lint.sh: clang-tidy over ${#files[@]} files ($build/compile_commands.json)" >&2
 # -quiet: only findings. GCC-only flags in the database are dropped by
-# clang's --driver-mode; unknown warning flags are not errors.
-"$tidy" -quiet -p "$dbdir" -j "$(nproc)" -extra-arg=-Wno-unknown-warning-option \
+# clang's --driver-mode; unknown warning flags are not errors. -Wthread-safety
+# checks the EPD_GUARDED_BY annotations (.clang-tidy: clang-diagnostic-thread-safety*).
+"$tidy" -quiet -p "$dbdir" -j "$(nproc)" -extra-arg=-Wno-unknown-warning-option -extra-arg=-Wthread-safety \
   "${files[@]}" >"$log" 2>&1 || true
 # run-clang-tidy may colour its output even into a file: strip the escapes
 # before matching, or every finding goes unseen.

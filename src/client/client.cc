@@ -10,12 +10,12 @@
 #include <atomic>
 #include <future>
 #include <map>
-#include <mutex>
 #include <random>
 #include <utility>
 
 #include "client_convert.h"
 #include "client_session.h"
+#include "epd/core/mutex.h"
 #include "epd/v1/encoder.grpc.pb.h"
 #include "epd/v1/service_config.h"
 #include "proto_convert.h"
@@ -64,22 +64,22 @@ struct ShmLeaseLink {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Encoder::Stub> stub;
-  std::mutex mu;
-  std::vector<v1::ShmLease> pending;  // guarded by mu
+  Mutex mu;
+  std::vector<v1::ShmLease> pending EPD_GUARDED_BY(mu);
 
   void Queue(std::uint64_t offset, std::uint64_t generation) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     pending.push_back(LeaseMessage(v1::LEASE_KIND_SHM, offset, generation));
   }
 
   // A CUDA IPC lease's release (ShmLease of kind LEASE_KIND_CUDA_IPC).
   void QueueIpc(std::uint64_t generation) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     pending.push_back(LeaseMessage(v1::LEASE_KIND_CUDA_IPC, 0, generation));
   }
 
   std::vector<v1::ShmLease> Take() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     return std::exchange(pending, {});
   }
 
@@ -152,23 +152,23 @@ struct EncodeClient::Impl {
   std::unique_ptr<v1::Encoder::Stub> stub;
   std::string id_prefix = "cli-" + RandomHex(12) + "-";
   std::atomic<std::uint64_t> next_id{1};
-  std::mutex info_mu;
-  std::optional<ServerInfo> info;  // guarded by info_mu; Health's answer, fetched once
+  Mutex info_mu;
+  std::optional<ServerInfo> info EPD_GUARDED_BY(info_mu);  // Health's answer, fetched once
   std::shared_ptr<ShmLeaseLink> link;
-  std::mutex map_mu;
-  std::map<std::uint64_t, std::shared_ptr<const internal::ShmMapping>> mappings;  // by segment; guarded by map_mu
+  Mutex map_mu;
+  std::map<std::uint64_t, std::shared_ptr<const internal::ShmMapping>> mappings EPD_GUARDED_BY(map_mu);  // by segment
   // The lease session (docs/SHM.md, "Crashed clients"), opened before the
   // first shared-memory or CUDA IPC call and reopened after it ends; after a refusal
   // (no arena, the server's cap, an older server) calls go without one and
   // the next try waits kSessionRetry.
   static constexpr std::chrono::seconds kSessionRetry{1};
-  std::mutex session_mu;
-  std::unique_ptr<internal::ClientSession> session;          // guarded by session_mu
-  std::chrono::steady_clock::time_point session_retry_at{};  // guarded by session_mu
+  Mutex session_mu;
+  std::unique_ptr<internal::ClientSession> session EPD_GUARDED_BY(session_mu);
+  std::chrono::steady_clock::time_point session_retry_at EPD_GUARDED_BY(session_mu) = {};
 
   // The id to send in "x-epd-session"; empty when there is no session.
   std::string SessionId() {
-    std::lock_guard<std::mutex> lock(session_mu);
+    MutexLock lock(session_mu);
     if (session != nullptr && session->live()) return session->id();
     const auto now = std::chrono::steady_clock::now();
     if (now < session_retry_at) return "";
@@ -185,7 +185,7 @@ struct EncodeClient::Impl {
 
   // The arena `ref` points into, mapped on first use.
   StatusOr<std::shared_ptr<const internal::ShmMapping>> Mapping(const v1::ShmRef& ref) {
-    std::lock_guard<std::mutex> lock(map_mu);
+    MutexLock lock(map_mu);
     auto it = mappings.find(ref.segment());
     if (it != mappings.end() && it->second->size() >= ref.segment_bytes()) return it->second;
     StatusOr<std::shared_ptr<const internal::ShmMapping>> m =
@@ -216,13 +216,13 @@ struct EncodeClient::Impl {
 
   // Live imports by handle (memory handle bytes and length), so that leases
   // on one export share one mapping (a CUDA context may open a handle once).
-  std::mutex import_mu;
-  std::map<std::string, std::weak_ptr<const IpcImport>> imports;  // guarded by import_mu
+  Mutex import_mu;
+  std::map<std::string, std::weak_ptr<const IpcImport>> imports EPD_GUARDED_BY(import_mu);
 
   StatusOr<std::shared_ptr<const IpcImport>> Import(const IpcHandle& handle) {
     std::string id(reinterpret_cast<const char*>(handle.memory.data()), handle.memory.size());
     id += std::to_string(handle.bytes);
-    std::lock_guard<std::mutex> lock(import_mu);
+    MutexLock lock(import_mu);
     for (auto it = imports.begin(); it != imports.end();) {  // drop entries of closed imports
       it = it->second.expired() ? imports.erase(it) : std::next(it);
     }
@@ -290,7 +290,7 @@ struct EncodeClient::Impl {
   }
 
   StatusOr<ServerInfo> CachedInfo() {
-    std::lock_guard<std::mutex> lock(info_mu);
+    MutexLock lock(info_mu);
     if (info.has_value()) return *info;
     StatusOr<ServerInfo> fresh = FetchHealth();
     if (fresh.ok()) info = *fresh;
@@ -379,7 +379,7 @@ EncodeClient::~EncodeClient() {
   if (impl_ == nullptr) return;
   if (impl_->link != nullptr) (void)FlushReleases();
   // Ends the lease session: the server releases every lease still under it.
-  std::lock_guard<std::mutex> lock(impl_->session_mu);
+  MutexLock lock(impl_->session_mu);
   impl_->session.reset();
 }
 

@@ -15,21 +15,24 @@ StatusOr<std::unique_ptr<ClientSession>> ClientSession::Open(v1::Encoder::Stub& 
   if (!authorization.empty()) s->ctx_.AddMetadata("authorization", authorization);
   s->stream_ = stub.Session(&s->ctx_);
   s->reader_ = std::thread([raw = s.get()] { raw->ReadUntilEnd(); });
-  std::unique_lock<std::mutex> lock(s->mu_);
-  if (!s->cv_.wait_for(lock, timeout, [&] { return s->got_event_ || s->ended_; })) {
-    lock.unlock();
+  MutexLock lock(s->mu_);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!s->got_event_ && !s->ended_ && s->cv_.WaitUntil(s->mu_, until) == std::cv_status::no_timeout) {
+  }
+  if (!s->got_event_ && !s->ended_) {
+    lock.Unlock();
     s->ctx_.TryCancel();  // the destructor joins the reader
     return Status(StatusCode::kDeadlineExceeded,
                   "the server did not name a lease session within " + std::to_string(timeout.count()) + " ms");
   }
   if (!s->got_event_) {
     const grpc::Status end = s->end_;
-    lock.unlock();
+    lock.Unlock();
     Status why = FromGrpc(end);
     if (why.ok()) why = Internal("the server ended the lease session without naming it");
     return why;
   }
-  lock.unlock();
+  lock.Unlock();
   return s;
 }
 
@@ -39,20 +42,20 @@ void ClientSession::ReadUntilEnd() {
   while (stream_->Read(&event)) {
     if (!first) continue;  // no later event is defined yet
     first = false;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     id_ = event.session_id();
     got_event_ = !id_.empty();
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   grpc::Status end = stream_->Finish();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ended_ = true;
   end_ = std::move(end);
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 bool ClientSession::live() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return got_event_ && !ended_;
 }
 
@@ -61,14 +64,17 @@ ClientSession::~ClientSession() {
   // finishes the call, which ends the reader's loop.
   bool ended = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ended = ended_;
   }
   if (!ended) stream_->WritesDone();
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout_, [&] { return ended_; })) {
-      lock.unlock();
+    MutexLock lock(mu_);
+    const auto until = std::chrono::steady_clock::now() + timeout_;
+    while (!ended_ && cv_.WaitUntil(mu_, until) == std::cv_status::no_timeout) {
+    }
+    if (!ended_) {
+      lock.Unlock();
       ctx_.TryCancel();  // a server that does not answer: cancel (it ends the session too)
     }
   }

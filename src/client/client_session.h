@@ -14,12 +14,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 #include "epd/v1/encoder.grpc.pb.h"
 
@@ -52,11 +51,11 @@ class ClientSession {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionMessage, v1::SessionEvent>> stream_;
   std::thread reader_;
   std::string id_;  // set before Open returns
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool got_event_ = false;  // guarded by mu_
-  bool ended_ = false;      // Read returned false; guarded by mu_
-  grpc::Status end_;        // Finish's status, once ended_; guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool got_event_ EPD_GUARDED_BY(mu_) = false;
+  bool ended_ EPD_GUARDED_BY(mu_) = false;  // Read returned false
+  grpc::Status end_ EPD_GUARDED_BY(mu_);    // Finish's status, once ended_
 };
 
 }  // namespace epd::internal

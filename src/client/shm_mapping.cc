@@ -9,9 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <string>
 #include <system_error>
+
+#include "epd/core/mutex.h"
 
 namespace epd::internal {
 
@@ -66,18 +67,23 @@ StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Open(pid_t pid, int fd, 
 
 StatusOr<std::shared_ptr<const ShmMapping>> ShmMapping::Shared(pid_t pid, int fd, std::uint64_t segment,
                                                                std::uint64_t segment_bytes) {
-  // Leaked on purpose: clients may outlive static destruction order.
-  static auto* mu = new std::mutex;
-  static auto* live = new std::map<std::uint64_t, std::weak_ptr<const ShmMapping>>;  // by segment; guarded by mu
-  std::lock_guard<std::mutex> lock(*mu);
-  for (auto it = live->begin(); it != live->end();) {  // forget mappings nobody holds any more
-    it = it->second.expired() ? live->erase(it) : std::next(it);
+  // The process's mappings, by segment. Leaked on purpose: clients may
+  // outlive static destruction order.
+  struct Live {
+    Mutex mu;
+    std::map<std::uint64_t, std::weak_ptr<const ShmMapping>> by_segment EPD_GUARDED_BY(mu);
+  };
+  static auto* live = new Live;
+  MutexLock lock(live->mu);
+  std::map<std::uint64_t, std::weak_ptr<const ShmMapping>>& by_segment = live->by_segment;
+  for (auto it = by_segment.begin(); it != by_segment.end();) {  // forget mappings nobody holds any more
+    it = it->second.expired() ? by_segment.erase(it) : std::next(it);
   }
-  if (auto it = live->find(segment); it != live->end()) {
+  if (auto it = by_segment.find(segment); it != by_segment.end()) {
     if (std::shared_ptr<const ShmMapping> m = it->second.lock(); m != nullptr && m->size() >= segment_bytes) return m;
   }
   StatusOr<std::shared_ptr<const ShmMapping>> m = Open(pid, fd, segment, segment_bytes);
-  if (m.ok()) (*live)[segment] = *m;
+  if (m.ok()) by_segment[segment] = *m;
   return m;
 }
 

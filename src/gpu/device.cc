@@ -46,7 +46,7 @@ StatusOr<DeviceBuffer> Device::AllocateKind(MemoryKind kind, std::size_t bytes) 
   StatusOr<std::byte*> p = DoAllocate(kind, bytes);
   if (!p.ok()) return p.status();
   const int k = static_cast<int>(kind);
-  std::lock_guard<std::mutex> lock(release_mu_);
+  MutexLock lock(release_mu_);
   if (*p == nullptr) {
     ++alloc_failures_[k];
     const std::string what =
@@ -62,7 +62,7 @@ void Device::Free(DeviceBuffer& buffer) noexcept {
   if (buffer.data_ == nullptr) return;
   const int k = static_cast<int>(buffer.kind_);
   DoFree(buffer.kind_, buffer.data_, buffer.size_);
-  std::lock_guard<std::mutex> lock(release_mu_);
+  MutexLock lock(release_mu_);
   live_bytes_[k] -= buffer.size_;
 }
 
@@ -73,7 +73,7 @@ StatusOr<EventPtr> Device::RecordEvent(Stream stream) {
 
 void Device::ReleaseAfter(EventPtr event, std::shared_ptr<const void> hold) {
   if (event == nullptr || event->Query()) return;  // `hold` drops here, outside any lock
-  std::lock_guard<std::mutex> lock(release_mu_);
+  MutexLock lock(release_mu_);
   pending_.push_back(PendingRelease{std::move(event), std::move(hold)});
 }
 
@@ -81,7 +81,7 @@ std::size_t Device::Poll() {
   std::vector<PendingRelease> done;
   std::size_t remaining;
   {
-    std::lock_guard<std::mutex> lock(release_mu_);
+    MutexLock lock(release_mu_);
     // Events of one stream complete in order, but the list mixes two streams,
     // so every entry is checked; the list holds only copies in flight.
     std::deque<PendingRelease> keep;
@@ -104,7 +104,7 @@ void Device::DrainReleases() noexcept {
   for (;;) {
     std::deque<PendingRelease> batch;
     {
-      std::lock_guard<std::mutex> lock(release_mu_);
+      MutexLock lock(release_mu_);
       if (pending_.empty()) return;
       batch.swap(pending_);
     }
@@ -118,7 +118,7 @@ void Device::DrainReleases() noexcept {
 DeviceMemoryStats Device::memory_stats() const {
   DeviceMemoryStats s;
   {
-    std::lock_guard<std::mutex> lock(release_mu_);
+    MutexLock lock(release_mu_);
     s.device_bytes_in_use = live_bytes_[0];
     s.device_alloc_failures = alloc_failures_[0];
     s.pinned_alloc_failures = alloc_failures_[1];

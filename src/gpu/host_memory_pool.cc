@@ -34,7 +34,7 @@ void HostMemoryPool::EraseFree(std::map<std::size_t, std::size_t>::iterator it) 
 }
 
 std::byte* HostMemoryPool::Allocate(std::size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Checked before rounding so a huge request cannot wrap around.
   if (bytes > capacity_) {
     ++failed_;
@@ -57,7 +57,7 @@ std::byte* HostMemoryPool::Allocate(std::size_t bytes) {
 }
 
 bool HostMemoryPool::Free(std::byte* p) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (p < base_ || p >= base_ + capacity_) return false;
   std::size_t offset = static_cast<std::size_t>(p - base_);
   auto live = live_.find(offset);
@@ -85,14 +85,14 @@ bool HostMemoryPool::Free(std::byte* p) {
 }
 
 std::size_t HostMemoryPool::BlockSize(const std::byte* p) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (p < base_ || p >= base_ + capacity_) return 0;
   auto live = live_.find(static_cast<std::size_t>(p - base_));
   return live == live_.end() ? 0 : live->second;
 }
 
 HostMemoryPoolStats HostMemoryPool::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   HostMemoryPoolStats s;
   s.capacity_bytes = capacity_;
   s.bytes_in_use = in_use_;

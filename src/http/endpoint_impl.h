@@ -13,11 +13,11 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_set>
 
+#include "epd/core/mutex.h"
 #include "epd/http/http_endpoint.h"
 #include "handler_pool.h"
 
@@ -31,11 +31,11 @@ struct EndpointCounters {
   std::atomic<std::uint64_t> connections{0}, requests{0}, header_timeouts{0}, idle_closed{0}, evicted{0},
       tls_failures{0}, body_timeouts{0}, bodies_too_large{0}, handler_exceptions{0}, clients_gone{0};
   std::atomic<std::int64_t> parked{0}, open{0};
-  mutable std::mutex mu;
-  std::map<int, std::uint64_t> responses;  // guarded by mu
+  mutable Mutex mu;
+  std::map<int, std::uint64_t> responses EPD_GUARDED_BY(mu);
 
   void CountResponse(int status) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     ++responses[status];
   }
 };
@@ -49,8 +49,8 @@ struct HttpEndpoint::Impl {
   std::vector<HttpRoute> routes;
   internal::EndpointCounters counters;
   std::atomic<bool> stopping{false};
-  std::mutex stop_mu;
-  bool stopped = false;  // guarded by stop_mu
+  Mutex stop_mu;
+  bool stopped EPD_GUARDED_BY(stop_mu) = false;
   int port = 0;
   std::weak_ptr<Impl> self;  // for the responders, which may outlive the endpoint
 

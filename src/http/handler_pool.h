@@ -6,12 +6,12 @@
 // after it returns false and runs nothing.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "epd/core/mutex.h"
 
 namespace epd::internal {
 
@@ -26,21 +26,21 @@ class HandlerPool {
 
   bool Submit(std::function<void()> task) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (closed_) return false;
       queue_.push_back(std::move(task));
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
     return true;
   }
 
   void Shutdown() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (closed_ && workers_.empty()) return;
       closed_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     for (std::thread& t : workers_) t.join();
     workers_.clear();
   }
@@ -50,8 +50,8 @@ class HandlerPool {
     for (;;) {
       std::function<void()> task;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return closed_ || !queue_.empty(); });
+        MutexLock lock(mu_);
+        while (!closed_ && queue_.empty()) cv_.Wait(mu_);
         if (queue_.empty()) return;  // closed and drained
         task = std::move(queue_.front());
         queue_.pop_front();
@@ -60,10 +60,10 @@ class HandlerPool {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // guarded by mu_
-  bool closed_ = false;                      // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ EPD_GUARDED_BY(mu_);
+  bool closed_ EPD_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

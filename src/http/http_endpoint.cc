@@ -288,14 +288,14 @@ HttpEndpointStats HttpEndpoint::Stats() const {
   s.clients_gone = c.clients_gone;
   s.parked = c.parked;
   s.open = c.open;
-  std::lock_guard<std::mutex> lock(c.mu);
+  MutexLock lock(c.mu);
   s.responses = c.responses;
   return s;
 }
 
 void HttpEndpoint::Stop() {
   Impl& impl = *impl_;
-  std::lock_guard<std::mutex> lock(impl.stop_mu);
+  MutexLock lock(impl.stop_mu);
   if (impl.stopped) return;
   impl.stopped = true;
   impl.stopping = true;

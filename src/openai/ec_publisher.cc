@@ -30,13 +30,13 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <system_error>
 #include <unordered_map>
 #include <vector>
 
 #include "ec_files.h"
+#include "epd/core/mutex.h"
 #include "epd/safetensors/safetensors_codec.h"
 
 namespace epd {
@@ -124,16 +124,15 @@ struct EcPublisher::Impl {
     std::int64_t bytes = 0;
     std::multimap<SysClock::time_point, std::string>::iterator age;
   };
-  mutable std::mutex mu;
-  std::unordered_map<std::string, Entry> files;             // guarded by mu; by relative path
-  std::multimap<SysClock::time_point, std::string> by_age;  // guarded by mu: oldest first
-  EcPublisherStats stats;                                   // guarded by mu
+  mutable Mutex mu;
+  std::unordered_map<std::string, Entry> files EPD_GUARDED_BY(mu);             // by relative path
+  std::multimap<SysClock::time_point, std::string> by_age EPD_GUARDED_BY(mu);  // oldest first
+  EcPublisherStats stats EPD_GUARDED_BY(mu);
 
   SysClock::time_point Now() const { return o.now ? o.now() : SysClock::now(); }
   std::string Shown(const std::string& rel) const { return o.dir + "/" + rel; }
 
-  // REQUIRES: mu held.
-  void Record(const std::string& rel, std::int64_t bytes, SysClock::time_point when) {
+  void Record(const std::string& rel, std::int64_t bytes, SysClock::time_point when) EPD_REQUIRES(mu) {
     auto it = files.find(rel);
     if (it != files.end()) {
       by_age.erase(it->second.age);
@@ -147,9 +146,8 @@ struct EcPublisher::Impl {
     stats.bytes += bytes;
   }
 
-  // REQUIRES: mu held. `keep` (the file just published) is never deleted,
-  // whatever the grace.
-  void Evict(SysClock::time_point now, const std::string& keep = "") {
+  // `keep` (the file just published) is never deleted, whatever the grace.
+  void Evict(SysClock::time_point now, const std::string& keep = "") EPD_REQUIRES(mu) {
     if (o.max_bytes <= 0) return;
     while (stats.bytes > o.max_bytes && !by_age.empty()) {
       auto oldest = by_age.begin();
@@ -191,7 +189,7 @@ struct EcPublisher::Impl {
   // FIFOs and names no id maps to are skipped.
   void Scan() {
     const auto now = Now();
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     for (const std::string& name : internal::ListNames(root.get())) {
       if (internal::IsEcTenantDirName(name)) {
         const Fd tenant = internal::OpenDirAt(root.get(), name);
@@ -205,8 +203,7 @@ struct EcPublisher::Impl {
     Evict(now);
   }
 
-  // REQUIRES: mu held.
-  void ScanIdDir(int base, const std::string& name, const std::string& rel, SysClock::time_point now) {
+  void ScanIdDir(int base, const std::string& name, const std::string& rel, SysClock::time_point now) EPD_REQUIRES(mu) {
     if (!internal::IsEcIdName(name)) return;
     const Fd id = internal::OpenDirAt(base, name);  // a symlink or a non-directory: skipped
     if (!id) return;
@@ -365,7 +362,7 @@ StatusOr<EcOutcome> EcPublisher::Publish(const EcItem& item, const Embedding& e)
     size = static_cast<std::int64_t>(bytes->size());
     outcome = m.Write(tdir, name, *bytes, item.key);
   }
-  std::lock_guard<std::mutex> lock(m.mu);
+  MutexLock lock(m.mu);
   if (!outcome.ok()) {
     ++m.stats.write_failures;
     return outcome;
@@ -379,7 +376,7 @@ StatusOr<EcOutcome> EcPublisher::Publish(const EcItem& item, const Embedding& e)
 }
 
 EcPublisherStats EcPublisher::Stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->stats;
 }
 

@@ -13,16 +13,16 @@ FetchPool::~FetchPool() { Stop(); }
 void FetchPool::Stop() {
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     threads.swap(threads_);  // no thread starts once stopping_ is set
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (std::thread& t : threads) t.join();
 }
 
 void FetchPool::Post(std::function<void()> job) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   queue_.push_back(std::move(job));
   // While stopping, the posting thread is a pool thread: it runs the job.
   if (!stopping_ && queue_.size() > idle_ && threads_.size() < max_threads_) {
@@ -36,31 +36,31 @@ void FetchPool::Post(std::function<void()> job) {
       }
     }
   }
-  lock.unlock();
-  cv_.notify_one();
+  lock.Unlock();
+  cv_.NotifyOne();
 }
 
 std::size_t FetchPool::threads() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return threads_.size();
 }
 
 void FetchPool::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     ++idle_;
-    cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+    while (queue_.empty() && !stopping_) cv_.Wait(mu_);
     --idle_;
     if (queue_.empty()) return;  // stopping, and nothing left to run
     std::function<void()> job = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     try {
       job();
     } catch (...) {  // NOLINT(bugprone-empty-catch): a job must not throw; one that does must not end the pool
     }
     job = nullptr;  // what the job captured is released outside the lock
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -12,13 +12,13 @@
 // Ownership: the pool owns its threads and the queued jobs.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "epd/core/mutex.h"
 
 namespace epd::internal {
 
@@ -46,12 +46,12 @@ class FetchPool {
   void Loop();
 
   const std::size_t max_threads_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  std::vector<std::thread> threads_;
-  std::size_t idle_ = 0;  // threads waiting for a job
-  bool stopping_ = false;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ EPD_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ EPD_GUARDED_BY(mu_);
+  std::size_t idle_ EPD_GUARDED_BY(mu_) = 0;  // threads waiting for a job
+  bool stopping_ EPD_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace epd::internal

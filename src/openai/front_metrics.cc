@@ -35,7 +35,7 @@ MetricFamily One(const std::string& name, const std::string& help, MetricType ty
 }  // namespace
 
 void FrontMetrics::CountFetch(const std::string& outcome) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++fetches_[outcome];
 }
 
@@ -43,7 +43,7 @@ std::string FrontMetrics::Render(const EcPublisherStats* ec, const HttpEndpointS
   std::vector<std::pair<std::string, double>> by_status, by_outcome;
   for (const auto& [status, n] : http.responses) by_status.emplace_back(std::to_string(status), static_cast<double>(n));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [outcome, n] : fetches_) by_outcome.emplace_back(outcome, static_cast<double>(n));
   }
   std::vector<MetricFamily> out;

@@ -8,9 +8,9 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 
+#include "epd/core/mutex.h"
 #include "epd/http/http_endpoint.h"
 #include "epd/openai/ec_publisher.h"
 
@@ -25,8 +25,8 @@ class FrontMetrics {
   std::string Render(const EcPublisherStats* ec, const HttpEndpointStats& http) const;
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::string, std::uint64_t> fetches_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, std::uint64_t> fetches_ EPD_GUARDED_BY(mu_);
 };
 
 }  // namespace epd::internal

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "epd/core/mutex.h"
 #include "fetch_pool.h"
 
 namespace epd::internal {
@@ -126,19 +127,19 @@ struct MediaSource::Batch {
   ResolveDone done;
   std::shared_ptr<std::atomic<bool>> stop = std::make_shared<std::atomic<bool>>(false);
 
-  std::mutex mu;         // guards what follows
-  std::size_t next = 0;  // the next item to start
-  int tokens = 0;        // tokens not retired
-  ResolvedMedia result;
+  Mutex mu;
+  std::size_t next EPD_GUARDED_BY(mu) = 0;  // the next item to start
+  int tokens EPD_GUARDED_BY(mu) = 0;        // tokens not retired
+  ResolvedMedia result EPD_GUARDED_BY(mu);
 
-  std::mutex charge_mu;  // serializes options.charge; guards charged
-  std::int64_t charged = 0;
+  Mutex charge_mu;  // serializes options.charge
+  std::int64_t charged EPD_GUARDED_BY(charge_mu) = 0;
 };
 
 MediaSource::MediaSource() = default;
 
 void MediaSource::StopAll() {
-  std::lock_guard<std::mutex> lock(batches_mu_);
+  MutexLock lock(batches_mu_);
   for (Batch* b : batches_) b->stop->store(true);
 }
 
@@ -192,13 +193,17 @@ void MediaSource::ResolveAll(std::vector<std::string> urls, ResolveOptions optio
   b->urls = std::move(urls);
   b->options = std::move(options);
   b->done = std::move(done);
-  b->result.items.assign(n, Status(StatusCode::kCancelled, "not resolved"));
-  b->tokens = static_cast<int>(std::clamp<std::size_t>(n, 1, std::max(1, b->options.parallelism)));
+  const int tokens = static_cast<int>(std::clamp<std::size_t>(n, 1, std::max(1, b->options.parallelism)));
   {
-    std::lock_guard<std::mutex> lock(batches_mu_);
+    MutexLock lock(b->mu);  // not shared yet: for the analysis, at no cost
+    b->result.items.assign(n, Status(StatusCode::kCancelled, "not resolved"));
+    b->tokens = tokens;
+  }
+  {
+    MutexLock lock(batches_mu_);
     batches_.insert(b.get());
   }
-  for (int t = b->tokens; t > 0; --t) pool_->Post([this, b] { Step(b); });
+  for (int t = tokens; t > 0; --t) pool_->Post([this, b] { Step(b); });
 }
 
 // One item of `b`, as its token resolves it.
@@ -215,7 +220,7 @@ StatusOr<std::string> MediaSource::ItemOf(Batch& b, std::size_t i) const {
   c.stop = b.stop;
   if (o.charge) {
     c.charge = [&b](std::int64_t bytes) {
-      std::lock_guard<std::mutex> lock(b.charge_mu);
+      MutexLock lock(b.charge_mu);
       Status s = b.options.charge(bytes);
       if (s.ok()) b.charged += bytes;
       return s;
@@ -227,12 +232,12 @@ StatusOr<std::string> MediaSource::ItemOf(Batch& b, std::size_t i) const {
 void MediaSource::Step(const std::shared_ptr<Batch>& b) {
   std::optional<std::size_t> item;
   {
-    std::lock_guard<std::mutex> lock(b->mu);
+    MutexLock lock(b->mu);
     if (!b->result.failed.has_value() && b->next < b->urls.size()) item = b->next++;
   }
   if (item.has_value()) {
     StatusOr<std::string> got = ItemOf(*b, *item);
-    std::lock_guard<std::mutex> lock(b->mu);
+    MutexLock lock(b->mu);
     if (!got.ok() && !b->result.failed.has_value()) {
       b->result.failed = *item;
       b->stop->store(true);
@@ -241,7 +246,7 @@ void MediaSource::Step(const std::shared_ptr<Batch>& b) {
   }
   bool again = false, last = false;
   {
-    std::lock_guard<std::mutex> lock(b->mu);
+    MutexLock lock(b->mu);
     again = item.has_value() && !b->result.failed.has_value() && b->next < b->urls.size();
     if (!again) last = --b->tokens == 0;
   }
@@ -251,13 +256,13 @@ void MediaSource::Step(const std::shared_ptr<Batch>& b) {
 
 void MediaSource::Finish(Batch& b) {
   {
-    std::lock_guard<std::mutex> lock(batches_mu_);
+    MutexLock lock(batches_mu_);
     batches_.erase(&b);
   }
   ResolvedMedia r;
   std::size_t started = 0;
   {
-    std::lock_guard<std::mutex> lock(b.mu);
+    MutexLock lock(b.mu);
     r = std::move(b.result);
     started = b.next;
   }
@@ -272,7 +277,7 @@ void MediaSource::Finish(Batch& b) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(b.charge_mu);
+    MutexLock lock(b.charge_mu);
     r.charged_bytes = b.charged;
   }
   try {

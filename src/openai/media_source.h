@@ -78,12 +78,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 #include "epd/http/media_fetch.h"
 
@@ -156,7 +156,7 @@ class MediaSource {
   std::int64_t max_bytes_ = 0;
   std::string local_root_;  // realpath, "" = file:// off
   int root_fd_ = -1;        // local_root_ (O_PATH), what file:// paths are opened beneath
-  std::mutex batches_mu_;
+  Mutex batches_mu_;
   std::unordered_set<Batch*> batches_;  // in flight; stopped on destruction
   std::unique_ptr<FetchPool> pool_;     // last: destroyed first, draining every batch
 };

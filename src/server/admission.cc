@@ -37,46 +37,46 @@ void RequestBudget::Take(std::int64_t bytes) {
 }
 
 RequestBudget::WaiterId RequestBudget::Acquire(std::int64_t bytes, Clock::time_point deadline, Grant grant) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Room now: in, even past older waiters too large for what is left
   // (admission.h: not first-come-first-served).
   if (in_flight_ + bytes <= capacity_) {
     Take(bytes);
-    lock.unlock();
+    lock.Unlock();
     grant(Status::Ok());
     return 0;
   }
   if (Clock::now() >= deadline) {
     const std::int64_t held = in_flight_;
-    lock.unlock();
+    lock.Unlock();
     grant(Refusal(held, bytes));
     return 0;
   }
   const WaiterId id = next_id_++;
   waiters_.emplace(id, Waiter{bytes, std::move(grant)});
-  lock.unlock();
+  lock.Unlock();
   pool_->PostAt(deadline, [this, id] { Expire(id); });
   return id;
 }
 
 void RequestBudget::Expire(WaiterId id) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = waiters_.find(id);
   if (it == waiters_.end()) return;  // admitted or cancelled meanwhile
   Waiter w = std::move(it->second);
   waiters_.erase(it);
   const std::int64_t held = in_flight_;
-  lock.unlock();
+  lock.Unlock();
   w.grant(Refusal(held, w.bytes));
 }
 
 void RequestBudget::Cancel(WaiterId id, const Status& why) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = waiters_.find(id);
   if (it == waiters_.end()) return;
   Waiter w = std::move(it->second);
   waiters_.erase(it);
-  lock.unlock();
+  lock.Unlock();
   w.grant(why);
 }
 
@@ -84,7 +84,7 @@ void RequestBudget::Release(std::int64_t bytes) {
   bool drained = false;
   std::vector<Grant> admitted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     in_flight_ -= bytes;
     for (auto it = waiters_.begin(); it != waiters_.end() && in_flight_ < capacity_;) {
       if (in_flight_ + it->second.bytes > capacity_) {
@@ -105,12 +105,12 @@ void RequestBudget::Release(std::int64_t bytes) {
 }
 
 std::int64_t RequestBudget::in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return in_flight_;
 }
 
 std::int64_t RequestBudget::waiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return static_cast<std::int64_t>(waiters_.size());
 }
 

@@ -38,10 +38,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 
 namespace grpc {
@@ -100,17 +100,17 @@ class RequestBudget {
   };
   Status Refusal(std::int64_t held, std::int64_t bytes) const;
   void Expire(WaiterId id);
-  void Take(std::int64_t bytes);  // REQUIRES: mu_ held
+  void Take(std::int64_t bytes) EPD_REQUIRES(mu_);
 
   const std::int64_t capacity_;
   const std::int64_t burst_bytes_;
   const std::function<void()> on_drained_;
   TaskPool* const pool_;
-  mutable std::mutex mu_;
-  std::int64_t in_flight_ = 0;           // guarded by mu_
-  std::int64_t peak_since_drained_ = 0;  // most bytes in flight at once since in_flight_ was last 0; guarded by mu_
-  std::map<WaiterId, Waiter> waiters_;   // by id: oldest first; guarded by mu_
-  WaiterId next_id_ = 1;                 // guarded by mu_
+  mutable Mutex mu_;
+  std::int64_t in_flight_ EPD_GUARDED_BY(mu_) = 0;
+  std::int64_t peak_since_drained_ EPD_GUARDED_BY(mu_) = 0;  // most bytes in flight at once since in_flight_ was last 0
+  std::map<WaiterId, Waiter> waiters_ EPD_GUARDED_BY(mu_);   // by id: oldest first
+  WaiterId next_id_ EPD_GUARDED_BY(mu_) = 1;
 };
 
 // The per-call size rule of Encode and Probe (ServerOptions::

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <utility>
 
+#include "epd/core/mutex.h"
 #include "proto_convert.h"
 
 namespace epd::internal {
@@ -17,7 +18,7 @@ RateLimitedLog::RateLimitedLog(std::function<void(const std::string&)> sink, int
     : sink_(std::move(sink)), per_window_(per_window), window_(window), now_(std::move(now)) {}
 
 void RateLimitedLog::Log(const std::string& line) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Clock::time_point t = now_();
   if (in_window_ == 0 || t - window_start_ >= window_) {
     window_start_ = t;
@@ -44,7 +45,7 @@ CallOutcomes::CallOutcomes(std::function<void(const std::string&)> log) {
 void CallOutcomes::Record(const std::string& method, const std::string& peer, const Status& status) {
   if (status.ok()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++errors_[status.code()];
   }
   if (log_ != nullptr) {
@@ -62,7 +63,7 @@ std::string CallOutcomes::TenantOf(const grpc::ServerContextBase& ctx) const {
 }
 
 std::map<StatusCode, std::uint64_t> CallOutcomes::Errors() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return errors_;
 }
 
@@ -96,7 +97,7 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
         // No message reached the handler: either it did not parse, or the
         // client cancelled before sending it (gRPC's handler sees the same
         // in both cases). Which one is known once the call closes.
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         unparsed_status_ = FromGrpc(s);
         status_sent_ = true;
         MaybeRecordUnparsedLocked();
@@ -107,7 +108,7 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
       // method: a sync one's IsCancelled completes the close op itself, which
       // runs this hook again, without end.)
       const bool cancelled = info_->server_context()->IsCancelled();
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       closed_ = true;
       cancelled_ = cancelled;
       MaybeRecordUnparsedLocked();
@@ -146,7 +147,7 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   // Records the outcome of a call refused for want of a request message once
   // both that refusal was sent and the call's close arrived: a cancel when the
   // client cancelled, else the refusal.
-  void MaybeRecordUnparsedLocked() {
+  void MaybeRecordUnparsedLocked() EPD_REQUIRES(mu_) {
     if (!status_sent_ || !closed_ || recorded_) return;
     recorded_ = true;
     outcomes_->Record(
@@ -161,12 +162,12 @@ class OutcomeInterceptor : public grpc::experimental::Interceptor {
   // and a streaming method's close may race its last read).
   std::atomic<bool> unparsed_{false};
   // PRE_SEND_STATUS and POST_RECV_CLOSE may run on different threads.
-  std::mutex mu_;
-  Status unparsed_status_;    // guarded by mu_
-  bool status_sent_ = false;  // the refusal was sent; guarded by mu_
-  bool closed_ = false;       // guarded by mu_
-  bool cancelled_ = false;    // guarded by mu_
-  bool recorded_ = false;     // guarded by mu_
+  Mutex mu_;
+  Status unparsed_status_ EPD_GUARDED_BY(mu_);
+  bool status_sent_ EPD_GUARDED_BY(mu_) = false;  // the refusal was sent
+  bool closed_ EPD_GUARDED_BY(mu_) = false;
+  bool cancelled_ EPD_GUARDED_BY(mu_) = false;
+  bool recorded_ EPD_GUARDED_BY(mu_) = false;
 };
 
 class OutcomeInterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {

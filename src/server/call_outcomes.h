@@ -31,9 +31,9 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 
 namespace grpc {
@@ -61,10 +61,10 @@ class RateLimitedLog {
   int per_window_;
   Clock::duration window_;
   std::function<Clock::time_point()> now_;
-  std::mutex mu_;
-  Clock::time_point window_start_{};  // guarded by mu_
-  int in_window_ = 0;                 // guarded by mu_
-  std::uint64_t dropped_ = 0;         // guarded by mu_
+  Mutex mu_;
+  Clock::time_point window_start_ EPD_GUARDED_BY(mu_) = {};
+  int in_window_ EPD_GUARDED_BY(mu_) = 0;
+  std::uint64_t dropped_ EPD_GUARDED_BY(mu_) = 0;
 };
 
 class CallOutcomes {
@@ -89,8 +89,8 @@ class CallOutcomes {
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeInterceptorFactory();
 
  private:
-  mutable std::mutex mu_;
-  std::map<StatusCode, std::uint64_t> errors_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<StatusCode, std::uint64_t> errors_ EPD_GUARDED_BY(mu_);
   std::unique_ptr<RateLimitedLog> log_;
   std::function<std::string(const grpc::ServerContextBase&)> tenant_of_;
 };

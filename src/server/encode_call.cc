@@ -96,14 +96,14 @@ void EncodeCall::Admit() {
   // bytes fit, at admit_by_ with a refusal, or on a cancel, holding no
   // thread meanwhile.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     admitting_ = true;
   }
   const internal::RequestBudget::WaiterId id = s.budget->Acquire(
       message_bytes_, admit_by_, [self = shared_from_this()](const Status& st) { self->Admitted(st); });
   Status cancel;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!admitting_) return;  // Admitted ran already
     waiter_ = id;
     cancel = give_up_;  // OnCancel came first, and left the waiter to us
@@ -114,7 +114,7 @@ void EncodeCall::Admit() {
 void EncodeCall::Admitted(const Status& st) {
   Status g;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     admitting_ = false;
     waiter_ = 0;
     admitted_ = st.ok();  // OnDone gives the bytes back
@@ -147,7 +147,7 @@ void EncodeCall::Submit() {
   callbacks.on_item = [self = shared_from_this()](const ItemResult& r) { self->Deliver(r); };
   callbacks.on_done = [self = shared_from_this()](const RequestResult& r) { self->Done(r); };
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     submitted_ = true;
   }
   s.loop->Submit(std::move(request), std::move(callbacks), &ticket_);
@@ -158,7 +158,7 @@ void EncodeCall::Submit() {
 void EncodeCall::Deliver(const ItemResult& r) {
   server_.tenant_stats->CountItem(caller_.tenant, r);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (finished_ || !give_up_.ok()) return;
     // Past its tenant's share the call is throttled: its results wait here
     // and no longer count towards stopping the tower (reply_budget.h).
@@ -179,7 +179,7 @@ void EncodeCall::Deliver(const ItemResult& r) {
 
 void EncodeCall::Done(const RequestResult& r) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     done_ = true;
     request_status_ = r.status;
     if (finished_ || writer_) return;
@@ -194,7 +194,7 @@ void EncodeCall::PumpOrPost() {
 }
 
 void EncodeCall::Pump() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (finished_) {
     writer_ = false;
     return;
@@ -218,25 +218,27 @@ void EncodeCall::Pump() {
         first_failure_ = r.status;
       }
     }
-    lock.unlock();
+    lock.Unlock();
     return Write(std::move(r), last);
   }
   if (done_ && ready_.empty()) {
     const Status st = FinalStatus();
-    lock.unlock();
+    lock.Unlock();
     return FinishWith(st);
   }
   writer_ = false;
 }
 
-void EncodeCall::GiveUp(std::unique_lock<std::mutex>& lock) {
+// The analysis cannot follow a scoped lock passed by reference (clang 14):
+// it would see lock.Unlock() release a lock it does not know.
+void EncodeCall::GiveUp(MutexLock& lock) EPD_NO_THREAD_SAFETY_ANALYSIS {
   EncodeServer::Impl& s = server_;
   std::int64_t left = 0;
   for (const ItemResult& r : ready_) left += ResultBytes(r);
   ready_.clear();
   const bool cancel_worker = submitted_ && !done_;
   const Status g = give_up_;
-  lock.unlock();
+  lock.Unlock();
   s.replies->Unbuffer(account_, left);
   // By ticket: a call refused for an id another call holds (ALREADY_EXISTS)
   // must not cancel that call.
@@ -257,7 +259,7 @@ void EncodeCall::Write(ItemResult r, bool last) {
   // took 1048 MB of RSS, 2.0 times their bytes; docs/SERVER.md).
   const std::int64_t held = 2 * static_cast<std::int64_t>(msg_.ByteSizeLong());
   Status refusal = s.replies->Hold(account_, held);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!refusal.ok() && give_up_.ok()) {
     give_up_ = Status(refusal.code(), refusal.message() + " (" + std::to_string(written_) + " of " +
                                           std::to_string(n_) + " items were sent)");
@@ -267,11 +269,11 @@ void EncodeCall::Write(ItemResult r, bool last) {
     // reference reply's lease, if one was made, lapses at its deadline: a
     // reply of a few hundred bytes is refused only on a connection already
     // full of others.)
-    lock.unlock();
+    lock.Unlock();
     msg_ = v1::EncodedItem();
     if (refusal.ok()) s.replies->Unhold(account_, held);
     s.replies->Unbuffer(account_, item_bytes);
-    lock.lock();
+    lock.Lock();
     return GiveUp(lock);
   }
   msg_bytes_ = item_bytes;
@@ -280,13 +282,13 @@ void EncodeCall::Write(ItemResult r, bool last) {
   write_started_ = Clock::now();
   ArmWriteTimer(write_started_ + s.options.write_timeout);
   if (!last) {
-    lock.unlock();
+    lock.Unlock();
     return StartWrite(&msg_);
   }
   const Status final_status = FinalStatus();
   finished_ = true;
   final_ok_ = final_status.ok();
-  lock.unlock();
+  lock.Unlock();
   // The last item and the status go out in one batch: one send and one
   // wake-up fewer per call, which is most of a single-item hit's transport
   // work. (It has no OnWriteDone; its bytes are given back in OnDone.)
@@ -299,7 +301,7 @@ void EncodeCall::OnWriteDone(bool ok) {
   server_.replies->Unbuffer(account_, msg_bytes_);
   msg_ = v1::EncodedItem();  // our copy of the rows goes now, not at the next write
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     msg_held_ = msg_bytes_ = 0;
     in_transport_ = false;
     if (ok) {
@@ -338,7 +340,7 @@ bool EncodeCall::HeldByFloor(const ItemResult& r) {
 
 void EncodeCall::FloorElapsed() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     floor_armed_ = false;
     if (writer_ || finished_) return;
     writer_ = true;
@@ -352,7 +354,7 @@ void EncodeCall::CheckWriteProgress() {
   Status why;
   bool record = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     timer_armed_ = false;
     if (!in_transport_) return;  // no write waits on the client: nothing to time
     if (Clock::now() < write_started_ + timeout) return ArmWriteTimer(write_started_ + timeout);
@@ -380,7 +382,7 @@ void EncodeCall::OnCancel() {
   internal::RequestBudget::WaiterId waiter = 0;
   Status why;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (finished_ || !give_up_.ok()) return;
     // gRPC cancels a call at its deadline too; tell the two apart (the timer
     // may fire a little before the deadline read back from the context).
@@ -409,7 +411,7 @@ void EncodeCall::OnCancel() {
 
 void EncodeCall::FinishWith(const Status& s) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (finished_) return;
     finished_ = true;
   }
@@ -445,7 +447,7 @@ void EncodeCall::OnDone() {
   std::int64_t held, buffered;
   internal::TaskPool::TaskId timer, floor_timer;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     admitted = admitted_;
     call_done_ = true;
     timer = timer_armed_ ? write_timer_ : internal::TaskPool::TaskId{};

@@ -56,6 +56,7 @@
 #include "admission.h"
 #include "epd/core/embedding.h"
 #include "epd/core/encode_types.h"
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 #include "epd/server/server.h"
 #include "epd/v1/encoder.grpc.pb.h"
@@ -95,23 +96,23 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
  private:
   // Builds the reply of `r`, charges it to the reply budget and starts its
   // write (`last`: with the call's status). A refusal by the budget gives
-  // the call up instead. REQUIRES: the writer role, mu_ not held.
-  void Write(ItemResult r, bool last);
+  // the call up instead. REQUIRES: the writer role.
+  void Write(ItemResult r, bool last) EPD_EXCLUDES(mu_);
   // With the writer role and give_up_ set: drops the queued results, cancels
-  // the request in the worker and finishes the call with give_up_.
-  void GiveUp(std::unique_lock<std::mutex>& lock);
+  // the request in the worker and finishes the call with give_up_. Releases
+  // `lock` (over mu_) before it finishes the call.
+  void GiveUp(MutexLock& lock) EPD_REQUIRES(mu_);
   // The write-progress timer (ServerOptions::write_timeout): one per call,
   // armed when a write is handed over and none is armed; when it fires it
   // cancels the call if that write has not completed in time, re-arms for
-  // the write now in transport, or ends. OnDone cancels it. REQUIRES: mu_
-  // held (Arm).
-  void ArmWriteTimer(Clock::time_point due);
+  // the write now in transport, or ends. OnDone cancels it.
+  void ArmWriteTimer(Clock::time_point due) EPD_REQUIRES(mu_);
   void CheckWriteProgress();
   // ServerOptions::miss_reply_floor: true when `r` must wait until start_ +
   // the floor (internal::HeldByMissFloor, and that time not reached yet);
   // then posts FloorElapsed once (floor_timer_), which takes the writer role
-  // if it is free and pumps. REQUIRES: mu_ held.
-  bool HeldByFloor(const ItemResult& r);
+  // if it is free and pumps.
+  bool HeldByFloor(const ItemResult& r) EPD_REQUIRES(mu_);
   void FloorElapsed();
   // Asks the request budget for message_bytes_ by admit_by_ (admission.h);
   // Admitted gets the answer, and submits or finishes the call. Both hold
@@ -133,7 +134,7 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   void FinishWith(const Status& s);
   // The call's latency, into the Encode histogram; once, as it finishes.
   void ObserveDuration();
-  Status FinalStatus() const;  // REQUIRES: mu_ held, done_
+  Status FinalStatus() const EPD_REQUIRES(mu_);  // REQUIRES: done_
 
   EncodeServer::Impl& server_;
   grpc::CallbackServerContext* const ctx_;
@@ -163,9 +164,9 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   // OnDone has begun: ctx_ may be gone. Guards ctx_->TryCancel from the
   // write timer; recursive because gRPC may run OnDone inside TryCancel.
   std::recursive_mutex ctx_mu_;
-  bool ctx_done_ = false;  // guarded by ctx_mu_
+  bool ctx_done_ = false;  // guarded by ctx_mu_ (a std::recursive_mutex, which no annotation names)
 
-  std::mutex mu_;
+  Mutex mu_;
   bool writer_ = true;                            // Start holds the role until the request is submitted
   bool admitting_ = false;                        // waiting for the budget's answer (Admit to Admitted)
   internal::RequestBudget::WaiterId waiter_ = 0;  // its waiter, once queued (0 = none or not yet known)
@@ -182,7 +183,7 @@ class EncodeCall final : public grpc::ServerWriteReactor<v1::EncodedItem>,
   bool timer_armed_ = false;                      // a CheckWriteProgress is posted (write_timer_)
   internal::TaskPool::TaskId write_timer_;        // cancelled by OnDone, so no finished call waits on the pool
   bool call_done_ = false;                        // OnDone has run: arm no timer
-  bool floor_armed_ = false;                      // a FloorElapsed is posted (floor_timer_); guarded by mu_
+  bool floor_armed_ EPD_GUARDED_BY(mu_) = false;  // a FloorElapsed is posted (floor_timer_)
   internal::TaskPool::TaskId floor_timer_;        // cancelled by OnDone
   Clock::time_point write_started_;               // when the write in transport was handed over
   std::size_t delivered_ = 0, written_ = 0, failed_ = 0;

@@ -18,6 +18,7 @@ StatusOr<std::unique_ptr<IpcLeases>> IpcLeases::Create(Device* device, std::int6
   l->device_ = device;
   l->capacity_ = static_cast<std::uint64_t>(capacity_bytes);
   l->now_ = std::move(now);
+  MutexLock lock(l->mu_);  // not shared yet: for the analysis, at no cost
   l->stats_.capacity_bytes = capacity_bytes;
   return l;
 }
@@ -44,7 +45,7 @@ std::optional<IpcLeases::Lease> IpcLeases::Acquire(const std::string& key, const
   Dead dead;  // destroyed after the lock is dropped
   std::optional<Lease> out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const Clock::time_point now = Now();
     SweepLocked(now, &dead);
     auto it = exports_.end();
@@ -81,7 +82,7 @@ Status IpcLeases::Release(std::uint64_t generation) {
   Dead dead;
   Status s = Status::Ok();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     SweepLocked(Now(), &dead);
     const LeaseBook::Released r = book_.Release(generation);
     if (!r.ok()) {
@@ -95,20 +96,20 @@ Status IpcLeases::Release(std::uint64_t generation) {
 }
 
 std::uint64_t IpcLeases::OpenOwner() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return book_.OpenOwner();
 }
 
 bool IpcLeases::Adopt(std::uint64_t generation, std::uint64_t owner) {
   Dead dead;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SweepLocked(Now(), &dead);
   return book_.Adopt(generation, owner);
 }
 
 std::size_t IpcLeases::ReleaseOwner(std::uint64_t owner) {
   Dead dead;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SweepLocked(Now(), &dead);
   const std::vector<std::uint64_t> ids = book_.ReleaseOwner(owner);
   for (const std::uint64_t id : ids) UnrefLocked(id, &dead);
@@ -116,19 +117,19 @@ std::size_t IpcLeases::ReleaseOwner(std::uint64_t owner) {
 }
 
 void IpcLeases::CountFallback(bool not_resident) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++(not_resident ? stats_.not_resident : stats_.fallbacks);
 }
 
 void IpcLeases::CountItem(bool reused) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.items;
   if (reused) ++stats_.reused;
 }
 
 IpcStats IpcLeases::Stats() {
   Dead dead;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SweepLocked(Now(), &dead);
   IpcStats s = stats_;
   CopyLeaseCounts(book_.counts(), &s);

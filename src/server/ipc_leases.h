@@ -33,12 +33,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 #include "epd/gpu/device.h"
 #include "epd/rpc/server_stats.h"
@@ -120,22 +120,21 @@ class IpcLeases {
   Clock::time_point Now() const { return now_ ? now_() : Clock::now(); }
   // One lease fewer on the export `id`; the last one ends the export, which
   // goes to *dead (destroyed by the caller once the mutex is dropped).
-  void UnrefLocked(std::uint64_t id, Dead* dead);
-  void SweepLocked(Clock::time_point now, Dead* dead);
+  void UnrefLocked(std::uint64_t id, Dead* dead) EPD_REQUIRES(mu_);
+  void SweepLocked(Clock::time_point now, Dead* dead) EPD_REQUIRES(mu_);
 
   Device* device_ = nullptr;
   std::uint64_t capacity_ = 0;
   std::chrono::milliseconds lease_{0};
   std::function<Clock::time_point()> now_;
 
-  std::mutex mu_;
-  std::unordered_map<std::uint64_t, ExportState> exports_;  // live exports by id; guarded by mu_
-  std::unordered_map<std::string, std::uint64_t> by_key_;   // key -> id, nonempty keys; guarded by mu_
-  std::uint64_t next_export_id_ = 1;                        // guarded by mu_
-  LeaseBook book_;                                          // each lease holds its export's id; guarded by mu_
+  Mutex mu_;
+  std::unordered_map<std::uint64_t, ExportState> exports_ EPD_GUARDED_BY(mu_);  // live exports by id
+  std::unordered_map<std::string, std::uint64_t> by_key_ EPD_GUARDED_BY(mu_);   // key -> id, nonempty keys
+  std::uint64_t next_export_id_ EPD_GUARDED_BY(mu_) = 1;
+  LeaseBook book_ EPD_GUARDED_BY(mu_);  // each lease holds its export's id
   // The exports' own counters; the lease counts come from book_ in Stats.
-  // Guarded by mu_.
-  IpcStats stats_;
+  IpcStats stats_ EPD_GUARDED_BY(mu_);
 };
 
 }  // namespace epd::internal

@@ -26,13 +26,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "epd/core/mutex.h"
 #include "epd/http/http_endpoint.h"
 #include "stats_series.h"
 
@@ -91,8 +91,8 @@ struct ServerMetrics::Impl {
   prometheus::Histogram* tower_seconds = nullptr;
   prometheus::Histogram* request_seconds = nullptr;
   std::unique_ptr<HttpEndpoint> http;
-  std::mutex sources_mu;
-  std::vector<std::function<std::string()>> sources;  // guarded by sources_mu
+  Mutex sources_mu;
+  std::vector<std::function<std::string()>> sources EPD_GUARDED_BY(sources_mu);
   int port = -1;
 };
 
@@ -146,14 +146,14 @@ Status ServerMetrics::Serve(const MetricsEndpointOptions& o) {
     return Status(http.status().code(),
                   "cannot serve metrics on " + o.host + ":" + std::to_string(o.port) + ": " + http.status().message());
   }
-  std::lock_guard<std::mutex> lock(impl_->sources_mu);  // Render reads http under it
+  MutexLock lock(impl_->sources_mu);  // Render reads http under it
   impl_->http = std::move(*http);
   impl_->port = impl_->http->port();
   return Status::Ok();
 }
 
 void ServerMetrics::AddSource(std::function<std::string()> text) {
-  std::lock_guard<std::mutex> lock(impl_->sources_mu);
+  MutexLock lock(impl_->sources_mu);
   impl_->sources.push_back(std::move(text));
 }
 
@@ -173,7 +173,7 @@ void ServerMetrics::ObserveCall(double seconds) { impl_->request_seconds->Observ
 std::string ServerMetrics::Render() const {
   std::vector<prometheus::MetricFamily> families = impl_->stats->Collect();
   for (prometheus::MetricFamily& f : impl_->registry->Collect()) families.push_back(std::move(f));
-  std::lock_guard<std::mutex> lock(impl_->sources_mu);
+  MutexLock lock(impl_->sources_mu);
   if (impl_->http != nullptr) {
     // This port's own answers (its 401s, 404s, 408s and 413s too).
     prometheus::MetricFamily own{"epd_metrics_http_responses_total",

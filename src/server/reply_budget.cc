@@ -22,7 +22,7 @@ ReplyBudget::ReplyBudget(Limits limits, std::function<void()> on_room, std::func
     : limits_(limits), on_room_(std::move(on_room)), on_drained_(std::move(on_drained)) {}
 
 ReplyBudget::Account ReplyBudget::Open(const std::string& tenant, const std::string& connection) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Account a;
   a.tenant_ = &*tenants_.try_emplace(tenant).first;
   a.connection_ = &*connections_.try_emplace(connection).first;
@@ -33,7 +33,7 @@ ReplyBudget::Account ReplyBudget::Open(const std::string& tenant, const std::str
 
 void ReplyBudget::Close(Account& account) {
   if (!account.open()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // A scope whose last call closed holds nothing (REQUIRES of Close); it is
   // erased so that clients coming and going leave no entries behind.
   for (auto [scopes, entry] : {std::pair{&tenants_, account.tenant_}, std::pair{&connections_, account.connection_}}) {
@@ -45,7 +45,7 @@ void ReplyBudget::Close(Account& account) {
 }
 
 bool ReplyBudget::Buffer(const Account& account, std::int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Scope& t = account.tenant_->second;
   const std::int64_t before = InShare(t.buffered);
   t.buffered += bytes;
@@ -58,7 +58,7 @@ void ReplyBudget::Unbuffer(const Account& account, std::int64_t bytes) {
   if (bytes == 0) return;
   bool room;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Scope& t = account.tenant_->second;
     const std::int64_t before = InShare(t.buffered);
     t.buffered -= bytes;
@@ -74,7 +74,7 @@ void ReplyBudget::Unbuffer(const Account& account, std::int64_t bytes) {
 }
 
 Status ReplyBudget::Hold(const Account& account, std::int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Scope& c = account.connection_->second;
   if (c.held > 0 && c.held + bytes > limits_.connection_held_bytes) {
     ++refusals_;
@@ -99,7 +99,7 @@ void ReplyBudget::Unhold(const Account& account, std::int64_t bytes) {
   if (bytes == 0) return;
   bool drained = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     account.connection_->second.held -= bytes;
     held_ -= bytes;
     if (held_ == 0) {
@@ -113,7 +113,7 @@ void ReplyBudget::Unhold(const Account& account, std::int64_t bytes) {
 ReplyBudget::Stats ReplyBudget::Snapshot() const {
   Stats s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     s.buffered_bytes = buffered_;
     s.held_bytes = held_;
     s.refusals = refusals_;

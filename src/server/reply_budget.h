@@ -46,10 +46,10 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 
 namespace epd::internal {
@@ -129,14 +129,14 @@ class ReplyBudget {
   const Limits limits_;
   const std::function<void()> on_room_;
   const std::function<void()> on_drained_;
-  mutable std::mutex mu_;
-  Scopes tenants_;                       // guarded by mu_
-  Scopes connections_;                   // guarded by mu_
-  std::int64_t buffered_ = 0;            // guarded by mu_
-  std::int64_t held_ = 0;                // guarded by mu_
-  std::int64_t peak_since_drained_ = 0;  // guarded by mu_
+  mutable Mutex mu_;
+  Scopes tenants_ EPD_GUARDED_BY(mu_);
+  Scopes connections_ EPD_GUARDED_BY(mu_);
+  std::int64_t buffered_ EPD_GUARDED_BY(mu_) = 0;
+  std::int64_t held_ EPD_GUARDED_BY(mu_) = 0;
+  std::int64_t peak_since_drained_ EPD_GUARDED_BY(mu_) = 0;
   std::atomic<std::int64_t> capped_{0};  // sum of InShare(tenant buffered); written under mu_
-  std::uint64_t refusals_ = 0;           // guarded by mu_
+  std::uint64_t refusals_ EPD_GUARDED_BY(mu_) = 0;
   std::atomic<std::uint64_t> throttled_{0};
   std::atomic<std::uint64_t> write_timeouts_{0};
 };

@@ -60,6 +60,7 @@ StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(std::int64_t capacity_bytes
   void* p = mmap(nullptr, a->capacity_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, a->fd_, 0);
   if (p == MAP_FAILED) return Errno("mmap of the " + std::to_string(a->capacity_) + "-byte arena");
   a->base_ = static_cast<std::byte*>(p);
+  MutexLock lock(a->mu_);  // not shared yet: for the analysis, at no cost
   a->free_.emplace(0, a->capacity_);
   a->stats_.capacity_bytes = static_cast<std::int64_t>(a->capacity_);
   return a;
@@ -129,7 +130,7 @@ ShmArena::Span ShmArena::LeaseLocked(std::uint64_t offset, std::uint64_t length,
 std::optional<ShmArena::Span> ShmArena::Acquire(const std::string& key, std::uint64_t length) {
   const std::uint64_t size = RoundUp(std::max<std::uint64_t>(length, 1));
   const Clock::time_point now = Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SweepLocked(now);
   if (!key.empty()) {
     if (auto hit = by_key_.find(key); hit != by_key_.end()) {
@@ -155,7 +156,7 @@ std::optional<ShmArena::Span> ShmArena::Acquire(const std::string& key, std::uin
 }
 
 void ShmArena::Publish(const Span& span) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = spans_.find(span.offset);
   if (it == spans_.end() || it->second.key.empty() || it->second.published) return;
   // Two writers of one key can race; the first to finish is the one shared,
@@ -167,7 +168,7 @@ void ShmArena::Publish(const Span& span) {
 
 Status ShmArena::Release(std::uint64_t offset, std::uint64_t generation) {
   const Clock::time_point now = Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SweepLocked(now);
   // A lease at another offset is refused like one that does not exist.
   if (!book_.Release(generation, offset).ok()) {
@@ -180,20 +181,20 @@ Status ShmArena::Release(std::uint64_t offset, std::uint64_t generation) {
 }
 
 std::uint64_t ShmArena::OpenOwner() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return book_.OpenOwner();
 }
 
 bool ShmArena::Adopt(std::uint64_t generation, std::uint64_t owner) {
   const Clock::time_point now = Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SweepLocked(now);
   return book_.Adopt(generation, owner);
 }
 
 std::size_t ShmArena::ReleaseOwner(std::uint64_t owner) {
   const Clock::time_point now = Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SweepLocked(now);
   const std::vector<std::uint64_t> offsets = book_.ReleaseOwner(owner);
   for (const std::uint64_t offset : offsets) UnrefLocked(offset);
@@ -201,13 +202,13 @@ std::size_t ShmArena::ReleaseOwner(std::uint64_t owner) {
 }
 
 void ShmArena::CountFallback() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.fallbacks;
 }
 
 ShmStats ShmArena::Stats() {
   const Clock::time_point now = Now();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   SweepLocked(now);
   ShmStats s = stats_;
   CopyLeaseCounts(book_.counts(), &s);

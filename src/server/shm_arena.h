@@ -50,11 +50,11 @@
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 #include "epd/rpc/server_stats.h"
 #include "lease_book.h"
@@ -140,13 +140,13 @@ class ShmArena {
   };
   explicit ShmArena(std::chrono::milliseconds lease) : lease_(lease), book_(lease) {}
   Clock::time_point Now() const { return now_ ? now_() : Clock::now(); }
-  void SweepLocked(Clock::time_point now);
-  void FreeLocked(std::uint64_t offset, std::uint64_t size);
+  void SweepLocked(Clock::time_point now) EPD_REQUIRES(mu_);
+  void FreeLocked(std::uint64_t offset, std::uint64_t size) EPD_REQUIRES(mu_);
   // One lease fewer on the span at `offset`; the last one makes it idle (or
   // frees it when it is not findable by key).
-  void UnrefLocked(std::uint64_t offset);
-  std::optional<std::uint64_t> FirstFitLocked(std::uint64_t size);
-  Span LeaseLocked(std::uint64_t offset, std::uint64_t length, bool fresh, Clock::time_point now);
+  void UnrefLocked(std::uint64_t offset) EPD_REQUIRES(mu_);
+  std::optional<std::uint64_t> FirstFitLocked(std::uint64_t size) EPD_REQUIRES(mu_);
+  Span LeaseLocked(std::uint64_t offset, std::uint64_t length, bool fresh, Clock::time_point now) EPD_REQUIRES(mu_);
 
   int fd_ = -1;
   pid_t pid_ = 0;
@@ -157,15 +157,15 @@ class ShmArena {
   std::chrono::milliseconds lease_{0};
   std::function<Clock::time_point()> now_;
 
-  std::mutex mu_;
-  std::map<std::uint64_t, std::uint64_t> free_;            // offset -> size; guarded by mu_
-  std::map<std::uint64_t, SpanState> spans_;               // by offset; guarded by mu_
-  std::unordered_map<std::string, std::uint64_t> by_key_;  // published spans; guarded by mu_
-  std::list<std::uint64_t> idle_;                          // idle spans, least recently used first; guarded by mu_
-  LeaseBook book_;                                         // each lease holds its span's offset; guarded by mu_
+  Mutex mu_;
+  std::map<std::uint64_t, std::uint64_t> free_ EPD_GUARDED_BY(mu_);            // offset -> size
+  std::map<std::uint64_t, SpanState> spans_ EPD_GUARDED_BY(mu_);               // by offset
+  std::unordered_map<std::string, std::uint64_t> by_key_ EPD_GUARDED_BY(mu_);  // published spans
+  std::list<std::uint64_t> idle_ EPD_GUARDED_BY(mu_);                          // idle spans, least recently used first
+  LeaseBook book_ EPD_GUARDED_BY(mu_);                                         // each lease holds its span's offset
   // The arena's own counters (leased_bytes kept current); the lease counts
-  // come from book_ in Stats. Guarded by mu_.
-  ShmStats stats_;
+  // come from book_ in Stats.
+  ShmStats stats_ EPD_GUARDED_BY(mu_);
 };
 
 }  // namespace epd::internal

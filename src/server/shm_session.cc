@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "epd/core/mutex.h"
 #include "proto_convert.h"
 
 namespace epd::internal {
@@ -55,7 +56,7 @@ std::size_t ShmSessions::ReleaseOwners(const LeaseOwners& owners) {
 StatusOr<std::string> ShmSessions::Open(std::shared_ptr<Stream> stream) {
   StatusOr<std::string> id = RandomId();
   if (!id.ok()) return id.status();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (closed_) return Status(StatusCode::kUnavailable, "the server is shutting down");
   if (static_cast<std::int64_t>(open_.size()) >= max_sessions_) {
     ++refused_;
@@ -77,7 +78,7 @@ StatusOr<std::string> ShmSessions::Open(std::shared_ptr<Stream> stream) {
 
 std::size_t ShmSessions::Close(const std::string& id) {
   std::shared_ptr<Stream> stream;  // dropped after the lock
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = open_.find(id);
   if (it == open_.end()) return 0;
   stream = std::move(it->second.stream);
@@ -100,7 +101,7 @@ StatusOr<LeaseOwners> ShmSessions::OwnerFor(const std::multimap<grpc::string_ref
                            " metadata must be the 32 hex digits of a session id from the Session RPC; got " +
                            std::to_string(id.size()) + " characters");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto e = open_.find(id);
   if (e == open_.end()) {
     ++unknown_;
@@ -112,7 +113,7 @@ StatusOr<LeaseOwners> ShmSessions::OwnerFor(const std::multimap<grpc::string_ref
 void ShmSessions::EndAll(const Status& why) {
   std::vector<std::shared_ptr<Stream>> streams;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     closed_ = true;
     for (auto& [id, entry] : open_) {
       ReleaseOwners(entry.owners);
@@ -124,7 +125,7 @@ void ShmSessions::EndAll(const Status& why) {
 }
 
 void ShmSessions::AddStats(ShmStats* s) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   s->sessions = static_cast<std::int64_t>(open_.size());
   s->sessions_opened = opened_;
   s->sessions_refused = refused_;
@@ -153,7 +154,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionMessage, 
         admission = opened.status();
       }
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (finished_) return;  // EndAll ended it between Open and here
     if (!admission.ok()) {
       finished_ = true;
@@ -174,7 +175,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionMessage, 
       End(Status::Ok());
       return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!finished_) StartRead(&in_);  // messages carry nothing yet
   }
 
@@ -193,22 +194,22 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::SessionMessage, 
   void End(const Status& why) {
     std::string id;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (finished_) return;
       finished_ = true;
       id = id_;
     }
     // Not under mu_: Close may drop ShmSessions' reference to this stream.
     if (!id.empty()) sessions_->Close(id);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Finish(ToGrpc(why));
   }
 
   ShmSessions* const sessions_;
   std::shared_ptr<SessionReactor> self_;
-  std::mutex mu_;
-  bool finished_ = false;  // Finish was called or is about to be; guarded by mu_
-  std::string id_;         // guarded by mu_
+  Mutex mu_;
+  bool finished_ EPD_GUARDED_BY(mu_) = false;  // Finish was called or is about to be
+  std::string id_ EPD_GUARDED_BY(mu_);
   v1::SessionEvent event_;
   v1::SessionMessage in_;
 };

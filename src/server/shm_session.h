@@ -39,10 +39,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 #include "epd/rpc/server_stats.h"
 #include "epd/v1/encoder.pb.h"
@@ -117,10 +117,12 @@ class ShmSessions {
   ShmArena* const arena_;
   IpcLeases* const ipc_;
   const std::int64_t max_sessions_;
-  std::mutex mu_;
-  std::unordered_map<std::string, Entry> open_;           // by id; guarded by mu_
-  bool closed_ = false;                                   // EndAll ran; guarded by mu_
-  std::uint64_t opened_ = 0, refused_ = 0, unknown_ = 0;  // guarded by mu_
+  Mutex mu_;
+  std::unordered_map<std::string, Entry> open_ EPD_GUARDED_BY(mu_);  // by id
+  bool closed_ EPD_GUARDED_BY(mu_) = false;                          // EndAll ran
+  std::uint64_t opened_ EPD_GUARDED_BY(mu_) = 0;
+  std::uint64_t refused_ EPD_GUARDED_BY(mu_) = 0;
+  std::uint64_t unknown_ EPD_GUARDED_BY(mu_) = 0;
 };
 
 // The Session RPC's reactor. When `admission` is not OK (no bearer token, no

@@ -15,19 +15,19 @@ TaskPool::~TaskPool() { Shutdown(); }
 TaskPool::TaskId TaskPool::PostAt(Clock::time_point when, std::function<void()> task) {
   TaskId id;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return id;
     id = TaskId{when, next_seq_++};
     tasks_.emplace(std::make_pair(when, id.seq), std::move(task));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return id;
 }
 
 bool TaskPool::Cancel(const TaskId& id) {
   std::function<void()> dropped;  // destroyed outside the lock: it may own anything
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = tasks_.find(std::make_pair(id.when, id.seq));
     if (it == tasks_.end()) return false;
     dropped = std::move(it->second);
@@ -38,37 +38,37 @@ bool TaskPool::Cancel(const TaskId& id) {
 
 void TaskPool::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (std::thread& t : threads_) t.join();
   threads_.clear();
 }
 
 void TaskPool::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     if (tasks_.empty()) {
       if (stopping_) return;
-      cv_.wait(lock);
+      cv_.Wait(mu_);
       continue;
     }
     auto first = tasks_.begin();
     const Clock::time_point due = first->first.first;
     if (due > Clock::now()) {
       if (stopping_) return;  // delayed tasks are dropped at shutdown
-      cv_.wait_until(lock, due);
+      cv_.WaitUntil(mu_, due);
       continue;
     }
     std::function<void()> task = std::move(first->second);
     tasks_.erase(first);
     // Another thread may take the next task while this one runs.
-    if (!tasks_.empty()) cv_.notify_one();
-    lock.unlock();
+    if (!tasks_.empty()) cv_.NotifyOne();
+    lock.Unlock();
     task();
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -17,14 +17,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "epd/core/mutex.h"
 
 namespace epd::internal {
 
@@ -56,12 +56,12 @@ class TaskPool {
  private:
   void Run();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   // (due time, post order) -> task: the earliest first, FIFO among equals.
-  std::map<std::pair<Clock::time_point, std::uint64_t>, std::function<void()>> tasks_;  // guarded by mu_
-  std::uint64_t next_seq_ = 1;  // 0 names no task (a default TaskId); guarded by mu_
-  bool stopping_ = false;       // guarded by mu_
+  std::map<std::pair<Clock::time_point, std::uint64_t>, std::function<void()>> tasks_ EPD_GUARDED_BY(mu_);
+  std::uint64_t next_seq_ EPD_GUARDED_BY(mu_) = 1;  // 0 names no task (a default TaskId)
+  bool stopping_ EPD_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -20,9 +20,10 @@
 #include <cstddef>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
+
+#include "epd/core/mutex.h"
 
 namespace epd::internal {
 
@@ -45,15 +46,15 @@ class TenantLabels {
   std::string Of(const std::string& tenant) {
     if (tenant.empty()) return kSharedPoolLabel;
     if (tenant == kOtherTenantLabel) return kOtherTenantLabel;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return Rank(tenant) < max_labels_ ? tenant : kOtherTenantLabel;
   }
 
   std::size_t max_labels() const { return max_labels_; }
 
  private:
-  // REQUIRES: mu_ held (or the constructor). The largest size_t = unranked.
-  std::size_t Rank(const std::string& tenant) {
+  // Held mu_, or the constructor. The largest size_t = unranked.
+  std::size_t Rank(const std::string& tenant) EPD_REQUIRES(mu_) {
     const auto it = rank_.find(tenant);
     if (it != rank_.end()) return it->second;
     if (rank_.size() >= kMaxRankedTenants) return std::numeric_limits<std::size_t>::max();
@@ -63,8 +64,8 @@ class TenantLabels {
   }
 
   const std::size_t max_labels_;
-  std::mutex mu_;
-  std::map<std::string, std::size_t> rank_;  // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::size_t> rank_ EPD_GUARDED_BY(mu_);
 };
 
 }  // namespace epd::internal

@@ -59,17 +59,17 @@ TenantCounters& TenantStats::Slot(const std::string& tenant) {
 }
 
 void TenantStats::CountRequest(const std::string& tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++Slot(tenant).requests;
 }
 
 void TenantStats::CountRefusal(const std::string& tenant) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++Slot(tenant).refusals;
 }
 
 void TenantStats::CountItem(const std::string& tenant, const ItemResult& r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   TenantCounters& c = Slot(tenant);
   ++c.items;
   if (!r.status.ok()) {
@@ -96,13 +96,13 @@ void TenantStats::CountItem(const std::string& tenant, const ItemResult& r) {
 }
 
 TenantCounters TenantStats::Of(const std::string& tenant) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const auto it = exact_.find(tenant);
   return it == exact_.end() ? TenantCounters{} : it->second;
 }
 
 std::map<std::string, TenantCounters> TenantStats::Labelled() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::map<std::string, TenantCounters> out;
   for (const auto& [tenant, counts] : exact_) out[labels_.Of(tenant)].Add(counts);
   if (exact_.size() >= kMaxRankedTenants) out[kOtherTenantLabel].Add(untracked_);

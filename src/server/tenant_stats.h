@@ -20,11 +20,11 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 
 #include "epd/core/encode_types.h"
+#include "epd/core/mutex.h"
 #include "tenant_labels.h"
 
 namespace epd::internal {
@@ -57,12 +57,12 @@ class TenantStats {
   std::string Render() const;
 
  private:
-  TenantCounters& Slot(const std::string& tenant);  // REQUIRES: mu_ held
+  TenantCounters& Slot(const std::string& tenant) EPD_REQUIRES(mu_);
 
   mutable TenantLabels labels_;  // ranks tenants in the order they are first counted
-  mutable std::mutex mu_;
-  std::map<std::string, TenantCounters> exact_;  // guarded by mu_
-  TenantCounters untracked_;                     // past kMaxRankedTenants; guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, TenantCounters> exact_ EPD_GUARDED_BY(mu_);
+  TenantCounters untracked_ EPD_GUARDED_BY(mu_);  // past kMaxRankedTenants
 };
 
 }  // namespace epd::internal

@@ -36,10 +36,10 @@ PrefetchDecoder::PrefetchDecoder(PreprocessConfig config, DecodeLimits limits, i
 
 PrefetchDecoder::~PrefetchDecoder() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.NotifyAll();
   for (std::thread& t : threads_) t.join();
 }
 
@@ -63,26 +63,26 @@ std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Enqueue(std::function<St
 std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::Push(std::shared_ptr<Task> task) {
   if (thread_count_ == 0) return task;  // decoded by Take
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queue_.emplace(task->rank, task);
   }
   // The reserve rule can leave a helper idle for one task and not another.
-  fair_ ? work_cv_.notify_all() : work_cv_.notify_one();
+  fair_ ? work_cv_.NotifyAll() : work_cv_.NotifyOne();
   return task;
 }
 
 bool PrefetchDecoder::Ready(const std::shared_ptr<Task>& task) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return task->state == Task::State::kDone;
 }
 
 void PrefetchDecoder::Need(const std::shared_ptr<Task>& task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (task->needed || task->state != Task::State::kQueued) return;
     task->needed = true;
   }
-  work_cv_.notify_all();
+  work_cv_.NotifyAll();
 }
 
 std::shared_ptr<PrefetchDecoder::Task> PrefetchDecoder::PickLocked() const {
@@ -103,31 +103,31 @@ StatusOr<PreprocessedImage> PrefetchDecoder::Decode(Task& task) const {
 }
 
 StatusOr<PreprocessedImage> PrefetchDecoder::Take(const std::shared_ptr<Task>& task, double* seconds) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (task->state == Task::State::kQueued) {
     // No helper has started it: decode here rather than wait behind others.
     task->state = Task::State::kGone;
     if (thread_count_ > 0) queue_.erase(task->rank);
-    lock.unlock();
+    lock.Unlock();
     StatusOr<PreprocessedImage> r = Decode(*task);
     task->media = MediaBytes();
     task->make = nullptr;
     if (seconds != nullptr) *seconds = task->seconds;
     return r;
   }
-  done_cv_.wait(lock, [&] { return task->state == Task::State::kDone; });
+  while (task->state != Task::State::kDone) done_cv_.Wait(mu_);
   StatusOr<PreprocessedImage> r = std::move(*task->result);
   task->result.reset();
   task->state = Task::State::kGone;
   --ready_;
   if (seconds != nullptr) *seconds = task->seconds;
-  lock.unlock();
-  work_cv_.notify_one();  // room for one more prefetched result
+  lock.Unlock();
+  work_cv_.NotifyOne();  // room for one more prefetched result
   return r;
 }
 
 void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   switch (task->state) {
     case Task::State::kQueued:
       task->state = Task::State::kGone;
@@ -142,8 +142,8 @@ void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
       task->result.reset();
       task->state = Task::State::kGone;
       --ready_;
-      lock.unlock();
-      work_cv_.notify_one();
+      lock.Unlock();
+      work_cv_.NotifyOne();
       break;
     case Task::State::kGone:
       break;
@@ -151,26 +151,22 @@ void PrefetchDecoder::Drop(const std::shared_ptr<Task>& task) {
 }
 
 void PrefetchDecoder::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     std::shared_ptr<Task> task;
-    work_cv_.wait(lock, [&] {
-      if (stop_) return true;
-      task = PickLocked();
-      return task != nullptr;
-    });
+    while (!stop_ && (task = PickLocked()) == nullptr) work_cv_.Wait(mu_);
     if (stop_) return;
     queue_.erase(task->rank);
     task->state = Task::State::kRunning;
     ++busy_;
     if (fair_) ++running_[task->tenant];
-    lock.unlock();
+    lock.Unlock();
     StatusOr<PreprocessedImage> r = Decode(*task);
-    lock.lock();
+    lock.Lock();
     --busy_;
     if (fair_) {
       if (auto it = running_.find(task->tenant); --it->second == 0) running_.erase(it);
-      work_cv_.notify_all();  // the reserve rule may now admit a waiting task
+      work_cv_.NotifyAll();  // the reserve rule may now admit a waiting task
     }
     task->media = MediaBytes();
     task->make = nullptr;
@@ -181,7 +177,7 @@ void PrefetchDecoder::Run() {
     task->result = std::move(r);
     task->state = Task::State::kDone;
     ++ready_;
-    done_cv_.notify_all();
+    done_cv_.NotifyAll();
   }
 }
 

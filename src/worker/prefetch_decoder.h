@@ -28,17 +28,16 @@
 // synchronise through one mutex. A task is taken or dropped at most once.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "epd/core/job_scheduler.h"
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 #include "epd/media/image.h"
 #include "epd/media/preprocess.h"
@@ -85,8 +84,8 @@ class PrefetchDecoder {
   std::shared_ptr<Task> Push(std::shared_ptr<Task> task);
   // Runs the task's decode and records its wall time in it.
   StatusOr<PreprocessedImage> Decode(Task& task) const;
-  // The queued task a helper may start now, or null. REQUIRES: mu_ held.
-  std::shared_ptr<Task> PickLocked() const;
+  // The queued task a helper may start now, or null.
+  std::shared_ptr<Task> PickLocked() const EPD_REQUIRES(mu_);
 
   const PreprocessConfig config_;
   const DecodeLimits limits_;
@@ -97,14 +96,14 @@ class PrefetchDecoder {
   // it must not be threads_.size().
   const int thread_count_;
 
-  std::mutex mu_;
-  std::condition_variable work_cv_;              // helpers: a task or room appeared, or stop
-  std::condition_variable done_cv_;              // Take: a running task finished
-  std::map<Rank, std::shared_ptr<Task>> queue_;  // exactly the kQueued tasks
-  std::int64_t ready_ = 0;                       // finished results not yet taken
-  int busy_ = 0;                                 // helpers decoding
-  std::map<std::string, int> running_;           // fair_: decodes running per tenant
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar work_cv_;                                                  // helpers: a task or room appeared, or stop
+  CondVar done_cv_;                                                  // Take: a running task finished
+  std::map<Rank, std::shared_ptr<Task>> queue_ EPD_GUARDED_BY(mu_);  // exactly the kQueued tasks
+  std::int64_t ready_ EPD_GUARDED_BY(mu_) = 0;                       // finished results not yet taken
+  int busy_ EPD_GUARDED_BY(mu_) = 0;                                 // helpers decoding
+  std::map<std::string, int> running_ EPD_GUARDED_BY(mu_);           // fair_: decodes running per tenant
+  bool stop_ EPD_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;  // touched only by the constructor and destructor
 };
 

@@ -20,7 +20,7 @@ SharedTierLookup::~SharedTierLookup() { Stop(); }
 bool SharedTierLookup::Submit(const std::shared_ptr<LookupBatch>& batch) {
   std::vector<std::pair<std::size_t, Recent>> found;  // settled below, outside mu_
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return false;
     batch->values.assign(batch->keys.size(), nullptr);
     batch->seconds.assign(batch->keys.size(), -1);
@@ -44,7 +44,7 @@ bool SharedTierLookup::Submit(const std::shared_ptr<LookupBatch>& batch) {
       t.seq = next_seq_++;
       queue_.push(std::move(t));
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   // Outside mu_: the last Settle runs `done`, which takes the WorkerLoop's lock.
   for (auto& [i, recent] : found) Settle(*batch, i, std::move(recent.value), recent.seconds);
@@ -62,9 +62,9 @@ void SharedTierLookup::ForgetRecentLocked(Clock::time_point now) {
 
 void SharedTierLookup::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
@@ -81,11 +81,11 @@ SharedTierStats SharedTierLookup::Stats() const {
 }
 
 void SharedTierLookup::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     if (queue_.empty()) {
       if (stopping_) return;
-      cv_.wait(lock);
+      cv_.Wait(mu_);
       continue;
     }
     // A stopping lookup is due at once: it only ends.
@@ -93,20 +93,20 @@ void SharedTierLookup::Loop() {
     // lock is released, and a Submit meanwhile may grow the queue's vector
     // and free the element a reference would point into (found by ASan).
     if (const Clock::time_point due = queue_.top().due; !stopping_ && due > Clock::now()) {
-      cv_.wait_until(lock, due);
+      cv_.WaitUntil(mu_, due);
       continue;
     }
     Task t = queue_.top();
     queue_.pop();
     const bool stopping = stopping_;
-    lock.unlock();
+    lock.Unlock();
     bool ended = true;
     if (stopping || t.batch->cancelled.load()) {
       End(t, nullptr);
     } else {
       ended = Run(t);
     }
-    lock.lock();
+    lock.Lock();
     if (!ended) {
       t.seq = next_seq_++;
       queue_.push(std::move(t));
@@ -172,7 +172,7 @@ bool SharedTierLookup::Run(Task& t) {
 void SharedTierLookup::End(Task& t, EmbeddingPtr value, double seconds) {
   std::vector<std::pair<std::shared_ptr<LookupBatch>, std::size_t>> followers;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = leaders_.find(t.batch->keys[t.index]);
     if (it != leaders_.end()) {
       followers = std::move(it->second);
@@ -221,17 +221,17 @@ SharedTierParking::Outcome SharedTierParking::Park(const EncodeRequest& request,
       ready[item] = b->values[k];
       seconds[item] = b->seconds[k];
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     parked_.erase(id);
     resume(std::move(ready), std::move(seconds), b->cancelled.load());
   };
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!parked_.try_emplace(request.id, Parked{ticket, batch}).second) return Outcome::kDuplicate;
   }
   // Outside mu_: a key found lately settles inside Submit and runs `done`.
   if (!lookup_.Submit(batch)) {  // stopping: submit it as it is
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     parked_.erase(request.id);
     return Outcome::kLocal;
   }
@@ -239,7 +239,7 @@ SharedTierParking::Outcome SharedTierParking::Park(const EncodeRequest& request,
 }
 
 void SharedTierParking::Cancel(const std::string& id, std::uint64_t ticket, const std::function<void()>& then) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (auto p = parked_.find(id); p != parked_.end() && (ticket == 0 || p->second.ticket == ticket)) {
     p->second.batch->cancelled = true;
   }

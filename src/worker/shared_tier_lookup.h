@@ -33,19 +33,18 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <queue>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "epd/core/encode_types.h"
+#include "epd/core/mutex.h"
 #include "epd/core/shared_tier.h"
 #include "epd/worker/encode_request.h"
 
@@ -102,7 +101,7 @@ class SharedTierLookup {
   void End(Task& t, EmbeddingPtr value, double seconds = -1);
   // Drops lately found values past their deadline, and the oldest beyond
   // kRecentMax.
-  void ForgetRecentLocked(Clock::time_point now);
+  void ForgetRecentLocked(Clock::time_point now) EPD_REQUIRES(mu_);
 
   // Ends one key of `batch` with `value`; runs `done` when it was the last.
   static void Settle(LookupBatch& batch, std::size_t index, EmbeddingPtr value, double seconds);
@@ -110,14 +109,14 @@ class SharedTierLookup {
   const std::shared_ptr<SharedTier> tier_;
   const LeaseWaitPolicy policy_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::priority_queue<Task, std::vector<Task>, Later> queue_;  // guarded by mu_
-  std::uint64_t next_seq_ = 0;                                 // guarded by mu_
-  bool stopping_ = false;                                      // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::priority_queue<Task, std::vector<Task>, Later> queue_ EPD_GUARDED_BY(mu_);
+  std::uint64_t next_seq_ EPD_GUARDED_BY(mu_) = 0;
+  bool stopping_ EPD_GUARDED_BY(mu_) = false;
   // Keys with a lookup running -> the (batch, index) waiting on it besides
   // the leader's own.
-  std::map<ContentKey, std::vector<std::pair<std::shared_ptr<LookupBatch>, std::size_t>>> leaders_;  // guarded by mu_
+  std::map<ContentKey, std::vector<std::pair<std::shared_ptr<LookupBatch>, std::size_t>>> leaders_ EPD_GUARDED_BY(mu_);
   // Values found lately (see the header comment), and their deadlines in
   // the order they were found (one constant lifetime, so the FIFO is sorted).
   static constexpr std::chrono::milliseconds kRecentFor{1000};
@@ -127,8 +126,8 @@ class SharedTierLookup {
     double seconds = -1;
     Clock::time_point until;
   };
-  std::map<ContentKey, Recent> recent_;                               // guarded by mu_
-  std::deque<std::pair<Clock::time_point, ContentKey>> recent_fifo_;  // guarded by mu_
+  std::map<ContentKey, Recent> recent_ EPD_GUARDED_BY(mu_);
+  std::deque<std::pair<Clock::time_point, ContentKey>> recent_fifo_ EPD_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 
   std::atomic<std::uint64_t> lease_waits_{0}, lease_wait_hits_{0}, lease_takeovers_{0}, lease_wait_timeouts_{0};
@@ -190,9 +189,9 @@ class SharedTierParking {
     std::shared_ptr<LookupBatch> batch;
   };
   const std::shared_ptr<SharedTier> tier_;  // kept alive by the write-back callbacks too
-  std::mutex mu_;
-  std::map<std::string, Parked> parked_;  // guarded by mu_
-  SharedTierLookup lookup_;               // last: its threads run `done`s that use mu_
+  Mutex mu_;
+  std::map<std::string, Parked> parked_ EPD_GUARDED_BY(mu_);
+  SharedTierLookup lookup_;  // last: its threads run `done`s that use mu_
 };
 
 }  // namespace epd::internal

@@ -17,48 +17,48 @@ TenantTaskPool::TenantTaskPool(int threads) {
 TenantTaskPool::~TenantTaskPool() {
   std::deque<Task> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
     dropped.swap(queue_);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (std::thread& t : threads_) t.join();
 }
 
 void TenantTaskPool::Post(std::string tenant, std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back({std::move(tenant), std::move(task)});
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 std::deque<TenantTaskPool::Task>::iterator TenantTaskPool::PickLocked() {
-  return std::find_if(queue_.begin(), queue_.end(), [&](const Task& t) {
+  return std::find_if(queue_.begin(), queue_.end(), [&](const Task& t) EPD_REQUIRES(mu_) {
     auto r = running_.find(t.tenant);
     return r == running_.end() || r->second < share_;
   });
 }
 
 void TenantTaskPool::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     std::deque<Task>::iterator next;
-    cv_.wait(lock, [&] { return stop_ || (next = PickLocked()) != queue_.end(); });
+    while (!stop_ && (next = PickLocked()) == queue_.end()) cv_.Wait(mu_);
     if (stop_) return;
     Task task = std::move(*next);
     queue_.erase(next);
     ++running_[task.tenant];
-    lock.unlock();
+    lock.Unlock();
     try {
       task.run();
     } catch (...) {
       // Documented: a task must not throw; the pool survives one that does.
     }
     task.run = nullptr;  // destroyed outside the lock, before the count drops
-    lock.lock();
+    lock.Lock();
     if (auto r = running_.find(task.tenant); --r->second == 0) running_.erase(r);
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 

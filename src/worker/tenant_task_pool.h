@@ -18,15 +18,15 @@
 // stop.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "epd/core/mutex.h"
 
 namespace epd::internal {
 
@@ -53,15 +53,14 @@ class TenantTaskPool {
   };
   void Loop();
   // The oldest queued task whose tenant is under its share, or end().
-  // REQUIRES: mu_ held.
-  std::deque<Task>::iterator PickLocked();
+  std::deque<Task>::iterator PickLocked() EPD_REQUIRES(mu_);
 
   int share_ = 1;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;              // guarded by mu_
-  std::map<std::string, int> running_;  // guarded by mu_: tasks running per tenant
-  bool stop_ = false;                   // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Task> queue_ EPD_GUARDED_BY(mu_);
+  std::map<std::string, int> running_ EPD_GUARDED_BY(mu_);  // tasks running per tenant
+  bool stop_ EPD_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

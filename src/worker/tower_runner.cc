@@ -25,20 +25,20 @@ TowerRunner::TowerRunner(VisionTower& tower, PrefetchDecoder& decoder)
 
 TowerRunner::~TowerRunner() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
 void TowerRunner::Start(std::unique_ptr<Batch> batch) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back(batch.get());
   }
   outstanding_.push_back(std::move(batch));
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 std::unique_ptr<Batch> TowerRunner::Collect() {
@@ -46,21 +46,21 @@ std::unique_ptr<Batch> TowerRunner::Collect() {
   std::unique_ptr<Batch> b = std::move(outstanding_.front());
   outstanding_.pop_front();
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return b->done; });
+    MutexLock lock(mu_);
+    while (!b->done) cv_.Wait(mu_);
   }
   finished_.fetch_sub(1, std::memory_order_relaxed);
   return b;
 }
 
 void TowerRunner::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    while (!stop_ && queue_.empty()) cv_.Wait(mu_);
     if (queue_.empty()) return;  // stopping, nothing left to run
     Batch* b = queue_.front();
     queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     Run(*b);
     {
       // Notify before `done`: once it is set the owner may collect the batch
@@ -69,9 +69,9 @@ void TowerRunner::Loop() {
       finished_.fetch_add(1, std::memory_order_release);
       if (notify) notify();
     }
-    lock.lock();
+    lock.Lock();
     b->done = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 }
 

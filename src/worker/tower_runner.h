@@ -20,15 +20,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 #include "epd/core/vision_tower.h"
 #include "epd/media/preprocess.h"
@@ -52,7 +51,7 @@ struct Batch {
 
   std::vector<BatchEntry> entries;
   std::function<void()> on_finished;  // runs on the tower thread; must not throw
-  bool done = false;                  // guarded by the runner's mutex
+  bool done = false;                  // guarded by TowerRunner::mu_ (another object's lock: not annotatable)
   std::int64_t decoded = 0;           // entries sent to the tower
   std::int64_t tokens = 0;            // their post-merge tokens
   StatusOr<TowerOutput> out = Status(StatusCode::kInternal, "no item of the batch decoded");
@@ -99,11 +98,11 @@ class TowerRunner {
   // The owner's view, oldest first: at most one running plus the finished.
   std::deque<std::unique_ptr<Batch>> outstanding_;
   std::atomic<int> finished_{0};  // batches the tower thread is through with, not yet collected
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Batch*> queue_;  // guarded by mu_
-  bool stop_ = false;         // guarded by mu_
-  std::thread thread_;        // last member: starts after everything it uses
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Batch*> queue_ EPD_GUARDED_BY(mu_);
+  bool stop_ EPD_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last member: starts after everything it uses
 };
 
 }  // namespace epd::internal

@@ -91,7 +91,7 @@ VideoServing::VideoServing(Parts parts)
       pool_(parts.options.decode_threads) {}
 
 VideoServing::~VideoServing() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   wake_ = nullptr;
   for (const std::shared_ptr<Decode>& d : in_flight_) d->stop.request_stop();
   // pool_ is destroyed first of the members: it waits for the decodes.
@@ -182,18 +182,18 @@ std::shared_ptr<VideoServing::Decode> VideoServing::StartDecode(const ContentKey
                                     ? StatusOr<PreparedVideo>(Cancelled("the video's request ended before its decode"))
                                     : PrepareVideo(p_.options, d->input, d->chunk_ns, d->stop.get_token());
     if (r.ok()) r->decode_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     d->result.emplace(std::move(r));
     done_.push_back(d);
     ready_.store(true, std::memory_order_release);
-    done_cv_.notify_all();
+    done_cv_.NotifyAll();
     if (wake_) wake_();
   });
   return d;
 }
 
 void VideoServing::SetWake(std::function<void()> wake) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   wake_ = std::move(wake);
 }
 
@@ -201,7 +201,7 @@ std::int64_t VideoServing::TakeCompletions() {
   if (!CompletionReady()) return 0;
   std::vector<std::shared_ptr<Decode>> done;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     done.swap(done_);
     ready_.store(false, std::memory_order_release);
   }
@@ -215,8 +215,8 @@ std::int64_t VideoServing::TakeCompletions() {
 }
 
 void VideoServing::AwaitCompletion() {
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return !done_.empty(); });
+  MutexLock lock(mu_);
+  while (done_.empty()) done_cv_.Wait(mu_);
 }
 
 void VideoServing::Release(Decode& d) {

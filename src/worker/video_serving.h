@@ -49,17 +49,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "epd/core/encode_types.h"
+#include "epd/core/mutex.h"
 #include "epd/core/vision_tower.h"
 #include "epd/worker/encode_request.h"
 #include "epd/worker/worker_options.h"
@@ -161,12 +160,12 @@ class VideoServing {
   // in_flight_ counted by the tenant that started each (no zero entries).
   std::map<std::string, std::int64_t> decodes_by_tenant_;
 
-  mutable std::mutex mu_;
-  std::condition_variable done_cv_;
-  std::vector<std::shared_ptr<Decode>> done_;  // guarded by mu_
-  std::function<void()> wake_;                 // guarded by mu_
-  std::atomic<bool> ready_{false};             // !done_.empty(), readable without mu_
-  TenantTaskPool pool_;                        // last: its threads use everything above
+  mutable Mutex mu_;
+  CondVar done_cv_;
+  std::vector<std::shared_ptr<Decode>> done_ EPD_GUARDED_BY(mu_);
+  std::function<void()> wake_ EPD_GUARDED_BY(mu_);
+  std::atomic<bool> ready_{false};  // !done_.empty(), readable without mu_
+  TenantTaskPool pool_;             // last: its threads use everything above
 };
 
 }  // namespace epd::internal

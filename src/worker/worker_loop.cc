@@ -32,15 +32,15 @@ WorkerLoop::WorkerLoop(std::unique_ptr<EncodeWorker> worker) : worker_(std::move
   commands_ = std::make_unique<internal::CommandRunner>(
       *worker_, parking_.get(),
       [this](Command c) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         PushLocked(std::move(c));
       },
       [this] { Publish(); });
   // A completed video decode wakes the thread (DecodeFinished is in the
   // wait's predicate); taking mu_ orders the notify with the wait.
   worker_->SetWake([this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_one();
+    MutexLock lock(mu_);
+    cv_.NotifyOne();
   });
   thread_ = std::thread([this] { Run(); });
 }
@@ -53,7 +53,7 @@ std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCall
   // Hash here, on the caller's thread, outside the lock.
   std::vector<StatusOr<ContentKey>> keys = worker_->ItemKeys(request);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (accepting_) {
       Command c;
       c.request = std::move(request);
@@ -74,7 +74,7 @@ std::future<RequestResult> WorkerLoop::Submit(EncodeRequest request, RequestCall
 
 void WorkerLoop::PushLocked(Command c) {
   inbox_.push_back(std::move(c));
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void WorkerLoop::Cancel(std::string id, Ticket ticket) {
@@ -83,7 +83,7 @@ void WorkerLoop::Cancel(std::string id, Ticket ticket) {
   c.ticket = ticket;
   c.request.id = std::move(id);
   auto push = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     PushLocked(std::move(c));
   };
   // A parked request: its waits end, and it is cancelled in the worker when
@@ -96,31 +96,31 @@ void WorkerLoop::Cancel(std::string id, Ticket ticket) {
 }
 
 WorkerStats WorkerLoop::Stats() const {
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   return stats_;
 }
 
 void WorkerLoop::Wake() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   woken_ = true;
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void WorkerLoop::Shutdown(std::chrono::milliseconds grace) {
-  std::lock_guard<std::mutex> serial(shutdown_mu_);
+  MutexLock serial(shutdown_mu_);
   if (!thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     accepting_ = false;
   }
   // Parked requests come back (with the values found so far) before the
   // thread is told to stop, so the drain below submits them.
   if (parking_ != nullptr) parking_->Stop();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     deadline_ = Clock::now() + grace;
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
   thread_.join();
   worker_->SetWake(nullptr);  // no decode thread touches mu_ after this
@@ -132,7 +132,7 @@ SharedTierStats WorkerLoop::SharedTierStatsSnapshot() const {
 
 void WorkerLoop::Publish() {
   WorkerStats s = worker_->stats();
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   stats_ = std::move(s);
 }
 
@@ -149,15 +149,17 @@ void WorkerLoop::Run() {
     bool stopping;
     Clock::time_point deadline;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      auto wake = [&] {
+      MutexLock lock(mu_);
+      auto wake = [&]() EPD_REQUIRES(mu_) {
         return !inbox_.empty() || woken_ || worker_->BatchFinished() || worker_->DecodeFinished() ||
                (stopping_ && !stop_seen);
       };
-      if (blocked && tower_idle) {
-        cv_.wait_for(lock, std::chrono::milliseconds(1), wake);  // poll the sink
+      if (blocked && tower_idle) {  // poll the sink
+        const Clock::time_point until = Clock::now() + std::chrono::milliseconds(1);
+        while (!wake() && cv_.WaitUntil(mu_, until) == std::cv_status::no_timeout) {
+        }
       } else if (!can_start && !(stop_seen && drained)) {
-        cv_.wait(lock, wake);
+        while (!wake()) cv_.Wait(mu_);
       }
       woken_ = false;
       commands.swap(inbox_);
@@ -190,8 +192,8 @@ bool WorkerLoop::Turn(std::vector<Command>& commands, bool stopping, Clock::time
   *blocked = false;
   if (!worker_->TowerBusy() && worker_->HasQueuedWork() && !worker_->WaitingOnDecode()) {
     *blocked = !worker_->StartBatch([this] {
-      std::lock_guard<std::mutex> lock(mu_);
-      cv_.notify_one();
+      MutexLock lock(mu_);
+      cv_.NotifyOne();
     });
   }
   while (worker_->BatchFinished()) worker_->FinishBatch();

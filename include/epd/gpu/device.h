@@ -49,11 +49,11 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
 
 namespace epd {
@@ -251,11 +251,11 @@ class Device {
     EventPtr event;
     std::shared_ptr<const void> hold;
   };
-  mutable std::mutex release_mu_;
-  std::deque<PendingRelease> pending_;
-  // Guarded by release_mu_ too: cheap, and keeps the stats a consistent snapshot.
-  std::size_t live_bytes_[2] = {0, 0};  // by MemoryKind
-  std::uint64_t alloc_failures_[2] = {0, 0};
+  mutable Mutex release_mu_;
+  std::deque<PendingRelease> pending_ EPD_GUARDED_BY(release_mu_);
+  // Under release_mu_ too: cheap, and keeps the stats a consistent snapshot.
+  std::size_t live_bytes_[2] EPD_GUARDED_BY(release_mu_) = {0, 0};  // by MemoryKind
+  std::uint64_t alloc_failures_[2] EPD_GUARDED_BY(release_mu_) = {0, 0};
 };
 
 }  // namespace epd

@@ -41,9 +41,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <utility>
+
+#include "epd/core/mutex.h"
 
 namespace epd {
 
@@ -85,18 +86,18 @@ class HostMemoryPool {
 
  private:
   static std::size_t RoundUp(std::size_t bytes);
-  void InsertFree(std::size_t offset, std::size_t size);
-  void EraseFree(std::map<std::size_t, std::size_t>::iterator it);
+  void InsertFree(std::size_t offset, std::size_t size) EPD_REQUIRES(mu_);
+  void EraseFree(std::map<std::size_t, std::size_t>::iterator it) EPD_REQUIRES(mu_);
 
   std::byte* const base_;
   const std::size_t capacity_;
-  mutable std::mutex mu_;
-  std::map<std::size_t, std::size_t> free_by_offset_;           // offset -> size
-  std::set<std::pair<std::size_t, std::size_t>> free_by_size_;  // (size, offset)
-  std::map<std::size_t, std::size_t> live_;                     // offset -> size
-  std::size_t in_use_ = 0;
-  std::uint64_t allocations_ = 0;
-  std::uint64_t failed_ = 0;
+  mutable Mutex mu_;
+  std::map<std::size_t, std::size_t> free_by_offset_ EPD_GUARDED_BY(mu_);           // offset -> size
+  std::set<std::pair<std::size_t, std::size_t>> free_by_size_ EPD_GUARDED_BY(mu_);  // (size, offset)
+  std::map<std::size_t, std::size_t> live_ EPD_GUARDED_BY(mu_);                     // offset -> size
+  std::size_t in_use_ EPD_GUARDED_BY(mu_) = 0;
+  std::uint64_t allocations_ EPD_GUARDED_BY(mu_) = 0;
+  std::uint64_t failed_ EPD_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace epd

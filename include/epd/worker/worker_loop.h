@@ -77,15 +77,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "epd/core/mutex.h"
 #include "epd/worker/encode_worker.h"
 
 namespace epd {
@@ -149,8 +148,8 @@ class WorkerLoop {
   // next batch and what the tower finished. False once the loop is done.
   bool Turn(std::vector<Command>& commands, bool stopping, std::chrono::steady_clock::time_point deadline,
             bool* blocked);
-  // Queues `c` and wakes the thread. REQUIRES: mu_ held.
-  void PushLocked(Command c);
+  // Queues `c` and wakes the thread.
+  void PushLocked(Command c) EPD_REQUIRES(mu_);
   void Publish();
 
   std::unique_ptr<EncodeWorker> worker_;  // touched only by thread_ (options() excepted)
@@ -159,19 +158,19 @@ class WorkerLoop {
   // What thread_ does with each command (src/worker/loop_command.h).
   std::unique_ptr<internal::CommandRunner> commands_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Command> inbox_;                      // guarded by mu_; in arrival order
-  Ticket next_ticket_ = 1;                          // guarded by mu_
-  bool accepting_ = true;                           // guarded by mu_
-  bool stopping_ = false;                           // guarded by mu_
-  bool woken_ = false;                              // guarded by mu_
-  std::chrono::steady_clock::time_point deadline_;  // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<Command> inbox_ EPD_GUARDED_BY(mu_);  // in arrival order
+  Ticket next_ticket_ EPD_GUARDED_BY(mu_) = 1;
+  bool accepting_ EPD_GUARDED_BY(mu_) = true;
+  bool stopping_ EPD_GUARDED_BY(mu_) = false;
+  bool woken_ EPD_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point deadline_ EPD_GUARDED_BY(mu_);
 
-  mutable std::mutex stats_mu_;
-  WorkerStats stats_;  // guarded by stats_mu_
+  mutable Mutex stats_mu_;
+  WorkerStats stats_ EPD_GUARDED_BY(stats_mu_);
 
-  std::mutex shutdown_mu_;  // serialises Shutdown callers
+  Mutex shutdown_mu_;  // serialises Shutdown callers
   std::thread thread_;
 };
 
