@@ -149,10 +149,4 @@ StatusOr<std::string> TenantOf(const grpc::ServerContextBase& ctx, const std::st
   return TenantFrom(value, tenant_key, PeerWithoutPort(ctx.peer()));
 }
 
-Status CheckRequestSize(std::int64_t bytes, std::int64_t limit) {
-  if (bytes <= limit) return Status::Ok();
-  return ResourceExhausted("the request is " + std::to_string(bytes) + " bytes; this server accepts at most " +
-                           std::to_string(limit) + " (split it, or raise --max-request-mb)");
-}
-
 }  // namespace epd::internal

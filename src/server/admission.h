@@ -113,11 +113,6 @@ class RequestBudget {
   WaiterId next_id_ EPD_GUARDED_BY(mu_) = 1;
 };
 
-// The per-call size rule of Encode and Probe (ServerOptions::
-// max_request_bytes): kResourceExhausted naming both sizes and the flag when
-// `bytes` > `limit`, else OK.
-Status CheckRequestSize(std::int64_t bytes, std::int64_t limit);
-
 // Whose fair share a call is charged to: the value of the metadata key
 // `tenant_key` when that is non-empty and the client sent it, else the
 // peer's address without its port ("ipv4:10.0.0.7"), so one client's

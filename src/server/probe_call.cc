@@ -9,6 +9,7 @@
 
 #include "encode_items.h"
 #include "epd/server/front_door.h"
+#include "epd/server/request_shape.h"
 #include "server_impl.h"
 
 namespace epd {
@@ -45,8 +46,12 @@ grpc::Status EncodeServer::Impl::Probe(grpc::ServerContext* ctx, const v1::Encod
   StatusOr<internal::Caller> caller = tenants->Identify(*ctx);
   if (!caller.ok()) return internal::ToGrpc(caller.status());
   const auto bytes = static_cast<std::int64_t>(req->ByteSizeLong());
-  if (Status st = internal::CheckRequestSize(bytes, options.max_request_bytes); !st.ok()) return internal::ToGrpc(st);
-  if (Status st = Validate(*req); !st.ok()) return internal::ToGrpc(st);
+  // Size, items, kinds and id: the rules every front shares (request_shape.h).
+  if (Status st =
+          CheckRequestShape(internal::ShapeOf(*req, bytes), {options.max_items_per_request, options.max_request_bytes});
+      !st.ok()) {
+    return internal::ToGrpc(st);
+  }
   if (ctx->deadline() <= std::chrono::system_clock::now()) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the call's deadline passed before the probe began");
   }

@@ -37,7 +37,7 @@ import pngs  # noqa: E402
 # names, each imported by name from the installed package) and the modules
 # that package is made of.
 CLIENT_NAMES = ["CudaIpcLease", "CudaIpcRef", "EncodeClient", "EncodeError", "EncodeResult", "Item", "ItemResult",
-                "KEY_VERSION", "PreprocessConfig", "ROUTE_HEADER", "SESSION_HEADER", "SESSION_RETRY_S",
+                "KEY_VERSION", "PreprocessConfig", "ProbeResult", "ROUTE_HEADER", "SESSION_HEADER", "SESSION_RETRY_S",
                 "ServerInfo", "ShmLease", "VideoSampling", "caller_content_key", "content_key", "to_vllm_batch",
                 "video_key"]
 CLIENT_MODULES = ["__init__.py", "_client.py", "_keys.py", "_lease_types.py", "_leases.py", "_proto.py", "_results.py",
