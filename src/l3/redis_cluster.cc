@@ -145,7 +145,7 @@ ClusterRouter::ClusterRouter(std::vector<RedisUrl> seeds, const RedisTierOptions
     : opt_(o), seeds_(std::move(seeds)) {}
 
 Shard& ClusterRouter::Node(const std::string& host, int port) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::unique_ptr<Shard>& node = nodes_[HostPort(host, port)];
   if (node == nullptr) {
     RedisUrl u = seeds_.front();  // the credentials
@@ -159,21 +159,21 @@ Shard& ClusterRouter::Node(const std::string& host, int port) {
 
 Shard* ClusterRouter::NodeFor(int slot) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (slots_[slot] != nullptr) return slots_[slot];
   }
   Refresh();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return slots_[slot];
 }
 
 void ClusterRouter::PointSlot(int slot, Shard* node) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   slots_[slot] = node;
 }
 
 bool ClusterRouter::Refresh() {
-  std::lock_guard<std::mutex> refresh(refresh_mu_);
+  MutexLock refresh(refresh_mu_);
   const Clock::time_point now = Clock::now();
   if (last_refresh_ != Clock::time_point() && now - last_refresh_ < kRefreshGap) return false;
   last_refresh_ = now;
@@ -181,7 +181,7 @@ bool ClusterRouter::Refresh() {
   std::vector<Shard*> order;
   for (const RedisUrl& s : seeds_) order.push_back(&Node(s.host, s.port));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [name, node] : nodes_) {
       if (std::find(order.begin(), order.end(), node.get()) == order.end()) order.push_back(node.get());
     }
@@ -204,7 +204,7 @@ bool ClusterRouter::RefreshFrom(Shard& node) {
     Shard* owner = &Node(range.host, range.port);
     for (int slot = range.first; slot <= range.last; ++slot) fresh[slot] = owner;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   slots_ = fresh;
   mapped_ = true;
   ++refreshes_;
@@ -265,7 +265,7 @@ CommandResult ClusterRouter::Run(const ContentKey& /*key*/, std::string_view red
 bool ClusterRouter::degraded() const {
   std::set<Shard*> serving;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!mapped_) return true;
     for (Shard* s : slots_) {
       if (s == nullptr) return true;
@@ -290,7 +290,7 @@ std::string ClusterRouter::Describe() const {
 }
 
 std::string ClusterRouter::NodeOfSlot(int slot) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return slots_[slot] != nullptr ? slots_[slot]->name() : std::string();
 }
 

@@ -41,7 +41,9 @@
 #include <string_view>
 #include <vector>
 
+#include "epd/core/mutex.h"
 #include "epd/core/status.h"
+#include "epd/core/thread_annotations.h"
 #include "redis_router.h"
 
 namespace epd::internal {
@@ -116,12 +118,12 @@ class ClusterRouter final : public Router {
 
   const RedisTierOptions& opt_;
   const std::vector<RedisUrl> seeds_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Shard>> nodes_;  // by "host:port"; guarded by mu_
-  std::array<Shard*, kClusterSlots> slots_{};            // guarded by mu_; null = unknown
-  bool mapped_ = false;                                  // guarded by mu_: a map was read once
-  std::mutex refresh_mu_;                                // one reader of the map at a time
-  Clock::time_point last_refresh_;                       // guarded by refresh_mu_
+  mutable Mutex mu_;
+  std::map<std::string, std::unique_ptr<Shard>> nodes_ EPD_GUARDED_BY(mu_);  // by "host:port"
+  std::array<Shard*, kClusterSlots> slots_ EPD_GUARDED_BY(mu_){};            // null = unknown
+  bool mapped_ EPD_GUARDED_BY(mu_) = false;                                  // a map was read once
+  Mutex refresh_mu_;                                                         // one reader of the map at a time
+  Clock::time_point last_refresh_ EPD_GUARDED_BY(refresh_mu_);
   std::atomic<std::uint64_t> moved_{0}, ask_{0}, refreshes_{0};
 };
 

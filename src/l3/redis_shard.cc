@@ -29,7 +29,7 @@ Shard::~Shard() {
 }
 
 bool Shard::down() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return down_;
 }
 
@@ -38,7 +38,7 @@ CommandResult Shard::Run(const std::vector<std::string_view>& argv, bool asking)
   out.node = name_;
   redisContext* c = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (down_ && Clock::now() < retry_at_) {
       out.error_kind = "down";
       out.error = "shard " + name_ + " is down; reconnecting after a backoff";
@@ -151,7 +151,7 @@ redisContext* Shard::Connect(std::string* kind, std::string* error) {
 }
 
 void Shard::MarkDown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (down_) {
     backoff_ = std::min(backoff_ * 2, opt_.reconnect_max);
   } else {
@@ -165,7 +165,7 @@ void Shard::MarkDown() {
 }
 
 void Shard::MarkUp(redisContext* c) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   down_ = false;
   backoff_ = opt_.reconnect_min;
   idle_.push_back(c);

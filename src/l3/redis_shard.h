@@ -22,6 +22,8 @@
 #include <string_view>
 #include <vector>
 
+#include "epd/core/mutex.h"
+#include "epd/core/thread_annotations.h"
 #include "epd/l3/redis_tier.h"
 
 namespace epd::internal {
@@ -71,11 +73,11 @@ class Shard {
   const RedisUrl url_;
   const std::string name_;
   const RedisTierOptions& opt_;
-  mutable std::mutex mu_;
-  std::vector<redisContext*> idle_;    // guarded by mu_
-  bool down_ = false;                  // guarded by mu_
-  Clock::time_point retry_at_;         // guarded by mu_
-  std::chrono::milliseconds backoff_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<redisContext*> idle_ EPD_GUARDED_BY(mu_);
+  bool down_ EPD_GUARDED_BY(mu_) = false;
+  Clock::time_point retry_at_ EPD_GUARDED_BY(mu_);
+  std::chrono::milliseconds backoff_ EPD_GUARDED_BY(mu_);
 };
 
 }  // namespace epd::internal

@@ -33,7 +33,6 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -41,6 +40,7 @@
 #include <set>
 #include <thread>
 
+#include "epd/core/mutex.h"
 #include "epd/l3/l3_lease.h"
 #include "epd/l3/l3_value.h"
 #include "epd/media/content_key.h"
@@ -102,9 +102,9 @@ class RedisTier final : public SharedTier {
 
   ~RedisTier() override {
     {
-      std::lock_guard<std::mutex> lock(queue_mu_);
+      MutexLock lock(queue_mu_);
       stopping_ = true;
-      queue_cv_.notify_all();
+      queue_cv_.NotifyAll();
     }
     writer_.join();
   }
@@ -162,7 +162,7 @@ class RedisTier final : public SharedTier {
       if (!Ok(r)) return LeaseResult::kError;
       if (r.reply->type == REDIS_REPLY_STATUS) {
         {
-          std::lock_guard<std::mutex> lock(held_mu_);
+          MutexLock lock(held_mu_);
           held_[key] = *mine;
         }
         Count([](SharedTierStats& s) { ++s.leases_acquired; });
@@ -188,7 +188,7 @@ class RedisTier final : public SharedTier {
   }
   void ReleaseAsync(const ContentKey& key) override {
     {
-      std::lock_guard<std::mutex> lock(held_mu_);
+      MutexLock lock(held_mu_);
       if (held_.count(key) == 0) return;
     }
     Enqueue({key, nullptr, 0, std::nullopt});
@@ -198,7 +198,7 @@ class RedisTier final : public SharedTier {
     Log("corrupt", "key " + key.Hex().substr(0, 16) + ": refused by the caller: " + why);
     std::optional<std::string> header;
     {
-      std::lock_guard<std::mutex> lock(remember_mu_);
+      MutexLock lock(remember_mu_);
       if (auto it = remembered_.find(key); it != remembered_.end()) header = it->second.second;
     }
     if (header) Enqueue({key, nullptr, 0, std::move(header)});
@@ -207,7 +207,7 @@ class RedisTier final : public SharedTier {
   LeaseWaitPolicy wait_policy() const override { return opt_.wait; }
 
   SharedTierStats Stats() const override {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     SharedTierStats s = stats_;
     router_->AddStats(s);
     s.degraded = router_->degraded() || last_failed_.load();
@@ -236,7 +236,7 @@ class RedisTier final : public SharedTier {
 
   template <typename F>
   void Count(F f) const {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     f(stats_);
   }
 
@@ -265,7 +265,7 @@ class RedisTier final : public SharedTier {
     const std::string id = kind + '\0' + message;
     std::string line;
     {
-      std::lock_guard<std::mutex> lock(log_mu_);
+      MutexLock lock(log_mu_);
       LogState& st = logged_[id];
       const Clock::time_point now = Clock::now();
       if (st.last != Clock::time_point() && now - st.last < opt_.log_interval) {
@@ -283,7 +283,7 @@ class RedisTier final : public SharedTier {
   // Keeps the header of a value just served, for RejectAsync (the last
   // kRememberMax keys).
   void Remember(const ContentKey& key, std::string_view header) {
-    std::lock_guard<std::mutex> lock(remember_mu_);
+    MutexLock lock(remember_mu_);
     const std::uint64_t seq = ++remember_seq_;
     remembered_[key] = {seq, std::string(header)};
     remember_fifo_.emplace_back(seq, key);
@@ -299,7 +299,7 @@ class RedisTier final : public SharedTier {
   void Enqueue(WriteJob job) {
     const EmbeddingPtr& e = job.embedding;
     const std::int64_t bytes = e != nullptr ? static_cast<std::int64_t>(e->nbytes()) : 0;
-    std::lock_guard<std::mutex> lock(queue_mu_);
+    MutexLock lock(queue_mu_);
     if (e != nullptr && queued_bytes_ + bytes > opt_.max_write_queue_bytes) {
       Count([](SharedTierStats& s) { ++s.write_drops; });
       Log("queue", "the write queue is full (" + std::to_string(opt_.max_write_queue_bytes) +
@@ -309,15 +309,15 @@ class RedisTier final : public SharedTier {
     job.bytes = job.embedding != nullptr ? bytes : 0;
     queued_bytes_ += job.bytes;
     queue_.push_back(std::move(job));
-    queue_cv_.notify_one();
+    queue_cv_.NotifyOne();
   }
 
   void WriterLoop() {
     for (;;) {
       WriteJob job;
       {
-        std::unique_lock<std::mutex> lock(queue_mu_);
-        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        MutexLock lock(queue_mu_);
+        while (!stopping_ && queue_.empty()) queue_cv_.Wait(queue_mu_);
         if (queue_.empty()) break;  // stopping and drained
         job = std::move(queue_.front());
         queue_.pop_front();
@@ -328,14 +328,14 @@ class RedisTier final : public SharedTier {
         if (job.embedding != nullptr) Write(job);
         Release(job.key);
       }
-      std::lock_guard<std::mutex> lock(queue_mu_);
+      MutexLock lock(queue_mu_);
       queued_bytes_ -= job.bytes;
     }
     // Leases still held (their encodes never finished): release them so no
     // other process waits for their expiry.
     std::vector<ContentKey> held;
     {
-      std::lock_guard<std::mutex> lock(held_mu_);
+      MutexLock lock(held_mu_);
       for (const auto& [k, v] : held_) held.push_back(k);
     }
     for (const ContentKey& k : held) Release(k);
@@ -373,7 +373,7 @@ class RedisTier final : public SharedTier {
   void Release(const ContentKey& key) {
     std::string mine;
     {
-      std::lock_guard<std::mutex> lock(held_mu_);
+      MutexLock lock(held_mu_);
       auto it = held_.find(key);
       if (it == held_.end()) return;
       mine = std::move(it->second);
@@ -402,27 +402,27 @@ class RedisTier final : public SharedTier {
   const std::string open_, close_;  // the hash tag's braces on a cluster, else empty
   std::unique_ptr<Router> router_;
 
-  mutable std::mutex stats_mu_;
-  mutable SharedTierStats stats_;  // guarded by stats_mu_
+  mutable Mutex stats_mu_;
+  mutable SharedTierStats stats_ EPD_GUARDED_BY(stats_mu_);
   std::atomic<bool> last_failed_{false};
 
-  std::mutex log_mu_;
-  std::map<std::string, LogState> logged_;  // guarded by log_mu_
+  Mutex log_mu_;
+  std::map<std::string, LogState> logged_ EPD_GUARDED_BY(log_mu_);
 
-  std::mutex held_mu_;
-  // Leases this process holds, with the exact value it set; guarded by held_mu_.
-  std::map<ContentKey, std::string> held_;
+  Mutex held_mu_;
+  // Leases this process holds, with the exact value it set.
+  std::map<ContentKey, std::string> held_ EPD_GUARDED_BY(held_mu_);
 
-  std::mutex remember_mu_;
-  std::uint64_t remember_seq_ = 0;                                          // guarded by remember_mu_
-  std::map<ContentKey, std::pair<std::uint64_t, std::string>> remembered_;  // guarded by remember_mu_
-  std::deque<std::pair<std::uint64_t, ContentKey>> remember_fifo_;          // guarded by remember_mu_
+  Mutex remember_mu_;
+  std::uint64_t remember_seq_ EPD_GUARDED_BY(remember_mu_) = 0;
+  std::map<ContentKey, std::pair<std::uint64_t, std::string>> remembered_ EPD_GUARDED_BY(remember_mu_);
+  std::deque<std::pair<std::uint64_t, ContentKey>> remember_fifo_ EPD_GUARDED_BY(remember_mu_);
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::deque<WriteJob> queue_;     // guarded by queue_mu_
-  std::int64_t queued_bytes_ = 0;  // guarded by queue_mu_
-  bool stopping_ = false;          // guarded by queue_mu_
+  Mutex queue_mu_;
+  CondVar queue_cv_;
+  std::deque<WriteJob> queue_ EPD_GUARDED_BY(queue_mu_);
+  std::int64_t queued_bytes_ EPD_GUARDED_BY(queue_mu_) = 0;
+  bool stopping_ EPD_GUARDED_BY(queue_mu_) = false;
   std::thread writer_;
 };
 

@@ -95,6 +95,11 @@ class Load:
         for t in self._threads:
             t.join()
 
+    def next_seed(self) -> int:
+        """The first seed no thread has encoded (after stop())."""
+        with self._lock:
+            return self._next
+
 
 def value_key(server, img) -> str:
     return "epd:v:{" + server.client.key_for(img).hex() + "}"
@@ -138,7 +143,8 @@ def test_killed_master_is_replaced_by_its_replica_and_no_request_fails(cluster, 
     if not promoted_already:
         assert during.source == "miss", "a value on the dead master is a miss until its replica takes over"
     # A new value lands on the promoted node and is served from it.
-    after = images_on(cluster, a, replica, 2000, 1)[0]
+    # Past every seed the load encoded: no server has seen it (b would hit L1).
+    after = images_on(cluster, a, replica, load.next_seed(), 1)[0]
     key = value_key(a, after)
     wait_for(lambda: a.encode([after])[0].ok and replica.command("EXISTS", key) == 1, "a write on the promoted node")
     assert b.encode([after])[0].source == "l3"
