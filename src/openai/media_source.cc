@@ -121,6 +121,8 @@ StatusOr<std::string> DecodeBase64(std::string_view payload) {
 
 }  // namespace
 
+bool IsHttpUrl(const std::string& url) { return HasScheme(url, "http://") || HasScheme(url, "https://"); }
+
 struct MediaSource::Batch {
   std::vector<std::string> urls;
   ResolveOptions options;
@@ -182,7 +184,7 @@ StatusOr<std::string> MediaSource::ResolveOne(const std::string& url, const Fetc
   }
   if (HasScheme(url, "data:")) return FromData(url, control);
   if (HasScheme(url, "file:")) return FromFile(url, control);
-  if (HasScheme(url, "http://") || HasScheme(url, "https://")) return fetcher_->Fetch(url, control);
+  if (IsHttpUrl(url)) return fetcher_->Fetch(url, control);
   return InvalidArgument("the media URL '" + MediaUrlForMessage(url, 64) +
                          "' is neither data:, http(s):// nor file://");
 }

@@ -117,6 +117,10 @@ struct ResolvedMedia {
   std::int64_t charged_bytes = 0;
 };
 
+// True when `url` is fetched over the network (http:// or https://, in any
+// case): the media a request fetches rather than resolves where it arrives.
+bool IsHttpUrl(const std::string& url);
+
 class MediaSource {
  public:
   // kInvalidArgument when allowed_local_path is set but not a directory.

@@ -68,13 +68,6 @@ std::string FetchOutcome(StatusCode c) {
   }
 }
 
-bool IsHttpUrl(const std::string& url) {
-  const std::string head = url.substr(0, 8);
-  std::string lower(head.size(), ' ');
-  std::transform(head.begin(), head.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  return lower.rfind("http://", 0) == 0 || lower.rfind("https://", 0) == 0;
-}
-
 bool IsJson(const std::optional<std::string>& content_type) {
   if (!content_type.has_value()) return false;
   std::string t = content_type->substr(0, content_type->find(';'));
@@ -125,7 +118,7 @@ struct OpenAiFront::Impl {
     if (auto e = Admit(*c)) return Finish(*c, ErrorResponse(*e));
     std::vector<std::string> urls;
     for (const internal::ChatItem& item : c->req->items) urls.push_back(item.url);
-    if (std::none_of(urls.begin(), urls.end(), IsHttpUrl)) {
+    if (std::none_of(urls.begin(), urls.end(), internal::IsHttpUrl)) {
       // data: and file:// only: quick and bounded, so here, never queued
       // behind other requests' slow fetches on the fetch threads.
       internal::ResolvedMedia m = ResolveHere(*c, urls);
@@ -231,7 +224,7 @@ struct OpenAiFront::Impl {
     const internal::ChatRequest& req = *c.req;
     for (std::size_t i = 0; i < req.items.size(); ++i) {
       const internal::ChatItem& item = req.items[i];
-      if (!IsHttpUrl(item.url)) continue;
+      if (!internal::IsHttpUrl(item.url)) continue;
       const StatusCode code = m.items[i].status().code();
       if (m.failed && i != *m.failed && code == StatusCode::kCancelled) continue;  // stopped, not fetched
       metrics->CountFetch(FetchOutcome(code));
